@@ -1,0 +1,31 @@
+"""Pydantic models of the BlackwellTrainingJob: spec, status and the plan (the single source of truth)."""
+
+from blackwell_trainer.config import Architecture, Plan
+from blackwell_operator.models.spec import (
+    AUTO,
+    Backend,
+    BlackwellTrainingJob,
+    BlackwellTrainingJobSpec,
+    ClusterSpec,
+    ModelSpec,
+    TrainingSpec,
+    TuningSpec,
+)
+from blackwell_operator.models.status import BlackwellTrainingJobStatus, ChildReference, Condition, Phase
+
+__all__ = [
+    "AUTO",
+    "Architecture",
+    "Backend",
+    "BlackwellTrainingJob",
+    "BlackwellTrainingJobSpec",
+    "BlackwellTrainingJobStatus",
+    "ChildReference",
+    "ClusterSpec",
+    "Condition",
+    "ModelSpec",
+    "Phase",
+    "Plan",
+    "TrainingSpec",
+    "TuningSpec",
+]

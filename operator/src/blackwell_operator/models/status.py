@@ -1,0 +1,82 @@
+"""The BlackwellTrainingJob status: phase, metav1.Condition-shaped conditions, the plan and the child."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from blackwell_trainer.config import Plan, WireModel
+from pydantic import Field
+
+
+class Phase(StrEnum):
+    """Lifecycle of a BTJ, as printed by `kubectl get btj`."""
+
+    PLANNING = "Planning"
+    PLANNED = "Planned"
+    PENDING = "Pending"
+    QUEUED = "Queued"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    INVALID = "Invalid"
+
+
+class ConditionType(StrEnum):
+    """Condition types the operator maintains."""
+
+    PLANNED = "Planned"
+    CHILD_CREATED = "ChildCreated"
+    CAPACITY_AVAILABLE = "CapacityAvailable"
+    ADMITTED = "Admitted"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SPEC_APPLIED = "SpecApplied"
+
+
+class Condition(WireModel):
+    """A metav1.Condition."""
+
+    type: str = Field(description="Condition type, e.g. Planned.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", description="CamelCase reason.")
+    message: str = Field(default="", description="Human-readable detail.")
+    last_transition_time: str = Field(description="RFC 3339 time the status last changed.")
+    observed_generation: int | None = Field(default=None, description="Generation this was computed for.")
+
+
+class ChildReference(WireModel):
+    """The job the operator created for this BTJ."""
+
+    api_version: str = Field(description="API version of the child.")
+    kind: str = Field(description="PyTorchJob or HyperPodPyTorchJob.")
+    name: str = Field(description="Child name (same namespace).")
+    uid: str | None = Field(default=None, description="Child UID.")
+    config_map: str | None = Field(default=None, description="ConfigMap carrying the plan file.")
+
+
+class MeasuredThroughput(WireModel):
+    """The latest throughput the operator read back, beside the prediction."""
+
+    tokens_per_second_per_gpu: float = Field(ge=0, description="Measured tokens/s per GPU.")
+    model_flops_utilization: float | None = Field(default=None, ge=0, description="Measured MFU.")
+    observed_at: str = Field(description="RFC 3339 time of the reading.")
+
+
+class BlackwellTrainingJobStatus(WireModel):
+    """What the operator decided and observed."""
+
+    phase: Phase | None = Field(default=None, description="Lifecycle phase.")
+    observed_generation: int | None = Field(default=None, description="Last generation fully reconciled.")
+    message: str | None = Field(default=None, description="One-line summary of the current state.")
+    conditions: list[Condition] = Field(default_factory=list, description="metav1.Conditions.")
+    plan: Plan | None = Field(default=None, description="The resolved plan.")
+    child: ChildReference | None = Field(default=None, description="The child job.")
+    measured: MeasuredThroughput | None = Field(default=None, description="Latest measured throughput.")
+    # Short copies for printer columns (JSONPath cannot reach into status.plan comfortably and
+    # `kubectl get` should stay readable).
+    precision: str | None = Field(default=None, description="Chosen precision (printer column).")
+    micro_batch_size: int | None = Field(default=None, description="Chosen micro-batch (printer column).")
+    activation_checkpointing: str | None = Field(default=None, description="Chosen AC mode (printer column).")

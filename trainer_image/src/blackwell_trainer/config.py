@@ -1,0 +1,275 @@
+"""The training plan: the one contract between the planner, the operator and the trainer."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+PLAN_API_VERSION = "training.blackwell.dev/v1alpha1"
+DEFAULT_METRICS_PORT = 9400
+
+
+class WireModel(BaseModel):
+    """Base for every wire model: camelCase on the wire, snake_case in Python, unknown keys rejected."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_enum_values=False,
+        frozen=False,
+    )
+
+
+class Precision(StrEnum):
+    """Numeric format of the transformer blocks' matrix multiplies."""
+
+    BF16 = "bf16"
+    FP8 = "fp8"
+    MXFP8 = "mxfp8"
+    NVFP4 = "nvfp4"
+
+
+class PrecisionRecipe(StrEnum):
+    """The scaling recipe that realises a precision (Transformer Engine names, torchao fallbacks)."""
+
+    NONE = "none"
+    DELAYED = "delayed"
+    CURRENT = "current"
+    BLOCK = "block"
+    MXFP8_BLOCK = "mxfp8-block"
+    NVFP4_BLOCK = "nvfp4-block"
+    TORCHAO_TENSORWISE = "torchao-tensorwise"
+    TORCHAO_ROWWISE = "torchao-rowwise"
+
+
+class ActivationCheckpointing(StrEnum):
+    """How much of each block's forward is recomputed in the backward pass."""
+
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+
+class Sharding(StrEnum):
+    """FSDP2 layout: shard over every GPU, shard within a node and replicate across, or replicate only."""
+
+    FULL = "full"
+    HYBRID = "hybrid"
+    NONE = "none"
+
+
+class DatasetKind(StrEnum):
+    """Where training tokens come from."""
+
+    SYNTHETIC = "synthetic"
+    SHARDS = "shards"
+
+
+class Architecture(WireModel):
+    """A Llama-style decoder-only transformer shape."""
+
+    hidden_size: Annotated[int, Field(ge=64, le=65536, description="Model width (d_model).")]
+    num_layers: Annotated[int, Field(ge=1, le=512, description="Number of transformer blocks.")]
+    num_attention_heads: Annotated[int, Field(ge=1, le=1024, description="Query heads per block.")]
+    num_key_value_heads: Annotated[
+        int, Field(ge=1, le=1024, description="Key/value heads per block (GQA); equal to heads for MHA.")
+    ]
+    intermediate_size: Annotated[int, Field(ge=64, le=262144, description="SwiGLU hidden width.")]
+    vocab_size: Annotated[int, Field(ge=2, le=1_048_576, description="Vocabulary size.")]
+    tie_word_embeddings: bool = Field(
+        default=False, description="Share the input embedding with the output projection."
+    )
+    head_dim: int | None = Field(
+        default=None, ge=8, le=1024, description="Per-head width; defaults to hiddenSize / numAttentionHeads."
+    )
+    attention_bias: bool = Field(default=False, description="Bias on the Q, K and V projections (Qwen2).")
+    rope_theta: float = Field(default=500000.0, gt=0, description="RoPE base frequency.")
+    norm_eps: float = Field(default=1e-5, gt=0, description="RMSNorm epsilon.")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> Architecture:
+        if self.num_attention_heads % self.num_key_value_heads != 0:
+            raise ValueError(
+                f"numAttentionHeads ({self.num_attention_heads}) must be a multiple of "
+                f"numKeyValueHeads ({self.num_key_value_heads})"
+            )
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads != 0:
+            raise ValueError(
+                f"hiddenSize ({self.hidden_size}) must be divisible by numAttentionHeads "
+                f"({self.num_attention_heads}), or set headDim explicitly"
+            )
+        return self
+
+    @property
+    def resolved_head_dim(self) -> int:
+        """Per-head width actually used."""
+        return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_attention_heads
+
+    def parameter_count(self) -> int:
+        """Exact trainable parameter count (embeddings, blocks, final norm, untied head)."""
+        h, d = self.hidden_size, self.resolved_head_dim
+        q = h * self.num_attention_heads * d
+        kv = 2 * h * self.num_key_value_heads * d
+        o = self.num_attention_heads * d * h
+        bias = (self.num_attention_heads + 2 * self.num_key_value_heads) * d if self.attention_bias else 0
+        mlp = 3 * h * self.intermediate_size
+        norms = 2 * h
+        per_layer = q + kv + o + bias + mlp + norms
+        embed = self.vocab_size * h
+        head = 0 if self.tie_word_embeddings else self.vocab_size * h
+        return embed + self.num_layers * per_layer + h + head
+
+
+class DatasetConfig(WireModel):
+    """Synthetic tokens, or memory-mapped token shards at a local/FSx path or an s3:// prefix."""
+
+    kind: DatasetKind = Field(default=DatasetKind.SYNTHETIC, description="synthetic or shards.")
+    uri: str | None = Field(
+        default=None, description="Folder or s3://bucket/prefix holding *.bin token shards (kind=shards)."
+    )
+    token_dtype: str = Field(
+        default="uint32", pattern="^(uint16|uint32)$", description="Element type of the shard files."
+    )
+    seed: int = Field(default=1234, description="Seed for the synthetic source and shard order.")
+
+    @model_validator(mode="after")
+    def _uri_for_shards(self) -> DatasetConfig:
+        if self.kind == DatasetKind.SHARDS and not self.uri:
+            raise ValueError("dataset.uri is required when dataset.kind is 'shards'")
+        return self
+
+
+class CheckpointConfig(WireModel):
+    """Where and how often the trainer saves distributed checkpoints."""
+
+    path: str | None = Field(
+        default=None, description="Folder for torch.distributed.checkpoint step folders; none disables saving."
+    )
+    interval_steps: int = Field(default=500, ge=1, description="Save every this many optimizer steps.")
+    keep_latest: int = Field(default=2, ge=1, description="Complete checkpoints to keep.")
+
+
+class OptimizerConfig(WireModel):
+    """AdamW with linear warm-up and cosine decay."""
+
+    learning_rate: float = Field(default=3e-4, gt=0, description="Peak learning rate.")
+    min_learning_rate_ratio: float = Field(
+        default=0.1, ge=0, le=1, description="Final LR as a fraction of the peak."
+    )
+    warmup_steps: int = Field(default=100, ge=0, description="Linear warm-up steps.")
+    weight_decay: float = Field(default=0.1, ge=0, description="Decoupled weight decay.")
+    beta1: float = Field(default=0.9, ge=0, lt=1, description="Adam beta1.")
+    beta2: float = Field(default=0.95, ge=0, lt=1, description="Adam beta2.")
+    eps: float = Field(default=1e-8, gt=0, description="Adam epsilon.")
+    grad_clip_norm: float = Field(default=1.0, ge=0, description="Global gradient-norm clip; 0 disables.")
+
+
+class GpuInfo(WireModel):
+    """The GPU the plan was made for, so the trainer can refuse a plan for other hardware."""
+
+    name: str = Field(description="Catalog name of the GPU, e.g. B200 or H200.")
+    compute_capability: str = Field(pattern=r"^\d+\.\d+$", description="CUDA compute capability, e.g. 10.0.")
+    memory_bytes: int = Field(ge=0, description="Usable device memory in bytes.")
+    peak_bf16_flops: float = Field(ge=0, description="Dense BF16 peak, FLOP/s, used for MFU.")
+
+
+class MemoryBreakdown(WireModel):
+    """Predicted per-GPU memory at the peak, by component, in bytes."""
+
+    parameters: int = Field(ge=0, description="Sharded fp32 master parameters.")
+    gradients: int = Field(ge=0, description="Sharded fp32 gradients.")
+    optimizer_states: int = Field(ge=0, description="Sharded Adam moments.")
+    activations: int = Field(ge=0, description="Saved activations of all blocks at the peak.")
+    loss: int = Field(ge=0, description="Logits and loss transient (chunked or full).")
+    fsdp_transient: int = Field(ge=0, description="Unsharded parameters/gradients in flight.")
+    precision_overhead: int = Field(ge=0, description="Low-precision weight copies and scaling state.")
+    workspace: int = Field(ge=0, description="CUDA context, cuBLAS/NCCL workspaces and buffers.")
+    fragmentation: int = Field(ge=0, description="Reserved-but-unallocated memory held by the allocator.")
+    peak_phase: str = Field(description="The phase that holds the peak: forward, backward or optimizer.")
+    peak_allocated: int = Field(ge=0, description="Predicted peak allocated bytes.")
+    peak_reserved: int = Field(ge=0, description="Predicted peak reserved bytes (what must fit).")
+
+
+class Prediction(WireModel):
+    """What the planner expects this configuration to do."""
+
+    tokens_per_second_per_gpu: float = Field(ge=0, description="Predicted training tokens/s per GPU.")
+    step_time_seconds: float = Field(ge=0, description="Predicted time of one optimizer step.")
+    model_flops_utilization: float = Field(ge=0, description="Predicted MFU against the BF16 dense peak.")
+    memory: MemoryBreakdown = Field(description="Predicted per-GPU memory.")
+    time_breakdown_seconds: dict[str, float] = Field(
+        default_factory=dict, description="Step time by component (gemm, attention, recompute, comm, ...)."
+    )
+
+
+class Candidate(WireModel):
+    """The tunable part of a plan: one point of the planner's search."""
+
+    precision: Precision = Field(description="Matrix-multiply format.")
+    precision_recipe: PrecisionRecipe = Field(description="Scaling recipe for the precision.")
+    activation_checkpointing: ActivationCheckpointing = Field(description="Recompute mode.")
+    micro_batch_size: int = Field(ge=1, description="Sequences per GPU per forward pass.")
+    gradient_accumulation_steps: int = Field(ge=1, description="Micro-batches per optimizer step.")
+    sharding: Sharding = Field(description="FSDP2 layout.")
+    shard_degree: int = Field(ge=1, description="GPUs a parameter is sharded over.")
+    replicate_degree: int = Field(ge=1, description="Replicas of each shard (hybrid / none).")
+    context_parallel: int = Field(default=1, ge=1, description="GPUs a sequence is split over.")
+    compile: bool = Field(default=True, description="torch.compile each block.")
+    loss_chunk_tokens: int = Field(
+        default=8192, ge=0, description="Tokens per cross-entropy chunk; 0 computes full logits."
+    )
+
+
+class Alternative(WireModel):
+    """A runner-up, with its prediction and why it lost."""
+
+    candidate: Candidate
+    prediction: Prediction
+    reason: str = Field(description="Why this candidate was not chosen.")
+
+
+class Plan(WireModel):
+    """Everything the trainer needs to run, and what the planner predicted (status.plan, the ConfigMap)."""
+
+    api_version: str = Field(default=PLAN_API_VERSION, description="Schema version of this plan.")
+    job_name: str = Field(default="btj", description="Name of the BlackwellTrainingJob that owns the plan.")
+    model_name: str = Field(description="Preset name, or 'custom'.")
+    architecture: Architecture
+    parameter_count: int = Field(ge=1, description="Trainable parameters.")
+    gpu: GpuInfo
+    instance_type: str = Field(description="Instance type the plan targets, e.g. ml.p6-b200.48xlarge.")
+    nodes: int = Field(ge=1, description="Nodes in the job.")
+    gpus_per_node: int = Field(ge=1, description="GPUs (trainer processes) per node.")
+    sequence_length: int = Field(ge=16, description="Tokens per training sequence.")
+    global_batch_tokens: int = Field(ge=1, description="Tokens per optimizer step over all GPUs.")
+    steps: int = Field(ge=1, description="Optimizer steps to run.")
+    chosen: Candidate = Field(description="The chosen configuration.")
+    predicted: Prediction = Field(description="Prediction for the chosen configuration.")
+    alternatives: list[Alternative] = Field(default_factory=list, description="Best runners-up.")
+    candidates_evaluated: int = Field(default=0, ge=0, description="Configurations the search scored.")
+    explanation: list[str] = Field(default_factory=list, description="Why the chosen values won.")
+    calibration: str = Field(default="", description="Calibration data set used, with provenance.")
+    dataset: DatasetConfig = Field(default_factory=DatasetConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    metrics_port: int = Field(default=DEFAULT_METRICS_PORT, ge=1, le=65535, description="Prometheus port.")
+    log_every_steps: int = Field(default=10, ge=1, description="Log one line every this many steps.")
+
+    @property
+    def world_size(self) -> int:
+        """Trainer processes in the job."""
+        return self.nodes * self.gpus_per_node
+
+    def to_json(self) -> str:
+        """The plan exactly as the ConfigMap and status.plan carry it."""
+        return self.model_dump_json(by_alias=True, indent=2)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Plan:
+        """Read a plan JSON file (the mounted ConfigMap)."""
+        return cls.model_validate_json(Path(path).read_text())
