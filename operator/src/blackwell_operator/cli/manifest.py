@@ -1,0 +1,58 @@
+"""Loading BTJ manifests for the CLI: clear one-line errors that name the field, never a traceback."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from blackwell_operator.models import BlackwellTrainingJob
+
+DEFAULT_EXAMPLE = "default.yaml"
+
+
+class ManifestError(Exception):
+    """A manifest that cannot be read or does not validate; the message is ready for the user."""
+
+
+def format_validation_error(error: ValidationError, prefix: str = "") -> str:
+    """One line per problem: the dotted wire path of the field, and what is wrong with it."""
+    lines = []
+    for item in error.errors():
+        path = ".".join(str(part) for part in item["loc"] if not str(part).startswith("function-"))
+        # Union branches show up as loc parts like "literal['auto']" or "int": drop them.
+        path = ".".join(p for p in path.split(".") if not p.startswith(("literal[", "int", "constrained")))
+        where = f"{prefix}{path}" if path else prefix.rstrip(".") or "manifest"
+        lines.append(f"{where}: {item['msg']}")
+    return "\n".join(dict.fromkeys(lines))
+
+
+def read_manifest_text(path: Path | None) -> tuple[str, str]:
+    """The manifest's text and a display name; the embedded default when no path is given."""
+    if path is None:
+        text = resources.files("blackwell_operator.examples").joinpath(DEFAULT_EXAMPLE).read_text()
+        return text, f"(embedded example {DEFAULT_EXAMPLE})"
+    try:
+        return path.read_text(), str(path)
+    except OSError as exc:
+        raise ManifestError(f"{path}: cannot read the file ({exc.strerror})") from exc
+
+
+def load_manifest(path: Path | None) -> BlackwellTrainingJob:
+    """Parse and validate a BTJ manifest (one YAML document)."""
+    text, name = read_manifest_text(path)
+    try:
+        documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
+    except yaml.YAMLError as exc:
+        raise ManifestError(f"{name}: not valid YAML ({exc})") from exc
+    jobs = [d for d in documents if isinstance(d, dict) and d.get("kind") == "BlackwellTrainingJob"]
+    if len(jobs) != 1:
+        raise ManifestError(
+            f"{name}: expected exactly one BlackwellTrainingJob document, found {len(jobs)}"
+        )
+    try:
+        return BlackwellTrainingJob.model_validate(jobs[0])
+    except ValidationError as exc:
+        raise ManifestError(f"{name}: invalid BlackwellTrainingJob\n{format_validation_error(exc)}") from exc

@@ -1,0 +1,1 @@
+"""Embedded example manifests (package data)."""
