@@ -1,0 +1,385 @@
+"""Training batches: a learnable synthetic task, or memory-mapped token shards from a path or s3://."""
+
+from __future__ import annotations
+
+import bisect
+import fcntl
+import functools
+import hashlib
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from blackwell_trainer.config import DatasetConfig, DatasetKind
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+DEFAULT_CACHE_DIR = "/tmp/btj-cache"
+# Strides of the synthetic sequences: more than one, so the next token depends on the previous two
+# (the model must attend), few enough that a tiny model learns it in a few dozen steps.
+SYNTHETIC_STRIDES = (1, 2, 3)
+
+
+class DataError(ValueError):
+    """A data source that cannot be built or resumed; the message names the field and the fix."""
+
+
+class TokenSource(Protocol):
+    """What the training loop reads batches from; its position travels in checkpoints."""
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, labels): int64 [micro_batch_size, sequence_length] on CPU, labels shifted by one."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position, identical on every rank (see `GlobalPosition`)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue exactly after the batch that was last returned when `state` was taken."""
+        ...
+
+
+@dataclass
+class GlobalPosition:
+    """Where the whole job is in the data, independent of the number of ranks.
+
+    Every step each of the `world_size` ranks takes `micro_batch_size` consecutive samples from one
+    global sequence: rank r takes samples [consumed + r*mbs, consumed + (r+1)*mbs). All ranks then
+    advance `consumed` by world_size*mbs, so every rank holds the same position. A resume with a
+    different number of ranks therefore continues exactly: no sample is skipped or repeated
+    (unlike a per-rank iterator position, which torchtitan PR #816 had to refuse to reshard).
+    """
+
+    rank: int
+    world_size: int
+    micro_batch_size: int
+    epoch: int = 0
+    consumed: int = 0
+
+    def take(self, samples_per_epoch: int | None) -> tuple[int, list[int]]:
+        """The epoch and global sample indices of this rank's next batch; advances the position."""
+        step = self.world_size * self.micro_batch_size
+        if samples_per_epoch is not None and self.consumed + step > samples_per_epoch:
+            # The tail of an epoch that cannot feed every rank is dropped, the same on every rank.
+            self.epoch += 1
+            self.consumed = 0
+        start = self.consumed + self.rank * self.micro_batch_size
+        self.consumed += step
+        return self.epoch, list(range(start, start + self.micro_batch_size))
+
+
+def _check_state(state: dict[str, Any], *, kind: str, expected: dict[str, Any]) -> None:
+    """Refuse a state from another kind of source, version, sequence length or data set."""
+    if state.get("kind") != kind:
+        raise DataError(
+            f"checkpoint data state is for a '{state.get('kind')}' source but dataset.kind is '{kind}'; "
+            "resume with the dataset the checkpoint was written with, or start a new checkpoint.path"
+        )
+    if state.get("version") != STATE_VERSION:
+        raise DataError(f"checkpoint data state version {state.get('version')} is not {STATE_VERSION}")
+    for key, want in expected.items():
+        if state.get(key) != want:
+            raise DataError(
+                f"checkpoint data state has {key}={state.get(key)!r} but this job has {want!r}; "
+                "resume with the same dataset and sequenceLength, or start a new checkpoint.path"
+            )
+
+
+class SyntheticTokenSource:
+    """Arithmetic sequences x_t = (a + s*t) mod vocab with a random start a and stride s per sample.
+
+    Deterministic in (seed, global sample index), so batches are the same for any rank layout.
+    Learnable: the next token is the current one plus the stride read from the previous token, so
+    the loss falls from ln(vocab) towards zero once the model learns to attend one token back.
+    """
+
+    def __init__(
+        self,
+        *,
+        seed: int,
+        micro_batch_size: int,
+        sequence_length: int,
+        vocab_size: int,
+        rank: int,
+        world_size: int,
+    ) -> None:
+        self.seed = seed
+        self.sequence_length = sequence_length
+        self.vocab_size = vocab_size
+        self.position = GlobalPosition(rank=rank, world_size=world_size, micro_batch_size=micro_batch_size)
+
+    def _sample(self, index: int) -> np.ndarray:
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed, index]))
+        start = int(rng.integers(0, self.vocab_size))
+        stride = SYNTHETIC_STRIDES[int(rng.integers(0, len(SYNTHETIC_STRIDES)))]
+        return (start + stride * np.arange(self.sequence_length + 1, dtype=np.int64)) % self.vocab_size
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        _, indices = self.position.take(None)
+        window = torch.from_numpy(np.stack([self._sample(i) for i in indices]))
+        return window[:, :-1].contiguous(), window[:, 1:].contiguous()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "kind": DatasetKind.SYNTHETIC.value,
+            "version": STATE_VERSION,
+            "seed": self.seed,
+            "sequence_length": self.sequence_length,
+            "world_size": self.position.world_size,
+            "micro_batch_size": self.position.micro_batch_size,
+            "epoch": self.position.epoch,
+            "consumed": self.position.consumed,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        _check_state(
+            state,
+            kind=DatasetKind.SYNTHETIC.value,
+            expected={"seed": self.seed, "sequence_length": self.sequence_length},
+        )
+        _log_reshard(state, self.position)
+        self.position.epoch = int(state["epoch"])
+        self.position.consumed = int(state["consumed"])
+
+
+@dataclass
+class Shard:
+    """One token file: its name, length in tokens, and how to get a local copy to memory-map."""
+
+    name: str
+    num_tokens: int
+    fetch: Callable[[], Path]
+    _tokens: np.memmap[Any, np.dtype[Any]] | None = field(default=None, repr=False)
+
+    def tokens(self, dtype: np.dtype[Any]) -> np.memmap[Any, np.dtype[Any]]:
+        if self._tokens is None:
+            self._tokens = np.memmap(self.fetch(), dtype=dtype, mode="r")
+        return self._tokens
+
+
+class ShardTokenSource:
+    """Non-overlapping (sequence_length + 1)-token windows over *.bin shards, read through np.memmap.
+
+    An epoch visits the shards in an order shuffled by (seed, epoch) and the windows inside each
+    shard in file order; samples are dealt to ranks by `GlobalPosition`.
+    """
+
+    def __init__(
+        self,
+        shards: Sequence[Shard],
+        *,
+        token_dtype: str,
+        seed: int,
+        micro_batch_size: int,
+        sequence_length: int,
+        vocab_size: int,
+        rank: int,
+        world_size: int,
+        uri: str,
+    ) -> None:
+        self.dtype = np.dtype(token_dtype)
+        self.seed = seed
+        self.sequence_length = sequence_length
+        self.vocab_size = vocab_size
+        self.uri = uri
+        self.shards = sorted(shards, key=lambda s: s.name)
+        self.position = GlobalPosition(rank=rank, world_size=world_size, micro_batch_size=micro_batch_size)
+        # Windows step by sequence_length so each window's last label is the next window's first input.
+        self._windows = [max(0, (s.num_tokens - 1) // sequence_length) for s in self.shards]
+        self.samples_per_epoch = sum(self._windows)
+        needed = world_size * micro_batch_size
+        if self.samples_per_epoch < needed:
+            raise DataError(
+                f"dataset.uri {uri} holds {self.samples_per_epoch} windows of {sequence_length + 1} tokens, "
+                f"fewer than one step needs ({world_size} ranks x {micro_batch_size}); add shards or shorten "
+                "sequenceLength"
+            )
+        digest = hashlib.sha256()
+        for shard in self.shards:
+            digest.update(f"{shard.name}:{shard.num_tokens};".encode())
+        self.fingerprint = digest.hexdigest()[:16]
+        self._epoch_cache: tuple[int, list[int], list[int]] | None = None
+
+    def _epoch_layout(self, epoch: int) -> tuple[list[int], list[int]]:
+        """Shard order and cumulative window counts (ends) of an epoch."""
+        if self._epoch_cache is None or self._epoch_cache[0] != epoch:
+            rng = np.random.default_rng(np.random.SeedSequence([self.seed, epoch]))
+            order = [int(i) for i in rng.permutation(len(self.shards))]
+            ends = np.cumsum([self._windows[i] for i in order]).tolist()
+            self._epoch_cache = (epoch, order, [int(e) for e in ends])
+        return self._epoch_cache[1], self._epoch_cache[2]
+
+    def _window(self, epoch: int, index: int) -> np.ndarray:
+        order, ends = self._epoch_layout(epoch)
+        slot = bisect.bisect_right(ends, index)
+        shard = self.shards[order[slot]]
+        offset = (index - (ends[slot - 1] if slot else 0)) * self.sequence_length
+        return np.asarray(
+            shard.tokens(self.dtype)[offset : offset + self.sequence_length + 1], dtype=np.int64
+        )
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        epoch, indices = self.position.take(self.samples_per_epoch)
+        window = torch.from_numpy(np.stack([self._window(epoch, i) for i in indices]))
+        top = int(window.max())
+        if top >= self.vocab_size:
+            # An out-of-range id would surface later as an opaque device-side assert in the embedding.
+            raise DataError(
+                f"dataset.uri {self.uri} has token id {top}, vocabSize is {self.vocab_size}; "
+                "use shards tokenized for this model or check dataset.tokenDtype"
+            )
+        return window[:, :-1].contiguous(), window[:, 1:].contiguous()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "kind": DatasetKind.SHARDS.value,
+            "version": STATE_VERSION,
+            "seed": self.seed,
+            "fingerprint": self.fingerprint,
+            "sequence_length": self.sequence_length,
+            "world_size": self.position.world_size,
+            "micro_batch_size": self.position.micro_batch_size,
+            "epoch": self.position.epoch,
+            "consumed": self.position.consumed,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        _check_state(
+            state,
+            kind=DatasetKind.SHARDS.value,
+            expected={
+                "seed": self.seed,
+                "fingerprint": self.fingerprint,
+                "sequence_length": self.sequence_length,
+            },
+        )
+        _log_reshard(state, self.position)
+        self.position.epoch = int(state["epoch"])
+        self.position.consumed = int(state["consumed"])
+
+
+def _log_reshard(state: dict[str, Any], position: GlobalPosition) -> None:
+    """Say so when the job resumes with another rank layout; the global position makes it exact."""
+    saved = (state.get("world_size"), state.get("micro_batch_size"))
+    if saved != (position.world_size, position.micro_batch_size):
+        log.warning(
+            "data position resharded: saved by %s ranks x micro-batch %s, resumed on %s x %s; "
+            "the global sample position carries over exactly",
+            saved[0],
+            saved[1],
+            position.world_size,
+            position.micro_batch_size,
+        )
+
+
+def _local_shards(root: Path, itemsize: int) -> list[Shard]:
+    if not root.is_dir():
+        raise DataError(f"dataset.uri {root} is not a folder; point it at a folder of *.bin token shards")
+    files = sorted(root.glob("*.bin"))
+    return [
+        Shard(name=f.name, num_tokens=f.stat().st_size // itemsize, fetch=functools.partial(Path, f))
+        for f in files
+    ]
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("BTJ_CACHE_DIR", DEFAULT_CACHE_DIR))
+
+
+def _s3_shards(uri: str, itemsize: int) -> list[Shard]:
+    """List *.bin objects under an s3:// prefix; each is downloaded to the cache on first use."""
+    import boto3  # only the S3 path needs it; a local-data trainer starts without the import cost
+
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    if not bucket:
+        raise DataError(f"dataset.uri {uri} has no bucket; write it as s3://bucket/prefix")
+    if prefix and not prefix.endswith("/"):
+        prefix += "/"  # s3://b/data must not also match s3://b/data-old/
+    # boto3 reads AWS_ENDPOINT_URL itself on recent versions; passing it keeps older ones and
+    # S3-compatible stores (MinIO, moto) working too.
+    client = boto3.client("s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None)
+    shards: list[Shard] = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for obj in page.get("Contents", []):
+            key = str(obj["Key"])
+            if not key.endswith(".bin"):
+                continue
+            size = int(obj["Size"])
+            local = _cache_dir() / "s3" / bucket / key
+            shards.append(
+                Shard(
+                    name=key.removeprefix(prefix).lstrip("/"),
+                    num_tokens=size // itemsize,
+                    fetch=functools.partial(_download_once, client, bucket, key, local, size),
+                )
+            )
+    return shards
+
+
+def _download_once(client: Any, bucket: str, key: str, local: Path, size: int) -> Path:
+    """Download one object into the cache, once per node: ranks sharing the cache wait on a file lock."""
+    local.parent.mkdir(parents=True, exist_ok=True)
+    with open(local.with_name(local.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (local.exists() and local.stat().st_size == size):
+            partial = local.with_name(f"{local.name}.part-{os.getpid()}")
+            client.download_file(bucket, key, str(partial))
+            os.replace(partial, local)  # atomic: a reader never sees a half-written shard
+            log.info("downloaded s3://%s/%s to %s", bucket, key, local)
+    return local
+
+
+def build_token_source(
+    dataset: DatasetConfig,
+    *,
+    micro_batch_size: int,
+    sequence_length: int,
+    vocab_size: int,
+    rank: int,
+    world_size: int,
+) -> TokenSource:
+    """The plan's data source for one data-parallel rank.
+
+    Args:
+        dataset: the plan's dataset section.
+        micro_batch_size: sequences per batch on this rank.
+        sequence_length: tokens per sequence (inputs and labels each).
+        vocab_size: the model's vocabulary; shard tokens at or above it are an error.
+        rank: this rank's index among the data-parallel ranks.
+        world_size: number of data-parallel ranks (ranks that see different data).
+    """
+    if not 0 <= rank < world_size:
+        raise DataError(f"rank {rank} is outside world size {world_size}")
+    if dataset.kind == DatasetKind.SYNTHETIC:
+        return SyntheticTokenSource(
+            seed=dataset.seed,
+            micro_batch_size=micro_batch_size,
+            sequence_length=sequence_length,
+            vocab_size=vocab_size,
+            rank=rank,
+            world_size=world_size,
+        )
+    uri = dataset.uri or ""
+    itemsize = np.dtype(dataset.token_dtype).itemsize
+    shards = _s3_shards(uri, itemsize) if uri.startswith("s3://") else _local_shards(Path(uri), itemsize)
+    if not shards:
+        raise DataError(f"dataset.uri {uri} holds no *.bin token shards; upload shards or fix the uri")
+    return ShardTokenSource(
+        shards,
+        token_dtype=dataset.token_dtype,
+        seed=dataset.seed,
+        micro_batch_size=micro_batch_size,
+        sequence_length=sequence_length,
+        vocab_size=vocab_size,
+        rank=rank,
+        world_size=world_size,
+        uri=uri,
+    )
