@@ -1,0 +1,147 @@
+"""TrainerMetrics: names, types and values as Prometheus scrapes them over real HTTP."""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+from blackwell_trainer.config import Plan
+from blackwell_trainer.metrics import TrainerMetrics
+
+# Family name (as the parser reports it: counters without _total) -> type.
+EXPECTED_TYPES = {
+    "btj_trainer_tokens": "counter",
+    "btj_trainer_steps": "counter",
+    "btj_trainer_step_duration_seconds": "histogram",
+    "btj_trainer_gpus": "gauge",
+    "btj_trainer_model_flops_utilization_ratio": "gauge",
+    "btj_trainer_loss": "gauge",
+    "btj_trainer_gpu_memory_peak_bytes": "gauge",
+    "btj_trainer_predicted_tokens_per_second": "gauge",
+    "btj_trainer_predicted_memory_peak_bytes": "gauge",
+    "btj_trainer_predicted_model_flops_utilization_ratio": "gauge",
+    "btj_trainer_last_checkpoint_timestamp_seconds": "gauge",
+    # An Info metric: the classic text format exposes it as a gauge of value 1 named *_info.
+    "btj_trainer_build_info": "gauge",
+}
+
+
+def scrape(port: int) -> dict[str, Metric]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def value(family: Metric, sample_name: str, **labels: str) -> float:
+    for sample in family.samples:
+        if sample.name == sample_name and all(sample.labels.get(k) == v for k, v in labels.items()):
+            return float(sample.value)
+    raise AssertionError(f"no sample {sample_name}{labels} in {family.samples}")
+
+
+@pytest.fixture
+def served(plan: Plan, monkeypatch: pytest.MonkeyPatch) -> Iterator[TrainerMetrics]:
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    metrics = TrainerMetrics(plan)
+    metrics.serve(0)
+    assert metrics.port
+    yield metrics
+    metrics.close()
+
+
+def test_every_series_is_exported_before_the_first_step(served: TrainerMetrics) -> None:
+    assert served.port is not None
+    families = scrape(served.port)
+    assert {name: families[name].type for name in EXPECTED_TYPES if name in families} == EXPECTED_TYPES
+    assert value(families["btj_trainer_tokens"], "btj_trainer_tokens_total") == 0
+    assert value(families["btj_trainer_gpus"], "btj_trainer_gpus") == 2
+    for kind in ("allocated", "reserved"):
+        assert (
+            value(
+                families["btj_trainer_gpu_memory_peak_bytes"], "btj_trainer_gpu_memory_peak_bytes", kind=kind
+            )
+            == 0
+        )
+    assert (
+        value(families["btj_trainer_predicted_tokens_per_second"], "btj_trainer_predicted_tokens_per_second")
+        == 1234.5
+    )
+    assert (
+        value(families["btj_trainer_predicted_memory_peak_bytes"], "btj_trainer_predicted_memory_peak_bytes")
+        == 8e6
+    )
+
+
+def test_steps_and_checkpoints_show_in_the_scrape(served: TrainerMetrics) -> None:
+    for loss in (5.0, 4.0, 3.5):
+        served.record_step(
+            tokens=128,
+            step_seconds=0.3,
+            loss=loss,
+            mfu=0.4,
+            peak_allocated_bytes=100,
+            peak_reserved_bytes=200,
+        )
+    served.record_checkpoint(1_700_000_000.0)
+    assert served.port is not None
+    families = scrape(served.port)
+    assert (
+        value(families["btj_trainer_tokens"], "btj_trainer_tokens_total") == 3 * 128 * 2
+    )  # 2 GPUs in the pod
+    assert value(families["btj_trainer_steps"], "btj_trainer_steps_total") == 3
+    duration = families["btj_trainer_step_duration_seconds"]
+    assert value(duration, "btj_trainer_step_duration_seconds_count") == 3
+    assert value(duration, "btj_trainer_step_duration_seconds_sum") == pytest.approx(0.9)
+    assert value(duration, "btj_trainer_step_duration_seconds_bucket", le="0.25") == 0
+    assert value(duration, "btj_trainer_step_duration_seconds_bucket", le="0.5") == 3
+    assert value(families["btj_trainer_loss"], "btj_trainer_loss") == 3.5
+    assert (
+        value(
+            families["btj_trainer_model_flops_utilization_ratio"], "btj_trainer_model_flops_utilization_ratio"
+        )
+        == 0.4
+    )
+    peak = families["btj_trainer_gpu_memory_peak_bytes"]
+    assert value(peak, "btj_trainer_gpu_memory_peak_bytes", kind="reserved") == 200
+    last = families["btj_trainer_last_checkpoint_timestamp_seconds"]
+    assert value(last, "btj_trainer_last_checkpoint_timestamp_seconds") == 1_700_000_000.0
+
+
+def test_build_info_carries_the_plan_settings(served: TrainerMetrics) -> None:
+    assert served.port is not None
+    (sample,) = scrape(served.port)["btj_trainer_build_info"].samples
+    assert sample.name == "btj_trainer_build_info" and sample.value == 1
+    assert sample.labels["precision"] == "bf16"
+    assert sample.labels["activation_checkpointing"] == "none"
+    assert sample.labels["micro_batch_size"] == "4"
+    assert sample.labels["sharding"] == "full"
+    assert sample.labels["model"] == "custom"
+    assert sample.labels["compile"] == "false"
+    assert sample.labels["version"]
+
+
+def test_only_local_rank_zero_serves(plan: Plan, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    metrics = TrainerMetrics(plan)
+    metrics.serve(0)
+    assert metrics.port is None
+
+
+def test_instances_do_not_share_a_registry(plan: Plan) -> None:
+    # A private registry by default: two exporters in one process (tests, restarts) never collide.
+    first, second = TrainerMetrics(plan), TrainerMetrics(plan)
+    assert first.registry is not second.registry
+    shared = CollectorRegistry()
+    TrainerMetrics(plan, registry=shared)
+    assert shared.get_sample_value("btj_trainer_gpus") is not None
+
+
+def test_a_busy_port_is_a_clear_error(served: TrainerMetrics, plan: Plan) -> None:
+    with pytest.raises(RuntimeError, match="metricsPort"):
+        TrainerMetrics(plan).serve(served.port or 0)

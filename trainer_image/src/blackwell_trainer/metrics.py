@@ -1,0 +1,180 @@
+"""The trainer's Prometheus exporter: measured throughput, MFU, loss and memory beside the prediction."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+
+from blackwell_trainer import __version__
+from blackwell_trainer.config import Plan
+
+log = logging.getLogger(__name__)
+
+# Optimizer-step times span ~50 ms (1B, short sequences) to minutes (70B with large accumulation).
+STEP_DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0, 300.0)
+MEMORY_KINDS = ("allocated", "reserved")
+
+
+def is_local_rank_zero() -> bool:
+    """One exporter per pod: only the process with LOCAL_RANK 0 (or a single process) serves."""
+    return os.environ.get("LOCAL_RANK", "0") == "0"
+
+
+def build_labels(plan: Plan) -> dict[str, str]:
+    """The plan's settings as build_info labels (bounded: one value per job)."""
+    chosen = plan.chosen
+    return {
+        "version": __version__,
+        "job": plan.job_name,
+        "model": plan.model_name,
+        "gpu": plan.gpu.name,
+        "instance_type": plan.instance_type,
+        "nodes": str(plan.nodes),
+        "gpus_per_node": str(plan.gpus_per_node),
+        "sequence_length": str(plan.sequence_length),
+        "precision": chosen.precision.value,
+        "recipe": chosen.precision_recipe.value,
+        "activation_checkpointing": chosen.activation_checkpointing.value,
+        "micro_batch_size": str(chosen.micro_batch_size),
+        "gradient_accumulation_steps": str(chosen.gradient_accumulation_steps),
+        "sharding": chosen.sharding.value,
+        "shard_degree": str(chosen.shard_degree),
+        "replicate_degree": str(chosen.replicate_degree),
+        "context_parallel": str(chosen.context_parallel),
+        "compile": str(chosen.compile).lower(),
+        "loss_chunk_tokens": str(chosen.loss_chunk_tokens),
+    }
+
+
+class TrainerMetrics:
+    """The metrics of one pod, in base units (Prometheus naming practice), registered on `registry`.
+
+    Args:
+        plan: the plan being executed; its prediction is exported beside the measurement.
+        registry: where the metrics live; a private CollectorRegistry by default, so that tests
+            and several instances in one process never collide on the global registry.
+    """
+
+    def __init__(self, plan: Plan, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self.port: int | None = None
+        self._server: Any = None
+        # Ranks of one pod step in lockstep on equal batches, so the pod's tokens are one rank's
+        # tokens times the GPUs it serves (LOCAL_WORLD_SIZE under torchrun).
+        self.gpus = int(os.environ.get("LOCAL_WORLD_SIZE", plan.gpus_per_node))
+        r = self.registry
+        self.tokens = Counter(
+            "btj_trainer_tokens", "Training tokens processed by this pod's GPUs.", registry=r
+        )
+        self.steps = Counter("btj_trainer_steps", "Optimizer steps completed.", registry=r)
+        self.step_duration = Histogram(
+            "btj_trainer_step_duration_seconds",
+            "Wall time of one optimizer step (all micro-batches).",
+            buckets=STEP_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.gpus_gauge = Gauge("btj_trainer_gpus", "GPUs (trainer processes) this pod serves.", registry=r)
+        self.mfu = Gauge(
+            "btj_trainer_model_flops_utilization_ratio",
+            "Model FLOPs utilisation of the last step against the GPU's dense BF16 peak (0-1).",
+            registry=r,
+        )
+        self.loss = Gauge(
+            "btj_trainer_loss", "Training loss of the last step (mean over tokens).", registry=r
+        )
+        self.memory_peak = Gauge(
+            "btj_trainer_gpu_memory_peak_bytes",
+            "Peak GPU memory of local rank 0 since start, by allocator kind.",
+            ["kind"],
+            registry=r,
+        )
+        self.predicted_tokens = Gauge(
+            "btj_trainer_predicted_tokens_per_second",
+            "The plan's predicted training tokens/s per GPU.",
+            registry=r,
+        )
+        self.predicted_memory = Gauge(
+            "btj_trainer_predicted_memory_peak_bytes",
+            "The plan's predicted peak reserved GPU memory per GPU.",
+            registry=r,
+        )
+        self.predicted_mfu = Gauge(
+            "btj_trainer_predicted_model_flops_utilization_ratio",
+            "The plan's predicted model FLOPs utilisation (0-1).",
+            registry=r,
+        )
+        self.last_checkpoint = Gauge(
+            "btj_trainer_last_checkpoint_timestamp_seconds",
+            "Unix time of the last complete checkpoint; 0 until one is written.",
+            registry=r,
+        )
+        self.build_info = Info("btj_trainer_build", "Trainer version and the plan's settings.", registry=r)
+
+        # Pre-export every series (zeros where nothing is measured yet) so none goes missing.
+        self.gpus_gauge.set(self.gpus)
+        for kind in MEMORY_KINDS:
+            self.memory_peak.labels(kind=kind).set(0)
+        self.predicted_tokens.set(plan.predicted.tokens_per_second_per_gpu)
+        self.predicted_memory.set(plan.predicted.memory.peak_reserved)
+        self.predicted_mfu.set(plan.predicted.model_flops_utilization)
+        self.last_checkpoint.set(0)
+        self.build_info.info(build_labels(plan))
+        self._lock = threading.Lock()
+
+    def serve(self, port: int) -> None:
+        """Serve /metrics on `port` (0 picks a free one, see `.port`), from local rank 0 only."""
+        if not is_local_rank_zero():
+            return
+        try:
+            self._server, _ = start_http_server(port, registry=self.registry)
+        except OSError as err:
+            raise RuntimeError(
+                f"cannot serve metrics on port {port}: {err}; set metricsPort in the plan to a free port"
+            ) from err
+        self.port = int(self._server.server_port)
+        log.info("serving Prometheus metrics on :%d/metrics", self.port)
+
+    def close(self) -> None:
+        """Stop the HTTP server, if serving."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def record_step(
+        self,
+        *,
+        tokens: int,
+        step_seconds: float,
+        loss: float,
+        mfu: float,
+        peak_allocated_bytes: int,
+        peak_reserved_bytes: int,
+    ) -> None:
+        """Record one optimizer step.
+
+        Args:
+            tokens: tokens this rank processed in the step (micro-batch x sequence x accumulation);
+                the pod counter adds them once per GPU the pod serves.
+            step_seconds: wall time of the step.
+            loss: the step's loss.
+            mfu: model FLOPs utilisation of the step, 0-1.
+            peak_allocated_bytes: torch.cuda.max_memory_allocated() (0 on CPU).
+            peak_reserved_bytes: torch.cuda.max_memory_reserved() (0 on CPU).
+        """
+        with self._lock:
+            self.tokens.inc(tokens * self.gpus)
+            self.steps.inc()
+            self.step_duration.observe(step_seconds)
+            self.loss.set(loss)
+            self.mfu.set(mfu)
+            self.memory_peak.labels(kind="allocated").set(peak_allocated_bytes)
+            self.memory_peak.labels(kind="reserved").set(peak_reserved_bytes)
+
+    def record_checkpoint(self, timestamp: float) -> None:
+        """Record the Unix time at which a complete checkpoint was written."""
+        self.last_checkpoint.set(timestamp)
