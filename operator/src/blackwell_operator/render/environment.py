@@ -1,0 +1,46 @@
+"""The trainer container's environment: NCCL/EFA/PyTorch defaults that spec.env overrides, sorted by name."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from blackwell_operator.models.spec import EnvVar
+
+PLAN_DIR = "/etc/btj"
+PLAN_FILE = "plan.json"
+PLAN_PATH = f"{PLAN_DIR}/{PLAN_FILE}"
+LOCAL_DIR = "/local"
+
+# Sources: hyperpod-pytorchjob.md §2.4, from awsome-distributed-training's HyperPod EKS FSDP examples
+# (llama3_1_8b-fsdp-hpto.yaml, fsdp.yaml-template). The cheatsheet there notes several of these are
+# no-ops on current libfabric/aws-ofi-nccl; they are kept as harmless defaults for older images and
+# every one can be overridden through spec.env.
+DEFAULT_ENV: dict[str, str] = {
+    # EFA through libfabric.
+    "FI_PROVIDER": "efa",
+    "FI_EFA_USE_DEVICE_RDMA": "1",
+    "FI_EFA_FORK_SAFE": "1",
+    # NCCL: every interface but loopback; WARN keeps production logs readable (INFO is the HPCLI default).
+    "NCCL_SOCKET_IFNAME": "^lo",
+    "NCCL_DEBUG": "WARN",
+    "GLOO_SOCKET_IFNAME": "eth0",
+    # PyTorch NCCL watchdog: fail fast on a hung collective and dump the flight recorder to NVMe.
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    "TORCH_NCCL_ENABLE_MONITORING": "1",
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "20000",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+    "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{LOCAL_DIR}/nccl_trace_rank_",
+    # Fewer allocator-fragmentation OOMs; the planner's fragmentation term assumes it.
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    # PYTHONUNBUFFERED is left to the training operator, which always injects it (§1.2).
+    # The trainer also finds its plan through this variable (see blackwell_trainer's entry point).
+    "BTJ_PLAN_PATH": PLAN_PATH,
+}
+
+
+def container_env(overrides: Iterable[EnvVar]) -> list[dict[str, str]]:
+    """Defaults overlaid by the user's variables (the user wins; the last duplicate wins), sorted by name."""
+    merged = dict(DEFAULT_ENV)
+    for variable in overrides:
+        merged[variable.name] = variable.value
+    return [{"name": name, "value": merged[name]} for name in sorted(merged)]

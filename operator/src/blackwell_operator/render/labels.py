@@ -1,0 +1,78 @@
+"""Labels and annotations of the children: ours, the user's (minus Argo CD's), Kueue's, HyperPod's."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from blackwell_operator.models.spec import API_GROUP, BlackwellTrainingJobSpec
+
+# app.kubernetes.io recommended labels (https://kubernetes.io/docs/concepts/overview/working-with-objects/common-labels/).
+NAME_LABEL = "app.kubernetes.io/name"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+PART_OF_LABEL = "app.kubernetes.io/part-of"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+JOB_NAME_LABEL = f"{API_GROUP}/job-name"
+
+APP_NAME = "blackwell-trainer"
+MANAGER = "blackwell-operator"
+PART_OF = "blackwell-training"
+
+# Kueue reads these from the job object (hyperpod-pytorchjob.md §2.7).
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+
+# HyperPod job auto-resume (hyperpod-pytorchjob.md §1.3 and §2.7).
+AUTO_RESUME_ANNOTATION = "sagemaker.amazonaws.com/enable-job-auto-resume"
+MAX_RETRY_ANNOTATION = "sagemaker.amazonaws.com/job-max-retry-count"
+
+# Content hashes: the handler compares them to decide whether a patch is needed.
+RENDER_HASH_ANNOTATION = f"{API_GROUP}/render-sha256"
+PLAN_HASH_ANNOTATION = f"{API_GROUP}/plan-sha256"
+
+# Argo CD tracks resources by this label in `label` tracking mode and by argocd.argoproj.io/* keys;
+# a child carrying them is reported OutOfSync or pruned (hyperpod-pytorchjob.md §3.2).
+ARGO_INSTANCE_LABEL = "app.kubernetes.io/instance"
+ARGO_PREFIX = "argocd.argoproj.io/"
+
+
+def strip_tracking_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
+    """The parent's labels without those Argo CD uses to track the parent itself."""
+    return {
+        key: value
+        for key, value in sorted((labels or {}).items())
+        if key != ARGO_INSTANCE_LABEL and not key.startswith(ARGO_PREFIX)
+    }
+
+
+def own_labels(name: str) -> dict[str, str]:
+    """The labels every object the operator creates carries (also the anti-affinity selector)."""
+    return {
+        NAME_LABEL: APP_NAME,
+        MANAGED_BY_LABEL: MANAGER,
+        PART_OF_LABEL: PART_OF,
+        JOB_NAME_LABEL: name,
+    }
+
+
+def child_labels(name: str, parent_labels: Mapping[str, str] | None) -> dict[str, str]:
+    """Propagated parent labels overlaid by ours (ours win on a clash), sorted."""
+    merged = strip_tracking_labels(parent_labels)
+    merged.update(own_labels(name))
+    return dict(sorted(merged.items()))
+
+
+def kueue_labels(spec: BlackwellTrainingJobSpec) -> dict[str, str]:
+    """Kueue labels when a queue or priority class is named; the spec wins over propagated labels."""
+    labels: dict[str, str] = {}
+    if spec.queue_name:
+        labels[KUEUE_QUEUE_LABEL] = spec.queue_name
+    if spec.priority_class:
+        labels[KUEUE_PRIORITY_LABEL] = spec.priority_class
+    return labels
+
+
+def auto_resume_annotations(spec: BlackwellTrainingJobSpec) -> dict[str, str]:
+    """HyperPod auto-resume annotations for a Kubeflow PyTorchJob, when asked for."""
+    if not spec.auto_resume:
+        return {}
+    return {AUTO_RESUME_ANNOTATION: "true", MAX_RETRY_ANNOTATION: str(spec.max_retries)}

@@ -1,0 +1,140 @@
+"""The worker pod template shared by PyTorchJob and HyperPodPyTorchJob: placement, resources, volumes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from blackwell_operator.models.spec import BlackwellTrainingJobSpec, Toleration
+from blackwell_operator.render.environment import LOCAL_DIR, PLAN_DIR, container_env
+from blackwell_operator.render.hardware import HUGEPAGES_2MI, efa_interfaces, memory_request
+from blackwell_operator.render.labels import JOB_NAME_LABEL, PLAN_HASH_ANNOTATION
+from blackwell_trainer.config import Plan
+
+CONTAINER_NAME = "pytorch"  # the Kubeflow webhook requires exactly one container with this name
+METRICS_PORT_NAME = "metrics"
+GPU_RESOURCE = "nvidia.com/gpu"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+NODE_HEALTH_LABEL = "sagemaker.amazonaws.com/node-health-status"
+DEEP_HEALTH_LABEL = "sagemaker.amazonaws.com/deep-health-check-status"
+HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
+
+LOCAL_NVME_HOST_PATH = "/mnt/k8s-disks/0"  # HyperPod EKS instance store (ADT examples, §2.5)
+# Time for the trainer's SIGTERM checkpoint (preemption, Kueue eviction, auto-resume) before SIGKILL.
+TERMINATION_GRACE_SECONDS = 300
+
+
+def plan_config_map_name(name: str) -> str:
+    """The ConfigMap carrying a job's plan file."""
+    return f"{name}-plan"
+
+
+def toleration(item: Toleration) -> dict[str, Any]:
+    """A Kubernetes toleration from the spec's, without unset keys."""
+    wire = item.model_dump(by_alias=True, exclude_none=True)
+    return {
+        key: wire[key] for key in ("key", "operator", "value", "effect", "tolerationSeconds") if key in wire
+    }
+
+
+def affinity(name: str) -> dict[str, Any]:
+    """Prefer nodes whose deep health check passed; never two workers of this job on one host."""
+    return {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 100,
+                    "preference": {
+                        "matchExpressions": [
+                            {"key": DEEP_HEALTH_LABEL, "operator": "In", "values": ["Passed"]}
+                        ]
+                    },
+                }
+            ]
+        },
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchLabels": {JOB_NAME_LABEL: name}},
+                    "topologyKey": HOSTNAME_TOPOLOGY,
+                }
+            ]
+        },
+    }
+
+
+def resources(spec: BlackwellTrainingJobSpec, plan: Plan) -> dict[str, Any]:
+    """Requests equal limits: whole GPUs, every EFA device of the node, hugepages and host memory."""
+    instance = spec.cluster.instance_type.value
+    amounts = {
+        GPU_RESOURCE: plan.gpus_per_node,
+        EFA_RESOURCE: efa_interfaces(instance),
+        "hugepages-2Mi": HUGEPAGES_2MI,
+        "memory": memory_request(instance, plan.gpus_per_node),
+    }
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def container(
+    spec: BlackwellTrainingJobSpec, plan: Plan, command: list[str], extra_ports: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The one trainer container."""
+    ports = [{"name": METRICS_PORT_NAME, "containerPort": plan.metrics_port, "protocol": "TCP"}, *extra_ports]
+    return {
+        "name": CONTAINER_NAME,
+        "image": spec.image,
+        "command": command,
+        "env": container_env(spec.env),
+        "ports": ports,
+        "resources": resources(spec, plan),
+        "volumeMounts": [
+            {"name": "plan", "mountPath": PLAN_DIR, "readOnly": True},
+            {"name": "shm", "mountPath": "/dev/shm"},
+            {"name": "local", "mountPath": LOCAL_DIR},
+        ],
+    }
+
+
+def volumes(name: str) -> list[dict[str, Any]]:
+    """The plan ConfigMap, the node's /dev/shm tmpfs and its NVMe instance store."""
+    return [
+        {"name": "plan", "configMap": {"name": plan_config_map_name(name), "defaultMode": 0o444}},
+        {"name": "shm", "hostPath": {"path": "/dev/shm", "type": "Directory"}},
+        {"name": "local", "hostPath": {"path": LOCAL_NVME_HOST_PATH, "type": "DirectoryOrCreate"}},
+    ]
+
+
+def pod_template(
+    name: str,
+    spec: BlackwellTrainingJobSpec,
+    plan: Plan,
+    *,
+    labels: dict[str, str],
+    plan_sha256: str,
+    command: list[str],
+    extra_ports: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The worker pod template."""
+    pod_spec: dict[str, Any] = {
+        "nodeSelector": {
+            INSTANCE_TYPE_LABEL: spec.cluster.instance_type.value,
+            NODE_HEALTH_LABEL: "Schedulable",
+        },
+        "affinity": affinity(name),
+        "containers": [container(spec, plan, command, extra_ports or [])],
+        "volumes": volumes(name),
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+    }
+    if spec.tolerations:
+        pod_spec["tolerations"] = [toleration(item) for item in spec.tolerations]
+    return {
+        "metadata": {
+            "labels": dict(labels),
+            "annotations": {
+                "kubectl.kubernetes.io/default-container": CONTAINER_NAME,
+                PLAN_HASH_ANNOTATION: plan_sha256,
+            },
+        },
+        "spec": pod_spec,
+    }
