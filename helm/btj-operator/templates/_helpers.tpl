@@ -1,0 +1,111 @@
+{{/*
+Names and labels of the btj-operator chart. Every name is truncated to 63 characters (the DNS
+label limit) with any trailing "-" trimmed; each resource kind has its own helper.
+*/}}
+
+{{/* The chart name, or nameOverride. */}}
+{{- define "btj-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The full name: fullnameOverride, or "<release>-<chart>" (just the release when it already
+contains the chart name), truncated to 63 characters.
+*/}}
+{{- define "btj-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* "name-version" for the helm.sh/chart label. */}}
+{{- define "btj-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels that select the operator pod (stable across upgrades: never add the version here). */}}
+{{- define "btj-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "btj-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* The standard app.kubernetes.io labels on every object of the chart. */}}
+{{- define "btj-operator.labels" -}}
+helm.sh/chart: {{ include "btj-operator.chart" . }}
+{{ include "btj-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: blackwell-training-operator
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* The operator Deployment. */}}
+{{- define "btj-operator.deploymentName" -}}
+{{- include "btj-operator.fullname" . }}
+{{- end }}
+
+{{/* The operator's ServiceAccount. */}}
+{{- define "btj-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "btj-operator.fullname" .) .Values.serviceAccount.name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The ClusterRole (and its binding) for cluster-scoped and, cluster-wide, all permissions. */}}
+{{- define "btj-operator.clusterRoleName" -}}
+{{- include "btj-operator.fullname" . }}
+{{- end }}
+
+{{/* The Role (and its binding) in each watched namespace when the operator is namespaced. */}}
+{{- define "btj-operator.roleName" -}}
+{{- include "btj-operator.fullname" . }}
+{{- end }}
+
+{{/* The metrics Service. */}}
+{{- define "btj-operator.serviceName" -}}
+{{- printf "%s-metrics" (include "btj-operator.fullname" . | trunc 55 | trimSuffix "-") }}
+{{- end }}
+
+{{/* The operator's PodMonitor / ServiceMonitor. */}}
+{{- define "btj-operator.monitorName" -}}
+{{- include "btj-operator.fullname" . }}
+{{- end }}
+
+{{/* The PodMonitor for trainer pods. */}}
+{{- define "btj-operator.trainerPodMonitorName" -}}
+{{- printf "%s-trainers" (include "btj-operator.fullname" . | trunc 54 | trimSuffix "-") }}
+{{- end }}
+
+{{/* The Grafana dashboard ConfigMap. */}}
+{{- define "btj-operator.dashboardName" -}}
+{{- printf "%s-dashboard" (include "btj-operator.fullname" . | trunc 53 | trimSuffix "-") }}
+{{- end }}
+
+{{/* The Argo CD health-check ConfigMap. */}}
+{{- define "btj-operator.argocdHealthName" -}}
+{{- printf "%s-argocd-health" (include "btj-operator.fullname" . | trunc 49 | trimSuffix "-") }}
+{{- end }}
+
+{{/* The operator image reference. */}}
+{{- define "btj-operator.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* Fails the render on value combinations the schema cannot express. */}}
+{{- define "btj-operator.validateConfig" -}}
+{{- if and .Values.metrics.podMonitor.enabled .Values.metrics.serviceMonitor.enabled }}
+{{- fail "metrics.podMonitor.enabled and metrics.serviceMonitor.enabled both scrape the operator: enable one of them" }}
+{{- end }}
+{{- if and (not .Values.serviceAccount.create) (not .Values.serviceAccount.name) }}
+{{- fail "serviceAccount.name must name an existing ServiceAccount when serviceAccount.create is false" }}
+{{- end }}
+{{- end }}

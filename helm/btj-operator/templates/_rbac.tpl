@@ -1,0 +1,54 @@
+{{/*
+The operator's permissions, split by scope. Each rule says whether Kopf (framework) or the
+operator's own code (application) needs it. tests/helm/test_rbac.py checks that the application
+rules equal blackwell_operator.permissions.PERMISSIONS and that nothing else is granted beyond the
+framework rules listed there. No wildcards anywhere.
+*/}}
+
+{{/* Rules on cluster-scoped resources: always in the ClusterRole. */}}
+{{- define "btj-operator.rules.clusterScoped" -}}
+# Framework: Kopf observes CRDs to resolve the resources it serves and notice them being added/removed.
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["list", "watch"]
+{{- if not .Values.operator.watchNamespaces }}
+# Framework: cluster-wide, Kopf watches namespaces to start and stop its per-namespace watchers.
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["list", "watch"]
+{{- end }}
+# Application: discovery reads node capacity (instance type, GPUs, health labels) read-only.
+- apiGroups: [""]
+  resources: ["nodes"]
+  verbs: ["get", "list", "watch"]
+{{- end }}
+
+{{/* Rules on namespaced resources: in the ClusterRole when cluster-wide, else in a Role per namespace. */}}
+{{- define "btj-operator.rules.namespaced" -}}
+# Application: the BlackwellTrainingJobs the operator reconciles (Kopf also patches its
+# progress annotations and finalizer onto them).
+- apiGroups: ["training.blackwell.dev"]
+  resources: ["blackwelltrainingjobs"]
+  verbs: ["get", "list", "watch", "patch"]
+# Application: phase, conditions and the plan are written to the status subresource only.
+- apiGroups: ["training.blackwell.dev"]
+  resources: ["blackwelltrainingjobs/status"]
+  verbs: ["get", "patch"]
+# Application: the child Kubeflow PyTorchJob (created, patched on spec change, watched for status).
+- apiGroups: ["kubeflow.org"]
+  resources: ["pytorchjobs"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+# Application: the child HyperPodPyTorchJob when spec.backend is HyperPodPyTorchJob.
+- apiGroups: ["sagemaker.amazonaws.com"]
+  resources: ["hyperpodpytorchjobs"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+# Application: the <name>-plan ConfigMap mounted into the trainer pods.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "create", "patch"]
+# Framework and application: Kopf posts handler progress/errors as Events; the operator posts
+# planning and admission Events on the BlackwellTrainingJob.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- end }}
