@@ -1,0 +1,293 @@
+"""Distributed checkpoints that are complete or ignored, and a SIGTERM guard for a clean save-and-exit."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+from blackwell_trainer.config import CheckpointConfig
+
+log = logging.getLogger(__name__)
+
+MARKER = "COMPLETE.json"
+MARKER_VERSION = 1
+EXTRA_DIR = "extra"
+STEP_DIR = re.compile(r"^step-(\d+)$")
+TMP_PREFIX = ".tmp-"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be written or resumed; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class CompleteCheckpoint:
+    """A step folder whose completion marker is present and whose files match it."""
+
+    step: int
+    path: Path
+    world_size: int
+    timestamp: float
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _file_sizes(folder: Path) -> dict[str, int]:
+    return {
+        str(f.relative_to(folder)): f.stat().st_size
+        for f in sorted(folder.rglob("*"))
+        if f.is_file() and f.name != MARKER
+    }
+
+
+def read_complete(path: Path) -> CompleteCheckpoint | None:
+    """The checkpoint at `path` if it is complete, else None (no marker, or a file missing or truncated)."""
+    match = STEP_DIR.match(path.name)
+    if not match or not path.is_dir():
+        return None
+    try:
+        marker = json.loads((path / MARKER).read_text())
+        files: dict[str, int] = marker["files"]
+        if ".metadata" not in files:
+            return None
+        for name, size in files.items():
+            if (path / name).stat().st_size != size:
+                log.warning("ignoring checkpoint %s: %s is truncated", path, name)
+                return None
+        return CompleteCheckpoint(
+            step=int(marker["step"]),
+            path=path,
+            world_size=int(marker["world_size"]),
+            timestamp=float(marker["timestamp"]),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        # No marker (a save that never finished) or a file gone: not a checkpoint to resume from.
+        return None
+
+
+def list_complete(root: Path) -> list[CompleteCheckpoint]:
+    """Complete checkpoints under `root`, oldest first."""
+    if not root.is_dir():
+        return []
+    found = (read_complete(p) for p in root.iterdir())
+    return sorted((c for c in found if c is not None), key=lambda c: c.step)
+
+
+class Checkpointer:
+    """Saves and resumes model, optimizer and an `extra` dict with torch.distributed.checkpoint.
+
+    Layout: `<path>/step-000100/` holds the DCP files (one shard per rank plus `.metadata`),
+    `extra/rank-00000.pt` per rank (step, data position, RNG...) and, written last, `COMPLETE.json`
+    with the step, world size and every file's size. A save goes to `<path>/.tmp-step-000100/` and
+    rank 0 renames it into place after all ranks finished writing, so a crash at any point leaves
+    either the previous checkpoints alone or a folder that loading skips. `path` must be a file
+    system every rank sees (FSx for Lustre, EFS, a shared volume).
+
+    Resuming with a different world size: DCP reshards the model and optimizer (FSDP2 DTensors) to
+    the new layout; the data position in `extra` is global (see blackwell_trainer.data), so it
+    carries over exactly. Per-rank entries of `extra` (RNG states) cannot be resharded: every rank
+    then takes rank 0's `extra`, and a warning says so.
+
+    Args:
+        config: the plan's checkpoint section; `path` None disables saving and loading.
+        rank: this process's global rank.
+    """
+
+    def __init__(self, config: CheckpointConfig, *, rank: int) -> None:
+        self.config = config
+        self.rank = rank
+        self.root: Path | None = None
+        if config.path:
+            if "://" in str(config.path):
+                raise CheckpointError(
+                    f"checkpoint.path {config.path} is not a file system path; mount shared storage "
+                    "(FSx for Lustre, EFS, a PVC) and give its path"
+                )
+            self.root = Path(config.path)
+        self.last_saved_step: int | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.root is not None
+
+    def latest(self) -> CompleteCheckpoint | None:
+        """The newest complete checkpoint, as rank 0 sees it (every rank gets rank 0's choice)."""
+        if self.root is None:
+            return None
+        found = list_complete(self.root)
+        choice: list[Any] = [str(found[-1].path) if found else None]
+        if dist.is_available() and dist.is_initialized():
+            # Ranks must load the same step; shared-file-system caches can lag, so rank 0 decides.
+            dist.broadcast_object_list(choice, src=0)
+        return read_complete(Path(choice[0])) if choice[0] else None
+
+    def save(
+        self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer | None, extra: dict[str, Any]
+    ) -> None:
+        """Write a complete checkpoint of `step` (collective: every rank calls it), then prune."""
+        if self.root is None or step == self.last_saved_step:
+            return  # e.g. SIGTERM right after an interval save: that step is already on disk
+        started = time.monotonic()
+        rank, world_size = _world()
+        name = f"step-{step:06d}"
+        final, tmp = self.root / name, self.root / f"{TMP_PREFIX}{name}"
+        if rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)  # left by a crash during an earlier attempt
+            (tmp / EXTRA_DIR).mkdir(parents=True)
+        _barrier()
+
+        dcp_save(self._state(model, optimizer), checkpoint_id=str(tmp))
+        torch.save(extra, tmp / EXTRA_DIR / f"rank-{rank:05d}.pt")
+        _barrier()  # every rank's files are written before the marker claims completeness
+
+        if rank == 0:
+            marker = {
+                "version": MARKER_VERSION,
+                "step": step,
+                "world_size": world_size,
+                "timestamp": time.time(),
+                "files": _file_sizes(tmp),
+            }
+            with open(tmp / MARKER, "w") as f:
+                json.dump(marker, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            if final.exists():
+                shutil.rmtree(final)  # an incomplete folder of the same step (a loaded one is skipped above)
+            os.rename(tmp, final)
+            _fsync_dir(self.root)
+            self._prune()
+        _barrier()  # nobody moves on (or exits) before the checkpoint is in place
+        self.last_saved_step = step
+        log.info("saved checkpoint %s in %.1f s", final, time.monotonic() - started)
+
+    def load(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any] | None:
+        """Resume from the newest complete checkpoint (collective); returns its `extra`, or None if none."""
+        found = self.latest()
+        if found is None:
+            return None
+        rank, world_size = _world()
+        state = self._state(model, optimizer)
+        dcp_load(state, checkpoint_id=str(found.path))
+        if optimizer is None:
+            set_model_state_dict(model, state["model"])
+        else:
+            set_state_dict(
+                model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+            )
+        source_rank = rank
+        if found.world_size != world_size:
+            log.warning(
+                "checkpoint %s was written by %d ranks and resumes on %d: model and optimizer are "
+                "resharded by DCP, the data position is global and exact, and every rank takes rank 0's "
+                "per-rank state (RNG)",
+                found.path,
+                found.world_size,
+                world_size,
+            )
+            source_rank = 0
+        extra: dict[str, Any] = torch.load(
+            found.path / EXTRA_DIR / f"rank-{source_rank:05d}.pt", weights_only=True
+        )
+        self.last_saved_step = found.step
+        log.info("resumed from checkpoint %s", found.path)
+        return extra
+
+    @staticmethod
+    def _state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+        # get_state_dict gives DTensor shards under FSDP2 (DCP reshards them on load) and creates
+        # the optimizer's state when it has taken no step yet, so a fresh optimizer can be loaded.
+        if optimizer is None:
+            return {"model": get_model_state_dict(model)}
+        model_state, optim_state = get_state_dict(model, optimizer)
+        return {"model": model_state, "optimizer": optim_state}
+
+    def _prune(self) -> None:
+        """Keep the newest `keep_latest` complete checkpoints; drop older ones and stale temporaries."""
+        assert self.root is not None
+        complete = list_complete(self.root)
+        for old in complete[: -self.config.keep_latest]:
+            shutil.rmtree(old.path, ignore_errors=True)
+        for stale in self.root.glob(f"{TMP_PREFIX}step-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+class PreemptionGuard:
+    """Turns SIGTERM (preemption, Kueue suspend, HyperPod auto-resume, pod deletion) into a flag.
+
+    torchrun forwards the SIGTERM it gets as the container's PID 1 to every worker and kills them
+    30 s later, so the loop must notice the flag, save and exit 0 within that time. Ranks may see
+    the signal in different steps: call `agreed()` at the same point of every step on every rank,
+    it all-reduces the flag, so all ranks stop after the same step and save together.
+    """
+
+    def __init__(self, signals: tuple[signal.Signals, ...] = (signal.SIGTERM,)) -> None:
+        self.requested = False
+        self._previous: dict[signal.Signals, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in signals:
+                self._previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if not self.requested:
+            log.warning("received %s: will checkpoint and exit after this step", signal.Signals(signum).name)
+        self.requested = True
+
+    def agreed(self) -> bool:
+        """True on every rank once any rank has been signalled (collective when distributed)."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return self.requested
+        backend = dist.get_backend()
+        device = (
+            torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        )
+        flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32, device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        self.requested = bool(flag.item())
+        return self.requested
+
+    def restore(self) -> None:
+        """Put back the signal handlers that were installed before."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
