@@ -6,6 +6,7 @@ import json
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -42,7 +43,7 @@ def checkpointer(root: Path, keep: int = 5) -> Checkpointer:
 def test_round_trip_restores_model_optimizer_and_extra(tmp_path: Path) -> None:
     model, optimizer = make(0)
     train_step(model, optimizer)
-    extra = {"step": 3, "data": {"consumed": 24, "kind": "synthetic"}, "rng": torch.get_rng_state()}
+    extra: dict[str, Any] = {"step": 3, "data": {"consumed": 24}, "rng": torch.get_rng_state()}
     checkpointer(tmp_path).save(3, model, optimizer, extra)
 
     fresh, fresh_optimizer = make(1)
