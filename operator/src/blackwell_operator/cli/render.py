@@ -1,0 +1,98 @@
+"""`btj render` (every object the operator would create, offline) and `btj crd` (the CRD YAML)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from blackwell_operator.cli import app
+from blackwell_operator.cli.manifest import ManifestError, load_manifest
+from blackwell_operator.errors import SpecError
+from blackwell_operator.render import dump_documents, render_children
+from blackwell_operator.render.crd import crd_yaml
+from blackwell_trainer.config import Plan
+
+DEFAULT_NAMESPACE = "default"
+GIB = 1024**3
+
+
+class OutputFormat(StrEnum):
+    """How `btj render` prints the objects."""
+
+    YAML = "yaml"
+    JSON = "json"
+
+
+def fail(message: str) -> None:
+    """One clear message on stderr and exit code 2 (bad input), never a traceback."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=2)
+
+
+def plan_summary(plan: Plan) -> str:
+    """A few human lines about the plan (stderr, so stdout stays valid YAML/JSON)."""
+    chosen, predicted = plan.chosen, plan.predicted
+    peak = predicted.memory.peak_reserved / GIB
+    capacity = plan.gpu.memory_bytes / GIB
+    return "\n".join(
+        [
+            f"plan {plan.job_name}: {plan.model_name} ({plan.parameter_count / 1e9:.2f}B parameters) on "
+            f"{plan.nodes} x {plan.instance_type} ({plan.world_size} x {plan.gpu.name})",
+            f"  chosen: precision {chosen.precision.value} ({chosen.precision_recipe.value}), "
+            f"activation checkpointing {chosen.activation_checkpointing.value}, micro-batch "
+            f"{chosen.micro_batch_size} x {chosen.gradient_accumulation_steps} accumulation, sharding "
+            f"{chosen.sharding.value}, context parallel {chosen.context_parallel}",
+            f"  predicted: {predicted.tokens_per_second_per_gpu:,.0f} tokens/s per GPU, MFU "
+            f"{predicted.model_flops_utilization:.1%}, peak memory {peak:.1f} of {capacity:.1f} GiB per GPU",
+        ]
+    )
+
+
+@app.command()
+def render(
+    file: Annotated[
+        Path | None, typer.Argument(help="BlackwellTrainingJob manifest; the embedded example if omitted.")
+    ] = None,
+    output: Annotated[OutputFormat, typer.Option("--output", "-o", help="yaml or json.")] = OutputFormat.YAML,
+) -> None:
+    """Print every object the operator would create for a BTJ (plan ConfigMap and job), offline."""
+    from blackwell_operator.planner import plan_job  # the planner is imported only when needed
+
+    try:
+        job = load_manifest(file)
+    except ManifestError as exc:
+        fail(str(exc))
+        return
+    name = job.metadata.name
+    namespace = job.metadata.namespace or DEFAULT_NAMESPACE
+    raw_labels: Any = (job.metadata.model_extra or {}).get("labels") or {}
+    labels = (
+        {str(key): str(value) for key, value in raw_labels.items()} if isinstance(raw_labels, dict) else {}
+    )
+    try:
+        plan = plan_job(job.spec, job_name=name)
+    except SpecError as exc:
+        fail(exc.message)
+        return
+    objects = render_children(name, namespace, job.spec, plan, labels=labels)
+    typer.echo(plan_summary(plan), err=True)
+    if job.spec.dry_run:
+        typer.echo(
+            "  spec.dryRun is true: the operator writes the plan to status and creates nothing", err=True
+        )
+    if output == OutputFormat.JSON:
+        document = {"apiVersion": "v1", "kind": "List", "items": objects}
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+    else:
+        sys.stdout.write(dump_documents(objects))
+
+
+@app.command()
+def crd() -> None:
+    """Print the BlackwellTrainingJob CustomResourceDefinition (the file committed under crds/)."""
+    sys.stdout.write(crd_yaml())

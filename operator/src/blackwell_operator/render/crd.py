@@ -1,0 +1,246 @@
+"""The BlackwellTrainingJob CustomResourceDefinition, generated from the pydantic models (`btj crd`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from blackwell_operator.models.spec import API_GROUP, API_VERSION, KIND, PLURAL, BlackwellTrainingJobSpec
+from blackwell_operator.models.status import BlackwellTrainingJobStatus
+from blackwell_operator.render.schema import PRESERVE_UNKNOWN, VALIDATIONS, Schema, ordered, to_structural
+from blackwell_operator.render.yamlio import dump_yaml
+
+SINGULAR = KIND.lower()
+SHORT_NAMES = ["btj"]
+CATEGORIES = ["ml"]
+
+# The training operator names Services `<job>-worker-<index>` (DNS-1035, 63 characters at most) and the
+# child takes the BTJ's name; 51 leaves room for "-worker-1023".
+MAX_NAME_LENGTH = 51
+
+ROOT_RULES = [
+    {
+        "rule": "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+        "message": "metadata.name must be a DNS-1035 label (lowercase letters, digits and '-', starting "
+        "with a letter): the child PyTorchJob takes the same name",
+    },
+    {
+        "rule": f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
+        "message": f"metadata.name must be at most {MAX_NAME_LENGTH} characters: the training operator "
+        "names Services <name>-worker-<index>, which must fit 63",
+    },
+]
+
+
+def _immutable(field: str, why: str) -> dict[str, str]:
+    return {"rule": "self == oldSelf", "message": f"{field} is immutable: {why}"}
+
+
+_NEW_JOB = "create a new BlackwellTrainingJob instead"
+
+# Cross-field rules the models check in Python, restated in CEL so the API server rejects the same
+# specs at admission; and fields that must not change after creation (rules with oldSelf run on update).
+SPEC_RULES: dict[str, list[dict[str, str]]] = {
+    "model": [
+        {
+            "rule": "has(self.preset) != has(self.architecture)",
+            "message": "set exactly one of spec.model.preset or spec.model.architecture",
+        },
+        _immutable("spec.model", _NEW_JOB),
+    ],
+    "model.architecture": [
+        {
+            "rule": "self.numAttentionHeads % self.numKeyValueHeads == 0",
+            "message": "spec.model.architecture.numAttentionHeads must be a multiple of numKeyValueHeads",
+        },
+        {
+            "rule": "has(self.headDim) || self.hiddenSize % self.numAttentionHeads == 0",
+            "message": "spec.model.architecture.hiddenSize must be divisible by numAttentionHeads, "
+            "or set headDim",
+        },
+    ],
+    "cluster": [
+        {
+            "rule": "!has(self.gpusPerNode) || self.gpusPerNode <= 8",
+            "message": "spec.cluster.gpusPerNode must be at most 8: every supported instance has 8 GPUs",
+        }
+    ],
+    "cluster.instanceType": [_immutable("spec.cluster.instanceType", _NEW_JOB)],
+    "backend": [_immutable("spec.backend", _NEW_JOB)],
+    "training.dataset": [
+        {
+            "rule": "self.kind != 'shards' || (has(self.uri) && size(self.uri) > 0)",
+            "message": "spec.training.dataset.uri is required when spec.training.dataset.kind is shards",
+        }
+    ],
+    "tolerations[]": [
+        {
+            "rule": "self.operator != 'Exists' || !has(self.value) || size(self.value) == 0",
+            "message": "a toleration with operator Exists must not set a value",
+        },
+        {
+            "rule": "(has(self.key) && size(self.key) > 0) || self.operator == 'Exists'",
+            "message": "a toleration without a key must use operator Exists",
+        },
+    ],
+}
+
+_LABEL_VALUE = "^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$"
+
+# Admission-only bounds: strings and lists need a size bound so the API server can cost the CEL rules,
+# and names that become label values must be valid label values.
+SPEC_EXTRAS: dict[str, Schema] = {
+    "model.preset": {"maxLength": 64},
+    "image": {"maxLength": 1024},
+    "queueName": {"maxLength": 63, "pattern": _LABEL_VALUE},
+    "priorityClass": {"maxLength": 63, "pattern": _LABEL_VALUE},
+    "training.dataset.uri": {"maxLength": 4096},
+    "training.checkpoint.path": {"maxLength": 4096},
+    "env": {"maxItems": 128, "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    "env[].name": {"maxLength": 256},
+    "env[].value": {"maxLength": 32768},
+    "tolerations": {"maxItems": 64, "x-kubernetes-list-type": "atomic"},
+    "tolerations[].key": {"maxLength": 316},
+    "tolerations[].value": {"maxLength": 63},
+}
+
+STATUS_EXTRAS: dict[str, Schema] = {
+    # A newer operator may write plan fields this CRD does not list yet: keep them, never prune them
+    # (the listed ones still validate and document themselves for `kubectl explain`).
+    "plan": {PRESERVE_UNKNOWN: True},
+    "conditions": {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    "conditions[].message": {"maxLength": 32768},
+    "conditions[].lastTransitionTime": {"format": "date-time"},
+    "observedGeneration": {"format": "int64"},
+}
+
+
+def printer_columns() -> list[dict[str, Any]]:
+    """`kubectl get btj` columns; priority 1 ones appear with -o wide."""
+
+    def column(name: str, kind: str, path: str, description: str, priority: int = 0) -> dict[str, Any]:
+        entry: dict[str, Any] = {"name": name, "type": kind, "jsonPath": path, "description": description}
+        if priority:
+            entry["priority"] = priority
+        return entry
+
+    return [
+        column("Phase", "string", ".status.phase", "Lifecycle phase."),
+        column("Model", "string", ".spec.model.preset", "Model preset (empty for a custom architecture)."),
+        column("Instance", "string", ".spec.cluster.instanceType", "HyperPod instance type."),
+        column("Nodes", "integer", ".spec.cluster.nodes", "Nodes in the job."),
+        column("Precision", "string", ".status.precision", "Chosen precision."),
+        column("MBS", "integer", ".status.microBatchSize", "Chosen micro-batch size."),
+        column("AC", "string", ".status.activationCheckpointing", "Chosen activation checkpointing."),
+        column("Age", "date", ".metadata.creationTimestamp", "Time since creation."),
+        column(
+            "Tok/s/GPU",
+            "number",
+            ".status.plan.predicted.tokensPerSecondPerGpu",
+            "Predicted training tokens/s per GPU.",
+            1,
+        ),
+        column("MFU", "number", ".status.plan.predicted.modelFlopsUtilization", "Predicted MFU.", 1),
+        column(
+            "Measured", "number", ".status.measured.tokensPerSecondPerGpu", "Measured tokens/s per GPU.", 1
+        ),
+        column("Child", "string", ".status.child.name", "The child job.", 1),
+        column("Message", "string", ".status.message", "Current state in one line.", 1),
+    ]
+
+
+def node_at(schema: Schema, path: str) -> Schema:
+    """The sub-schema at a dotted path of property names; `name[]` steps into array items."""
+    node = schema
+    for part in path.split("."):
+        is_items = part.endswith("[]")
+        node = node["properties"][part.removesuffix("[]")]
+        if is_items:
+            node = node["items"]
+    return node
+
+
+def _decorate(schema: Schema, rules: dict[str, list[dict[str, str]]], extras: dict[str, Schema]) -> Schema:
+    for path, extra in extras.items():
+        node_at(schema, path).update(extra)
+    for path, new_rules in rules.items():
+        node = node_at(schema, path)
+        node[VALIDATIONS] = [*node.get(VALIDATIONS, []), *new_rules]
+    return schema
+
+
+def spec_schema() -> Schema:
+    """The spec's structural schema, with defaults, bounds and CEL rules."""
+    schema = to_structural(BlackwellTrainingJobSpec, object_defaults=True)
+    return ordered(_decorate(schema, SPEC_RULES, SPEC_EXTRAS))
+
+
+def status_schema() -> Schema:
+    """The status's structural schema (declared, so the status patches of the operator are not pruned)."""
+    schema = to_structural(BlackwellTrainingJobStatus, object_defaults=False)
+    return ordered(_decorate(schema, {}, STATUS_EXTRAS))
+
+
+def open_api_schema() -> Schema:
+    """The version's openAPIV3Schema."""
+    return {
+        "type": "object",
+        "description": "A BlackwellTrainingJob names a model, the HyperPod instances and the data; the "
+        "operator plans the rest (precision, micro-batch, activation checkpointing, sharding), writes the "
+        "plan to status and runs it as a PyTorchJob or HyperPodPyTorchJob.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {
+                "type": "string",
+                "description": "Versioned schema of this object: training.blackwell.dev/v1alpha1.",
+            },
+            "kind": {"type": "string", "description": "BlackwellTrainingJob."},
+            "metadata": {"type": "object", "description": "Standard object metadata."},
+            "spec": spec_schema(),
+            "status": status_schema(),
+        },
+        VALIDATIONS: ROOT_RULES,
+    }
+
+
+CRD_HEADER = (
+    "# Generated from the pydantic models by `btj crd`; do not edit (tests/render checks for drift).\n"
+)
+
+
+def crd_yaml() -> str:
+    """The CRD exactly as committed under crds/ and printed by `btj crd`."""
+    return CRD_HEADER + dump_yaml(generate_crd())
+
+
+def generate_crd() -> dict[str, Any]:
+    """The CustomResourceDefinition for training.blackwell.dev/v1alpha1 BlackwellTrainingJob."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{PLURAL}.{API_GROUP}",
+            "labels": {"app.kubernetes.io/name": "blackwell-training-operator"},
+        },
+        "spec": {
+            "group": API_GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": SINGULAR,
+                "shortNames": SHORT_NAMES,
+                "categories": CATEGORIES,
+            },
+            "versions": [
+                {
+                    "name": API_VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": printer_columns(),
+                    "schema": {"openAPIV3Schema": open_api_schema()},
+                }
+            ],
+        },
+    }
