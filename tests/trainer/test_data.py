@@ -1,0 +1,213 @@
+"""Token sources: determinism, the learnable synthetic task, shards on disk and in S3 (moto), exact resume."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from blackwell_trainer.config import DatasetConfig, DatasetKind
+from blackwell_trainer.data import DataError, TokenSource, build_token_source
+
+SEQ = 8
+VOCAB = 1000
+
+
+def synthetic(rank: int = 0, world: int = 1, mbs: int = 2, seed: int = 1) -> TokenSource:
+    return build_token_source(
+        DatasetConfig(seed=seed),
+        micro_batch_size=mbs,
+        sequence_length=SEQ,
+        vocab_size=VOCAB,
+        rank=rank,
+        world_size=world,
+    )
+
+
+def shards(uri: str, rank: int = 0, world: int = 1, mbs: int = 2, dtype: str = "uint16") -> TokenSource:
+    return build_token_source(
+        DatasetConfig(kind=DatasetKind.SHARDS, uri=uri, token_dtype=dtype, seed=3),
+        micro_batch_size=mbs,
+        sequence_length=SEQ,
+        vocab_size=VOCAB,
+        rank=rank,
+        world_size=world,
+    )
+
+
+def batches(source: TokenSource, n: int) -> list[torch.Tensor]:
+    return [source.next_batch()[0] for _ in range(n)]
+
+
+def test_batches_have_the_contract_shape_and_shifted_labels() -> None:
+    inputs, labels = synthetic(mbs=3).next_batch()
+    assert inputs.shape == labels.shape == (3, SEQ)
+    assert inputs.dtype == labels.dtype == torch.int64
+    assert torch.equal(inputs[:, 1:], labels[:, :-1])
+
+
+def test_synthetic_is_deterministic_per_seed_and_rank() -> None:
+    assert all(
+        torch.equal(a, b) for a, b in zip(batches(synthetic(), 3), batches(synthetic(), 3), strict=True)
+    )
+    assert not torch.equal(
+        synthetic(rank=0, world=2).next_batch()[0], synthetic(rank=1, world=2).next_batch()[0]
+    )
+    assert not torch.equal(synthetic(seed=1).next_batch()[0], synthetic(seed=2).next_batch()[0])
+
+
+def test_synthetic_task_is_learnable_from_the_previous_two_tokens() -> None:
+    inputs, labels = synthetic(mbs=16).next_batch()
+    stride = (inputs[:, 1:2] - inputs[:, 0:1]) % VOCAB
+    # The next token is always the current one plus the sequence's stride: a model can learn it.
+    assert torch.equal(labels, (inputs + stride) % VOCAB)
+    assert set(stride.flatten().tolist()) <= {1, 2, 3}
+
+
+def test_ranks_split_one_global_sequence_of_samples() -> None:
+    two = [synthetic(rank=r, world=2, mbs=2) for r in (0, 1)]
+    one = synthetic(rank=0, world=1, mbs=4)
+    for _ in range(3):
+        assert torch.equal(torch.cat([s.next_batch()[0] for s in two]), one.next_batch()[0])
+
+
+def test_resume_continues_with_the_next_batch() -> None:
+    source = synthetic()
+    batches(source, 4)
+    state = source.state_dict()
+    expected = batches(source, 3)
+    resumed = synthetic()
+    resumed.load_state_dict(state)
+    assert all(torch.equal(a, b) for a, b in zip(batches(resumed, 3), expected, strict=True))
+
+
+def test_resume_on_fewer_ranks_skips_and_repeats_nothing() -> None:
+    two = [synthetic(rank=r, world=2, mbs=2) for r in (0, 1)]
+    for s in two:
+        batches(s, 5)
+    states = [s.state_dict() for s in two]
+    assert states[0] == states[1]  # the position is global: every rank saves the same one
+    expected = torch.cat([s.next_batch()[0] for s in two])
+    one = synthetic(rank=0, world=1, mbs=4)
+    one.load_state_dict(states[0])
+    assert torch.equal(one.next_batch()[0], expected)
+
+
+def test_resume_refuses_another_sequence_length_or_seed() -> None:
+    state = synthetic().state_dict()
+    with pytest.raises(DataError, match="seed"):
+        synthetic(seed=9).load_state_dict(state)
+    other = build_token_source(
+        DatasetConfig(seed=1), micro_batch_size=2, sequence_length=16, vocab_size=VOCAB, rank=0, world_size=1
+    )
+    with pytest.raises(DataError, match="sequence_length"):
+        other.load_state_dict(state)
+
+
+@pytest.fixture
+def shard_dir(tmp_path: Path) -> Path:
+    """Three uint16 shards of consecutive token ids, so every window tells where it came from."""
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    start = 0
+    for name, length in (("a.bin", 41), ("b.bin", 25), ("c.bin", 33)):
+        np.arange(start, start + length, dtype=np.uint16).tofile(folder / name)
+        start += length
+    (folder / "README.txt").write_text("not a shard")
+    return folder
+
+
+def test_shard_windows_are_contiguous_slices_of_the_files(shard_dir: Path) -> None:
+    inputs, labels = shards(str(shard_dir)).next_batch()
+    assert torch.equal(inputs[:, 1:], labels[:, :-1])
+    for row in torch.cat([inputs, labels[:, -1:]], dim=1):
+        assert torch.equal(row, torch.arange(int(row[0]), int(row[0]) + SEQ + 1))
+
+
+def test_an_epoch_visits_every_window_once_across_ranks(shard_dir: Path) -> None:
+    # Windows per shard: (41-1)//8 + (25-1)//8 + (33-1)//8 = 5 + 3 + 4 = 12; 2 ranks x 2 take 4 a step.
+    sources = [shards(str(shard_dir), rank=r, world=2) for r in (0, 1)]
+    starts = [int(x) for _ in range(3) for s in sources for x in s.next_batch()[0][:, 0]]
+    assert len(starts) == len(set(starts)) == 12
+    # The fourth step starts epoch 1: the same windows in another shard order.
+    assert sources[0].state_dict()["epoch"] == 0
+    sources[0].next_batch()
+    assert sources[0].state_dict()["epoch"] == 1
+
+
+def test_uint32_shards(tmp_path: Path) -> None:
+    np.arange(100, 100 + 50, dtype=np.uint32).tofile(tmp_path / "x.bin")
+    inputs, _ = shards(str(tmp_path), dtype="uint32", mbs=1).next_batch()
+    assert int(inputs[0, 0]) in range(100, 150)
+
+
+def test_shard_resume_is_exact_and_checks_the_data_set(shard_dir: Path, tmp_path: Path) -> None:
+    source = shards(str(shard_dir))
+    batches(source, 7)
+    state = source.state_dict()
+    expected = batches(source, 4)
+    resumed = shards(str(shard_dir))
+    resumed.load_state_dict(state)
+    assert all(torch.equal(a, b) for a, b in zip(batches(resumed, 4), expected, strict=True))
+    np.arange(10, dtype=np.uint16).tofile(shard_dir / "d.bin")  # the data set changed under the job
+    with pytest.raises(DataError, match="fingerprint"):
+        shards(str(shard_dir)).load_state_dict(state)
+
+
+def test_token_ids_beyond_the_vocabulary_are_an_error(tmp_path: Path) -> None:
+    np.full(100, VOCAB + 5, dtype=np.uint16).tofile(tmp_path / "x.bin")
+    with pytest.raises(DataError, match="vocabSize"):
+        shards(str(tmp_path)).next_batch()
+
+
+def test_missing_or_empty_data_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="not a folder"):
+        shards(str(tmp_path / "nope"))
+    with pytest.raises(DataError, match=r"no \*\.bin"):
+        shards(str(tmp_path))
+    np.arange(5, dtype=np.uint16).tofile(tmp_path / "tiny.bin")
+    with pytest.raises(DataError, match="fewer than one step"):
+        shards(str(tmp_path))
+
+
+@pytest.fixture
+def s3_endpoint(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[str]:
+    """A moto S3 server on a free local port (real HTTP), with boto3 pointed at it by environment."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("BTJ_CACHE_DIR", str(tmp_path / "cache"))
+    yield endpoint
+    server.stop()
+
+
+def test_s3_shards_download_once_and_match_the_local_ones(
+    s3_endpoint: str, shard_dir: Path, tmp_path: Path
+) -> None:
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+    client.create_bucket(Bucket="tokens")
+    for f in shard_dir.iterdir():
+        client.upload_file(str(f), "tokens", f"corpus/{f.name}")
+    client.put_object(Bucket="tokens", Key="corpus-old/z.bin", Body=b"\xff\xff" * 64)  # a sibling prefix
+
+    remote = shards("s3://tokens/corpus", mbs=3)
+    local = shards(str(shard_dir), mbs=3)
+    assert all(torch.equal(a, b) for a, b in zip(batches(remote, 5), batches(local, 5), strict=True))
+    cached = sorted(p.name for p in (tmp_path / "cache" / "s3" / "tokens" / "corpus").glob("*.bin"))
+    assert cached == ["a.bin", "b.bin", "c.bin"]
+    # A second source (another rank on the node) reuses the cache instead of downloading again.
+    stamp = (tmp_path / "cache" / "s3" / "tokens" / "corpus" / "a.bin").stat().st_mtime_ns
+    batches(shards("s3://tokens/corpus", mbs=3), 5)
+    assert (tmp_path / "cache" / "s3" / "tokens" / "corpus" / "a.bin").stat().st_mtime_ns == stamp
