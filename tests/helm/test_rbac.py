@@ -1,0 +1,123 @@
+"""Least-privilege RBAC: no wildcards, and exactly what the operator declares it uses
+(blackwell_operator.permissions.PERMISSIONS) plus the documented rules Kopf itself needs."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helm.conftest import CHART, VALUES_CASES, by_kind, render, values_id
+
+Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
+
+# What Kopf needs whatever the operator's code does (KOPF docs/deployment-rbac.yaml): observe CRDs,
+# observe namespaces when cluster-wide, post events, and list/watch/patch the served resource and its
+# status (progress annotations, finalizers, patch.status).
+FRAMEWORK: set[Grant] = {
+    ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
+    ("", "namespaces", "list"),
+    ("", "namespaces", "watch"),
+    ("", "events", "create"),
+    ("training.blackwell.dev", "blackwelltrainingjobs", "list"),
+    ("training.blackwell.dev", "blackwelltrainingjobs", "watch"),
+    ("training.blackwell.dev", "blackwelltrainingjobs", "patch"),
+    ("training.blackwell.dev", "blackwelltrainingjobs/status", "patch"),
+}
+CLUSTER_SCOPED = {"nodes", "namespaces", "customresourcedefinitions"}
+
+
+def grants(rules: Iterable[dict[str, Any]]) -> set[Grant]:
+    return {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule.get("apiGroups", [])
+        for resource in rule.get("resources", [])
+        for verb in rule.get("verbs", [])
+    }
+
+
+def chart_grants(objects: list[dict[str, Any]]) -> set[Grant]:
+    roles = by_kind(objects, "ClusterRole") + by_kind(objects, "Role")
+    return set().union(*(grants(role["rules"]) for role in roles))
+
+
+def declared_permissions() -> set[Grant]:
+    """PERMISSIONS as (group, resource, verb) triples, whatever record type holds them."""
+    module = pytest.importorskip(
+        "blackwell_operator.permissions", reason="blackwell_operator.permissions not written yet"
+    )
+    declared: set[Grant] = set()
+    for item in module.PERMISSIONS:
+        if isinstance(item, tuple | list):
+            group, resource, verbs = item
+        else:
+            group = getattr(item, "api_group", getattr(item, "group", None))
+            resource, verbs = item.resource, item.verbs
+        verbs = [verbs] if isinstance(verbs, str) else list(verbs)
+        declared |= {(str(group), str(resource), str(verb)) for verb in verbs}
+    return declared
+
+
+@pytest.mark.parametrize("values", VALUES_CASES, ids=values_id)
+def test_no_wildcards(helm: str, values: Path | None) -> None:
+    for role in by_kind(render(helm, values), "ClusterRole") + by_kind(render(helm, values), "Role"):
+        for rule in role["rules"]:
+            for key in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule.get(key, []), f"{role['metadata']['name']}: wildcard in {key}"
+            assert "nonResourceURLs" not in rule
+            assert "resourceNames" not in rule or rule["resourceNames"]
+
+
+@pytest.mark.parametrize("values", VALUES_CASES, ids=values_id)
+def test_chart_grants_exactly_what_the_operator_declares(helm: str, values: Path | None) -> None:
+    declared = declared_permissions()
+    granted = chart_grants(render(helm, values))
+    missing = declared - granted
+    assert not missing, f"the operator uses permissions the chart does not grant: {sorted(missing)}"
+    extra = granted - declared - FRAMEWORK
+    assert not extra, f"the chart grants more than the operator declares: {sorted(extra)}"
+
+
+def test_nodes_are_read_only(helm: str) -> None:
+    node_verbs = {verb for group, resource, verb in chart_grants(render(helm)) if resource == "nodes"}
+    assert node_verbs == {"get", "list", "watch"}
+
+
+def test_namespaced_mode_uses_roles_in_each_watched_namespace(helm: str) -> None:
+    objects = render(helm, CHART / "ci" / "namespaced-values.yaml")
+    (cluster_role,) = by_kind(objects, "ClusterRole")
+    cluster_resources = {resource for _, resource, _ in grants(cluster_role["rules"])}
+    assert cluster_resources <= CLUSTER_SCOPED - {"namespaces"}
+    roles = by_kind(objects, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["hyperpod-ns-team-a", "hyperpod-ns-team-b"]
+    bindings = by_kind(objects, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == [
+        "hyperpod-ns-team-a",
+        "hyperpod-ns-team-b",
+    ]
+    for role in roles:
+        assert not {resource for _, resource, _ in grants(role["rules"])} & CLUSTER_SCOPED
+    # Cluster-wide and namespaced mode grant the same namespaced permissions.
+    wide = {g for g in chart_grants(render(helm)) if g[1] not in CLUSTER_SCOPED}
+    assert grants(roles[0]["rules"]) == wide
+
+
+def test_every_rule_says_whether_kopf_or_the_operator_needs_it() -> None:
+    text = (CHART / "templates" / "_rbac.tpl").read_text()
+    rules = [m.start() for m in re.finditer(r"^- apiGroups:", text, flags=re.MULTILINE)]
+    assert len(rules) >= 8
+    for start in rules:
+        preceding = text[:start].rstrip().splitlines()
+        comment_block = []
+        for line in reversed(preceding):
+            if not line.lstrip().startswith("#"):
+                break
+            comment_block.append(line)
+        assert any(re.search(r"# (Framework|Application)", line) for line in comment_block), text[
+            start : start + 80
+        ]

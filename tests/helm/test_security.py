@@ -1,0 +1,83 @@
+"""The operator Deployment runs as Kopf wants (one replica, Recreate) under the restricted Pod Security Standard."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helm.conftest import VALUES_CASES, by_kind, render, values_id
+
+
+def deployment(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    (only,) = by_kind(objects, "Deployment")
+    return only
+
+
+@pytest.mark.parametrize("values", VALUES_CASES, ids=values_id)
+def test_restricted_pod_security(helm: str, values: Path | None) -> None:
+    pod = deployment(render(helm, values))["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod.get("hostNetwork", False) is False
+    assert pod.get("hostPID", False) is False
+    for container in pod["containers"]:
+        ctx = container["securityContext"]
+        assert ctx["allowPrivilegeEscalation"] is False
+        assert ctx["readOnlyRootFilesystem"] is True
+        assert ctx["runAsNonRoot"] is True
+        assert ctx["capabilities"]["drop"] == ["ALL"]
+        assert not ctx["capabilities"].get("add")
+        assert ctx["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert ctx.get("privileged", False) is False
+    # A numeric non-root user, so runAsNonRoot can be verified by the kubelet.
+    assert isinstance(pod["securityContext"]["runAsUser"], int) and pod["securityContext"]["runAsUser"] > 0
+
+
+@pytest.mark.parametrize("values", VALUES_CASES, ids=values_id)
+def test_writable_tmp_on_a_read_only_root(helm: str, values: Path | None) -> None:
+    pod = deployment(render(helm, values))["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    (container,) = pod["containers"]
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]]
+    assert all("hostPath" not in v for v in pod["volumes"])
+
+
+@pytest.mark.parametrize("values", VALUES_CASES, ids=values_id)
+def test_one_replica_recreate_probes_and_metrics_port(helm: str, values: Path | None) -> None:
+    dep = deployment(render(helm, values))
+    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["btj", "run"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"metrics": 8080}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["resources"]["requests"]["cpu"]
+    assert container["resources"]["limits"]["memory"]
+
+
+def test_watch_scope_follows_values(helm: str) -> None:
+    cluster_wide = deployment(render(helm))["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--all-namespaces" in cluster_wide
+    namespaced = deployment(
+        render(helm, Path(__file__).parents[2] / "helm/btj-operator/ci/namespaced-values.yaml")
+    )
+    args = namespaced["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--all-namespaces" not in args
+    assert "--namespace=hyperpod-ns-team-a" in args and "--namespace=hyperpod-ns-team-b" in args
+
+
+def test_custom_image_and_existing_service_account(helm: str) -> None:
+    objects = render(helm, Path(__file__).parents[2] / "helm/btj-operator/ci/custom-image-values.yaml")
+    assert not by_kind(objects, "ServiceAccount")
+    pod = deployment(objects)["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "btj-operator-irsa"
+    assert (
+        pod["containers"][0]["image"] == "123456789012.dkr.ecr.us-west-2.amazonaws.com/btj-operator:0.1.0-rc1"
+    )
+    (binding,) = by_kind(objects, "ClusterRoleBinding")
+    assert binding["subjects"][0]["name"] == "btj-operator-irsa"
