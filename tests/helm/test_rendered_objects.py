@@ -107,4 +107,4 @@ def test_trainer_podmonitor_matches_what_the_renderer_puts_on_pods(helm: str) ->
     assert trainer["spec"]["selector"]["matchLabels"].items() <= pod.items()
     assert trainer["spec"]["jobLabel"] in pod
     pod_module = pytest.importorskip("blackwell_operator.render.pod")
-    assert pod_module.METRICS_PORT_NAME == trainer["spec"]["podMetricsEndpoints"][0]["port"]
+    assert trainer["spec"]["podMetricsEndpoints"][0]["port"] == pod_module.METRICS_PORT_NAME

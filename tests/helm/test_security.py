@@ -1,4 +1,4 @@
-"""The operator Deployment runs as Kopf wants (one replica, Recreate) under the restricted Pod Security Standard."""
+"""The operator Deployment runs as Kopf wants (one replica, Recreate) under the restricted PSS."""
 
 from __future__ import annotations
 
