@@ -1,0 +1,208 @@
+"""Single-device Llama-style decoder (RMSNorm, RoPE, GQA via SDPA, SwiGLU) built from an `Architecture`.
+
+The model knows nothing about distribution: parallelize.py wraps, compiles, converts and shards it.
+It is built on the meta device and gets real storage later (``to_empty``), so ``init_weights()`` is
+explicit and also rebuilds the non-persistent RoPE tables.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import Architecture
+from .loss import LossFn, chunked_cross_entropy
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square layer norm with a learned scale (no bias, no mean subtraction)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
+
+def rope_tables(
+    head_dim: int, max_len: int, theta: float, device: torch.device | None = None
+) -> torch.Tensor:
+    """cos and sin of the rotary angles, stacked as [2, max_len, head_dim] in fp32 (rotate-half layout)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+    t = torch.arange(max_len, dtype=torch.float32, device=device)
+    angles = torch.outer(t, inv_freq)
+    angles = torch.cat((angles, angles), dim=-1)
+    return torch.stack((angles.cos(), angles.sin()))
+
+
+def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    """Rotate [batch, heads, seq, head_dim] by the first `seq` rows of the tables."""
+    seq = x.shape[-2]
+    cos = rope[0, :seq].to(x.dtype)
+    sin = rope[1, :seq].to(x.dtype)
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    """Grouped-query causal self-attention through SDPA (flash / cuDNN kernels on GPU)."""
+
+    def __init__(self, arch: Architecture) -> None:
+        super().__init__()
+        h, d = arch.hidden_size, arch.resolved_head_dim
+        self.n_heads = arch.num_attention_heads
+        self.n_kv_heads = arch.num_key_value_heads
+        self.head_dim = d
+        self.wq = nn.Linear(h, self.n_heads * d, bias=arch.attention_bias)
+        self.wk = nn.Linear(h, self.n_kv_heads * d, bias=arch.attention_bias)
+        self.wv = nn.Linear(h, self.n_kv_heads * d, bias=arch.attention_bias)
+        self.wo = nn.Linear(self.n_heads * d, h, bias=False)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        bsz, seq, _ = x.shape
+        q = self.wq(x).view(bsz, seq, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(bsz, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(bsz, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, rope), apply_rope(k, rope)
+        out = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads
+        )
+        projected: torch.Tensor = self.wo(out.transpose(1, 2).reshape(bsz, seq, self.n_heads * self.head_dim))
+        return projected
+
+
+class FeedForward(nn.Module):
+    """SwiGLU MLP: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, arch: Architecture) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(arch.hidden_size, arch.intermediate_size, bias=False)
+        self.w3 = nn.Linear(arch.hidden_size, arch.intermediate_size, bias=False)
+        self.w2 = nn.Linear(arch.intermediate_size, arch.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return out
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then + mlp(norm(x))."""
+
+    def __init__(self, arch: Architecture) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(arch.hidden_size, arch.norm_eps)
+        self.attention = Attention(arch)
+        self.ffn_norm = RMSNorm(arch.hidden_size, arch.norm_eps)
+        self.feed_forward = FeedForward(arch)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), rope)
+        out: torch.Tensor = x + self.feed_forward(self.ffn_norm(x))
+        return out
+
+
+class Transformer(nn.Module):
+    """The decoder: ``forward(tokens, labels)`` is the mean token loss; without labels, the final states.
+
+    The loss lives inside ``forward`` so the output head's weight is used while FSDP holds it unsharded,
+    and so a chunked loss never needs the full logits tensor.
+    """
+
+    def __init__(self, arch: Architecture, *, max_seq_len: int, loss_chunk_tokens: int = 8192) -> None:
+        super().__init__()
+        self.arch = arch
+        self.max_seq_len = max_seq_len
+        self.loss_chunk_tokens = loss_chunk_tokens
+        self.tok_embeddings = nn.Embedding(arch.vocab_size, arch.hidden_size)
+        # A ModuleDict keyed by layer index keeps FQNs stable ("layers.3.attention.wq.weight") and lets
+        # parallelize.py replace a block with its wrapped / compiled form in place.
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(arch) for i in range(arch.num_layers)})
+        self.norm = RMSNorm(arch.hidden_size, arch.norm_eps)
+        self.output: nn.Linear | None = (
+            None if arch.tie_word_embeddings else nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        )
+        self.rope: torch.Tensor
+        self.register_buffer("rope", torch.empty(2, max_seq_len, arch.resolved_head_dim), persistent=False)
+        self.loss_fn: LossFn = chunked_cross_entropy
+
+    def output_weight(self) -> torch.Tensor:
+        """The [vocab, hidden] matrix of the output projection (the embedding when tied)."""
+        return self.tok_embeddings.weight if self.output is None else self.output.weight
+
+    def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(tokens)
+        rope: torch.Tensor = self.rope
+        for block in self.layers.values():
+            h = block(h, rope)
+        out: torch.Tensor = self.norm(h)
+        return out
+
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.hidden_states(tokens)
+        if labels is None:
+            return h
+        return self.loss_fn(
+            h.reshape(-1, h.shape[-1]), self.output_weight(), labels.reshape(-1), self.loss_chunk_tokens
+        )
+
+    @torch.no_grad()
+    def init_weights(self, buffer_device: torch.device | None = None) -> None:
+        """Initialise every parameter (also DTensor shards) and rebuild the RoPE tables.
+
+        Normal(0, 0.02) for embeddings and input projections; output projections of each block scaled by
+        1/sqrt(2 * layers) (GPT-2 / torchtitan style) so the residual stream does not grow with depth.
+        """
+        std = 0.02
+        out_std = std / math.sqrt(2 * self.arch.num_layers)
+        nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=std)
+        for block in self.layers.values():
+            for name, module in block.named_modules():
+                if isinstance(module, RMSNorm):
+                    module.reset_parameters()
+                    continue
+                weight = getattr(module, "weight", None)
+                if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+                    continue
+                is_out = name.endswith("wo") or name.endswith("w2")
+                nn.init.trunc_normal_(weight, mean=0.0, std=out_std if is_out else std, a=-3 * std, b=3 * std)
+                bias = getattr(module, "bias", None)
+                if isinstance(bias, torch.Tensor):
+                    nn.init.zeros_(bias)
+        self.norm.reset_parameters()
+        if self.output is not None:
+            nn.init.trunc_normal_(self.output.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
+        device = buffer_device if buffer_device is not None else self.rope.device
+        self.rope = rope_tables(self.arch.resolved_head_dim, self.max_seq_len, self.arch.rope_theta, device)
+
+
+def build_model(
+    arch: Architecture,
+    *,
+    max_seq_len: int,
+    loss_chunk_tokens: int = 8192,
+    device: str | torch.device = "meta",
+) -> Transformer:
+    """Construct the model (on the meta device by default: no memory, no init)."""
+    with torch.device(device):
+        return Transformer(arch, max_seq_len=max_seq_len, loss_chunk_tokens=loss_chunk_tokens)
+
+
+def flops_per_token(arch: Architecture, seq_len: int) -> float:
+    """Training FLOPs per token: 6 * (non-embedding params + output head) + 12 * L * h * s (attention).
+
+    The output head counts whether tied or not (it is a matmul either way); the input embedding lookup
+    does not. Same convention as the H200 reference grid.
+    """
+    head = 0 if arch.tie_word_embeddings else arch.vocab_size * arch.hidden_size
+    # parameter_count() holds the embedding once plus an untied head: drop the head so it counts once.
+    matmul_params = arch.parameter_count() - head
+    return 6.0 * matmul_params + 12.0 * arch.num_layers * arch.hidden_size * seq_len

@@ -1,0 +1,170 @@
+"""Turn the single-device model into the plan's training model: precision, AC, compile, FSDP2, then init.
+
+The order is fixed (see ``parallelize``) and each technique is one ``apply_*`` function.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+from .config import ActivationCheckpointing, Candidate, Sharding
+from .model import Transformer
+from .precision import PrecisionSetup, apply_precision
+
+log = logging.getLogger(__name__)
+
+
+class ParallelismError(ValueError):
+    """A plan whose parallel layout does not fit the job's processes; the message is one actionable line."""
+
+
+def _aten_ops(*names: str) -> set[Any]:
+    """The aten overload packets that exist in this torch build (names differ between versions)."""
+    ops: set[Any] = set()
+    for name in names:
+        op = getattr(torch.ops.aten, name, None)
+        if op is not None:
+            ops.add(op.default)
+    return ops
+
+
+# Selective AC saves the outputs of the expensive ops (matmuls and attention) and recomputes the cheap,
+# memory-heavy ones (norms, RoPE, SiLU, products) in the backward pass; torchtitan's op-level SAC idea.
+_SAVE_OPS = _aten_ops(
+    "mm",
+    "addmm",
+    "bmm",
+    "_scaled_mm",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_flash_attention_for_cpu",
+)
+
+
+def _selective_policy(_ctx: Any, op: Any, *_args: Any, **_kwargs: Any) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in _SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _selective_context() -> Any:
+    return create_selective_checkpoint_contexts(_selective_policy)  # type: ignore[no-untyped-call]
+
+
+def apply_ac(blocks: nn.ModuleDict, mode: ActivationCheckpointing) -> None:
+    """Wrap each block for activation checkpointing (none: untouched; full: recompute the whole block)."""
+    if mode == ActivationCheckpointing.NONE:
+        return
+    # checkpoint_wrapper keeps parameter FQNs stable in state_dict (its hooks strip the wrapper prefix).
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    for key, block in list(blocks.items()):
+        # Non-reentrant checkpoint (the wrapper's default); no RNG state to preserve (no dropout).
+        if mode == ActivationCheckpointing.FULL:
+            wrapped = checkpoint_wrapper(block, preserve_rng_state=False)
+        else:
+            wrapped = checkpoint_wrapper(block, preserve_rng_state=False, context_fn=_selective_context)
+        blocks[key] = wrapped
+
+
+def apply_compile(blocks: nn.ModuleDict) -> None:
+    """torch.compile each block in place (``Module.compile`` keeps FQNs; identical blocks share one graph)."""
+    for block in blocks.values():
+        block.compile(fullgraph=True)
+
+
+def validate_layout(candidate: Candidate, world_size: int) -> None:
+    """Refuse a parallel layout that does not fit the job's processes (pure: no process group needed)."""
+    if candidate.context_parallel > 1:
+        raise ParallelismError(
+            f"chosen.contextParallel is {candidate.context_parallel} but this trainer does not implement "
+            "context parallelism yet; plan with contextParallel 1 (a shorter sequence or more memory per GPU)"
+        )
+    if candidate.shard_degree * candidate.replicate_degree != world_size:
+        raise ParallelismError(
+            f"chosen.shardDegree ({candidate.shard_degree}) x chosen.replicateDegree "
+            f"({candidate.replicate_degree}) must equal the job's {world_size} processes; re-plan"
+        )
+    if candidate.sharding == Sharding.FULL and candidate.replicate_degree != 1:
+        raise ParallelismError("chosen.sharding 'full' needs chosen.replicateDegree 1; re-plan")
+    if candidate.sharding == Sharding.NONE and candidate.shard_degree != 1:
+        raise ParallelismError("chosen.sharding 'none' needs chosen.shardDegree 1; re-plan")
+
+
+def build_mesh(candidate: Candidate, world_size: int, device_type: str) -> DeviceMesh:
+    """The data-parallel mesh: 1-D for full shard, 2-D (replicate, shard) for hybrid and none."""
+    validate_layout(candidate, world_size)
+    if candidate.sharding == Sharding.FULL:
+        return init_device_mesh(device_type, (world_size,), mesh_dim_names=("dp_shard",))
+    return init_device_mesh(
+        device_type,
+        (candidate.replicate_degree, candidate.shard_degree),
+        mesh_dim_names=("dp_replicate", "dp_shard"),
+    )
+
+
+def apply_fsdp(
+    model: Transformer,
+    mesh: DeviceMesh,
+    *,
+    param_dtype: torch.dtype = torch.bfloat16,
+    reduce_dtype: torch.dtype = torch.float32,
+) -> None:
+    """FSDP2 per block and at the root: bf16 compute copies, fp32 gradient reduction, fp32 master weights.
+
+    With a 2-D mesh FSDP2 shards over "dp_shard" and replicates over "dp_replicate" (HSDP; a shard
+    dimension of 1 is plain replication).
+    """
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    keys = list(model.layers.keys())
+    for i, key in enumerate(keys):
+        # The last block's parameters are needed again as soon as the backward starts: keep them gathered.
+        fully_shard(model.layers[key], mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(keys) - 1)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+
+
+def parallelize(
+    model: Transformer,
+    candidate: Candidate,
+    mesh: DeviceMesh | None,
+    *,
+    device: torch.device,
+    amax_group: Any = None,
+    seed: int = 0,
+) -> PrecisionSetup:
+    """Apply every technique in ONE fixed order, then materialise and initialise the weights.
+
+    1. precision: swaps nn.Linear for TE / torchao float8 modules. Module swaps go first so that the
+       wrappers below wrap the final modules (torchtitan applies its float8 converter before anything).
+    2. activation checkpointing: wraps each block (op-level selective policy or whole block).
+    3. torch.compile per block: after AC so the compiled graph contains the recompute decisions (the
+       checkpoint becomes part of the traced graph), before FSDP so FSDP's hooks stay outside the graph.
+    4. FSDP2: last, so it shards the final parameters (float8 / TE weights included) and wraps the
+       compiled blocks.
+    5. init: ``to_empty`` gives the meta tensors (now DTensor shards) storage; ``init_weights`` fills them.
+    """
+    setup = apply_precision(model, candidate, blocks=model.layers, amax_group=amax_group)
+    apply_ac(model.layers, candidate.activation_checkpointing)
+    if candidate.compile and setup.compile_ok:
+        apply_compile(model.layers)
+    elif candidate.compile:
+        log.warning("compile skipped: %s modules do not trace under torch.compile", setup.backend)
+    if mesh is not None:
+        # BF16 compute on GPUs; fp32 on CPU, where the gloo tests run and bf16 brings nothing but noise.
+        apply_fsdp(model, mesh, param_dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
+    model.to_empty(device=device)
+    # Same seed on every rank: DTensor's RNG tracker then gives each shard its slice of one global init.
+    torch.manual_seed(seed)
+    model.init_weights(buffer_device=device)
+    return setup
+
+
+# Exposed for tests that want the policy alone.
+selective_checkpoint = partial(checkpoint, use_reentrant=False, context_fn=_selective_context)

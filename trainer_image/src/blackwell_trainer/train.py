@@ -1,0 +1,321 @@
+"""The training entry point: read the plan, refuse what cannot run, build, parallelize and train.
+
+``python -m blackwell_trainer --plan PATH`` (or env BTJ_PLAN_PATH), usually under torchrun.
+Exit codes: 0 done or preempted after a checkpoint, 2 a bad or impossible plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from pydantic import ValidationError
+from torch import nn
+
+from .config import Plan
+from .model import Transformer, build_model, flops_per_token
+from .parallelize import ParallelismError, build_mesh, parallelize, validate_layout
+from .precision import PrecisionError, PrecisionSetup, check_precision, device_capability, parse_capability
+
+log = logging.getLogger("blackwell_trainer")
+PLAN_ENV = "BTJ_PLAN_PATH"
+
+
+class PlanError(ValueError):
+    """A plan this job cannot execute; the message is one line naming the field and the fix."""
+
+
+def _validation_line(err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "plan"
+    more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    return f"{loc}: {first['msg']}{more}"
+
+
+def load_plan(path: str | None) -> Plan:
+    """Read and validate the plan file; PlanError with one line on any problem."""
+    if not path:
+        raise PlanError(f"no plan given: pass --plan PATH or set {PLAN_ENV}")
+    try:
+        return Plan.from_file(path)
+    except FileNotFoundError:
+        raise PlanError(f"plan file not found: {path}; mount the plan ConfigMap or pass --plan") from None
+    except ValidationError as err:
+        raise PlanError(f"invalid plan {path}: {_validation_line(err)}") from None
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where this process sits in the job (from torchrun's environment) and what hardware it has."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    device: torch.device
+
+    @classmethod
+    def from_env(cls) -> Runtime:
+        rank = int(os.environ.get("RANK", "0"))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+        device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+        return cls(rank, local_rank, world, local_world, device)
+
+
+def check_plan(plan: Plan, runtime: Runtime, capability: tuple[int, int] | None) -> None:
+    """Refuse a plan the job or the hardware cannot run, before any GPU memory is touched."""
+    if plan.world_size != runtime.world_size:
+        raise PlanError(
+            f"plan is for {plan.world_size} processes (nodes {plan.nodes} x gpusPerNode {plan.gpus_per_node})"
+            " "
+            f"but this job started {runtime.world_size}; re-plan or fix --nproc-per-node / nnodes"
+        )
+    if plan.parameter_count != plan.architecture.parameter_count():
+        raise PlanError(
+            f"parameterCount {plan.parameter_count} does not match the architecture's "
+            f"{plan.architecture.parameter_count()}; re-plan"
+        )
+    # First against the GPU the plan was made for (pure), then against the GPU actually present.
+    check_precision(
+        plan.chosen, parse_capability(plan.gpu.compute_capability), where=f"plan GPU {plan.gpu.name}"
+    )
+    where = torch.cuda.get_device_name(runtime.device) if runtime.device.type == "cuda" else "this machine"
+    if runtime.device.type == "cuda" or plan.chosen.precision.value != "bf16":
+        check_precision(plan.chosen, capability, where=where)
+    if capability is not None and capability < parse_capability(plan.gpu.compute_capability):
+        raise PlanError(
+            f"plan is for {plan.gpu.name} (compute capability {plan.gpu.compute_capability}) but this pod"
+            " has "
+            f"{where} ({capability[0]}.{capability[1]}); re-plan for this instance type"
+        )
+
+
+def lr_at(step: int, plan: Plan) -> float:
+    """Linear warm-up to the peak, then cosine decay to min_learning_rate_ratio x peak at the last step."""
+    opt = plan.optimizer
+    peak = opt.learning_rate
+    if opt.warmup_steps > 0 and step < opt.warmup_steps:
+        return peak * (step + 1) / opt.warmup_steps
+    span = max(plan.steps - opt.warmup_steps, 1)
+    progress = min(max(step - opt.warmup_steps, 0) / span, 1.0)
+    floor = peak * opt.min_learning_rate_ratio
+    return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_optimizer(model: nn.Module, plan: Plan, device: torch.device) -> torch.optim.AdamW:
+    """AdamW; decay on matrices only (norm scales and biases are not decayed); fused kernels on CUDA."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    opt = plan.optimizer
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": opt.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr_at(0, plan),
+        betas=(opt.beta1, opt.beta2),
+        eps=opt.eps,
+        fused=device.type == "cuda",
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def init_distributed(runtime: Runtime) -> None:
+    """One process group for the job: NCCL on GPUs, gloo on CPU. A lone process gets a world of one."""
+    if dist.is_initialized():
+        return
+    if "MASTER_ADDR" not in os.environ:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1")
+    if runtime.device.type == "cuda":
+        torch.cuda.set_device(runtime.device)
+        dist.init_process_group("nccl", device_id=runtime.device)
+    else:
+        dist.init_process_group("gloo")
+
+
+@dataclass
+class StepResult:
+    """What one optimizer step did on this rank."""
+
+    loss: float
+    seconds: float
+    tokens: int  # tokens this rank processed
+    mfu: float
+
+
+class Trainer:
+    """Model, optimizer and one ``step()``; ``run()`` adds data, checkpoints, metrics and preemption."""
+
+    def __init__(self, plan: Plan, runtime: Runtime) -> None:
+        self.plan = plan
+        self.runtime = runtime
+        chosen = plan.chosen
+        self.mesh = build_mesh(chosen, runtime.world_size, runtime.device.type)
+        self.model: Transformer = build_model(
+            plan.architecture, max_seq_len=plan.sequence_length, loss_chunk_tokens=chosen.loss_chunk_tokens
+        )
+        self.precision: PrecisionSetup = parallelize(
+            self.model,
+            chosen,
+            self.mesh,
+            device=runtime.device,
+            amax_group=dist.group.WORLD if dist.is_initialized() else None,
+            seed=plan.dataset.seed,
+        )
+        self.optimizer = build_optimizer(self.model, plan, runtime.device)
+        self.step_index = 0
+        self.flops_per_token = flops_per_token(plan.architecture, plan.sequence_length)
+        self.tokens_per_micro_batch = chosen.micro_batch_size * plan.sequence_length
+
+    def step(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> StepResult:
+        """One optimizer step over ``len(batches)`` micro-batches (gradient accumulation)."""
+        started = time.perf_counter()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr_at(self.step_index, self.plan)
+        accum = len(batches)
+        loss_sum = torch.zeros((), device=self.runtime.device)
+        for inputs, labels in batches:
+            # Gradients are reduce-scattered after every micro-batch (FSDP2's default): sharded
+            # accumulation keeps memory at what the planner modelled, and the NCCL work overlaps compute.
+            inputs = inputs.to(self.runtime.device, non_blocking=True)
+            labels = labels.to(self.runtime.device, non_blocking=True)
+            with self.precision.forward_context():
+                loss = self.model(inputs, labels)
+            (loss / accum).backward()
+            loss_sum += loss.detach()
+        clip = self.plan.optimizer.grad_clip_norm
+        if clip > 0:
+            torch.nn.utils.clip_grad_norm_(
+                self.model.parameters(), clip, foreach=self.runtime.device.type == "cuda"
+            )
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.precision.after_optimizer_step(self.model)
+        self.step_index += 1
+        mean_loss = loss_sum / accum
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(
+                mean_loss, op=dist.ReduceOp.AVG if self.runtime.device.type == "cuda" else dist.ReduceOp.SUM
+            )
+            if self.runtime.device.type != "cuda":
+                mean_loss /= dist.get_world_size()
+        loss_value = float(mean_loss.item())  # synchronises: the step's time below is real
+        seconds = time.perf_counter() - started
+        tokens = self.tokens_per_micro_batch * accum
+        mfu = (
+            self.flops_per_token * tokens / seconds / self.plan.gpu.peak_bf16_flops
+            if self.plan.gpu.peak_bf16_flops
+            else 0.0
+        )
+        return StepResult(loss=loss_value, seconds=seconds, tokens=tokens, mfu=mfu)
+
+
+def _memory_peaks(device: torch.device) -> tuple[int, int]:
+    if device.type != "cuda":
+        return 0, 0
+    return int(torch.cuda.max_memory_allocated(device)), int(torch.cuda.max_memory_reserved(device))
+
+
+def run(plan: Plan, runtime: Runtime) -> int:
+    """Train to plan.steps, resuming from the latest complete checkpoint; 0 on completion or preemption."""
+    from .checkpoint import Checkpointer, PreemptionGuard
+    from .data import build_token_source
+    from .metrics import TrainerMetrics
+
+    guard = PreemptionGuard()
+    init_distributed(runtime)
+    metrics = TrainerMetrics(plan)
+    try:
+        if runtime.local_rank == 0:
+            metrics.serve(plan.metrics_port)
+        trainer = Trainer(plan, runtime)
+        source = build_token_source(
+            plan.dataset,
+            micro_batch_size=plan.chosen.micro_batch_size,
+            sequence_length=plan.sequence_length,
+            vocab_size=plan.architecture.vocab_size,
+            rank=runtime.rank,
+            world_size=runtime.world_size,
+        )
+        checkpointer = Checkpointer(plan.checkpoint, rank=runtime.rank)
+        extra = checkpointer.load(trainer.model, trainer.optimizer)
+        if extra is not None:
+            trainer.step_index = int(extra["step"])
+            source.load_state_dict(extra["data"])
+            log.info("resumed at step %d", trainer.step_index)
+        accum = plan.chosen.gradient_accumulation_steps
+        interval = plan.checkpoint.interval_steps
+        while trainer.step_index < plan.steps:
+            result = trainer.step([source.next_batch() for _ in range(accum)])
+            step = trainer.step_index
+            allocated, reserved = _memory_peaks(runtime.device)
+            metrics.record_step(
+                tokens=result.tokens,
+                step_seconds=result.seconds,
+                loss=result.loss,
+                mfu=result.mfu,
+                peak_allocated_bytes=allocated,
+                peak_reserved_bytes=reserved,
+            )
+            if runtime.rank == 0 and (step % plan.log_every_steps == 0 or step == plan.steps):
+                log.info(
+                    "step %d/%d loss %.4f lr %.3g tokens/s/gpu %.0f mfu %.1f%% step %.3fs "
+                    "peak allocated %.1f GiB reserved %.1f GiB",
+                    step,
+                    plan.steps,
+                    result.loss,
+                    trainer.optimizer.param_groups[0]["lr"],
+                    result.tokens / result.seconds,
+                    100 * result.mfu,
+                    result.seconds,
+                    allocated / 2**30,
+                    reserved / 2**30,
+                )
+            preempted = guard.agreed()
+            if step % interval == 0 or step == plan.steps or preempted:
+                checkpointer.save(
+                    step, trainer.model, trainer.optimizer, {"step": step, "data": source.state_dict()}
+                )
+                if checkpointer.enabled:
+                    metrics.record_checkpoint(time.time())
+            if preempted:
+                log.info("preempted: checkpoint at step %d written, exiting 0", step)
+                return 0
+        return 0
+    finally:
+        metrics.close()
+        guard.restore()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry: parse, refuse a bad plan with one line (exit 2), else train."""
+    parser = argparse.ArgumentParser(prog="python -m blackwell_trainer", description=__doc__)
+    parser.add_argument("--plan", default=os.environ.get(PLAN_ENV), help=f"plan JSON (default: ${PLAN_ENV})")
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    runtime = Runtime.from_env()
+    try:
+        plan = load_plan(args.plan)
+        check_plan(plan, runtime, device_capability())
+        validate_layout(plan.chosen, runtime.world_size)
+    except (PlanError, PrecisionError, ParallelismError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return run(plan, runtime)
