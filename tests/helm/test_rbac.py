@@ -76,7 +76,12 @@ def test_no_wildcards(helm: str, values: Path | None) -> None:
 @pytest.mark.parametrize("values", VALUES_CASES, ids=values_id)
 def test_chart_grants_exactly_what_the_operator_declares(helm: str, values: Path | None) -> None:
     declared = declared_permissions()
-    granted = chart_grants(render(helm, values))
+    objects = render(helm, values)
+    granted = chart_grants(objects)
+    if by_kind(objects, "Role"):
+        # Namespaced mode watches fixed namespace names (the schema allows no globs), so Kopf never
+        # lists namespaces: the one framework grant PERMISSIONS carries that is then not needed.
+        declared -= {("", "namespaces", "list"), ("", "namespaces", "watch")}
     missing = declared - granted
     assert not missing, f"the operator uses permissions the chart does not grant: {sorted(missing)}"
     extra = granted - declared - FRAMEWORK
@@ -85,7 +90,7 @@ def test_chart_grants_exactly_what_the_operator_declares(helm: str, values: Path
 
 def test_nodes_are_read_only(helm: str) -> None:
     node_verbs = {verb for group, resource, verb in chart_grants(render(helm)) if resource == "nodes"}
-    assert node_verbs == {"get", "list", "watch"}
+    assert node_verbs and node_verbs <= {"get", "list", "watch"}
 
 
 def test_namespaced_mode_uses_roles_in_each_watched_namespace(helm: str) -> None:

@@ -17,10 +17,10 @@ framework rules listed there. No wildcards anywhere.
   resources: ["namespaces"]
   verbs: ["list", "watch"]
 {{- end }}
-# Application: discovery reads node capacity (instance type, GPUs, health labels) read-only.
+# Application: discovery lists node capacity (instance type, GPUs, HyperPod health label), read-only.
 - apiGroups: [""]
   resources: ["nodes"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["list"]
 {{- end }}
 
 {{/* Rules on namespaced resources: in the ClusterRole when cluster-wide, else in a Role per namespace. */}}
