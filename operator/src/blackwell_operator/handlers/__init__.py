@@ -1,1 +1,62 @@
-"""handlers package."""
+"""Kopf handlers of the BlackwellTrainingJob operator; importing this module registers them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from blackwell_operator.handlers import runtime
+from blackwell_operator.handlers.children import on_child_event
+from blackwell_operator.handlers.context import OperatorContext
+from blackwell_operator.handlers.reconcile import CHILD_KINDS, Reconciler
+from blackwell_operator.models.spec import API_GROUP, API_VERSION, PLURAL
+from blackwell_operator.render.labels import MANAGED_BY_LABEL, MANAGER
+
+
+def _ctx(memo: kopf.Memo) -> OperatorContext:
+    ctx: OperatorContext = memo.btj
+    return ctx
+
+
+def reconcile_btj(body: kopf.Body, memo: kopf.Memo, retry: int, logger: Any, **_: Any) -> None:
+    """on.resume / on.create / on.update(spec): plan, render, create-or-patch, status."""
+    Reconciler(_ctx(memo)).reconcile(body, retry=retry, logger=logger)
+
+
+def track_btj(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """on.event for BTJs: keeps btj_operator_jobs{phase} current."""
+    uid = body.get("metadata", {}).get("uid", "")
+    phase = None if type == "DELETED" else (body.get("status") or {}).get("phase") or "Pending"
+    _ctx(memo).metrics.observe_job(uid, phase)
+
+
+def track_child(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+    """on.event for the child kinds we label: mirror their status onto the owner BTJ."""
+    on_child_event(_ctx(memo), type, body, logger)
+
+
+def register(registry: kopf.OperatorRegistry) -> None:
+    """Register every handler on `registry` (tests pass a fresh one per operator run)."""
+    kopf.on.startup(registry=registry, id="btj-startup")(runtime.startup)
+    kopf.on.cleanup(registry=registry, id="btj-cleanup")(runtime.cleanup)
+    btj = (API_GROUP, API_VERSION, PLURAL)
+    kopf.on.resume(*btj, registry=registry, id="reconcile")(reconcile_btj)
+    kopf.on.create(*btj, registry=registry, id="reconcile")(reconcile_btj)
+    kopf.on.update(*btj, field="spec", registry=registry, id="reconcile")(reconcile_btj)
+    kopf.on.event(*btj, registry=registry, id="track-phase")(track_btj)
+    for kind in CHILD_KINDS.values():
+        group, version = kind.api_version.split("/")
+        # A silent event handler: it writes nothing onto the child (update handlers would add Kopf
+        # annotations to the training operator's objects).
+        kopf.on.event(
+            group,
+            version,
+            kind.plural,
+            labels={MANAGED_BY_LABEL: MANAGER},
+            registry=registry,
+            id=f"track-{kind.plural}",
+        )(track_child)
+
+
+register(kopf.get_default_registry())

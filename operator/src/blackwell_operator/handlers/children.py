@@ -1,0 +1,93 @@
+"""The child watcher: a PyTorchJob/HyperPodPyTorchJob status change becomes the owner BTJ's phase."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from blackwell_operator.handlers.btjstatus import write_status
+from blackwell_operator.handlers.context import OperatorContext
+from blackwell_operator.handlers.events import post_event
+from blackwell_operator.models.spec import KIND
+from blackwell_operator.models.status import ConditionType, Phase
+from blackwell_operator.status import (
+    child_conditions,
+    child_message,
+    now_rfc3339,
+    set_condition,
+    summary_message,
+)
+
+# Phases worth an Event on the BTJ when the child enters them.
+_EVENT_PHASES = {
+    Phase.QUEUED: "Queued",
+    Phase.RUNNING: "Running",
+    Phase.RESTARTING: "Restarting",
+    Phase.SUCCEEDED: "Succeeded",
+    Phase.FAILED: "Failed",
+}
+
+
+def owner_reference(child: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The controlling BlackwellTrainingJob owner reference of a child, if any."""
+    for ref in child.get("metadata", {}).get("ownerReferences") or []:
+        if ref.get("kind") == KIND and ref.get("controller", True):
+            return dict(ref)
+    return None
+
+
+def on_child_event(
+    ctx: OperatorContext, event_type: str | None, child: Mapping[str, Any], logger: Any
+) -> None:
+    """Mirror one child event onto its owner BTJ's status (a no-op when nothing changes)."""
+    owner = owner_reference(child)
+    if owner is None:
+        return
+    meta = child["metadata"]
+    namespace, child_uid, kind = meta.get("namespace"), meta.get("uid"), child.get("kind", "job")
+    transition: dict[str, Any] = {}
+
+    def update(btj: Mapping[str, Any]) -> dict[str, Any] | None:
+        if btj["metadata"].get("uid") != owner.get("uid"):
+            return None  # a new BTJ with the old name: this child belongs to its deleted predecessor
+        status = dict(btj.get("status") or {})
+        recorded = (status.get("child") or {}).get("uid")
+        if recorded and recorded != child_uid:
+            return None
+        generation = status.get("observedGeneration")
+        now = now_rfc3339()
+        if event_type == "DELETED":
+            conds = set_condition(
+                status.get("conditions") or [],
+                ConditionType.CHILD_CREATED,
+                "False",
+                "ChildDeleted",
+                f"{kind} {meta['name']} was deleted.",
+                generation=generation,
+                now=now,
+            )
+            return {"conditions": conds, "message": f"{kind} {meta['name']} was deleted"}
+        spec = btj.get("spec") or {}
+        phase, conds = child_conditions(
+            status.get("conditions") or [],
+            child.get("status"),
+            generation=generation,
+            now=now,
+            queue_name=spec.get("queueName"),
+        )
+        transition.update(old=status.get("phase"), new=phase, btj=btj)
+        return {
+            "phase": phase.value,
+            "conditions": conds,
+            "message": summary_message(phase, kind, meta["name"], child_message(child.get("status"))),
+        }
+
+    written = write_status(ctx.api, namespace, owner["name"], update)
+    if written is not None and transition and transition["old"] != transition["new"].value:
+        reason = _EVENT_PHASES.get(transition["new"])
+        if reason:
+            message = summary_message(
+                transition["new"], kind, meta["name"], child_message(child.get("status"))
+            )
+            warning = transition["new"] in (Phase.FAILED, Phase.RESTARTING)
+            post_event(written, reason, message, warning=warning)

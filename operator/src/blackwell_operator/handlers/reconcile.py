@@ -1,0 +1,469 @@
+"""The spec reconciler: validate, plan, render, create-or-patch the children, write status and Events."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from blackwell_operator.cli.manifest import format_validation_error
+from blackwell_operator.discovery.capacity import Capacity
+from blackwell_operator.errors import SpecError
+from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
+from blackwell_operator.handlers.btjstatus import write_status
+from blackwell_operator.handlers.context import OperatorContext
+from blackwell_operator.handlers.events import adopt_children, post_event
+from blackwell_operator.models.spec import Backend, BlackwellTrainingJobSpec
+from blackwell_operator.models.status import ConditionType, Phase
+from blackwell_operator.planner import plan_job
+from blackwell_operator.render import render_children
+from blackwell_operator.render.labels import RENDER_HASH_ANNOTATION
+from blackwell_operator.status import (
+    CHILD_PHASES,
+    TERMINAL_PHASES,
+    ConditionStatus,
+    can_patch_in_place,
+    child_conditions,
+    child_message,
+    child_phase,
+    now_rfc3339,
+    set_condition,
+    summary_message,
+)
+from blackwell_trainer.config import Plan
+
+
+@dataclass(frozen=True)
+class ChildKind:
+    """Where a backend's job lives in the API."""
+
+    api_version: str
+    kind: str
+    plural: str
+
+
+CHILD_KINDS = {
+    Backend.PYTORCH_JOB: ChildKind("kubeflow.org/v1", "PyTorchJob", "pytorchjobs"),
+    Backend.HYPERPOD_PYTORCH_JOB: ChildKind(
+        "sagemaker.amazonaws.com/v1", "HyperPodPyTorchJob", "hyperpodpytorchjobs"
+    ),
+}
+
+
+class ChildConflict(Exception):
+    """An object with the child's name exists and belongs to someone else."""
+
+
+@dataclass
+class Result:
+    """What one reconcile decided; turned into status by `_status_update`."""
+
+    plan: Plan | None = None
+    phase: Phase | None = None  # set for operator-decided phases (Invalid, Planned, Failed on conflict)
+    conditions: list[tuple[str, ConditionStatus, str, str]] = field(default_factory=list)
+    child: dict[str, Any] | None = None  # the child object as last seen
+    child_kind: ChildKind | None = None
+    config_map: str | None = None
+    write_plan: bool = True
+    message: str = ""
+
+
+def owned_by(obj: Mapping[str, Any], owner_uid: str) -> bool:
+    """Whether `obj` carries an ownerReference to `owner_uid`."""
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    return any(ref.get("uid") == owner_uid for ref in refs)
+
+
+def parse_spec(spec: Mapping[str, Any]) -> BlackwellTrainingJobSpec:
+    """The spec as the model; a validation failure becomes a SpecError naming the first field."""
+    try:
+        return BlackwellTrainingJobSpec.model_validate(dict(spec))
+    except ValidationError as exc:
+        lines = format_validation_error(exc, prefix="spec.").splitlines()
+        first = lines[0] if lines else "spec: invalid"
+        where, _, problem = first.partition(": ")
+        more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
+        raise SpecError(
+            where, problem + more, "correct the field; `btj plan job.yaml` checks it offline"
+        ) from exc
+
+
+def _retry_delay(retry: int) -> float:
+    # Exponential backoff from 0.5 s to a minute: quick for a blip, gentle for an outage.
+    return float(min(0.5 * 2**retry, 60.0))
+
+
+class Reconciler:
+    """Reconciles one BTJ's spec per call; stateless between calls (everything lives in the API)."""
+
+    def __init__(self, ctx: OperatorContext) -> None:
+        self.ctx = ctx
+        self.api: KubeApi = ctx.api
+
+    # ----- entry point -----
+
+    def reconcile(self, body: Mapping[str, Any], *, retry: int, logger: Any) -> None:
+        """One pass; raises kopf.TemporaryError for what a retry can fix."""
+        started = time.perf_counter()
+        try:
+            self._reconcile(body, logger)
+        except ApiError as exc:
+            self.ctx.metrics.record_error(exc.metric_reason)
+            if exc.retryable or exc.status == 403:
+                raise kopf.TemporaryError(
+                    f"API call failed, retrying: {exc}", delay=_retry_delay(retry)
+                ) from exc
+            raise kopf.PermanentError(f"API call rejected: {exc}") from exc
+        finally:
+            self.ctx.metrics.reconcile_duration.observe(time.perf_counter() - started)
+
+    def _reconcile(self, body: Mapping[str, Any], logger: Any) -> None:
+        meta = body["metadata"]
+        name, namespace = meta["name"], meta["namespace"]
+        generation = int(meta.get("generation") or 1)
+        try:
+            spec = parse_spec(body.get("spec") or {})
+            plan = plan_job(spec, job_name=name)
+        except SpecError as exc:
+            self.ctx.metrics.record_error(exc.reason)
+            self._report_invalid(body, exc, generation)
+            return
+
+        result = Result(plan=plan)
+        result.conditions.append((ConditionType.PLANNED, "True", "Planned", plan_summary(plan)))
+        capacity = self._capacity(spec, logger)
+        result.conditions.append(capacity_condition(capacity, spec.cluster.nodes))
+        kind = CHILD_KINDS[spec.backend]
+        result.child_kind = kind
+
+        if spec.dry_run:
+            result.phase = Phase.PLANNED
+            result.conditions.append(
+                (
+                    ConditionType.CHILD_CREATED,
+                    "False",
+                    "DryRun",
+                    "spec.dryRun is true: planned only, nothing created.",
+                )
+            )
+            result.message = f"Planned (dry run): {plan_summary(plan)}"
+            self._write(body, result, generation)
+            post_event(body, reason="Planned", message=f"Dry run: {plan_summary(plan)}")
+            return
+
+        config_map, job = render_children(name, namespace, spec, plan, labels=meta.get("labels") or {})
+        adopt_children([config_map, job], body)
+        result.config_map = config_map["metadata"]["name"]
+        try:
+            self._apply(body, kind, config_map, job, result)
+        except ChildConflict as exc:
+            self.ctx.metrics.record_error("ChildNameConflict")
+            result.phase = Phase.FAILED
+            result.write_plan = True
+            result.conditions.append((ConditionType.CHILD_CREATED, "False", "ChildNameConflict", str(exc)))
+            result.message = str(exc)
+            self._write(body, result, generation)
+            post_event(body, warning=True, reason="ChildNameConflict", message=str(exc))
+            return
+        self._write(body, result, generation)
+
+    # ----- children -----
+
+    def _apply(
+        self,
+        body: Mapping[str, Any],
+        kind: ChildKind,
+        config_map: dict[str, Any],
+        job: dict[str, Any],
+        result: Result,
+    ) -> None:
+        meta = body["metadata"]
+        namespace, uid = meta["namespace"], meta["uid"]
+        job_path = resource_path(kind.api_version, kind.plural, namespace, job["metadata"]["name"])
+        existing = self.api.get(job_path)
+        if existing is not None and not owned_by(existing, uid):
+            raise ChildConflict(
+                f"a {kind.kind} named {job['metadata']['name']} exists and is not owned by this "
+                "BlackwellTrainingJob. Fix: delete it, or rename the BlackwellTrainingJob"
+            )
+        if existing is None:
+            self._ensure_config_map(config_map, uid)
+            created, existing = self._create_or_get(kind, job, uid)
+            result.child = existing
+            result.conditions.append(
+                (
+                    ConditionType.CHILD_CREATED,
+                    "True",
+                    "Created" if created else "Exists",
+                    f"{kind.kind} {job['metadata']['name']} and ConfigMap {config_map['metadata']['name']}",
+                )
+            )
+            result.conditions.append(
+                (ConditionType.SPEC_APPLIED, "True", "Applied", "The child matches the spec.")
+            )
+            if created:
+                post_event(
+                    body,
+                    reason="Created",
+                    message=f"Created {kind.kind} {job['metadata']['name']}: "
+                    f"{plan_summary(result.plan) if result.plan else ''}",
+                )
+            return
+
+        result.child = existing
+        result.conditions.append(
+            (
+                ConditionType.CHILD_CREATED,
+                "True",
+                "Exists",
+                f"{kind.kind} {job['metadata']['name']} and ConfigMap {config_map['metadata']['name']}",
+            )
+        )
+        if render_hash(existing) == render_hash(job):
+            result.conditions.append(
+                (ConditionType.SPEC_APPLIED, "True", "Applied", "The child matches the spec.")
+            )
+            return
+        status = existing.get("status") or {}
+        if can_patch_in_place(status):
+            self._ensure_config_map(config_map, uid)
+            result.child = self.api.patch(
+                job_path,
+                {
+                    "metadata": {
+                        "labels": job["metadata"].get("labels"),
+                        "annotations": job["metadata"].get("annotations"),
+                    },
+                    "spec": job["spec"],
+                },
+            )
+            result.conditions.append(
+                (
+                    ConditionType.SPEC_APPLIED,
+                    "True",
+                    "Patched",
+                    "The job had not started; it was updated in place.",
+                )
+            )
+            post_event(
+                body,
+                reason="Updated",
+                message=f"Updated {kind.kind} {job['metadata']['name']} to the new plan (it had not started)",
+            )
+            return
+        phase = child_phase(status)
+        reason = "JobFinished" if phase in TERMINAL_PHASES else "RunningJobImmutable"
+        message = (
+            f"{kind.kind} {job['metadata']['name']} is {phase.value}; its shape cannot change in place. "
+            "Fix: delete and re-create the BlackwellTrainingJob (it resumes from its checkpoint) to "
+            "apply this spec"
+        )
+        result.conditions.append((ConditionType.SPEC_APPLIED, "False", reason, message))
+        result.write_plan = False  # status.plan keeps describing what actually runs
+        post_event(body, warning=True, reason=reason, message=message)
+
+    def _ensure_config_map(self, config_map: dict[str, Any], owner_uid: str) -> None:
+        path = resource_path(
+            "v1", "configmaps", config_map["metadata"]["namespace"], config_map["metadata"]["name"]
+        )
+        try:
+            self.api.create(
+                resource_path("v1", "configmaps", config_map["metadata"]["namespace"]), config_map
+            )
+            return
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+        existing = self.api.get(path)
+        if existing is None:  # deleted in between: the retry creates it
+            raise ApiError(409, "Conflict", f"ConfigMap {config_map['metadata']['name']} vanished")
+        if not owned_by(existing, owner_uid):
+            raise ChildConflict(
+                f"a ConfigMap named {config_map['metadata']['name']} exists and is not owned by "
+                "this BlackwellTrainingJob. Fix: delete it, or rename the BlackwellTrainingJob"
+            )
+        if render_hash(existing) != render_hash(config_map):
+            self.api.patch(
+                path,
+                {
+                    "metadata": {
+                        "labels": config_map["metadata"].get("labels"),
+                        "annotations": config_map["metadata"].get("annotations"),
+                    },
+                    "data": config_map["data"],
+                },
+            )
+
+    def _create_or_get(
+        self, kind: ChildKind, job: dict[str, Any], owner_uid: str
+    ) -> tuple[bool, dict[str, Any]]:
+        """Create the job; on 409 (a retry, a restart, a lost answer) take the existing one if it is ours."""
+        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        try:
+            return True, self.api.create(resource_path(kind.api_version, kind.plural, namespace), job)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+        existing = self.api.get(resource_path(kind.api_version, kind.plural, namespace, name))
+        if existing is None:
+            raise ApiError(409, "Conflict", f"{kind.kind} {name} vanished after a conflict")
+        if not owned_by(existing, owner_uid):
+            raise ChildConflict(
+                f"a {kind.kind} named {name} exists and is not owned by this "
+                "BlackwellTrainingJob. Fix: delete it, or rename the BlackwellTrainingJob"
+            )
+        return False, existing
+
+    # ----- capacity -----
+
+    def _capacity(self, spec: BlackwellTrainingJobSpec, logger: Any) -> Capacity | None:
+        try:
+            return self.ctx.capacity.read(spec.cluster.instance_type.value)
+        except ApiError as exc:  # capacity is advisory: never block the job on it
+            logger.warning(f"Cannot read node capacity: {exc}")
+            return None
+
+    # ----- status -----
+
+    def _report_invalid(self, body: Mapping[str, Any], exc: SpecError, generation: int) -> None:
+        def update(current: Mapping[str, Any]) -> dict[str, Any]:
+            status = dict(current.get("status") or {})
+            now = now_rfc3339()
+            conds = set_condition(
+                status.get("conditions") or [],
+                ConditionType.PLANNED,
+                "False",
+                exc.reason,
+                exc.message,
+                generation=generation,
+                now=now,
+            )
+            has_child = bool((status.get("child") or {}).get("uid")) and status.get("phase") in CHILD_PHASES
+            changes: dict[str, Any] = {"observedGeneration": generation}
+            if has_child:  # the running job is untouched; say why the new spec is not applied
+                conds = set_condition(
+                    conds,
+                    ConditionType.SPEC_APPLIED,
+                    "False",
+                    exc.reason,
+                    exc.message,
+                    generation=generation,
+                    now=now,
+                )
+            else:
+                changes.update(phase=Phase.INVALID.value, message=exc.message, plan=None)
+            changes["conditions"] = conds
+            return changes
+
+        write_status(self.api, body["metadata"]["namespace"], body["metadata"]["name"], update)
+        post_event(body, warning=True, reason=exc.reason, message=exc.message)
+
+    def _write(self, body: Mapping[str, Any], result: Result, generation: int) -> None:
+        meta = body["metadata"]
+
+        def update(current: Mapping[str, Any]) -> dict[str, Any]:
+            status = dict(current.get("status") or {})
+            now = now_rfc3339()
+            conds: list[dict[str, Any]] = list(status.get("conditions") or [])
+            for type_, cond_status, reason, message in result.conditions:
+                conds = set_condition(
+                    conds,
+                    type_,
+                    cond_status,
+                    reason,
+                    message,  # type: ignore[arg-type]
+                    generation=generation,
+                    now=now,
+                )
+            changes: dict[str, Any] = {"observedGeneration": generation}
+            if result.plan is not None and (result.write_plan or not status.get("plan")):
+                plan = result.plan
+                changes.update(
+                    plan=json.loads(plan.to_json()),
+                    precision=plan.chosen.precision.value,
+                    microBatchSize=plan.chosen.micro_batch_size,
+                    activationCheckpointing=plan.chosen.activation_checkpointing.value,
+                )
+            if result.phase is not None:
+                changes["phase"] = result.phase.value
+                changes["message"] = result.message
+            if result.child is not None and result.child_kind is not None:
+                child_meta = result.child["metadata"]
+                child_uid = child_meta.get("uid")
+                changes["child"] = {
+                    "apiVersion": result.child_kind.api_version,
+                    "kind": result.child_kind.kind,
+                    "name": child_meta["name"],
+                    "uid": child_uid,
+                    "configMap": result.config_map,
+                }
+                same_child = (status.get("child") or {}).get("uid") == child_uid
+                if not (same_child and status.get("phase") in CHILD_PHASES):
+                    # First sight of this child: derive phase from it. Afterwards the child watcher owns
+                    # phase and the child conditions (it sees every change; this pass may hold an older copy).
+                    spec = body.get("spec") or {}
+                    phase, conds = child_conditions(
+                        conds,
+                        result.child.get("status"),
+                        generation=generation,
+                        now=now,
+                        queue_name=spec.get("queueName"),
+                    )
+                    changes["phase"] = phase.value
+                    changes["message"] = summary_message(
+                        phase,
+                        result.child_kind.kind,
+                        child_meta["name"],
+                        child_message(result.child.get("status")),
+                    )
+            changes["conditions"] = conds
+            return changes
+
+        write_status(self.api, meta["namespace"], meta["name"], update)
+
+
+def render_hash(obj: Mapping[str, Any]) -> str | None:
+    """The render hash annotation the renderer stamps on every child."""
+    return (obj.get("metadata", {}).get("annotations") or {}).get(RENDER_HASH_ANNOTATION)
+
+
+def plan_summary(plan: Plan) -> str:
+    """One line: the chosen settings and the prediction."""
+    chosen, predicted = plan.chosen, plan.predicted
+    return (
+        f"{plan.model_name} on {plan.nodes}x{plan.gpus_per_node} {plan.gpu.name}: {chosen.precision.value}, "
+        f"micro-batch {chosen.micro_batch_size}, AC {chosen.activation_checkpointing.value}, "
+        f"{chosen.sharding.value} sharding; predicted "
+        f"{predicted.tokens_per_second_per_gpu:,.0f} tokens/s/GPU, "
+        f"MFU {predicted.model_flops_utilization:.0%}, "
+        f"peak {predicted.memory.peak_reserved / 2**30:.1f} GiB/GPU"
+    )
+
+
+def capacity_condition(capacity: Capacity | None, needed: int) -> tuple[str, ConditionStatus, str, str]:
+    """CapacityAvailable from a node count (Unknown when nodes could not be read)."""
+    if capacity is None:
+        return (
+            ConditionType.CAPACITY_AVAILABLE,
+            "Unknown",
+            "NodesUnreadable",
+            "Node capacity could not be read.",
+        )
+    if capacity.enough_for(needed):
+        return (
+            ConditionType.CAPACITY_AVAILABLE,
+            "True",
+            "Sufficient",
+            f"{capacity.describe()}; {needed} needed.",
+        )
+    return (
+        ConditionType.CAPACITY_AVAILABLE,
+        "False",
+        "InsufficientNodes",
+        f"{capacity.describe()}; {needed} needed. The job waits in the queue until enough nodes are healthy.",
+    )

@@ -1,0 +1,76 @@
+"""Operator start-up and shut-down: Kopf settings, the API client, and the /metrics + /healthz server."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import kopf
+from aiohttp import web
+
+from blackwell_operator.discovery.capacity import NodeCapacityReader
+from blackwell_operator.handlers.api import KubeApi, load_api_client, resource_path
+from blackwell_operator.handlers.context import OperatorContext
+from blackwell_operator.metrics import METRICS_PORT, OperatorMetrics
+
+# "host:port" for /metrics and /healthz; "off" disables the server (e.g. several operators in one test).
+METRICS_BIND_ENV = "BTJ_METRICS_BIND"
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    """Kopf settings the operator relies on."""
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="training.blackwell.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="training.blackwell.dev", key="last-handled-configuration"
+    )
+    settings.posting.level = 20  # INFO and above from kopf.info/warn become Events
+    settings.execution.max_workers = 16
+    settings.watching.server_timeout = 600  # re-list every 10 minutes at most
+    settings.networking.request_timeout = 30
+
+
+def build_context(api_client: Any | None = None) -> OperatorContext:
+    """Context for one operator run."""
+    api = KubeApi(api_client if api_client is not None else load_api_client())
+
+    def list_nodes(label_selector: str) -> list[dict[str, Any]]:
+        return api.list(resource_path("v1", "nodes", None), label_selector=label_selector)
+
+    return OperatorContext(api=api, capacity=NodeCapacityReader(list_nodes), metrics=OperatorMetrics())
+
+
+async def start_http(ctx: OperatorContext, bind: str) -> web.AppRunner:
+    """Serve /metrics (Prometheus text) and /healthz (200 while the operator's loop answers)."""
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=ctx.metrics.exposition(), content_type="text/plain", charset="utf-8")
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    app = web.Application()
+    app.add_routes([web.get("/metrics", metrics), web.get("/healthz", healthz)])
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    host, _, port = bind.rpartition(":")
+    await web.TCPSite(runner, host or "0.0.0.0", int(port or METRICS_PORT)).start()
+    return runner
+
+
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+    """Kopf on.startup: settings, API client, metrics server."""
+    configure(settings)
+    memo.btj = build_context()
+    bind = os.environ.get(METRICS_BIND_ENV, f"0.0.0.0:{METRICS_PORT}")
+    memo.btj_http = None if bind == "off" else await start_http(memo.btj, bind)
+    logger.info(f"BlackwellTrainingJob operator started; metrics and health on {bind}")
+
+
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    """Kopf on.cleanup: stop the server, release connections."""
+    runner = getattr(memo, "btj_http", None)
+    if runner is not None:
+        await runner.cleanup()
+    ctx = getattr(memo, "btj", None)
+    if ctx is not None:
+        ctx.api.close()

@@ -1,0 +1,37 @@
+"""Every (apiGroup, resource, verbs) the operator calls, Kopf's own calls included: the source of RBAC."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Permission(NamedTuple):
+    """One RBAC rule: API group ("" for core), resource (optionally /subresource), verbs."""
+
+    api_group: str
+    resource: str
+    verbs: tuple[str, ...]
+
+
+PERMISSIONS: tuple[Permission, ...] = (
+    # Kopf: discovers CRDs and, with --namespace patterns, namespaces.
+    Permission("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch")),
+    Permission("", "namespaces", ("list", "watch")),
+    # Kopf: the BTJs it serves (annotations for its progress and diff base are patched on the object).
+    Permission("training.blackwell.dev", "blackwelltrainingjobs", ("get", "list", "watch", "patch")),
+    # The operator: phase, conditions, plan, child (status subresource; read-modify-write with an RV).
+    Permission("training.blackwell.dev", "blackwelltrainingjobs/status", ("get", "patch")),
+    # The operator: the child jobs and the plan ConfigMap (create-or-get, patched on a safe spec change).
+    Permission("kubeflow.org", "pytorchjobs", ("get", "list", "watch", "create", "patch")),
+    Permission("sagemaker.amazonaws.com", "hyperpodpytorchjobs", ("get", "list", "watch", "create", "patch")),
+    Permission("", "configmaps", ("get", "create", "patch")),
+    # The operator: cluster capacity (nodes of the instance type and their HyperPod health label).
+    Permission("", "nodes", ("list",)),
+    # Kopf and the operator: Events on BTJs.
+    Permission("", "events", ("create",)),
+)
+
+
+def granted(api_group: str, resource: str, verb: str) -> bool:
+    """Whether PERMISSIONS covers one call."""
+    return any(p.api_group == api_group and p.resource == resource and verb in p.verbs for p in PERMISSIONS)

@@ -1,0 +1,186 @@
+"""Pure status logic: child job status -> BTJ phase, and metav1.Condition bookkeeping."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal
+
+from blackwell_operator.models.status import ConditionType, Phase
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+# Phases the child job decides; the operator sets the others (Planning, Planned, Invalid) itself.
+CHILD_PHASES = frozenset(
+    {Phase.PENDING, Phase.QUEUED, Phase.RUNNING, Phase.RESTARTING, Phase.SUCCEEDED, Phase.FAILED}
+)
+TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED})
+# Conditions derived from the child; the spec reconciler owns the rest (Planned, ChildCreated, ...).
+CHILD_CONDITIONS = (
+    ConditionType.ADMITTED,
+    ConditionType.RUNNING,
+    ConditionType.SUCCEEDED,
+    ConditionType.FAILED,
+)
+
+# HyperPodPyTorchJob condition names are not published (hyperpod-pytorchjob.md, open question 1): the
+# SDK speaks of "Complete", third-party code of "Completed". Both count as success.
+_SUCCESS_TYPES = ("Succeeded", "Completed", "Complete")
+
+
+def now_rfc3339() -> str:
+    """The current time as metav1.Time (second precision, UTC)."""
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def condition_map(conditions: Iterable[Mapping[str, Any]] | None) -> dict[str, Mapping[str, Any]]:
+    """type -> the latest condition of that type (the training operator re-appends changed ones)."""
+    result: dict[str, Mapping[str, Any]] = {}
+    for cond in conditions or ():
+        if isinstance(cond, Mapping) and "type" in cond:
+            result[str(cond["type"])] = cond
+    return result
+
+
+def _is_true(conds: Mapping[str, Mapping[str, Any]], *types: str) -> Mapping[str, Any] | None:
+    for kind in types:
+        cond = conds.get(kind)
+        if cond is not None and cond.get("status") == "True":
+            return cond
+    return None
+
+
+def child_phase(child_status: Mapping[str, Any] | None) -> Phase:
+    """Phase of a PyTorchJob/HyperPodPyTorchJob (hyperpod-pytorchjob.md §1.4; first match wins)."""
+    conds = condition_map((child_status or {}).get("conditions"))
+    if _is_true(conds, "Failed"):
+        return Phase.FAILED
+    if _is_true(conds, *_SUCCESS_TYPES):
+        return Phase.SUCCEEDED
+    if _is_true(conds, "Suspended"):
+        return Phase.QUEUED
+    if _is_true(conds, "Restarting"):
+        return Phase.RESTARTING
+    if _is_true(conds, "Running"):
+        return Phase.RUNNING
+    return Phase.PENDING
+
+
+def child_message(child_status: Mapping[str, Any] | None) -> str:
+    """The message of the child's most recent True condition (what `kubectl get` would show)."""
+    for cond in reversed(list((child_status or {}).get("conditions") or [])):
+        if isinstance(cond, Mapping) and cond.get("status") == "True" and cond.get("message"):
+            return str(cond["message"])
+    return ""
+
+
+def set_condition(
+    conditions: Sequence[Mapping[str, Any]],
+    type_: str,
+    status: ConditionStatus,
+    reason: str,
+    message: str,
+    *,
+    generation: int | None,
+    now: str,
+) -> list[dict[str, Any]]:
+    """A new list with one condition upserted; lastTransitionTime moves only when status flips."""
+    result = [dict(c) for c in conditions]
+    for cond in result:
+        if cond.get("type") == type_:
+            if cond.get("status") != status:
+                cond["lastTransitionTime"] = now
+            cond.update(status=status, reason=reason, message=message)
+            if generation is not None:
+                cond["observedGeneration"] = generation
+            return result
+    new: dict[str, Any] = {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": now,
+    }
+    if generation is not None:
+        new["observedGeneration"] = generation
+    result.append(new)
+    return result
+
+
+def remove_condition(conditions: Sequence[Mapping[str, Any]], type_: str) -> list[dict[str, Any]]:
+    """A new list without conditions of that type."""
+    return [dict(c) for c in conditions if c.get("type") != type_]
+
+
+def get_condition(conditions: Iterable[Mapping[str, Any]] | None, type_: str) -> Mapping[str, Any] | None:
+    """The condition of that type, or None."""
+    return condition_map(conditions).get(type_)
+
+
+def child_conditions(
+    conditions: Sequence[Mapping[str, Any]],
+    child_status: Mapping[str, Any] | None,
+    *,
+    generation: int | None,
+    now: str,
+    queue_name: str | None = None,
+) -> tuple[Phase, list[dict[str, Any]]]:
+    """The BTJ phase and its Admitted/Running/Succeeded/Failed conditions from the child's status."""
+    phase = child_phase(child_status)
+    conds = condition_map((child_status or {}).get("conditions"))
+    detail = child_message(child_status)
+    out: list[dict[str, Any]] = [dict(c) for c in conditions]
+
+    def put(kind: str, status: ConditionStatus, reason: str, message: str) -> None:
+        nonlocal out
+        out = set_condition(out, kind, status, reason, message, generation=generation, now=now)
+
+    queue = f" in queue {queue_name}" if queue_name else ""
+    if phase == Phase.QUEUED:
+        put(ConditionType.ADMITTED, "False", "Suspended", detail or f"The job is suspended{queue} (Kueue).")
+    elif phase != Phase.PENDING or _is_true(conds, "Created") or conds.get("Suspended"):
+        put(ConditionType.ADMITTED, "True", "Admitted", f"The job was admitted{queue}.")
+    else:
+        put(ConditionType.ADMITTED, "Unknown", "Pending", "The training operator has not reported yet.")
+
+    if phase == Phase.RUNNING:
+        put(ConditionType.RUNNING, "True", "Running", detail or "The job is running.")
+    elif phase == Phase.RESTARTING:
+        put(ConditionType.RUNNING, "False", "Restarting", detail or "The job is restarting.")
+    elif phase == Phase.QUEUED:
+        put(ConditionType.RUNNING, "False", "Suspended", "The job waits in the queue.")
+    elif phase in TERMINAL_PHASES:
+        put(ConditionType.RUNNING, "False", "Finished", f"The job {phase.value.lower()}.")
+    else:
+        put(ConditionType.RUNNING, "False", "Pending", "The job has not started.")
+
+    if phase == Phase.SUCCEEDED:
+        put(ConditionType.SUCCEEDED, "True", "Succeeded", detail or "The job succeeded.")
+    else:
+        put(ConditionType.SUCCEEDED, "False", "NotFinished", "The job has not finished.")
+    if phase == Phase.FAILED:
+        put(ConditionType.FAILED, "True", "JobFailed", detail or "The job failed.")
+    else:
+        put(ConditionType.FAILED, "False", "NoFailure", "The job has not failed.")
+    return phase, out
+
+
+def summary_message(phase: Phase, child_kind: str | None, child_name: str | None, detail: str = "") -> str:
+    """One line for status.message."""
+    if child_kind and child_name:
+        base = f"{child_kind} {child_name} is {phase.value}"
+        return f"{base}: {detail}" if detail else base
+    return detail or phase.value
+
+
+def can_patch_in_place(child_status: Mapping[str, Any] | None) -> bool:
+    """A job's shape may change only before its pods exist: no status yet, or suspended in a queue."""
+    conds = condition_map((child_status or {}).get("conditions"))
+    phase = child_phase(child_status)
+    if phase == Phase.QUEUED:
+        return True
+    return (
+        phase == Phase.PENDING
+        and not _is_true(conds, "Created")
+        and not (child_status or {}).get("startTime")
+    )

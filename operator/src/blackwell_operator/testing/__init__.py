@@ -1,0 +1,1 @@
+"""Test and demo support: a hardened KMock Kubernetes API emulator (needs the `demo` extra)."""
