@@ -37,7 +37,8 @@ def crd_open_api_schema(crd: dict[str, Any], version: str) -> Schema:
 
 def load_crd(path: Path) -> dict[str, Any]:
     """The (first) CustomResourceDefinition in a YAML file."""
-    for document in yaml.safe_load_all(path.read_text()):
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the PyTorchJob CRDs are 600 KB
+    for document in yaml.load_all(path.read_text(), Loader=loader):
         if isinstance(document, dict) and document.get("kind") == "CustomResourceDefinition":
             return document
     raise ValueError(f"{path}: no CustomResourceDefinition")

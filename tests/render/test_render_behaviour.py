@@ -1,0 +1,254 @@
+"""What render_children promises: determinism, overridable env, Kueue and auto-resume, EFA, labels, shapes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from blackwell_operator.models import BlackwellTrainingJobSpec
+from blackwell_operator.render import dump_documents, render_children, strip_tracking_labels
+from blackwell_operator.render.environment import DEFAULT_ENV
+from tests.render.plans import plan_for
+
+NAMESPACE = "hyperpod-ns-team-a"
+
+
+def spec_of(**overrides: Any) -> BlackwellTrainingJobSpec:
+    return BlackwellTrainingJobSpec.model_validate({"model": {"preset": "llama3.1-8b"}, **overrides})
+
+
+def render(spec: BlackwellTrainingJobSpec, name: str = "job", labels: dict[str, str] | None = None) -> Any:
+    return render_children(name, NAMESPACE, spec, plan_for(spec, name), labels=labels)
+
+
+def worker_template(job: dict[str, Any]) -> dict[str, Any]:
+    if job["kind"] == "PyTorchJob":
+        template: dict[str, Any] = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+    else:
+        template = job["spec"]["replicaSpecs"][0]["template"]
+    return template
+
+
+def container(job: dict[str, Any]) -> dict[str, Any]:
+    (only,) = worker_template(job)["spec"]["containers"]
+    return dict(only)
+
+
+def env(job: dict[str, Any]) -> dict[str, str]:
+    return {item["name"]: item["value"] for item in container(job)["env"]}
+
+
+def test_rendering_is_byte_identical_across_calls() -> None:
+    spec = spec_of(env=[{"name": "B", "value": "2"}, {"name": "A", "value": "1"}], queueName="q")
+    labels = {"z": "1", "a": "2"}
+    first = dump_documents(render(spec, labels=labels))
+    second = dump_documents(
+        render(spec_of(**spec.model_dump(by_alias=True)), labels=dict(reversed(labels.items())))
+    )
+    assert first == second
+
+
+def test_config_map_then_job_without_owner_references() -> None:
+    config_map, job = render(spec_of(cluster={"nodes": 2}))
+    assert config_map["kind"] == "ConfigMap" and config_map["metadata"]["name"] == "job-plan"
+    assert job["kind"] == "PyTorchJob" and job["metadata"]["name"] == "job"
+    assert job["apiVersion"] == "kubeflow.org/v1"
+    for obj in (config_map, job):
+        assert obj["metadata"]["namespace"] == NAMESPACE
+        assert "ownerReferences" not in obj["metadata"]
+
+
+def test_config_map_carries_the_plan_json_exactly() -> None:
+    spec = spec_of()
+    config_map, _ = render(spec)
+    assert config_map["data"] == {"plan.json": plan_for(spec, "job").to_json()}
+    assert json.loads(config_map["data"]["plan.json"])["jobName"] == "job"
+
+
+def test_worker_only_elastic_pytorchjob() -> None:
+    _, job = render(spec_of(cluster={"nodes": 4}, maxRetries=5))
+    spec = job["spec"]
+    assert list(spec["pytorchReplicaSpecs"]) == ["Worker"]
+    worker = spec["pytorchReplicaSpecs"]["Worker"]
+    assert worker["replicas"] == 4 and worker["restartPolicy"] == "OnFailure"
+    assert spec["elasticPolicy"] == {
+        "rdzvBackend": "c10d",
+        "minReplicas": 4,
+        "maxReplicas": 4,
+        "maxRestarts": 5,
+    }
+    assert spec["nprocPerNode"] == "8"
+    assert spec["runPolicy"] == {"cleanPodPolicy": "Running", "backoffLimit": 5}
+
+
+def test_trainer_command_and_plan_mount() -> None:
+    _, job = render(spec_of(cluster={"gpusPerNode": 4}))
+    pytorch = container(job)
+    assert pytorch["name"] == "pytorch"
+    assert pytorch["command"] == [
+        "torchrun",
+        "--nproc-per-node=4",
+        "-m",
+        "blackwell_trainer",
+        "--plan",
+        "/etc/btj/plan.json",
+    ]
+    assert job["spec"]["nprocPerNode"] == "4"
+    assert {"name": "plan", "mountPath": "/etc/btj", "readOnly": True} in pytorch["volumeMounts"]
+    volumes = {v["name"]: v for v in worker_template(job)["spec"]["volumes"]}
+    assert volumes["plan"]["configMap"]["name"] == "job-plan"
+    assert volumes["shm"]["hostPath"]["path"] == "/dev/shm"
+    assert volumes["local"]["hostPath"]["path"] == "/mnt/k8s-disks/0"
+    assert {"name": "metrics", "containerPort": 9400, "protocol": "TCP"} in pytorch["ports"]
+
+
+@pytest.mark.parametrize(
+    ("instance", "efa"),
+    [("ml.p5.48xlarge", 32), ("ml.p5e.48xlarge", 32), ("ml.p5en.48xlarge", 16), ("ml.p6-b200.48xlarge", 8)],
+)
+def test_gpu_and_efa_requests_equal_limits(instance: str, efa: int) -> None:
+    _, job = render(spec_of(cluster={"instanceType": instance}))
+    resources = container(job)["resources"]
+    assert resources["requests"] == resources["limits"]
+    assert resources["requests"]["vpc.amazonaws.com/efa"] == efa
+    assert resources["requests"]["nvidia.com/gpu"] == 8
+    assert resources["requests"]["hugepages-2Mi"] == "5120Mi"
+    assert worker_template(job)["spec"]["nodeSelector"] == {
+        "node.kubernetes.io/instance-type": instance,
+        "sagemaker.amazonaws.com/node-health-status": "Schedulable",
+    }
+
+
+def test_placement_prefers_healthy_nodes_and_spreads_workers() -> None:
+    _, job = render(
+        spec_of(
+            tolerations=[{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}]
+        )
+    )
+    pod = worker_template(job)
+    affinity = pod["spec"]["affinity"]
+    preferred = affinity["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+    assert preferred["preference"]["matchExpressions"][0] == {
+        "key": "sagemaker.amazonaws.com/deep-health-check-status",
+        "operator": "In",
+        "values": ["Passed"],
+    }
+    (anti,) = affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert anti["topologyKey"] == "kubernetes.io/hostname"
+    assert anti["labelSelector"]["matchLabels"] == {"training.blackwell.dev/job-name": "job"}
+    assert pod["metadata"]["labels"]["training.blackwell.dev/job-name"] == "job"  # the selector matches
+    assert pod["spec"]["tolerations"] == [
+        {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
+    ]
+
+
+def test_env_defaults_are_sorted_and_user_values_win() -> None:
+    _, job = render(
+        spec_of(env=[{"name": "NCCL_DEBUG", "value": "INFO"}, {"name": "HF_HOME", "value": "/local/hf"}])
+    )
+    names = [item["name"] for item in container(job)["env"]]
+    assert names == sorted(names)
+    values = env(job)
+    assert values["NCCL_DEBUG"] == "INFO"
+    assert values["HF_HOME"] == "/local/hf"
+    assert values["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert values["FI_PROVIDER"] == "efa"
+    assert set(DEFAULT_ENV) <= set(values)
+
+
+def test_kueue_labels_only_when_a_queue_is_named_and_never_suspend() -> None:
+    _, plain = render(spec_of())
+    _, queued = render(spec_of(queueName="hyperpod-ns-team-a-localqueue", priorityClass="training-priority"))
+    assert not any(key.startswith("kueue.x-k8s.io/") for key in plain["metadata"]["labels"])
+    assert queued["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "hyperpod-ns-team-a-localqueue"
+    assert queued["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "training-priority"
+    for job in (plain, queued):
+        assert "suspend" not in job["spec"]["runPolicy"]
+    assert "kueue.x-k8s.io/queue-name" not in worker_template(queued)["metadata"]["labels"]
+
+
+def test_auto_resume_annotations() -> None:
+    _, off = render(spec_of())
+    _, on = render(spec_of(autoResume=True, maxRetries=7))
+    assert "sagemaker.amazonaws.com/enable-job-auto-resume" not in off["metadata"]["annotations"]
+    annotations = on["metadata"]["annotations"]
+    assert annotations["sagemaker.amazonaws.com/enable-job-auto-resume"] == "true"
+    assert annotations["sagemaker.amazonaws.com/job-max-retry-count"] == "7"
+
+
+def test_argo_cd_tracking_labels_are_stripped_and_ours_win() -> None:
+    parent = {
+        "app.kubernetes.io/instance": "training-jobs",
+        "argocd.argoproj.io/instance": "training-jobs",
+        "argocd.argoproj.io/sync-wave": "5",
+        "team": "a",
+        "app.kubernetes.io/name": "user-says-otherwise",
+    }
+    config_map, job = render(spec_of(), labels=parent)
+    for labels in (
+        config_map["metadata"]["labels"],
+        job["metadata"]["labels"],
+        worker_template(job)["metadata"]["labels"],
+    ):
+        assert "app.kubernetes.io/instance" not in labels
+        assert not any(key.startswith("argocd.argoproj.io/") for key in labels)
+        assert labels["team"] == "a"
+        assert labels["app.kubernetes.io/name"] == "blackwell-trainer"
+        assert labels["app.kubernetes.io/managed-by"] == "blackwell-operator"
+        assert labels["app.kubernetes.io/part-of"] == "blackwell-training"
+        assert labels["training.blackwell.dev/job-name"] == "job"
+    assert strip_tracking_labels(None) == {}
+
+
+def test_hyperpod_pytorchjob_shape() -> None:
+    spec = spec_of(
+        backend="HyperPodPyTorchJob",
+        cluster={"instanceType": "ml.p5en.48xlarge", "nodes": 3},
+        maxRetries=4,
+        queueName="q",
+    )
+    config_map, job = render(spec)
+    assert job["apiVersion"] == "sagemaker.amazonaws.com/v1" and job["kind"] == "HyperPodPyTorchJob"
+    assert config_map["kind"] == "ConfigMap"
+    hp = job["spec"]
+    assert hp["nprocPerNode"] == "8"
+    assert isinstance(hp["replicaSpecs"], list)
+    (replica,) = hp["replicaSpecs"]
+    assert replica["name"] == "pods" and replica["replicas"] == 3
+    assert hp["runPolicy"]["jobMaxRetryCount"] == 4
+    assert set(hp["runPolicy"]["restartPolicy"]) == {
+        "numRestartBeforeFullJobRestart",
+        "evalPeriodSeconds",
+        "maxFullJobRestarts",
+    }
+    assert "suspend" not in hp["runPolicy"]
+    command = container(job)["command"]
+    assert command[:2] == ["hyperpodrun", "--nproc-per-node=8"]
+    assert "--nnodes=3" in command
+    assert command[-4:] == ["-m", "blackwell_trainer", "--plan", "/etc/btj/plan.json"]
+    assert container(job)["resources"]["limits"]["vpc.amazonaws.com/efa"] == 16
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "q"
+    # The same pod placement as the Kubeflow child.
+    _, kubeflow = render(spec_of(cluster={"instanceType": "ml.p5en.48xlarge", "nodes": 3}))
+    assert worker_template(job)["spec"]["affinity"] == worker_template(kubeflow)["spec"]["affinity"]
+    assert worker_template(job)["spec"]["volumes"] == worker_template(kubeflow)["spec"]["volumes"]
+
+
+def test_render_hash_changes_with_the_spec_and_only_then() -> None:
+    _, first = render(spec_of())
+    _, again = render(spec_of())
+    _, changed = render(spec_of(env=[{"name": "X", "value": "1"}]))
+    key = "training.blackwell.dev/render-sha256"
+    assert first["metadata"]["annotations"][key] == again["metadata"]["annotations"][key]
+    assert first["metadata"]["annotations"][key] != changed["metadata"]["annotations"][key]
+
+
+def test_render_is_pure() -> None:
+    spec = spec_of(env=[{"name": "A", "value": "1"}])
+    before = spec.model_dump()
+    plan = plan_for(spec, "job")
+    plan_before = plan.to_json()
+    render_children("job", NAMESPACE, spec, plan, labels={"a": "b"})
+    assert spec.model_dump() == before and plan.to_json() == plan_before
