@@ -61,8 +61,6 @@ def render(
     output: Annotated[OutputFormat, typer.Option("--output", "-o", help="yaml or json.")] = OutputFormat.YAML,
 ) -> None:
     """Print every object the operator would create for a BTJ (plan ConfigMap and job), offline."""
-    from blackwell_operator.planner import plan_job  # the planner is imported only when needed
-
     try:
         job = load_manifest(file)
     except ManifestError as exc:
@@ -74,6 +72,8 @@ def render(
     labels = (
         {str(key): str(value) for key, value in raw_labels.items()} if isinstance(raw_labels, dict) else {}
     )
+    from blackwell_operator.planner import plan_job  # imported only when needed: `btj crd` stays light
+
     try:
         plan = plan_job(job.spec, job_name=name)
     except SpecError as exc:
