@@ -37,6 +37,8 @@ def _immutable(field: str, why: str) -> dict[str, str]:
 
 _NEW_JOB = "create a new BlackwellTrainingJob instead"
 
+# Rules guard optional fields with has(): the API server may evaluate them on a default value before
+# the nested defaults are filled in.
 # Cross-field rules the models check in Python, restated in CEL so the API server rejects the same
 # specs at admission; and fields that must not change after creation (rules with oldSelf run on update).
 SPEC_RULES: dict[str, list[dict[str, str]]] = {
@@ -68,17 +70,19 @@ SPEC_RULES: dict[str, list[dict[str, str]]] = {
     "backend": [_immutable("spec.backend", _NEW_JOB)],
     "training.dataset": [
         {
-            "rule": "self.kind != 'shards' || (has(self.uri) && size(self.uri) > 0)",
+            "rule": "!has(self.kind) || self.kind != 'shards' || (has(self.uri) && size(self.uri) > 0)",
             "message": "spec.training.dataset.uri is required when spec.training.dataset.kind is shards",
         }
     ],
     "tolerations[]": [
         {
-            "rule": "self.operator != 'Exists' || !has(self.value) || size(self.value) == 0",
+            "rule": "!has(self.operator) || self.operator != 'Exists' || !has(self.value) "
+            "|| size(self.value) == 0",
             "message": "a toleration with operator Exists must not set a value",
         },
         {
-            "rule": "(has(self.key) && size(self.key) > 0) || self.operator == 'Exists'",
+            "rule": "(has(self.key) && size(self.key) > 0) "
+            "|| (has(self.operator) && self.operator == 'Exists')",
             "message": "a toleration without a key must use operator Exists",
         },
     ],
@@ -171,13 +175,15 @@ def _decorate(schema: Schema, rules: dict[str, list[dict[str, str]]], extras: di
 def spec_schema() -> Schema:
     """The spec's structural schema, with defaults, bounds and CEL rules."""
     schema = to_structural(BlackwellTrainingJobSpec, object_defaults=True)
-    return ordered(_decorate(schema, SPEC_RULES, SPEC_EXTRAS))
+    result: Schema = ordered(_decorate(schema, SPEC_RULES, SPEC_EXTRAS))
+    return result
 
 
 def status_schema() -> Schema:
     """The status's structural schema (declared, so the status patches of the operator are not pruned)."""
     schema = to_structural(BlackwellTrainingJobStatus, object_defaults=False)
-    return ordered(_decorate(schema, {}, STATUS_EXTRAS))
+    result: Schema = ordered(_decorate(schema, {}, STATUS_EXTRAS))
+    return result
 
 
 def open_api_schema() -> Schema:

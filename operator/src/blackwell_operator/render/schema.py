@@ -1,4 +1,4 @@
-"""Pydantic JSON Schema to a Kubernetes structural schema: $refs inlined, unions folded, OpenAPI v3.0 bounds."""
+"""Pydantic JSON Schema to a Kubernetes structural schema: refs inlined, unions folded."""
 
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ def _fold_union(node: Schema, defs: Schema, path: str) -> Schema:
         return {**rest, "type": "string", "enum": values}
     if len(integers) != 1:
         raise SchemaConversionError(f"{path}: more than one integer branch")
-    bounds = {key: integers[0][key] for key in ("minimum", "maximum") if key in integers[0]}
+    bounds: Schema = {key: integers[0][key] for key in ("minimum", "maximum") if key in integers[0]}
     words = " or ".join(f"'{value}'" for value in values)
     low, high = bounds.get("minimum"), bounds.get("maximum")
     checks = [f"self >= {low}" if low is not None else "", f"self <= {high}" if high is not None else ""]
