@@ -13,7 +13,8 @@ from typing import Any
 import celpy
 import jsonschema
 import yaml
-from celpy import json_to_cel
+from celpy.adapter import json_to_cel
+from celpy.evaluation import CELEvalError
 
 Schema = dict[str, Any]
 
@@ -168,7 +169,7 @@ def cel_errors(schema: Schema, new: Any, old: Any = None, path: str = "") -> lis
             activation["oldSelf"] = json_to_cel(old)
         try:
             ok = bool(_program(rule).evaluate(activation))
-        except celpy.CELEvalError as exc:  # a runtime error rejects the object too
+        except CELEvalError as exc:  # a runtime error rejects the object too
             ok = False
             entry = {**entry, "message": f"{entry['message']} (evaluation error {exc})"}
         if not ok:

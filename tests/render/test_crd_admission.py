@@ -116,7 +116,7 @@ def test_defaults_are_applied_by_the_schema() -> None:
     assert parsed["tuning"]["memoryHeadroom"] == spec["tuning"]["memoryHeadroom"]
 
 
-IMMUTABLE = {
+IMMUTABLE: dict[str, tuple[dict[str, Any], str]] = {
     "instance-type": (
         {"cluster": {"instanceType": "ml.p5.48xlarge"}},
         "spec.cluster.instanceType is immutable",
