@@ -91,23 +91,51 @@ class KubeApi:
         if content_type:
             headers["Content-Type"] = content_type
         try:
-            response = self._client.call_api(
-                path,
-                method,
-                query_params=query or [],
-                header_params=headers,
-                body=body,
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _return_http_data_only=True,
-                _request_timeout=self._timeout,
-            )
+            if hasattr(self._client, "param_serialize"):  # kubernetes >= 34 (new generator)
+                status, reason, data = self._call_new(method, path, body, query or [], headers)
+            else:
+                status, reason, data = self._call_old(method, path, body, query or [], headers)
         except kubernetes.client.exceptions.ApiException as exc:
-            raise _api_error(exc) from exc
+            raise _api_error(int(exc.status or 0), str(exc.reason or "Error"), exc.body) from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise ApiError(0, type(exc).__name__, str(exc)) from exc
-        data = response.data
+        if not 200 <= status <= 299:
+            raise _api_error(status, reason, data)
         return dict(json.loads(data)) if data else {}
+
+    def _call_new(
+        self, method: str, path: str, body: Any, query: list[tuple[str, str]], headers: dict[str, str]
+    ) -> tuple[int, str, bytes]:
+        serialized = self._client.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=query,
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        method_, url, headers_, body_, post = serialized
+        response = self._client.call_api(
+            method_, url, header_params=headers_, body=body_, post_params=post, _request_timeout=self._timeout
+        )
+        response.read()
+        return int(response.status), str(response.reason or ""), bytes(response.data or b"")
+
+    def _call_old(
+        self, method: str, path: str, body: Any, query: list[tuple[str, str]], headers: dict[str, str]
+    ) -> tuple[int, str, bytes]:
+        response = self._client.call_api(
+            path,
+            method,
+            query_params=query,
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _return_http_data_only=True,
+            _request_timeout=self._timeout,
+        )
+        return int(response.status), str(response.reason or ""), bytes(response.data or b"")
 
     def get(self, path: str) -> dict[str, Any] | None:
         """The object, or None when it does not exist."""
@@ -132,11 +160,11 @@ class KubeApi:
         return self._call("PATCH", path, body=dict(body), content_type=MERGE_PATCH)
 
 
-def _api_error(exc: Any) -> ApiError:
-    message = str(exc.reason or "")
+def _api_error(status: int, reason: str, body: Any) -> ApiError:
+    message = reason
     try:
-        payload = json.loads(exc.body or "{}")
+        payload = json.loads(body or "{}")
         message = str(payload.get("message") or message)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, AttributeError):
         pass
-    return ApiError(int(exc.status or 0), str(exc.reason or "Error"), message)
+    return ApiError(status, reason or "Error", message)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -31,7 +30,9 @@ from blackwell_operator.status import (
     child_conditions,
     child_message,
     child_phase,
+    merge_patch_to,
     now_rfc3339,
+    plan_document,
     set_condition,
     summary_message,
 )
@@ -383,8 +384,10 @@ class Reconciler:
             changes: dict[str, Any] = {"observedGeneration": generation}
             if result.plan is not None and (result.write_plan or not status.get("plan")):
                 plan = result.plan
+                document = plan_document(plan.to_json())
+                if status.get("plan") != document:
+                    changes["plan"] = merge_patch_to(status.get("plan"), document)
                 changes.update(
-                    plan=json.loads(plan.to_json()),
                     precision=plan.chosen.precision.value,
                     microBatchSize=plan.chosen.micro_batch_size,
                     activationCheckpointing=plan.chosen.activation_checkpointing.value,

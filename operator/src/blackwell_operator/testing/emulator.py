@@ -297,6 +297,11 @@ class HardenedEmulator(kmock.KubernetesEmulator):
             return None
         return dict(self.objects[key].raw)
 
+    @property
+    def requests(self) -> list[rendering.Request]:
+        """Every request served so far, in order."""
+        return list(self)
+
     # -- internals --
 
     def _next_rv(self) -> str:

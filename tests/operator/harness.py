@@ -1,0 +1,255 @@
+"""The integration harness: the hardened KMock emulator as API server, the real operator under KopfRunner."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import kmock
+import kopf
+import yaml
+from kopf.testing import KopfRunner
+
+import blackwell_operator.handlers as handlers
+from blackwell_operator.testing.emulator import BTJ_RESOURCE, PYTORCHJOB_RESOURCE, HardenedEmulator
+
+NAMESPACE = "hyperpod-ns-team-a"
+BTJS = f"/apis/training.blackwell.dev/v1alpha1/namespaces/{NAMESPACE}/blackwelltrainingjobs"
+PYTORCHJOBS = f"/apis/kubeflow.org/v1/namespaces/{NAMESPACE}/pytorchjobs"
+HYPERPODJOBS = f"/apis/sagemaker.amazonaws.com/v1/namespaces/{NAMESPACE}/hyperpodpytorchjobs"
+CONFIGMAPS = f"/api/v1/namespaces/{NAMESPACE}/configmaps"
+B200 = "ml.p6-b200.48xlarge"
+
+
+def btj(name: str, **spec: Any) -> dict[str, Any]:
+    """A BTJ manifest: the embedded example's spec with `spec` overrides (a key set to None is removed)."""
+    base: dict[str, Any] = {
+        "model": {"preset": "llama3.1-8b"},
+        "cluster": {"instanceType": B200, "nodes": 2},
+        "training": {"sequenceLength": 8192, "steps": 1000},
+        "image": "ghcr.io/blackwell-dev/blackwell-trainer:0.1.0",
+    }
+    for key, value in spec.items():
+        if value is None:
+            base.pop(key, None)
+        else:
+            base[key] = value
+    return {
+        "apiVersion": "training.blackwell.dev/v1alpha1",
+        "kind": "BlackwellTrainingJob",
+        "metadata": {
+            "name": name,
+            "namespace": NAMESPACE,
+            "labels": {"team": "a", "app.kubernetes.io/instance": "argo-app"},
+        },
+        "spec": base,
+    }
+
+
+def node(name: str, instance_type: str = B200, health: str = "Schedulable") -> dict[str, Any]:
+    """A HyperPod node with its instance-type and health labels."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "node.kubernetes.io/instance-type": instance_type,
+                "sagemaker.amazonaws.com/node-health-status": health,
+            },
+        },
+    }
+
+
+async def wait_for(predicate: Callable[[], Any], *, timeout: float = 15.0, what: str = "condition") -> Any:
+    """Poll every 20 ms until `predicate()` is truthy; fail with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = predicate()
+        except (KeyError, TypeError, IndexError):
+            value = None
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+class Cluster:
+    """Test-side view of the emulated cluster: HTTP calls like kubectl's, reads straight from the store."""
+
+    def __init__(self, emulator: HardenedEmulator) -> None:
+        self.k = emulator
+
+    @property
+    def url(self) -> str:
+        return str(self.k.url).rstrip("/")
+
+    async def _json(self, method: str, path: str, body: Any = None, content_type: str | None = None) -> Any:
+        headers = {"Content-Type": content_type} if content_type else None
+        response = await self.k.request(method, path, json=body, headers=headers)
+        payload = await response.json()
+        if response.status >= 400:
+            raise AssertionError(f"{method} {path}: HTTP {response.status}: {payload.get('message')}")
+        return payload
+
+    async def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        """POST a BTJ."""
+        result: dict[str, Any] = await self._json("POST", BTJS, copy.deepcopy(dict(manifest)))
+        return result
+
+    async def patch_spec(self, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """Merge-patch a BTJ's spec, as `kubectl patch --type=merge` does."""
+        result: dict[str, Any] = await self._json(
+            "PATCH", f"{BTJS}/{name}", {"spec": dict(spec)}, "application/merge-patch+json"
+        )
+        return result
+
+    async def delete_btj(self, name: str) -> None:
+        await self._json("DELETE", f"{BTJS}/{name}")
+
+    async def set_child_status(
+        self, name: str, status: Mapping[str, Any], *, collection: str = PYTORCHJOBS
+    ) -> None:
+        """Play the training operator: merge-patch the job's /status."""
+        await self._json(
+            "PATCH", f"{collection}/{name}/status", {"status": dict(status)}, "application/merge-patch+json"
+        )
+
+    async def add_node(self, manifest: Mapping[str, Any]) -> None:
+        await self._json("POST", "/api/v1/nodes", dict(manifest))
+
+    def btj(self, name: str) -> dict[str, Any] | None:
+        return self.k.get_object(BTJ_RESOURCE, NAMESPACE, name)
+
+    def status(self, name: str) -> dict[str, Any]:
+        obj = self.btj(name) or {}
+        return dict(obj.get("status") or {})
+
+    def condition(self, name: str, type_: str) -> dict[str, Any] | None:
+        for cond in self.status(name).get("conditions") or []:
+            if cond.get("type") == type_:
+                return dict(cond)
+        return None
+
+    def job(self, name: str, resource: str = PYTORCHJOB_RESOURCE) -> dict[str, Any] | None:
+        return self.k.get_object(resource, NAMESPACE, name)
+
+    def config_map(self, name: str) -> dict[str, Any] | None:
+        return self.k.get_object("v1/configmaps", NAMESPACE, name)
+
+    def events(self, involved: str) -> list[dict[str, Any]]:
+        return [
+            e
+            for e in self.k.live_objects("v1/events", NAMESPACE)
+            if (e.get("involvedObject") or {}).get("name") == involved
+        ]
+
+    def creates(self, plural: str) -> int:
+        """POST requests seen for a resource (successful or not)."""
+        return sum(
+            1
+            for r in self.k.requests
+            if r.method == kmock.method.POST and r.resource is not None and r.resource.plural == plural
+        )
+
+
+def verb_of(request: Any) -> str | None:
+    """The RBAC verb of a recorded request."""
+    method = request.method.value
+    if method == "GET":
+        if request.params.get("watch") in ("true", "1"):
+            return "watch"
+        return "get" if request.name else "list"
+    return {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}.get(method)
+
+
+def api_calls(requests: Any) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource[/subresource], verb) of every resource request (discovery excluded)."""
+    calls = set()
+    for request in requests:
+        resource = request.resource
+        if resource is None or not resource.plural:
+            continue
+        verb = verb_of(request)
+        if verb is None:
+            continue
+        plural = resource.plural + (f"/{request.subresource}" if request.subresource else "")
+        calls.add((resource.group or "", plural, verb))
+    return calls
+
+
+def write_kubeconfig(path: Path, server: str) -> Path:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "kmock",
+        "clusters": [{"name": "kmock", "cluster": {"server": server}}],
+        "users": [{"name": "kmock", "user": {"token": "test-token"}}],
+        "contexts": [
+            {"name": "kmock", "context": {"cluster": "kmock", "user": "kmock", "namespace": NAMESPACE}}
+        ],
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def operator_registry(server: str) -> kopf.OperatorRegistry:
+    """A fresh registry with every operator handler and a login for the emulator."""
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry)
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(
+            server=server, scheme="Bearer", token="test-token", default_namespace=NAMESPACE
+        )
+
+    return registry
+
+
+@contextlib.asynccontextmanager
+async def running_operator(cluster: Cluster, *, namespace: str | None = None) -> AsyncIterator[KopfRunner]:
+    """The real operator in KopfRunner's thread; stopped off the test loop (harness pitfall 7)."""
+    watches_before = _watch_count(cluster)
+    args = ["run", "--standalone"] + (["--namespace", namespace] if namespace else ["--all-namespaces"])
+    runner = KopfRunner(args, registry=operator_registry(cluster.url), timeout=30)
+    runner.__enter__()
+    try:
+        # Ready when it watches BTJs and both child kinds.
+        await wait_for(lambda: _watch_count(cluster) >= watches_before + 3, what="the operator's watches")
+        yield runner
+    except BaseException as exc:
+        await asyncio.to_thread(runner.__exit__, type(exc), exc, exc.__traceback__)
+        raise
+    else:
+        await asyncio.to_thread(runner.__exit__, None, None, None)
+
+
+def _watch_count(cluster: Cluster) -> int:
+    return sum(
+        1
+        for r in cluster.k.requests
+        if verb_of(r) == "watch"
+        and r.resource is not None
+        and r.resource.plural in ("blackwelltrainingjobs", "pytorchjobs", "hyperpodpytorchjobs")
+    )
+
+
+@contextlib.asynccontextmanager
+async def emulated_cluster(nodes: int = 2, unhealthy: int = 0) -> AsyncIterator[Cluster]:
+    """The emulator with the namespace and `nodes` B200 nodes (`unhealthy` of them not Schedulable)."""
+    async with HardenedEmulator() as emulator, kmock.Server(emulator):
+        emulator.declare_resources()
+        cluster = Cluster(emulator)
+        await cluster._json("POST", "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+        for i in range(nodes):
+            health = "Unschedulable" if i < unhealthy else "Schedulable"
+            await cluster.add_node(node(f"hyperpod-i-{i:03d}", health=health))
+        yield cluster
