@@ -1,0 +1,140 @@
+"""Typed calibration profile: what a trainer can do and the constants of the memory and throughput models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from blackwell_trainer.config import ActivationCheckpointing, Precision, PrecisionRecipe, Sharding
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TrainerCapabilities(_Strict):
+    """What the trainer this profile describes can run; the search offers nothing else."""
+
+    activation_checkpointing: list[ActivationCheckpointing]
+    precisions: dict[Precision, list[PrecisionRecipe]]
+    sharding: list[Sharding]
+    context_parallel: bool
+    compile: bool = Field(description="Blocks are torch.compile'd (fuses elementwise work).")
+    loss_chunk_tokens: int = Field(ge=0, description="Cross-entropy chunk in tokens; 0 = full fp32 logits.")
+    max_micro_batch_size: int = Field(default=256, ge=1)
+
+
+class MemoryConstants(_Strict):
+    """Bytes, per parameter or per token, of each named memory component."""
+
+    master_param_bytes: float
+    gradient_bytes: float
+    optimizer_bytes: float
+    compute_param_bytes: float
+    # Saved activations per token per layer, as bytes per unit of width (h, q, kv, F, heads).
+    act_hidden: float
+    act_q: float
+    act_kv: float
+    act_ffn: float
+    act_heads: float
+    selective_hidden: float
+    selective_q: float
+    selective_kv: float
+    selective_ffn: float
+    selective_heads: float
+    full_hidden: float
+    outside_layers_hidden: float
+    loss_bytes_per_logit: float
+    chunked_loss_bytes_per_logit: float
+    fsdp_blocks_in_flight: float
+    fsdp_grad_bytes: float
+    optimizer_phase_root_bytes: float
+    cuda_context_bytes: float
+    nccl_bytes_per_group: float
+    allocator_workspace_bytes: float
+    fragmentation_base_bytes: float
+    fragmentation_dynamic: float
+    fragmentation_static: float
+    fragmentation_optimizer: float
+    precision_weight_bytes: dict[PrecisionRecipe, float]
+
+
+class RecipeConstants(_Strict):
+    """GEMM behaviour of one precision recipe on one GPU generation."""
+
+    efficiency: float = Field(
+        gt=0, le=1, description="Fraction of the format's dense peak a large GEMM reaches."
+    )
+    gemm_overhead_seconds: float = Field(ge=0, description="Fixed GPU time per GEMM (launch, tails).")
+    quant_bytes_per_element: float = Field(
+        ge=0, description="HBM bytes moved per input/weight/output element to cast, scale and transpose."
+    )
+    cpu_seconds_per_linear: float = Field(ge=0, description="Host time to issue one linear's fwd+bwd.")
+
+
+class ThroughputConstants(_Strict):
+    """Efficiencies and traffic of the time model."""
+
+    recipes: dict[str, dict[PrecisionRecipe, RecipeConstants]] = Field(
+        description="Keyed by compute-capability major ('9' Hopper, '10' Blackwell), then recipe."
+    )
+    attention_efficiency: float
+    memory_bandwidth_efficiency: float
+    elementwise_bytes_hidden: float
+    elementwise_bytes_ffn: float
+    elementwise_forward_fraction: float
+    eager_elementwise_factor: float
+    loss_traffic_bytes_per_logit: float
+    selective_recompute_gemm_fraction: float
+    selective_recompute_elementwise_fraction: float
+    optimizer_bytes_per_param: float
+    fsdp_copy_bytes_per_param: float
+    step_overhead_seconds: float
+    cpu_seconds_per_layer: float
+    nccl_bus_efficiency: float
+    comm_overlap: float
+
+
+class Calibration(_Strict):
+    """A named calibration: a trainer's capabilities plus the constants, each with its provenance."""
+
+    name: str
+    description: str
+    status: str = Field(description="measured, derived or mixed: how far the constants are from measurement.")
+    trainer: TrainerCapabilities
+    memory: MemoryConstants
+    throughput: ThroughputConstants
+    sources: dict[str, str] = Field(description="Provenance of every constant, keyed by section.field.")
+
+    @model_validator(mode="after")
+    def _every_constant_has_a_source(self) -> Calibration:
+        missing = [
+            key
+            for key in self.constant_keys()
+            if key not in self.sources and _section(key) not in self.sources
+        ]
+        if missing:
+            raise ValueError(f"calibration {self.name!r}: constants without a source: {', '.join(missing)}")
+        return self
+
+    def constant_keys(self) -> list[str]:
+        """Dotted names of every constant (memory.* and throughput.*)."""
+        keys: list[str] = []
+        for section in ("memory", "throughput"):
+            dumped: dict[str, Any] = getattr(self, section).model_dump()
+            keys.extend(f"{section}.{field}" for field in dumped)
+        return keys
+
+    def recipe(self, cc_major: int, recipe: PrecisionRecipe) -> RecipeConstants:
+        """Constants of a recipe on a GPU generation (the newest generation known at or below it)."""
+        known = sorted((int(k) for k in self.throughput.recipes), reverse=True)
+        for major in known:
+            table = self.throughput.recipes[str(major)]
+            if major <= cc_major and recipe in table:
+                return table[recipe]
+        raise KeyError(f"calibration {self.name!r} has no constants for {recipe} on CC {cc_major}.x")
+
+
+def _section(key: str) -> str:
+    return key.rsplit(".", 1)[0]

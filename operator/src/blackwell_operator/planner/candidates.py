@@ -1,0 +1,135 @@
+"""Enumerate the candidate families the search scores: precision x recipe x AC x sharding x context parallel.
+
+Only what the GPU supports and the calibrated trainer can run is offered; pinned spec values narrow the set
+or are rejected with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from blackwell_operator.calibration import Calibration
+from blackwell_operator.errors import PlanningError
+from blackwell_operator.models.spec import AUTO, TuningSpec
+from blackwell_operator.planner.layout import Hardware, Setting
+from blackwell_trainer.config import ActivationCheckpointing, Precision, Sharding
+
+# Context-parallel ranks keep at least this many tokens of a sequence; shorter slices only add communication.
+MIN_TOKENS_PER_CP_RANK = 4096
+CP_DEGREES = (2, 4, 8, 16, 32, 64)
+
+
+@dataclass(frozen=True)
+class Pins:
+    """Spec values the user fixed (None = auto)."""
+
+    precision: Precision | None = None
+    activation_checkpointing: ActivationCheckpointing | None = None
+    micro_batch_size: int | None = None
+    sharding: Sharding | None = None
+    context_parallel: int | None = None
+
+    @classmethod
+    def of(cls, tuning: TuningSpec) -> Pins:
+        """Read the pins of a spec's tuning section."""
+        return cls(
+            precision=None if tuning.precision == AUTO else Precision(tuning.precision),
+            activation_checkpointing=None
+            if tuning.activation_checkpointing == AUTO
+            else ActivationCheckpointing(tuning.activation_checkpointing),
+            micro_batch_size=None if tuning.micro_batch_size == AUTO else int(tuning.micro_batch_size),
+            sharding=None if tuning.sharding == AUTO else Sharding(tuning.sharding),
+            context_parallel=None if tuning.context_parallel == AUTO else int(tuning.context_parallel),
+        )
+
+
+def _precisions(pins: Pins, hw: Hardware, cal: Calibration) -> list[Precision]:
+    gpu = hw.gpu
+    if pins.precision is None:
+        return [p for p in Precision if p in gpu.precisions and p in cal.trainer.precisions]
+    p = pins.precision
+    if p not in gpu.precisions:
+        need = (
+            "compute capability 10.x (Blackwell)" if p in (Precision.MXFP8, Precision.NVFP4) else "an FP8 GPU"
+        )
+        usable = " or ".join(q.value for q in reversed(list(gpu.precisions)))
+        raise PlanningError(
+            "spec.tuning.precision",
+            f"{p.value} needs {need}; {hw.instance.instance_type} has {gpu.name} ({gpu.compute_capability})",
+            f"use {usable}",
+        )
+    if p not in cal.trainer.precisions:
+        offered = ", ".join(q.value for q in cal.trainer.precisions)
+        raise PlanningError(
+            "spec.tuning.precision",
+            f"the trainer of calibration {cal.name!r} cannot train in {p.value}",
+            f"use one of {offered}",
+        )
+    return [p]
+
+
+def _checkpointing(pins: Pins, cal: Calibration) -> list[ActivationCheckpointing]:
+    if pins.activation_checkpointing is None:
+        return list(cal.trainer.activation_checkpointing)
+    if pins.activation_checkpointing not in cal.trainer.activation_checkpointing:
+        offered = ", ".join(a.value for a in cal.trainer.activation_checkpointing)
+        mode = pins.activation_checkpointing.value
+        raise PlanningError(
+            "spec.tuning.activationCheckpointing",
+            f"the trainer of calibration {cal.name!r} has no {mode} checkpointing",
+            f"use auto or one of {offered}",
+        )
+    return [pins.activation_checkpointing]
+
+
+def _sharding(pins: Pins, hw: Hardware, cal: Calibration) -> list[Sharding]:
+    if pins.sharding is not None:
+        return [pins.sharding]
+    # Hybrid on one node is the same layout as full sharding: do not score it twice.
+    return [s for s in cal.trainer.sharding if not (s is Sharding.HYBRID and hw.nodes == 1)]
+
+
+def context_parallel_degrees(pins: Pins, hw: Hardware, cal: Calibration, sequence_length: int) -> list[int]:
+    """Context-parallel degrees worth scoring for this sequence length."""
+    if pins.context_parallel is not None:
+        cp = pins.context_parallel
+        if cp > 1 and not cal.trainer.context_parallel:
+            raise PlanningError(
+                "spec.tuning.contextParallel",
+                f"the trainer of calibration {cal.name!r} has no context parallelism",
+                "use auto or 1",
+            )
+        if hw.world % cp or sequence_length % (2 * cp):
+            raise PlanningError(
+                "spec.tuning.contextParallel",
+                f"{cp} must divide the {hw.world} GPUs and half the sequence length {sequence_length}",
+                "use auto or a power of two that divides both",
+            )
+        return [cp]
+    degrees = [1]
+    if cal.trainer.context_parallel:
+        degrees += [
+            c
+            for c in CP_DEGREES
+            if c <= hw.world
+            and hw.world % c == 0
+            and sequence_length % (2 * c) == 0
+            and sequence_length // c >= MIN_TOKENS_PER_CP_RANK
+        ]
+    return degrees
+
+
+def families(
+    pins: Pins, hw: Hardware, cal: Calibration, sequence_length: int, compile_blocks: bool = True
+) -> list[Setting]:
+    """Every candidate family (micro-batch size 1 as a placeholder)."""
+    compiled = compile_blocks and cal.trainer.compile
+    out: list[Setting] = []
+    for precision in _precisions(pins, hw, cal):
+        recipes = [r for r in cal.trainer.precisions[precision] if r in hw.gpu.precisions[precision]]
+        for recipe in recipes:
+            for ac in _checkpointing(pins, cal):
+                for sharding in _sharding(pins, hw, cal):
+                    for cp in context_parallel_degrees(pins, hw, cal, sequence_length):
+                        out.append(Setting(precision, recipe, ac, 1, sharding, cp, compiled))
+    return out

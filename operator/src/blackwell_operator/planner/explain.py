@@ -1,0 +1,125 @@
+"""Human-readable reasons: why the winner won, why each runner-up lost, and why a job cannot be planned."""
+
+from __future__ import annotations
+
+from blackwell_operator.catalogs import GIB
+from blackwell_operator.planner.search import Scored, SearchResult
+from blackwell_trainer.config import ActivationCheckpointing, Precision
+
+
+def gib(n: float) -> str:
+    """Bytes as GiB with one decimal."""
+    return f"{n / GIB:.1f} GiB"
+
+
+def describe(s: Scored) -> str:
+    """A candidate in a few words."""
+    st = s.setting
+    recipe = "" if st.recipe.value == "none" else f"/{st.recipe.value}"
+    cp = f", cp {st.context_parallel}" if st.context_parallel > 1 else ""
+    return (
+        f"{st.precision.value}{recipe}, AC {st.activation_checkpointing.value}, mbs {st.micro_batch_size}, "
+        f"{st.sharding.value} sharding{cp}"
+    )
+
+
+def loss_reason(winner: Scored, other: Scored, budget: float) -> str:
+    """Why `other` lost to `winner`."""
+    if not other.fits:
+        return f"needs {gib(other.memory.peak_reserved)} > {gib(budget)} budget"
+    slower = 1.0 - other.tokens_per_second / winner.tokens_per_second
+    if slower > 0.0005:
+        return f"{slower:.1%} slower"
+    return "as fast, but uses more memory or a larger micro-batch"
+
+
+def _pct(a: float, b: float) -> str:
+    return f"{(a / b - 1.0):+.1%}"
+
+
+def explain(winner: Scored, result: SearchResult, budget: float) -> list[str]:
+    """Short reasons for each chosen value, from the scored candidates."""
+    st, mem = winner.setting, winner.memory
+    lines: list[str] = []
+
+    best_by = _best_by(result)
+    bf16 = best_by["precision"].get(Precision.BF16.value)
+    if st.precision is Precision.BF16:
+        lows = [s for k, s in best_by["precision"].items() if k != Precision.BF16.value]
+        if lows:
+            best_low = max(lows, key=lambda s: s.tokens_per_second)
+            lines.append(
+                f"precision bf16: the best low-precision option ({best_low.setting.precision.value}/"
+                f"{best_low.setting.recipe.value}) is "
+                f"{_pct(best_low.tokens_per_second, winner.tokens_per_second)}"
+                " at these GEMM shapes (casting and host overheads outweigh the faster GEMMs)"
+            )
+        else:
+            lines.append("precision bf16: the only precision this GPU and trainer offer")
+    elif bf16 is not None:
+        lines.append(
+            f"precision {st.precision.value} ({st.recipe.value}): "
+            f"{_pct(winner.tokens_per_second, bf16.tokens_per_second)} tokens/s over the best bf16 candidate"
+        )
+    else:
+        lines.append(f"precision {st.precision.value} ({st.recipe.value}): pinned")
+
+    for mode in ActivationCheckpointing:
+        other = best_by["ac"].get(mode.value)
+        if other is None or mode is st.activation_checkpointing:
+            continue
+        lines.append(
+            f"activation checkpointing {st.activation_checkpointing.value}: {mode.value} would be "
+            f"{loss_reason(winner, other, budget)} (best: mbs {other.setting.micro_batch_size})"
+        )
+
+    fam = next(f for f in result.families if f.family.family == st.family)
+    mbs_line = f"micro-batch {st.micro_batch_size}"
+    if fam.first_too_big is not None and fam.max_fitting_mbs == st.micro_batch_size:
+        mbs_line += (
+            f" is the largest that fits (mbs {fam.first_too_big.setting.micro_batch_size} needs "
+            f"{gib(fam.first_too_big.memory.peak_reserved)} > {gib(budget)})"
+        )
+    elif fam.max_fitting_mbs > st.micro_batch_size:
+        mbs_line += (
+            f" (up to {fam.max_fitting_mbs} fits; this size gives the best tokens/s for the global batch)"
+        )
+    else:
+        mbs_line += " (the largest the global batch or trainer allows)"
+    lines.append(mbs_line)
+
+    states = gib(mem.parameters + mem.gradients + mem.optimizer_states)
+    others = _other(best_by["sharding"], st.sharding.value, winner, budget)
+    lines.append(f"sharding {st.sharding.value}: model states {states} per GPU{others}")
+    if st.context_parallel > 1 or len(best_by["cp"]) > 1:
+        lines.append(
+            f"context parallel {st.context_parallel}"
+            + _other(best_by["cp"], str(st.context_parallel), winner, budget)
+        )
+    if winner.gradient_accumulation_steps > 1:
+        lines.append(f"gradient accumulation {winner.gradient_accumulation_steps} reaches the global batch")
+    lines.append(
+        f"peak {gib(mem.peak_reserved)} of {gib(budget)} budget in the {mem.peak_phase} phase "
+        f"(allocated {gib(mem.peak_allocated)}, fragmentation {gib(mem.fragmentation)})"
+    )
+    return lines
+
+
+def _other(best: dict[str, Scored], chosen: str, winner: Scored, budget: float) -> str:
+    others = [f"{k} {loss_reason(winner, s, budget)}" for k, s in best.items() if k != chosen]
+    return f"; {', '.join(others)}" if others else ""
+
+
+def _best_by(result: SearchResult) -> dict[str, dict[str, Scored]]:
+    """The best feasible candidate for each value of each knob."""
+    out: dict[str, dict[str, Scored]] = {"precision": {}, "ac": {}, "sharding": {}, "cp": {}}
+    for s in result.ranked:  # ranked best first: the first seen per value is its best
+        st = s.setting
+        for knob, value in (
+            ("precision", st.precision.value),
+            ("ac", st.activation_checkpointing.value),
+            ("sharding", st.sharding.value),
+            ("cp", str(st.context_parallel)),
+        ):
+            out[knob].setdefault(value, s)
+    return out

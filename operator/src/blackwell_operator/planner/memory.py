@@ -1,0 +1,175 @@
+"""Per-GPU memory model: named components, the phase that holds the peak, and allocator fragmentation."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from blackwell_operator.calibration import Calibration
+from blackwell_operator.planner.layout import Layout, Setting
+from blackwell_operator.planner.shapes import Shapes
+from blackwell_trainer.config import ActivationCheckpointing, MemoryBreakdown
+
+AC = ActivationCheckpointing
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Predicted per-GPU memory, bytes. peak_reserved is what must fit in the GPU."""
+
+    parameters: int
+    gradients: int
+    optimizer_states: int
+    activations: int
+    loss: int
+    fsdp_transient: int
+    precision_overhead: int
+    workspace: int
+    fragmentation: int
+    peak_phase: str
+    peak_allocated: int
+    allocator_reserved: int
+    outside_allocator: int
+
+    @property
+    def peak_reserved(self) -> int:
+        """Everything that must fit: the allocator's reserved pool plus CUDA context and NCCL buffers."""
+        return self.allocator_reserved + self.outside_allocator
+
+    def to_breakdown(self) -> MemoryBreakdown:
+        """The wire form carried in the plan."""
+        return MemoryBreakdown(
+            parameters=self.parameters,
+            gradients=self.gradients,
+            optimizer_states=self.optimizer_states,
+            activations=self.activations,
+            loss=self.loss,
+            fsdp_transient=self.fsdp_transient,
+            precision_overhead=self.precision_overhead,
+            workspace=self.workspace,
+            fragmentation=self.fragmentation,
+            peak_phase=self.peak_phase,
+            peak_allocated=self.peak_allocated,
+            peak_reserved=self.peak_reserved,
+        )
+
+
+def tokens_per_gpu(setting: Setting, sequence_length: int) -> int:
+    """Tokens one GPU holds per micro-batch (a context-parallel rank holds 1/cp of each sequence)."""
+    return setting.micro_batch_size * sequence_length // setting.context_parallel
+
+
+def activation_bytes_per_token_layer(
+    shapes: Shapes, cal: Calibration, mode: ActivationCheckpointing
+) -> float:
+    """Saved activation bytes per token per block for a checkpointing mode."""
+    m = cal.memory
+    if mode is AC.FULL:
+        return m.full_hidden * shapes.hidden
+    if mode is AC.SELECTIVE:
+        return (
+            m.selective_hidden * shapes.hidden
+            + m.selective_q * shapes.q_dim
+            + m.selective_kv * shapes.kv_dim
+            + m.selective_ffn * shapes.ffn
+            + m.selective_heads * shapes.heads
+        )
+    return (
+        m.act_hidden * shapes.hidden
+        + m.act_q * shapes.q_dim
+        + m.act_kv * shapes.kv_dim
+        + m.act_ffn * shapes.ffn
+        + m.act_heads * shapes.heads
+    )
+
+
+def loss_bytes(shapes: Shapes, cal: Calibration, tokens: int) -> float:
+    """The logits/cross-entropy transient: full fp32 logits, or one chunk of them."""
+    chunk = cal.trainer.loss_chunk_tokens
+    if chunk <= 0:
+        return tokens * shapes.vocab * cal.memory.loss_bytes_per_logit
+    return min(tokens, chunk) * shapes.vocab * cal.memory.chunked_loss_bytes_per_logit
+
+
+def estimate_memory(
+    shapes: Shapes,
+    cal: Calibration,
+    setting: Setting,
+    layout: Layout,
+    sequence_length: int,
+    gradient_accumulation_steps: int = 1,
+) -> MemoryEstimate:
+    """Predict the per-GPU memory of one setting at its peak phase."""
+    m = cal.memory
+    shard = layout.shard_degree
+    psi = shapes.total_params
+    params = math.ceil(m.master_param_bytes * psi / shard)
+    grads = math.ceil(m.gradient_bytes * psi / shard)
+    optim = math.ceil(m.optimizer_bytes * psi / shard)
+
+    tokens = tokens_per_gpu(setting, sequence_length)
+    mode = setting.activation_checkpointing
+    saved = tokens * (
+        shapes.layers * activation_bytes_per_token_layer(shapes, cal, mode)
+        + m.outside_layers_hidden * shapes.hidden
+    )
+    # During a checkpointed block's backward its full activations exist again, for one block at a time.
+    recompute = 0.0 if mode is AC.NONE else tokens * activation_bytes_per_token_layer(shapes, cal, AC.NONE)
+    loss = loss_bytes(shapes, cal, tokens)
+
+    # FSDP2 keeps the root (embeddings, head) unsharded through forward and backward, and gathers blocks
+    # one or two ahead; backward adds one block's unsharded gradients before the reduce-scatter.
+    fsdp_fwd = m.compute_param_bytes * (shapes.root_params + m.fsdp_blocks_in_flight * shapes.block_params)
+    fsdp_bwd = m.fsdp_grad_bytes * shapes.block_params
+    precision = (
+        m.precision_weight_bytes.get(setting.recipe, 0.0)
+        * shapes.block_linear_params
+        * (m.fsdp_blocks_in_flight)
+    )
+    workspace_inside = m.allocator_workspace_bytes
+    outside = m.cuda_context_bytes + m.nccl_bytes_per_group * layout.process_groups
+
+    # Phase 1, start of backward: every saved activation, then the larger of the loss spike and one
+    # recomputed block with its unsharded gradients (they do not coexist).
+    accumulating = grads if gradient_accumulation_steps > 1 else 0
+    static = params + optim + accumulating
+    loss_path = loss >= recompute + fsdp_bwd
+    dynamic = saved + (loss if loss_path else recompute + fsdp_bwd)
+    backward = static + dynamic + fsdp_fwd + precision + workspace_inside
+    # Phase 2, end of backward into the optimizer step: all states plus the root's unsharded copies.
+    root_copies = m.optimizer_phase_root_bytes * shapes.root_params
+    optimizer = params + grads + optim + root_copies + precision + workspace_inside
+
+    reserved_backward = backward + m.fragmentation_base_bytes + m.fragmentation_dynamic * dynamic
+    reserved_backward += m.fragmentation_static * static
+    reserved_optimizer = optimizer + m.fragmentation_base_bytes + m.fragmentation_optimizer * optimizer
+    # The caching allocator's pool is a high-water mark: it keeps what the larger phase reserved.
+    reserved = max(reserved_backward, reserved_optimizer)
+    if backward >= optimizer:
+        allocated = backward
+        parts = {
+            "gradients": accumulating,
+            "activations": saved + (0.0 if loss_path else recompute),
+            "loss": loss if loss_path else 0.0,
+            "fsdp_transient": fsdp_fwd + (0.0 if loss_path else fsdp_bwd),
+        }
+        phase = "backward"
+    else:
+        allocated = optimizer
+        parts = {"gradients": grads, "activations": 0.0, "loss": 0.0, "fsdp_transient": root_copies}
+        phase = "optimizer"
+    return MemoryEstimate(
+        parameters=params,
+        gradients=round(parts["gradients"]),
+        optimizer_states=optim,
+        activations=round(parts["activations"]),
+        loss=round(parts["loss"]),
+        fsdp_transient=round(parts["fsdp_transient"]),
+        precision_overhead=round(precision),
+        workspace=round(workspace_inside + outside),
+        fragmentation=round(max(reserved, allocated) - allocated),
+        peak_phase=phase,
+        peak_allocated=round(allocated),
+        allocator_reserved=round(max(reserved, allocated)),
+        outside_allocator=round(outside),
+    )

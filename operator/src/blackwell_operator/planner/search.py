@@ -1,0 +1,169 @@
+"""Search: per family, binary-search the largest micro-batch that fits, score a spread, rank by tokens/s."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from blackwell_operator.calibration import Calibration
+from blackwell_operator.planner.layout import Hardware, Layout, Setting
+from blackwell_operator.planner.memory import MemoryEstimate, estimate_memory
+from blackwell_operator.planner.shapes import Shapes
+from blackwell_operator.planner.throughput import TimeEstimate, estimate_time
+
+# With a global batch, accumulation rounding makes tokens/s non-monotone in the micro-batch: score every
+# size up to this many, a spread above it.
+EXHAUSTIVE_MBS = 32
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A fully evaluated candidate."""
+
+    setting: Setting
+    gradient_accumulation_steps: int
+    memory: MemoryEstimate
+    time: TimeEstimate | None
+    fits: bool
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Predicted tokens/s per GPU (0 when not scored)."""
+        return self.time.tokens_per_second_per_gpu if self.time else 0.0
+
+
+@dataclass
+class FamilyResult:
+    """What the search learned about one family."""
+
+    family: Setting
+    max_fitting_mbs: int
+    scored: list[Scored] = field(default_factory=list)
+    first_too_big: Scored | None = None
+
+
+@dataclass
+class SearchResult:
+    """All families, the ranked feasible candidates, and how many evaluations it took."""
+
+    families: list[FamilyResult]
+    ranked: list[Scored]
+    evaluations: int
+
+    @property
+    def best(self) -> Scored | None:
+        """The winner, if anything fits."""
+        return self.ranked[0] if self.ranked else None
+
+
+@dataclass
+class Problem:
+    """Everything fixed for one search."""
+
+    shapes: Shapes
+    hw: Hardware
+    cal: Calibration
+    sequence_length: int
+    global_batch_tokens: int | None
+    budget_bytes: float
+    evaluations: int = 0
+
+    def tokens_per_micro_step(self, setting: Setting, mbs: int) -> int:
+        """Tokens all data-parallel ranks process in one micro-step."""
+        return mbs * self.sequence_length * (self.hw.world // setting.context_parallel)
+
+    def max_mbs(self, setting: Setting) -> int:
+        """Largest micro-batch the trainer and the global batch allow."""
+        limit = self.cal.trainer.max_micro_batch_size
+        if self.global_batch_tokens is not None:
+            limit = min(limit, self.global_batch_tokens // self.tokens_per_micro_step(setting, 1))
+        return limit
+
+    def accumulation(self, setting: Setting, mbs: int) -> int:
+        """Gradient accumulation steps that reach the global batch (1 without one)."""
+        if self.global_batch_tokens is None:
+            return 1
+        return max(1, math.ceil(self.global_batch_tokens / self.tokens_per_micro_step(setting, mbs)))
+
+    def memory(self, setting: Setting) -> tuple[MemoryEstimate, int]:
+        """Memory of a setting and its accumulation steps."""
+        self.evaluations += 1
+        ga = self.accumulation(setting, setting.micro_batch_size)
+        layout = Layout.of(setting, self.hw)
+        return estimate_memory(self.shapes, self.cal, setting, layout, self.sequence_length, ga), ga
+
+    def score(self, setting: Setting) -> Scored:
+        """Memory and, when it fits, time."""
+        mem, ga = self.memory(setting)
+        fits = mem.peak_reserved <= self.budget_bytes
+        layout = Layout.of(setting, self.hw)
+        time = estimate_time(self.shapes, self.cal, self.hw, setting, layout, self.sequence_length, ga)
+        return Scored(setting, ga, mem, time, fits)
+
+    def fits(self, setting: Setting) -> bool:
+        """Whether a setting's predicted peak fits the budget."""
+        mem, _ = self.memory(setting)
+        return mem.peak_reserved <= self.budget_bytes
+
+
+def largest_fitting(problem: Problem, family: Setting, upper: int) -> int:
+    """Largest micro-batch in [1, upper] that fits (0 if none): memory grows with the micro-batch."""
+    if upper < 1 or not problem.fits(family.with_mbs(1)):
+        return 0
+    lo, hi = 1, 2
+    while hi <= upper and problem.fits(family.with_mbs(hi)):
+        lo, hi = hi, hi * 2
+    hi = min(hi, upper + 1)
+    while hi - lo > 1:  # invariant: lo fits, hi does not (or is past the limit)
+        mid = (lo + hi) // 2
+        if problem.fits(family.with_mbs(mid)):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def spread(max_fit: int, exhaustive: bool) -> list[int]:
+    """Micro-batch sizes to score: all of them for small ranges, else powers of two plus the largest."""
+    if exhaustive and max_fit <= EXHAUSTIVE_MBS:
+        return list(range(1, max_fit + 1))
+    sizes = {max_fit}
+    size = 1
+    while size < max_fit:
+        sizes.add(size)
+        size *= 2
+    return sorted(sizes)
+
+
+def run_search(problem: Problem, families: list[Setting], pinned_mbs: int | None = None) -> SearchResult:
+    """Score every family and rank the feasible candidates by predicted tokens/s per GPU."""
+    results: list[FamilyResult] = []
+    feasible: list[Scored] = []
+    for family in families:
+        upper = problem.max_mbs(family)
+        if pinned_mbs is not None:
+            scored = problem.score(family.with_mbs(pinned_mbs))
+            valid = pinned_mbs <= upper
+            result = FamilyResult(family, pinned_mbs if scored.fits and valid else 0)
+            if scored.fits and valid:
+                result.scored.append(scored)
+            else:
+                result.first_too_big = scored
+            results.append(result)
+            feasible.extend(result.scored)
+            continue
+        max_fit = largest_fitting(problem, family, upper)
+        result = FamilyResult(family, max_fit)
+        for mbs in spread(max_fit, problem.global_batch_tokens is not None):
+            result.scored.append(problem.score(family.with_mbs(mbs)))
+        if max_fit < upper:
+            result.first_too_big = problem.score(family.with_mbs(max_fit + 1))
+        results.append(result)
+        feasible.extend(result.scored)
+    ranked = sorted(feasible, key=_rank_key)
+    return SearchResult(results, ranked, problem.evaluations)
+
+
+def _rank_key(s: Scored) -> tuple[float, int, int]:
+    # Highest throughput first; ties go to less memory, then to the smaller micro-batch.
+    return (-round(s.tokens_per_second, 6), s.memory.peak_reserved, s.setting.micro_batch_size)

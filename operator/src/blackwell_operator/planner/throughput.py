@@ -1,0 +1,156 @@
+"""Step-time model: GEMMs by precision and shape, attention, recompute, memory-bound work, comms."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from blackwell_operator.calibration import Calibration, RecipeConstants
+from blackwell_operator.planner.layout import Hardware, Layout, Setting
+from blackwell_operator.planner.memory import tokens_per_gpu
+from blackwell_operator.planner.shapes import Shapes
+from blackwell_trainer.config import ActivationCheckpointing, Precision, PrecisionRecipe
+
+AC = ActivationCheckpointing
+
+
+@dataclass(frozen=True)
+class TimeEstimate:
+    """Predicted step time and throughput per GPU."""
+
+    step_time_seconds: float
+    tokens_per_second_per_gpu: float
+    model_flops_utilization: float
+    breakdown: dict[str, float] = field(default_factory=dict)
+
+
+def linear_time(
+    tokens: int, k: int, n: int, rc: RecipeConstants, peak: float, bandwidth: float
+) -> tuple[float, float]:
+    """GPU seconds of one linear's forward and backward (3 GEMMs), and the forward share.
+
+    FLOPs over the format's peak times the recipe's efficiency, plus a fixed cost per GEMM and the
+    memory-bound casting/scaling traffic: small GEMMs gain little or lose from low precision.
+    """
+    flops = 2.0 * tokens * k * n
+    cast = rc.quant_bytes_per_element * (tokens * k + k * n + tokens * n) / bandwidth
+    one = flops / (peak * rc.efficiency) + rc.gemm_overhead_seconds
+    return 3.0 * one + cast, one + cast / 3.0
+
+
+def _collective_seconds(payload: float, group: int, bandwidth: float) -> float:
+    """Ring all-gather / reduce-scatter time of `payload` bytes (the full, unsharded size) over `group`."""
+    if group <= 1:
+        return 0.0
+    return payload * (group - 1) / group / bandwidth
+
+
+def estimate_time(
+    shapes: Shapes,
+    cal: Calibration,
+    hw: Hardware,
+    setting: Setting,
+    layout: Layout,
+    sequence_length: int,
+    gradient_accumulation_steps: int = 1,
+) -> TimeEstimate:
+    """Predict one optimizer step of a setting."""
+    t = cal.throughput
+    gpu = hw.gpu
+    bandwidth = gpu.hbm_bandwidth * t.memory_bandwidth_efficiency
+    tokens = tokens_per_gpu(setting, sequence_length)
+    rc = cal.recipe(gpu.major, setting.recipe)
+    rc_bf16 = cal.recipe(gpu.major, PrecisionRecipe.NONE)
+    peak = gpu.peak_for(setting.precision)
+    peak_bf16 = gpu.peak_for(Precision.BF16)
+
+    gemm_block = gemm_block_fwd = 0.0
+    for k, n in shapes.linears:
+        total, fwd = linear_time(tokens, k, n, rc, peak, bandwidth)
+        gemm_block += total
+        gemm_block_fwd += fwd
+    # The output head stays in BF16 (as in torchtitan/TE practice); it runs once per micro-batch.
+    head, _ = linear_time(tokens, shapes.hidden, shapes.vocab, rc_bf16, peak_bf16, bandwidth)
+
+    # Flash attention, causal: forward 2*s^2*q_dim per sequence, backward 2.5x the forward.
+    seqs = setting.micro_batch_size / setting.context_parallel
+    attn_fwd = (
+        2.0 * seqs * sequence_length * sequence_length * shapes.q_dim / (peak_bf16 * t.attention_efficiency)
+    )
+    attn_block = 3.5 * attn_fwd
+
+    eager = 1.0 if setting.compile or not cal.trainer.compile else t.eager_elementwise_factor
+    elementwise = (
+        eager * tokens * (t.elementwise_bytes_hidden * shapes.hidden + t.elementwise_bytes_ffn * shapes.ffn)
+    )
+    elementwise_block = elementwise / bandwidth
+    loss = tokens * shapes.vocab * t.loss_traffic_bytes_per_logit / bandwidth
+
+    mode = setting.activation_checkpointing
+    if mode is AC.FULL:
+        recompute_block = gemm_block_fwd + attn_fwd + t.elementwise_forward_fraction * elementwise_block
+    elif mode is AC.SELECTIVE:
+        recompute_block = (
+            t.selective_recompute_gemm_fraction * gemm_block_fwd
+            + t.selective_recompute_elementwise_fraction * t.elementwise_forward_fraction * elementwise_block
+        )
+    else:
+        recompute_block = 0.0
+
+    layers = shapes.layers
+    gemm = layers * gemm_block + head
+    attention = layers * attn_block
+    memory_bound = layers * elementwise_block + loss
+    recompute = layers * recompute_block
+    gpu_micro = gemm + attention + memory_bound + recompute
+    # Host time to issue the work; the GPU waits when it is larger (small shapes, eager, TE modules).
+    linears = len(shapes.linears)
+    cpu_layer = linears * rc.cpu_seconds_per_linear + t.cpu_seconds_per_layer
+    cpu_micro = layers * cpu_layer * (1.5 if mode is AC.FULL else 1.0)
+    host_stall = max(0.0, cpu_micro - gpu_micro)
+
+    # FSDP2 per micro-batch: all-gather bf16 params in forward and again in backward, reduce-scatter fp32
+    # grads; HSDP/replicas all-reduce across nodes. Overlaps with compute except the first gather.
+    comm_bw_shard = hw.gpu.nvlink_bandwidth if layout.shard_within_node else hw.efa_bandwidth_per_gpu
+    comm_bw_shard *= t.nccl_bus_efficiency
+    psi = shapes.total_params
+    gather = 2.0 * _collective_seconds(2.0 * psi, layout.shard_degree, comm_bw_shard)
+    scatter = _collective_seconds(4.0 * psi, layout.shard_degree, comm_bw_shard)
+    replica_bw = hw.gpu.nvlink_bandwidth if layout.replicate_within_node else hw.efa_bandwidth_per_gpu
+    replica_bw *= t.nccl_bus_efficiency
+    allreduce = 2.0 * _collective_seconds(
+        4.0 * psi / layout.shard_degree, layout.replicate_degree, replica_bw
+    )
+    fsdp_comm = gather + scatter + allreduce
+    first_gather = gather / 2.0 / max(layers, 1)
+    exposed_fsdp = max(0.0, fsdp_comm - t.comm_overlap * gpu_micro) + first_gather
+
+    # Ring context parallelism passes K/V chunks (and dK/dV in backward) around the cp ranks per layer.
+    exposed_cp = 0.0
+    if setting.context_parallel > 1:
+        cp = setting.context_parallel
+        kv_bytes = 3.0 * (cp - 1) * tokens * shapes.kv_dim * 2 * 2
+        cp_bw = hw.gpu.nvlink_bandwidth if cp <= hw.gpus_per_node else hw.efa_bandwidth_per_gpu
+        cp_comm = layers * kv_bytes / (cp_bw * t.nccl_bus_efficiency)
+        exposed_cp = max(0.0, cp_comm - t.comm_overlap * attention)
+
+    fsdp_copies = t.fsdp_copy_bytes_per_param * psi / bandwidth
+    micro = gpu_micro + host_stall + exposed_fsdp + exposed_cp + fsdp_copies
+    optimizer = t.optimizer_bytes_per_param * psi / layout.shard_degree / bandwidth
+    ga = gradient_accumulation_steps
+    step = ga * micro + optimizer + t.step_overhead_seconds
+    step_tokens = ga * tokens
+    tps = step_tokens / step
+    mfu = tps * shapes.model_flops_per_token(sequence_length) / peak_bf16
+    breakdown = {
+        "gemm": ga * gemm,
+        "attention": ga * attention,
+        "memory_bound": ga * memory_bound,
+        "recompute": ga * recompute,
+        "host_stall": ga * host_stall,
+        "fsdp_copies": ga * fsdp_copies,
+        "fsdp_comm_exposed": ga * exposed_fsdp,
+        "cp_comm_exposed": ga * exposed_cp,
+        "optimizer": optimizer,
+        "step_overhead": t.step_overhead_seconds,
+    }
+    return TimeEstimate(step, tps, mfu, {k: round(v, 6) for k, v in breakdown.items()})
