@@ -1,6 +1,5 @@
 """Pydantic models of the BlackwellTrainingJob: spec, status and the plan (the single source of truth)."""
 
-from blackwell_trainer.config import Architecture, Plan
 from blackwell_operator.models.spec import (
     AUTO,
     Backend,
@@ -12,6 +11,7 @@ from blackwell_operator.models.spec import (
     TuningSpec,
 )
 from blackwell_operator.models.status import BlackwellTrainingJobStatus, ChildReference, Condition, Phase
+from blackwell_trainer.config import Architecture, Plan
 
 __all__ = [
     "AUTO",

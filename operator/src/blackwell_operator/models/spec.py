@@ -5,6 +5,8 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
+from pydantic import Field, model_validator
+
 from blackwell_trainer.config import (
     ActivationCheckpointing,
     Architecture,
@@ -15,7 +17,6 @@ from blackwell_trainer.config import (
     Sharding,
     WireModel,
 )
-from pydantic import Field, model_validator
 
 API_GROUP = "training.blackwell.dev"
 API_VERSION = "v1alpha1"

@@ -5,8 +5,9 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from blackwell_trainer.config import Plan, WireModel
 from pydantic import Field
+
+from blackwell_trainer.config import Plan, WireModel
 
 
 class Phase(StrEnum):
