@@ -15,8 +15,11 @@ app = typer.Typer(
 
 def _register_commands() -> None:
     # Each command lives in its own module; importing it registers it on `app`.
-    from blackwell_operator.cli import manifest  # noqa: F401
-    from blackwell_operator.cli import render  # noqa: F401
+    from blackwell_operator.cli import (
+        manifest,  # noqa: F401
+        plan,  # noqa: F401
+        render,  # noqa: F401
+    )
 
 
 def main() -> None:

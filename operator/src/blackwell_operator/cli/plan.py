@@ -1,0 +1,174 @@
+"""`btj plan` (the tuned plan for a BTJ, offline) and `btj presets` (the model catalog)."""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import yaml
+from blackwell_trainer.config import Plan
+from rich.console import Console
+from rich.table import Table
+
+from blackwell_operator.cli import app
+from blackwell_operator.cli.manifest import ManifestError, load_manifest
+from blackwell_operator.errors import SpecError
+
+GIB = 1 << 30
+
+
+class PlanFormat(StrEnum):
+    """How `btj plan` prints the plan."""
+
+    TABLE = "table"
+    JSON = "json"
+    YAML = "yaml"
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=2)
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:.1f}"
+
+
+def render_plan_tables(plan: Plan, console: Console, *, explain: bool = False) -> None:
+    """The plan as rich tables: chosen configuration, memory, prediction, alternatives."""
+    c, p, m = plan.chosen, plan.predicted, plan.predicted.memory
+    console.print(
+        f"[bold]{plan.job_name}[/]: {plan.model_name} ({plan.parameter_count / 1e9:.2f}B) on {plan.nodes} x "
+        f"{plan.instance_type} ({plan.world_size} x {plan.gpu.name}), sequence {plan.sequence_length}, "
+        f"calibration {plan.calibration}"
+    )
+    chosen = Table(title="Chosen configuration", show_header=False)
+    for key, value in (
+        ("precision", f"{c.precision.value} ({c.precision_recipe.value})"),
+        ("activation checkpointing", c.activation_checkpointing.value),
+        ("micro-batch size", str(c.micro_batch_size)),
+        ("gradient accumulation", str(c.gradient_accumulation_steps)),
+        ("global batch", f"{plan.global_batch_tokens:,} tokens"),
+        ("sharding", f"{c.sharding.value} (shard {c.shard_degree} x replicate {c.replicate_degree})"),
+        ("context parallel", str(c.context_parallel)),
+        ("compile / loss chunk", f"{c.compile} / {c.loss_chunk_tokens} tokens"),
+        ("predicted tokens/s per GPU", f"{p.tokens_per_second_per_gpu:,.0f}"),
+        ("predicted MFU", f"{p.model_flops_utilization:.1%}"),
+        ("predicted step time", f"{p.step_time_seconds:.3f} s"),
+        ("candidates evaluated", str(plan.candidates_evaluated)),
+    ):
+        chosen.add_row(key, value)
+    console.print(chosen)
+
+    memory = Table(title=f"Memory per GPU (GiB), peak in the {m.peak_phase} phase")
+    memory.add_column("component")
+    memory.add_column("GiB", justify="right")
+    for key in (
+        "parameters",
+        "gradients",
+        "optimizer_states",
+        "activations",
+        "loss",
+        "fsdp_transient",
+        "precision_overhead",
+        "workspace",
+        "fragmentation",
+    ):
+        memory.add_row(key.replace("_", " "), _gib(getattr(m, key)))
+    memory.add_row("[bold]peak allocated[/]", _gib(m.peak_allocated))
+    memory.add_row("[bold]peak reserved (must fit)[/]", _gib(m.peak_reserved))
+    memory.add_row("GPU memory", _gib(plan.gpu.memory_bytes))
+    console.print(memory)
+
+    if plan.alternatives:
+        alts = Table(title="Alternatives")
+        for col in ("precision", "AC", "mbs", "sharding", "cp", "tokens/s/GPU", "peak GiB", "why not"):
+            alts.add_column(col)
+        for a in plan.alternatives:
+            ac = a.candidate
+            alts.add_row(
+                f"{ac.precision.value}/{ac.precision_recipe.value}",
+                ac.activation_checkpointing.value,
+                str(ac.micro_batch_size),
+                ac.sharding.value,
+                str(ac.context_parallel),
+                f"{a.prediction.tokens_per_second_per_gpu:,.0f}",
+                _gib(a.prediction.memory.peak_reserved),
+                a.reason,
+            )
+        console.print(alts)
+    if explain:
+        console.print("[bold]Why[/]")
+        for line in plan.explanation:
+            console.print(f"  - {line}")
+        if p.time_breakdown_seconds:
+            parts = ", ".join(f"{k} {v:.3f}s" for k, v in p.time_breakdown_seconds.items() if v > 0)
+            console.print(f"  - step time: {parts}")
+
+
+@app.command()
+def plan(
+    file: Annotated[
+        Path | None, typer.Argument(help="BlackwellTrainingJob manifest; the embedded example if omitted.")
+    ] = None,
+    output: Annotated[
+        PlanFormat, typer.Option("--output", "-o", help="table, json or yaml (json/yaml = status.plan).")
+    ] = PlanFormat.TABLE,
+    explain: Annotated[bool, typer.Option("--explain", help="Also print why each value was chosen.")] = False,
+    calibration: Annotated[
+        str | None, typer.Option("--calibration", help="Calibration data set (default btj-trainer).")
+    ] = None,
+) -> None:
+    """Plan a BTJ offline: the chosen configuration, memory, predicted throughput and alternatives."""
+    try:
+        job = load_manifest(file)
+    except ManifestError as exc:
+        _fail(str(exc))
+        return
+    from blackwell_operator.calibration import list_calibrations, load_calibration
+    from blackwell_operator.planner import plan_job
+
+    if calibration is not None and calibration not in list_calibrations():
+        _fail(f"--calibration: unknown {calibration!r}; use one of {', '.join(list_calibrations())}")
+    cal = load_calibration(calibration) if calibration else None
+    try:
+        result = plan_job(job.spec, job_name=job.metadata.name, calibration=cal)
+    except SpecError as exc:
+        _fail(exc.message)
+        return
+    if output is PlanFormat.JSON:
+        typer.echo(result.to_json())
+    elif output is PlanFormat.YAML:
+        typer.echo(yaml.safe_dump(json.loads(result.to_json()), sort_keys=False), nl=False)
+    else:
+        render_plan_tables(result, Console(width=140), explain=explain)
+    if explain and output is not PlanFormat.TABLE:
+        for line in result.explanation:
+            typer.echo(f"# {line}", err=True)
+
+
+@app.command()
+def presets() -> None:
+    """List the model presets (name, parameters, shape, source)."""
+    from blackwell_operator.catalogs import list_presets
+
+    table = Table(title="Model presets")
+    for col in ("preset", "model", "parameters", "h", "layers", "heads/kv", "ffn", "vocab", "tied"):
+        table.add_column(col)
+    for p in list_presets():
+        a = p.architecture
+        table.add_row(
+            p.name,
+            p.display_name,
+            f"{p.parameter_count:,}",
+            str(a.hidden_size),
+            str(a.num_layers),
+            f"{a.num_attention_heads}/{a.num_key_value_heads}",
+            str(a.intermediate_size),
+            str(a.vocab_size),
+            "yes" if a.tie_word_embeddings else "no",
+        )
+    Console(width=140).print(table)
