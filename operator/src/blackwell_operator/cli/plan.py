@@ -9,13 +9,13 @@ from typing import Annotated
 
 import typer
 import yaml
-from blackwell_trainer.config import Plan
 from rich.console import Console
 from rich.table import Table
 
 from blackwell_operator.cli import app
 from blackwell_operator.cli.manifest import ManifestError, load_manifest
 from blackwell_operator.errors import SpecError
+from blackwell_trainer.config import Plan
 
 GIB = 1 << 30
 
