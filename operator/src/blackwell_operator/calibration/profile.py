@@ -55,7 +55,8 @@ class MemoryConstants(_Strict):
     allocator_workspace_bytes: float
     fragmentation_base_bytes: float
     fragmentation_dynamic: float
-    fragmentation_static: float
+    fragmentation_transient: float
+    fragmentation_gradients: float
     fragmentation_optimizer: float
     precision_weight_bytes: dict[PrecisionRecipe, float]
 

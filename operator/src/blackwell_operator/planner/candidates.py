@@ -85,6 +85,9 @@ def _checkpointing(pins: Pins, cal: Calibration) -> list[ActivationCheckpointing
 def _sharding(pins: Pins, hw: Hardware, cal: Calibration) -> list[Sharding]:
     if pins.sharding is not None:
         return [pins.sharding]
+    if hw.world == 1:
+        # One GPU: every layout is the same; score it once.
+        return [cal.trainer.sharding[0]]
     # Hybrid on one node is the same layout as full sharding: do not score it twice.
     return [s for s in cal.trainer.sharding if not (s is Sharding.HYBRID and hw.nodes == 1)]
 

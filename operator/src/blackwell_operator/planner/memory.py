@@ -30,6 +30,13 @@ class MemoryEstimate:
     peak_allocated: int
     allocator_reserved: int
     outside_allocator: int
+    # Phase internals, for calibration fits and tests: allocated bytes at each phase and the backward
+    # phase's split into saved activations, the transient (loss or recompute) and the gradients.
+    backward_allocated: int = 0
+    optimizer_allocated: int = 0
+    saved_activations: int = 0
+    transient: int = 0
+    gradient_bytes: int = 0
 
     @property
     def peak_reserved(self) -> int:
@@ -134,14 +141,17 @@ def estimate_memory(
     accumulating = grads if gradient_accumulation_steps > 1 else 0
     static = params + optim + accumulating
     loss_path = loss >= recompute + fsdp_bwd
-    dynamic = saved + (loss if loss_path else recompute + fsdp_bwd)
+    transient = loss if loss_path else recompute + fsdp_bwd
+    dynamic = saved + transient
     backward = static + dynamic + fsdp_fwd + precision + workspace_inside
     # Phase 2, end of backward into the optimizer step: all states plus the root's unsharded copies.
     root_copies = m.optimizer_phase_root_bytes * shapes.root_params
     optimizer = params + grads + optim + root_copies + precision + workspace_inside
 
-    reserved_backward = backward + m.fragmentation_base_bytes + m.fragmentation_dynamic * dynamic
-    reserved_backward += m.fragmentation_static * static
+    reserved_backward = backward + m.fragmentation_base_bytes + m.fragmentation_dynamic * saved
+    # Gradients are freed after each step (zero_grad sets them to None); the next forward's activations
+    # reuse those segments only in part, so the pool keeps growing by a fraction of them.
+    reserved_backward += m.fragmentation_transient * transient + m.fragmentation_gradients * grads
     reserved_optimizer = optimizer + m.fragmentation_base_bytes + m.fragmentation_optimizer * optimizer
     # The caching allocator's pool is a high-water mark: it keeps what the larger phase reserved.
     reserved = max(reserved_backward, reserved_optimizer)
@@ -172,4 +182,9 @@ def estimate_memory(
         peak_allocated=round(allocated),
         allocator_reserved=round(max(reserved, allocated)),
         outside_allocator=round(outside),
+        backward_allocated=round(backward),
+        optimizer_allocated=round(optimizer),
+        saved_activations=round(saved),
+        transient=round(transient),
+        gradient_bytes=grads,
     )

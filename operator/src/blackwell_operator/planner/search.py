@@ -125,6 +125,8 @@ def largest_fitting(problem: Problem, family: Setting, upper: int) -> int:
 
 def spread(max_fit: int, exhaustive: bool) -> list[int]:
     """Micro-batch sizes to score: all of them for small ranges, else powers of two plus the largest."""
+    if max_fit < 1:
+        return []
     if exhaustive and max_fit <= EXHAUSTIVE_MBS:
         return list(range(1, max_fit + 1))
     sizes = {max_fit}

@@ -1,0 +1,106 @@
+"""Compare a calibration's predictions with a measured grid of runs (memory, OOMs, throughput)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from blackwell_operator.calibration.profile import Calibration
+from blackwell_operator.models.spec import BlackwellTrainingJobSpec
+from blackwell_trainer.config import (
+    ActivationCheckpointing,
+    Candidate,
+    Precision,
+    PrecisionRecipe,
+    Sharding,
+)
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class GridRow:
+    """One measured configuration next to the planner's prediction for it."""
+
+    model: str
+    mbs: int
+    ac: str
+    oom: bool
+    measured_tps: float | None
+    measured_allocated_gib: float | None
+    measured_reserved_gib: float | None
+    predicted_tps: float
+    predicted_allocated_gib: float
+    predicted_reserved_gib: float
+    predicted_fits: bool
+    peak_phase: str
+
+    @property
+    def reserved_error(self) -> float | None:
+        """Relative error of predicted allocator-reserved memory."""
+        if self.measured_reserved_gib is None:
+            return None
+        return self.predicted_reserved_gib / self.measured_reserved_gib - 1.0
+
+    @property
+    def tps_error(self) -> float | None:
+        """Relative error of predicted tokens/s."""
+        if self.measured_tps is None:
+            return None
+        return self.predicted_tps / self.measured_tps - 1.0
+
+
+def grid_spec(grid: dict[str, Any], model: str, memory_headroom: float = 0.0) -> BlackwellTrainingJobSpec:
+    """The one-GPU spec a grid model ran as."""
+    return BlackwellTrainingJobSpec.model_validate(
+        {
+            "model": grid["models"][model],
+            "cluster": {"instanceType": grid["instance_type"], "nodes": 1, "gpusPerNode": grid["gpus"]},
+            "training": {"sequenceLength": grid["sequence_length"]},
+            "tuning": {"memoryHeadroom": memory_headroom},
+        }
+    )
+
+
+def grid_candidate(mbs: int, ac: str) -> Candidate:
+    """A BF16 candidate on one GPU, as the reference trainer ran it."""
+    return Candidate(
+        precision=Precision.BF16,
+        precision_recipe=PrecisionRecipe.NONE,
+        activation_checkpointing=ActivationCheckpointing(ac),
+        micro_batch_size=mbs,
+        gradient_accumulation_steps=1,
+        sharding=Sharding.FULL,
+        shard_degree=1,
+        replicate_degree=1,
+        compile=False,
+        loss_chunk_tokens=0,
+    )
+
+
+def compare(grid: dict[str, Any], cal: Calibration, memory_headroom: float = 0.0) -> list[GridRow]:
+    """Predict every run of the grid with `cal`."""
+    from blackwell_operator.planner import evaluate  # the planner imports calibration: import lazily
+
+    rows = []
+    for run in grid["runs"]:
+        spec = grid_spec(grid, run["model"], memory_headroom)
+        ev = evaluate(spec, grid_candidate(run["mbs"], run["ac"]), calibration=cal)
+        oom = bool(run.get("oom", False))
+        rows.append(
+            GridRow(
+                model=run["model"],
+                mbs=run["mbs"],
+                ac=run["ac"],
+                oom=oom,
+                measured_tps=None if oom else float(run["tokens_per_second"]),
+                measured_allocated_gib=None if oom else float(run["allocated_gib"]),
+                measured_reserved_gib=None if oom else float(run["reserved_gib"]),
+                predicted_tps=ev.prediction.tokens_per_second_per_gpu,
+                predicted_allocated_gib=ev.memory.peak_allocated / GIB,
+                predicted_reserved_gib=ev.memory.allocator_reserved / GIB,
+                predicted_fits=ev.fits,
+                peak_phase=ev.memory.peak_phase,
+            )
+        )
+    return rows
