@@ -26,6 +26,36 @@ class LossFn(Protocol):
     ) -> torch.Tensor: ...
 
 
+def _chunk_loss_and_grad(
+    logits: torch.Tensor, target: torch.Tensor, valid: torch.Tensor, scale: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed loss of one chunk and d(mean loss)/d(logits) in the logits' dtype.
+
+    Written as plain tensor algebra (no in-place ops) so that torch.compile fuses it into a couple of
+    kernels that read the bf16 logits once and write the bf16 gradient once; fp32 inside.
+    """
+    lf = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    lse = torch.logsumexp(lf, dim=-1, keepdim=True)
+    target_logit = lf.gather(1, target.unsqueeze(1))
+    loss = ((lse - target_logit).squeeze(1) * valid).sum()
+    onehot = torch.arange(lf.shape[1], device=lf.device).unsqueeze(0) == target.unsqueeze(1)
+    grad = (torch.exp(lf - lse) - onehot.to(lf.dtype)) * (valid.to(lf.dtype) * scale).unsqueeze(1)
+    return loss, grad.to(logits.dtype)
+
+
+_compiled_chunk: Any = None
+
+
+def _chunk_fn(device: torch.device) -> Any:
+    """The compiled chunk kernel on CUDA (compiled once, lazily); eager elsewhere (CPU tests)."""
+    global _compiled_chunk
+    if device.type != "cuda":
+        return _chunk_loss_and_grad
+    if _compiled_chunk is None:
+        _compiled_chunk = torch.compile(_chunk_loss_and_grad, dynamic=False)
+    return _compiled_chunk
+
+
 class ChunkedLinearCrossEntropy(torch.autograd.Function):
     """Mean cross-entropy of ``hidden @ weight.T`` against ``labels``, chunk by chunk (module docstring)."""
 
@@ -36,34 +66,30 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         n_tokens = hidden.shape[0]
         valid = labels != IGNORE_INDEX
         # A tensor, not a Python float: no host sync in the step.
-        scale = 1.0 / valid.sum().clamp(min=1).to(torch.float32)
-        needs_grad = hidden.requires_grad or weight.requires_grad
-        grad_hidden = torch.empty_like(hidden) if needs_grad else None
-        # fp32 accumulation across chunks; cast to the weight's dtype once at the end.
-        grad_weight = (
-            torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if needs_grad else None
-        )
-        loss_sum = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        acc_dtype = torch.promote_types(hidden.dtype, torch.float32)
+        scale = 1.0 / valid.sum().clamp(min=1).to(acc_dtype)
+        chunk_fn = _chunk_fn(hidden.device)
+        grad_hidden = torch.empty_like(hidden)
+        # Accumulated with addmm in the weight's dtype (bf16 under FSDP, like every other gradient there):
+        # no fp32 V x h buffer, no extra casts; cuBLAS accumulates each product in fp32.
+        grad_weight = torch.empty_like(weight)
+        loss_sum = torch.zeros((), dtype=acc_dtype, device=hidden.device)
         for start in range(0, n_tokens, chunk_tokens):
             end = min(start + chunk_tokens, n_tokens)
             h = hidden[start:end]
             ok = valid[start:end]
-            tgt = torch.where(ok, labels[start:end], torch.zeros_like(labels[start:end])).unsqueeze(1)
-            logits = (h @ weight.t()).float()
-            lse = torch.logsumexp(logits, dim=-1)
-            loss_sum += ((lse - logits.gather(1, tgt).squeeze(1)) * ok).sum()
-            if grad_hidden is None or grad_weight is None:
-                continue
-            # d loss / d logits = (softmax - onehot) * scale on valid rows, 0 on ignored rows; in place.
-            probs = logits.sub_(lse.unsqueeze(1)).exp_()
-            probs.scatter_add_(1, tgt, torch.full_like(tgt, -1, dtype=probs.dtype))
-            probs.mul_((ok.to(probs.dtype) * scale).unsqueeze(1))
-            dlogits = probs.to(hidden.dtype)
-            del probs, logits
-            grad_hidden[start:end] = dlogits @ weight
-            grad_weight += (dlogits.t() @ h).float()
+            target = torch.where(ok, labels[start:end], torch.zeros_like(labels[start:end]))
+            logits = h @ weight.t()
+            loss, dlogits = chunk_fn(logits, target, ok, scale)
+            del logits
+            loss_sum += loss
+            torch.mm(dlogits, weight, out=grad_hidden[start:end])
+            if start == 0:
+                torch.mm(dlogits.t(), h, out=grad_weight)
+            else:
+                grad_weight.addmm_(dlogits.t(), h)
             del dlogits
-        ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype) if grad_weight is not None else None)
+        ctx.save_for_backward(grad_hidden, grad_weight)
         return loss_sum * scale
 
     @staticmethod

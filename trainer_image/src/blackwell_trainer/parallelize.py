@@ -116,6 +116,7 @@ def apply_fsdp(
     *,
     param_dtype: torch.dtype = torch.bfloat16,
     reduce_dtype: torch.dtype = torch.float32,
+    reshard_after_forward: bool = True,
 ) -> None:
     """FSDP2 per block and at the root: bf16 compute copies, fp32 gradient reduction, fp32 master weights.
 
@@ -126,8 +127,23 @@ def apply_fsdp(
     keys = list(model.layers.keys())
     for i, key in enumerate(keys):
         # The last block's parameters are needed again as soon as the backward starts: keep them gathered.
-        fully_shard(model.layers[key], mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(keys) - 1)
+        reshard = reshard_after_forward and i < len(keys) - 1
+        fully_shard(model.layers[key], mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+
+
+def _should_reshard(model: Transformer, mesh: DeviceMesh, device: torch.device) -> bool:
+    """Free each block's gathered bf16 weights after forward, unless nothing is sharded and memory is ample.
+
+    With a shard group of one GPU, resharding frees only the bf16 compute copy and costs a second cast
+    of every weight in the backward pass. Keeping the copies costs 2 bytes/parameter; do it when the
+    model states (fp32 weights, gradients, Adam: 16 bytes/parameter) plus the copies stay under 60% of
+    the GPU's memory, leaving the rest for activations.
+    """
+    if mesh.size(-1) > 1 or device.type != "cuda":
+        return True
+    total = torch.cuda.get_device_properties(device).total_memory
+    return 18 * model.arch.parameter_count() > 0.6 * total
 
 
 def parallelize(
@@ -158,7 +174,12 @@ def parallelize(
         log.warning("compile skipped: %s modules do not trace under torch.compile", setup.backend)
     if mesh is not None:
         # BF16 compute on GPUs; fp32 on CPU, where the gloo tests run and bf16 brings nothing but noise.
-        apply_fsdp(model, mesh, param_dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
+        apply_fsdp(
+            model,
+            mesh,
+            param_dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
+            reshard_after_forward=_should_reshard(model, mesh, device),
+        )
     model.to_empty(device=device)
     # Same seed on every rank: DTensor's RNG tracker then gives each shard its slice of one global init.
     torch.manual_seed(seed)

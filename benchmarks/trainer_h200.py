@@ -1,0 +1,565 @@
+"""H200 throughput grid for the trainer: one call runs every configuration, each in its own process.
+
+Usage (on the GPU machine, from the repository root, trainer_image/src on PYTHONPATH):
+
+    python benchmarks/trainer_h200.py --grid one --out $OUT --budget-s 540
+
+Grids: ``smoke`` (GPU correctness checks + two small configurations), ``one`` (1B/3B/8B on one GPU),
+``two`` (8B on two GPUs). One-GPU configurations run in parallel lanes, one per visible GPU; two-GPU
+configurations run under torchrun when both GPUs are free. Each configuration is a subprocess, so an OOM
+or a crash becomes a record instead of ending the grid. Records go to ``OUT/trainer_h200.json`` after
+every configuration; a short table is printed last. Tokens/s per GPU = tokens per step per GPU / the
+median time of the timed steps (after warm-up steps, the first of which compiles).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+SEQ = 4096
+PEAK_BF16 = 989e12  # the reference grid's MFU denominator (H200 SXM dense BF16)
+REPO = Path(__file__).resolve().parents[1]
+
+# Preset shapes (Llama-3.2-1B, Llama-3.2-3B, Llama-3.1-8B), hard-coded: the script needs only the trainer.
+SHAPES: dict[str, dict[str, Any]] = {
+    "1b": dict(hidden_size=2048, num_layers=16, num_attention_heads=32, num_key_value_heads=8,
+               intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True),
+    "3b": dict(hidden_size=3072, num_layers=28, num_attention_heads=24, num_key_value_heads=8,
+               intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True),
+    "8b": dict(hidden_size=4096, num_layers=32, num_attention_heads=32, num_key_value_heads=8,
+               intermediate_size=14336, vocab_size=128256, tie_word_embeddings=False),
+    "tiny": dict(hidden_size=256, num_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=512, vocab_size=1024, tie_word_embeddings=True),
+}  # fmt: skip
+
+
+@dataclass
+class Config:
+    """One benchmark point."""
+
+    model: str
+    mbs: int
+    ac: str = "none"
+    precision: str = "bf16"
+    recipe: str = "none"
+    gpus: int = 1
+    compile: bool = True
+    loss_chunk: int = 8192
+    sdpa: str = "default"
+    warmup: int = 3
+    timed: int = 6
+    profile: bool = False
+    kind: str = "train"  # train | check
+
+    @property
+    def name(self) -> str:
+        prec = "bf16" if self.precision == "bf16" else self.recipe.replace("torchao-", "fp8-")
+        extra = "" if self.compile else "-eager"
+        extra += "" if self.loss_chunk else "-fullce"
+        extra += "" if self.sdpa == "default" else f"-{self.sdpa}"
+        return f"{self.model}-g{self.gpus}-mbs{self.mbs}-{self.ac}-{prec}{extra}"
+
+
+def fp8(
+    model: str, mbs: int, ac: str, gpus: int = 1, recipe: str = "torchao-tensorwise", **kw: Any
+) -> Config:
+    return Config(model, mbs, ac, "fp8", recipe, gpus, **kw)
+
+
+def bf16(model: str, mbs: int, ac: str, gpus: int = 1, **kw: Any) -> Config:
+    return Config(model, mbs, ac, gpus=gpus, **kw)
+
+
+GRIDS: dict[str, list[Config]] = {
+    "smoke": [
+        Config("tiny", 2, kind="check"),
+        bf16("1b", 4, "none"),
+        fp8("1b", 4, "selective"),
+        bf16("3b", 4, "selective", sdpa="cudnn", warmup=2, timed=3),
+    ],
+    # Ordered by priority (lanes take from the front): the targets' candidates first.
+    "one": [
+        bf16("3b", 4, "none"),
+        fp8("3b", 4, "none"),
+        bf16("3b", 6, "none"),
+        fp8("3b", 6, "none"),
+        bf16("3b", 8, "selective"),
+        fp8("3b", 8, "selective"),
+        fp8("3b", 4, "none", recipe="torchao-rowwise"),
+        bf16("3b", 4, "none", compile=False),
+        bf16("8b", 2, "full", timed=4),
+        fp8("8b", 4, "full", timed=4),
+        bf16("8b", 4, "full", timed=4),
+        bf16("1b", 8, "none"),
+        fp8("1b", 8, "none"),
+        bf16("1b", 16, "selective"),
+        bf16("8b", 1, "selective", timed=4),
+        bf16("3b", 4, "none", loss_chunk=0),
+    ],
+    # Plumbing test on a CPU machine (gloo): python benchmarks/trainer_h200.py --grid cpu
+    "cpu": [
+        Config("tiny", 2, kind="check"),
+        bf16("tiny", 2, "selective", compile=False, warmup=1, timed=2),
+        bf16("tiny", 2, "full", gpus=2, compile=False, warmup=1, timed=2),
+    ],
+    "two": [
+        bf16("8b", 2, "none", gpus=2),
+        fp8("8b", 4, "selective", gpus=2),
+        fp8("8b", 2, "none", gpus=2),
+        bf16("8b", 4, "selective", gpus=2),
+        fp8("8b", 8, "full", gpus=2),
+        bf16("8b", 8, "full", gpus=2),
+    ],
+}
+
+
+@dataclass
+class Record:
+    """What one configuration measured (or why it did not)."""
+
+    name: str
+    config: dict[str, Any]
+    status: str  # ok | oom | error | skipped | timeout
+    tokens_per_s_per_gpu: float | None = None
+    mfu: float | None = None
+    step_seconds: list[float] = field(default_factory=list)
+    peak_allocated_gib: float | None = None
+    peak_reserved_gib: float | None = None
+    setup_seconds: float | None = None
+    first_step_seconds: float | None = None
+    losses: list[float] = field(default_factory=list)
+    detail: str = ""
+
+
+# ----------------------------------------------------------------------------------------------- worker
+
+
+def make_plan(cfg: Config) -> Any:
+    from blackwell_trainer.config import (
+        Architecture,
+        Candidate,
+        GpuInfo,
+        MemoryBreakdown,
+        OptimizerConfig,
+        Plan,
+        Prediction,
+    )
+
+    arch = Architecture(**SHAPES[cfg.model])
+    zero = dict.fromkeys(
+        ["parameters", "gradients", "optimizer_states", "activations", "loss", "fsdp_transient",
+         "precision_overhead", "workspace", "fragmentation", "peak_allocated", "peak_reserved"], 0
+    )  # fmt: skip
+    return Plan(
+        model_name=cfg.model,
+        architecture=arch,
+        parameter_count=arch.parameter_count(),
+        gpu=GpuInfo(
+            name="H200", compute_capability="9.0", memory_bytes=141 * 10**9, peak_bf16_flops=PEAK_BF16
+        ),
+        instance_type="ml.p5e.48xlarge",
+        nodes=1,
+        gpus_per_node=cfg.gpus,
+        sequence_length=SEQ if cfg.model != "tiny" else 256,
+        global_batch_tokens=cfg.mbs * SEQ * cfg.gpus,
+        steps=1000,
+        chosen=Candidate(
+            precision=cfg.precision,
+            precision_recipe=cfg.recipe,
+            activation_checkpointing=cfg.ac,
+            micro_batch_size=cfg.mbs,
+            gradient_accumulation_steps=1,
+            sharding="full",
+            shard_degree=cfg.gpus,
+            replicate_degree=1,
+            compile=cfg.compile,
+            loss_chunk_tokens=cfg.loss_chunk,
+        ),
+        predicted=Prediction(
+            tokens_per_second_per_gpu=0,
+            step_time_seconds=0,
+            model_flops_utilization=0,
+            memory=MemoryBreakdown(peak_phase="forward", **zero),
+        ),
+        optimizer=OptimizerConfig(warmup_steps=10, learning_rate=3e-4),
+    )
+
+
+def _sdpa_context(name: str) -> contextlib.AbstractContextManager[Any]:
+    if name == "default":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[name]
+    return sdpa_kernel([backend])
+
+
+def _categorise(name: str) -> str:
+    n = name.lower()
+    if "nccl" in n:
+        return "communication (NCCL)"
+    if any(k in n for k in ("flash", "fmha", "attention", "cudnn")):
+        return "attention"
+    if any(k in n for k in ("gemm", "nvjet", "xmma", "cutlass", "matmul", "sm90", "cublas")):
+        return "matmul"
+    if "adam" in n or "multi_tensor" in n:
+        return "optimizer"
+    if "triton" in n:
+        return "compiled fusions (triton)"
+    return "other (eager elementwise, copies, reductions)"
+
+
+def _profile(trainer: Any, batches: list[Any], out: Path, name: str) -> None:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(2):
+            trainer.step(batches)
+        torch.cuda.synchronize()
+    rows = []
+    totals: dict[str, float] = {}
+    for evt in prof.key_averages():
+        # Kernels only: skip user annotations ("Optimizer.step#AdamW.step", "ProfilerStep*") on the timeline.
+        if (
+            evt.device_type != torch.autograd.DeviceType.CUDA
+            or "#" in evt.key
+            or evt.key.startswith("Profiler")
+        ):
+            continue
+        t = float(getattr(evt, "self_device_time_total", 0.0) or getattr(evt, "self_cuda_time_total", 0.0))
+        rows.append((t, evt.count, evt.key))
+        cat = _categorise(evt.key)
+        totals[cat] = totals.get(cat, 0.0) + t
+    rows.sort(reverse=True)
+    total = sum(totals.values()) or 1.0
+    lines = [f"### profile {name}: GPU kernel time over 2 steps, {total / 1e6:.3f} s", ""]
+    lines += [
+        f"{cat:48s} {t / 1e6:8.3f} s  {100 * t / total:5.1f}%"
+        for cat, t in sorted(totals.items(), key=lambda kv: -kv[1])
+    ]
+    lines += ["", "top kernels (self GPU time):"]
+    lines += [f"{t / 1e3:10.1f} ms {c:6d}x  {k[:150]}" for t, c, k in rows[:25]]
+    out.write_text("\n".join(lines) + "\n")
+
+
+def _check(out: Path) -> Record:
+    """GPU correctness: chunked loss vs plain CE (values, grads), AC modes vs none, FP8 step runs."""
+    import torch
+
+    from blackwell_trainer.config import ActivationCheckpointing, Architecture
+    from blackwell_trainer.loss import chunked_cross_entropy, plain_cross_entropy
+    from blackwell_trainer.model import build_model
+    from blackwell_trainer.parallelize import apply_ac, apply_compile
+
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    notes = []
+    torch.manual_seed(0)
+    h = torch.randn(4096, 512, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    w = (0.05 * torch.randn(32000, 512, device=dev, dtype=torch.bfloat16)).requires_grad_()
+    y = torch.randint(0, 32000, (4096,), device=dev)
+    y[::7] = -100
+    ref = plain_cross_entropy(h, w, y)
+    gh_ref, gw_ref = torch.autograd.grad(ref, (h, w))
+    got = chunked_cross_entropy(h, w, y, 1000)
+    gh, gw = torch.autograd.grad(got, (h, w))
+
+    def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float((a.float() - b.float()).norm() / b.float().norm())
+
+    notes.append(f"chunked CE bf16: loss rel {abs(got.item() - ref.item()) / ref.item():.2e} "
+                 f"grad_h rel {rel(gh, gh_ref):.2e} grad_w rel {rel(gw, gw_ref):.2e}")  # fmt: skip
+    arch = Architecture(**SHAPES["tiny"])
+    grads = {}
+    tokens = torch.randint(0, arch.vocab_size, (2, 256), device=dev)
+    for mode in ActivationCheckpointing:
+        model = build_model(arch, max_seq_len=256, loss_chunk_tokens=128)
+        apply_ac(model.layers, mode)
+        apply_compile(model.layers)
+        model.to_empty(device=dev)
+        torch.manual_seed(1)
+        model.init_weights(buffer_device=dev)
+        loss = model(tokens, tokens)
+        loss.backward()
+        grads[mode.value] = torch.cat([p.grad.flatten() for p in model.parameters()])
+    for mode in ("selective", "full"):
+        notes.append(f"AC {mode} vs none (compiled, fp32): grad rel {rel(grads[mode], grads['none']):.2e}")
+    if dev.type == "cuda":
+        notes += _sdpa_timings()
+    (out / "check.txt").write_text("\n".join(notes) + "\n")
+    return Record("check", {}, "ok", detail="; ".join(notes))
+
+
+def _sdpa_timings() -> list[str]:
+    """Causal GQA attention fwd+bwd at the 3B shape (mbs 2, seq 4096) per SDPA backend."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = torch.randn(2, 24, SEQ, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(2, 8, SEQ, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(2, 8, SEQ, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    flops = 4 * 2 * 24 * SEQ * SEQ * 128 / 2 * 3.5  # causal fwd (4 b h s^2 d / 2) + bwd (2.5x)
+    notes = []
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+        try:
+            with sdpa_kernel([backend]):
+                for i in range(13):
+                    if i == 3:
+                        start, end = (
+                            torch.cuda.Event(enable_timing=True),
+                            torch.cuda.Event(enable_timing=True),
+                        )
+                        start.record()
+                    o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+                    o.sum().backward()
+                end.record()
+                torch.cuda.synchronize()
+                ms = start.elapsed_time(end) / 10
+            notes.append(f"SDPA {backend.name}: {ms:.2f} ms fwd+bwd, {flops / ms / 1e9:.0f} TFLOP/s (causal)")
+        except Exception as err:
+            notes.append(f"SDPA {backend.name}: failed {type(err).__name__}: {str(err)[:150]}")
+    return notes
+
+
+def worker(cfg: Config, out: Path) -> None:
+    """Run one configuration in this process (rank 0 writes ``out/record.json``)."""
+    import torch
+
+    from blackwell_trainer.train import Runtime, Trainer, init_distributed
+
+    runtime = Runtime.from_env()
+    rec = Record(cfg.name, asdict(cfg), "error")
+    try:
+        if cfg.kind == "check":
+            rec = _check(out)
+            return
+        started = time.perf_counter()
+        plan = make_plan(cfg)
+        init_distributed(runtime)
+        with _sdpa_context(cfg.sdpa):
+            trainer = Trainer(plan, runtime)
+            gen = torch.Generator(device=runtime.device).manual_seed(1234 + runtime.rank)
+            vocab = plan.architecture.vocab_size
+            shape = (cfg.mbs, plan.sequence_length)
+            batches = [(torch.randint(0, vocab, shape, device=runtime.device, generator=gen),
+                        torch.randint(0, vocab, shape, device=runtime.device, generator=gen))]  # fmt: skip
+            rec.setup_seconds = time.perf_counter() - started
+            times, losses = [], []
+            for i in range(cfg.warmup + cfg.timed):
+                result = trainer.step(batches)
+                losses.append(result.loss)
+                if i == 0:
+                    rec.first_step_seconds = result.seconds
+                if i >= cfg.warmup:
+                    times.append(result.seconds)
+            median = statistics.median(times)
+            rec.step_seconds = [round(t, 4) for t in times]
+            rec.losses = [round(v, 4) for v in losses]
+            rec.tokens_per_s_per_gpu = trainer.tokens_per_micro_batch / median
+            rec.mfu = trainer.flops_per_token * rec.tokens_per_s_per_gpu / PEAK_BF16
+            if torch.cuda.is_available():
+                rec.peak_allocated_gib = torch.cuda.max_memory_allocated() / 2**30
+                rec.peak_reserved_gib = torch.cuda.max_memory_reserved() / 2**30
+            rec.status = "ok"
+            if cfg.profile and runtime.rank == 0:
+                _profile(trainer, batches, out / "profile.txt", cfg.name)
+            elif cfg.profile:
+                trainer.step(batches)
+                trainer.step(batches)
+    except torch.cuda.OutOfMemoryError as err:
+        rec.status = "oom"
+        rec.detail = str(err).splitlines()[0][:300]
+        rec.peak_reserved_gib = torch.cuda.max_memory_reserved() / 2**30
+    except Exception as err:  # recorded, not raised: the grid goes on
+        rec.status = "error"
+        rec.detail = f"{type(err).__name__}: {err}"[:600] + " | " + traceback.format_exc()[-1500:]
+    finally:
+        if runtime.rank == 0:
+            (out / "record.json").write_text(json.dumps(asdict(rec)))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Skip destroy_process_group after an OOM: a rank may be stuck in a collective.
+        os._exit(0)
+
+
+# ----------------------------------------------------------------------------------------------- parent
+
+
+class Grid:
+    """Schedules configurations on the visible GPUs and collects their records."""
+
+    def __init__(self, out: Path, deadline: float, gpus: int) -> None:
+        self.out = out
+        self.deadline = deadline
+        self.gpus = gpus
+        self.records: list[Record] = []
+        self.lock = threading.Lock()
+
+    def save(self) -> None:
+        meta = environment()
+        with self.lock:
+            data = {"meta": meta, "records": [asdict(r) for r in self.records]}
+        (self.out / "trainer_h200.json").write_text(json.dumps(data, indent=1))
+
+    def run_one(self, cfg: Config, gpu_ids: list[int]) -> Record:
+        remaining = self.deadline - time.time()
+        if remaining < (100 if cfg.model == "8b" else 50):
+            return Record(cfg.name, asdict(cfg), "skipped", detail="call budget exhausted")
+        tmp = Path(tempfile.mkdtemp(prefix="btj-bench-"))
+        env = dict(os.environ)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpu_ids)
+        env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+        env["PYTHONPATH"] = f"{REPO / 'trainer_image' / 'src'}:{env.get('PYTHONPATH', '')}"
+        args = ["--worker", json.dumps(asdict(cfg)), "--out", str(tmp)]
+        if cfg.gpus > 1:
+            port = 29500 + int(time.time()) % 1000
+            cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={cfg.gpus}",
+                   f"--master-port={port}", __file__, *args]  # fmt: skip
+        else:
+            cmd = [sys.executable, __file__, *args]
+        log_path = tmp / "log.txt"
+        started = time.time()
+        try:
+            with open(log_path, "w") as log_file:
+                subprocess.run(
+                    cmd,
+                    env=env,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    timeout=remaining - 10,
+                    check=False,
+                )
+        except subprocess.TimeoutExpired:
+            return Record(
+                cfg.name, asdict(cfg), "timeout", detail=f"killed after {time.time() - started:.0f} s"
+            )
+        finally:
+            # One combined log file: only a few files come back from the machine.
+            with self.lock, open(self.out / "worker_logs.txt", "a") as f:
+                lines = log_path.read_text(errors="replace").splitlines() if log_path.exists() else []
+                f.write(f"===== {cfg.name} (last 80 lines)\n" + "\n".join(lines[-80:]) + "\n")
+        rec_path = tmp / "record.json"
+        if not rec_path.exists():
+            tail = log_path.read_text()[-1200:]
+            return Record(cfg.name, asdict(cfg), "error", detail=f"no record; log tail: {tail}")
+        rec = Record(**json.loads(rec_path.read_text()))
+        for extra in ("profile.txt", "check.txt"):
+            if (tmp / extra).exists():
+                with open(self.out / "profiles.txt", "a") as f:
+                    f.write((tmp / extra).read_text() + "\n")
+        rec.detail = (rec.detail + f" wall {time.time() - started:.0f} s").strip()
+        return rec
+
+    def add(self, rec: Record) -> None:
+        with self.lock:
+            self.records.append(rec)
+        self.save()
+        tok = f"{rec.tokens_per_s_per_gpu:,.0f} tok/s/GPU" if rec.tokens_per_s_per_gpu else ""
+        print(f"[{time.strftime('%H:%M:%S')}] {rec.name}: {rec.status} {tok} {rec.detail[:200]}", flush=True)
+
+    def lane(self, gpu: int, queue: list[Config]) -> None:
+        while True:
+            with self.lock:
+                if not queue:
+                    return
+                cfg = queue.pop(0)
+            self.add(self.run_one(cfg, [gpu]))
+
+    def run(self, configs: list[Config]) -> None:
+        singles = [c for c in configs if c.gpus == 1]
+        multis = [c for c in configs if c.gpus > 1]
+        threads = [threading.Thread(target=self.lane, args=(g, singles)) for g in range(self.gpus)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for cfg in multis:
+            if cfg.gpus > self.gpus:
+                self.add(Record(cfg.name, asdict(cfg), "skipped", detail=f"needs {cfg.gpus} GPUs"))
+                continue
+            self.add(self.run_one(cfg, list(range(cfg.gpus))))
+
+
+def environment() -> dict[str, Any]:
+    import torch
+
+    meta: dict[str, Any] = {
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "gpus_visible": torch.cuda.device_count(),
+        "sequence_length": SEQ,
+        "peak_bf16_flops_for_mfu": PEAK_BF16,
+        "command": " ".join(sys.argv),
+    }
+    for mod in ("torchao", "transformer_engine", "triton"):
+        try:
+            meta[mod] = __import__(mod).__version__
+        except Exception:
+            meta[mod] = None
+    return meta
+
+
+def table(records: list[Record]) -> str:
+    head = f"{'config':44s} {'status':7s} {'tok/s/GPU':>10s} {'MFU':>6s} {'alloc':>6s} {'resv':>6s}"
+    head += f" {'1st s':>6s}"
+    lines = [head]
+    for r in records:
+        tok = f"{r.tokens_per_s_per_gpu:10,.0f}" if r.tokens_per_s_per_gpu else " " * 10
+        mfu = f"{100 * r.mfu:5.1f}%" if r.mfu else " " * 6
+        alloc = f"{r.peak_allocated_gib:6.1f}" if r.peak_allocated_gib else " " * 6
+        resv = f"{r.peak_reserved_gib:6.1f}" if r.peak_reserved_gib else " " * 6
+        first = f"{r.first_step_seconds:6.1f}" if r.first_step_seconds else " " * 6
+        lines.append(f"{r.name:44s} {r.status:7s} {tok} {mfu} {alloc} {resv} {first}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--grid", default="smoke", help="comma-separated: " + ", ".join(GRIDS))
+    parser.add_argument("--only", default="", help="comma-separated config names to keep")
+    parser.add_argument("--profile", default="", help="comma-separated config names to profile")
+    parser.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
+    parser.add_argument("--budget-s", type=float, default=540.0, help="stop starting configs after this")
+    parser.add_argument("--worker", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.worker:
+        worker(Config(**json.loads(args.worker)), out)
+        return
+    import torch
+
+    configs = [c for g in args.grid.split(",") for c in GRIDS[g]]
+    if args.only:
+        keep = set(args.only.split(","))
+        configs = [c for c in configs if c.name in keep]
+    for c in configs:
+        c.profile = c.name in set(args.profile.split(","))
+    # On a CPU machine (plumbing test) pretend to have two "GPUs" so the torchrun path runs too.
+    grid = Grid(out, time.time() + args.budget_s, torch.cuda.device_count() or 2)
+    print(json.dumps(environment()), flush=True)
+    grid.run(configs)
+    grid.save()
+    print(table(grid.records))
+
+
+if __name__ == "__main__":
+    main()
