@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -19,24 +18,12 @@ _register_commands()
 runner = CliRunner()
 
 
-def planner_ready() -> bool:
-    if importlib.util.find_spec("blackwell_operator.planner") is None:
-        return False
-    import blackwell_operator.planner as planner
-
-    return hasattr(planner, "plan_job")
-
-
-needs_planner = pytest.mark.skipif(not planner_ready(), reason="the planner (plan_job) has not landed yet")
-
-
 def test_crd_prints_the_committed_file() -> None:
     result = runner.invoke(app, ["crd"])
     assert result.exit_code == 0
     assert result.stdout == CRD_FILE.read_text()
 
 
-@needs_planner
 def test_render_embedded_example_offline() -> None:
     result = runner.invoke(app, ["render"])
     assert result.exit_code == 0, result.output
@@ -48,7 +35,6 @@ def test_render_embedded_example_offline() -> None:
     assert "predicted" in result.stderr and "llama3.1-8b" in result.stderr
 
 
-@needs_planner
 def test_render_json_is_a_kubernetes_list() -> None:
     result = runner.invoke(app, ["render", "-o", "json"])
     assert result.exit_code == 0, result.output
@@ -57,12 +43,10 @@ def test_render_json_is_a_kubernetes_list() -> None:
     assert [item["kind"] for item in document["items"]] == ["ConfigMap", "PyTorchJob"]
 
 
-@needs_planner
 def test_render_is_deterministic_across_runs() -> None:
     assert runner.invoke(app, ["render"]).stdout == runner.invoke(app, ["render"]).stdout
 
 
-@needs_planner
 def test_render_hyperpod_backend(tmp_path: Path) -> None:
     path = tmp_path / "job.yaml"
     path.write_text(
@@ -105,7 +89,6 @@ def test_missing_file_exits_2(tmp_path: Path) -> None:
     assert "cannot read" in result.stderr
 
 
-@needs_planner
 def test_planning_error_exits_2_naming_the_field(tmp_path: Path) -> None:
     path = tmp_path / "h100-mxfp8.yaml"
     path.write_text(
