@@ -1,0 +1,68 @@
+"""Shared helpers for planner tests: specs, hardware and settings in one line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from blackwell_operator.catalogs import get_gpu, get_instance, get_preset
+from blackwell_operator.models.spec import BlackwellTrainingJobSpec
+from blackwell_operator.planner.layout import Hardware, Layout, Setting
+from blackwell_operator.planner.shapes import Shapes
+from blackwell_trainer.config import ActivationCheckpointing, Precision, PrecisionRecipe, Sharding
+
+GIB = 1 << 30
+
+
+def make_spec(
+    preset: str = "llama3.1-8b",
+    instance: str = "ml.p6-b200.48xlarge",
+    nodes: int = 1,
+    seq: int = 4096,
+    gpus_per_node: int | None = None,
+    **tuning: Any,
+) -> BlackwellTrainingJobSpec:
+    """A spec with the given knobs (tuning keys in camelCase)."""
+    cluster: dict[str, Any] = {"instanceType": instance, "nodes": nodes}
+    if gpus_per_node is not None:
+        cluster["gpusPerNode"] = gpus_per_node
+    return BlackwellTrainingJobSpec.model_validate(
+        {
+            "model": {"preset": preset},
+            "cluster": cluster,
+            "training": {"sequenceLength": seq},
+            "tuning": tuning,
+        }
+    )
+
+
+def hardware(instance: str = "ml.p6-b200.48xlarge", nodes: int = 1, gpus_per_node: int = 8) -> Hardware:
+    inst = get_instance(instance)
+    return Hardware(get_gpu(inst.gpu), inst, nodes, gpus_per_node)
+
+
+def shapes(preset: str = "llama3.1-8b") -> Shapes:
+    return Shapes.of(get_preset(preset).architecture)
+
+
+def setting(
+    ac: str = "none",
+    mbs: int = 1,
+    sharding: str = "full",
+    precision: str = "bf16",
+    recipe: str = "none",
+    cp: int = 1,
+    compile_blocks: bool = True,
+) -> Setting:
+    return Setting(
+        Precision(precision),
+        PrecisionRecipe(recipe),
+        ActivationCheckpointing(ac),
+        mbs,
+        Sharding(sharding),
+        cp,
+        compile_blocks,
+    )
+
+
+def layout(s: Setting, hw: Hardware) -> Layout:
+    return Layout.of(s, hw)
