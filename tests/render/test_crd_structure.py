@@ -145,3 +145,13 @@ def test_cel_rules_compile(schema: dict[str, Any]) -> None:
 def test_crd_fits_client_side_apply() -> None:
     # kubectl apply (client-side) stores the object in a 256 KiB annotation.
     assert len(CRD_FILE.read_bytes()) < 200_000
+
+
+@pytest.mark.parametrize("kubernetes_version", ["1.29.0", "1.33.0"])
+def test_crd_is_a_valid_apiextensions_object(kubernetes_version: str) -> None:
+    # Strict built-in schema of CustomResourceDefinition: unknown JSONSchemaProps keys (const, $defs, ...)
+    # and wrong types fail here. 1.29 is the first release with CEL validation rules GA.
+    import kubernetes_validate
+
+    crd = yaml.safe_load(CRD_FILE.read_text())
+    kubernetes_validate.validate(crd, kubernetes_version, strict=True)
