@@ -155,3 +155,26 @@ def test_crd_is_a_valid_apiextensions_object(kubernetes_version: str) -> None:
 
     crd = yaml.safe_load(CRD_FILE.read_text())
     kubernetes_validate.validate(crd, kubernetes_version, strict=True)
+
+
+def test_list_map_keys_are_required_or_defaulted(schema: dict[str, Any]) -> None:
+    for path, node in nodes(schema):
+        if node.get("x-kubernetes-list-type") != "map":
+            continue
+        items = node["items"]
+        for key in node["x-kubernetes-list-map-keys"]:
+            assert key in items.get("required", []) or "default" in items["properties"][key], (path, key)
+
+
+def test_every_default_validates_against_its_own_schema(schema: dict[str, Any]) -> None:
+    import jsonschema
+
+    from tests.render.k8s_schema import apply_defaults, to_json_schema
+
+    checked = 0
+    for path, node in nodes(schema):
+        if "default" in node:
+            value = apply_defaults(node, yaml.safe_load(yaml.safe_dump(node["default"])))
+            jsonschema.Draft4Validator(to_json_schema(node)).validate(value)
+            checked += 1
+    assert checked > 20
