@@ -172,7 +172,7 @@ def test_every_default_validates_against_its_own_schema(schema: dict[str, Any]) 
     from tests.render.k8s_schema import apply_defaults, to_json_schema
 
     checked = 0
-    for path, node in nodes(schema):
+    for _path, node in nodes(schema):
         if "default" in node:
             value = apply_defaults(node, yaml.safe_load(yaml.safe_dump(node["default"])))
             jsonschema.Draft4Validator(to_json_schema(node)).validate(value)
