@@ -79,7 +79,8 @@ def test_instances_point_at_known_gpus() -> None:
         assert get_gpu(inst.gpu).name == inst.gpu
         assert inst.gpus_per_node == 8 and inst.efa_devices > 0 and inst.source
     assert get_instance("ml.p6-b200.48xlarge").gpu == "B200"
-    assert get_instance("ml.p5.48xlarge").gpu == "H100-SXM"
+    assert get_instance("ml.p5.48xlarge").gpu == "H100"
+    assert get_gpu("H100-SXM").name == "H100"
 
 
 def test_unknown_names_raise_spec_errors_naming_the_field() -> None:

@@ -1,0 +1,187 @@
+"""plan_job end to end: a full plan, pinned values obeyed or rejected, impossible jobs explained."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from blackwell_operator.calibration import load_calibration
+from blackwell_operator.cli.manifest import load_manifest
+from blackwell_operator.errors import PlanningError, SpecError
+from blackwell_operator.models.spec import BlackwellTrainingJobSpec
+from blackwell_operator.planner import evaluate, plan_job
+from blackwell_trainer.config import ActivationCheckpointing, Plan, Precision, Sharding
+from tests.planner.conftest import GIB, make_spec
+
+
+@pytest.fixture(scope="module")
+def default_plan() -> Plan:
+    job = load_manifest(None)
+    return plan_job(job.spec, job_name=job.metadata.name)
+
+
+def test_every_plan_field_is_filled(default_plan: Plan) -> None:
+    p = default_plan
+    assert p.job_name == "llama3-8b-pretrain" and p.model_name == "llama3.1-8b"
+    assert p.parameter_count == 8_030_261_248
+    assert p.gpu.name == "B200" and p.gpu.compute_capability == "10.0"
+    assert p.gpu.memory_bytes > 170 * GIB and p.gpu.peak_bf16_flops == 2.25e15
+    assert (p.instance_type, p.nodes, p.gpus_per_node, p.world_size) == ("ml.p6-b200.48xlarge", 2, 8, 16)
+    assert p.sequence_length == 8192 and p.steps == 1000
+    c = p.chosen
+    assert p.global_batch_tokens == c.micro_batch_size * 8192 * 16 // c.context_parallel * (
+        c.gradient_accumulation_steps
+    )
+    assert c.shard_degree * c.replicate_degree == 16
+    assert c.loss_chunk_tokens == 8192 and c.compile
+    assert p.predicted.tokens_per_second_per_gpu > 0 and 0 < p.predicted.model_flops_utilization < 1
+    assert p.predicted.memory.peak_reserved <= p.gpu.memory_bytes * 0.95
+    assert p.predicted.time_breakdown_seconds["gemm"] > 0
+    assert 1 <= len(p.alternatives) <= 5 and all(a.reason for a in p.alternatives)
+    assert p.candidates_evaluated > 50
+    assert p.explanation and all(isinstance(line, str) and len(line) < 300 for line in p.explanation)
+    assert p.calibration == "btj-trainer (derived)"
+
+
+def test_plan_round_trips_through_json(default_plan: Plan) -> None:
+    again = Plan.model_validate_json(default_plan.to_json())
+    assert again == default_plan
+    assert "microBatchSize" in json.loads(default_plan.to_json())["chosen"]
+
+
+def test_dataset_checkpoint_and_optimizer_are_copied_from_the_spec() -> None:
+    spec = BlackwellTrainingJobSpec.model_validate(
+        {
+            "model": {"preset": "llama3.2-1b"},
+            "training": {
+                "dataset": {"kind": "shards", "uri": "s3://bucket/tokens"},
+                "checkpoint": {"path": "/fsx/ckpt", "intervalSteps": 50},
+                "optimizer": {"learningRate": 1e-4},
+                "steps": 7,
+            },
+        }
+    )
+    p = plan_job(spec, job_name="x")
+    assert p.dataset.uri == "s3://bucket/tokens" and p.checkpoint.interval_steps == 50
+    assert p.optimizer.learning_rate == 1e-4 and p.steps == 7 and p.job_name == "x"
+
+
+def test_alternatives_are_ranked_and_say_why_they_lost(default_plan: Plan) -> None:
+    best = default_plan.predicted.tokens_per_second_per_gpu
+    for alt in default_plan.alternatives:
+        if alt.reason.startswith("needs"):
+            assert re.fullmatch(r"needs \d+\.\d GiB > \d+\.\d GiB budget", alt.reason)
+            assert alt.prediction.memory.peak_reserved > default_plan.gpu.memory_bytes * 0.95
+        else:
+            assert alt.prediction.tokens_per_second_per_gpu <= best
+            assert re.fullmatch(r"\d+\.\d% slower|as fast, but .*", alt.reason)
+
+
+def test_pinned_values_are_obeyed() -> None:
+    spec = make_spec(
+        nodes=2,
+        precision="fp8",
+        activationCheckpointing="selective",
+        microBatchSize=2,
+        sharding="full",
+    )
+    c = plan_job(spec).chosen
+    assert c.precision is Precision.FP8
+    assert c.activation_checkpointing is ActivationCheckpointing.SELECTIVE
+    assert c.micro_batch_size == 2 and c.sharding is Sharding.FULL and c.shard_degree == 16
+
+
+def test_mxfp8_on_h100_is_rejected_with_the_reason() -> None:
+    with pytest.raises(PlanningError) as err:
+        plan_job(make_spec(instance="ml.p5.48xlarge", precision="mxfp8"))
+    assert err.value.field == "spec.tuning.precision"
+    assert err.value.message == (
+        "spec.tuning.precision: mxfp8 needs compute capability 10.x (Blackwell); "
+        "ml.p5.48xlarge has H100 (9.0). Fix: use fp8 or bf16"
+    )
+
+
+def test_a_precision_the_trainer_cannot_run_is_rejected() -> None:
+    with pytest.raises(PlanningError, match="cannot train in fp8"):
+        plan_job(
+            make_spec(instance="ml.p5en.48xlarge", precision="fp8"),
+            calibration=load_calibration("h200-reference"),
+        )
+    with pytest.raises(PlanningError, match="no selective checkpointing"):
+        plan_job(
+            make_spec(instance="ml.p5en.48xlarge", activationCheckpointing="selective"),
+            calibration=load_calibration("h200-reference"),
+        )
+
+
+def test_a_pinned_micro_batch_that_cannot_fit_names_memory_budget_and_what_fits() -> None:
+    spec = make_spec(seq=8192, microBatchSize=16, activationCheckpointing="none", precision="bf16")
+    with pytest.raises(PlanningError) as err:
+        plan_job(spec)
+    e = err.value
+    assert e.field == "spec.tuning.microBatchSize"
+    match = re.search(r"micro-batch 16 needs (\d+\.\d) GiB .* > (\d+\.\d) GiB budget", e.problem)
+    assert match, e.problem
+    assert float(match.group(1)) > float(match.group(2)) == pytest.approx(179.1 * 0.95, abs=0.1)
+    largest = int(re.fullmatch(r"use auto or (\d+)", e.fix).group(1))  # type: ignore[union-attr]
+    assert 1 <= largest < 16
+    # ...and that size really is the largest that fits.
+    plan_job(make_spec(seq=8192, microBatchSize=largest, activationCheckpointing="none", precision="bf16"))
+    with pytest.raises(PlanningError):
+        plan_job(
+            make_spec(seq=8192, microBatchSize=largest + 1, activationCheckpointing="none", precision="bf16")
+        )
+
+
+def test_an_impossible_job_names_the_memory_and_the_smallest_node_count() -> None:
+    spec = make_spec(preset="llama3.1-70b", instance="ml.p5.48xlarge", seq=131072)
+    with pytest.raises(PlanningError) as err:
+        plan_job(spec)
+    e = err.value
+    assert e.field == "spec.cluster.nodes"
+    assert re.search(r"needs \d+\.\d GiB per GPU > 75\.\d GiB budget on 1 x ml\.p5\.48xlarge", e.problem)
+    nodes = int(re.fullmatch(r"use at least (\d+) nodes", e.fix).group(1))  # type: ignore[union-attr]
+    plan_job(make_spec(preset="llama3.1-70b", instance="ml.p5.48xlarge", seq=131072, nodes=nodes))
+    with pytest.raises(PlanningError):
+        plan_job(make_spec(preset="llama3.1-70b", instance="ml.p5.48xlarge", seq=131072, nodes=nodes - 1))
+
+
+def test_unknown_preset_is_a_spec_error() -> None:
+    with pytest.raises(SpecError, match=r"spec\.model\.preset"):
+        plan_job(make_spec(preset="llama9"))
+
+
+def test_gpus_per_node_narrows_the_world() -> None:
+    p = plan_job(make_spec(nodes=2, gpus_per_node=4))
+    assert (p.gpus_per_node, p.world_size) == (4, 8)
+    assert p.chosen.shard_degree * p.chosen.replicate_degree == 8
+
+
+def test_global_batch_sets_gradient_accumulation() -> None:
+    spec = make_spec(preset="llama3.2-1b", nodes=2)
+    spec.training.global_batch_tokens = 4 * 1024 * 1024
+    p = plan_job(spec)
+    c = p.chosen
+    assert p.global_batch_tokens >= 4 * 1024 * 1024
+    assert (
+        c.micro_batch_size * 4096 * 16 // c.context_parallel * c.gradient_accumulation_steps
+        == p.global_batch_tokens
+    )
+    spec.training.global_batch_tokens = 1000
+    with pytest.raises(PlanningError, match=r"globalBatchTokens"):
+        plan_job(spec)
+
+
+def test_evaluate_scores_one_candidate(default_plan: Plan) -> None:
+    spec = load_manifest(None).spec
+    ev = evaluate(spec, default_plan.chosen)
+    assert ev.fits
+    assert ev.prediction.tokens_per_second_per_gpu == default_plan.predicted.tokens_per_second_per_gpu
+    assert ev.memory.peak_reserved == default_plan.predicted.memory.peak_reserved
+
+
+def test_planning_is_deterministic() -> None:
+    spec = load_manifest(None).spec
+    assert plan_job(spec).to_json() == plan_job(spec).to_json()
