@@ -62,7 +62,7 @@ def write_plan(
     return path
 
 
-def edit_plan(path: Path, change: Callable[[dict[str, Any]], None]) -> Path:
+def edit_plan(path: Path, change: Callable[[dict[str, Any]], object]) -> Path:
     plan = json.loads(path.read_text())
     change(plan)
     path.write_text(json.dumps(plan))
