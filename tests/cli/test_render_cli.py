@@ -100,3 +100,14 @@ def test_planning_error_exits_2_naming_the_field(tmp_path: Path) -> None:
     assert result.exit_code == 2, result.output
     assert "spec.tuning.precision" in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_a_name_the_api_server_would_reject_exits_2(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        "apiVersion: training.blackwell.dev/v1alpha1\nkind: BlackwellTrainingJob\n"
+        "metadata: {name: 8b-pretrain}\nspec: {model: {preset: llama3.1-8b}}\n"
+    )
+    result = runner.invoke(app, ["render", str(path)])
+    assert result.exit_code == 2
+    assert "metadata.name must be a DNS-1035 label" in result.stderr

@@ -170,3 +170,12 @@ def test_cel_rules_alone_reject_what_the_schema_also_rejects(
     obj = apply_defaults(SCHEMA, manifest(tuning=tuning, cluster=cluster))
     assert any(expected in error for error in cel_errors(SCHEMA, obj))
     assert cel_errors(SCHEMA, apply_defaults(SCHEMA, manifest(tuning={"microBatchSize": 8}))) == []
+
+
+@pytest.mark.parametrize("name", ["job", "a", "llama3-8b", "8b", "Job", "a.b", "a-", "x" * 51, "x" * 52])
+def test_cli_name_check_agrees_with_the_cel_rules(name: str) -> None:
+    from blackwell_operator.render.names import name_problem
+
+    obj = manifest()
+    obj["metadata"]["name"] = name
+    assert (admit(SCHEMA, VALIDATOR, obj) == []) == (name_problem(name) is None)

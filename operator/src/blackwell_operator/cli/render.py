@@ -15,6 +15,7 @@ from blackwell_operator.cli.manifest import ManifestError, load_manifest
 from blackwell_operator.errors import SpecError
 from blackwell_operator.render import dump_documents, render_children
 from blackwell_operator.render.crd import crd_yaml
+from blackwell_operator.render.names import name_problem
 from blackwell_trainer.config import Plan
 
 DEFAULT_NAMESPACE = "default"
@@ -67,6 +68,10 @@ def render(
         fail(str(exc))
         return
     name = job.metadata.name
+    problem = name_problem(name)
+    if problem:
+        fail(f"{file or 'the manifest'}: {problem}")
+        return
     namespace = job.metadata.namespace or DEFAULT_NAMESPACE
     raw_labels: Any = (job.metadata.model_extra or {}).get("labels") or {}
     labels = (

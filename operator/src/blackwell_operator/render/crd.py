@@ -6,6 +6,7 @@ from typing import Any
 
 from blackwell_operator.models.spec import API_GROUP, API_VERSION, KIND, PLURAL, BlackwellTrainingJobSpec
 from blackwell_operator.models.status import BlackwellTrainingJobStatus
+from blackwell_operator.render.names import DNS1035_PATTERN, MAX_NAME_LENGTH
 from blackwell_operator.render.schema import PRESERVE_UNKNOWN, VALIDATIONS, Schema, ordered, to_structural
 from blackwell_operator.render.yamlio import dump_yaml
 
@@ -13,13 +14,9 @@ SINGULAR = KIND.lower()
 SHORT_NAMES = ["btj"]
 CATEGORIES = ["ml"]
 
-# The training operator names Services `<job>-worker-<index>` (DNS-1035, 63 characters at most) and the
-# child takes the BTJ's name; 51 leaves room for "-worker-1023".
-MAX_NAME_LENGTH = 51
-
 ROOT_RULES = [
     {
-        "rule": "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+        "rule": f"self.metadata.name.matches('{DNS1035_PATTERN}')",
         "message": "metadata.name must be a DNS-1035 label (lowercase letters, digits and '-', starting "
         "with a letter): the child PyTorchJob takes the same name",
     },
