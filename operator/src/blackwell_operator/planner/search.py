@@ -85,18 +85,34 @@ class Problem:
             return 1
         return max(1, math.ceil(self.global_batch_tokens / self.tokens_per_micro_step(setting, mbs)))
 
+    _memo: dict[Setting, tuple[MemoryEstimate, int]] = field(default_factory=dict)
+    _layouts: dict[tuple[str, int], Layout] = field(default_factory=dict)
+
+    def layout(self, setting: Setting) -> Layout:
+        """The setting's layout on the hardware (cached: it depends on sharding and CP only)."""
+        key = (setting.sharding.value, setting.context_parallel)
+        found = self._layouts.get(key)
+        if found is None:
+            found = self._layouts[key] = Layout.of(setting, self.hw)
+        return found
+
     def memory(self, setting: Setting) -> tuple[MemoryEstimate, int]:
-        """Memory of a setting and its accumulation steps."""
-        self.evaluations += 1
-        ga = self.accumulation(setting, setting.micro_batch_size)
-        layout = Layout.of(setting, self.hw)
-        return estimate_memory(self.shapes, self.cal, setting, layout, self.sequence_length, ga), ga
+        """Memory of a setting and its accumulation steps (each setting is evaluated once)."""
+        cached = self._memo.get(setting)
+        if cached is None:
+            self.evaluations += 1
+            ga = self.accumulation(setting, setting.micro_batch_size)
+            mem = estimate_memory(
+                self.shapes, self.cal, setting, self.layout(setting), self.sequence_length, ga
+            )
+            cached = self._memo[setting] = (mem, ga)
+        return cached
 
     def score(self, setting: Setting) -> Scored:
-        """Memory and, when it fits, time."""
+        """Memory and time of a setting."""
         mem, ga = self.memory(setting)
         fits = mem.peak_reserved <= self.budget_bytes
-        layout = Layout.of(setting, self.hw)
+        layout = self.layout(setting)
         time = estimate_time(self.shapes, self.cal, self.hw, setting, layout, self.sequence_length, ga)
         return Scored(setting, ga, mem, time, fits)
 

@@ -64,8 +64,13 @@ def estimate_time(
     peak_bf16 = gpu.peak_for(Precision.BF16)
 
     gemm_block = gemm_block_fwd = 0.0
+    # Recipes that keep some blocks in BF16 for accuracy (NVFP4: the last ~15%) mix the two speeds.
+    mix = rc.bf16_layer_fraction
     for k, n in shapes.linears:
         total, fwd = linear_time(tokens, k, n, rc, peak, bandwidth)
+        if mix:
+            hi_total, hi_fwd = linear_time(tokens, k, n, rc_bf16, peak_bf16, bandwidth)
+            total, fwd = (1 - mix) * total + mix * hi_total, (1 - mix) * fwd + mix * hi_fwd
         gemm_block += total
         gemm_block_fwd += fwd
     # The output head stays in BF16 (as in torchtitan/TE practice); it runs once per micro-batch.
