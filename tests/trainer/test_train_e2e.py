@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -75,10 +76,17 @@ class Trainer:
 
     plan: Path
     env: dict[str, str] = field(default_factory=dict)
+    nproc: int = 2
     lines: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={self.nproc}",
+        ]
         cmd += ["-m", "blackwell_trainer", "--plan", str(self.plan)]
         self.proc = subprocess.Popen(
             cmd,
@@ -152,8 +160,8 @@ class Trainer:
         return {int(m[1]): m[2] for m in STEP_LINE.finditer(self.output)}
 
 
-def run_to_end(plan: Path, env: dict[str, str] | None = None) -> Trainer:
-    trainer = Trainer(plan, env or {})
+def run_to_end(plan: Path, env: dict[str, str] | None = None, nproc: int = 2) -> Trainer:
+    trainer = Trainer(plan, env or {}, nproc)
     try:
         rc = trainer.finish()
     finally:
@@ -301,6 +309,25 @@ def test_resume_skips_a_broken_checkpoint_and_reproduces_the_losses(tmp_path: Pa
     # Steps 5-8 again, from the step-4 checkpoint in fresh processes: the same losses as the first time.
     assert resumed.losses() == {s: reference[s] for s in range(5, 9)}
     assert complete_steps(tmp_path / "ckpt") == [4, 8]
+
+
+@pytest.mark.distributed
+def test_resume_on_another_world_size_reshards_model_optimizer_and_data(tmp_path: Path) -> None:
+    # 2 ranks x 4 sequences, then the job is re-planned onto 1 rank x 8 sequences (same global batch).
+    two = write_plan(tmp_path / "two", steps=6, checkpoint=tmp_path / "two" / "ckpt", interval=4)
+    reference = {s: float(v) for s, v in run_to_end(two).losses().items()}
+    shutil.copytree(tmp_path / "two" / "ckpt" / "step-000004", tmp_path / "one" / "ckpt" / "step-000004")
+
+    one = write_plan(
+        tmp_path / "one", steps=6, checkpoint=tmp_path / "one" / "ckpt", microBatchSize=8, shardDegree=1
+    )
+    edit_plan(one, lambda p: p.update(gpusPerNode=1))
+    resumed = run_to_end(one, nproc=1)
+    assert "written by 2 ranks and resumes on 1" in resumed.output
+    losses = {s: float(v) for s, v in resumed.losses().items()}
+    # The same samples in the same global batch: the loss matches up to reduction order (gloo vs local).
+    assert sorted(losses) == [5, 6]
+    assert losses == pytest.approx({s: reference[s] for s in (5, 6)}, abs=2e-3)
 
 
 # --- every activation-checkpointing and sharding mode, one with S3 shards through moto

@@ -199,7 +199,8 @@ class Checkpointer:
             self._prune()
         _barrier()  # nobody moves on (or exits) before the checkpoint is in place
         self.last_saved_step = step
-        log.info("saved checkpoint %s in %.1f s", final, time.monotonic() - started)
+        if rank == 0:
+            log.info("saved checkpoint %s in %.1f s", final, time.monotonic() - started)
 
     def load(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any] | None:
         """Resume from the newest complete checkpoint (collective); returns its `extra`, or None if none."""
@@ -215,8 +216,9 @@ class Checkpointer:
             set_state_dict(
                 model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
             )
-        source_rank = rank
-        if found.world_size != world_size:
+        # Same layout: each rank its own extra. Another layout: rank 0's (its data position is global).
+        source_rank = rank if found.world_size == world_size else 0
+        if found.world_size != world_size and rank == 0:
             log.warning(
                 "checkpoint %s was written by %d ranks and resumes on %d: model and optimizer are "
                 "resharded by DCP, the data position is global and exact, and every rank takes rank 0's "
@@ -225,12 +227,12 @@ class Checkpointer:
                 found.world_size,
                 world_size,
             )
-            source_rank = 0
         extra: dict[str, Any] = torch.load(
             found.path / EXTRA_DIR / f"rank-{source_rank:05d}.pt", weights_only=True
         )
         self.last_saved_step = found.step
-        log.info("resumed from checkpoint %s", found.path)
+        if rank == 0:
+            log.info("resumed from checkpoint %s", found.path)
         return extra
 
     @staticmethod
