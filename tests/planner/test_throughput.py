@@ -121,13 +121,14 @@ def test_no_communication_on_one_gpu_and_exposed_efa_traffic_across_nodes() -> N
     assert t_h.breakdown["fsdp_comm_exposed"] < t64.breakdown["fsdp_comm_exposed"]
 
 
-def test_context_parallel_halves_attention_per_gpu() -> None:
+def test_context_parallel_splits_attention_per_gpu_at_a_small_overhead() -> None:
     sh, hw = shapes(), hardware()
     a = setting(mbs=1)
     b = setting(mbs=1, cp=2)
     ta = estimate_time(sh, BTJ, hw, a, layout(a, hw), 32768)
     tb = estimate_time(sh, BTJ, hw, b, layout(b, hw), 32768)
-    assert tb.breakdown["attention"] == pytest.approx(ta.breakdown["attention"] / 2)
+    overhead = 1 + BTJ.throughput.cp_attention_overhead / 2
+    assert tb.breakdown["attention"] == pytest.approx(ta.breakdown["attention"] / 2 * overhead, rel=1e-5)
 
 
 def test_compile_reduces_memory_bound_time() -> None:

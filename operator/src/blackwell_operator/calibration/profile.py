@@ -98,6 +98,10 @@ class ThroughputConstants(_Strict):
     cpu_seconds_per_layer: float
     nccl_bus_efficiency: float
     comm_overlap: float
+    cp_attention_overhead: float = Field(
+        description="Extra attention time of ring context parallelism (split kernels, load balance), "
+        "as a fraction at large cp."
+    )
 
 
 class Calibration(_Strict):

@@ -81,6 +81,10 @@ def estimate_time(
     attn_fwd = (
         2.0 * seqs * sequence_length * sequence_length * shapes.q_dim / (peak_bf16 * t.attention_efficiency)
     )
+    if setting.context_parallel > 1:
+        # Ring attention runs cp smaller kernels per layer and balances causal work imperfectly.
+        cp = setting.context_parallel
+        attn_fwd *= 1.0 + t.cp_attention_overhead * (cp - 1) / cp
     attn_block = 3.5 * attn_fwd
 
     eager = 1.0 if setting.compile or not cal.trainer.compile else t.eager_elementwise_factor

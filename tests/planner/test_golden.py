@@ -1,0 +1,103 @@
+"""Golden plans over every preset on P6-B200 and P5en (1-2 nodes, sequence 4096/8192).
+
+Regenerate with `BTJ_UPDATE_GOLDEN=1 pytest tests/planner/test_golden.py` and explain changes in
+docs/planner.md. The rules of thumb checked at the end come out of the models; nothing in the planner
+encodes them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from blackwell_operator.catalogs import get_preset, list_presets
+from blackwell_operator.errors import PlanningError
+from blackwell_operator.planner import plan_job
+from tests.planner.conftest import GIB, make_spec
+
+GOLDEN = Path(__file__).resolve().parent / "golden" / "plans.json"
+INSTANCES = ("ml.p6-b200.48xlarge", "ml.p5en.48xlarge")
+CASES = [
+    (preset.name, instance, nodes, seq)
+    for preset in list_presets()
+    for instance in INSTANCES
+    for nodes in (1, 2)
+    for seq in (4096, 8192)
+]
+
+
+def case_id(preset: str, instance: str, nodes: int, seq: int) -> str:
+    return f"{preset}/{instance.split('.')[1]}/n{nodes}/s{seq}"
+
+
+def summarise(preset: str, instance: str, nodes: int, seq: int) -> dict[str, Any]:
+    """The compact golden record of one case."""
+    try:
+        plan = plan_job(make_spec(preset, instance, nodes, seq))
+    except PlanningError as exc:
+        return {"error": exc.message}
+    c = plan.chosen
+    return {
+        "precision": c.precision.value,
+        "recipe": c.precision_recipe.value,
+        "ac": c.activation_checkpointing.value,
+        "mbs": c.micro_batch_size,
+        "ga": c.gradient_accumulation_steps,
+        "sharding": c.sharding.value,
+        "cp": c.context_parallel,
+        "tokens_per_second_per_gpu": round(plan.predicted.tokens_per_second_per_gpu),
+        "mfu": round(plan.predicted.model_flops_utilization, 3),
+        "peak_reserved_gib": round(plan.predicted.memory.peak_reserved / GIB, 1),
+    }
+
+
+def current() -> dict[str, dict[str, Any]]:
+    return {case_id(*case): summarise(*case) for case in CASES}
+
+
+@pytest.fixture(scope="module")
+def golden() -> dict[str, dict[str, Any]]:
+    if os.environ.get("BTJ_UPDATE_GOLDEN"):
+        # One case per line keeps the file compact and its diffs readable.
+        lines = [f"{json.dumps(k)}: {json.dumps(v, sort_keys=True)}" for k, v in sorted(current().items())]
+        GOLDEN.write_text("{\n" + ",\n".join(lines) + "\n}\n")
+    return dict(json.loads(GOLDEN.read_text()))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case_id(*c) for c in CASES])
+def test_plan_matches_golden(case: tuple[str, str, int, int], golden: dict[str, dict[str, Any]]) -> None:
+    assert summarise(*case) == golden[case_id(*case)]
+
+
+def _b200_single_node(golden: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {k.split("/")[0]: v for k, v in golden.items() if "/p6-b200/n1/s8192" in k and "error" not in v}
+
+
+def test_b200_small_models_do_not_checkpoint_when_memory_allows(golden: dict[str, dict[str, Any]]) -> None:
+    plans = _b200_single_node(golden)
+    small = [p.name for p in list_presets() if p.parameter_count < 10e9]
+    assert small and all(plans[name]["ac"] == "none" for name in small)
+
+
+def test_b200_large_models_checkpoint(golden: dict[str, dict[str, Any]]) -> None:
+    plans = _b200_single_node(golden)
+    large = [p.name for p in list_presets() if p.parameter_count > 30e9]
+    assert large and all(plans[name]["ac"] in ("full", "selective") for name in large)
+
+
+def test_block_scaled_formats_only_where_gemms_are_large(golden: dict[str, dict[str, Any]]) -> None:
+    chosen_widths = {
+        get_preset(k.split("/")[0]).architecture.hidden_size: v["precision"]
+        for k, v in golden.items()
+        if "/p6-b200/" in k and "error" not in v
+    }
+    # The 2048-wide model's GEMMs are too small for MXFP8/NVFP4 to pay for their casts and host time...
+    assert chosen_widths[2048] not in ("mxfp8", "nvfp4")
+    # ...while the widest models gain from them.
+    assert chosen_widths[8192] in ("mxfp8", "nvfp4")
+    # Hopper has no block-scaled formats at all.
+    assert all(v.get("precision") not in ("mxfp8", "nvfp4") for k, v in golden.items() if "/p5en/" in k)
