@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 
 from blackwell_trainer.checkpoint import MARKER, Checkpointer, CheckpointError, PreemptionGuard, list_complete
 from blackwell_trainer.config import CheckpointConfig
@@ -107,6 +109,28 @@ def test_an_unfinished_temporary_folder_is_ignored(tmp_path: Path) -> None:
     (tmp_path / ".tmp-step-000002").mkdir()
     (tmp_path / ".tmp-step-000002" / "__0_0.distcp").write_bytes(b"partial")
     assert [c.step for c in list_complete(tmp_path)] == [1]
+
+
+def test_a_failed_save_leaves_the_previous_checkpoint_in_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, optimizer = make(0)
+    ckpt = checkpointer(tmp_path)
+    ckpt.save(1, model, optimizer, {"step": 1})
+
+    def disk_full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", disk_full)  # the storage fills up half-way through step 2
+    # DCP's own writes hit it first and wrap it (CheckpointException, collective over the ranks).
+    with pytest.raises((OSError, CheckpointException), match="No space"):
+        ckpt.save(2, model, optimizer, {"step": 2})
+    monkeypatch.undo()
+    assert [c.step for c in list_complete(tmp_path)] == [1]
+    loaded = checkpointer(tmp_path).load(*make(3))
+    assert loaded is not None and loaded["step"] == 1
+    ckpt.save(3, model, optimizer, {"step": 3})  # the next save clears the failed temporary
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000001", "step-000003"]
 
 
 def test_keep_latest_prunes_older_checkpoints(tmp_path: Path) -> None:

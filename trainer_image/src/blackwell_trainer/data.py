@@ -297,6 +297,7 @@ def _cache_dir() -> Path:
 def _s3_shards(uri: str, itemsize: int) -> list[Shard]:
     """List *.bin objects under an s3:// prefix; each is downloaded to the cache on first use."""
     import boto3  # only the S3 path needs it; a local-data trainer starts without the import cost
+    from botocore.config import Config
 
     bucket, _, prefix = uri.removeprefix("s3://").partition("/")
     if not bucket:
@@ -305,7 +306,13 @@ def _s3_shards(uri: str, itemsize: int) -> list[Shard]:
         prefix += "/"  # s3://b/data must not also match s3://b/data-old/
     # boto3 reads AWS_ENDPOINT_URL itself on recent versions; passing it keeps older ones and
     # S3-compatible stores (MinIO, moto) working too.
-    client = boto3.client("s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None)
+    # Every rank of every node lists and fetches at once after a restart: adaptive retries back
+    # off on S3's 503 SlowDown instead of failing the job.
+    client = boto3.client(
+        "s3",
+        endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None,
+        config=Config(retries={"mode": "adaptive", "max_attempts": 10}),
+    )
     shards: list[Shard] = []
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for obj in page.get("Contents", []):
