@@ -1,4 +1,8 @@
-"""Fixtures for the operator tests: an emulated cluster and a kubeconfig pointing the operator at it."""
+"""Fixtures for the operator tests: an emulated cluster and a kubeconfig pointing the operator at it.
+
+Every test that uses the cluster also checks, at teardown, that each API call the operator made is
+granted by blackwell_operator.permissions.PERMISSIONS (the source of the chart's RBAC).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.operator.harness import Cluster, emulated_cluster, write_kubeconfig
+from blackwell_operator.permissions import granted
+from tests.operator.harness import Cluster, api_calls, emulated_cluster, from_operator, write_kubeconfig
+
+OPERATOR_CALLS: set[tuple[str, str, str]] = set()  # union over the session, for test_permissions
 
 
 @pytest.fixture
@@ -16,3 +23,7 @@ async def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncItera
         monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "kubeconfig", emulated.url)))
         monkeypatch.setenv("BTJ_METRICS_BIND", "off")
         yield emulated
+        calls = api_calls(r for r in emulated.k.requests if from_operator(r))
+        OPERATOR_CALLS.update(calls)
+        missing = sorted(call for call in calls if not granted(*call))
+        assert not missing, f"the operator made calls PERMISSIONS does not grant: {missing}"

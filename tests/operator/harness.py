@@ -170,6 +170,11 @@ def verb_of(request: Any) -> str | None:
     return {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}.get(method)
 
 
+def from_operator(request: Any) -> bool:
+    """Whether the operator (Kopf or its kubernetes client) sent the request, not the test."""
+    return not str(request.headers.get("User-Agent", "")).startswith("kmock/")
+
+
 def api_calls(requests: Any) -> set[tuple[str, str, str]]:
     """(apiGroup, resource[/subresource], verb) of every resource request (discovery excluded)."""
     calls = set()

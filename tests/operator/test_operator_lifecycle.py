@@ -138,7 +138,8 @@ async def test_failed_job_fails_the_btj(cluster: Cluster) -> None:
                         "type": "Failed",
                         "status": "True",
                         "reason": "PyTorchJobFailed",
-                        "message": "PyTorchJob doomed has failed because it has reached the specified backoff limit",
+                        "message": "PyTorchJob doomed has failed because it has reached the specified "
+                        "backoff limit",
                     },
                 ]
             },

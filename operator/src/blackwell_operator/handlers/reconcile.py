@@ -14,7 +14,7 @@ from blackwell_operator.cli.manifest import format_validation_error
 from blackwell_operator.discovery.capacity import Capacity
 from blackwell_operator.errors import SpecError
 from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
-from blackwell_operator.handlers.btjstatus import write_status
+from blackwell_operator.handlers.btjstatus import btj_path, write_status
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import adopt_children, post_event
 from blackwell_operator.models.spec import Backend, BlackwellTrainingJobSpec
@@ -95,8 +95,8 @@ def parse_spec(spec: Mapping[str, Any]) -> BlackwellTrainingJobSpec:
 
 
 def _retry_delay(retry: int) -> float:
-    # Exponential backoff from 0.5 s to a minute: quick for a blip, gentle for an outage.
-    return float(min(0.5 * 2**retry, 60.0))
+    # Exponential backoff from 0.25 s to a minute: quick for a blip, gentle for an outage.
+    return float(min(0.25 * 2**retry, 60.0))
 
 
 class Reconciler:
@@ -157,6 +157,16 @@ class Reconciler:
             post_event(body, reason="Planned", message=f"Dry run: {plan_summary(plan)}")
             return
 
+        # The event that triggered this pass may be stale (the BTJ deleted meanwhile): check before creating
+        # children that would only be garbage-collected again.
+        current = self.api.get(btj_path(namespace, name))
+        if (
+            current is None
+            or current["metadata"].get("uid") != meta["uid"]
+            or current["metadata"].get("deletionTimestamp")
+        ):
+            logger.info("The BlackwellTrainingJob is gone or going; nothing to create.")
+            return
         config_map, job = render_children(name, namespace, spec, plan, labels=meta.get("labels") or {})
         adopt_children([config_map, job], body)
         result.config_map = config_map["metadata"]["name"]

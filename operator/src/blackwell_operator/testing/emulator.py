@@ -413,6 +413,25 @@ class HardenedEmulator(kmock.KubernetesEmulator):
         for uid in filter(None, orphans_gone):  # their own dependents, depth-first
             await self._collect_garbage(uid)
 
+    async def _collect_if_orphaned(self, request: rendering.Request) -> None:
+        """Delete a new object all of whose owners are gone (the garbage collector's dangling-owner rule)."""
+        data = request.data if isinstance(request.data, dict) else {}
+        meta = data.get("metadata", {})
+        owners = {ref.get("uid") for ref in meta.get("ownerReferences") or []}
+        if not owners:
+            return
+        live = {obj.get("metadata", {}).get("uid") for obj in self.objects.values() if not obj.deleted}
+        if owners & live:
+            return
+        async with self._lock:
+            key = (request.resource, meta.get("namespace"), meta.get("name"))
+            if request.resource is None or key not in self.objects or self.objects[key].deleted:
+                return
+            obj = self.objects[key]
+            raw = obj.raw
+            obj.delete()
+            await self._buses[request.resource].put({"type": "DELETED", "object": raw})
+
     async def _handle(self, request: rendering.Request) -> Any:
         if request.resource is None or request.resource.plural is None:
             return await super()._handle(request)  # discovery and plain HTTP
@@ -436,6 +455,8 @@ class HardenedEmulator(kmock.KubernetesEmulator):
             response = await super()._handle(request)
         if uid and self.garbage_collection and self._stored(request) is None:
             await self._collect_garbage(uid)
+        if request.action == kmock.action.CREATE and self.garbage_collection:
+            await self._collect_if_orphaned(request)
         if fault is not None:
             fault.times -= 1
             raise _error(
