@@ -1,0 +1,120 @@
+"""`btj plan` and `btj presets`: tables, JSON/YAML equal to plan.to_json(), clear errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from typer.testing import CliRunner
+
+from blackwell_operator.cli import _register_commands, app
+from blackwell_operator.cli.manifest import load_manifest
+from blackwell_operator.planner import plan_job
+
+_register_commands()
+runner = CliRunner()
+
+BAD_UNIONS = """apiVersion: training.blackwell.dev/v1alpha1
+kind: BlackwellTrainingJob
+metadata: {name: bad}
+spec:
+  model: {preset: llama3.1-8b}
+  training: {checkpoint: {intervalSteps: 0}}
+  tuning: {precision: fp16, microBatchSize: many, sharding: zero3}
+"""
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_plan_json_is_exactly_the_plan() -> None:
+    result = runner.invoke(app, ["plan", "-o", "json"])
+    assert result.exit_code == 0, result.output
+    job = load_manifest(None)
+    assert result.stdout.strip() == plan_job(job.spec, job_name=job.metadata.name).to_json()
+
+
+def test_plan_yaml_carries_the_same_data() -> None:
+    result = runner.invoke(app, ["plan", "--output", "yaml"])
+    assert result.exit_code == 0, result.output
+    job = load_manifest(None)
+    expected = json.loads(plan_job(job.spec, job_name=job.metadata.name).to_json())
+    assert yaml.safe_load(result.stdout) == expected
+
+
+def test_plan_table_shows_choice_memory_prediction_and_alternatives() -> None:
+    result = runner.invoke(app, ["plan"])
+    assert result.exit_code == 0, result.output
+    for text in ("Chosen configuration", "Memory per GPU", "peak reserved", "predicted MFU", "Alternatives"):
+        assert text in result.stdout
+    assert "Why" not in result.stdout
+
+
+def test_plan_explain_prints_the_reasons() -> None:
+    result = runner.invoke(app, ["plan", "--explain"])
+    assert result.exit_code == 0, result.output
+    assert "Why" in result.stdout and "micro-batch" in result.stdout and "step time" in result.stdout
+
+
+def test_plan_with_the_reference_calibration(tmp_path: Path) -> None:
+    text = load_manifest(None).model_dump_json(by_alias=True, exclude_none=True)
+    job = json.loads(text)
+    job["spec"]["cluster"] = {"instanceType": "ml.p5en.48xlarge", "nodes": 1}
+    path = _write(tmp_path, yaml.safe_dump(job))
+    result = runner.invoke(app, ["plan", str(path), "-o", "json", "--calibration", "h200-reference"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    assert plan["calibration"].startswith("h200-reference") and plan["chosen"]["precision"] == "bf16"
+
+
+def test_unknown_calibration_is_exit_2() -> None:
+    result = runner.invoke(app, ["plan", "--calibration", "nope"])
+    assert result.exit_code == 2 and "unknown 'nope'" in result.stderr
+
+
+def test_bad_union_values_read_as_one_line_each(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["plan", str(_write(tmp_path, BAD_UNIONS))])
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert (
+        "spec.tuning.precision: must be one of 'auto', 'bf16', 'fp8', 'mxfp8', 'nvfp4' (got 'fp16')" in lines
+    )
+    assert "spec.tuning.microBatchSize: must be 'auto' or a whole number (got 'many')" in lines
+    assert "spec.tuning.sharding: must be one of 'auto', 'full', 'hybrid', 'none' (got 'zero3')" in lines
+    assert "spec.training.checkpoint.intervalSteps: Input should be greater than or equal to 1" in lines
+
+
+def test_planning_errors_are_one_line_and_exit_2(tmp_path: Path) -> None:
+    text = BAD_UNIONS.replace("precision: fp16, microBatchSize: many, sharding: zero3", "precision: mxfp8")
+    text = text.replace(
+        "training: {checkpoint: {intervalSteps: 0}}", "cluster: {instanceType: ml.p5.48xlarge}"
+    )
+    result = runner.invoke(app, ["plan", str(_write(tmp_path, text))])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        "error: spec.tuning.precision: mxfp8 needs compute capability 10.x (Blackwell); "
+        "ml.p5.48xlarge has H100 (9.0). Fix: use fp8 or bf16"
+    )
+
+
+def test_unknown_preset_and_missing_file_exit_2(tmp_path: Path) -> None:
+    text = BAD_UNIONS.replace("llama3.1-8b", "llama9").replace(
+        "  tuning: {precision: fp16, microBatchSize: many, sharding: zero3}\n", ""
+    )
+    text = text.replace("  training: {checkpoint: {intervalSteps: 0}}\n", "")
+    result = runner.invoke(app, ["plan", str(_write(tmp_path, text))])
+    assert result.exit_code == 2 and "spec.model.preset: unknown preset 'llama9'" in result.stderr
+    missing = runner.invoke(app, ["plan", str(tmp_path / "none.yaml")])
+    assert missing.exit_code == 2 and "cannot read the file" in missing.stderr
+
+
+def test_presets_lists_the_catalog() -> None:
+    result = runner.invoke(app, ["presets"])
+    assert result.exit_code == 0
+    for name in ("llama3.2-1b", "llama3.1-70b", "qwen2.5-72b", "mistral-7b", "8,030,261,248"):
+        assert name in result.stdout
