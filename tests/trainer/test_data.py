@@ -10,7 +10,13 @@ import pytest
 import torch
 
 from blackwell_trainer.config import DatasetConfig, DatasetKind
-from blackwell_trainer.data import DataError, TokenSource, build_token_source
+from blackwell_trainer.data import (
+    MAX_OPEN_SHARDS,
+    DataError,
+    ShardTokenSource,
+    TokenSource,
+    build_token_source,
+)
 
 SEQ = 8
 VOCAB = 1000
@@ -211,3 +217,14 @@ def test_s3_shards_download_once_and_match_the_local_ones(
     stamp = (tmp_path / "cache" / "s3" / "tokens" / "corpus" / "a.bin").stat().st_mtime_ns
     batches(shards("s3://tokens/corpus", mbs=3), 5)
     assert (tmp_path / "cache" / "s3" / "tokens" / "corpus" / "a.bin").stat().st_mtime_ns == stamp
+
+
+def test_many_shards_are_read_with_few_files_open(tmp_path: Path) -> None:
+    # 20 shards of 2 windows each; an epoch reads all 40 windows while at most MAX_OPEN_SHARDS stay mapped.
+    for i in range(20):
+        np.arange(i * 17, i * 17 + 17, dtype=np.uint16).tofile(tmp_path / f"{i:02d}.bin")
+    source = shards(str(tmp_path), mbs=4)
+    assert isinstance(source, ShardTokenSource)
+    starts = [int(x) for _ in range(10) for x in source.next_batch()[0][:, 0]]
+    assert sorted(starts) == sorted(i * 17 + w * SEQ for i in range(20) for w in range(2))
+    assert len(source._open) <= MAX_OPEN_SHARDS

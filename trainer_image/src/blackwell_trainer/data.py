@@ -8,8 +8,9 @@ import functools
 import hashlib
 import logging
 import os
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -25,6 +26,7 @@ DEFAULT_CACHE_DIR = "/tmp/btj-cache"
 # Strides of the synthetic sequences: more than one, so the next token depends on the previous two
 # (the model must attend), few enough that a tiny model learns it in a few dozen steps.
 SYNTHETIC_STRIDES = (1, 2, 3)
+MAX_OPEN_SHARDS = 8
 
 
 class DataError(ValueError):
@@ -157,12 +159,6 @@ class Shard:
     name: str
     num_tokens: int
     fetch: Callable[[], Path]
-    _tokens: np.memmap[Any, np.dtype[Any]] | None = field(default=None, repr=False)
-
-    def tokens(self, dtype: np.dtype[Any]) -> np.memmap[Any, np.dtype[Any]]:
-        if self._tokens is None:
-            self._tokens = np.memmap(self.fetch(), dtype=dtype, mode="r")
-        return self._tokens
 
 
 class ShardTokenSource:
@@ -207,6 +203,9 @@ class ShardTokenSource:
             digest.update(f"{shard.name}:{shard.num_tokens};".encode())
         self.fingerprint = digest.hexdigest()[:16]
         self._epoch_cache: tuple[int, list[int], list[int]] | None = None
+        # Each open memmap holds a file descriptor; windows are read shard by shard, so a few suffice
+        # even for data sets of many thousands of shards.
+        self._open: OrderedDict[int, np.memmap[Any, np.dtype[Any]]] = OrderedDict()
 
     def _epoch_layout(self, epoch: int) -> tuple[list[int], list[int]]:
         """Shard order and cumulative window counts (ends) of an epoch."""
@@ -220,11 +219,18 @@ class ShardTokenSource:
     def _window(self, epoch: int, index: int) -> np.ndarray:
         order, ends = self._epoch_layout(epoch)
         slot = bisect.bisect_right(ends, index)
-        shard = self.shards[order[slot]]
         offset = (index - (ends[slot - 1] if slot else 0)) * self.sequence_length
-        return np.asarray(
-            shard.tokens(self.dtype)[offset : offset + self.sequence_length + 1], dtype=np.int64
-        )
+        tokens = self._tokens(order[slot])
+        return np.asarray(tokens[offset : offset + self.sequence_length + 1], dtype=np.int64)
+
+    def _tokens(self, shard: int) -> np.memmap[Any, np.dtype[Any]]:
+        if shard in self._open:
+            self._open.move_to_end(shard)
+        else:
+            self._open[shard] = np.memmap(self.shards[shard].fetch(), dtype=self.dtype, mode="r")
+            if len(self._open) > MAX_OPEN_SHARDS:
+                self._open.popitem(last=False)
+        return self._open[shard]
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         epoch, indices = self.position.take(self.samples_per_epoch)
