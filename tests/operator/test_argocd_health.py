@@ -1,0 +1,50 @@
+"""The Argo CD health check (examples/argocd/btj-health.lua) run by a real Lua 5.1 interpreter over fixtures.
+
+Argo CD runs health checks in gopher-lua (Lua 5.1) with the standard library off unless useOpenLibs is
+set, so the script runs here in Lua 5.1 with only Lua's base functions visible, `obj` as a global.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+lupa = pytest.importorskip("lupa.lua51", reason="lupa (Lua 5.1) is needed to run the Lua health check")
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "examples" / "argocd" / "btj-health.lua"
+FIXTURES = Path(__file__).parent / "argocd"
+CASES = yaml.safe_load((FIXTURES / "health_test.yaml").read_text())["tests"]
+# Lua base library only: what a sandbox without useOpenLibs offers.
+_SANDBOX = "ipairs pairs next type tostring tonumber select error assert unpack"
+
+
+def run_health_check(obj: dict[str, Any]) -> dict[str, str]:
+    """Evaluate the script with `obj` bound, in a sandboxed Lua 5.1 environment."""
+    runtime = lupa.LuaRuntime(unpack_returned_tuples=True)
+    env = runtime.table_from({name: runtime.globals()[name] for name in _SANDBOX.split()})
+    env["obj"] = runtime.table_from(obj, recursive=True)
+    chunk = runtime.globals().loadstring(SCRIPT.read_text(), "btj-health")
+    runtime.globals().setfenv(chunk, env)
+    result = chunk()
+    return {"status": result["status"], "message": result["message"]}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[Path(c["inputPath"]).stem for c in CASES])
+def test_health_of_fixture(case: dict[str, Any]) -> None:
+    obj = yaml.safe_load((FIXTURES / case["inputPath"]).read_text())
+    assert run_health_check(obj) == case["healthStatus"]
+
+
+def test_every_health_status_is_covered() -> None:
+    assert {c["healthStatus"]["status"] for c in CASES} == {"Healthy", "Progressing", "Degraded", "Suspended"}
+
+
+def test_the_script_needs_no_standard_library() -> None:
+    # os/io/table/math would be nil in Argo CD without useOpenLibs; the sandbox above has none of them.
+    source = SCRIPT.read_text()
+    for library in ("os.", "io.", "require", "table.", "math."):
+        assert library not in source
