@@ -8,6 +8,7 @@ import functools
 import hashlib
 import logging
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -220,16 +221,20 @@ class ShardTokenSource:
         order, ends = self._epoch_layout(epoch)
         slot = bisect.bisect_right(ends, index)
         offset = (index - (ends[slot - 1] if slot else 0)) * self.sequence_length
-        tokens = self._tokens(order[slot])
+        tokens = self._tokens(order[slot], following=order[slot + 1] if slot + 1 < len(order) else None)
         return np.asarray(tokens[offset : offset + self.sequence_length + 1], dtype=np.int64)
 
-    def _tokens(self, shard: int) -> np.memmap[Any, np.dtype[Any]]:
+    def _tokens(self, shard: int, following: int | None) -> np.memmap[Any, np.dtype[Any]]:
         if shard in self._open:
             self._open.move_to_end(shard)
-        else:
-            self._open[shard] = np.memmap(self.shards[shard].fetch(), dtype=self.dtype, mode="r")
-            if len(self._open) > MAX_OPEN_SHARDS:
-                self._open.popitem(last=False)
+            return self._open[shard]
+        self._open[shard] = np.memmap(self.shards[shard].fetch(), dtype=self.dtype, mode="r")
+        if len(self._open) > MAX_OPEN_SHARDS:
+            self._open.popitem(last=False)
+        if following is not None:
+            # Fetch the epoch's next shard in the background so a remote download overlaps training;
+            # an error there is raised again by the foreground fetch when the shard is needed.
+            threading.Thread(target=_quietly, args=(self.shards[following].fetch,), daemon=True).start()
         return self._open[shard]
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -284,6 +289,13 @@ def _log_reshard(state: dict[str, Any], position: GlobalPosition) -> None:
             position.world_size,
             position.micro_batch_size,
         )
+
+
+def _quietly(fetch: Callable[[], Path]) -> None:
+    try:
+        fetch()
+    except Exception as err:  # the foreground fetch of the same shard reports it
+        log.debug("background fetch failed: %s", err)
 
 
 def _local_shards(root: Path, itemsize: int) -> list[Shard]:
