@@ -1,0 +1,52 @@
+"""The golden plans (tests/planner/golden/plans.json) as a Markdown table for docs/planner.md.
+
+Usage: python benchmarks/golden_report.py [--write]
+--write replaces the block between the golden markers in docs/planner.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "tests" / "planner" / "golden" / "plans.json"
+DOC = ROOT / "docs" / "planner.md"
+START, END = "<!-- golden:start -->", "<!-- golden:end -->"
+
+
+def report() -> str:
+    """One row per golden case."""
+    plans = json.loads(GOLDEN.read_text())
+    out = [
+        "| case (preset/instance/nodes/sequence) | precision | AC | mbs | sharding | cp | tok/s/GPU | MFU "
+        "| peak GiB |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for case, v in plans.items():
+        if "error" in v:
+            out.append(f"| {case} | rejected: {v['error'].split(': ', 1)[1]} | | | | | | | |")
+            continue
+        out.append(
+            f"| {case} | {v['precision']}/{v['recipe']} | {v['ac']} | {v['mbs']} | {v['sharding']} | "
+            f"{v['cp']} | {v['tokens_per_second_per_gpu']:,} | {v['mfu']:.0%} | {v['peak_reserved_gib']} |"
+        )
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help=f"update {DOC.relative_to(ROOT)}")
+    args = parser.parse_args()
+    text = report()
+    if args.write:
+        doc = DOC.read_text()
+        head, rest = doc.split(START, 1)
+        _, tail = rest.split(END, 1)
+        DOC.write_text(f"{head}{START}\n{text}\n{END}{tail}")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
