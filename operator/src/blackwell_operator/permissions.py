@@ -20,7 +20,7 @@ PERMISSIONS: tuple[Permission, ...] = (
     # Kopf: the BTJs it serves (annotations for its progress and diff base are patched on the object).
     Permission("training.blackwell.dev", "blackwelltrainingjobs", ("get", "list", "watch", "patch")),
     # The operator: phase, conditions, plan, child (status subresource; read-modify-write with an RV).
-    Permission("training.blackwell.dev", "blackwelltrainingjobs/status", ("get", "patch")),
+    Permission("training.blackwell.dev", "blackwelltrainingjobs/status", ("patch",)),
     # The operator: the child jobs and the plan ConfigMap (create-or-get, patched on a safe spec change).
     Permission("kubeflow.org", "pytorchjobs", ("get", "list", "watch", "create", "patch")),
     Permission("sagemaker.amazonaws.com", "hyperpodpytorchjobs", ("get", "list", "watch", "create", "patch")),

@@ -1,0 +1,105 @@
+"""The running operator's /metrics and /healthz over real HTTP, and its API calls against PERMISSIONS."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from blackwell_operator.permissions import PERMISSIONS
+from tests.operator.harness import (
+    NAMESPACE,
+    Cluster,
+    api_calls,
+    btj,
+    from_operator,
+    running_operator,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_metrics_and_health_are_served(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    port = free_port()
+    monkeypatch.setenv("BTJ_METRICS_BIND", f"127.0.0.1:{port}")
+    async with running_operator(cluster), aiohttp.ClientSession() as http:
+        await cluster.apply(btj("ok"))
+        await cluster.apply(btj("broken", model={"preset": "gpt-7"}))
+        await wait_for(lambda: cluster.status("ok").get("phase") == "Pending", what="phase Pending")
+        await wait_for(lambda: cluster.status("broken").get("phase") == "Invalid", what="phase Invalid")
+
+        async def scrape() -> dict[str, dict[str, float]]:
+            async with http.get(f"http://127.0.0.1:{port}/metrics") as response:
+                assert response.status == 200
+                text = await response.text()
+            out: dict[str, dict[str, float]] = {}
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    key = sample.labels.get("phase") or sample.labels.get("reason") or ""
+                    out.setdefault(sample.name, {})[key] = sample.value
+            return out
+
+        # The phase gauge follows the BTJ watch, a moment after the status writes.
+        samples = await wait_for_async(scrape, lambda s: s["btj_operator_jobs"].get("Invalid") == 1)
+        async with http.get(f"http://127.0.0.1:{port}/healthz") as response:
+            assert response.status == 200 and (await response.json()) == {"status": "ok"}
+    assert samples["btj_operator_jobs"]["Pending"] == 1
+    assert samples["btj_operator_reconcile_errors_total"]["InvalidSpec"] == 1
+    assert samples["btj_operator_reconcile_duration_seconds_count"][""] >= 2
+    assert samples["btj_operator_build_info"][""] == 1
+
+
+async def wait_for_async(
+    fetch: Callable[[], Awaitable[T]], accept: Callable[[T], bool], attempts: int = 100
+) -> T:
+    """Fetch until `accept(value)`; fail after `attempts` tries 50 ms apart."""
+    value = await fetch()
+    for _ in range(attempts):
+        value = await fetch()
+        if accept(value):
+            return value
+        await asyncio.sleep(0.05)
+        value = await fetch()
+    raise AssertionError(f"never accepted: {value}")
+
+
+async def test_every_call_is_granted_and_every_grant_is_used(cluster: Cluster, tmp_path: Path) -> None:
+    # Namespaced mode (-n) adds Kopf's namespace watch; the scenario walks every code path that calls the API.
+    async with running_operator(cluster, namespace=NAMESPACE):
+        await cluster.apply(btj("a"))
+        await cluster.apply(btj("hp", backend="HyperPodPyTorchJob"))
+        await cluster.apply(btj("bad", model={"preset": "gpt-7"}))
+        await wait_for(lambda: cluster.status("a").get("observedGeneration") == 1, what="a reconciled")
+        await cluster.patch_spec("a", {"training": {"sequenceLength": 4096, "steps": 10}})
+        await wait_for(lambda: cluster.status("a").get("observedGeneration") == 2, what="a re-planned")
+        await cluster.set_child_status(
+            "a",
+            {
+                "conditions": [
+                    {"type": "Running", "status": "True", "reason": "PyTorchJobRunning", "message": ""}
+                ]
+            },
+        )
+        await wait_for(lambda: cluster.status("a").get("phase") == "Running", what="phase Running")
+        await wait_for(lambda: cluster.status("hp").get("child"), what="hp child")
+        await cluster.patch_spec("hp", {"training": {"sequenceLength": 4096, "steps": 10}})
+        await wait_for(lambda: cluster.status("hp").get("observedGeneration") == 2, what="hp re-planned")
+        await wait_for(lambda: cluster.status("bad").get("phase") == "Invalid", what="phase Invalid")
+    calls = api_calls(r for r in cluster.k.requests if from_operator(r))
+    grants = {(p.api_group, p.resource, verb) for p in PERMISSIONS for verb in p.verbs}
+    assert calls <= grants, f"not granted: {sorted(calls - grants)}"
+    assert grants <= calls, f"granted but never used: {sorted(grants - calls)}"
