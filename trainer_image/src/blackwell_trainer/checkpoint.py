@@ -177,7 +177,10 @@ class Checkpointer:
         _barrier()
 
         dcp_save(self._state(model, optimizer), checkpoint_id=str(tmp))
-        torch.save(extra, tmp / EXTRA_DIR / f"rank-{rank:05d}.pt")
+        with open(tmp / EXTRA_DIR / f"rank-{rank:05d}.pt", "wb") as f:
+            torch.save(extra, f)
+            f.flush()
+            os.fsync(f.fileno())  # durable before rank 0's marker says so (DCP fsyncs its own files)
         _barrier()  # every rank's files are written before the marker claims completeness
 
         if rank == 0:
