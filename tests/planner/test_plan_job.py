@@ -185,3 +185,21 @@ def test_evaluate_scores_one_candidate(default_plan: Plan) -> None:
 def test_planning_is_deterministic() -> None:
     spec = load_manifest(None).spec
     assert plan_job(spec).to_json() == plan_job(spec).to_json()
+
+
+def test_a_pinned_micro_batch_larger_than_the_global_batch_is_rejected() -> None:
+    spec = make_spec(preset="llama3.2-1b", microBatchSize=4)
+    spec.training.global_batch_tokens = 8 * 4096
+    with pytest.raises(
+        PlanningError, match=r"micro-batch 4 puts .* more than globalBatchTokens 32,768"
+    ) as err:
+        plan_job(spec)
+    assert err.value.field == "spec.tuning.microBatchSize"
+
+
+def test_evaluate_honours_the_candidates_accumulation_without_a_global_batch(default_plan: Plan) -> None:
+    spec = load_manifest(None).spec
+    one = evaluate(spec, default_plan.chosen)
+    four = evaluate(spec, default_plan.chosen.model_copy(update={"gradient_accumulation_steps": 4}))
+    assert four.candidate.gradient_accumulation_steps == 4
+    assert four.prediction.step_time_seconds > 3 * one.prediction.step_time_seconds

@@ -106,17 +106,9 @@ def evaluate(
         candidate.context_parallel,
         candidate.compile and cal.trainer.compile,
     )
-    scored = problem.score(setting)
-    if spec.training.global_batch_tokens is None:
-        # Score the accumulation the candidate asks for, not the default of one micro-batch per step.
-        layout = Layout.of(setting, hw)
-        from blackwell_operator.planner.memory import estimate_memory
-        from blackwell_operator.planner.throughput import estimate_time
-
-        ga = candidate.gradient_accumulation_steps
-        mem = estimate_memory(problem.shapes, cal, setting, layout, problem.sequence_length, ga)
-        time = estimate_time(problem.shapes, cal, hw, setting, layout, problem.sequence_length, ga)
-        scored = Scored(setting, ga, mem, time, mem.peak_reserved <= problem.budget_bytes)
+    # Without a global batch, score the accumulation the candidate asks for (not one micro-batch).
+    ga = None if spec.training.global_batch_tokens is not None else candidate.gradient_accumulation_steps
+    scored = problem.score(setting, ga)
     return Evaluation(
         candidate=_candidate(scored, hw, cal),
         prediction=_prediction(scored),
@@ -140,7 +132,7 @@ def plan_job(
     pins = Pins.of(spec.tuning)
     seq = spec.training.sequence_length
     fams = families(pins, hw, cal, seq, spec.tuning.compile)
-    _check_global_batch(problem, fams)
+    _check_global_batch(problem, fams, pins)
     result = run_search(problem, fams, pins.micro_batch_size)
     best = result.best
     if best is None:
@@ -184,9 +176,20 @@ def plan_job(
     )
 
 
-def _check_global_batch(problem: Problem, fams: list[Setting]) -> None:
+def _check_global_batch(problem: Problem, fams: list[Setting], pins: Pins) -> None:
     gbt = problem.global_batch_tokens
-    if gbt is not None and all(problem.max_mbs(f) < 1 for f in fams):
+    if gbt is None:
+        return
+    mbs = pins.micro_batch_size
+    if mbs is not None and all(problem.max_mbs(f) < mbs for f in fams):
+        least = min(problem.tokens_per_micro_step(f, mbs) for f in fams)
+        raise PlanningError(
+            "spec.tuning.microBatchSize",
+            f"micro-batch {mbs} puts {least:,} tokens in one micro-step over all GPUs, more than "
+            f"globalBatchTokens {gbt:,}",
+            "use a smaller micro-batch, auto, or a larger globalBatchTokens",
+        )
+    if all(problem.max_mbs(f) < 1 for f in fams):
         least = min(problem.tokens_per_micro_step(f, 1) for f in fams)
         raise PlanningError(
             "spec.training.globalBatchTokens",

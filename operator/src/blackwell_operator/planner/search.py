@@ -108,9 +108,14 @@ class Problem:
             cached = self._memo[setting] = (mem, ga)
         return cached
 
-    def score(self, setting: Setting) -> Scored:
-        """Memory and time of a setting."""
-        mem, ga = self.memory(setting)
+    def score(self, setting: Setting, accumulation: int | None = None) -> Scored:
+        """Memory and time of a setting (with the accumulation that reaches the global batch, or as given)."""
+        if accumulation is None:
+            mem, ga = self.memory(setting)
+        else:
+            ga = accumulation
+            layout = self.layout(setting)
+            mem = estimate_memory(self.shapes, self.cal, setting, layout, self.sequence_length, ga)
         fits = mem.peak_reserved <= self.budget_bytes
         layout = self.layout(setting)
         time = estimate_time(self.shapes, self.cal, self.hw, setting, layout, self.sequence_length, ga)
