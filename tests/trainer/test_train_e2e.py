@@ -440,3 +440,22 @@ def test_a_missing_plan_file_is_refused_with_one_line(
     assert main(["--plan", str(tmp_path / "absent.json")]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "plan file not found" in line
+
+
+def test_resuming_onto_another_data_set_is_refused_with_one_line(tmp_path: Path) -> None:
+    # One process (no torchrun) is enough: the refusal happens while loading the checkpoint.
+    plan = write_plan(tmp_path, steps=1, checkpoint=tmp_path / "ckpt", shardDegree=1)
+    edit_plan(plan, lambda p: p.update(gpusPerNode=1))
+    command = [sys.executable, "-m", "blackwell_trainer", "--plan", str(plan)]
+    subprocess.run(command, check=True, capture_output=True, timeout=RUN_TIMEOUT_S)
+
+    (np.arange(4000) % 256).astype(np.uint16).tofile(tmp_path / "tokens.bin")
+    edit_plan(
+        plan,
+        lambda p: p.update(steps=2, dataset={"kind": "shards", "uri": str(tmp_path), "tokenDtype": "uint16"}),
+    )
+    refused = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert refused.returncode == 2
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "dataset.kind" in errors[0], refused.stderr[-3000:]
+    assert "Traceback" not in refused.stderr

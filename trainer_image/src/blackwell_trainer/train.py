@@ -318,4 +318,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (PlanError, PrecisionError, ParallelismError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    return run(plan, runtime)
+    from .checkpoint import CheckpointError
+    from .data import DataError
+
+    try:
+        return run(plan, runtime)
+    except (DataError, CheckpointError) as err:
+        # Data or checkpoint storage that does not fit the plan (no shards, another data set than the
+        # checkpoint's): one line that names the field, not a traceback per rank.
+        print(f"error: {err}", file=sys.stderr)
+        return 2
