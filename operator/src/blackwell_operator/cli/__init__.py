@@ -16,8 +16,10 @@ app = typer.Typer(
 def _register_commands() -> None:
     # Each command lives in its own module; importing it registers it on `app`.
     from blackwell_operator.cli import (
+        calibrate,  # noqa: F401
         manifest,  # noqa: F401
         plan,  # noqa: F401
+        plot,  # noqa: F401
         render,  # noqa: F401
     )
 

@@ -1,0 +1,165 @@
+"""Issue 6's acceptance checks: leave-one-scenario-out picks, memory accuracy, OOMs predicted not to fit."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from blackwell_operator.calibrate.fit import fit_calibration
+from blackwell_operator.calibrate.predict import Comparison, compare_all
+from blackwell_operator.calibrate.records import CalibrationRecord, Scenario
+from blackwell_operator.calibration import Calibration
+
+PICK_RATIO = 0.97
+MEMORY_TOLERANCE = 0.05
+
+
+@dataclass(frozen=True)
+class ScenarioPick:
+    """The planner's choice among a scenario's measured configurations, against the best measured."""
+
+    scenario: Scenario
+    pick: Comparison | None
+    best: CalibrationRecord | None
+
+    @property
+    def ratio(self) -> float | None:
+        """Measured tokens/s of the pick over the best measured (0 when the pick OOMed)."""
+        if self.pick is None or self.best is None or not self.best.tokens_per_second_per_gpu:
+            return None
+        picked = self.pick.record.tokens_per_second_per_gpu if self.pick.record.ran else 0.0
+        return (picked or 0.0) / self.best.tokens_per_second_per_gpu
+
+    @property
+    def passed(self) -> bool:
+        """At least 97% of the best measured and it ran (no OOM)."""
+        return self.ratio is not None and self.ratio >= PICK_RATIO and self.pick is not None and self.pick.record.ran
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """One acceptance criterion: pass, fail, or no data."""
+
+    name: str
+    passed: bool | None
+    detail: str
+
+    @property
+    def verdict(self) -> str:
+        """PASS, FAIL or NO DATA."""
+        return "NO DATA" if self.passed is None else "PASS" if self.passed else "FAIL"
+
+
+@dataclass
+class CheckResult:
+    """Everything the report shows: in-sample and leave-one-out predictions, picks and criteria."""
+
+    in_sample: list[Comparison]
+    held_out: list[Comparison]
+    picks: list[ScenarioPick]
+    in_sample_picks: list[ScenarioPick]
+    criteria: list[Criterion] = field(default_factory=list)
+
+
+def by_scenario(records: Sequence[CalibrationRecord]) -> dict[Scenario, list[CalibrationRecord]]:
+    """Records grouped by (model, sequence, GPUs), in first-seen order."""
+    groups: dict[Scenario, list[CalibrationRecord]] = defaultdict(list)
+    for r in records:
+        if r.ran or r.oom:
+            groups[r.scenario].append(r)
+    return dict(groups)
+
+
+def pick(scenario: Scenario, comparisons: Sequence[Comparison]) -> ScenarioPick:
+    """The planner's rule on measured configurations: fastest predicted among those predicted to fit."""
+    mine = [c for c in comparisons if c.record.scenario == scenario]
+    fitting = [c for c in mine if c.predicted_fits]
+    chosen = max(fitting, key=lambda c: c.predicted_tps, default=None)
+    ran = [c.record for c in mine if c.record.ran and c.record.tokens_per_second_per_gpu]
+    best = max(ran, key=lambda r: r.tokens_per_second_per_gpu or 0.0, default=None)
+    return ScenarioPick(scenario, chosen, best)
+
+
+Fitter = Callable[[Sequence[CalibrationRecord], Calibration], Calibration]
+
+
+def default_fitter(constants: Sequence[str] | None = None) -> Fitter:
+    """Fit with `fit_calibration` (the same constants for every fold)."""
+
+    def run(records: Sequence[CalibrationRecord], base: Calibration) -> Calibration:
+        return fit_calibration(records, base, constants).calibration
+
+    return run
+
+
+def leave_one_out(
+    records: Sequence[CalibrationRecord],
+    base: Calibration,
+    fitted: Calibration,
+    fitter: Fitter | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> CheckResult:
+    """For each scenario: refit from `base` without its records, predict its records, pick; then judge."""
+    fit = fitter or default_fitter()
+    groups = by_scenario(records)
+    usable = [r for rs in groups.values() for r in rs]
+    in_sample = compare_all(usable, fitted)
+    held_out: list[Comparison] = []
+    picks: list[ScenarioPick] = []
+    for scenario, mine in groups.items():
+        others = [r for r in usable if r.scenario != scenario]
+        cal = fit(others, base) if others else base
+        comps = compare_all(mine, cal)
+        held_out.extend(comps)
+        picks.append(pick(scenario, comps))
+        if progress:
+            p = picks[-1]
+            progress(f"{scenario.label()}: pick ratio {p.ratio if p.ratio is not None else 'n/a'}")
+    result = CheckResult(in_sample, held_out, picks, [pick(s, in_sample) for s in groups])
+    result.criteria = criteria(result)
+    return result
+
+
+def _memory_criterion(name: str, comps: Sequence[Comparison]) -> Criterion:
+    errors = [(c.record.key, c.reserved_error) for c in comps if c.reserved_error is not None]
+    if not errors:
+        return Criterion(name, None, "no configuration that ran has a measured reserved peak")
+    bad = [(k, e) for k, e in errors if abs(e) > MEMORY_TOLERANCE]
+    worst = max(errors, key=lambda ke: abs(ke[1]))
+    detail = f"{len(errors) - len(bad)}/{len(errors)} within 5%; worst {worst[1]:+.1%} ({worst[0]})"
+    return Criterion(name, not bad, detail)
+
+
+def _oom_criterion(name: str, comps: Sequence[Comparison]) -> Criterion:
+    ooms = [c for c in comps if c.record.oom]
+    if not ooms:
+        return Criterion(name, None, "no measured OOM")
+    missed = [c.record.key for c in ooms if c.predicted_fits]
+    detail = f"{len(ooms) - len(missed)}/{len(ooms)} predicted not to fit" + (
+        f"; missed: {', '.join(missed)}" if missed else ""
+    )
+    return Criterion(name, not missed, detail)
+
+
+def _pick_criterion(name: str, picks: Sequence[ScenarioPick]) -> Criterion:
+    judged = [p for p in picks if p.best is not None]
+    if not judged:
+        return Criterion(name, None, "no scenario with a configuration that ran")
+    bad = [p for p in judged if not p.passed]
+    worst = min(judged, key=lambda p: p.ratio if p.ratio is not None else -1.0)
+    ratio = f"{worst.ratio:.1%}" if worst.ratio is not None else "no pick"
+    detail = f"{len(judged) - len(bad)}/{len(judged)} scenarios pass; worst {ratio} ({worst.scenario.label()})"
+    return Criterion(name, not bad, detail)
+
+
+def criteria(result: CheckResult) -> list[Criterion]:
+    """The three criteria of issue 6, held out (the acceptance test) and in-sample (for reference)."""
+    return [
+        _pick_criterion("leave-one-out: pick >= 97% of best measured, never OOM", result.picks),
+        _memory_criterion("leave-one-out: reserved memory within 5% on every run", result.held_out),
+        _oom_criterion("leave-one-out: every measured OOM predicted not to fit", result.held_out),
+        _pick_criterion("in-sample: pick >= 97% of best measured, never OOM", result.in_sample_picks),
+        _memory_criterion("in-sample: reserved memory within 5% on every run", result.in_sample),
+        _oom_criterion("in-sample: every measured OOM predicted not to fit", result.in_sample),
+    ]

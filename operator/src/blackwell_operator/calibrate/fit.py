@@ -1,0 +1,295 @@
+"""Least-squares fit of calibration constants to measured records (projected Levenberg-Marquardt, numpy).
+
+Every constant is a dotted path into the calibration (``memory.act_hidden``,
+``throughput.recipes.9.none.efficiency``). Residuals are log ratios of prediction over measurement, so
+each configuration weighs the same whatever its size. Memory constants are fitted to allocated and
+reserved memory (and to measured OOMs, which must be predicted not to fit); throughput constants to
+tokens/s. A weak pull towards the base value keeps constants the records cannot determine where they
+were; constants no record is sensitive to are not touched at all and are reported as such.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from blackwell_operator.calibrate.predict import Comparison, compare
+from blackwell_operator.calibrate.records import CalibrationRecord
+from blackwell_operator.calibration import Calibration
+
+# Memory constants the records can determine: activation factors (by AC mode), the loss transient,
+# workspace, allocator fragmentation and the optimizer-phase root copies.
+MEMORY_CONSTANTS = (
+    "memory.act_hidden",
+    "memory.act_ffn",
+    "memory.selective_hidden",
+    "memory.selective_ffn",
+    "memory.full_hidden",
+    "memory.loss_bytes_per_logit",
+    "memory.chunked_loss_bytes_per_logit",
+    "memory.allocator_workspace_bytes",
+    "memory.fragmentation_base_bytes",
+    "memory.fragmentation_dynamic",
+    "memory.fragmentation_transient",
+    "memory.fragmentation_gradients",
+    "memory.fragmentation_optimizer",
+    "memory.optimizer_phase_root_bytes",
+)
+# Throughput constants: GEMM efficiency per recipe seen (added per record), attention, memory-bound work,
+# fixed per-step costs, recompute share and communication.
+THROUGHPUT_CONSTANTS = (
+    "throughput.attention_efficiency",
+    "throughput.elementwise_bytes_hidden",
+    "throughput.elementwise_bytes_ffn",
+    "throughput.step_overhead_seconds",
+    "throughput.fsdp_copy_bytes_per_param",
+    "throughput.selective_recompute_gemm_fraction",
+    "throughput.comm_overlap",
+    "throughput.nccl_bus_efficiency",
+)
+# Upper bounds of constants that are fractions.
+UPPER = {
+    "efficiency": 1.0,
+    "attention_efficiency": 1.0,
+    "comm_overlap": 1.0,
+    "nccl_bus_efficiency": 1.0,
+    "selective_recompute_gemm_fraction": 1.0,
+}
+# Scale of one unit of the fitted variable for constants whose base value is zero.
+ZERO_SCALE = {"bytes": float(1 << 28), "seconds": 1e-3, "other": 0.1}
+PRIOR_WEIGHT = 1e-3
+SENSITIVITY_FLOOR = 1e-4
+OOM_WEIGHT = 1.0
+ALLOCATED_WEIGHT = 0.5
+
+
+def get_constant(cal: Calibration | dict[str, Any], path: str) -> float:
+    """Value of a dotted constant."""
+    node: Any = cal.model_dump(mode="json") if isinstance(cal, Calibration) else cal
+    for part in path.split("."):
+        node = node[part]
+    return float(node)
+
+
+def with_constants(cal: Calibration, values: dict[str, float]) -> Calibration:
+    """A copy of the calibration with some dotted constants replaced."""
+    data = cal.model_dump(mode="json")
+    for path, value in values.items():
+        node = data
+        *parents, leaf = path.split(".")
+        for part in parents:
+            node = node[part]
+        if leaf not in node:
+            raise KeyError(f"calibration {cal.name!r} has no constant {path}")
+        node[leaf] = value
+    return Calibration.model_validate(data)
+
+
+def default_constants(records: Sequence[CalibrationRecord], cal: Calibration, gpu_major: int) -> list[str]:
+    """The constants worth offering to the fit for these records (the recipes they ran, on their GPU)."""
+    recipes = sorted({r.candidate.precision_recipe.value for r in records})
+    table = cal.throughput.recipes.get(str(gpu_major), {})
+    efficiencies = [f"throughput.recipes.{gpu_major}.{rc}.efficiency" for rc in recipes if rc in table]
+    return [*MEMORY_CONSTANTS, *efficiencies, *THROUGHPUT_CONSTANTS]
+
+
+def is_memory_constant(path: str) -> bool:
+    """Memory constants are fitted to memory, the others to throughput."""
+    return path.startswith("memory.")
+
+
+@dataclass(frozen=True)
+class FittedConstant:
+    """A constant the fit moved (or could not determine)."""
+
+    name: str
+    before: float
+    after: float
+    sensitivity: float
+    points: int
+    fitted: bool
+
+
+@dataclass(frozen=True)
+class Residuals:
+    """Log-ratio residuals of one kind before and after the fit."""
+
+    kind: str
+    points: int
+    rms_before: float
+    rms_after: float
+    worst_before: float
+    worst_after: float
+
+
+@dataclass
+class FitResult:
+    """The fitted calibration and what the fit did."""
+
+    calibration: Calibration
+    constants: list[FittedConstant] = field(default_factory=list)
+    residuals: list[Residuals] = field(default_factory=list)
+    records_used: int = 0
+    iterations: int = 0
+
+    @property
+    def fitted(self) -> list[FittedConstant]:
+        """Constants that were determined by the records."""
+        return [c for c in self.constants if c.fitted]
+
+
+def _residuals(c: Comparison, kind: str) -> list[float]:
+    """Weighted log-ratio residuals of one record for one kind (memory or throughput)."""
+    r = c.record
+    out: list[float] = []
+    if kind == "memory":
+        if r.ran and r.peak_reserved_bytes:
+            out.append(math.log(max(c.predicted_reserved, 1) / r.peak_reserved_bytes))
+        if r.ran and r.peak_allocated_bytes:
+            out.append(ALLOCATED_WEIGHT * math.log(max(c.predicted_allocated, 1) / r.peak_allocated_bytes))
+        if r.oom:
+            # Only penalised when predicted to fit: a hinge at the GPU's capacity.
+            peak = max(c.evaluation.memory.peak_reserved, 1)
+            out.append(OOM_WEIGHT * max(0.0, math.log(c.capacity_bytes / peak)))
+    elif r.ran and r.tokens_per_second_per_gpu:
+        out.append(math.log(max(c.predicted_tps, 1e-9) / r.tokens_per_second_per_gpu))
+    return out
+
+
+def _has_data(r: CalibrationRecord, kind: str) -> bool:
+    if kind == "memory":
+        return bool(r.oom or (r.ran and (r.peak_reserved_bytes or r.peak_allocated_bytes)))
+    return bool(r.ran and r.tokens_per_second_per_gpu)
+
+
+def _scale(path: str, base: float) -> float:
+    if base:
+        return abs(base)
+    leaf = path.rsplit(".", 1)[-1]
+    unit = "bytes" if leaf.endswith("bytes") else "seconds" if leaf.endswith("seconds") else "other"
+    return ZERO_SCALE[unit]
+
+
+class _Problem:
+    """Residual vector of one kind as a function of the fitted variables x (value = base + scale * x)."""
+
+    def __init__(self, records: list[CalibrationRecord], cal: Calibration, names: list[str], kind: str) -> None:
+        self.records, self.cal, self.names, self.kind = records, cal, names, kind
+        self.base = np.array([get_constant(cal, n) for n in names])
+        self.scale = np.array([_scale(n, b) for n, b in zip(names, self.base, strict=True)])
+        self.upper = np.array([UPPER.get(n.rsplit(".", 1)[-1], math.inf) for n in names])
+
+    def values(self, x: np.ndarray) -> dict[str, float]:
+        v = np.clip(self.base + self.scale * x, 0.0, self.upper)
+        return {n: float(val) for n, val in zip(self.names, v, strict=True)}
+
+    def project(self, x: np.ndarray) -> np.ndarray:
+        v = np.clip(self.base + self.scale * x, 0.0, self.upper)
+        return np.asarray((v - self.base) / self.scale)
+
+    def calibration(self, x: np.ndarray) -> Calibration:
+        return with_constants(self.cal, self.values(x)) if self.names else self.cal
+
+    def residuals(self, x: np.ndarray) -> np.ndarray:
+        cal = self.calibration(x)
+        out: list[float] = []
+        for r in self.records:
+            out.extend(_residuals(compare(r, cal), self.kind))
+        return np.array(out)
+
+    def jacobian(self, x: np.ndarray, r0: np.ndarray, step: float = 1e-3) -> np.ndarray:
+        jac = np.zeros((len(r0), len(x)))
+        for j in range(len(x)):
+            xp = x.copy()
+            # Step inward at an upper bound so the difference is not clipped to zero.
+            at_top = self.base[j] + self.scale[j] * (x[j] + step) > self.upper[j]
+            xp[j] += -step if at_top else step
+            jac[:, j] = (self.residuals(xp) - r0) / (xp[j] - x[j])
+        return jac
+
+
+def _levenberg_marquardt(problem: _Problem, x: np.ndarray, max_iter: int = 60) -> tuple[np.ndarray, int]:
+    """Minimise |r(x)|^2 + PRIOR_WEIGHT |x|^2 with damping and projection onto the bounds."""
+    r = problem.residuals(x)
+    cost = float(r @ r + PRIOR_WEIGHT * x @ x)
+    damping = 1e-2
+    it = 0
+    for it in range(1, max_iter + 1):
+        jac = problem.jacobian(x, r)
+        jtj = jac.T @ jac
+        grad = jac.T @ r + PRIOR_WEIGHT * x
+        improved = False
+        for _ in range(8):
+            lhs = jtj + damping * np.diag(np.diag(jtj) + 1e-12) + PRIOR_WEIGHT * np.eye(len(x))
+            x_new = problem.project(x - np.linalg.solve(lhs, grad))
+            r_new = problem.residuals(x_new)
+            cost_new = float(r_new @ r_new + PRIOR_WEIGHT * x_new @ x_new)
+            if cost_new < cost:
+                improved = cost - cost_new > 1e-12 * max(cost, 1e-30)
+                x, r, cost = x_new, r_new, cost_new
+                damping = max(damping / 3.0, 1e-9)
+                break
+            damping *= 4.0
+        if not improved:
+            break
+    return x, it
+
+
+def _stats(r: np.ndarray) -> tuple[float, float]:
+    if not len(r):
+        return 0.0, 0.0
+    return float(np.sqrt(np.mean(r**2))), float(np.max(np.abs(r)))
+
+
+def fit_calibration(
+    records: Sequence[CalibrationRecord],
+    base: Calibration,
+    constants: Sequence[str] | None = None,
+    *,
+    gpu_major: int = 9,
+    progress: Callable[[str], None] | None = None,
+) -> FitResult:
+    """Fit the constants the records determine; the others keep the base values."""
+    usable = [r for r in records if r.ran or r.oom]
+    names = list(constants) if constants is not None else default_constants(usable, base, gpu_major)
+    for n in names:
+        get_constant(base, n)  # unknown names fail here, before any work
+    result = FitResult(calibration=base, records_used=len(usable))
+    cal = base
+    for kind in ("memory", "throughput"):
+        group = [n for n in names if is_memory_constant(n) == (kind == "memory")]
+        data = [r for r in usable if _has_data(r, kind)]
+        if not data:
+            result.constants += [
+                FittedConstant(n, get_constant(cal, n), get_constant(cal, n), 0.0, 0, False) for n in group
+            ]
+            continue
+        full = _Problem(data, cal, group, kind)
+        x0 = np.zeros(len(group))
+        r0 = full.residuals(x0)
+        jac = full.jacobian(x0, r0) if group else np.zeros((len(r0), 0))
+        sens = np.sqrt(np.sum(jac**2, axis=0)) if group else np.zeros(0)
+        points = np.sum(np.abs(jac) > 1e-6, axis=0) if group else np.zeros(0, dtype=int)
+        chosen = [n for n, s in zip(group, sens, strict=True) if s > SENSITIVITY_FLOOR]
+        problem = _Problem(data, cal, chosen, kind)
+        x, iters = _levenberg_marquardt(problem, np.zeros(len(chosen))) if chosen else (np.zeros(0), 0)
+        result.iterations += iters
+        fitted_values = problem.values(x)
+        r1 = problem.residuals(x)
+        cal = problem.calibration(x)
+        for n, s, p in zip(group, sens, points, strict=True):
+            before = get_constant(base, n)
+            result.constants.append(
+                FittedConstant(n, before, fitted_values.get(n, before), float(s), int(p), n in fitted_values)
+            )
+        rms0, worst0 = _stats(r0)
+        rms1, worst1 = _stats(r1)
+        result.residuals.append(Residuals(kind, len(r0), rms0, rms1, worst0, worst1))
+        if progress:
+            progress(f"{kind}: {len(chosen)} constants from {len(r0)} residuals, rms {rms0:.3f} -> {rms1:.3f}")
+    result.calibration = cal
+    return result

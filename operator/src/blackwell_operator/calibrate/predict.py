@@ -1,0 +1,111 @@
+"""The planner's prediction for each measured record, side by side with the measurement."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+from blackwell_operator.calibrate.records import CalibrationRecord
+from blackwell_operator.calibration import Calibration, list_calibrations, load_calibration
+from blackwell_operator.catalogs import get_gpu, get_instance
+from blackwell_operator.models.spec import BlackwellTrainingJobSpec
+from blackwell_operator.planner import Evaluation, evaluate
+
+
+def load_any_calibration(name_or_path: str | Path) -> Calibration:
+    """A shipped calibration by name, or a calibration YAML file (e.g. one `btj calibrate fit` wrote)."""
+    text = str(name_or_path)
+    if text in list_calibrations():
+        return load_calibration(text)
+    path = Path(text)
+    if not path.is_file():
+        known = ", ".join(list_calibrations())
+        raise ValueError(f"calibration {text!r}: no such file and not a shipped name ({known})")
+    return Calibration.model_validate(yaml.safe_load(path.read_text()))
+
+
+@lru_cache(maxsize=4096)
+def _spec(arch_json: str, instance: str, nodes: int, gpn: int, seq: int, compiled: bool) -> BlackwellTrainingJobSpec:
+    return BlackwellTrainingJobSpec.model_validate(
+        {
+            "model": {"architecture": json.loads(arch_json)},
+            "cluster": {"instanceType": instance, "nodes": nodes, "gpusPerNode": gpn},
+            "training": {"sequenceLength": seq},
+            "tuning": {"memoryHeadroom": 0.0, "compile": compiled},
+        }
+    )
+
+
+def record_spec(record: CalibrationRecord) -> BlackwellTrainingJobSpec:
+    """The record's spec, headroom 0 (cached: fitting evaluates the same records thousands of times)."""
+    arch = record.architecture.model_dump_json(by_alias=True)
+    r = record
+    return _spec(arch, r.instance_type, r.nodes, r.gpus_per_node, r.sequence_length, r.candidate.compile)
+
+
+def gpu_memory_bytes(record: CalibrationRecord) -> int:
+    """Memory of the record's GPU per the catalog."""
+    return get_gpu(get_instance(record.instance_type).gpu).memory_bytes
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One record and the planner's prediction for it under one calibration."""
+
+    record: CalibrationRecord
+    evaluation: Evaluation
+    capacity_bytes: int
+
+    @property
+    def predicted_tps(self) -> float:
+        """Predicted tokens/s per GPU."""
+        return self.evaluation.prediction.tokens_per_second_per_gpu
+
+    @property
+    def predicted_allocated(self) -> int:
+        """Predicted peak allocated bytes (comparable to torch.cuda.max_memory_allocated)."""
+        return self.evaluation.memory.peak_allocated
+
+    @property
+    def predicted_reserved(self) -> int:
+        """Predicted allocator pool (comparable to torch.cuda.max_memory_reserved)."""
+        return self.evaluation.memory.allocator_reserved
+
+    @property
+    def predicted_fits(self) -> bool:
+        """Predicted peak (pool + CUDA context + NCCL) fits the whole GPU (no headroom)."""
+        return self.evaluation.memory.peak_reserved <= self.capacity_bytes
+
+    @property
+    def tps_error(self) -> float | None:
+        """Predicted / measured tokens/s - 1."""
+        m = self.record.tokens_per_second_per_gpu
+        return None if not self.record.ran or not m else self.predicted_tps / m - 1.0
+
+    @property
+    def reserved_error(self) -> float | None:
+        """Predicted / measured reserved memory - 1."""
+        m = self.record.peak_reserved_bytes
+        return None if not self.record.ran or not m else self.predicted_reserved / m - 1.0
+
+    @property
+    def allocated_error(self) -> float | None:
+        """Predicted / measured allocated memory - 1."""
+        m = self.record.peak_allocated_bytes
+        return None if not self.record.ran or not m else self.predicted_allocated / m - 1.0
+
+
+def compare(record: CalibrationRecord, cal: Calibration) -> Comparison:
+    """Predict one record with a calibration."""
+    ev = evaluate(record_spec(record), record.candidate, calibration=cal)
+    return Comparison(record, ev, gpu_memory_bytes(record))
+
+
+def compare_all(records: Iterable[CalibrationRecord], cal: Calibration) -> list[Comparison]:
+    """Predict every record (OOM and ran alike; errors and timeouts are left out)."""
+    return [compare(r, cal) for r in records if r.ran or r.oom]

@@ -1,0 +1,143 @@
+"""The calibration report: markdown tables, plots and the acceptance criteria, from records."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from blackwell_operator.calibrate.checks import CheckResult, ScenarioPick
+from blackwell_operator.calibrate.plots import plot_scenario
+from blackwell_operator.calibrate.predict import Comparison
+from blackwell_operator.calibrate.records import CalibrationRecord
+from blackwell_operator.calibration import Calibration
+
+GIB = 1 << 30
+
+
+def _pct(x: float | None) -> str:
+    return "" if x is None else f"{x:+.1%}"
+
+
+def _gib(b: float | None) -> str:
+    return "" if b is None else f"{b / GIB:.1f}"
+
+
+def _num(x: float | None) -> str:
+    return "" if x is None else f"{x:,.0f}"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.-]+", "_", text).strip("_")
+
+
+def _config_table(in_sample: Sequence[Comparison], held_out: Sequence[Comparison]) -> list[str]:
+    held = {c.record.key: c for c in held_out}
+    lines = [
+        "| configuration | status | tok/s measured | predicted (fit) | err | predicted (LOO) | err | "
+        "reserved GiB measured | predicted (fit) | err | predicted (LOO) | err | fits? (fit/LOO) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in in_sample:
+        r, h = c.record, held.get(c.record.key)
+        fits = f"{'yes' if c.predicted_fits else 'no'}/{'yes' if h and h.predicted_fits else 'no'}"
+        lines.append(
+            f"| {r.key} | {r.status.value} | {_num(r.tokens_per_second_per_gpu)} | {_num(c.predicted_tps)} | "
+            f"{_pct(c.tps_error)} | {_num(h.predicted_tps if h else None)} | {_pct(h.tps_error if h else None)} | "
+            f"{_gib(r.peak_reserved_bytes)} | {_gib(c.predicted_reserved)} | {_pct(c.reserved_error)} | "
+            f"{_gib(h.predicted_reserved if h else None)} | {_pct(h.reserved_error if h else None)} | {fits} |"
+        )
+    return lines
+
+
+def _pick_table(picks: Sequence[ScenarioPick], in_sample: Sequence[ScenarioPick]) -> list[str]:
+    fitted = {p.scenario: p for p in in_sample}
+    lines = [
+        "| scenario | planner's pick (LOO) | its measured tok/s | best measured | best tok/s | ratio | "
+        "pick with full fit | ratio | verdict (LOO) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for p in picks:
+        f = fitted.get(p.scenario)
+        pick_key = p.pick.record.key if p.pick else "nothing predicted to fit"
+        pick_tps = p.pick.record.tokens_per_second_per_gpu if p.pick and p.pick.record.ran else None
+        picked = _num(pick_tps) if p.pick and p.pick.record.ran else ("OOM" if p.pick else "")
+        best = p.best.key if p.best else ""
+        f_key = f.pick.record.key if f and f.pick else ""
+        f_ratio = f"{f.ratio:.1%}" if f and f.ratio is not None else ""
+        ratio = f"{p.ratio:.1%}" if p.ratio is not None else ""
+        verdict = "n/a" if p.best is None else "pass" if p.passed else "FAIL"
+        lines.append(
+            f"| {p.scenario.label()} | {pick_key} | {picked} | {best} | "
+            f"{_num(p.best.tokens_per_second_per_gpu if p.best else None)} | {ratio} | {f_key} | {f_ratio} | {verdict} |"
+        )
+    return lines
+
+
+def write_report(
+    out_dir: Path,
+    records: Sequence[CalibrationRecord],
+    calibration: Calibration,
+    check: CheckResult,
+    *,
+    commands: Sequence[str],
+    title: str = "Calibration report",
+    notes: Sequence[str] = (),
+) -> Path:
+    """Write report.md and one PNG per scenario under out_dir; return the markdown path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots = out_dir / "plots"
+    plots.mkdir(exist_ok=True)
+    gpus = sorted({r.gpu_name for r in records if r.gpu_name})
+    dates = sorted({r.date[:10] for r in records if r.date})
+    torch_versions = sorted({r.versions.torch for r in records if r.versions.torch})
+    lines = [
+        f"# {title}",
+        "",
+        f"Records: {len(records)} ({sum(r.ran for r in records)} ran, {sum(r.oom for r in records)} OOM) from "
+        f"{', '.join(sorted({r.source for r in records}))}; trainer(s) "
+        f"{', '.join(sorted({r.trainer for r in records}))}; GPU {', '.join(gpus) or 'unknown'}; "
+        f"dates {', '.join(dates) or 'unknown'}; torch {', '.join(torch_versions) or 'unknown'}.",
+        f"Calibration reported: `{calibration.name}` ({calibration.status}). LOO = the scenario's prediction "
+        "from a calibration refitted without any record of that scenario (model, sequence, GPU count).",
+        "",
+        "Reproduce:",
+        "",
+        "```",
+        *commands,
+        "```",
+        "",
+        *notes,
+        "",
+        "## Acceptance criteria (issue 6)",
+        "",
+        "| criterion | verdict | detail |",
+        "|---|---|---|",
+        *[f"| {c.name} | {c.verdict} | {c.detail} |" for c in check.criteria],
+        "",
+        "The planner's pick is made among the scenario's measured configurations (the fastest predicted "
+        "tokens/s among those predicted to fit), so every pick has a measurement to be judged by.",
+        "",
+        "## Planner's choice vs best measured, per scenario",
+        "",
+        *_pick_table(check.picks, check.in_sample_picks),
+        "",
+        "## Predicted vs measured, per configuration",
+        "",
+        "Reserved memory is the caching allocator's pool (torch.cuda.max_memory_reserved) against the "
+        "planner's allocator_reserved; 'fits?' compares the full predicted peak (pool + CUDA context + NCCL) "
+        "with the GPU's memory.",
+        "",
+        *_config_table(check.in_sample, check.held_out),
+        "",
+        "## Plots",
+        "",
+    ]
+    scenarios = list(dict.fromkeys(c.record.scenario for c in check.in_sample))
+    for s in scenarios:
+        name = f"{_slug(s.label())}.png"
+        plot_scenario(s, check.in_sample, calibration, plots / name)
+        lines += [f"![{s.label()}](plots/{name})", ""]
+    path = out_dir / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -1,0 +1,135 @@
+"""`btj calibrate import|fit|report`: records -> calibration data file -> report with acceptance checks."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+
+from blackwell_operator.cli import app
+
+calibrate_app = typer.Typer(
+    help="Fit the planner's constants to measured records and report predicted vs measured.",
+    no_args_is_help=True,
+)
+app.add_typer(calibrate_app, name="calibrate")
+
+Records = Annotated[list[Path], typer.Argument(help="Record files (.jsonl/.json) or folders of them.")]
+Constants = Annotated[
+    str, typer.Option(help="Comma-separated dotted constants to fit (default: all the records can determine).")
+]
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code=2)
+
+
+def _command() -> str:
+    return "btj " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "btj calibrate"
+
+
+def _load(paths: list[Path]):  # type: ignore[no-untyped-def]
+    from blackwell_operator.calibrate.records import read_records
+
+    for p in paths:
+        if not p.exists():
+            raise _fail(f"RECORDS: {p} does not exist; pass record files or folders")
+    try:
+        records = read_records(paths)
+    except (ValidationError, ValueError) as err:
+        raise _fail(f"RECORDS: not calibration records ({str(err).splitlines()[0]}); see `btj calibrate import`")
+    if not records:
+        raise _fail("RECORDS: no records found; run benchmarks/calibration/harness.py first")
+    return records
+
+
+def _base(name: str):  # type: ignore[no-untyped-def]
+    from blackwell_operator.calibrate.predict import load_any_calibration
+
+    try:
+        return load_any_calibration(name)
+    except (ValueError, ValidationError) as err:
+        raise _fail(f"--base: {str(err).splitlines()[0]}")
+
+
+def _constants(text: str) -> list[str] | None:
+    return [c.strip() for c in text.split(",") if c.strip()] or None
+
+
+@calibrate_app.command("import")
+def import_records(
+    source: Annotated[Path, typer.Argument(help="Reference grid YAML or a trainer_h200*.json result file.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="JSON Lines file to write.")],
+) -> None:
+    """Convert earlier measurements (reference grid YAML, trainer_h200 JSON) into calibration records."""
+    from blackwell_operator.calibrate.importers import from_reference_grid, from_trainer_h200
+    from blackwell_operator.calibrate.records import write_records
+
+    if not source.is_file():
+        raise _fail(f"SOURCE: {source} is not a file")
+    try:
+        records = from_trainer_h200(source) if source.suffix == ".json" else from_reference_grid(source)
+    except (KeyError, ValueError, TypeError) as err:
+        raise _fail(f"SOURCE: {source} is neither a reference grid nor a trainer_h200 result ({err})")
+    write_records(output, records)
+    typer.echo(f"{len(records)} records -> {output}")
+
+
+@calibrate_app.command("fit")
+def fit(
+    records: Records,
+    output: Annotated[Path, typer.Option("-o", "--output", help="Calibration YAML to write.")],
+    base: Annotated[str, typer.Option(help="Shipped calibration name or YAML file to start from.")] = "btj-trainer",
+    name: Annotated[str, typer.Option(help="Name of the new calibration (default: the file's stem).")] = "",
+    constants: Constants = "",
+) -> None:
+    """Fit the constants the records determine (least squares) and write the planner's calibration file."""
+    from blackwell_operator.calibrate.fit import fit_calibration
+    from blackwell_operator.calibrate.output import fitted_calibration, provenance_lines, write_calibration
+
+    recs = _load(records)
+    base_cal = _base(base)
+    command = _command()
+    try:
+        result = fit_calibration(recs, base_cal, _constants(constants), progress=typer.echo)
+    except KeyError as err:
+        raise _fail(f"--constants: {err.args[0]}")
+    usable = [r for r in recs if r.ran or r.oom]
+    cal = fitted_calibration(result, base_cal, usable, name or output.stem, command)
+    prov = provenance_lines(result, base_cal, usable, command)
+    write_calibration(output, cal, prov)
+    typer.echo("\n".join(prov[4:]))
+    typer.echo(f"wrote {output} ({len(result.fitted)} constants fitted from {len(usable)} records)")
+
+
+@calibrate_app.command("report")
+def report(
+    records: Records,
+    calibration: Annotated[Path, typer.Option(help="The fitted calibration YAML (from `btj calibrate fit`).")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Folder for report.md and plots/.")],
+    base: Annotated[str, typer.Option(help="Base the leave-one-out refits start from (as for fit).")] = "btj-trainer",
+    constants: Constants = "",
+    title: Annotated[str, typer.Option(help="Report title.")] = "Calibration report",
+    note: Annotated[list[str] | None, typer.Option(help="Extra paragraph(s) for the report.")] = None,
+    fit_command: Annotated[str, typer.Option(help="The fit command, to list with the report's.")] = "",
+) -> None:
+    """Predicted vs measured tables, plots, leave-one-out picks, and pass/fail per acceptance criterion."""
+    from blackwell_operator.calibrate.checks import default_fitter, leave_one_out
+    from blackwell_operator.calibrate.report import write_report
+
+    recs = _load(records)
+    cal = _base(str(calibration))
+    base_cal = _base(base)
+    check = leave_one_out(recs, base_cal, cal, default_fitter(_constants(constants)))
+    commands = [c for c in (fit_command, _command()) if c]
+    path = write_report(output, recs, cal, check, commands=commands, title=title, notes=note or [])
+    for c in check.criteria:
+        typer.echo(f"{c.verdict:8s} {c.name}: {c.detail}")
+    typer.echo(f"wrote {path}")
+    if any(c.passed is False for c in check.criteria if c.name.startswith("leave-one-out")):
+        raise typer.Exit(code=1)
