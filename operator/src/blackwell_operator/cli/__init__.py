@@ -18,6 +18,7 @@ def _register_commands() -> None:
     from blackwell_operator.cli import (
         calibrate,  # noqa: F401
         manifest,  # noqa: F401
+        operator,  # noqa: F401
         plan,  # noqa: F401
         plot,  # noqa: F401
         render,  # noqa: F401

@@ -424,8 +424,10 @@ class HardenedEmulator(kmock.KubernetesEmulator):
         if owners & live:
             return
         async with self._lock:
-            key = (request.resource, meta.get("namespace"), meta.get("name"))
-            if request.resource is None or key not in self.objects or self.objects[key].deleted:
+            if request.resource is None:
+                return
+            key = (request.resource, meta.get("namespace"), str(meta.get("name")))
+            if key not in self.objects or self.objects[key].deleted:
                 return
             obj = self.objects[key]
             raw = obj.raw

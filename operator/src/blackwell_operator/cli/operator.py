@@ -1,0 +1,329 @@
+"""`btj run` (start the operator) and `btj demo` (the real operator against an embedded API server)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+
+from blackwell_operator.cli import app
+from blackwell_operator.cli.manifest import ManifestError, load_manifest
+
+_console = Console()
+
+
+@app.command("run")
+def run(
+    namespace: Annotated[
+        list[str] | None,
+        typer.Option("--namespace", "-n", help="Serve only these namespaces (glob patterns); default all."),
+    ] = None,
+    metrics_bind: Annotated[
+        str, typer.Option(help="host:port for /metrics and /healthz, or 'off'.")
+    ] = "0.0.0.0:8080",
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log each handler run.")] = False,
+) -> None:
+    """Start the operator: Kopf with the BlackwellTrainingJob handlers, /metrics and /healthz on :8080."""
+    import kopf
+
+    import blackwell_operator.handlers  # noqa: F401  (registers the handlers on Kopf's default registry)
+
+    os.environ["BTJ_METRICS_BIND"] = metrics_bind
+    kopf.configure(verbose=verbose)
+    # One replica (Deployment strategy Recreate): peering is not needed, and its CRDs are not installed.
+    kopf.run(standalone=True, clusterwide=not namespace, namespaces=namespace or ())
+
+
+@app.command("demo")
+def demo(
+    manifest: Annotated[
+        Path | None, typer.Argument(help="A BTJ manifest; default: the embedded example.", show_default=False)
+    ] = None,
+    nodes: Annotated[int, typer.Option(help="Schedulable nodes of the job's instance type to emulate.")] = 4,
+    pause: Annotated[float, typer.Option(help="Seconds between the simulated job phases.")] = 0.5,
+) -> None:
+    """Run the real operator against an embedded KMock API server and watch it handle a BTJ."""
+    try:
+        job = load_manifest(manifest)
+    except ManifestError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from exc
+    try:
+        import kmock  # noqa: F401
+    except ImportError as exc:
+        typer.echo(
+            "error: `btj demo` needs the demo extra: pip install 'blackwell-training-operator[demo]'",
+            err=True,
+        )
+        raise typer.Exit(code=2) from exc
+    # Kopf's own log lines (e.g. about streams left at shutdown) would drown the story the demo tells.
+    logging.getLogger("kopf").setLevel(logging.ERROR)
+    manifest_dict = job.model_dump(mode="json", by_alias=True, exclude_none=True)
+    manifest_dict["metadata"].setdefault("namespace", "default")
+    ok = asyncio.run(_demo(manifest_dict, nodes=nodes, pause=pause))
+    raise typer.Exit(code=0 if ok else 1)
+
+
+# ----- the demo ----------------------------------------------------------------------------------------
+
+
+class _OperatorThread:
+    """The real operator (all handlers, a fresh registry) in its own thread and event loop."""
+
+    def __init__(self, server: str, namespace: str) -> None:
+        import kopf
+
+        from blackwell_operator.handlers import register
+
+        self.registry = kopf.OperatorRegistry()
+        register(self.registry)
+
+        @kopf.on.login(registry=self.registry)
+        def login(**_: Any) -> kopf.ConnectionInfo:
+            return kopf.ConnectionInfo(
+                server=server, scheme="Bearer", token="demo", default_namespace=namespace
+            )
+
+        self.stop_flag = threading.Event()
+        self.thread = threading.Thread(target=self._main, name="btj-operator", daemon=True)
+        self.error: BaseException | None = None
+
+    def _main(self) -> None:
+        import kopf
+
+        try:
+            asyncio.run(
+                kopf.operator(
+                    registry=self.registry, standalone=True, clusterwide=True, stop_flag=self.stop_flag
+                )
+            )
+        except BaseException as exc:  # reported by the demo, not a traceback
+            self.error = exc
+
+    def __enter__(self) -> _OperatorThread:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.stop_flag.set()
+        self.thread.join(timeout=30)
+
+
+async def _wait(predicate: Callable[[], Any], timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        await asyncio.sleep(0.02)
+    raise TimeoutError
+
+
+async def _demo(manifest: dict[str, Any], *, nodes: int, pause: float) -> bool:
+    import kmock
+
+    from blackwell_operator.cli.plan import render_plan_tables
+    from blackwell_operator.testing.emulator import BTJ_RESOURCE, HardenedEmulator
+    from blackwell_trainer.config import Plan
+
+    console = _console
+    name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
+    spec = manifest["spec"]
+    instance_type = spec.get("cluster", {}).get("instanceType", "ml.p6-b200.48xlarge")
+    backend = spec.get("backend", "PyTorchJob")
+    child_collection = (
+        ("/apis/sagemaker.amazonaws.com/v1" if backend == "HyperPodPyTorchJob" else "/apis/kubeflow.org/v1")
+        + f"/namespaces/{namespace}/"
+        + ("hyperpodpytorchjobs" if backend == "HyperPodPyTorchJob" else "pytorchjobs")
+    )
+
+    async with HardenedEmulator() as k, kmock.Server(k):
+        k.declare_resources()
+        server = str(k.url).rstrip("/")
+        await k.post("/api/v1/namespaces", json={"metadata": {"name": namespace}})
+        for i in range(nodes):
+            await k.post(
+                "/api/v1/nodes",
+                json={
+                    "metadata": {
+                        "name": f"hyperpod-i-{i:03d}",
+                        "labels": {
+                            "node.kubernetes.io/instance-type": instance_type,
+                            "sagemaker.amazonaws.com/node-health-status": "Schedulable",
+                        },
+                    }
+                },
+            )
+        console.print(
+            f"[bold]Embedded API server[/] (KMock, hardened) at {server}: namespace {namespace}, "
+            f"{nodes} Schedulable {instance_type} nodes"
+        )
+
+        with tempfile.TemporaryDirectory() as tmp:
+            kubeconfig = Path(tmp) / "kubeconfig"
+            kubeconfig.write_text(
+                yaml.safe_dump(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Config",
+                        "current-context": "demo",
+                        "clusters": [{"name": "demo", "cluster": {"server": server}}],
+                        "users": [{"name": "demo", "user": {"token": "demo"}}],
+                        "contexts": [{"name": "demo", "context": {"cluster": "demo", "user": "demo"}}],
+                    }
+                )
+            )
+            os.environ["KUBECONFIG"] = str(kubeconfig)
+            os.environ.setdefault("BTJ_METRICS_BIND", "off")
+
+            def btj() -> dict[str, Any]:
+                return k.get_object(BTJ_RESOURCE, namespace, name) or {}
+
+            def phase() -> str:
+                return str((btj().get("status") or {}).get("phase") or "")
+
+            with _OperatorThread(server, namespace) as operator:
+                try:
+                    await _wait(
+                        lambda: any(
+                            r.params.get("watch") == "true"
+                            and r.resource is not None
+                            and r.resource.plural == "blackwelltrainingjobs"
+                            for r in k.requests
+                        )
+                    )
+                except TimeoutError:
+                    console.print(f"[red]The operator did not start: {operator.error}[/]")
+                    return False
+                console.print(
+                    "[bold]Operator[/] started (Kopf, all handlers); applying the BTJ "
+                    f"[cyan]{namespace}/{name}[/] ..."
+                )
+                started = time.monotonic()
+                await k.post(
+                    f"/apis/training.blackwell.dev/v1alpha1/namespaces/{namespace}/blackwelltrainingjobs",
+                    json=manifest,
+                )
+                try:
+                    # Reconciled: the operator records the generation it planned for (with the plan).
+                    await _wait(lambda: (btj().get("status") or {}).get("observedGeneration") == 1)
+                except TimeoutError:
+                    console.print("[red]No status after 30 s.[/]")
+                    return False
+                status = btj()["status"]
+                console.print(
+                    f"\n[bold]status.phase[/] = {status['phase']} after {time.monotonic() - started:.2f} s"
+                )
+                if status["phase"] == "Invalid":
+                    console.print(f"[red]{status.get('message')}[/]")
+                    return False
+                render_plan_tables(Plan.model_validate(status["plan"]), console)
+                for cond in status.get("conditions", []):
+                    console.print(
+                        f"  condition {cond['type']:<18} {cond['status']:<7} {cond['reason']}: "
+                        f"{cond['message']}"
+                    )
+                child = status.get("child")
+                if not child:
+                    console.print("Dry run: the plan is in status, nothing was created.")
+                    return True
+                job = k.get_object(
+                    f"{child['apiVersion']}/{child['kind'].lower()}s", namespace, child["name"]
+                )
+                owners = ", ".join(
+                    f"{r['kind']}/{r['name']}"
+                    for r in (job or {}).get("metadata", {}).get("ownerReferences", [])
+                )
+                console.print(
+                    f"\n[bold]Created[/] {child['kind']} {child['name']} (owner {owners}) and ConfigMap "
+                    f"{child['configMap']} with plan.json"
+                )
+                await _simulate(k, console, child_collection, child["name"], phase, pause)
+
+                def events() -> list[dict[str, Any]]:
+                    return [
+                        e
+                        for e in k.live_objects("v1/events", namespace)
+                        if (e.get("involvedObject") or {}).get("name") == name
+                    ]
+
+                with contextlib.suppress(TimeoutError):  # Kopf posts Events asynchronously
+                    await _wait(lambda: any(e.get("reason") == phase() for e in events()), timeout=5)
+                console.print("\n[bold]Events[/] on the BTJ:")
+                for event in events():
+                    kind, reason = event.get("type", ""), event.get("reason", "")
+                    console.print(f"  {kind:<8} {reason:<12} {event.get('message', '')}")
+            return phase() == "Succeeded"
+
+
+async def _simulate(
+    k: Any, console: Console, collection: str, job: str, phase: Callable[[], str], pause: float
+) -> None:
+    """Play the training operator: move the job through its conditions and show the BTJ following."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+    def cond(kind: str, message: str, status: str = "True") -> dict[str, str]:
+        return {
+            "type": kind,
+            "status": status,
+            "reason": f"PyTorchJob{kind}",
+            "message": message,
+            "lastUpdateTime": now,
+            "lastTransitionTime": now,
+        }
+
+    steps = [
+        (
+            "Queued",
+            [cond("Created", "created"), cond("Suspended", "held by Kueue until the quota admits it")],
+        ),
+        (
+            "Running",
+            [
+                cond("Created", "created"),
+                cond("Suspended", "resumed", "False"),
+                cond("Running", f"{job} is running"),
+            ],
+        ),
+        (
+            "Succeeded",
+            [
+                cond("Created", "created"),
+                cond("Suspended", "resumed", "False"),
+                cond("Running", "finished", "False"),
+                cond("Succeeded", f"{job} completed 1000 steps"),
+            ],
+        ),
+    ]
+    console.print("\n[bold]Simulating the training operator[/] (patching the job's /status):")
+    for expected, conditions in steps:
+        await asyncio.sleep(pause)
+        await k.patch(
+            f"{collection}/{job}/status",
+            json={"status": {"conditions": conditions}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        try:
+            await _wait(functools.partial(_is_phase, phase, expected), timeout=10)
+        except TimeoutError:
+            console.print(
+                f"  job -> {conditions[-1]['type']:<10} BTJ phase stayed {phase()} [red](not {expected})[/]"
+            )
+            return
+        console.print(f"  job -> {conditions[-1]['type']:<10} BTJ phase [green]{phase()}[/]")
+
+
+def _is_phase(phase: Callable[[], str], expected: str) -> bool:
+    return phase() == expected
