@@ -248,10 +248,12 @@ def test_metrics_endpoint_carries_every_metric_while_training(preempted: Preempt
 
     steps = sample("btj_trainer_steps_total")
     assert steps >= 40
-    # 2 GPUs in the pod, each 4 sequences x 32 tokens a step.
-    assert sample("btj_trainer_tokens_total") == steps * 2 * 4 * 32
+    # 2 GPUs in the pod, each 4 sequences x 32 tokens a step. The scrape may fall between two updates
+    # of one step (the client library collects without a registry-wide lock): allow one step apart.
+    tokens = sample("btj_trainer_tokens_total")
+    assert tokens % (2 * 4 * 32) == 0 and abs(tokens / (2 * 4 * 32) - steps) <= 1
     assert sample("btj_trainer_gpus") == 2
-    assert sample("btj_trainer_step_duration_seconds_count") == steps
+    assert abs(sample("btj_trainer_step_duration_seconds_count") - steps) <= 1
     assert sample("btj_trainer_step_duration_seconds_sum") > 0
     assert 0 < sample("btj_trainer_loss") < 6
     assert 0 < sample("btj_trainer_model_flops_utilization_ratio") < 1
