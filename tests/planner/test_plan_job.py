@@ -117,7 +117,8 @@ def test_a_precision_the_trainer_cannot_run_is_rejected() -> None:
 
 
 def test_a_pinned_micro_batch_that_cannot_fit_names_memory_budget_and_what_fits() -> None:
-    spec = make_spec(seq=8192, microBatchSize=16, activationCheckpointing="none", precision="bf16")
+    pins = {"activationCheckpointing": "none", "precision": "bf16", "contextParallel": 1}
+    spec = make_spec(seq=8192, microBatchSize=16, **pins)
     with pytest.raises(PlanningError) as err:
         plan_job(spec)
     e = err.value
@@ -128,11 +129,9 @@ def test_a_pinned_micro_batch_that_cannot_fit_names_memory_budget_and_what_fits(
     largest = int(re.fullmatch(r"use auto or (\d+)", e.fix).group(1))  # type: ignore[union-attr]
     assert 1 <= largest < 16
     # ...and that size really is the largest that fits.
-    plan_job(make_spec(seq=8192, microBatchSize=largest, activationCheckpointing="none", precision="bf16"))
+    plan_job(make_spec(seq=8192, microBatchSize=largest, **pins))
     with pytest.raises(PlanningError):
-        plan_job(
-            make_spec(seq=8192, microBatchSize=largest + 1, activationCheckpointing="none", precision="bf16")
-        )
+        plan_job(make_spec(seq=8192, microBatchSize=largest + 1, **pins))
 
 
 def test_an_impossible_job_names_the_memory_and_the_smallest_node_count() -> None:
@@ -188,7 +187,7 @@ def test_planning_is_deterministic() -> None:
 
 
 def test_a_pinned_micro_batch_larger_than_the_global_batch_is_rejected() -> None:
-    spec = make_spec(preset="llama3.2-1b", microBatchSize=4)
+    spec = make_spec(preset="llama3.2-1b", microBatchSize=4, contextParallel=1)
     spec.training.global_batch_tokens = 8 * 4096
     with pytest.raises(
         PlanningError, match=r"micro-batch 4 puts .* more than globalBatchTokens 32,768"

@@ -6,12 +6,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from blackwell_operator.calibration import load_calibration
-from blackwell_operator.errors import PlanningError
+from blackwell_operator.errors import PlanningError, SpecError
+from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner import plan_job
 from blackwell_operator.planner.candidates import Pins, families
 from blackwell_operator.planner.layout import Hardware, Layout
 from blackwell_operator.planner.memory import estimate_memory
 from blackwell_operator.planner.search import Problem, largest_fitting
+from blackwell_trainer.config import Plan
 from tests.planner.conftest import hardware, make_spec, setting, shapes
 
 BTJ = load_calibration("btj-trainer")
@@ -116,3 +118,94 @@ def test_pinning_never_beats_the_unpinned_optimum(
         return  # impossible pins are rejected, which is allowed
     best = free.predicted.tokens_per_second_per_gpu
     assert pinned.predicted.tokens_per_second_per_gpu <= best * (1 + 1e-9)
+
+
+@FAST
+@given(
+    preset=PRESETS,
+    ac=st.sampled_from(["none", "selective", "full"]),
+    mbs=st.integers(1, 63),
+    cp=st.sampled_from([1, 2]),
+    seq=SEQS,
+    accumulation=st.sampled_from([1, 4]),
+)
+def test_memory_grows_with_the_micro_batch(
+    preset: str, ac: str, mbs: int, cp: int, seq: int, accumulation: int
+) -> None:
+    hw = hardware(nodes=2)
+    a, b = setting(ac=ac, mbs=mbs, cp=cp), setting(ac=ac, mbs=mbs + 1, cp=cp)
+    sh = shapes(preset)
+    ma = estimate_memory(sh, BTJ, a, Layout.of(a, hw), seq, accumulation)
+    mb = estimate_memory(sh, BTJ, b, Layout.of(b, hw), seq, accumulation)
+    assert mb.peak_reserved >= ma.peak_reserved
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    hidden=st.sampled_from([256, 768, 1024, 2048, 5120]),
+    layers=st.integers(1, 48),
+    heads_kv=st.sampled_from([(8, 8), (16, 4), (32, 8), (8, 1)]),
+    ffn_mult=st.sampled_from([2, 3, 4]),
+    vocab=st.sampled_from([1000, 32000, 151936]),
+    tied=st.booleans(),
+    instance=INSTANCES,
+    nodes=st.integers(1, 9),
+    gpn=st.sampled_from([None, 1, 3, 8]),
+    seq=st.sampled_from([128, 1000, 4096, 12288, 65536]),
+    tuning=st.fixed_dictionaries(
+        {},
+        optional={
+            "precision": st.sampled_from(["auto", "bf16", "fp8", "mxfp8", "nvfp4"]),
+            "activationCheckpointing": st.sampled_from(["auto", "none", "selective", "full"]),
+            "microBatchSize": st.one_of(st.just("auto"), st.integers(1, 64)),
+            "sharding": st.sampled_from(["auto", "full", "hybrid", "none"]),
+            "contextParallel": st.one_of(st.just("auto"), st.sampled_from([1, 2, 3, 4])),
+            "memoryHeadroom": st.sampled_from([0.0, 0.05, 0.5]),
+        },
+    ),
+    global_batch=st.one_of(st.none(), st.sampled_from([1, 65536, 1 << 22])),
+)
+def test_any_valid_spec_plans_or_fails_with_a_field_error(
+    hidden: int,
+    layers: int,
+    heads_kv: tuple[int, int],
+    ffn_mult: int,
+    vocab: int,
+    tied: bool,
+    instance: str,
+    nodes: int,
+    gpn: int | None,
+    seq: int,
+    tuning: dict[str, object],
+    global_batch: int | None,
+) -> None:
+    heads, kv = heads_kv
+    cluster: dict[str, object] = {"instanceType": instance, "nodes": nodes}
+    if gpn is not None:
+        cluster["gpusPerNode"] = gpn
+    spec = BlackwellTrainingJobSpec.model_validate(
+        {
+            "model": {
+                "architecture": {
+                    "hiddenSize": hidden,
+                    "numLayers": layers,
+                    "numAttentionHeads": heads,
+                    "numKeyValueHeads": kv,
+                    "intermediateSize": hidden * ffn_mult,
+                    "vocabSize": vocab,
+                    "tieWordEmbeddings": tied,
+                }
+            },
+            "cluster": cluster,
+            "training": {"sequenceLength": seq, "globalBatchTokens": global_batch},
+            "tuning": tuning,
+        }
+    )
+    try:
+        plan = plan_job(spec)
+    except SpecError as exc:
+        assert exc.field.startswith("spec.") and exc.problem
+        return
+    assert plan.predicted.memory.peak_reserved <= plan.gpu.memory_bytes * (1 - spec.tuning.memory_headroom)
+    assert plan.chosen.micro_batch_size >= 1 and plan.predicted.tokens_per_second_per_gpu > 0
+    Plan.model_validate_json(plan.to_json())

@@ -77,7 +77,10 @@ def test_attention_is_causal_flash_7_s2_q_per_layer() -> None:
     sh, hw = shapes(), hardware()
     st = setting(mbs=1)
     t = estimate_time(sh, BTJ, hw, st, layout(st, hw), 8192)
-    expected = 32 * 7 * 8192**2 * 4096 / (2.25e15 * BTJ.throughput.attention_efficiency)
+    efficiency = (
+        BTJ.throughput.attention_efficiency * 8192 / (8192 + BTJ.throughput.attention_short_sequence_tokens)
+    )
+    expected = 32 * 7 * 8192**2 * 4096 / (2.25e15 * efficiency)
     assert t.breakdown["attention"] == pytest.approx(expected, rel=1e-5)
 
 
@@ -127,7 +130,8 @@ def test_context_parallel_splits_attention_per_gpu_at_a_small_overhead() -> None
     b = setting(mbs=1, cp=2)
     ta = estimate_time(sh, BTJ, hw, a, layout(a, hw), 32768)
     tb = estimate_time(sh, BTJ, hw, b, layout(b, hw), 32768)
-    overhead = 1 + BTJ.throughput.cp_attention_overhead / 2
+    short = BTJ.throughput.attention_short_sequence_tokens
+    overhead = (1 + BTJ.throughput.cp_attention_overhead / 2) * (1 + short / 16384) / (1 + short / 32768)
     assert tb.breakdown["attention"] == pytest.approx(ta.breakdown["attention"] / 2 * overhead, rel=1e-5)
 
 

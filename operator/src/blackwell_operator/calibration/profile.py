@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from blackwell_trainer.config import ActivationCheckpointing, Precision, PrecisionRecipe, Sharding
 
@@ -84,6 +84,9 @@ class ThroughputConstants(_Strict):
         description="Keyed by compute-capability major ('9' Hopper, '10' Blackwell), then recipe."
     )
     attention_efficiency: float
+    attention_short_sequence_tokens: float = Field(
+        description="Sequence (or CP chunk) length at which flash attention reaches half its efficiency."
+    )
     memory_bandwidth_efficiency: float
     elementwise_bytes_hidden: float
     elementwise_bytes_ffn: float
@@ -114,6 +117,7 @@ class Calibration(_Strict):
     memory: MemoryConstants
     throughput: ThroughputConstants
     sources: dict[str, str] = Field(description="Provenance of every constant, keyed by section.field.")
+    _recipe_cache: dict[tuple[int, PrecisionRecipe], RecipeConstants] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _every_constant_has_a_source(self) -> Calibration:
@@ -136,10 +140,14 @@ class Calibration(_Strict):
 
     def recipe(self, cc_major: int, recipe: PrecisionRecipe) -> RecipeConstants:
         """Constants of a recipe on a GPU generation (the newest generation known at or below it)."""
+        cached = self._recipe_cache.get((cc_major, recipe))
+        if cached is not None:
+            return cached
         known = sorted((int(k) for k in self.throughput.recipes), reverse=True)
         for major in known:
             table = self.throughput.recipes[str(major)]
             if major <= cc_major and recipe in table:
+                self._recipe_cache[(cc_major, recipe)] = table[recipe]
                 return table[recipe]
         raise KeyError(f"calibration {self.name!r} has no constants for {recipe} on CC {cc_major}.x")
 

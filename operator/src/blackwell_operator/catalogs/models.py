@@ -7,6 +7,13 @@ from pydantic import Field
 from blackwell_trainer.config import Architecture, Precision, PrecisionRecipe, WireModel
 
 GIB = 1 << 30
+# The tensor-core format whose peak a precision's GEMMs run at (MXFP8 is FP8 with block scales).
+_TENSOR_CORE_FORMAT = {
+    Precision.BF16: "bf16",
+    Precision.FP8: "fp8",
+    Precision.MXFP8: "fp8",
+    Precision.NVFP4: "fp4",
+}
 
 
 class GpuSpec(WireModel):
@@ -36,8 +43,7 @@ class GpuSpec(WireModel):
 
     def peak_for(self, precision: Precision) -> float:
         """Dense peak FLOP/s of the tensor-core format a precision runs its GEMMs in."""
-        key = {Precision.BF16: "bf16", Precision.FP8: "fp8", Precision.MXFP8: "fp8", Precision.NVFP4: "fp4"}
-        return self.peak_flops[key[precision]]
+        return self.peak_flops[_TENSOR_CORE_FORMAT[precision]]
 
 
 class InstanceSpec(WireModel):

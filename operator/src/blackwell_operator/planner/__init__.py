@@ -86,7 +86,7 @@ def _prediction(s: Scored) -> Prediction:
         step_time_seconds=round(s.time.step_time_seconds, 6),
         model_flops_utilization=round(s.time.model_flops_utilization, 4),
         memory=s.memory.to_breakdown(),
-        time_breakdown_seconds=s.time.breakdown,
+        time_breakdown_seconds={k: round(v, 6) for k, v in s.time.breakdown.items()},
     )
 
 

@@ -14,8 +14,9 @@ from blackwell_operator.models.spec import AUTO, TuningSpec
 from blackwell_operator.planner.layout import Hardware, Setting
 from blackwell_trainer.config import ActivationCheckpointing, Precision, Sharding
 
-# Context-parallel ranks keep at least this many tokens of a sequence; shorter slices only add communication.
-MIN_TOKENS_PER_CP_RANK = 4096
+# Context-parallel ranks keep at least this many tokens of a sequence (ring-attention chunks below this are
+# launch-bound); pinned and automatic degrees obey the same limit, so the search space is the same.
+MIN_TOKENS_PER_CP_RANK = 1024
 CP_DEGREES = (2, 4, 8, 16, 32, 64)
 
 
@@ -107,6 +108,12 @@ def context_parallel_degrees(pins: Pins, hw: Hardware, cal: Calibration, sequenc
                 "spec.tuning.contextParallel",
                 f"{cp} must divide the {hw.world} GPUs and half the sequence length {sequence_length}",
                 "use auto or a power of two that divides both",
+            )
+        if cp > 1 and sequence_length // cp < MIN_TOKENS_PER_CP_RANK:
+            raise PlanningError(
+                "spec.tuning.contextParallel",
+                f"{cp} leaves {sequence_length // cp} tokens per rank, fewer than {MIN_TOKENS_PER_CP_RANK}",
+                f"use auto or at most {max(1, sequence_length // MIN_TOKENS_PER_CP_RANK)}",
             )
         return [cp]
     degrees = [1]

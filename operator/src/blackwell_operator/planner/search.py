@@ -128,13 +128,33 @@ class Problem:
 
 
 def largest_fitting(problem: Problem, family: Setting, upper: int) -> int:
-    """Largest micro-batch in [1, upper] that fits (0 if none): memory grows with the micro-batch."""
+    """Largest micro-batch in [1, upper] that fits (0 if none): memory grows with the micro-batch.
+
+    Memory is close to affine in the micro-batch, so a guess extrapolated from sizes 1 and 2 is usually
+    exact; galloping from the guess, then bisecting, keeps the answer exact when it is not.
+    """
     if upper < 1 or not problem.fits(family.with_mbs(1)):
         return 0
-    lo, hi = 1, 2
-    while hi <= upper and problem.fits(family.with_mbs(hi)):
-        lo, hi = hi, hi * 2
-    hi = min(hi, upper + 1)
+    if upper == 1 or not problem.fits(family.with_mbs(2)):
+        return 1
+    m1 = problem.memory(family.with_mbs(1))[0].peak_reserved
+    m2 = problem.memory(family.with_mbs(2))[0].peak_reserved
+    slope = m2 - m1
+    guess = upper if slope <= 0 else int(1 + (problem.budget_bytes - m1) // slope)
+    guess = min(max(guess, 2), upper)
+    if problem.fits(family.with_mbs(guess)):
+        lo, step = guess, 1
+        hi = lo + step
+        while hi <= upper and problem.fits(family.with_mbs(hi)):
+            lo, step = hi, step * 2
+            hi = lo + step
+        hi = min(hi, upper + 1)
+    else:
+        hi, step = guess, 1
+        lo = hi - step
+        while lo > 2 and not problem.fits(family.with_mbs(lo)):
+            hi, step = lo, step * 2
+            lo = max(2, hi - step)
     while hi - lo > 1:  # invariant: lo fits, hi does not (or is past the limit)
         mid = (lo + hi) // 2
         if problem.fits(family.with_mbs(mid)):
@@ -145,9 +165,16 @@ def largest_fitting(problem: Problem, family: Setting, upper: int) -> int:
 
 
 def spread(max_fit: int, exhaustive: bool) -> list[int]:
-    """Micro-batch sizes to score: all of them for small ranges, else powers of two plus the largest."""
+    """Micro-batch sizes to time.
+
+    Without a global batch the time per token never rises with the micro-batch, so the largest fitting
+    size is the family's best and the only one timed. With one, accumulation rounding breaks that: time
+    every size for small ranges, else powers of two plus the largest.
+    """
     if max_fit < 1:
         return []
+    if not exhaustive:
+        return [max_fit]
     if exhaustive and max_fit <= EXHAUSTIVE_MBS:
         return list(range(1, max_fit + 1))
     sizes = {max_fit}

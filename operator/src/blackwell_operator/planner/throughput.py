@@ -77,10 +77,11 @@ def estimate_time(
     head, _ = linear_time(tokens, shapes.hidden, shapes.vocab, rc_bf16, peak_bf16, bandwidth)
 
     # Flash attention, causal: forward 2*s^2*q_dim per sequence, backward 2.5x the forward.
+    # Short rows (or short CP chunks) run flash attention below its large-sequence efficiency.
     seqs = setting.micro_batch_size / setting.context_parallel
-    attn_fwd = (
-        2.0 * seqs * sequence_length * sequence_length * shapes.q_dim / (peak_bf16 * t.attention_efficiency)
-    )
+    chunk = sequence_length / setting.context_parallel
+    attn_eff = t.attention_efficiency * chunk / (chunk + t.attention_short_sequence_tokens)
+    attn_fwd = 2.0 * seqs * sequence_length * sequence_length * shapes.q_dim / (peak_bf16 * attn_eff)
     if setting.context_parallel > 1:
         # Ring attention runs cp smaller kernels per layer and balances causal work imperfectly.
         cp = setting.context_parallel
@@ -162,4 +163,4 @@ def estimate_time(
         "optimizer": optimizer,
         "step_overhead": t.step_overhead_seconds,
     }
-    return TimeEstimate(step, tps, mfu, {k: round(v, 6) for k, v in breakdown.items()})
+    return TimeEstimate(step, tps, mfu, breakdown)
