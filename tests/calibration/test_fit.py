@@ -1,0 +1,47 @@
+"""The fit recovers known constants from records the planner's own model generated (with noise)."""
+
+from __future__ import annotations
+
+from blackwell_operator.calibrate.fit import fit_calibration, get_constant, with_constants
+from blackwell_operator.calibration import Calibration
+from tests.calibration.conftest import grid_stubs, measure
+
+TRUTH = {
+    "memory.act_hidden": 10.0,
+    "memory.fragmentation_base_bytes": 1.5e9,
+    "throughput.recipes.9.none.efficiency": 0.66,
+    "throughput.attention_efficiency": 0.55,
+}
+
+
+def test_fit_recovers_known_constants(base: Calibration) -> None:
+    truth = with_constants(base, TRUTH)
+    records = measure(grid_stubs(["llama3.2-1b", "llama3.2-3b"], [2048, 8192], ["none", "full"], [1, 2, 4, 8]), truth, 0.005)
+    assert all(get_constant(base, k) != v for k, v in TRUTH.items())
+    result = fit_calibration(records, base, list(TRUTH))
+    for name, value in TRUTH.items():
+        got = get_constant(result.calibration, name)
+        assert abs(got / value - 1) < 0.05, (name, got, value)
+    assert {c.name for c in result.fitted} == set(TRUTH)
+    for res in result.residuals:
+        assert res.rms_after < res.rms_before and res.rms_after < 0.01
+
+
+def test_constants_no_record_determines_are_kept(base: Calibration) -> None:
+    records = measure(grid_stubs(["llama3.2-1b"], [4096], ["none"], [1, 2, 4]), base, 0.0)
+    names = ["memory.selective_hidden", "throughput.comm_overlap", "memory.act_hidden"]
+    result = fit_calibration(records, base, names)
+    kept = {c.name for c in result.constants if not c.fitted}
+    # One GPU and no selective AC: neither communication overlap nor selective factors can be seen.
+    assert kept == {"memory.selective_hidden", "throughput.comm_overlap"}
+    for name in kept:
+        assert get_constant(result.calibration, name) == get_constant(base, name)
+
+
+def test_ooms_push_memory_up(base: Calibration) -> None:
+    # Measured OOMs the base predicts to fit: the fit must grow memory until they no longer fit.
+    truth = with_constants(base, {"memory.act_hidden": 16.0})
+    records = measure(grid_stubs(["llama3.2-3b"], [8192], ["none"], [1, 2, 4, 8]), truth, 0.0)
+    assert any(r.oom for r in records)
+    result = fit_calibration(records, base, ["memory.act_hidden"])
+    assert get_constant(result.calibration, "memory.act_hidden") > 14.0

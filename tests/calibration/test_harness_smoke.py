@@ -1,0 +1,36 @@
+"""The calibration harness end to end on CPU: two configurations of a tiny model (one process, two with gloo)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from blackwell_operator.calibrate.records import RecordStatus, read_records
+
+HARNESS = Path(__file__).resolve().parents[2] / "benchmarks" / "calibration" / "harness.py"
+
+
+def _harness(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, str(HARNESS), "--cpu-smoke", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_cpu_smoke_writes_one_record_per_configuration(tmp_path: Path) -> None:
+    proc = _harness("--out", str(tmp_path), timeout=170)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    records = read_records([tmp_path / "records.jsonl"])
+    assert sorted(r.gpus for r in records) == [1, 2]
+    for r in records:
+        assert r.status is RecordStatus.OK, r.detail
+        assert r.tokens_per_second_per_gpu and r.tokens_per_second_per_gpu > 0
+        assert len(r.step_times_seconds) == 2 and r.loss is not None
+        assert r.predicted is not None and r.predicted_calibration == "btj-trainer"
+        assert r.versions.torch and r.gpu_name == "cpu" and r.date
+        assert r.source == "harness"
+    assert (tmp_path / "summary.txt").read_text().count("_mbs1") == 2
+    # Resuming from those records: everything is measured already, nothing runs again.
+    again = tmp_path / "again"
+    proc = _harness("--out", str(again), "--resume", str(tmp_path / "records.jsonl"), timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not (again / "records.jsonl").exists()
