@@ -14,6 +14,8 @@ from blackwell_operator.planner.throughput import TimeEstimate, estimate_time
 # With a global batch, accumulation rounding makes tokens/s non-monotone in the micro-batch: score every
 # size up to this many, a spread above it.
 EXHAUSTIVE_MBS = 32
+# Families (by rank) whose next, non-fitting micro-batch is timed for the alternatives.
+TIMED_TOO_BIG = 12
 
 
 @dataclass(frozen=True)
@@ -207,10 +209,19 @@ def run_search(problem: Problem, families: list[Setting], pinned_mbs: int | None
         for mbs in spread(max_fit, problem.global_batch_tokens is not None):
             result.scored.append(problem.score(family.with_mbs(mbs)))
         if max_fit < upper:
-            result.first_too_big = problem.score(family.with_mbs(max_fit + 1))
+            # Memory only for now (already evaluated by the search); timed below if it matters.
+            too_big = family.with_mbs(max_fit + 1)
+            mem, ga = problem.memory(too_big)
+            result.first_too_big = Scored(too_big, ga, mem, None, False)
         results.append(result)
         feasible.extend(result.scored)
     ranked = sorted(feasible, key=_rank_key)
+    # Time the next size up of the leading families: a faster setting that just misses the budget is
+    # the most useful alternative to show.
+    leaders = {s.setting.family for s in ranked[:TIMED_TOO_BIG]}
+    for result in results:
+        if result.first_too_big is not None and result.family.family in leaders:
+            result.first_too_big = problem.score(result.first_too_big.setting)
     return SearchResult(results, ranked, problem.evaluations)
 
 
