@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
-from tests.helm.conftest import VALUES_CASES, by_kind, render, values_id
+from tests.helm.conftest import CHART, VALUES_CASES, by_kind, render, values_id
+
+CI = CHART / "ci"
 
 
 def deployment(objects: list[dict[str, Any]]) -> dict[str, Any]:
@@ -60,15 +62,35 @@ def test_one_replica_recreate_probes_and_metrics_port(helm: str, values: Path | 
     assert container["resources"]["limits"]["memory"]
 
 
+def container_args(objects: list[dict[str, Any]]) -> list[str]:
+    return list(deployment(objects)["spec"]["template"]["spec"]["containers"][0].get("args", []))
+
+
 def test_watch_scope_follows_values(helm: str) -> None:
-    cluster_wide = deployment(render(helm))["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "--all-namespaces" in cluster_wide
-    namespaced = deployment(
-        render(helm, Path(__file__).parents[2] / "helm/btj-operator/ci/namespaced-values.yaml")
-    )
-    args = namespaced["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "--all-namespaces" not in args
+    assert not [a for a in container_args(render(helm)) if a.startswith("--namespace")]
+    args = container_args(render(helm, CI / "namespaced-values.yaml"))
     assert "--namespace=hyperpod-ns-team-a" in args and "--namespace=hyperpod-ns-team-b" in args
+
+
+@pytest.mark.parametrize("values", VALUES_CASES, ids=values_id)
+def test_btj_run_accepts_the_arguments_the_chart_passes(helm: str, values: Path | None) -> None:
+    """The container's command line parses with the real `btj run` (click parses, nothing runs)."""
+    import typer.main
+
+    cli = pytest.importorskip("blackwell_operator.cli", reason="operator CLI not importable")
+    cli._register_commands()
+    objects = render(helm, values)
+    container = deployment(objects)["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["btj", "run"]
+    group = typer.main.get_command(cli.app)
+    run = group.commands["run"]  # type: ignore[attr-defined]
+    context = run.make_context("run", container_args(objects))
+    namespaces = context.params["namespace"] or []
+    assert sorted(namespaces) == sorted(
+        a.removeprefix("--namespace=") for a in container_args(objects) if a.startswith("--namespace=")
+    )
+    # The chart's probes and metrics port assume the default bind.
+    assert context.params["metrics_bind"] == "0.0.0.0:8080"
 
 
 def test_custom_image_and_existing_service_account(helm: str) -> None:

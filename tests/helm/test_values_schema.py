@@ -122,5 +122,5 @@ def test_bad_values_are_rejected_by_helm(helm: str, command: str) -> None:
     assert result.returncode != 0
     output = result.stdout + result.stderr
     assert "schema" in output
-    for problem in ("pullPolicy", "logLevel", "replicas"):
+    for problem in ("pullPolicy", "verbose", "replicas"):
         assert problem in output, f"{problem} not reported:\n{output}"

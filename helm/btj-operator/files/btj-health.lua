@@ -1,33 +1,67 @@
--- Provisional Argo CD health check for BlackwellTrainingJob; replaced by a copy of
--- examples/argocd/btj-health.lua (tests/helm checks the two are equal once that file exists).
-local hs = {status = "Progressing", message = "Waiting for the operator"}
+-- Argo CD health check for training.blackwell.dev/BlackwellTrainingJob.
+-- Install under argocd-cm key resource.customizations.health.training.blackwell.dev_BlackwellTrainingJob
+-- (examples/argocd/argocd-cm-health.yaml). Reads only status, which the operator writes:
+--   Progressing  until the operator has reconciled the current generation, while pending or running
+--                (like Argo CD's batch/Job check: a running job has not reached its goal yet);
+--   Degraded     for an invalid spec, a failed job, or a spec change the running job cannot take;
+--   Suspended    while Kueue holds the job in its queue;
+--   Healthy      when the job succeeded, or a dry run has its plan.
+local function progressing(message)
+  return {status = "Progressing", message = message}
+end
+
 if obj.status == nil then
-  return hs
+  return progressing("Waiting for the operator")
 end
-if (obj.status.observedGeneration or 0) < (obj.metadata.generation or 0) then
-  hs.message = "Spec change not yet reconciled"
-  return hs
+
+local generation = obj.metadata.generation or 0
+local observed = obj.status.observedGeneration or 0
+if observed < generation then
+  return progressing("Waiting for the operator to reconcile generation " .. generation ..
+    " (last reconciled: " .. observed .. ")")
 end
+
 local conditions = {}
-for _, c in ipairs(obj.status.conditions or {}) do
-  conditions[c.type] = c
+for _, condition in ipairs(obj.status.conditions or {}) do
+  conditions[condition.type] = condition
 end
-local function isTrue(t)
-  return conditions[t] ~= nil and conditions[t].status == "True"
+local function is(kind, status)
+  return conditions[kind] ~= nil and conditions[kind].status == status
 end
-if obj.status.phase == "Invalid" then
-  return {status = "Degraded", message = "Invalid spec"}
+local function message(kind, fallback)
+  local condition = conditions[kind]
+  if condition ~= nil and condition.message ~= nil and condition.message ~= "" then
+    return condition.message
+  end
+  return fallback
 end
-if isTrue("Failed") then
-  return {status = "Degraded", message = conditions.Failed.message or "Failed"}
+
+local phase = obj.status.phase or ""
+if phase == "Invalid" then
+  return {status = "Degraded", message = "Invalid spec: " .. message("Planned", "see the Planned condition")}
 end
-if isTrue("Succeeded") then
-  return {status = "Healthy", message = conditions.Succeeded.message or "Succeeded"}
+if phase == "Failed" or is("Failed", "True") then
+  return {status = "Degraded", message = message("Failed", message("ChildCreated", obj.status.message or "Failed"))}
 end
-if isTrue("Suspended") then
-  return {status = "Suspended", message = conditions.Suspended.message or "Queued"}
+if is("SpecApplied", "False") then
+  return {status = "Degraded", message = "Spec not applied: " .. message("SpecApplied", "see the SpecApplied condition")}
 end
-if isTrue("Running") then
-  hs.message = conditions.Running.message or "Running"
+if phase == "Succeeded" or is("Succeeded", "True") then
+  return {status = "Healthy", message = message("Succeeded", "Succeeded")}
 end
-return hs
+if phase == "Queued" then
+  return {status = "Suspended", message = message("Admitted", "Waiting in the Kueue queue")}
+end
+if phase == "Planned" then
+  return {status = "Healthy", message = "Planned (dry run): " .. message("Planned", "")}
+end
+if phase == "Restarting" then
+  return progressing("Restarting: " .. (obj.status.message or ""))
+end
+if phase == "Running" then
+  return progressing(obj.status.message or "Running")
+end
+if is("CapacityAvailable", "False") then
+  return progressing("Pending: " .. message("CapacityAvailable", "not enough nodes"))
+end
+return progressing(obj.status.message or "Pending")

@@ -33,7 +33,7 @@ framework rules listed there. No wildcards anywhere.
 # Application: phase, conditions and the plan are written to the status subresource only.
 - apiGroups: ["training.blackwell.dev"]
   resources: ["blackwelltrainingjobs/status"]
-  verbs: ["get", "patch"]
+  verbs: ["patch"]
 # Application: the child Kubeflow PyTorchJob (created, patched on spec change, watched for status).
 - apiGroups: ["kubeflow.org"]
   resources: ["pytorchjobs"]
