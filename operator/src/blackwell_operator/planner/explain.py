@@ -64,9 +64,16 @@ def explain(winner: Scored, result: SearchResult, budget: float) -> list[str]:
     else:
         lines.append(f"precision {st.precision.value} ({st.recipe.value}): pinned")
 
+    tried_ac = {f.family.activation_checkpointing for f in result.families}
     for mode in ActivationCheckpointing:
         other = best_by["ac"].get(mode.value)
-        if other is None or mode is st.activation_checkpointing:
+        if mode is st.activation_checkpointing or mode not in tried_ac:
+            continue
+        if other is None:
+            lines.append(
+                f"activation checkpointing {st.activation_checkpointing.value}: {mode.value} does not fit "
+                "even at micro-batch 1"
+            )
             continue
         lines.append(
             f"activation checkpointing {st.activation_checkpointing.value}: {mode.value} would be "
@@ -89,12 +96,19 @@ def explain(winner: Scored, result: SearchResult, budget: float) -> list[str]:
     lines.append(mbs_line)
 
     states = gib(mem.parameters + mem.gradients + mem.optimizer_states)
-    others = _other(best_by["sharding"], st.sharding.value, winner, budget)
+    tried = {f.family.sharding.value for f in result.families}
+    others = _other(best_by["sharding"], st.sharding.value, winner, budget, tried)
     lines.append(f"sharding {st.sharding.value}: model states {states} per GPU{others}")
     if st.context_parallel > 1 or len(best_by["cp"]) > 1:
         lines.append(
             f"context parallel {st.context_parallel}"
-            + _other(best_by["cp"], str(st.context_parallel), winner, budget)
+            + _other(
+                best_by["cp"],
+                str(st.context_parallel),
+                winner,
+                budget,
+                {str(f.family.context_parallel) for f in result.families},
+            )
         )
     if winner.gradient_accumulation_steps > 1:
         lines.append(f"gradient accumulation {winner.gradient_accumulation_steps} reaches the global batch")
@@ -105,8 +119,11 @@ def explain(winner: Scored, result: SearchResult, budget: float) -> list[str]:
     return lines
 
 
-def _other(best: dict[str, Scored], chosen: str, winner: Scored, budget: float) -> str:
+def _other(
+    best: dict[str, Scored], chosen: str, winner: Scored, budget: float, tried: set[str] | None = None
+) -> str:
     others = [f"{k} {loss_reason(winner, s, budget)}" for k, s in best.items() if k != chosen]
+    others += [f"{k} does not fit" for k in sorted((tried or set()) - set(best) - {chosen})]
     return f"; {', '.join(others)}" if others else ""
 
 
