@@ -141,3 +141,45 @@ def test_compile_reduces_memory_bound_time() -> None:
     tc = estimate_time(sh, BTJ, hw, compiled, layout(compiled, hw), 4096)
     te = estimate_time(sh, BTJ, hw, eager, layout(eager, hw), 4096)
     assert te.breakdown["memory_bound"] > tc.breakdown["memory_bound"]
+
+
+def test_memory_bound_work_is_elementwise_plus_loss_traffic() -> None:
+    sh, hw = shapes(), hardware()
+    st = setting(mbs=2)
+    t = estimate_time(sh, BTJ, hw, st, layout(st, hw), 4096)
+    tp = BTJ.throughput
+    tokens = 2 * 4096
+    elementwise = 32 * tokens * (tp.elementwise_bytes_hidden * 4096 + tp.elementwise_bytes_ffn * 14336)
+    loss = tokens * 128256 * tp.loss_traffic_bytes_per_logit
+    assert t.breakdown["memory_bound"] == pytest.approx((elementwise + loss) / (8e12 * 0.8), rel=1e-9)
+
+
+def test_host_time_stalls_the_gpu_for_small_te_micro_batches() -> None:
+    # TE FP8 issues ~1.5 ms of host work per linear: at one short sequence the GPU waits for the host.
+    sh, hw = shapes("llama3.2-1b"), hardware()
+    small = setting(precision="fp8", recipe="delayed", mbs=1)
+    large = setting(precision="fp8", recipe="delayed", mbs=16)
+    t_small = estimate_time(sh, BTJ, hw, small, layout(small, hw), 2048)
+    t_large = estimate_time(sh, BTJ, hw, large, layout(large, hw), 2048)
+    cpu = 16 * (
+        7 * BTJ.recipe(10, PrecisionRecipe.DELAYED).cpu_seconds_per_linear
+        + BTJ.throughput.cpu_seconds_per_layer
+    )
+    gpu = sum(t_small.breakdown[k] for k in ("gemm", "attention", "memory_bound", "recompute"))
+    assert t_small.breakdown["host_stall"] == pytest.approx(cpu - gpu, rel=1e-6)
+    assert t_large.breakdown["host_stall"] == 0
+
+
+def test_fsdp_collectives_over_efa_hand_calculation() -> None:
+    # 8B, full sharding over 2 nodes (16 GPUs), mbs 1: all-gather bf16 twice + reduce-scatter fp32 per
+    # micro-batch over the per-GPU EFA share (400 GB/s / 8) at 80% bus efficiency, 90% hidden by compute.
+    sh, hw = shapes(), hardware(nodes=2)
+    st = setting(mbs=1)
+    t = estimate_time(sh, BTJ, hw, st, layout(st, hw), 4096)
+    psi = 8_030_261_248
+    bw = 400e9 / 8 * 0.8
+    gather = 2 * (2 * psi * 15 / 16 / bw)
+    scatter = 4 * psi * 15 / 16 / bw
+    compute = sum(t.breakdown[k] for k in ("gemm", "attention", "memory_bound", "recompute"))
+    exposed = max(0.0, gather + scatter - 0.9 * compute) + gather / 2 / 32
+    assert t.breakdown["fsdp_comm_exposed"] == pytest.approx(exposed, rel=1e-9)
