@@ -124,3 +124,26 @@ def test_bad_values_are_rejected_by_helm(helm: str, command: str) -> None:
     assert "schema" in output
     for problem in ("pullPolicy", "verbose", "replicas"):
         assert problem in output, f"{problem} not reported:\n{output}"
+
+
+def test_chart_readme_lists_every_documented_value() -> None:
+    readme = (CHART / "README.md").read_text()
+    text = (CHART / "values.yaml").read_text().splitlines()
+    stack: list[tuple[int, str]] = []
+    documented = False
+    for line in text:
+        stripped = line.strip()
+        if stripped.startswith("# --"):
+            documented = True
+            continue
+        match = re.match(r"^(\s*)([A-Za-z][A-Za-z0-9]*):", line)
+        if not match:
+            continue
+        indent = len(match.group(1))
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        stack.append((indent, match.group(2)))
+        if documented:
+            path = ".".join(key for _, key in stack)
+            assert f"| `{path}` |" in readme, f"helm/btj-operator/README.md lacks the value {path}"
+            documented = False
