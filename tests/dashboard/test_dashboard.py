@@ -114,9 +114,10 @@ def trainer_names() -> set[str]:
 
 @pytest.fixture(scope="module")
 def operator_names() -> set[str]:
-    module = pytest.importorskip("blackwell_operator.metrics", reason="OperatorMetrics not written yet")
+    from blackwell_operator.metrics import OperatorMetrics
+
     registry = CollectorRegistry()
-    module.OperatorMetrics(registry)
+    OperatorMetrics(registry)
     return exported_names(registry)
 
 

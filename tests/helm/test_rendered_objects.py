@@ -100,11 +100,12 @@ def test_monitors_select_the_right_targets(helm: str) -> None:
 
 
 def test_trainer_podmonitor_matches_what_the_renderer_puts_on_pods(helm: str) -> None:
-    labels = pytest.importorskip("blackwell_operator.render.labels", reason="render helper not landed")
+    from blackwell_operator.render import labels
+    from blackwell_operator.render import pod as pod_module
+
     pod = labels.own_labels("some-job")
     objects = render(helm, Path(__file__).parents[2] / "helm/btj-operator/ci/everything-on-values.yaml")
     trainer = next(o for o in objects if o["kind"] == "PodMonitor")
     assert trainer["spec"]["selector"]["matchLabels"].items() <= pod.items()
     assert trainer["spec"]["jobLabel"] in pod
-    pod_module = pytest.importorskip("blackwell_operator.render.pod")
     assert trainer["spec"]["podMetricsEndpoints"][0]["port"] == pod_module.METRICS_PORT_NAME

@@ -77,7 +77,8 @@ def test_btj_run_accepts_the_arguments_the_chart_passes(helm: str, values: Path 
     """The container's command line parses with the real `btj run` (click parses, nothing runs)."""
     import typer.main
 
-    cli = pytest.importorskip("blackwell_operator.cli", reason="operator CLI not importable")
+    from blackwell_operator import cli
+
     cli._register_commands()
     objects = render(helm, values)
     container = deployment(objects)["spec"]["template"]["spec"]["containers"][0]
