@@ -102,7 +102,8 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
 
 def plain_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Full fp32 logits, then F.cross_entropy: the reference the chunked version must match."""
-    logits = (hidden @ weight.t()).float()
+    logits = hidden @ weight.t()
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     return F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX)
 
 
