@@ -62,13 +62,32 @@ PRESETS = {"1b": "llama3.2-1b", "3b": "llama3.2-3b", "8b": "llama3.1-8b"}
 # Custom architectures (Llama-3 vocabulary and GQA): a 13B class (Llama-2-13B widths) and a ~30B class
 # (LLaMA-33B widths); tiny is the CPU smoke model.
 CUSTOM: dict[str, dict[str, Any]] = {
-    "custom-13b": dict(hidden_size=5120, num_layers=40, num_attention_heads=40, num_key_value_heads=8,
-                       intermediate_size=13824, vocab_size=128256),
-    "custom-30b": dict(hidden_size=6656, num_layers=60, num_attention_heads=52, num_key_value_heads=4,
-                       intermediate_size=17920, vocab_size=128256),
-    "tiny": dict(hidden_size=256, num_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=512, vocab_size=1024, tie_word_embeddings=True),
-}  # fmt: skip
+    "custom-13b": dict(
+        hidden_size=5120,
+        num_layers=40,
+        num_attention_heads=40,
+        num_key_value_heads=8,
+        intermediate_size=13824,
+        vocab_size=128256,
+    ),
+    "custom-30b": dict(
+        hidden_size=6656,
+        num_layers=60,
+        num_attention_heads=52,
+        num_key_value_heads=4,
+        intermediate_size=17920,
+        vocab_size=128256,
+    ),
+    "tiny": dict(
+        hidden_size=256,
+        num_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=512,
+        vocab_size=1024,
+        tie_word_embeddings=True,
+    ),
+}
 FP8_RECIPE = "torchao-tensorwise"  # TE is not installed on the H200 machines; torchao is carried as a wheel
 OOM_EXIT = 3
 
@@ -106,8 +125,15 @@ class Family:
         return f"{self.model} s{self.sequence_length} g{self.gpus} {prec} ac-{self.ac} shard-{self.sharding}"
 
 
-def _families(models: list[str], seqs: list[int], gpus: int, precisions: list[str], acs: list[str],
-              shardings: tuple[str, ...] = ("full",), compile_blocks: bool = True) -> list[Family]:  # fmt: skip
+def _families(
+    models: list[str],
+    seqs: list[int],
+    gpus: int,
+    precisions: list[str],
+    acs: list[str],
+    shardings: tuple[str, ...] = ("full",),
+    compile_blocks: bool = True,
+) -> list[Family]:
     out = []
     for seq in seqs:
         for model in models:
@@ -121,7 +147,8 @@ def _families(models: list[str], seqs: list[int], gpus: int, precisions: list[st
 
 ACS = ["none", "selective", "full"]
 PRECS = ["bf16", "fp8"]
-# Priority order (lanes take from the front): sequence 4096 first (it matches the reference grid), then 8192, 2048.
+# Priority order (lanes take from the front): sequence 4096 first (it matches the reference grid),
+# then 8192, 2048.
 GRIDS: dict[str, list[Family]] = {
     "issue6": [
         *_families(["1b", "3b", "8b"], [4096, 8192, 2048], 1, PRECS, ACS),
@@ -172,8 +199,12 @@ def build_plan(fam: Family, mbs: int, cal: Calibration, instance: str) -> tuple[
         model_name=name,
         architecture=arch,
         parameter_count=arch.parameter_count(),
-        gpu=GpuInfo(name=gpu.name, compute_capability=gpu.compute_capability, memory_bytes=gpu.memory_bytes,
-                    peak_bf16_flops=gpu.peak_flops["bf16"]),  # fmt: skip
+        gpu=GpuInfo(
+            name=gpu.name,
+            compute_capability=gpu.compute_capability,
+            memory_bytes=gpu.memory_bytes,
+            peak_bf16_flops=gpu.peak_flops["bf16"],
+        ),
         instance_type=instance,
         nodes=1,
         gpus_per_node=fam.gpus,
@@ -227,22 +258,29 @@ def worker(plan_path: Path, result_dir: Path, warmup: int, timed: int) -> None:
         gen = torch.Generator(device=runtime.device).manual_seed(1234 + runtime.rank)
         shape = (plan.chosen.micro_batch_size, plan.sequence_length)
         vocab = plan.architecture.vocab_size
-        batches = [(torch.randint(0, vocab, shape, device=runtime.device, generator=gen),
-                    torch.randint(0, vocab, shape, device=runtime.device, generator=gen))]  # fmt: skip
+        batches = [
+            (
+                torch.randint(0, vocab, shape, device=runtime.device, generator=gen),
+                torch.randint(0, vocab, shape, device=runtime.device, generator=gen),
+            )
+        ]
         times, losses = [], []
         for i in range(warmup + timed):
             step = trainer.step(batches)
             losses.append(step.loss)
             if i >= warmup:
                 times.append(step.seconds)
-        result.update(status="ok", step_times=times, losses=losses,
-                      tokens_per_step=trainer.tokens_per_micro_batch)  # fmt: skip
+        result.update(
+            status="ok", step_times=times, losses=losses, tokens_per_step=trainer.tokens_per_micro_batch
+        )
     except BaseException as err:  # recorded, not raised: the grid goes on
         if _is_oom(err):
             result.update(status="oom", detail=str(err).splitlines()[0][:300])
             code = OOM_EXIT
         else:
-            result.update(detail=f"{type(err).__name__}: {err}"[:600] + " | " + traceback.format_exc()[-1500:])
+            result.update(
+                detail=f"{type(err).__name__}: {err}"[:600] + " | " + traceback.format_exc()[-1500:]
+            )
             code = 1
     finally:
         if torch.cuda.is_available():
@@ -263,8 +301,11 @@ def environment() -> dict[str, Any]:
     """Versions and device of this machine."""
     import torch
 
-    versions: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
-                                "cuda": torch.version.cuda}  # fmt: skip
+    versions: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
     for mod in ("transformer_engine", "torchao", "triton"):
         try:
             versions[mod] = __import__(mod).__version__
@@ -274,14 +315,18 @@ def environment() -> dict[str, Any]:
     return {"versions": versions, "gpu_name": gpu, "gpus": torch.cuda.device_count()}
 
 
-def merge(stub: CalibrationRecord, results: list[dict[str, Any]], env: dict[str, Any], detail: str) -> CalibrationRecord:
+def merge(
+    stub: CalibrationRecord, results: list[dict[str, Any]], env: dict[str, Any], detail: str
+) -> CalibrationRecord:
     """One record from every rank's result (OOM anywhere is an OOM; memory is the largest rank's)."""
     statuses = [r.get("status") for r in results]
     status = (
-        RecordStatus.OOM if "oom" in statuses
-        else RecordStatus.OK if statuses and all(s == "ok" for s in statuses)
+        RecordStatus.OOM
+        if "oom" in statuses
+        else RecordStatus.OK
+        if statuses and all(s == "ok" for s in statuses)
         else RecordStatus.ERROR
-    )  # fmt: skip
+    )
     rank0 = results[0] if results else {}
     times = [float(t) for t in rank0.get("step_times", [])]
     med = statistics.median(times) if times else None
@@ -289,7 +334,9 @@ def merge(stub: CalibrationRecord, results: list[dict[str, Any]], env: dict[str,
     allocated = [r["peak_allocated_bytes"] for r in results if r.get("peak_allocated_bytes")]
     reserved = [r["peak_reserved_bytes"] for r in results if r.get("peak_reserved_bytes")]
     losses = [float(v) for v in rank0.get("losses", [])]
-    notes = "; ".join(d for d in [*(str(r.get("detail", "")) for r in results if r.get("detail")), detail] if d)
+    notes = "; ".join(
+        d for d in [*(str(r.get("detail", "")) for r in results if r.get("detail")), detail] if d
+    )
     return stub.model_copy(
         update=dict(
             status=status,
@@ -357,12 +404,27 @@ class Harness:
         env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # as the rendered pods set it
         src = f"{REPO / 'operator' / 'src'}:{REPO / 'trainer_image' / 'src'}"
         env["PYTHONPATH"] = f"{src}:{env['PYTHONPATH']}" if env.get("PYTHONPATH") else src
-        args = [str(Path(__file__).resolve()), "--worker", str(tmp / "plan.json"), "--result-dir", str(tmp),
-                "--warmup", str(self.warmup), "--timed", str(self.timed)]  # fmt: skip
+        args = [
+            str(Path(__file__).resolve()),
+            "--worker",
+            str(tmp / "plan.json"),
+            "--result-dir",
+            str(tmp),
+            "--warmup",
+            str(self.warmup),
+            "--timed",
+            str(self.timed),
+        ]
         if fam.gpus > 1:
             port = 20000 + (os.getpid() * 7 + gpu_ids[0] * 101 + mbs) % 20000
-            cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={fam.gpus}",
-                   f"--master-port={port}", *args]  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                f"--nproc-per-node={fam.gpus}",
+                f"--master-port={port}",
+                *args,
+            ]
         else:
             cmd = [sys.executable, *args]
         started = time.time()
@@ -370,8 +432,14 @@ class Harness:
         log_path = tmp / "log.txt"
         try:
             with open(log_path, "w") as log:
-                subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                               timeout=min(self.config_timeout, remaining - 10), check=False)  # fmt: skip
+                subprocess.run(
+                    cmd,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    timeout=min(self.config_timeout, remaining - 10),
+                    check=False,
+                )
         except subprocess.TimeoutExpired:
             detail = f"killed after {time.time() - started:.0f} s"
         tail = log_path.read_text(errors="replace").splitlines()[-60:] if log_path.exists() else []
@@ -380,9 +448,14 @@ class Harness:
         results = [json.loads(p.read_text()) for p in sorted(tmp.glob("result.rank*.json"))]
         if not results:
             status = RecordStatus.TIMEOUT if detail else RecordStatus.ERROR
-            return stub.model_copy(update=dict(status=status, detail=(detail or "no result; " + " | ".join(tail[-5:]))[:1500],
-                                               gpu_name=self.env["gpu_name"],
-                                               versions=Versions(**self.env["versions"])))  # fmt: skip
+            return stub.model_copy(
+                update=dict(
+                    status=status,
+                    detail=(detail or "no result; " + " | ".join(tail[-5:]))[:1500],
+                    gpu_name=self.env["gpu_name"],
+                    versions=Versions(**self.env["versions"]),
+                )
+            )
         return merge(stub, results, self.env, f"wall {time.time() - started:.0f} s {detail}".strip())
 
     def add(self, rec: CalibrationRecord) -> None:
@@ -392,14 +465,22 @@ class Harness:
         tps = f"{rec.tokens_per_second_per_gpu:,.0f} tok/s/GPU" if rec.tokens_per_second_per_gpu else ""
         mem = f"reserved {rec.peak_reserved_bytes / 2**30:.1f} GiB" if rec.peak_reserved_bytes else ""
         pred = rec.predicted
-        p = f"(predicted {pred.tokens_per_second_per_gpu:,.0f}, {pred.memory.peak_reserved / 2**30:.1f} GiB)" if pred else ""
-        print(f"[{time.strftime('%H:%M:%S')}] {rec.key}: {rec.status.value} {tps} {mem} {p} {rec.detail[:160]}", flush=True)
+        p = (
+            f"(predicted {pred.tokens_per_second_per_gpu:,.0f}, {pred.memory.peak_reserved / 2**30:.1f} GiB)"
+            if pred
+            else ""
+        )
+        print(
+            f"[{time.strftime('%H:%M:%S')}] {rec.key}: {rec.status.value} {tps} {mem} {p} {rec.detail[:160]}",
+            flush=True,
+        )
 
     def run_family(self, fam: Family, gpu_ids: list[int]) -> None:
         name, _ = architecture(fam.model)
         for mbs in self.ladder(fam):
-            key = config_key(name, fam.sequence_length, fam.gpus,
-                             fam.candidate(mbs, self.cal.trainer.loss_chunk_tokens))  # fmt: skip
+            key = config_key(
+                name, fam.sequence_length, fam.gpus, fam.candidate(mbs, self.cal.trainer.loss_chunk_tokens)
+            )
             rec = self.done.get(key)
             if rec is None or rec.status not in (RecordStatus.OK, RecordStatus.OOM):
                 rec = self.run_config(fam, mbs, gpu_ids)
@@ -416,14 +497,14 @@ class Harness:
         threads: list[threading.Thread] = []
         while pending and time.time() < self.deadline - 30:
             with self.lock:
-                # Largest-first among what fits keeps multi-GPU families from starving behind one-GPU lanes.
-                fam = next((f for f in pending if f.gpus <= len(self.free)), None)
-                if fam is None:
+                # The first family in priority order that the free GPUs can take.
+                ready = next((f for f in pending if f.gpus <= len(self.free)), None)
+                if ready is None:
                     self.lock.wait(timeout=5)
                     continue
-                pending.remove(fam)
-                ids, self.free = self.free[: fam.gpus], self.free[fam.gpus :]
-            t = threading.Thread(target=self._family_thread, args=(fam, ids))
+                pending.remove(ready)
+                ids, self.free = self.free[: ready.gpus], self.free[ready.gpus :]
+            t = threading.Thread(target=self._family_thread, args=(ready, ids))
             t.start()
             threads.append(t)
         for t in threads:
@@ -444,13 +525,17 @@ class Harness:
 
 def summary(records: list[CalibrationRecord]) -> str:
     """A plain table of what ran."""
-    lines = [f"{'configuration':70s} {'status':7s} {'tok/s/GPU':>10s} {'pred':>10s} {'resv GiB':>8s} {'pred':>8s}"]
+    lines = [
+        f"{'configuration':70s} {'status':7s} {'tok/s/GPU':>10s} {'pred':>10s} {'resv GiB':>8s} {'pred':>8s}"
+    ]
     for r in records:
         pred = r.predicted
+        pred_tps = pred.tokens_per_second_per_gpu if pred else 0.0
+        pred_mem = pred.memory.peak_reserved if pred else 0
         lines.append(
             f"{r.key:70s} {r.status.value:7s} "
-            f"{r.tokens_per_second_per_gpu or 0:10,.0f} {pred.tokens_per_second_per_gpu if pred else 0:10,.0f} "
-            f"{(r.peak_reserved_bytes or 0) / 2**30:8.1f} {(pred.memory.peak_reserved if pred else 0) / 2**30:8.1f}"
+            f"{r.tokens_per_second_per_gpu or 0:10,.0f} {pred_tps:10,.0f} "
+            f"{(r.peak_reserved_bytes or 0) / 2**30:8.1f} {pred_mem / 2**30:8.1f}"
         )
     return "\n".join(lines)
 
@@ -460,10 +545,16 @@ def _csv(text: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--grid", default="issue6", choices=sorted(GRIDS))
-    parser.add_argument("--cpu-smoke", "--dry-run", action="store_true",
-                        help="2 configurations of a tiny model on CPU (gloo), for tests")  # fmt: skip
+    parser.add_argument(
+        "--cpu-smoke",
+        "--dry-run",
+        action="store_true",
+        help="2 configurations of a tiny model on CPU (gloo), for tests",
+    )
     parser.add_argument("--out", default=os.environ.get("OUT", "calibration-out"))
     parser.add_argument("--models", default="", help="keep only these grid models (e.g. 1b,8b,custom-13b)")
     parser.add_argument("--seqs", default="", help="keep only these sequence lengths")
@@ -471,8 +562,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precisions", default="", help="keep only bf16 and/or fp8")
     parser.add_argument("--acs", default="", help="keep only these AC modes")
     parser.add_argument("--max-mbs", type=int, default=64)
-    parser.add_argument("--full-ladder", action="store_true",
-                        help="start every ladder at mbs 1 (default: a quarter of the predicted limit)")  # fmt: skip
+    parser.add_argument(
+        "--full-ladder",
+        action="store_true",
+        help="start every ladder at mbs 1 (default: a quarter of the predicted limit)",
+    )
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps (the first compiles)")
     parser.add_argument("--timed", type=int, default=3)
     parser.add_argument("--budget-s", type=float, default=540.0, help="start nothing after this many seconds")
@@ -496,7 +590,7 @@ def main(argv: list[str] | None = None) -> int:
     families = GRIDS["cpu-smoke" if args.cpu_smoke else args.grid]
     if args.cpu_smoke:
         args.warmup, args.timed, args.max_mbs, args.full_ladder = 1, 2, 1, True
-    keep = {
+    keep: dict[str, list[Any]] = {
         "model": _csv(args.models),
         "sequence_length": [int(s) for s in _csv(args.seqs)],
         "gpus": [int(g) for g in _csv(args.gpus)],

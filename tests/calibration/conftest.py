@@ -57,8 +57,10 @@ def record(preset: str, seq: int, cand: Candidate, gpus: int = 1, **kw: object) 
     return CalibrationRecord.model_validate(fields)
 
 
-def measure(stubs: Iterable[CalibrationRecord], truth: Calibration, noise: float, seed: int = 0) -> list[CalibrationRecord]:
-    """Fill each stub with the truth's prediction times (1 + noise); OOM where the truth says it does not fit."""
+def measure(
+    stubs: Iterable[CalibrationRecord], truth: Calibration, noise: float, seed: int = 0
+) -> list[CalibrationRecord]:
+    """Fill stubs with the truth's prediction x (1 + noise); OOM where the truth says it does not fit."""
     rng = random.Random(seed)
     out = []
     for stub in stubs:
@@ -82,14 +84,10 @@ def measure(stubs: Iterable[CalibrationRecord], truth: Calibration, noise: float
     return out
 
 
-def grid_stubs(presets: Iterable[str], seqs: Iterable[int], acs: Iterable[str], sizes: Iterable[int]) -> list[CalibrationRecord]:
-    return [
-        record(p, s, candidate(m, ac))
-        for p in presets
-        for s in seqs
-        for ac in acs
-        for m in sizes
-    ]
+def grid_stubs(
+    presets: Iterable[str], seqs: Iterable[int], acs: Iterable[str], sizes: Iterable[int]
+) -> list[CalibrationRecord]:
+    return [record(p, s, candidate(m, ac)) for p in presets for s in seqs for ac in acs for m in sizes]
 
 
 @pytest.fixture

@@ -16,7 +16,9 @@ TRUTH = {
 
 def test_fit_recovers_known_constants(base: Calibration) -> None:
     truth = with_constants(base, TRUTH)
-    records = measure(grid_stubs(["llama3.2-1b", "llama3.2-3b"], [2048, 8192], ["none", "full"], [1, 2, 4, 8]), truth, 0.005)
+    records = measure(
+        grid_stubs(["llama3.2-1b", "llama3.2-3b"], [2048, 8192], ["none", "full"], [1, 2, 4, 8]), truth, 0.005
+    )
     assert all(get_constant(base, k) != v for k, v in TRUTH.items())
     result = fit_calibration(records, base, list(TRUTH))
     for name, value in TRUTH.items():

@@ -1,4 +1,4 @@
-"""The calibration harness end to end on CPU: two configurations of a tiny model (one process, two with gloo)."""
+"""The calibration harness end to end on CPU: a tiny model in one process and in two (gloo)."""
 
 from __future__ import annotations
 

@@ -21,11 +21,24 @@ from tests.calibration.conftest import candidate, record
 
 def test_jsonl_round_trip_keeps_every_field(tmp_path: Path) -> None:
     recs = [
-        record("llama3.2-1b", 4096, candidate(4, "none"), tokens_per_second_per_gpu=55000.0, loss=9.1,
-               peak_allocated_bytes=10, peak_reserved_bytes=12, step_times_seconds=[0.3, 0.31]),
-        record("llama3.1-8b", 8192, candidate(2, "full", "fp8", "torchao-tensorwise", gpus=2), gpus=2,
-               status=RecordStatus.OOM),
-    ]  # fmt: skip
+        record(
+            "llama3.2-1b",
+            4096,
+            candidate(4, "none"),
+            tokens_per_second_per_gpu=55000.0,
+            loss=9.1,
+            peak_allocated_bytes=10,
+            peak_reserved_bytes=12,
+            step_times_seconds=[0.3, 0.31],
+        ),
+        record(
+            "llama3.1-8b",
+            8192,
+            candidate(2, "full", "fp8", "torchao-tensorwise", gpus=2),
+            gpus=2,
+            status=RecordStatus.OOM,
+        ),
+    ]
     path = tmp_path / "r.jsonl"
     write_records(path, recs)
     assert len(path.read_text().splitlines()) == 2

@@ -34,7 +34,12 @@ class ScenarioPick:
     @property
     def passed(self) -> bool:
         """At least 97% of the best measured and it ran (no OOM)."""
-        return self.ratio is not None and self.ratio >= PICK_RATIO and self.pick is not None and self.pick.record.ran
+        return (
+            self.ratio is not None
+            and self.ratio >= PICK_RATIO
+            and self.pick is not None
+            and self.pick.record.ran
+        )
 
 
 @dataclass(frozen=True)
@@ -149,7 +154,9 @@ def _pick_criterion(name: str, picks: Sequence[ScenarioPick]) -> Criterion:
     bad = [p for p in judged if not p.passed]
     worst = min(judged, key=lambda p: p.ratio if p.ratio is not None else -1.0)
     ratio = f"{worst.ratio:.1%}" if worst.ratio is not None else "no pick"
-    detail = f"{len(judged) - len(bad)}/{len(judged)} scenarios pass; worst {ratio} ({worst.scenario.label()})"
+    detail = (
+        f"{len(judged) - len(bad)}/{len(judged)} scenarios pass; worst {ratio} ({worst.scenario.label()})"
+    )
     return Criterion(name, not bad, detail)
 
 

@@ -71,6 +71,8 @@ def get_constant(cal: Calibration | dict[str, Any], path: str) -> float:
     """Value of a dotted constant."""
     node: Any = cal.model_dump(mode="json") if isinstance(cal, Calibration) else cal
     for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise KeyError(f"no calibration constant {path!r} (e.g. memory.act_hidden)")
         node = node[part]
     return float(node)
 
@@ -177,7 +179,9 @@ def _scale(path: str, base: float) -> float:
 class _Problem:
     """Residual vector of one kind as a function of the fitted variables x (value = base + scale * x)."""
 
-    def __init__(self, records: list[CalibrationRecord], cal: Calibration, names: list[str], kind: str) -> None:
+    def __init__(
+        self, records: list[CalibrationRecord], cal: Calibration, names: list[str], kind: str
+    ) -> None:
         self.records, self.cal, self.names, self.kind = records, cal, names, kind
         self.base = np.array([get_constant(cal, n) for n in names])
         self.scale = np.array([_scale(n, b) for n, b in zip(names, self.base, strict=True)])
@@ -218,7 +222,8 @@ def _levenberg_marquardt(problem: _Problem, x: np.ndarray, max_iter: int = 60) -
     cost = float(r @ r + PRIOR_WEIGHT * x @ x)
     damping = 1e-2
     it = 0
-    for it in range(1, max_iter + 1):
+    for step in range(1, max_iter + 1):
+        it = step
         jac = problem.jacobian(x, r)
         jtj = jac.T @ jac
         grad = jac.T @ r + PRIOR_WEIGHT * x
@@ -290,6 +295,8 @@ def fit_calibration(
         rms1, worst1 = _stats(r1)
         result.residuals.append(Residuals(kind, len(r0), rms0, rms1, worst0, worst1))
         if progress:
-            progress(f"{kind}: {len(chosen)} constants from {len(r0)} residuals, rms {rms0:.3f} -> {rms1:.3f}")
+            progress(
+                f"{kind}: {len(chosen)} constants from {len(r0)} residuals, rms {rms0:.3f} -> {rms1:.3f}"
+            )
     result.calibration = cal
     return result

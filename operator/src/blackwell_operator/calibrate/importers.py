@@ -30,8 +30,9 @@ REFERENCE_DATE = "2026-11-29"
 REFERENCE_TORCH = "2.11.0+cu130"
 # trainer_h200.py's short model names and the presets they hard-code.
 TRAINER_H200_PRESETS = {"1b": "llama3.2-1b", "3b": "llama3.2-3b", "8b": "llama3.1-8b"}
-# The reference's second table: Llama-3.1-8B on two H200s, eager BF16 (the compiled columns ran another trainer).
-REFERENCE_TWO_GPU_EAGER = [{"mbs": 2, "ac": "none", "tokens_per_second": 9413}]
+# The reference's second table: Llama-3.1-8B on two H200s, eager BF16 (its compiled columns ran another
+# trainer).
+REFERENCE_TWO_GPU_EAGER: list[dict[str, Any]] = [{"mbs": 2, "ac": "none", "tokens_per_second": 9413}]
 
 
 def _bytes(gib: float | None) -> int | None:
@@ -61,7 +62,7 @@ def from_reference_grid(path: str | Path) -> list[CalibrationRecord]:
     for short, model in grid["models"].items():
         name, arch = resolve_model(ModelSpec.model_validate(model))
         names[short] = (name if "preset" in model else f"custom-{short}", arch)
-    common = dict(
+    common: dict[str, Any] = dict(
         source="reference-grid",
         trainer="h200-reference",
         instance_type=grid.get("instance_type", H200_INSTANCE),
@@ -103,7 +104,7 @@ def from_reference_grid(path: str | Path) -> list[CalibrationRecord]:
                     status=RecordStatus.OK,
                     tokens_per_second_per_gpu=float(run["tokens_per_second"]),
                     detail="memory reported only as a range (106-123 GiB) for the two-GPU table",
-                    **common,  # type: ignore[arg-type]
+                    **common,
                 )
             )
     return out

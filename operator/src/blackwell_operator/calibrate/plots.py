@@ -47,7 +47,9 @@ def _ladder(largest: int) -> list[int]:
     return sorted(sizes | set(range(1, min(largest, 8) + 1)))
 
 
-def plot_scenario(scenario: Scenario, comparisons: Sequence[Comparison], cal: Calibration, path: Path) -> None:
+def plot_scenario(
+    scenario: Scenario, comparisons: Sequence[Comparison], cal: Calibration, path: Path
+) -> None:
     """Tokens/s and reserved memory against micro-batch, one colour per precision x AC; prediction dashed."""
     plt = _pyplot()
     fams: dict[tuple[str, str, str], list[Comparison]] = defaultdict(list)
@@ -65,8 +67,8 @@ def plot_scenario(scenario: Scenario, comparisons: Sequence[Comparison], cal: Ca
         ran = [c for c in comps if c.record.ran]
         xs = [c.record.candidate.micro_batch_size for c in ran]
         ax_t.plot(xs, [c.record.tokens_per_second_per_gpu or 0 for c in ran], "o-", color=color, label=label)
-        mem = [(c.record.candidate.micro_batch_size, c.record.peak_reserved_bytes) for c in ran]
-        mem = [(x, y) for x, y in mem if y]
+        mem = [(c.record.candidate.micro_batch_size, c.record.peak_reserved_bytes or 0) for c in ran]
+        mem = [(x, y) for x, y in mem if y > 0]
         ax_m.plot([x for x, _ in mem], [y / GIB for _, y in mem], "o-", color=color, label=label)
         for c in comps:
             if c.record.oom:
@@ -113,7 +115,7 @@ def _fallback_candidate(cal: Calibration) -> Candidate:
 
 
 def plot_btj(spec: BlackwellTrainingJobSpec, cal: Calibration, path: Path, title: str = "") -> str:
-    """Memory breakdown of the plan and tokens/s + memory against micro-batch per AC mode; returns a summary."""
+    """Plan memory breakdown, tokens/s and memory against micro-batch per AC mode; returns a summary."""
     plt = _pyplot()
     try:
         plan = plan_job(spec, calibration=cal)
@@ -138,7 +140,7 @@ def plot_btj(spec: BlackwellTrainingJobSpec, cal: Calibration, path: Path, title
     ax_b.set_xticks([])
     ax_b.set_ylabel("GiB per GPU")
     ax_b.set_title(f"memory at mbs {chosen.micro_batch_size} ({mem.peak_phase} peak)")
-    ax_b.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, -0.55))
+    ax_b.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.04))
     largest = max(16, 2 * chosen.micro_batch_size)
     for i, ac in enumerate(cal.trainer.activation_checkpointing):
         xs, tps, peaks, fits = [], [], [], []
@@ -153,15 +155,32 @@ def plot_btj(spec: BlackwellTrainingJobSpec, cal: Calibration, path: Path, title
         ax_t.plot(xs, tps, "-", color=color, label=f"AC {ac.value}")
         ax_m.plot(xs, peaks, "-", color=color, label=f"AC {ac.value}")
         for ax, ys in ((ax_t, tps), (ax_m, peaks)):
-            ax.scatter([x for x, f in zip(xs, fits, strict=True) if f], [y for y, f in zip(ys, fits, strict=True) if f],
-                       color=color, marker="o")
-            ax.scatter([x for x, f in zip(xs, fits, strict=True) if not f],
-                       [y for y, f in zip(ys, fits, strict=True) if not f], color=color, marker="x")
+            ax.scatter(
+                [x for x, f in zip(xs, fits, strict=True) if f],
+                [y for y, f in zip(ys, fits, strict=True) if f],
+                color=color,
+                marker="o",
+            )
+            ax.scatter(
+                [x for x, f in zip(xs, fits, strict=True) if not f],
+                [y for y, f in zip(ys, fits, strict=True) if not f],
+                color=color,
+                marker="x",
+            )
     if plan is not None:
-        ax_t.plot([chosen.micro_batch_size], [plan.predicted.tokens_per_second_per_gpu], "*", color="gold",
-                  markersize=18, markeredgecolor="black", label="chosen")
+        ax_t.plot(
+            [chosen.micro_batch_size],
+            [plan.predicted.tokens_per_second_per_gpu],
+            "*",
+            color="gold",
+            markersize=18,
+            markeredgecolor="black",
+            label="chosen",
+        )
     ax_m.axhline(budget, color="black", linestyle=":", label="budget")
-    prec = chosen.precision.value + ("" if chosen.precision_recipe.value == "none" else f" {chosen.precision_recipe.value}")
+    prec = chosen.precision.value + (
+        "" if chosen.precision_recipe.value == "none" else f" {chosen.precision_recipe.value}"
+    )
     for ax, ylabel in ((ax_t, "predicted tokens/s per GPU"), (ax_m, "predicted peak GiB per GPU")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("micro-batch size (o fits, x does not)")

@@ -30,7 +30,9 @@ def load_any_calibration(name_or_path: str | Path) -> Calibration:
 
 
 @lru_cache(maxsize=4096)
-def _spec(arch_json: str, instance: str, nodes: int, gpn: int, seq: int, compiled: bool) -> BlackwellTrainingJobSpec:
+def _spec(
+    arch_json: str, instance: str, nodes: int, gpn: int, seq: int, compiled: bool
+) -> BlackwellTrainingJobSpec:
     return BlackwellTrainingJobSpec.model_validate(
         {
             "model": {"architecture": json.loads(arch_json)},

@@ -57,7 +57,7 @@ class CalibrationRecord(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    schema_version: Literal[1] = RECORD_SCHEMA_VERSION
+    schema_version: Literal[1] = 1
     source: str = Field(description="Who produced it: harness, reference-grid, trainer_h200, synthetic.")
     trainer: str = Field(
         default="btj-trainer",
@@ -74,7 +74,9 @@ class CalibrationRecord(BaseModel):
     tokens_per_second_per_gpu: float | None = Field(default=None, ge=0)
     step_time_seconds: float | None = Field(default=None, ge=0, description="Median timed step.")
     step_times_seconds: list[float] = Field(default_factory=list)
-    peak_allocated_bytes: int | None = Field(default=None, ge=0, description="torch.cuda.max_memory_allocated.")
+    peak_allocated_bytes: int | None = Field(
+        default=None, ge=0, description="torch.cuda.max_memory_allocated."
+    )
     peak_reserved_bytes: int | None = Field(default=None, ge=0, description="torch.cuda.max_memory_reserved.")
     loss: float | None = Field(default=None, description="Loss of the last step.")
     losses: list[float] = Field(default_factory=list)
@@ -129,7 +131,11 @@ class CalibrationRecord(BaseModel):
 
 def config_key(model: str, sequence_length: int, gpus: int, c: Candidate) -> str:
     """A readable unique name: model, sequence, GPUs, precision/recipe, AC, sharding, CP, micro-batch."""
-    prec = c.precision.value if c.precision_recipe.value == "none" else f"{c.precision.value}-{c.precision_recipe.value}"
+    prec = (
+        c.precision.value
+        if c.precision_recipe.value == "none"
+        else f"{c.precision.value}-{c.precision_recipe.value}"
+    )
     parts = [model, f"s{sequence_length}", f"g{gpus}", prec, f"ac-{c.activation_checkpointing.value}"]
     parts += [f"shard-{c.sharding.value}", f"mbs{c.micro_batch_size}"]
     if c.context_parallel > 1:
@@ -161,7 +167,7 @@ def median(values: Sequence[float]) -> float | None:
 
 
 def read_records(paths: Iterable[str | Path]) -> list[CalibrationRecord]:
-    """Records from JSON Lines files, JSON files (a record, a list, or {"records": [...]}) or folders of them."""
+    """Records from JSON Lines, JSON (a record, a list or {"records": [...]}) files or folders of them."""
     out: list[CalibrationRecord] = []
     for raw in paths:
         path = Path(raw)

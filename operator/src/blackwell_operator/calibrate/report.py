@@ -43,9 +43,11 @@ def _config_table(in_sample: Sequence[Comparison], held_out: Sequence[Comparison
         fits = f"{'yes' if c.predicted_fits else 'no'}/{'yes' if h and h.predicted_fits else 'no'}"
         lines.append(
             f"| {r.key} | {r.status.value} | {_num(r.tokens_per_second_per_gpu)} | {_num(c.predicted_tps)} | "
-            f"{_pct(c.tps_error)} | {_num(h.predicted_tps if h else None)} | {_pct(h.tps_error if h else None)} | "
+            f"{_pct(c.tps_error)} | {_num(h.predicted_tps if h else None)} | "
+            f"{_pct(h.tps_error if h else None)} | "
             f"{_gib(r.peak_reserved_bytes)} | {_gib(c.predicted_reserved)} | {_pct(c.reserved_error)} | "
-            f"{_gib(h.predicted_reserved if h else None)} | {_pct(h.reserved_error if h else None)} | {fits} |"
+            f"{_gib(h.predicted_reserved if h else None)} | "
+            f"{_pct(h.reserved_error if h else None)} | {fits} |"
         )
     return lines
 
@@ -69,7 +71,8 @@ def _pick_table(picks: Sequence[ScenarioPick], in_sample: Sequence[ScenarioPick]
         verdict = "n/a" if p.best is None else "pass" if p.passed else "FAIL"
         lines.append(
             f"| {p.scenario.label()} | {pick_key} | {picked} | {best} | "
-            f"{_num(p.best.tokens_per_second_per_gpu if p.best else None)} | {ratio} | {f_key} | {f_ratio} | {verdict} |"
+            f"{_num(p.best.tokens_per_second_per_gpu if p.best else None)} | {ratio} | {f_key} | "
+            f"{f_ratio} | {verdict} |"
         )
     return lines
 
@@ -94,7 +97,8 @@ def write_report(
     lines = [
         f"# {title}",
         "",
-        f"Records: {len(records)} ({sum(r.ran for r in records)} ran, {sum(r.oom for r in records)} OOM) from "
+        f"Records: {len(records)} ({sum(r.ran for r in records)} ran, "
+        f"{sum(r.oom for r in records)} OOM) from "
         f"{', '.join(sorted({r.source for r in records}))}; trainer(s) "
         f"{', '.join(sorted({r.trainer for r in records}))}; GPU {', '.join(gpus) or 'unknown'}; "
         f"dates {', '.join(dates) or 'unknown'}; torch {', '.join(torch_versions) or 'unknown'}.",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shlex
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -20,7 +19,8 @@ app.add_typer(calibrate_app, name="calibrate")
 
 Records = Annotated[list[Path], typer.Argument(help="Record files (.jsonl/.json) or folders of them.")]
 Constants = Annotated[
-    str, typer.Option(help="Comma-separated dotted constants to fit (default: all the records can determine).")
+    str,
+    typer.Option(help="Comma-separated dotted constants to fit (default: all the records can determine)."),
 ]
 
 
@@ -29,8 +29,13 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(code=2)
 
 
-def _command() -> str:
-    return "btj " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "btj calibrate"
+def _command(sub: str, records: list[Path], **options: object) -> str:
+    """The command line that reproduces this run (written into the outputs as provenance)."""
+    words = ["btj", "calibrate", sub, *(str(p) for p in records)]
+    for flag, value in options.items():
+        values = value if isinstance(value, list) else [value]
+        words += [w for v in values if v not in ("", None) for w in (f"--{flag.replace('_', '-')}", str(v))]
+    return " ".join(shlex.quote(w) for w in words)
 
 
 def _load(paths: list[Path]):  # type: ignore[no-untyped-def]
@@ -38,13 +43,15 @@ def _load(paths: list[Path]):  # type: ignore[no-untyped-def]
 
     for p in paths:
         if not p.exists():
-            raise _fail(f"RECORDS: {p} does not exist; pass record files or folders")
+            raise _fail(f"RECORDS: {p} does not exist; pass record files or folders") from None
     try:
         records = read_records(paths)
     except (ValidationError, ValueError) as err:
-        raise _fail(f"RECORDS: not calibration records ({str(err).splitlines()[0]}); see `btj calibrate import`")
+        raise _fail(
+            f"RECORDS: not calibration records ({str(err).splitlines()[0]}); see `btj calibrate import`"
+        ) from None
     if not records:
-        raise _fail("RECORDS: no records found; run benchmarks/calibration/harness.py first")
+        raise _fail("RECORDS: no records found; run benchmarks/calibration/harness.py first") from None
     return records
 
 
@@ -54,7 +61,7 @@ def _base(name: str):  # type: ignore[no-untyped-def]
     try:
         return load_any_calibration(name)
     except (ValueError, ValidationError) as err:
-        raise _fail(f"--base: {str(err).splitlines()[0]}")
+        raise _fail(f"--base: {str(err).splitlines()[0]}") from None
 
 
 def _constants(text: str) -> list[str] | None:
@@ -71,11 +78,13 @@ def import_records(
     from blackwell_operator.calibrate.records import write_records
 
     if not source.is_file():
-        raise _fail(f"SOURCE: {source} is not a file")
+        raise _fail(f"SOURCE: {source} is not a file") from None
     try:
         records = from_trainer_h200(source) if source.suffix == ".json" else from_reference_grid(source)
     except (KeyError, ValueError, TypeError) as err:
-        raise _fail(f"SOURCE: {source} is neither a reference grid nor a trainer_h200 result ({err})")
+        raise _fail(
+            f"SOURCE: {source} is neither a reference grid nor a trainer_h200 result ({err})"
+        ) from None
     write_records(output, records)
     typer.echo(f"{len(records)} records -> {output}")
 
@@ -84,7 +93,9 @@ def import_records(
 def fit(
     records: Records,
     output: Annotated[Path, typer.Option("-o", "--output", help="Calibration YAML to write.")],
-    base: Annotated[str, typer.Option(help="Shipped calibration name or YAML file to start from.")] = "btj-trainer",
+    base: Annotated[
+        str, typer.Option(help="Shipped calibration name or YAML file to start from.")
+    ] = "btj-trainer",
     name: Annotated[str, typer.Option(help="Name of the new calibration (default: the file's stem).")] = "",
     constants: Constants = "",
 ) -> None:
@@ -94,11 +105,11 @@ def fit(
 
     recs = _load(records)
     base_cal = _base(base)
-    command = _command()
+    command = _command("fit", records, base=base, output=output, name=name, constants=constants)
     try:
         result = fit_calibration(recs, base_cal, _constants(constants), progress=typer.echo)
     except KeyError as err:
-        raise _fail(f"--constants: {err.args[0]}")
+        raise _fail(f"--constants: {err.args[0]}") from None
     usable = [r for r in recs if r.ran or r.oom]
     cal = fitted_calibration(result, base_cal, usable, name or output.stem, command)
     prov = provenance_lines(result, base_cal, usable, command)
@@ -110,9 +121,13 @@ def fit(
 @calibrate_app.command("report")
 def report(
     records: Records,
-    calibration: Annotated[Path, typer.Option(help="The fitted calibration YAML (from `btj calibrate fit`).")],
+    calibration: Annotated[
+        Path, typer.Option(help="The fitted calibration YAML (from `btj calibrate fit`).")
+    ],
     output: Annotated[Path, typer.Option("-o", "--output", help="Folder for report.md and plots/.")],
-    base: Annotated[str, typer.Option(help="Base the leave-one-out refits start from (as for fit).")] = "btj-trainer",
+    base: Annotated[
+        str, typer.Option(help="Base the leave-one-out refits start from (as for fit).")
+    ] = "btj-trainer",
     constants: Constants = "",
     title: Annotated[str, typer.Option(help="Report title.")] = "Calibration report",
     note: Annotated[list[str] | None, typer.Option(help="Extra paragraph(s) for the report.")] = None,
@@ -126,7 +141,16 @@ def report(
     cal = _base(str(calibration))
     base_cal = _base(base)
     check = leave_one_out(recs, base_cal, cal, default_fitter(_constants(constants)))
-    commands = [c for c in (fit_command, _command()) if c]
+    command = _command(
+        "report",
+        records,
+        calibration=calibration,
+        base=base,
+        constants=constants,
+        title=title if title != "Calibration report" else "",
+        output=output,
+    )
+    commands = [c for c in (fit_command, command) if c]
     path = write_report(output, recs, cal, check, commands=commands, title=title, notes=note or [])
     for c in check.criteria:
         typer.echo(f"{c.verdict:8s} {c.name}: {c.detail}")

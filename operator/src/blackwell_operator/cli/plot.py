@@ -14,7 +14,9 @@ from blackwell_operator.errors import SpecError
 
 @app.command("plot")
 def plot(
-    manifest: Annotated[Path | None, typer.Argument(help="BTJ manifest (default: the embedded example).")] = None,
+    manifest: Annotated[
+        Path | None, typer.Argument(help="BTJ manifest (default: the embedded example).")
+    ] = None,
     output: Annotated[Path, typer.Option("-o", "--output", help="PNG to write.")] = Path("btj-plan.png"),
     calibration: Annotated[
         str, typer.Option(help="Shipped calibration name or a calibration YAML file.")

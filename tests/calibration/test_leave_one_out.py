@@ -1,0 +1,77 @@
+"""Leave-one-scenario-out: refit without a scenario, pick among its measured configurations, judge."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from blackwell_operator.calibrate.checks import by_scenario, default_fitter, leave_one_out
+from blackwell_operator.calibrate.fit import with_constants
+from blackwell_operator.calibrate.records import CalibrationRecord, RecordStatus
+from blackwell_operator.calibration import Calibration
+from tests.calibration.conftest import grid_stubs, measure
+
+CONSTANTS = ["memory.act_hidden", "throughput.recipes.9.none.efficiency"]
+
+
+def _grid(truth: Calibration) -> list[CalibrationRecord]:
+    stubs = grid_stubs(["llama3.2-1b", "llama3.2-3b"], [4096, 8192], ["none", "full"], [1, 2, 4, 8, 16])
+    return measure(stubs, truth, 0.003)
+
+
+def test_synthetic_grid_passes_every_criterion(base: Calibration) -> None:
+    truth = with_constants(base, {"memory.act_hidden": 9.0, "throughput.recipes.9.none.efficiency": 0.68})
+    records = _grid(truth)
+    assert len(by_scenario(records)) == 4
+    seen: list[int] = []
+
+    def fitter(recs: Sequence[CalibrationRecord], start: Calibration) -> Calibration:
+        seen.append(len({r.scenario for r in recs}))
+        return default_fitter(CONSTANTS)(recs, start)
+
+    result = leave_one_out(records, base, fitter(records, base), fitter)
+    # One refit for the full calibration, then one per scenario, each without that scenario's records.
+    assert seen == [4, 3, 3, 3, 3]
+    assert len(result.picks) == 4 and all(p.passed for p in result.picks)
+    verdicts = {c.name: c.verdict for c in result.criteria}
+    assert set(verdicts.values()) <= {"PASS"}, verdicts
+    assert all(p.pick is not None and p.pick.record.ran for p in result.picks)
+
+
+def test_missed_oom_and_bad_pick_fail(base: Calibration) -> None:
+    records = _grid(base)
+    # Pretend the largest run of each scenario OOMed and the others reserved 20% more than predicted:
+    # the base believes the largest fits and is fastest, picks it, and fails all three criteria.
+    worst: list[CalibrationRecord] = []
+    for rs in by_scenario(records).values():
+        ran = [r for r in rs if r.ran]
+        largest = max(ran, key=lambda r: r.candidate.micro_batch_size)
+        for r in ran:
+            if r is largest:
+                worst.append(
+                    r.model_copy(
+                        update={
+                            "status": RecordStatus.OOM,
+                            "tokens_per_second_per_gpu": None,
+                            "peak_allocated_bytes": None,
+                            "peak_reserved_bytes": None,
+                        }
+                    )
+                )
+            else:
+                worst.append(
+                    r.model_copy(update={"peak_reserved_bytes": int((r.peak_reserved_bytes or 0) * 1.2)})
+                )
+    keep = lambda recs, start: start  # noqa: E731  (no refit: the base is what is judged)
+    result = leave_one_out(worst, base, base, keep)
+    verdicts = {
+        c.name.split(":")[1].strip()[:20]: c.verdict for c in result.criteria if c.name.startswith("leave")
+    }
+    assert list(verdicts.values()) == ["FAIL", "FAIL", "FAIL"], verdicts
+    assert any(p.pick is not None and p.pick.record.oom for p in result.picks)
+
+
+def test_scenario_without_runs_has_no_data(base: Calibration) -> None:
+    records = [r.model_copy(update={"status": RecordStatus.OOM}) for r in _grid(base)[:3]]
+    result = leave_one_out(records, base, base, lambda recs, start: start)
+    assert result.criteria[0].verdict == "NO DATA"
+    assert result.criteria[1].verdict == "NO DATA"
