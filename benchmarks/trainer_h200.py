@@ -109,6 +109,14 @@ GRIDS: dict[str, list[Config]] = {
         bf16("8b", 1, "selective", timed=4),
         bf16("3b", 4, "none", loss_chunk=0),
     ],
+    # Repeat of each target's best configuration, one at a time (no parallel lane), plus the one skipped.
+    "confirm": [
+        bf16("3b", 8, "selective"),
+        fp8("3b", 8, "selective"),
+        bf16("8b", 4, "selective", gpus=2),
+        fp8("8b", 4, "selective", gpus=2),
+        bf16("8b", 8, "full", gpus=2),
+    ],
     # Plumbing test on a CPU machine (gloo): python benchmarks/trainer_h200.py --grid cpu
     "cpu": [
         Config("tiny", 2, kind="check"),
@@ -406,6 +414,7 @@ class Grid:
         self.out = out
         self.deadline = deadline
         self.gpus = gpus
+        self.lanes = gpus
         self.records: list[Record] = []
         self.lock = threading.Lock()
 
@@ -482,7 +491,7 @@ class Grid:
     def run(self, configs: list[Config]) -> None:
         singles = [c for c in configs if c.gpus == 1]
         multis = [c for c in configs if c.gpus > 1]
-        threads = [threading.Thread(target=self.lane, args=(g, singles)) for g in range(self.gpus)]
+        threads = [threading.Thread(target=self.lane, args=(g, singles)) for g in range(self.lanes)]
         for t in threads:
             t.start()
         for t in threads:
@@ -537,6 +546,7 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated config names to keep")
     parser.add_argument("--profile", default="", help="comma-separated config names to profile")
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
+    parser.add_argument("--lanes", type=int, default=0, help="parallel one-GPU lanes (default: one per GPU)")
     parser.add_argument("--budget-s", type=float, default=540.0, help="stop starting configs after this")
     parser.add_argument("--worker", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -555,6 +565,8 @@ def main() -> None:
         c.profile = c.name in set(args.profile.split(","))
     # On a CPU machine (plumbing test) pretend to have two "GPUs" so the torchrun path runs too.
     grid = Grid(out, time.time() + args.budget_s, torch.cuda.device_count() or 2)
+    if args.lanes:
+        grid.lanes = args.lanes
     print(json.dumps(environment()), flush=True)
     grid.run(configs)
     grid.save()
