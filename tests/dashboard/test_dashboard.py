@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.dashboard.promql import label_values_metric, metric_names, selectors
+from tests.dashboard.promql import Query, label_values_query, parse
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD_PATH = ROOT / "helm" / "btj-operator" / "files" / "dashboards" / "btj-training.json"
@@ -132,8 +132,27 @@ def variable(name: str) -> dict[str, Any]:
     return found[0]
 
 
+def parsed() -> list[tuple[str, Query]]:
+    """Every target parsed by a real PromQL parser (a syntax error fails here)."""
+    return [(title, parse(expr)) for title, expr in queries()]
+
+
+def variable_queries() -> list[tuple[str, Query, str]]:
+    """(variable, parsed selector, label) of every label_values() variable."""
+    found = []
+    for var in DASHBOARD["templating"]["list"]:
+        if var["type"] == "query":
+            selector, label = label_values_query(var["definition"])
+            found.append((var["name"], parse(selector), label))
+    return found
+
+
 def queried_metrics() -> set[str]:
-    return set().union(*(metric_names(expr) for _, expr in queries()))
+    return set().union(*(q.metrics for _, q in parsed()), *(q.metrics for _, q, _ in variable_queries()))
+
+
+def test_every_query_parses_as_promql() -> None:
+    assert len(parsed()) >= 15
 
 
 def test_current_schema_and_panel_types() -> None:
@@ -146,11 +165,6 @@ def test_current_schema_and_panel_types() -> None:
 
 def test_every_trainer_metric_queried_is_exported_by_the_trainer(trainer_names: set[str]) -> None:
     wanted = {m for m in queried_metrics() if m.startswith("btj_trainer_")}
-    for v in DASHBOARD["templating"]["list"]:
-        if v["type"] == "query":
-            metric = label_values_metric(v["definition"])
-            assert metric is not None, f"variable {v['name']}: not a label_values() query"
-            wanted.add(metric)
     assert wanted, "the dashboard queries no trainer metric"
     unknown = wanted - trainer_names
     assert not unknown, f"queried but not exported by TrainerMetrics: {sorted(unknown)}"
@@ -191,16 +205,18 @@ def test_the_promised_panels_are_there() -> None:
 
 
 def test_rate_is_only_taken_of_counters() -> None:
-    for title, expr in queries():
-        for inner in re.findall(r"\b(?:rate|irate|increase)\(\s*([A-Za-z_:][\w:]*)", expr):
+    for title, query in parsed():
+        for inner in query.rated:
             assert inner.endswith(COUNTER_LIKE), f"{title}: rate() of non-counter {inner}"
 
 
 def test_quantiles_group_by_le() -> None:
-    for title, expr in queries():
-        if "histogram_quantile" in expr:
-            assert re.search(r"by \([^)]*\ble\b[^)]*\)", expr), f"{title}: histogram_quantile without le"
-            assert "_bucket" in expr
+    quantiles = 0
+    for title, query in parsed():
+        for grouping in query.quantile_groupings:
+            quantiles += 1
+            assert "le" in grouping, f"{title}: histogram_quantile without `by (..., le)`"
+    assert quantiles >= 3
 
 
 def test_variables_exist_and_are_well_formed() -> None:
@@ -210,19 +226,24 @@ def test_variables_exist_and_are_well_formed() -> None:
         var = variable(name)
         assert var["type"] == "query"
         assert var["datasource"]["uid"] == "${datasource}"
-        assert var["definition"].startswith("label_values(")
-        assert var["definition"].rstrip(")").endswith(name)
-    # Cascading: job depends on namespace, pod on both.
-    assert "$namespace" in variable("job")["definition"]
-    assert "$namespace" in variable("pod")["definition"] and "$job" in variable("pod")["definition"]
+        assert var["multi"] and var["includeAll"] and var["allValue"] == ".*"
 
 
 def test_every_trainer_selector_uses_the_namespace_job_and_pod_variables() -> None:
-    for title, expr in queries():
-        for metric in (m for m in metric_names(expr) if m.startswith("btj_trainer_")):
-            for matcher in selectors(expr, metric):
+    for title, query in parsed():
+        for metric, matchers in query.selectors:
+            if metric.startswith("btj_trainer_"):
                 for name in ("namespace", "job", "pod"):
-                    assert f'{name}=~"${name}"' in matcher, f"{title}: {metric} not filtered by ${name}"
+                    assert matchers.get(name) == f"${name}", f"{title}: {metric} not filtered by ${name}"
+    # The variables cascade: job within the chosen namespaces, pod within the chosen jobs.
+    cascade = {name: (query, label) for name, query, label in variable_queries()}
+    assert cascade["job"][0].selectors[0][1] == {"namespace": "$namespace"}
+    assert cascade["pod"][0].selectors[0][1] == {"namespace": "$namespace", "job": "$job"}
+    assert {name: label for name, (_, label) in cascade.items()} == {
+        "namespace": "namespace",
+        "job": "job",
+        "pod": "pod",
+    }
 
 
 def test_every_panel_uses_the_datasource_variable() -> None:

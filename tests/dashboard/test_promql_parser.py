@@ -1,28 +1,36 @@
-"""The small PromQL name extractor the dashboard test relies on."""
+"""The PromQL reading the dashboard test relies on."""
 
 from __future__ import annotations
 
-from tests.dashboard.promql import label_values_metric, metric_names, selectors
+import pytest
+
+from tests.dashboard.promql import label_values_query, parse
 
 
-def test_functions_labels_ranges_and_groupings_are_not_metrics() -> None:
-    expr = (
+def test_metrics_matchers_rates_and_quantile_groupings() -> None:
+    query = parse(
         'histogram_quantile(0.95, sum by (namespace, job, le) (rate(a_seconds_bucket{job=~"$job", x="y"}'
         "[$__rate_interval]))) / on (pod) group_left b_total offset 5m"
     )
-    assert metric_names(expr) == {"a_seconds_bucket", "b_total"}
+    assert query.metrics == {"a_seconds_bucket", "b_total"}
+    assert ("a_seconds_bucket", {"job": "$job", "x": "y"}) in query.selectors
+    assert query.rated == ["a_seconds_bucket"]
+    assert query.quantile_groupings == [["namespace", "job", "le"]]
 
 
-def test_time_and_numbers_are_not_metrics() -> None:
-    assert metric_names("time() - (max(c_timestamp_seconds) > 0) * 1e3") == {"c_timestamp_seconds"}
+def test_functions_and_numbers_are_not_metrics() -> None:
+    assert parse("time() - (max(c_timestamp_seconds) > 0) * 1e3").metrics == {"c_timestamp_seconds"}
 
 
-def test_a_misspelt_metric_is_found() -> None:
-    assert metric_names('sum(rate(btj_trainer_token_total{pod=~"$pod"}[5m]))') == {"btj_trainer_token_total"}
+def test_a_syntax_error_is_an_error() -> None:
+    with pytest.raises(ValueError):
+        parse("sum(rate(x_total[5m])")
 
 
-def test_selectors_and_label_values() -> None:
-    expr = 'x{a="1"} / x + y{b="2"}'
-    assert selectors(expr, "x") == ['a="1"', ""]
-    assert label_values_metric('label_values(m_total{namespace=~"$namespace"}, job)') == "m_total"
-    assert label_values_metric("query_result(up)") is None
+def test_label_values() -> None:
+    assert label_values_query('label_values(m_total{namespace=~"$namespace"}, job)') == (
+        'm_total{namespace=~"$namespace"}',
+        "job",
+    )
+    with pytest.raises(ValueError):
+        label_values_query("query_result(up)")
