@@ -209,3 +209,23 @@ def test_any_valid_spec_plans_or_fails_with_a_field_error(
     assert plan.predicted.memory.peak_reserved <= plan.gpu.memory_bytes * (1 - spec.tuning.memory_headroom)
     assert plan.chosen.micro_batch_size >= 1 and plan.predicted.tokens_per_second_per_gpu > 0
     Plan.model_validate_json(plan.to_json())
+
+
+@FAST
+@given(
+    preset=PRESETS, instance=INSTANCES, seq=SEQS, nodes=st.sampled_from([1, 2]), pick=st.integers(0, 10_000)
+)
+def test_largest_fitting_equals_a_linear_scan(
+    preset: str, instance: str, seq: int, nodes: int, pick: int
+) -> None:
+    hw = hardware(instance, nodes)
+    fams = families(Pins(), hw, BTJ, seq)
+    family = fams[pick % len(fams)]
+    problem = Problem(shapes(preset), hw, BTJ, seq, None, hw.gpu.memory_bytes * 0.95)
+    found = largest_fitting(problem, family, 96)
+    scan = 0
+    for mbs in range(1, 97):
+        if not problem.fits(family.with_mbs(mbs)):
+            break
+        scan = mbs
+    assert found == scan

@@ -37,6 +37,7 @@ class MemoryEstimate:
     saved_activations: int = 0
     transient: int = 0
     gradient_bytes: int = 0
+    backward_reserved: int = 0
 
     @property
     def peak_reserved(self) -> int:
@@ -187,4 +188,5 @@ def estimate_memory(
         saved_activations=round(saved),
         transient=round(transient),
         gradient_bytes=grads,
+        backward_reserved=round(reserved_backward + outside),
     )

@@ -132,32 +132,38 @@ class Problem:
 def largest_fitting(problem: Problem, family: Setting, upper: int) -> int:
     """Largest micro-batch in [1, upper] that fits (0 if none): memory grows with the micro-batch.
 
-    Memory is close to affine in the micro-batch, so a guess extrapolated from sizes 1 and 2 is usually
-    exact; galloping from the guess, then bisecting, keeps the answer exact when it is not.
+    The backward phase's memory is piecewise affine in the micro-batch, so secant steps on it land on or
+    next to the answer in one or two evaluations; bisection of the remaining bracket keeps it exact.
     """
     if upper < 1 or not problem.fits(family.with_mbs(1)):
         return 0
     if upper == 1 or not problem.fits(family.with_mbs(2)):
         return 1
-    m1 = problem.memory(family.with_mbs(1))[0].peak_reserved
-    m2 = problem.memory(family.with_mbs(2))[0].peak_reserved
-    slope = m2 - m1
-    guess = upper if slope <= 0 else int(1 + (problem.budget_bytes - m1) // slope)
-    guess = min(max(guess, 2), upper)
-    if problem.fits(family.with_mbs(guess)):
-        lo, step = guess, 1
-        hi = lo + step
-        while hi <= upper and problem.fits(family.with_mbs(hi)):
-            lo, step = hi, step * 2
-            hi = lo + step
-        hi = min(hi, upper + 1)
-    else:
-        hi, step = guess, 1
-        lo = hi - step
-        while lo > 2 and not problem.fits(family.with_mbs(lo)):
-            hi, step = lo, step * 2
-            lo = max(2, hi - step)
-    while hi - lo > 1:  # invariant: lo fits, hi does not (or is past the limit)
+
+    def backward(mbs: int) -> float:
+        return float(problem.memory(family.with_mbs(mbs))[0].backward_reserved)
+
+    lo, hi = 2, upper + 1  # invariant: lo fits, hi does not (or is past the limit)
+    points = [(1, backward(1)), (2, backward(2))]
+    for _ in range(4):
+        (x0, v0), (x1, v1) = points[-2], points[-1]
+        slope = (v1 - v0) / (x1 - x0) if x1 != x0 else 0.0
+        guess = hi - 1 if slope <= 0 else int(x1 + (problem.budget_bytes - v1) // slope)
+        guess = min(max(guess, lo + 1), hi - 1)
+        if guess <= lo:
+            break
+        if problem.fits(family.with_mbs(guess)):
+            lo = guess
+            if guess + 1 < hi and not problem.fits(family.with_mbs(guess + 1)):
+                hi = guess + 1
+        else:
+            hi = guess
+            if guess - 1 > lo and problem.fits(family.with_mbs(guess - 1)):
+                lo = guess - 1
+        if hi - lo <= 1:
+            break
+        points.append((guess, backward(guess)))
+    while hi - lo > 1:
         mid = (lo + hi) // 2
         if problem.fits(family.with_mbs(mid)):
             lo = mid
