@@ -1,0 +1,93 @@
+"""Earlier measurements become records: the reference grid YAML and trainer_h200.py result files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from blackwell_operator.calibrate.importers import from_reference_grid, from_trainer_h200
+from blackwell_operator.calibrate.records import RecordStatus
+
+REFERENCE_GRID = Path(__file__).resolve().parents[1] / "planner" / "data" / "h200_reference_grid.yaml"
+
+
+def test_reference_grid() -> None:
+    if not REFERENCE_GRID.exists():
+        pytest.skip("tests/planner/data/h200_reference_grid.yaml is absent")
+    records = from_reference_grid(REFERENCE_GRID)
+    assert len(records) == 26 and sum(r.oom for r in records) == 6
+    first = records[0]
+    assert first.trainer == "h200-reference" and first.model_name == "llama3.2-1b"
+    assert first.candidate.loss_chunk_tokens == 0 and not first.candidate.compile
+    assert first.peak_reserved_bytes == round(32.0 * 2**30) and first.tokens_per_second_per_gpu == 38377
+    assert records[-1].gpus == 2 and records[-1].peak_reserved_bytes is None
+
+
+def test_trainer_h200_results(tmp_path: Path) -> None:
+    def rec(name: str, status: str, **cfg: object) -> dict[str, object]:
+        config = {
+            "model": "3b",
+            "mbs": 4,
+            "ac": "none",
+            "precision": "bf16",
+            "recipe": "none",
+            "gpus": 1,
+            "compile": True,
+            "loss_chunk": 8192,
+            "sdpa": "default",
+            "kind": "train",
+        }
+        config.update(cfg)
+        return {
+            "name": name,
+            "config": config,
+            "status": status,
+            "tokens_per_s_per_gpu": 25000.0 if status == "ok" else None,
+            "step_seconds": [0.66, 0.65, 0.67],
+            "peak_allocated_gib": 60.0,
+            "peak_reserved_gib": 70.0,
+            "losses": [11.9, 11.5],
+            "detail": "",
+        }
+
+    data = {
+        "meta": {
+            "date_utc": "2026-11-29T23:00:00Z",
+            "torch": "2.11.0+cu130",
+            "device": "NVIDIA H200",
+            "torchao": "0.17.0",
+            "sequence_length": 4096,
+            "command": "benchmarks/trainer_h200.py --grid one",
+        },
+        "records": [
+            rec("check", "ok", kind="check"),
+            rec("3b", "ok"),
+            rec(
+                "8b fp8",
+                "oom",
+                model="8b",
+                precision="fp8",
+                recipe="torchao-tensorwise",
+                ac="full",
+                gpus=2,
+                mbs=8,
+            ),
+            rec("cudnn", "ok", sdpa="cudnn"),
+            rec("late", "skipped"),
+        ],
+    }
+    path = tmp_path / "trainer_h200.json"
+    path.write_text(json.dumps(data))
+    records = from_trainer_h200(path)
+    assert [r.status for r in records] == [RecordStatus.OK, RecordStatus.OOM]
+    ok, oom = records
+    assert ok.model_name == "llama3.2-3b" and ok.step_time_seconds == 0.66 and ok.loss == 11.5
+    assert (
+        ok.peak_reserved_bytes == 70 * 2**30
+        and ok.versions.torchao == "0.17.0"
+        and ok.gpu_name == "NVIDIA H200"
+    )
+    assert oom.gpus == 2 and oom.candidate.shard_degree == 2 and oom.peak_reserved_bytes is None
+    assert oom.key == "llama3.1-8b_s4096_g2_fp8-torchao-tensorwise_ac-full_shard-full_mbs8"
