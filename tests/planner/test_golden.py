@@ -101,3 +101,14 @@ def test_block_scaled_formats_only_where_gemms_are_large(golden: dict[str, dict[
     assert chosen_widths[8192] in ("mxfp8", "nvfp4")
     # Hopper has no block-scaled formats at all.
     assert all(v.get("precision") not in ("mxfp8", "nvfp4") for k, v in golden.items() if "/p5en/" in k)
+
+
+def test_small_micro_batches_do_not_pay_for_te_host_time() -> None:
+    # One 4K sequence per GPU (a 256K-token global batch on 64 B200): Transformer Engine's per-linear host
+    # time exceeds the GPU time it saves, so neither MXFP8/NVFP4 nor a TE FP8 recipe is chosen.
+    spec = make_spec("llama3.1-8b", nodes=8, seq=4096)
+    spec.training.global_batch_tokens = 64 * 4096
+    chosen = plan_job(spec).chosen
+    assert chosen.micro_batch_size == 1
+    assert chosen.precision.value in ("bf16", "fp8")
+    assert chosen.precision_recipe.value in ("none", "torchao-tensorwise", "torchao-rowwise")
