@@ -157,8 +157,9 @@ def test_variable_queries_find_the_job(prometheus: str) -> None:
 def test_per_gpu_throughput_divides_by_the_gpus_a_pod_serves(prometheus: str) -> None:
     per_job = next(e for t, e in queries() if t == "Tokens/s per job")
     per_gpu = next(e for t, e in queries() if t == "Tokens/s per GPU: measured vs predicted")
-    job_rate = float(api(prometheus, "query", query=substitute(per_job))["result"][0]["value"][1])
-    gpu_rate = float(api(prometheus, "query", query=substitute(per_gpu))["result"][0]["value"][1])
-    gpus = float(api(prometheus, "query", query="sum(btj_trainer_gpus)")["result"][0]["value"][1])
+    at = f"{time.time() - 2:.3f}"  # one evaluation time for all three, so they see the same samples
+    job_rate = float(api(prometheus, "query", query=substitute(per_job), time=at)["result"][0]["value"][1])
+    gpu_rate = float(api(prometheus, "query", query=substitute(per_gpu), time=at)["result"][0]["value"][1])
+    gpus = float(api(prometheus, "query", query="sum(btj_trainer_gpus)", time=at)["result"][0]["value"][1])
     assert gpus == 8
     assert gpu_rate == pytest.approx(job_rate / gpus, rel=1e-6)
