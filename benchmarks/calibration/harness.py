@@ -475,18 +475,28 @@ class Harness:
             flush=True,
         )
 
-    def run_family(self, fam: Family, gpu_ids: list[int]) -> None:
+    def measure(self, fam: Family, mbs: int, gpu_ids: list[int]) -> CalibrationRecord:
+        """The record of a configuration: from --resume when it ran or OOMed there, else run it now."""
         name, _ = architecture(fam.model)
-        for mbs in self.ladder(fam):
-            key = config_key(
-                name, fam.sequence_length, fam.gpus, fam.candidate(mbs, self.cal.trainer.loss_chunk_tokens)
-            )
-            rec = self.done.get(key)
-            if rec is None or rec.status not in (RecordStatus.OK, RecordStatus.OOM):
-                rec = self.run_config(fam, mbs, gpu_ids)
-                self.add(rec)
-            if rec.status is not RecordStatus.OK:
-                break  # the first OOM (or a failure) ends the family's ladder
+        cand = fam.candidate(mbs, self.cal.trainer.loss_chunk_tokens)
+        rec = self.done.get(config_key(name, fam.sequence_length, fam.gpus, cand))
+        if rec is None or rec.status not in (RecordStatus.OK, RecordStatus.OOM):
+            rec = self.run_config(fam, mbs, gpu_ids)
+            self.add(rec)
+        return rec
+
+    def run_family(self, fam: Family, gpu_ids: list[int]) -> None:
+        sizes = self.ladder(fam)
+        for i, mbs in enumerate(sizes):
+            rec = self.measure(fam, mbs, gpu_ids)
+            if rec.status is RecordStatus.OK:
+                continue
+            if i == 0 and rec.status is RecordStatus.OOM:
+                # The prediction was optimistic: walk down until a size runs (or mbs 1 OOMs too).
+                smaller = mbs // 2
+                while smaller >= 1 and self.measure(fam, smaller, gpu_ids).status is RecordStatus.OOM:
+                    smaller //= 2
+            break  # the first OOM (or a failure) ends the family's ladder
 
     def run(self, families: list[Family]) -> None:
         self.free = list(range(self.gpus))
@@ -598,7 +608,8 @@ def main(argv: list[str] | None = None) -> int:
         "ac": _csv(args.acs),
     }
     families = [f for f in families if all(not v or getattr(f, k) in v for k, v in keep.items())]
-    done = {r.key: r for r in read_records(args.resume)} if args.resume else {}
+    # Earlier calls' records (files or folders; missing ones are fine on the first call).
+    done = {r.key: r for r in read_records([p for p in args.resume if Path(p).exists()])}
     # On CPU (smoke) three "lanes" let the one- and two-process configurations run at once.
     gpus = torch.cuda.device_count() or (3 if args.cpu_smoke else 1)
     harness = Harness(

@@ -1,0 +1,103 @@
+"""The harness's micro-batch ladders: from the prediction, up to the first OOM, down when the start OOMs."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from blackwell_operator.calibrate.records import CalibrationRecord, RecordStatus
+from blackwell_operator.calibration import Calibration
+
+HARNESS = Path(__file__).resolve().parents[2] / "benchmarks" / "calibration" / "harness.py"
+
+
+@pytest.fixture(scope="module")
+def harness() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("calibration_harness", HARNESS)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _runner(
+    harness: ModuleType,
+    base: Calibration,
+    tmp_path: Path,
+    oom_from: int,
+    done: dict[str, CalibrationRecord] | None = None,
+) -> tuple[Any, list[int]]:
+    h = harness.Harness(
+        out=tmp_path,
+        cal=base,
+        instance=harness.H200_INSTANCE,
+        deadline=time.time() + 600,
+        gpus=1,
+        warmup=1,
+        timed=1,
+        max_mbs=64,
+        config_timeout=60,
+        start_from_prediction=True,
+        done=done or {},
+        env={"gpu_name": "test", "versions": {}},
+    )
+    ran: list[int] = []
+
+    def run_config(fam: Any, mbs: int, gpu_ids: list[int]) -> CalibrationRecord:
+        # The measurement stand-in: OOM from a given micro-batch size up.
+        ran.append(mbs)
+        stub: CalibrationRecord = harness.build_plan(fam, mbs, base, harness.H200_INSTANCE)[1]
+        status = RecordStatus.OOM if mbs >= oom_from else RecordStatus.OK
+        return stub.model_copy(
+            update={"status": status, "tokens_per_second_per_gpu": 1.0 if status == "ok" else None}
+        )
+
+    h.run_config = run_config
+    return h, ran
+
+
+def test_ladder_starts_below_the_prediction_and_stops_at_the_first_oom(
+    harness: ModuleType, base: Calibration, tmp_path: Path
+) -> None:
+    fam = harness.Family("1b", 2048, 1, "bf16", "none", "none")
+    largest = 1  # the largest power of two the planner predicts to fit
+    while True:
+        plan, _ = harness.build_plan(fam, largest * 2, base, harness.H200_INSTANCE)
+        if plan.predicted.memory.peak_reserved > plan.gpu.memory_bytes:
+            break
+        largest *= 2
+    h, ran = _runner(harness, base, tmp_path, oom_from=1000)
+    start = h.ladder(fam)[0]
+    assert start == max(1, largest // 4) and start > 1
+    h, ran = _runner(harness, base, tmp_path, oom_from=start * 4)
+    h.run_family(fam, [0])
+    assert ran == [start, start * 2, start * 4]
+    assert [r.status.value for r in h.records] == ["ok", "ok", "oom"]
+
+
+def test_an_oom_at_the_start_walks_down(harness: ModuleType, base: Calibration, tmp_path: Path) -> None:
+    fam = harness.Family("1b", 2048, 1, "bf16", "none", "none")
+    h, ran = _runner(harness, base, tmp_path, oom_from=1)
+    start = h.ladder(fam)[0]
+    h.run_family(fam, [0])
+    assert ran[0] == start and ran[-1] == 1 and ran == sorted(ran, reverse=True)
+    recs = [r for r in h.records if r.status is RecordStatus.OOM]
+    assert len(recs) == len(ran)
+
+
+def test_resumed_configurations_are_not_run_again(
+    harness: ModuleType, base: Calibration, tmp_path: Path
+) -> None:
+    fam = harness.Family("3b", 4096, 1, "bf16", "none", "none")
+    first, ran_first = _runner(harness, base, tmp_path, oom_from=8)
+    first.run_family(fam, [0])
+    again, ran_again = _runner(harness, base, tmp_path, oom_from=8, done={r.key: r for r in first.records})
+    again.run_family(fam, [0])
+    assert ran_first and ran_again == []
