@@ -109,3 +109,43 @@ def test_trainer_podmonitor_matches_what_the_renderer_puts_on_pods(helm: str) ->
     assert trainer["spec"]["selector"]["matchLabels"].items() <= pod.items()
     assert trainer["spec"]["jobLabel"] in pod
     assert trainer["spec"]["podMetricsEndpoints"][0]["port"] == pod_module.METRICS_PORT_NAME
+
+
+def pod_templates(node: Any) -> list[dict[str, Any]]:
+    """Every pod template (metadata + spec.containers) anywhere inside a rendered job."""
+    found = []
+    if isinstance(node, dict):
+        if "containers" in node.get("spec", {}) and "metadata" in node:
+            found.append(node)
+        for value in node.values():
+            found += pod_templates(value)
+    elif isinstance(node, list):
+        for value in node:
+            found += pod_templates(value)
+    return found
+
+
+@pytest.mark.parametrize(
+    "example", sorted((Path(__file__).parents[2] / "examples").glob("*.yaml")), ids=lambda p: p.name
+)
+def test_trainer_podmonitor_scrapes_every_example_pod(helm: str, example: Path) -> None:
+    """The pods the operator would create for each example carry the labels and port the PodMonitor uses."""
+    from blackwell_operator.cli.manifest import load_manifest
+    from blackwell_operator.planner import plan_job
+    from blackwell_operator.render import render_children
+
+    job = load_manifest(example)
+    name, namespace = job.metadata.name, job.metadata.namespace or "default"
+    children = render_children(name, namespace, job.spec, plan_job(job.spec, job_name=name))
+    objects = render(helm, Path(__file__).parents[2] / "helm/btj-operator/ci/everything-on-values.yaml")
+    monitor = next(o for o in objects if o["kind"] == "PodMonitor")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    port = monitor["spec"]["podMetricsEndpoints"][0]["port"]
+    templates = [t for child in children for t in pod_templates(child)]
+    assert templates, f"{example.name}: no pod template rendered"
+    for template in templates:
+        labels = template["metadata"]["labels"]
+        assert selector.items() <= labels.items()
+        assert labels[monitor["spec"]["jobLabel"]] == name
+        ports = [p["name"] for c in template["spec"]["containers"] for p in c.get("ports", [])]
+        assert port in ports
