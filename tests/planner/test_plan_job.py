@@ -163,7 +163,7 @@ def test_global_batch_sets_gradient_accumulation() -> None:
     spec.training.global_batch_tokens = 4 * 1024 * 1024
     p = plan_job(spec)
     c = p.chosen
-    assert p.global_batch_tokens >= 4 * 1024 * 1024
+    assert abs(p.global_batch_tokens / (4 * 1024 * 1024) - 1) <= 0.05
     assert (
         c.micro_batch_size * 4096 * 16 // c.context_parallel * c.gradient_accumulation_steps
         == p.global_batch_tokens
@@ -202,3 +202,16 @@ def test_evaluate_honours_the_candidates_accumulation_without_a_global_batch(def
     four = evaluate(spec, default_plan.chosen.model_copy(update={"gradient_accumulation_steps": 4}))
     assert four.candidate.gradient_accumulation_steps == 4
     assert four.prediction.step_time_seconds > 3 * one.prediction.step_time_seconds
+
+
+def test_global_batch_is_met_within_5_percent_or_rejected() -> None:
+    spec = make_spec(preset="llama3.2-1b")
+    spec.training.global_batch_tokens = 1_000_000
+    p = plan_job(spec)
+    assert abs(p.global_batch_tokens / 1_000_000 - 1) <= 0.05
+    assert "1,000,000 requested" in p.explanation[-1]
+    pinned = make_spec(preset="llama3.2-1b", microBatchSize=3, contextParallel=1)
+    pinned.training.global_batch_tokens = 4 * 4096 * 8
+    with pytest.raises(PlanningError, match="cannot reach globalBatchTokens 131,072 within 5%") as err:
+        plan_job(pinned)
+    assert err.value.field == "spec.tuning.microBatchSize"

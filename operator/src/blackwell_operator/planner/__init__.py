@@ -12,7 +12,13 @@ from blackwell_operator.planner.candidates import Pins, families
 from blackwell_operator.planner.explain import describe, explain, gib, loss_reason
 from blackwell_operator.planner.layout import Hardware, Layout, Setting
 from blackwell_operator.planner.memory import MemoryEstimate
-from blackwell_operator.planner.search import Problem, Scored, SearchResult, run_search
+from blackwell_operator.planner.search import (
+    GLOBAL_BATCH_TOLERANCE,
+    Problem,
+    Scored,
+    SearchResult,
+    run_search,
+)
 from blackwell_operator.planner.shapes import Shapes
 from blackwell_trainer.config import (
     Alternative,
@@ -135,6 +141,14 @@ def plan_job(
     _check_global_batch(problem, fams, pins)
     result = run_search(problem, fams, pins.micro_batch_size)
     best = result.best
+    if best is None and _batch_unreachable(problem, pins, result):
+        step = min(problem.tokens_per_micro_step(f.family, 1) for f in result.families)
+        raise PlanningError(
+            "spec.training.globalBatchTokens",
+            f"{problem.global_batch_tokens:,} tokens cannot be reached within "
+            f"{GLOBAL_BATCH_TOLERANCE:.0%} by whole micro-batches that fit",
+            f"use a multiple of {step:,} (sequence length x data-parallel GPUs)",
+        )
     if best is None:
         raise _no_plan(spec, cal, pins, result, problem)
 
@@ -168,12 +182,29 @@ def plan_job(
         predicted=_prediction(best),
         alternatives=alternatives,
         candidates_evaluated=result.evaluations,
-        explanation=[headline, *explain(best, result, problem.budget_bytes)],
+        explanation=[headline, *explain(best, result, problem.budget_bytes), *_batch_note(problem, best)],
         calibration=f"{cal.name} ({cal.status})",
         dataset=spec.training.dataset.model_copy(deep=True),
         checkpoint=spec.training.checkpoint.model_copy(deep=True),
         optimizer=spec.training.optimizer.model_copy(deep=True),
     )
+
+
+def _batch_unreachable(problem: Problem, pins: Pins, result: SearchResult) -> bool:
+    """Memory allowed some micro-batch, but none reaches the global batch within the tolerance."""
+    if problem.global_batch_tokens is None or pins.micro_batch_size is not None:
+        return False
+    return any(f.max_fitting_mbs > 0 for f in result.families)
+
+
+def _batch_note(problem: Problem, best: Scored) -> list[str]:
+    """Say when the global batch had to be rounded up to whole micro-batches."""
+    asked = problem.global_batch_tokens
+    got = problem.tokens_per_micro_step(best.setting, best.setting.micro_batch_size)
+    got *= best.gradient_accumulation_steps
+    if asked is None or got == asked:
+        return []
+    return [f"global batch {got:,} tokens: {asked:,} requested, rounded to whole micro-batches"]
 
 
 def _check_global_batch(problem: Problem, fams: list[Setting], pins: Pins) -> None:
@@ -188,6 +219,14 @@ def _check_global_batch(problem: Problem, fams: list[Setting], pins: Pins) -> No
             f"micro-batch {mbs} puts {least:,} tokens in one micro-step over all GPUs, more than "
             f"globalBatchTokens {gbt:,}",
             "use a smaller micro-batch, auto, or a larger globalBatchTokens",
+        )
+    if mbs is not None and not any(problem.batch_ok(f, mbs) for f in fams):
+        step = min(problem.tokens_per_micro_step(f, mbs) for f in fams)
+        raise PlanningError(
+            "spec.tuning.microBatchSize",
+            f"whole micro-batches of {mbs} ({step:,} tokens per micro-step) cannot reach globalBatchTokens "
+            f"{gbt:,} within {GLOBAL_BATCH_TOLERANCE:.0%}",
+            f"use auto, or a globalBatchTokens that is a multiple of {step:,}",
         )
     if all(problem.max_mbs(f) < 1 for f in fams):
         least = min(problem.tokens_per_micro_step(f, 1) for f in fams)

@@ -11,9 +11,10 @@ from blackwell_operator.planner.memory import MemoryEstimate, estimate_memory
 from blackwell_operator.planner.shapes import Shapes
 from blackwell_operator.planner.throughput import TimeEstimate, estimate_time
 
-# With a global batch, accumulation rounding makes tokens/s non-monotone in the micro-batch: score every
-# size up to this many, a spread above it.
-EXHAUSTIVE_MBS = 32
+# The global batch a plan reaches may differ from the requested one by this fraction (whole micro-batches).
+GLOBAL_BATCH_TOLERANCE = 0.05
+# Micro-batch sizes timed per family when a global batch fixes the tokens per step.
+SIZES_PER_FAMILY = 8
 # Families (by rank) whose next, non-fitting micro-batch is timed for the alternatives.
 TIMED_TOO_BIG = 12
 
@@ -78,14 +79,22 @@ class Problem:
         """Largest micro-batch the trainer and the global batch allow."""
         limit = self.cal.trainer.max_micro_batch_size
         if self.global_batch_tokens is not None:
-            limit = min(limit, self.global_batch_tokens // self.tokens_per_micro_step(setting, 1))
+            most = self.global_batch_tokens * (1 + GLOBAL_BATCH_TOLERANCE)
+            limit = min(limit, int(most // self.tokens_per_micro_step(setting, 1)))
         return limit
 
     def accumulation(self, setting: Setting, mbs: int) -> int:
-        """Gradient accumulation steps that reach the global batch (1 without one)."""
+        """Gradient accumulation steps nearest to the global batch (1 without one)."""
         if self.global_batch_tokens is None:
             return 1
-        return max(1, math.ceil(self.global_batch_tokens / self.tokens_per_micro_step(setting, mbs)))
+        return max(1, round(self.global_batch_tokens / self.tokens_per_micro_step(setting, mbs)))
+
+    def batch_ok(self, setting: Setting, mbs: int) -> bool:
+        """Whether whole micro-batches of this size reach the global batch within the tolerance."""
+        if self.global_batch_tokens is None:
+            return True
+        got = self.accumulation(setting, mbs) * self.tokens_per_micro_step(setting, mbs)
+        return abs(got / self.global_batch_tokens - 1.0) <= GLOBAL_BATCH_TOLERANCE
 
     _memo: dict[Setting, tuple[MemoryEstimate, int]] = field(default_factory=dict)
     _layouts: dict[tuple[str, int], Layout] = field(default_factory=dict)
@@ -172,25 +181,29 @@ def largest_fitting(problem: Problem, family: Setting, upper: int) -> int:
     return lo
 
 
-def spread(max_fit: int, exhaustive: bool) -> list[int]:
-    """Micro-batch sizes to time.
+def sizes_to_time(problem: Problem, family: Setting, max_fit: int) -> list[int]:
+    """Micro-batch sizes to time for a family.
 
     Without a global batch the time per token never rises with the micro-batch, so the largest fitting
-    size is the family's best and the only one timed. With one, accumulation rounding breaks that: time
-    every size for small ranges, else powers of two plus the largest.
+    size is the family's best and the only one timed. With one, the sizes that reach it within the
+    tolerance, fewest accumulation steps first (those amortise the per-micro-batch costs best).
     """
     if max_fit < 1:
         return []
-    if not exhaustive:
+    if problem.global_batch_tokens is None:
         return [max_fit]
-    if exhaustive and max_fit <= EXHAUSTIVE_MBS:
-        return list(range(1, max_fit + 1))
-    sizes = {max_fit}
-    size = 1
-    while size < max_fit:
-        sizes.add(size)
-        size *= 2
-    return sorted(sizes)
+    per_sequence = problem.tokens_per_micro_step(family, 1)
+    sizes: list[int] = []
+    accumulation = max(1, problem.global_batch_tokens // (max_fit * per_sequence))
+    while len(sizes) < SIZES_PER_FAMILY:
+        exact = problem.global_batch_tokens / (accumulation * per_sequence)
+        if exact < 0.5:
+            break
+        for mbs in (math.floor(exact), math.ceil(exact)):
+            if 1 <= mbs <= max_fit and mbs not in sizes and problem.batch_ok(family, mbs):
+                sizes.append(mbs)
+        accumulation += 1
+    return sizes
 
 
 def run_search(problem: Problem, families: list[Setting], pinned_mbs: int | None = None) -> SearchResult:
@@ -201,7 +214,7 @@ def run_search(problem: Problem, families: list[Setting], pinned_mbs: int | None
         upper = problem.max_mbs(family)
         if pinned_mbs is not None:
             scored = problem.score(family.with_mbs(pinned_mbs))
-            valid = pinned_mbs <= upper
+            valid = pinned_mbs <= upper and problem.batch_ok(family, pinned_mbs)
             result = FamilyResult(family, pinned_mbs if scored.fits and valid else 0)
             if scored.fits and valid:
                 result.scored.append(scored)
@@ -212,7 +225,7 @@ def run_search(problem: Problem, families: list[Setting], pinned_mbs: int | None
             continue
         max_fit = largest_fitting(problem, family, upper)
         result = FamilyResult(family, max_fit)
-        for mbs in spread(max_fit, problem.global_batch_tokens is not None):
+        for mbs in sizes_to_time(problem, family, max_fit):
             result.scored.append(problem.score(family.with_mbs(mbs)))
         if max_fit < upper:
             # Memory only for now (already evaluated by the search); timed below if it matters.
