@@ -24,8 +24,8 @@ def reconcile_btj(body: kopf.Body, memo: kopf.Memo, retry: int, logger: Any, **_
     Reconciler(_ctx(memo)).reconcile(body, retry=retry, logger=logger)
 
 
-def track_btj(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """on.event for BTJs: keeps btj_operator_jobs{phase} current."""
+async def track_btj(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """on.event for BTJs: keeps btj_operator_jobs{phase} current (async: no thread hop for a dict update)."""
     uid = body.get("metadata", {}).get("uid", "")
     phase = None if type == "DELETED" else (body.get("status") or {}).get("phase") or "Pending"
     _ctx(memo).metrics.observe_job(uid, phase)

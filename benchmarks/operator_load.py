@@ -1,0 +1,265 @@
+"""Operator load benchmark: N BTJs applied at once to the hardened KMock API server, served by `btj run`.
+
+Measures, per BTJ, the time from its create (the API server's answer to the POST) to the operator's
+create of its child job, and to its status being reconciled (observedGeneration and plan written);
+the total time for all of them; and the operator process's resident memory (VmRSS now, VmHWM peak).
+The operator runs as its own process (`btj run`), so its memory is its own, not the emulator's.
+
+    python benchmarks/operator_load.py --count 500 --out benchmarks/results/operator_load.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import kmock
+import yaml
+
+from blackwell_operator.testing.emulator import BTJ_RESOURCE, HardenedEmulator
+
+NAMESPACE = "hyperpod-ns-team-a"
+PRESETS = [("llama3.2-1b", 1), ("llama3.1-8b", 2), ("qwen2.5-7b", 2), ("mistral-7b", 4)]
+
+
+class TimedEmulator(HardenedEmulator):
+    """Records when each child job create succeeded."""
+
+    child_created: dict[str, float]
+
+    async def _handle(self, request: Any) -> Any:
+        response = await super()._handle(request)
+        if (
+            request.method == kmock.method.POST
+            and request.resource is not None
+            and request.resource.plural == "pytorchjobs"
+            and isinstance(request.data, dict)
+        ):
+            self.child_created.setdefault(request.data["metadata"]["name"], time.monotonic())
+        return response
+
+
+def manifest(i: int) -> dict[str, Any]:
+    preset, nodes = PRESETS[i % len(PRESETS)]
+    return {
+        "apiVersion": "training.blackwell.dev/v1alpha1",
+        "kind": "BlackwellTrainingJob",
+        "metadata": {"name": f"load-{i:04d}", "namespace": NAMESPACE},
+        "spec": {
+            "model": {"preset": preset},
+            "cluster": {"instanceType": "ml.p6-b200.48xlarge", "nodes": nodes},
+            "training": {"sequenceLength": 4096, "steps": 100},
+        },
+    }
+
+
+def planner_milliseconds() -> dict[str, float]:
+    """Mean planning time per BTJ of each spec in the mix (the operator's main CPU cost per reconcile)."""
+    from blackwell_operator.models import BlackwellTrainingJobSpec
+    from blackwell_operator.planner import plan_job
+
+    out = {}
+    for i in range(len(PRESETS)):
+        spec = BlackwellTrainingJobSpec.model_validate(manifest(i)["spec"])
+        plan_job(spec)
+        start = time.perf_counter()
+        for _ in range(5):
+            plan_job(spec, job_name="bench")
+        out[PRESETS[i][0]] = round((time.perf_counter() - start) / 5 * 1000, 1)
+    return out
+
+
+def memory_kib(pid: int) -> dict[str, int]:
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            fields[key] = int(value.split()[0])
+    return fields
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+async def main(count: int, timeout: float) -> dict[str, Any]:
+    async with TimedEmulator() as k, kmock.Server(k):
+        k.child_created = {}
+        k.declare_resources()
+        await k.post("/api/v1/namespaces", json={"metadata": {"name": NAMESPACE}})
+        for n in range(16):
+            await k.post(
+                "/api/v1/nodes",
+                json={
+                    "metadata": {
+                        "name": f"node-{n}",
+                        "labels": {
+                            "node.kubernetes.io/instance-type": "ml.p6-b200.48xlarge",
+                            "sagemaker.amazonaws.com/node-health-status": "Schedulable",
+                        },
+                    }
+                },
+            )
+        server = str(k.url).rstrip("/")
+        with tempfile.TemporaryDirectory() as tmp:
+            kubeconfig = Path(tmp) / "kubeconfig"
+            kubeconfig.write_text(
+                yaml.safe_dump(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Config",
+                        "current-context": "c",
+                        "clusters": [{"name": "c", "cluster": {"server": server}}],
+                        "users": [{"name": "u", "user": {"token": "t"}}],
+                        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                    }
+                )
+            )
+            env = dict(os.environ, KUBECONFIG=str(kubeconfig))
+            log = (Path(tmp) / "operator.log").open("wb")
+            operator = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    "import sys; from blackwell_operator.cli import main; "
+                    "sys.argv = ['btj', 'run', '--metrics-bind', 'off']; main()",
+                ],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
+            try:
+                return await _load(k, operator, count, timeout)
+            except BaseException:
+                sys.stderr.write((Path(tmp) / "operator.log").read_text()[-3000:])
+                raise
+            finally:
+                # Kopf shuts down gracefully on SIGTERM and talks to the API server (this loop) meanwhile.
+                operator.terminate()
+                try:
+                    await asyncio.to_thread(operator.wait, 30)
+                except subprocess.TimeoutExpired:
+                    operator.kill()
+
+
+async def _load(
+    k: TimedEmulator, operator: subprocess.Popen[bytes], count: int, timeout: float
+) -> dict[str, Any]:
+    def watching() -> bool:
+        return any(
+            r.params.get("watch") == "true"
+            and r.resource is not None
+            and r.resource.plural == "blackwelltrainingjobs"
+            for r in k.requests
+        )
+
+    deadline = time.monotonic() + 60
+    while not watching():
+        if time.monotonic() > deadline or operator.poll() is not None:
+            raise RuntimeError("the operator did not start")
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)  # let the other watches settle
+    idle = memory_kib(operator.pid)
+
+    created: dict[str, float] = {}
+    url = f"/apis/training.blackwell.dev/v1alpha1/namespaces/{NAMESPACE}/blackwelltrainingjobs"
+    start = time.monotonic()
+    for i in range(count):  # one client applying a folder, as fast as the server answers
+        response = await k.post(url, json=manifest(i))
+        assert response.status == 201, await response.text()
+        created[f"load-{i:04d}"] = time.monotonic()
+    applied = time.monotonic()
+
+    reconciled: dict[str, float] = {}
+    deadline = time.monotonic() + timeout
+    while len(reconciled) < count and time.monotonic() < deadline:
+        for name in created:
+            if name not in reconciled:
+                obj = k.get_object(BTJ_RESOURCE, NAMESPACE, name) or {}
+                status = obj.get("status") or {}
+                if status.get("observedGeneration") == 1 and status.get("plan"):
+                    reconciled[name] = time.monotonic()
+        await asyncio.sleep(0.05)
+    end = time.monotonic()
+    memory = memory_kib(operator.pid)
+    child = [k.child_created[n] - created[n] for n in created if n in k.child_created]
+    status_latency = [reconciled[n] - created[n] for n in reconciled]
+    duplicates = sum(
+        1
+        for r in k.requests
+        if r.method == kmock.method.POST and r.resource is not None and r.resource.plural == "pytorchjobs"
+    ) - len(k.child_created)
+    return {
+        "btjs": count,
+        "children_created": len(child),
+        "reconciled": len(status_latency),
+        "duplicate_child_creates": duplicates,
+        "apply_seconds": round(applied - start, 3),
+        "total_seconds_to_last_child": round(max(k.child_created.values()) - start, 3) if child else None,
+        "total_seconds_to_last_status": round(max(reconciled.values()) - start, 3) if reconciled else None,
+        "create_to_child_seconds": {
+            "median": round(statistics.median(child), 3),
+            "p99": round(percentile(child, 0.99), 3),
+            "max": round(max(child), 3),
+        },
+        "create_to_status_seconds": {
+            "median": round(statistics.median(status_latency), 3),
+            "p99": round(percentile(status_latency, 0.99), 3),
+            "max": round(max(status_latency), 3),
+        },
+        "operator_memory_mib": {
+            "idle_rss": round(idle["VmRSS"] / 1024, 1),
+            "rss_after": round(memory["VmRSS"] / 1024, 1),
+            "peak_rss": round(memory["VmHWM"] / 1024, 1),
+        },
+        "wall_seconds": round(end - start, 3),
+    }
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=500)
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    planning = planner_milliseconds()
+    result = asyncio.run(main(args.count, args.timeout))
+    result["planner_ms_per_btj"] = planning
+    report = {
+        "benchmark": "operator_load",
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "command": "python " + " ".join(sys.argv),
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "kopf": version("kopf"),
+            "kmock": version("kmock"),
+            "kubernetes_client": version("kubernetes"),
+            "note": "operator (`btj run`, own process) and the KMock API server share the machine's CPUs",
+        },
+        "setup": {
+            "api_server": "hardened KMock 0.8 emulator (blackwell_operator.testing.emulator)",
+            "btj_mix": [f"{p} x{n} nodes" for p, n in PRESETS],
+            "nodes": "16 Schedulable ml.p6-b200.48xlarge",
+            "apply": "one client POSTing all BTJs back to back",
+        },
+        "results": result,
+    }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
