@@ -1,4 +1,4 @@
-"""Search: per family, binary-search the largest micro-batch that fits, score a spread, rank by tokens/s."""
+"""Search: per family, find the largest micro-batch that fits, time the useful sizes, rank by tokens/s."""
 
 from __future__ import annotations
 
