@@ -17,6 +17,15 @@ from tests.helm.conftest import CHART, CI_VALUES, run_helm
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
 VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
 BAD_VALUES = Path(__file__).parent / "fixtures" / "bad-values.yaml"
+# Kubernetes types passed through whole: the schema pins the restricted-PSS fields and leaves the
+# rest of the Kubernetes type open (a closed copy of the API type would reject valid new fields).
+KUBERNETES_TYPES = {
+    "podSecurityContext",
+    "podSecurityContext.seccompProfile",
+    "securityContext",
+    "securityContext.capabilities",
+    "securityContext.seccompProfile",
+}
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -58,7 +67,7 @@ def test_schema_is_curated() -> None:
         if path.endswith("[]") and "properties" not in node:
             continue
         assert node.get("description"), f"{path}: no description"
-        if node.get("type") == "object" and "properties" in node:
+        if node.get("type") == "object" and "properties" in node and path not in KUBERNETES_TYPES:
             assert node.get("additionalProperties") is False, f"{path}: additionalProperties must be false"
 
 
@@ -147,3 +156,18 @@ def test_chart_readme_lists_every_documented_value() -> None:
             path = ".".join(key for _, key in stack)
             assert f"| `{path}` |" in readme, f"helm/btj-operator/README.md lacks the value {path}"
             documented = False
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "securityContext.allowPrivilegeEscalation=true",
+        "securityContext.readOnlyRootFilesystem=false",
+        "podSecurityContext.runAsNonRoot=false",
+        "securityContext.capabilities.add={NET_ADMIN}",
+    ],
+)
+def test_the_schema_keeps_pod_security_restricted(helm: str, override: str) -> None:
+    result = run_helm(helm, "template", "btj", str(CHART), "--set", override)
+    assert result.returncode != 0, f"{override} was accepted"
+    assert "schema" in result.stderr
