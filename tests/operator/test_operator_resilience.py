@@ -11,6 +11,7 @@ from tests.operator.harness import (
     Cluster,
     btj,
     emulated_cluster,
+    from_operator,
     node,
     running_operator,
     wait_for,
@@ -101,6 +102,32 @@ async def test_restart_finds_the_existing_child_and_creates_no_duplicate(cluster
         )
         await wait_for(lambda: cluster.status("survivor").get("phase") == "Running", what="phase Running")
     assert cluster.creates("pytorchjobs") == 1 and cluster.creates("configmaps") == 1
+    # Deterministic rendering: resuming re-renders byte-identical children, so nothing is patched.
+    assert not [
+        r
+        for r in cluster.k.requests
+        if r.method.value == "PATCH"
+        and r.resource is not None
+        and r.resource.plural in ("pytorchjobs", "configmaps")
+        and from_operator(r)
+    ]
+
+
+async def test_child_status_survives_api_errors_while_mirroring(cluster: Cluster) -> None:
+    async with running_operator(cluster):
+        await cluster.apply(btj("bumpy"))
+        await wait_for(lambda: cluster.status("bumpy").get("phase") == "Pending", what="phase Pending")
+        cluster.k.inject_fault("patch", "blackwelltrainingjobs", 503, times=2, subresource="status")
+        await cluster.set_child_status(
+            "bumpy",
+            {
+                "conditions": [
+                    {"type": "Running", "status": "True", "reason": "PyTorchJobRunning", "message": "running"}
+                ]
+            },
+        )
+        await wait_for(lambda: cluster.status("bumpy").get("phase") == "Running", what="phase Running")
+    assert all(f.times == 0 for f in cluster.k.faults)
 
 
 async def test_child_made_before_a_crash_is_adopted_not_duplicated(cluster: Cluster) -> None:

@@ -120,6 +120,14 @@ class Reconciler:
                     f"API call failed, retrying: {exc}", delay=_retry_delay(retry)
                 ) from exc
             raise kopf.PermanentError(f"API call rejected: {exc}") from exc
+        except (kopf.TemporaryError, kopf.PermanentError):
+            raise
+        except Exception as exc:  # a bug: count it, keep serving other BTJs, retry later
+            self.ctx.metrics.record_error("InternalError")
+            logger.exception("Unexpected error while reconciling")
+            raise kopf.TemporaryError(
+                f"internal error, retrying: {exc!r}", delay=_retry_delay(retry + 4)
+            ) from exc
         finally:
             self.ctx.metrics.reconcile_duration.observe(time.perf_counter() - started)
 
