@@ -5,34 +5,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from blackwell_operator.calibration import Calibration, load_calibration
-from blackwell_operator.catalogs import get_gpu, get_instance, resolve_model
-from blackwell_operator.errors import PlanningError
+from blackwell_operator.catalogs import resolve_model
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner.candidates import Pins, families
-from blackwell_operator.planner.explain import describe, explain, gib, loss_reason
+from blackwell_operator.planner.explain import describe, explain, loss_reason
+from blackwell_operator.planner.inputs import hardware_for, problem_for
 from blackwell_operator.planner.layout import Hardware, Layout, Setting
 from blackwell_operator.planner.memory import MemoryEstimate
-from blackwell_operator.planner.search import (
-    GLOBAL_BATCH_TOLERANCE,
-    Problem,
-    Scored,
-    SearchResult,
-    run_search,
-)
-from blackwell_operator.planner.shapes import Shapes
+from blackwell_operator.planner.rejections import check_global_batch, no_plan, unreachable_global_batch
+from blackwell_operator.planner.search import Problem, Scored, SearchResult, run_search
 from blackwell_trainer.config import (
     Alternative,
     Candidate,
     GpuInfo,
     Plan,
     Prediction,
-    Sharding,
 )
 
 __all__ = ["Evaluation", "evaluate", "plan_job"]
 
 ALTERNATIVES = 5
-MAX_NODES_SEARCHED = 1024
 
 
 @dataclass(frozen=True)
@@ -44,27 +36,6 @@ class Evaluation:
     memory: MemoryEstimate
     fits: bool
     budget_bytes: int
-
-
-def _hardware(spec: BlackwellTrainingJobSpec, nodes: int | None = None) -> Hardware:
-    instance = get_instance(spec.cluster.instance_type)
-    gpu = get_gpu(instance.gpu)
-    gpn = spec.cluster.gpus_per_node or instance.gpus_per_node
-    if gpn > instance.gpus_per_node:
-        raise PlanningError(
-            "spec.cluster.gpusPerNode",
-            f"{gpn} GPUs per node, but {instance.instance_type} has {instance.gpus_per_node}",
-            f"use at most {instance.gpus_per_node} or leave it unset",
-        )
-    return Hardware(gpu, instance, nodes or spec.cluster.nodes, gpn)
-
-
-def _problem(spec: BlackwellTrainingJobSpec, cal: Calibration, hw: Hardware) -> Problem:
-    _, arch = resolve_model(spec.model)
-    budget = hw.gpu.memory_bytes * (1.0 - spec.tuning.memory_headroom)
-    return Problem(
-        Shapes.of(arch), hw, cal, spec.training.sequence_length, spec.training.global_batch_tokens, budget
-    )
 
 
 def _candidate(s: Scored, hw: Hardware, cal: Calibration) -> Candidate:
@@ -101,8 +72,8 @@ def evaluate(
 ) -> Evaluation:
     """Score one given candidate for a spec's model and hardware (no search)."""
     cal = calibration or load_calibration()
-    hw = _hardware(spec)
-    problem = _problem(spec, cal, hw)
+    hw = hardware_for(spec)
+    problem = problem_for(spec, cal, hw)
     setting = Setting(
         candidate.precision,
         candidate.precision_recipe,
@@ -133,24 +104,16 @@ def plan_job(
     """
     cal = calibration or load_calibration()
     model_name, arch = resolve_model(spec.model)
-    hw = _hardware(spec)
-    problem = _problem(spec, cal, hw)
+    hw = hardware_for(spec)
+    problem = problem_for(spec, cal, hw)
     pins = Pins.of(spec.tuning)
     seq = spec.training.sequence_length
     fams = families(pins, hw, cal, seq, spec.tuning.compile)
-    _check_global_batch(problem, fams, pins)
+    check_global_batch(problem, fams, pins)
     result = run_search(problem, fams, pins.micro_batch_size)
     best = result.best
-    if best is None and _batch_unreachable(problem, pins, result):
-        step = min(problem.tokens_per_micro_step(f.family, 1) for f in result.families)
-        raise PlanningError(
-            "spec.training.globalBatchTokens",
-            f"{problem.global_batch_tokens:,} tokens cannot be reached within "
-            f"{GLOBAL_BATCH_TOLERANCE:.0%} by whole micro-batches that fit",
-            f"use a multiple of {step:,} (sequence length x data-parallel GPUs)",
-        )
     if best is None:
-        raise _no_plan(spec, cal, pins, result, problem)
+        raise unreachable_global_batch(problem, pins, result) or no_plan(spec, cal, pins, result, problem)
 
     alternatives = _alternatives(best, result, problem.budget_bytes, hw, cal)
     chosen = _candidate(best, hw, cal)
@@ -190,13 +153,6 @@ def plan_job(
     )
 
 
-def _batch_unreachable(problem: Problem, pins: Pins, result: SearchResult) -> bool:
-    """Memory allowed some micro-batch, but none reaches the global batch within the tolerance."""
-    if problem.global_batch_tokens is None or pins.micro_batch_size is not None:
-        return False
-    return any(f.max_fitting_mbs > 0 for f in result.families)
-
-
 def _batch_note(problem: Problem, best: Scored) -> list[str]:
     """Say when the global batch had to be rounded up to whole micro-batches."""
     asked = problem.global_batch_tokens
@@ -205,36 +161,6 @@ def _batch_note(problem: Problem, best: Scored) -> list[str]:
     if asked is None or got == asked:
         return []
     return [f"global batch {got:,} tokens: {asked:,} requested, rounded to whole micro-batches"]
-
-
-def _check_global_batch(problem: Problem, fams: list[Setting], pins: Pins) -> None:
-    gbt = problem.global_batch_tokens
-    if gbt is None:
-        return
-    mbs = pins.micro_batch_size
-    if mbs is not None and all(problem.max_mbs(f) < mbs for f in fams):
-        least = min(problem.tokens_per_micro_step(f, mbs) for f in fams)
-        raise PlanningError(
-            "spec.tuning.microBatchSize",
-            f"micro-batch {mbs} puts {least:,} tokens in one micro-step over all GPUs, more than "
-            f"globalBatchTokens {gbt:,}",
-            "use a smaller micro-batch, auto, or a larger globalBatchTokens",
-        )
-    if mbs is not None and not any(problem.batch_ok(f, mbs) for f in fams):
-        step = min(problem.tokens_per_micro_step(f, mbs) for f in fams)
-        raise PlanningError(
-            "spec.tuning.microBatchSize",
-            f"whole micro-batches of {mbs} ({step:,} tokens per micro-step) cannot reach globalBatchTokens "
-            f"{gbt:,} within {GLOBAL_BATCH_TOLERANCE:.0%}",
-            f"use auto, or a globalBatchTokens that is a multiple of {step:,}",
-        )
-    if all(problem.max_mbs(f) < 1 for f in fams):
-        least = min(problem.tokens_per_micro_step(f, 1) for f in fams)
-        raise PlanningError(
-            "spec.training.globalBatchTokens",
-            f"{gbt:,} tokens is less than one sequence per data-parallel rank ({least:,} tokens)",
-            f"use a multiple of {least:,} or leave it unset",
-        )
 
 
 def _alternatives(
@@ -265,66 +191,3 @@ def _alternatives(
         )
         for s in chosen
     ]
-
-
-def _no_plan(
-    spec: BlackwellTrainingJobSpec, cal: Calibration, pins: Pins, result: SearchResult, problem: Problem
-) -> PlanningError:
-    """The most useful error when nothing fits."""
-    budget = problem.budget_bytes
-    if pins.micro_batch_size is not None:
-        tried = [f.first_too_big for f in result.families if f.first_too_big is not None]
-        smallest = min(tried, key=lambda s: s.memory.peak_reserved)
-        unpinned = Pins(
-            pins.precision, pins.activation_checkpointing, None, pins.sharding, pins.context_parallel
-        )
-        fams = families(unpinned, problem.hw, cal, problem.sequence_length, spec.tuning.compile)
-        fit_problem = _problem(spec, cal, problem.hw)
-        fits = run_search(fit_problem, fams)
-        largest = max((f.max_fitting_mbs for f in fits.families), default=0)
-        hint = f"the largest micro-batch that fits is {largest}" if largest else "no micro-batch fits"
-        return PlanningError(
-            "spec.tuning.microBatchSize",
-            f"micro-batch {pins.micro_batch_size} needs {gib(smallest.memory.peak_reserved)} per GPU at best "
-            f"({describe(smallest)}) > {gib(budget)} budget",
-            f"use auto or {largest}" if largest else f"use more nodes; {hint}",
-        )
-    scored = [f.first_too_big for f in result.families if f.first_too_big is not None]
-    smallest_mem = min((s.memory.peak_reserved for s in scored), default=0)
-    nodes = _smallest_node_count(spec, cal, pins)
-    fix = (
-        f"use at least {nodes} nodes" if nodes else "use a larger GPU, a shorter sequence or fewer parameters"
-    )
-    hw = problem.hw
-    return PlanningError(
-        "spec.cluster.nodes",
-        f"nothing fits: the smallest candidate needs {gib(smallest_mem)} per GPU > {gib(budget)} budget on "
-        f"{hw.nodes} x {hw.instance.instance_type}",
-        fix,
-    )
-
-
-def _smallest_node_count(spec: BlackwellTrainingJobSpec, cal: Calibration, pins: Pins) -> int | None:
-    """Fewest nodes at which some candidate fits at micro-batch 1 (doubling, then bisection)."""
-
-    def fits(nodes: int) -> bool:
-        hw = _hardware(spec, nodes)
-        problem = _problem(spec, cal, hw)
-        problem.global_batch_tokens = None
-        for fam in families(pins, hw, cal, spec.training.sequence_length, spec.tuning.compile):
-            if fam.sharding is not Sharding.NONE and problem.fits(fam):
-                return True
-        return False
-
-    lo, hi = spec.cluster.nodes, spec.cluster.nodes * 2
-    while not fits(hi):
-        lo, hi = hi, hi * 2
-        if hi > MAX_NODES_SEARCHED:
-            return None
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi

@@ -1,0 +1,34 @@
+"""The inputs of one planning problem: hardware from the catalogs and the search problem from a spec."""
+
+from __future__ import annotations
+
+from blackwell_operator.calibration import Calibration
+from blackwell_operator.catalogs import get_gpu, get_instance, resolve_model
+from blackwell_operator.errors import PlanningError
+from blackwell_operator.models.spec import BlackwellTrainingJobSpec
+from blackwell_operator.planner.layout import Hardware
+from blackwell_operator.planner.search import Problem
+from blackwell_operator.planner.shapes import Shapes
+
+
+def hardware_for(spec: BlackwellTrainingJobSpec, nodes: int | None = None) -> Hardware:
+    """The nodes a spec asks for (or `nodes` of them), with their GPU."""
+    instance = get_instance(spec.cluster.instance_type)
+    gpu = get_gpu(instance.gpu)
+    gpn = spec.cluster.gpus_per_node or instance.gpus_per_node
+    if gpn > instance.gpus_per_node:
+        raise PlanningError(
+            "spec.cluster.gpusPerNode",
+            f"{gpn} GPUs per node, but {instance.instance_type} has {instance.gpus_per_node}",
+            f"use at most {instance.gpus_per_node} or leave it unset",
+        )
+    return Hardware(gpu, instance, nodes or spec.cluster.nodes, gpn)
+
+
+def problem_for(spec: BlackwellTrainingJobSpec, cal: Calibration, hw: Hardware) -> Problem:
+    """The search problem of a spec on some hardware: shapes, sequence, global batch, memory budget."""
+    _, arch = resolve_model(spec.model)
+    budget = hw.gpu.memory_bytes * (1.0 - spec.tuning.memory_headroom)
+    return Problem(
+        Shapes.of(arch), hw, cal, spec.training.sequence_length, spec.training.global_batch_tokens, budget
+    )

@@ -1,0 +1,124 @@
+"""Why a spec cannot be planned: global-batch conflicts, pinned sizes that do not fit, too few nodes."""
+
+from __future__ import annotations
+
+from blackwell_operator.calibration import Calibration
+from blackwell_operator.errors import PlanningError
+from blackwell_operator.models.spec import BlackwellTrainingJobSpec
+from blackwell_operator.planner.candidates import Pins, families
+from blackwell_operator.planner.explain import describe, gib
+from blackwell_operator.planner.inputs import hardware_for, problem_for
+from blackwell_operator.planner.layout import Setting
+from blackwell_operator.planner.search import GLOBAL_BATCH_TOLERANCE, Problem, SearchResult, run_search
+from blackwell_trainer.config import Sharding
+
+MAX_NODES_SEARCHED = 1024
+
+
+def check_global_batch(problem: Problem, fams: list[Setting], pins: Pins) -> None:
+    """Reject a global batch that no micro-batch (or the pinned one) can reach."""
+    gbt = problem.global_batch_tokens
+    if gbt is None:
+        return
+    mbs = pins.micro_batch_size
+    if mbs is not None and all(problem.max_mbs(f) < mbs for f in fams):
+        least = min(problem.tokens_per_micro_step(f, mbs) for f in fams)
+        raise PlanningError(
+            "spec.tuning.microBatchSize",
+            f"micro-batch {mbs} puts {least:,} tokens in one micro-step over all GPUs, more than "
+            f"globalBatchTokens {gbt:,}",
+            "use a smaller micro-batch, auto, or a larger globalBatchTokens",
+        )
+    if mbs is not None and not any(problem.batch_ok(f, mbs) for f in fams):
+        step = min(problem.tokens_per_micro_step(f, mbs) for f in fams)
+        raise PlanningError(
+            "spec.tuning.microBatchSize",
+            f"whole micro-batches of {mbs} ({step:,} tokens per micro-step) cannot reach globalBatchTokens "
+            f"{gbt:,} within {GLOBAL_BATCH_TOLERANCE:.0%}",
+            f"use auto, or a globalBatchTokens that is a multiple of {step:,}",
+        )
+    if all(problem.max_mbs(f) < 1 for f in fams):
+        least = min(problem.tokens_per_micro_step(f, 1) for f in fams)
+        raise PlanningError(
+            "spec.training.globalBatchTokens",
+            f"{gbt:,} tokens is less than one sequence per data-parallel rank ({least:,} tokens)",
+            f"use a multiple of {least:,} or leave it unset",
+        )
+
+
+def unreachable_global_batch(problem: Problem, pins: Pins, result: SearchResult) -> PlanningError | None:
+    """Memory allowed some micro-batch, but none reaches the global batch within the tolerance."""
+    if problem.global_batch_tokens is None or pins.micro_batch_size is not None:
+        return None
+    if not any(f.max_fitting_mbs > 0 for f in result.families):
+        return None
+    step = min(problem.tokens_per_micro_step(f.family, 1) for f in result.families)
+    return PlanningError(
+        "spec.training.globalBatchTokens",
+        f"{problem.global_batch_tokens:,} tokens cannot be reached within "
+        f"{GLOBAL_BATCH_TOLERANCE:.0%} by whole micro-batches that fit",
+        f"use a multiple of {step:,} (sequence length x data-parallel GPUs)",
+    )
+
+
+def no_plan(
+    spec: BlackwellTrainingJobSpec, cal: Calibration, pins: Pins, result: SearchResult, problem: Problem
+) -> PlanningError:
+    """The most useful error when nothing fits: what the pinned size needs, or the nodes it would take."""
+    budget = problem.budget_bytes
+    if pins.micro_batch_size is not None:
+        tried = [f.first_too_big for f in result.families if f.first_too_big is not None]
+        smallest = min(tried, key=lambda s: s.memory.peak_reserved)
+        unpinned = Pins(
+            pins.precision, pins.activation_checkpointing, None, pins.sharding, pins.context_parallel
+        )
+        fams = families(unpinned, problem.hw, cal, problem.sequence_length, spec.tuning.compile)
+        fit_problem = problem_for(spec, cal, problem.hw)
+        fits = run_search(fit_problem, fams)
+        largest = max((f.max_fitting_mbs for f in fits.families), default=0)
+        hint = f"the largest micro-batch that fits is {largest}" if largest else "no micro-batch fits"
+        return PlanningError(
+            "spec.tuning.microBatchSize",
+            f"micro-batch {pins.micro_batch_size} needs {gib(smallest.memory.peak_reserved)} per GPU at best "
+            f"({describe(smallest)}) > {gib(budget)} budget",
+            f"use auto or {largest}" if largest else f"use more nodes; {hint}",
+        )
+    scored = [f.first_too_big for f in result.families if f.first_too_big is not None]
+    smallest_mem = min((s.memory.peak_reserved for s in scored), default=0)
+    nodes = smallest_node_count(spec, cal, pins)
+    fix = (
+        f"use at least {nodes} nodes" if nodes else "use a larger GPU, a shorter sequence or fewer parameters"
+    )
+    hw = problem.hw
+    return PlanningError(
+        "spec.cluster.nodes",
+        f"nothing fits: the smallest candidate needs {gib(smallest_mem)} per GPU > {gib(budget)} budget on "
+        f"{hw.nodes} x {hw.instance.instance_type}",
+        fix,
+    )
+
+
+def smallest_node_count(spec: BlackwellTrainingJobSpec, cal: Calibration, pins: Pins) -> int | None:
+    """Fewest nodes at which some candidate fits at micro-batch 1 (doubling, then bisection)."""
+
+    def fits(nodes: int) -> bool:
+        hw = hardware_for(spec, nodes)
+        problem = problem_for(spec, cal, hw)
+        problem.global_batch_tokens = None
+        for fam in families(pins, hw, cal, spec.training.sequence_length, spec.tuning.compile):
+            if fam.sharding is not Sharding.NONE and problem.fits(fam):
+                return True
+        return False
+
+    lo, hi = spec.cluster.nodes, spec.cluster.nodes * 2
+    while not fits(hi):
+        lo, hi = hi, hi * 2
+        if hi > MAX_NODES_SEARCHED:
+            return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
