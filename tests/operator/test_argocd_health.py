@@ -48,3 +48,36 @@ def test_the_script_needs_no_standard_library() -> None:
     source = SCRIPT.read_text()
     for library in ("os.", "io.", "require", "table.", "math."):
         assert library not in source
+
+
+@pytest.mark.integration
+async def test_health_of_live_operator_status(cluster: Any) -> None:
+    """The check over what the real operator writes, not only over hand-made fixtures."""
+    from tests.operator.harness import btj, running_operator, wait_for
+
+    def health(name: str) -> dict[str, str]:
+        return run_health_check(cluster.btj(name))
+
+    async with running_operator(cluster):
+        await cluster.apply(btj("live", queueName="q"))
+        await cluster.apply(btj("nope", model={"preset": "gpt-7"}))
+        await wait_for(lambda: cluster.job("live"), what="the PyTorchJob")
+        await wait_for(lambda: health("nope")["status"] == "Degraded", what="Degraded for an invalid spec")
+        steps = [
+            (
+                {"type": "Suspended", "status": "True", "reason": "PyTorchJobSuspended", "message": "held"},
+                "Suspended",
+            ),
+            (
+                {"type": "Running", "status": "True", "reason": "PyTorchJobRunning", "message": "go"},
+                "Progressing",
+            ),
+            (
+                {"type": "Succeeded", "status": "True", "reason": "PyTorchJobSucceeded", "message": "done"},
+                "Healthy",
+            ),
+        ]
+        for condition, expected in steps:
+            await cluster.set_child_status("live", {"conditions": [condition]})
+            await wait_for(lambda expected=expected: health("live")["status"] == expected, what=expected)
+    assert health("live")["message"] == "done"
