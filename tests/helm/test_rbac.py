@@ -15,7 +15,7 @@ from tests.helm.conftest import CHART, VALUES_CASES, by_kind, render, values_id
 Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
 
 # What Kopf needs whatever the operator's code does (KOPF docs/deployment-rbac.yaml): observe CRDs,
-# observe namespaces when cluster-wide, post events, and list/watch/patch the served resource and its
+# observe namespaces when confined to some (--namespace), post events, and list/watch/patch the served resource and its
 # status (progress annotations, finalizers, patch.status).
 FRAMEWORK: set[Grant] = {
     ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
@@ -77,14 +77,23 @@ def test_chart_grants_exactly_what_the_operator_declares(helm: str, values: Path
     declared = declared_permissions()
     objects = render(helm, values)
     granted = chart_grants(objects)
-    if by_kind(objects, "Role"):
-        # Namespaced mode watches fixed namespace names (the schema allows no globs), so Kopf never
-        # lists namespaces: the one framework grant PERMISSIONS carries that is then not needed.
+    if not by_kind(objects, "Role"):
+        # Cluster-wide, Kopf never lists or watches namespaces (it does so only to match --namespace
+        # patterns: kopf/_core/reactor/observation.py), so that grant of PERMISSIONS is not needed.
         declared -= {("", "namespaces", "list"), ("", "namespaces", "watch")}
     missing = declared - granted
     assert not missing, f"the operator uses permissions the chart does not grant: {sorted(missing)}"
     extra = granted - declared - FRAMEWORK
     assert not extra, f"the chart grants more than the operator declares: {sorted(extra)}"
+
+
+def test_namespaces_are_read_only_when_namespaced_and_not_granted_cluster_wide(helm: str) -> None:
+    wide = {g for g in chart_grants(render(helm)) if g[1] == "namespaces"}
+    assert wide == set()
+    namespaced = {
+        g for g in chart_grants(render(helm, CHART / "ci" / "namespaced-values.yaml")) if g[1] == "namespaces"
+    }
+    assert namespaced == {("", "namespaces", "list"), ("", "namespaces", "watch")}
 
 
 def test_nodes_are_read_only(helm: str) -> None:
@@ -96,7 +105,7 @@ def test_namespaced_mode_uses_roles_in_each_watched_namespace(helm: str) -> None
     objects = render(helm, CHART / "ci" / "namespaced-values.yaml")
     (cluster_role,) = by_kind(objects, "ClusterRole")
     cluster_resources = {resource for _, resource, _ in grants(cluster_role["rules"])}
-    assert cluster_resources <= CLUSTER_SCOPED - {"namespaces"}
+    assert cluster_resources == CLUSTER_SCOPED
     roles = by_kind(objects, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["hyperpod-ns-team-a", "hyperpod-ns-team-b"]
     bindings = by_kind(objects, "RoleBinding")

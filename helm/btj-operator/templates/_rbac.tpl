@@ -11,8 +11,9 @@ framework rules listed there. No wildcards anywhere.
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
-{{- if not .Values.operator.watchNamespaces }}
-# Framework: cluster-wide, Kopf watches namespaces to start and stop its per-namespace watchers.
+{{- if .Values.operator.watchNamespaces }}
+# Framework: with --namespace, Kopf lists and watches namespaces to match them against its patterns
+# (kopf/_core/reactor/observation.py, namespace_observer); cluster-wide it never reads namespaces.
 - apiGroups: [""]
   resources: ["namespaces"]
   verbs: ["list", "watch"]
