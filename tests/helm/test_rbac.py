@@ -15,8 +15,8 @@ from tests.helm.conftest import CHART, VALUES_CASES, by_kind, render, values_id
 Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
 
 # What Kopf needs whatever the operator's code does (KOPF docs/deployment-rbac.yaml): observe CRDs,
-# observe namespaces when confined to some (--namespace), post events, and list/watch/patch the served resource and its
-# status (progress annotations, finalizers, patch.status).
+# observe namespaces when confined to some (--namespace), post events, and list/watch/patch the
+# served resource and its status (progress annotations, finalizers, patch.status).
 FRAMEWORK: set[Grant] = {
     ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
