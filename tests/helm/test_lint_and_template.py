@@ -80,3 +80,18 @@ def test_notes_tell_the_next_steps(helm: str) -> None:
     notes = result.stdout.split("NOTES:", 1)[1]
     for step in ("kubectl apply -f examples/", "kubectl get btj", "dashboard.enabled=true", "argocd-cm"):
         assert step in notes
+
+
+def test_chart_packages_with_its_crds_and_files(helm: str, tmp_path: Path) -> None:
+    import tarfile
+
+    result = run_helm(helm, "package", str(CHART), "--destination", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    (archive,) = tmp_path.glob("btj-operator-0.1.0.tgz")
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+    assert "btj-operator/crds/training.blackwell.dev_blackwelltrainingjobs.yaml" in names
+    assert "btj-operator/files/dashboards/btj-training.json" in names
+    assert "btj-operator/files/btj-health.lua" in names
+    assert "btj-operator/values.schema.json" in names
+    assert not any(name.startswith("btj-operator/ci/") for name in names)
