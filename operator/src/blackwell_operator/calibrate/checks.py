@@ -6,6 +6,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from blackwell_operator.calibrate import PRIOR_WEIGHT
 from blackwell_operator.calibrate.fit import fit_calibration
 from blackwell_operator.calibrate.predict import Comparison, compare_all
 from blackwell_operator.calibrate.records import CalibrationRecord, Scenario
@@ -89,11 +90,11 @@ def pick(scenario: Scenario, comparisons: Sequence[Comparison]) -> ScenarioPick:
 Fitter = Callable[[Sequence[CalibrationRecord], Calibration], Calibration]
 
 
-def default_fitter(constants: Sequence[str] | None = None) -> Fitter:
-    """Fit with `fit_calibration` (the same constants for every fold)."""
+def default_fitter(constants: Sequence[str] | None = None, prior_weight: float = PRIOR_WEIGHT) -> Fitter:
+    """Fit with `fit_calibration` (the same constants and prior for every fold)."""
 
     def run(records: Sequence[CalibrationRecord], base: Calibration) -> Calibration:
-        return fit_calibration(records, base, constants).calibration
+        return fit_calibration(records, base, constants, prior_weight=prior_weight).calibration
 
     return run
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from blackwell_operator.calibrate import PRIOR_WEIGHT
 from blackwell_operator.calibrate.predict import Comparison, compare
 from blackwell_operator.calibrate.records import CalibrationRecord
 from blackwell_operator.calibration import Calibration
@@ -61,7 +62,6 @@ UPPER = {
 }
 # Scale of one unit of the fitted variable for constants whose base value is zero.
 ZERO_SCALE = {"bytes": float(1 << 28), "seconds": 1e-3, "other": 0.1}
-PRIOR_WEIGHT = 1e-3
 SENSITIVITY_FLOOR = 1e-4
 OOM_WEIGHT = 1.0
 ALLOCATED_WEIGHT = 0.5
@@ -216,23 +216,25 @@ class _Problem:
         return jac
 
 
-def _levenberg_marquardt(problem: _Problem, x: np.ndarray, max_iter: int = 60) -> tuple[np.ndarray, int]:
-    """Minimise |r(x)|^2 + PRIOR_WEIGHT |x|^2 with damping and projection onto the bounds."""
+def _levenberg_marquardt(
+    problem: _Problem, x: np.ndarray, prior: float, max_iter: int = 60
+) -> tuple[np.ndarray, int]:
+    """Minimise |r(x)|^2 + prior |x|^2 with damping and projection onto the bounds."""
     r = problem.residuals(x)
-    cost = float(r @ r + PRIOR_WEIGHT * x @ x)
+    cost = float(r @ r + prior * x @ x)
     damping = 1e-2
     it = 0
     for step in range(1, max_iter + 1):
         it = step
         jac = problem.jacobian(x, r)
         jtj = jac.T @ jac
-        grad = jac.T @ r + PRIOR_WEIGHT * x
+        grad = jac.T @ r + prior * x
         improved = False
         for _ in range(8):
-            lhs = jtj + damping * np.diag(np.diag(jtj) + 1e-12) + PRIOR_WEIGHT * np.eye(len(x))
+            lhs = jtj + damping * np.diag(np.diag(jtj) + 1e-12) + prior * np.eye(len(x))
             x_new = problem.project(x - np.linalg.solve(lhs, grad))
             r_new = problem.residuals(x_new)
-            cost_new = float(r_new @ r_new + PRIOR_WEIGHT * x_new @ x_new)
+            cost_new = float(r_new @ r_new + prior * x_new @ x_new)
             if cost_new < cost:
                 improved = cost - cost_new > 1e-12 * max(cost, 1e-30)
                 x, r, cost = x_new, r_new, cost_new
@@ -256,6 +258,7 @@ def fit_calibration(
     constants: Sequence[str] | None = None,
     *,
     gpu_major: int = 9,
+    prior_weight: float = PRIOR_WEIGHT,
     progress: Callable[[str], None] | None = None,
 ) -> FitResult:
     """Fit the constants the records determine; the others keep the base values."""
@@ -281,7 +284,9 @@ def fit_calibration(
         points = np.sum(np.abs(jac) > 1e-6, axis=0) if group else np.zeros(0, dtype=int)
         chosen = [n for n, s in zip(group, sens, strict=True) if s > SENSITIVITY_FLOOR]
         problem = _Problem(data, cal, chosen, kind)
-        x, iters = _levenberg_marquardt(problem, np.zeros(len(chosen))) if chosen else (np.zeros(0), 0)
+        x, iters = (
+            _levenberg_marquardt(problem, np.zeros(len(chosen)), prior_weight) if chosen else (np.zeros(0), 0)
+        )
         result.iterations += iters
         fitted_values = problem.values(x)
         r1 = problem.residuals(x)

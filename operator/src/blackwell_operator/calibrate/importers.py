@@ -29,6 +29,7 @@ H200_INSTANCE = "ml.p5en.48xlarge"
 REFERENCE_DATE = "2026-11-29"
 REFERENCE_TORCH = "2.11.0+cu130"
 # trainer_h200.py's short model names and the presets they hard-code.
+TRAINER_LOSS_CHUNK = 8192  # btj-trainer calibration: trainer.loss_chunk_tokens
 TRAINER_H200_PRESETS = {"1b": "llama3.2-1b", "3b": "llama3.2-3b", "8b": "llama3.1-8b"}
 # The reference's second table: Llama-3.1-8B on two H200s, eager BF16 (its compiled columns ran another
 # trainer).
@@ -130,8 +131,8 @@ def from_trainer_h200(path: str | Path) -> list[CalibrationRecord]:
             continue
         if cfg.get("sdpa", "default") != "default" or status not in {s.value for s in RecordStatus}:
             continue
-        if status == RecordStatus.SKIPPED:
-            continue
+        if status == RecordStatus.SKIPPED or int(cfg.get("loss_chunk", 8192)) != TRAINER_LOSS_CHUNK:
+            continue  # the planner models the trainer's one loss chunk size, not variants of it
         preset = TRAINER_H200_PRESETS[cfg["model"]]
         name, arch = resolve_model(ModelSpec(preset=preset))
         gpus = int(cfg.get("gpus", 1))

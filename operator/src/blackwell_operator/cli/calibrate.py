@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
+from blackwell_operator.calibrate import PRIOR_WEIGHT
 from blackwell_operator.cli import app
 
 calibrate_app = typer.Typer(
@@ -18,6 +19,7 @@ calibrate_app = typer.Typer(
 app.add_typer(calibrate_app, name="calibrate")
 
 Records = Annotated[list[Path], typer.Argument(help="Record files (.jsonl/.json) or folders of them.")]
+Prior = Annotated[float, typer.Option(min=0.0, help="Pull of each constant towards its base value.")]
 Constants = Annotated[
     str,
     typer.Option(help="Comma-separated dotted constants to fit (default: all the records can determine)."),
@@ -38,7 +40,17 @@ def _command(sub: str, records: list[Path], **options: object) -> str:
     return " ".join(shlex.quote(w) for w in words)
 
 
+def _need_numerics() -> None:
+    """numpy (fit) and matplotlib (plots) come with the `plot` extra: say so instead of a traceback."""
+    import importlib.util
+
+    missing = [m for m in ("numpy", "matplotlib") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise _fail(f"{', '.join(missing)} not installed; pip install 'blackwell-training-operator[plot]'")
+
+
 def _load(paths: list[Path]):  # type: ignore[no-untyped-def]
+    _need_numerics()
     from blackwell_operator.calibrate.records import read_records
 
     for p in paths:
@@ -98,6 +110,7 @@ def fit(
     ] = "btj-trainer",
     name: Annotated[str, typer.Option(help="Name of the new calibration (default: the file's stem).")] = "",
     constants: Constants = "",
+    prior_weight: Prior = PRIOR_WEIGHT,
 ) -> None:
     """Fit the constants the records determine (least squares) and write the planner's calibration file."""
     from blackwell_operator.calibrate.fit import fit_calibration
@@ -105,9 +118,19 @@ def fit(
 
     recs = _load(records)
     base_cal = _base(base)
-    command = _command("fit", records, base=base, output=output, name=name, constants=constants)
+    command = _command(
+        "fit",
+        records,
+        base=base,
+        output=output,
+        name=name,
+        constants=constants,
+        prior_weight=prior_weight if prior_weight != PRIOR_WEIGHT else "",
+    )
     try:
-        result = fit_calibration(recs, base_cal, _constants(constants), progress=typer.echo)
+        result = fit_calibration(
+            recs, base_cal, _constants(constants), prior_weight=prior_weight, progress=typer.echo
+        )
     except KeyError as err:
         raise _fail(f"--constants: {err.args[0]}") from None
     usable = [r for r in recs if r.ran or r.oom]
@@ -129,6 +152,7 @@ def report(
         str, typer.Option(help="Base the leave-one-out refits start from (as for fit).")
     ] = "btj-trainer",
     constants: Constants = "",
+    prior_weight: Prior = PRIOR_WEIGHT,
     title: Annotated[str, typer.Option(help="Report title.")] = "Calibration report",
     note: Annotated[list[str] | None, typer.Option(help="Extra paragraph(s) for the report.")] = None,
     fit_command: Annotated[str, typer.Option(help="The fit command, to list with the report's.")] = "",
@@ -140,13 +164,14 @@ def report(
     recs = _load(records)
     cal = _base(str(calibration))
     base_cal = _base(base)
-    check = leave_one_out(recs, base_cal, cal, default_fitter(_constants(constants)))
+    check = leave_one_out(recs, base_cal, cal, default_fitter(_constants(constants), prior_weight))
     command = _command(
         "report",
         records,
         calibration=calibration,
         base=base,
         constants=constants,
+        prior_weight=prior_weight if prior_weight != PRIOR_WEIGHT else "",
         title=title if title != "Calibration report" else "",
         output=output,
     )

@@ -23,6 +23,13 @@ def plot(
     ] = "btj-trainer",
 ) -> None:
     """Draw the plan's memory breakdown and predicted tokens/s and memory against micro-batch per AC mode."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        typer.echo(
+            "error: matplotlib not installed; pip install 'blackwell-training-operator[plot]'", err=True
+        )
+        raise typer.Exit(code=2)
     from blackwell_operator.calibrate.plots import plot_btj
     from blackwell_operator.calibrate.predict import load_any_calibration
 
