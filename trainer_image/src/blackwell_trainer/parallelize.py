@@ -6,14 +6,13 @@ The order is fixed (see ``parallelize``) and each technique is one ``apply_*`` f
 from __future__ import annotations
 
 import logging
-from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from .config import ActivationCheckpointing, Candidate, Sharding
 from .model import Transformer
@@ -185,7 +184,3 @@ def parallelize(
     torch.manual_seed(seed)
     model.init_weights(buffer_device=device)
     return setup
-
-
-# Exposed for tests that want the policy alone.
-selective_checkpoint = partial(checkpoint, use_reentrant=False, context_fn=_selective_context)
