@@ -90,6 +90,12 @@ def memory_kib(pid: int) -> dict[str, int]:
     return fields
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process: a figure other load on the machine does not inflate much."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
@@ -173,6 +179,7 @@ async def _load(
         await asyncio.sleep(0.05)
     await asyncio.sleep(0.5)  # let the other watches settle
     idle = memory_kib(operator.pid)
+    cpu_before = cpu_seconds(operator.pid)
 
     created: dict[str, float] = {}
     url = f"/apis/training.blackwell.dev/v1alpha1/namespaces/{NAMESPACE}/blackwelltrainingjobs"
@@ -195,6 +202,7 @@ async def _load(
         await asyncio.sleep(0.05)
     end = time.monotonic()
     memory = memory_kib(operator.pid)
+    cpu = cpu_seconds(operator.pid) - cpu_before
     child = [k.child_created[n] - created[n] for n in created if n in k.child_created]
     status_latency = [reconciled[n] - created[n] for n in reconciled]
     duplicates = sum(
@@ -226,6 +234,8 @@ async def _load(
             "peak_rss": round(memory["VmHWM"] / 1024, 1),
         },
         "wall_seconds": round(end - start, 3),
+        "operator_cpu_seconds": round(cpu, 2),
+        "operator_cpu_ms_per_btj": round(cpu / count * 1000, 1),
     }
 
 
