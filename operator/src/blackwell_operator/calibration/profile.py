@@ -59,6 +59,10 @@ class MemoryConstants(_Strict):
     fragmentation_gradients: float
     fragmentation_optimizer: float
     precision_weight_bytes: dict[PrecisionRecipe, float]
+    precision_activation_saving: dict[PrecisionRecipe, float] = Field(
+        default_factory=dict,
+        description="Bytes saved per saved linear-input element when the recipe keeps it in low precision.",
+    )
 
 
 class RecipeConstants(_Strict):
@@ -135,7 +139,8 @@ class Calibration(_Strict):
         keys: list[str] = []
         for section in ("memory", "throughput"):
             dumped: dict[str, Any] = getattr(self, section).model_dump()
-            keys.extend(f"{section}.{field}" for field in dumped)
+            # An empty table (e.g. no recipe saves activation memory) holds no figure to source.
+            keys.extend(f"{section}.{field}" for field, value in dumped.items() if value != {})
         return keys
 
     def recipe(self, cc_major: int, recipe: PrecisionRecipe) -> RecipeConstants:

@@ -117,12 +117,16 @@ def estimate_memory(
 
     tokens = tokens_per_gpu(setting, sequence_length)
     mode = setting.activation_checkpointing
-    saved = tokens * (
-        shapes.layers * activation_bytes_per_token_layer(shapes, cal, mode)
-        + m.outside_layers_hidden * shapes.hidden
-    )
+    # Recipes that keep the saved inputs of the block's linears in FP8 (torchao float8) save bytes on
+    # every such element: the QKV, gate/up (h each), output-projection (q) and down-projection (F) inputs.
+    saving = m.precision_activation_saving.get(setting.recipe, 0.0)
+    saving *= 2 * shapes.hidden + shapes.q_dim + shapes.ffn
+    full_layer = activation_bytes_per_token_layer(shapes, cal, AC.NONE) - saving
+    # (Selective AC keeps matmul outputs rather than their inputs: no saving assumed there.)
+    per_layer = full_layer if mode is AC.NONE else activation_bytes_per_token_layer(shapes, cal, mode)
+    saved = tokens * (shapes.layers * per_layer + m.outside_layers_hidden * shapes.hidden)
     # During a checkpointed block's backward its full activations exist again, for one block at a time.
-    recompute = 0.0 if mode is AC.NONE else tokens * activation_bytes_per_token_layer(shapes, cal, AC.NONE)
+    recompute = 0.0 if mode is AC.NONE else tokens * full_layer
     loss = loss_bytes(shapes, cal, tokens)
 
     # FSDP2 keeps the root (embeddings, head) unsharded through forward and backward, and gathers blocks
