@@ -63,7 +63,10 @@ UPPER = {
 # Scale of one unit of the fitted variable for constants whose base value is zero.
 ZERO_SCALE = {"bytes": float(1 << 28), "seconds": 1e-3, "other": 0.1}
 SENSITIVITY_FLOOR = 1e-4
-OOM_WEIGHT = 1.0
+# A measured OOM predicted to fit is the costliest error (a lost queue slot): weigh it as a near-constraint.
+OOM_WEIGHT = 5.0
+# A measured OOM must be predicted at least this much over the GPU's memory (the prior pulls back a little).
+OOM_MARGIN = 0.03
 ALLOCATED_WEIGHT = 0.5
 
 
@@ -154,9 +157,9 @@ def _residuals(c: Comparison, kind: str) -> list[float]:
         if r.ran and r.peak_allocated_bytes:
             out.append(ALLOCATED_WEIGHT * math.log(max(c.predicted_allocated, 1) / r.peak_allocated_bytes))
         if r.oom:
-            # Only penalised when predicted to fit: a hinge at the GPU's capacity.
+            # Only penalised when predicted to fit (with a margin): a hinge just above the GPU's capacity.
             peak = max(c.evaluation.memory.peak_reserved, 1)
-            out.append(OOM_WEIGHT * max(0.0, math.log(c.capacity_bytes / peak)))
+            out.append(OOM_WEIGHT * max(0.0, math.log(c.capacity_bytes * (1 + OOM_MARGIN) / peak)))
     elif r.ran and r.tokens_per_second_per_gpu:
         out.append(math.log(max(c.predicted_tps, 1e-9) / r.tokens_per_second_per_gpu))
     return out
