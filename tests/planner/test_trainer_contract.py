@@ -1,4 +1,4 @@
-"""What the btj-trainer calibration offers, the trainer can run: every precision/recipe pair is valid there."""
+"""What the btj-trainer calibration offers, the trainer can run: every precision/recipe pair is valid."""
 
 from __future__ import annotations
 
