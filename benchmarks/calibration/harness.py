@@ -369,6 +369,7 @@ class Harness:
     max_mbs: int
     config_timeout: float
     start_from_prediction: bool
+    below: int = 2
     done: dict[str, CalibrationRecord] = field(default_factory=dict)
     records: list[CalibrationRecord] = field(default_factory=list)
     env: dict[str, Any] = field(default_factory=dict)
@@ -376,7 +377,7 @@ class Harness:
     free: list[int] = field(default_factory=list)
 
     def ladder(self, fam: Family) -> list[int]:
-        """Doubling micro-batch sizes; optionally from a quarter of the planner's predicted limit."""
+        """Doubling micro-batch sizes; by default from 2**below under the planner's predicted limit."""
         start = 1
         if self.start_from_prediction:
             limit = 1
@@ -385,7 +386,7 @@ class Harness:
                 if plan.predicted.memory.peak_reserved > plan.gpu.memory_bytes:
                     break
                 limit *= 2
-            start = max(1, limit // 4)
+            start = max(1, limit >> self.below)
         sizes, m = [], start
         while m <= self.max_mbs:
             sizes.append(m)
@@ -575,7 +576,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--full-ladder",
         action="store_true",
-        help="start every ladder at mbs 1 (default: a quarter of the predicted limit)",
+        help="start every ladder at mbs 1 (default: see --below)",
+    )
+    parser.add_argument(
+        "--below",
+        type=int,
+        default=2,
+        help="start each ladder this many doublings under the largest size the planner predicts to fit",
     )
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps (the first compiles)")
     parser.add_argument("--timed", type=int, default=3)
@@ -623,6 +630,7 @@ def main(argv: list[str] | None = None) -> int:
         max_mbs=args.max_mbs,
         config_timeout=args.config_timeout,
         start_from_prediction=not args.full_ladder,
+        below=args.below,
         done=done,
         env=environment(),
     )
