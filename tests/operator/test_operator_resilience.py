@@ -59,6 +59,19 @@ async def test_invalid_spec_is_reported_and_others_are_still_served(
     assert cluster.job("bad") is None and cluster.config_map("bad-plan") is None, "no half-made child"
 
 
+async def test_a_dry_run_turned_invalid_drops_its_plan(cluster: Cluster) -> None:
+    async with running_operator(cluster):
+        await cluster.apply(btj("flip", dryRun=True))
+        await wait_for(lambda: cluster.status("flip").get("phase") == "Planned", what="phase Planned")
+        await cluster.patch_spec(
+            "flip",
+            {"tuning": {"precision": "mxfp8"}, "cluster": {"instanceType": "ml.p5.48xlarge", "nodes": 1}},
+        )
+        await wait_for(lambda: cluster.status("flip").get("phase") == "Invalid", what="phase Invalid")
+    status = cluster.status("flip")
+    assert "plan" not in status and "precision" not in status and status["observedGeneration"] == 2
+
+
 async def test_fixing_an_invalid_spec_creates_the_child(cluster: Cluster) -> None:
     async with running_operator(cluster):
         await cluster.apply(btj("fixme", model={"preset": "gpt-7"}))

@@ -375,7 +375,14 @@ class Reconciler:
                     now=now,
                 )
             else:
-                changes.update(phase=Phase.INVALID.value, message=exc.message, plan=None)
+                changes.update(
+                    phase=Phase.INVALID.value,
+                    message=exc.message,
+                    plan=None,
+                    precision=None,
+                    microBatchSize=None,
+                    activationCheckpointing=None,
+                )
             changes["conditions"] = conds
             return changes
 
