@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -431,18 +432,17 @@ class Harness:
         started = time.time()
         detail = ""
         log_path = tmp / "log.txt"
-        try:
-            with open(log_path, "w") as log:
-                subprocess.run(
-                    cmd,
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    timeout=min(self.config_timeout, remaining - 10),
-                    check=False,
-                )
-        except subprocess.TimeoutExpired:
-            detail = f"killed after {time.time() - started:.0f} s"
+        with open(log_path, "w") as log:
+            # Its own session: on a timeout the whole group goes (torchrun's workers hold GPU memory).
+            proc = subprocess.Popen(
+                cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            try:
+                proc.wait(timeout=min(self.config_timeout, remaining - 10))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                detail = f"killed after {time.time() - started:.0f} s"
         tail = log_path.read_text(errors="replace").splitlines()[-60:] if log_path.exists() else []
         with self.lock, open(self.out / "worker_logs.txt", "a") as f:
             f.write(f"===== {stub.key} (last 60 lines)\n" + "\n".join(tail) + "\n")
