@@ -134,17 +134,30 @@ def test_a_pinned_micro_batch_that_cannot_fit_names_memory_budget_and_what_fits(
         plan_job(make_spec(seq=8192, microBatchSize=largest + 1, **pins))
 
 
-def test_an_impossible_job_names_the_memory_and_the_smallest_node_count() -> None:
-    spec = make_spec(preset="llama3.1-70b", instance="ml.p5.48xlarge", seq=131072)
+@pytest.mark.parametrize("seq", [8192, 32768])
+def test_an_impossible_job_names_the_memory_and_the_smallest_node_count(seq: int) -> None:
+    spec = make_spec(preset="llama3.1-70b", instance="ml.p5.48xlarge", seq=seq)
     with pytest.raises(PlanningError) as err:
         plan_job(spec)
     e = err.value
     assert e.field == "spec.cluster.nodes"
     assert re.search(r"needs \d+\.\d GiB per GPU > 75\.\d GiB budget on 1 x ml\.p5\.48xlarge", e.problem)
     nodes = int(re.fullmatch(r"use at least (\d+) nodes", e.fix).group(1))  # type: ignore[union-attr]
-    plan_job(make_spec(preset="llama3.1-70b", instance="ml.p5.48xlarge", seq=131072, nodes=nodes))
+    plan_job(make_spec(preset="llama3.1-70b", instance="ml.p5.48xlarge", seq=seq, nodes=nodes))
     with pytest.raises(PlanningError):
-        plan_job(make_spec(preset="llama3.1-70b", instance="ml.p5.48xlarge", seq=131072, nodes=nodes - 1))
+        plan_job(make_spec(preset="llama3.1-70b", instance="ml.p5.48xlarge", seq=seq, nodes=nodes - 1))
+
+
+def test_a_sequence_too_long_for_any_node_count_says_so() -> None:
+    # 70B at 128K on H100: without context parallelism one sequence's activations exceed 80 GB at any
+    # sharding degree, so the error names the memory and says no node count helps.
+    spec = make_spec(preset="llama3.1-70b", instance="ml.p5.48xlarge", seq=131072)
+    with pytest.raises(PlanningError) as err:
+        plan_job(spec)
+    e = err.value
+    assert e.field == "spec.cluster.nodes"
+    assert re.search(r"needs \d+\.\d GiB per GPU > 75\.\d GiB budget on 1 x ml\.p5\.48xlarge", e.problem)
+    assert "no node count fits" in e.fix and "context parallelism" in e.fix
 
 
 def test_unknown_preset_is_a_spec_error() -> None:

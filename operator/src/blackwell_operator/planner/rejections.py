@@ -86,9 +86,17 @@ def no_plan(
     scored = [f.first_too_big for f in result.families if f.first_too_big is not None]
     smallest_mem = min((s.memory.peak_reserved for s in scored), default=0)
     nodes = smallest_node_count(spec, cal, pins)
-    fix = (
-        f"use at least {nodes} nodes" if nodes else "use a larger GPU, a shorter sequence or fewer parameters"
-    )
+    if nodes:
+        fix = f"use at least {nodes} nodes"
+    elif not cal.trainer.context_parallel:
+        # Sharding more widely cannot shrink per-GPU activations; only splitting the sequence could,
+        # and the trainer this calibration describes cannot do that yet.
+        fix = (
+            "use a larger GPU or a shorter sequence: no node count fits, because the activations of one "
+            "sequence alone exceed the budget and this trainer has no context parallelism yet"
+        )
+    else:
+        fix = "use a larger GPU, a shorter sequence or fewer parameters"
     hw = problem.hw
     return PlanningError(
         "spec.cluster.nodes",
