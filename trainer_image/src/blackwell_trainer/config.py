@@ -148,7 +148,8 @@ class CheckpointConfig(WireModel):
     """Where and how often the trainer saves distributed checkpoints."""
 
     path: str | None = Field(
-        default=None, description="Folder for torch.distributed.checkpoint step folders; none disables saving."
+        default=None,
+        description="Folder for torch.distributed.checkpoint step folders; none disables saving.",
     )
     interval_steps: int = Field(default=500, ge=1, description="Save every this many optimizer steps.")
     keep_latest: int = Field(default=2, ge=1, description="Complete checkpoints to keep.")

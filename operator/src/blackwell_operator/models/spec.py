@@ -23,7 +23,7 @@ API_VERSION = "v1alpha1"
 KIND = "BlackwellTrainingJob"
 PLURAL = "blackwelltrainingjobs"
 
-AUTO = "auto"
+AUTO: Literal["auto"] = "auto"
 Auto = Literal["auto"]
 
 DEFAULT_INSTANCE_TYPE = "ml.p6-b200.48xlarge"
@@ -51,7 +51,8 @@ class ModelSpec(WireModel):
 
     preset: str | None = Field(
         default=None,
-        description="Catalog preset, e.g. llama3.1-8b, llama3.2-1b, qwen2.5-7b, mistral-7b (see `btj presets`).",
+        description="Catalog preset, e.g. llama3.1-8b, llama3.2-1b, qwen2.5-7b, mistral-7b "
+        "(see `btj presets`).",
     )
     architecture: Architecture | None = Field(
         default=None, description="Explicit Llama-style architecture, used when no preset is named."
@@ -93,7 +94,7 @@ class TrainingSpec(WireModel):
 
 
 class TuningSpec(WireModel):
-    """Performance knobs: each is `auto` (the planner decides) or pinned (obeyed, or rejected with a reason)."""
+    """Performance knobs: each is `auto` (the planner decides) or pinned (obeyed, or rejected with why)."""
 
     precision: Auto | Precision = Field(
         default=AUTO, description="auto, bf16, fp8, mxfp8 or nvfp4 (mxfp8/nvfp4 need Blackwell)."
