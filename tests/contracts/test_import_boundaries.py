@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 OPERATOR = ROOT / "operator" / "src" / "blackwell_operator"
 TRAINER = ROOT / "trainer_image" / "src" / "blackwell_trainer"
-PURE_PACKAGES = ("planner", "render", "models", "catalogs")
+PURE_PACKAGES = ("planner", "render", "models", "catalogs", "calibration", "calibrate")
 CLUSTER_CLIENTS = {"kopf", "kubernetes", "boto3", "botocore", "aiohttp"}
 
 
