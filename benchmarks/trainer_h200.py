@@ -62,11 +62,12 @@ class Config:
     warmup: int = 3
     timed: int = 6
     profile: bool = False
-    kind: str = "train"  # train | check
+    kind: str = "train"  # train | check | te-check
 
     @property
     def name(self) -> str:
         prec = "bf16" if self.precision == "bf16" else self.recipe.replace("torchao-", "fp8-")
+        prec = prec if prec == "bf16" or prec.startswith("fp8-") else f"te-{prec}"  # TE recipes
         extra = "" if self.compile else "-eager"
         extra += "" if self.loss_chunk else "-fullce"
         extra += "" if self.sdpa == "default" else f"-{self.sdpa}"
@@ -116,6 +117,19 @@ GRIDS: dict[str, list[Config]] = {
         bf16("8b", 4, "selective", gpus=2),
         fp8("8b", 4, "selective", gpus=2),
         bf16("8b", 8, "full", gpus=2),
+    ],
+    # Transformer Engine (installed beside torch): correctness on the tiny model, then the torchao FP8
+    # targets' configurations with each TE FP8 recipe (TE modules run eager: compile is skipped for them).
+    "te": [
+        Config("tiny", 2, kind="te-check"),
+        fp8("3b", 8, "selective", recipe="delayed"),
+        fp8("3b", 8, "selective", recipe="current"),
+        fp8("3b", 8, "selective", recipe="block"),
+        fp8("1b", 8, "none", recipe="delayed"),
+        fp8("1b", 8, "none", recipe="current"),
+        fp8("1b", 8, "none", recipe="block"),
+        fp8("3b", 8, "full", recipe="delayed"),
+        bf16("3b", 8, "selective", compile=False),
     ],
     # Plumbing test on a CPU machine (gloo): python benchmarks/trainer_h200.py --grid cpu
     "cpu": [
@@ -311,6 +325,54 @@ def _check(out: Path) -> Record:
     return Record("check", {}, "ok", detail="; ".join(notes))
 
 
+def _te_check(out: Path) -> Record:
+    """TE FP8 recipes vs BF16 on the tiny model through the trainer (6 steps, one fixed batch, each AC mode
+    for DelayedScaling): every loss finite and within 5% (relative) of the BF16 run's loss at that step."""
+    import math
+
+    import torch
+
+    # TE before any BF16 step: its core library dlopens the system cuDNN, which fails with an undefined
+    # symbol (libcudnn_graph.so.9) once torch's attention has loaded the pip package's cuDNN (2026-11-29).
+    import transformer_engine.pytorch  # noqa: F401
+
+    from blackwell_trainer.train import Runtime, Trainer, init_distributed
+
+    runtime = Runtime.from_env()
+    init_distributed(runtime)
+    runs = [("none", "bf16", "none"), ("none", "fp8", "delayed"), ("none", "fp8", "current"),
+            ("none", "fp8", "block"), ("selective", "fp8", "delayed"), ("full", "fp8", "delayed"),
+            ("selective", "bf16", "none")]  # fmt: skip
+    curves: dict[str, list[float]] = {}
+    notes, ok = [], True
+    for ac, precision, recipe in runs:
+        cfg = Config("tiny", 4, ac, precision, recipe, compile=False)
+        try:
+            trainer = Trainer(make_plan(cfg), runtime)
+            gen = torch.Generator(device=runtime.device).manual_seed(1234)
+            shape = (cfg.mbs, trainer.plan.sequence_length)
+            vocab = trainer.plan.architecture.vocab_size
+            batch = [(torch.randint(0, vocab, shape, device=runtime.device, generator=gen),
+                      torch.randint(0, vocab, shape, device=runtime.device, generator=gen))]  # fmt: skip
+            curves[cfg.name] = [trainer.step(batch).loss for _ in range(6)]
+            losses = " ".join(f"{v:.4f}" for v in curves[cfg.name])
+            note = f"{cfg.name} ({trainer.precision.backend}): {losses}"
+            ref = curves["tiny-g1-mbs4-none-bf16-eager"]  # AC does not change BF16 numerics
+            if precision != "bf16":
+                worst = max(abs(a - b) / abs(b) for a, b in zip(curves[cfg.name], ref, strict=True))
+                good = all(math.isfinite(v) for v in curves[cfg.name]) and worst < 0.05
+                ok &= good
+                note += f"; max rel diff vs bf16 {worst:.2e} {'PASS' if good else 'FAIL'}"
+        except Exception as err:
+            ok = False
+            note = f"{cfg.name}: FAILED {type(err).__name__}: {str(err)[:300]}"
+            note += " | " + traceback.format_exc()[-800:]
+        notes.append(note)
+        print(note, flush=True)
+    (out / "check.txt").write_text("\n".join(notes) + "\n")
+    return Record("te-check", {}, "ok" if ok else "error", detail="; ".join(notes)[:3000])
+
+
 def _sdpa_timings() -> list[str]:
     """Causal GQA attention fwd+bwd at the 3B shape (mbs 2, seq 4096) per SDPA backend."""
     import torch
@@ -354,6 +416,9 @@ def worker(cfg: Config, out: Path) -> None:
     try:
         if cfg.kind == "check":
             rec = _check(out)
+            return
+        if cfg.kind == "te-check":
+            rec = _te_check(out)
             return
         started = time.perf_counter()
         plan = make_plan(cfg)

@@ -47,6 +47,8 @@ _SAVE_OPS = _aten_ops(
     "_scaled_dot_product_cudnn_attention",
     "_scaled_dot_product_flash_attention_for_cpu",
 )
+# Context parallelism's K/V all-gather: saved, so that the backward pass does not gather again.
+_SAVE_OPS |= {torch.ops._c10d_functional.all_gather_into_tensor.default}
 
 
 def _selective_policy(_ctx: Any, op: Any, *_args: Any, **_kwargs: Any) -> CheckpointPolicy:
@@ -57,13 +59,29 @@ def _selective_context() -> Any:
     return create_selective_checkpoint_contexts(_selective_policy)  # type: ignore[no-untyped-call]
 
 
-def apply_ac(blocks: nn.ModuleDict, mode: ActivationCheckpointing) -> None:
-    """Wrap each block for activation checkpointing (none: untouched; full: recompute the whole block)."""
+def apply_ac(blocks: nn.ModuleDict, mode: ActivationCheckpointing, *, te: bool = False) -> None:
+    """Wrap each block for activation checkpointing (none: untouched; full: recompute the whole block).
+
+    ``te``: the blocks hold Transformer Engine modules. Their recompute then goes through TE's own
+    checkpoint, which re-enters the forward's FP8 autocast with the forward's scaling factors; torch's
+    checkpoint would recompute in the backward pass, outside the autocast, so in BF16 (other saved
+    tensors than the FP8 forward's). TE's GEMMs are not aten ops, so the selective policy there saves
+    only attention outputs and recomputes the linears.
+    """
     if mode == ActivationCheckpointing.NONE:
         return
     # checkpoint_wrapper keeps parameter FQNs stable in state_dict (its hooks strip the wrapper prefix).
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
+    if te:
+        from transformer_engine.pytorch.distributed import checkpoint as te_checkpoint
+
+        for key, block in list(blocks.items()):
+            kwargs: dict[str, Any] = {"use_reentrant": False}
+            if mode == ActivationCheckpointing.SELECTIVE:
+                kwargs["context_fn"] = _selective_context
+            blocks[key] = checkpoint_wrapper(block, checkpoint_fn=te_checkpoint, **kwargs)
+        return
     for key, block in list(blocks.items()):
         # Non-reentrant checkpoint (the wrapper's default); no RNG state to preserve (no dropout).
         if mode == ActivationCheckpointing.FULL:
@@ -79,12 +97,26 @@ def apply_compile(blocks: nn.ModuleDict) -> None:
         block.compile(fullgraph=True)
 
 
-def validate_layout(candidate: Candidate, world_size: int) -> None:
-    """Refuse a parallel layout that does not fit the job's processes (pure: no process group needed)."""
-    if candidate.context_parallel > 1:
+def validate_layout(candidate: Candidate, world_size: int, *, sequence_length: int | None = None) -> None:
+    """Refuse a parallel layout that does not fit the job's processes (pure: no process group needed).
+
+    Context parallelism (cp > 1) lies across the data-parallel layout: the cp consecutive ranks of a
+    group hold parts of the same sequences, and FSDP shards and reduces over them like over any rank.
+    """
+    cp = candidate.context_parallel
+    if world_size % cp:
         raise ParallelismError(
-            f"chosen.contextParallel is {candidate.context_parallel} but this trainer does not implement "
-            "context parallelism yet; plan with contextParallel 1 (a shorter sequence or more memory per GPU)"
+            f"chosen.contextParallel ({cp}) must divide the job's {world_size} processes; re-plan"
+        )
+    if sequence_length is not None and sequence_length % (2 * cp):
+        raise ParallelismError(
+            f"chosen.contextParallel ({cp}) needs a sequenceLength divisible by {2 * cp} (2 chunks per "
+            f"rank), not {sequence_length}; re-plan"
+        )
+    if candidate.sharding == Sharding.HYBRID and candidate.shard_degree % cp:
+        raise ParallelismError(
+            f"chosen.contextParallel ({cp}) must divide chosen.shardDegree ({candidate.shard_degree}) with "
+            "hybrid sharding (a cp group stays inside one shard group); re-plan"
         )
     if candidate.shard_degree * candidate.replicate_degree != world_size:
         raise ParallelismError(
@@ -166,7 +198,7 @@ def parallelize(
     5. init: ``to_empty`` gives the meta tensors (now DTensor shards) storage; ``init_weights`` fills them.
     """
     setup = apply_precision(model, candidate, blocks=model.layers, amax_group=amax_group)
-    apply_ac(model.layers, candidate.activation_checkpointing)
+    apply_ac(model.layers, candidate.activation_checkpointing, te=setup.backend == "te")
     if candidate.compile and setup.compile_ok:
         apply_compile(model.layers)
     elif candidate.compile:
