@@ -100,7 +100,7 @@ def test_wrapping_and_compiling_keep_parameter_names_stable(mode: ActivationChec
 @pytest.mark.parametrize(
     ("overrides", "world", "message"),
     [
-        ({"context_parallel": 2}, 2, "chosen.contextParallel is 2"),
+        ({"context_parallel": 4}, 2, r"chosen.contextParallel \(4\) must divide the job's 2 processes"),
         ({"shard_degree": 4}, 2, "must equal the job's 2 processes"),
         ({"shard_degree": 1, "replicate_degree": 2}, 2, "sharding 'full' needs chosen.replicateDegree 1"),
         ({"sharding": "none", "shard_degree": 2}, 2, "sharding 'none' needs chosen.shardDegree 1"),

@@ -109,10 +109,10 @@ def test_cli_refuses_mxfp8_on_an_h200_plan_with_one_line_exit_2(
     )
 
 
-def test_cli_refuses_context_parallel_with_one_line_exit_2(
+def test_cli_refuses_an_impossible_context_parallel_with_one_line_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = _write_plan(tmp_path, contextParallel=2)
+    path = _write_plan(tmp_path, contextParallel=2)  # one process cannot hold a group of 2
     assert main(["--plan", path]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "contextParallel is 2" in err
+    assert err.count("\n") == 0 and "chosen.contextParallel (2) must divide the job's 1 processes" in err

@@ -8,6 +8,7 @@ explicit and also rebuilds the non-persistent RoPE tables.
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +54,17 @@ def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
     return x * cos + rotated * sin
 
 
+class AttentionFn(Protocol):
+    """q [b, heads, s, d], k and v [b, kv_heads, s, d], RoPE applied -> causal attention [b, heads, s, d]."""
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The whole sequence on this device: one SDPA call (context parallelism swaps in its own)."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+
+
 class Attention(nn.Module):
     """Grouped-query causal self-attention through SDPA (flash / cuDNN kernels on GPU)."""
 
@@ -66,6 +78,7 @@ class Attention(nn.Module):
         self.wk = nn.Linear(h, self.n_kv_heads * d, bias=arch.attention_bias)
         self.wv = nn.Linear(h, self.n_kv_heads * d, bias=arch.attention_bias)
         self.wo = nn.Linear(self.n_heads * d, h, bias=False)
+        self.attend: AttentionFn = causal_attention
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         bsz, seq, _ = x.shape
@@ -73,9 +86,7 @@ class Attention(nn.Module):
         k = self.wk(x).view(bsz, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(bsz, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, rope), apply_rope(k, rope)
-        out = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads
-        )
+        out = self.attend(q, k, v)
         projected: torch.Tensor = self.wo(out.transpose(1, 2).reshape(bsz, seq, self.n_heads * self.head_dim))
         return projected
 
@@ -138,16 +149,20 @@ class Transformer(nn.Module):
         """The [vocab, hidden] matrix of the output projection (the embedding when tied)."""
         return self.tok_embeddings.weight if self.output is None else self.output.weight
 
-    def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
+    def hidden_states(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         h = self.tok_embeddings(tokens)
-        rope: torch.Tensor = self.rope
+        # ``positions``: the global position of each token when this device holds only parts of the
+        # sequences (context parallelism); the blocks then get exactly those rows of the RoPE tables.
+        rope: torch.Tensor = self.rope if positions is None else self.rope[:, positions]
         for block in self.layers.values():
             h = block(h, rope)
         out: torch.Tensor = self.norm(h)
         return out
 
-    def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        h = self.hidden_states(tokens)
+    def forward(
+        self, tokens: torch.Tensor, labels: torch.Tensor | None = None, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        h = self.hidden_states(tokens, positions)
         if labels is None:
             return h
         return self.loss_fn(

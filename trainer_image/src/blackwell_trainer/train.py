@@ -22,7 +22,8 @@ from pydantic import ValidationError
 from torch import nn
 
 from .config import Plan
-from .model import Transformer, build_model, flops_per_token
+from .context_parallel import ContextParallel, data_parallel_rank
+from .model import Attention, Transformer, build_model, flops_per_token
 from .parallelize import ParallelismError, build_mesh, parallelize, validate_layout
 from .precision import PrecisionError, PrecisionSetup, check_precision, device_capability, parse_capability
 
@@ -167,6 +168,14 @@ class Trainer:
         self.model: Transformer = build_model(
             plan.architecture, max_seq_len=plan.sequence_length, loss_chunk_tokens=chosen.loss_chunk_tokens
         )
+        self.cp: ContextParallel | None = None
+        if chosen.context_parallel > 1:
+            self.cp = ContextParallel.create(
+                chosen.context_parallel, sequence_length=plan.sequence_length, device=runtime.device
+            )
+            for module in self.model.modules():
+                if isinstance(module, Attention):
+                    module.attend = self.cp
         self.precision: PrecisionSetup = parallelize(
             self.model,
             chosen,
@@ -178,7 +187,10 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, plan, runtime.device)
         self.step_index = 0
         self.flops_per_token = flops_per_token(plan.architecture, plan.sequence_length)
-        self.tokens_per_micro_batch = chosen.micro_batch_size * plan.sequence_length
+        # Tokens this rank processes: a context-parallel rank holds 1/cp of each sequence.
+        self.tokens_per_micro_batch = (
+            chosen.micro_batch_size * plan.sequence_length // chosen.context_parallel
+        )
 
     def step(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> StepResult:
         """One optimizer step over ``len(batches)`` micro-batches (gradient accumulation)."""
@@ -190,10 +202,17 @@ class Trainer:
         for inputs, labels in batches:
             # Gradients are reduce-scattered after every micro-batch (FSDP2's default): sharded
             # accumulation keeps memory at what the planner modelled, and the NCCL work overlaps compute.
+            positions = None
+            if self.cp is not None:
+                # Every rank of the cp group holds the same sequences; keep this rank's two chunks.
+                part = self.cp.batch(inputs, labels)
+                inputs, labels, positions = part.inputs, part.labels, self.cp.positions
             inputs = inputs.to(self.runtime.device, non_blocking=True)
             labels = labels.to(self.runtime.device, non_blocking=True)
             with self.precision.forward_context():
-                loss = self.model(inputs, labels)
+                loss = self.model(inputs, labels, positions)
+            if self.cp is not None:
+                loss = loss * part.loss_weight
             (loss / accum).backward()
             loss_sum += loss.detach()
         clip = self.plan.optimizer.grad_clip_norm
@@ -242,13 +261,15 @@ def run(plan: Plan, runtime: Runtime) -> int:
         if runtime.local_rank == 0:
             metrics.serve(plan.metrics_port)
         trainer = Trainer(plan, runtime)
+        # Context-parallel peers (consecutive ranks) read the same samples: index the data by dp rank.
+        dp_rank, dp_world = data_parallel_rank(runtime.rank, runtime.world_size, plan.chosen.context_parallel)
         source = build_token_source(
             plan.dataset,
             micro_batch_size=plan.chosen.micro_batch_size,
             sequence_length=plan.sequence_length,
             vocab_size=plan.architecture.vocab_size,
-            rank=runtime.rank,
-            world_size=runtime.world_size,
+            rank=dp_rank,
+            world_size=dp_world,
         )
         checkpointer = Checkpointer(plan.checkpoint, rank=runtime.rank)
         extra = checkpointer.load(trainer.model, trainer.optimizer)
@@ -314,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         plan = load_plan(args.plan)
         check_plan(plan, runtime, device_capability())
-        validate_layout(plan.chosen, runtime.world_size)
+        validate_layout(plan.chosen, runtime.world_size, sequence_length=plan.sequence_length)
     except (PlanError, PrecisionError, ParallelismError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
