@@ -47,6 +47,8 @@ _SAVE_OPS = _aten_ops(
     "_scaled_dot_product_cudnn_attention",
     "_scaled_dot_product_flash_attention_for_cpu",
 )
+# Context parallelism's K/V all-gather: saved, so that the backward pass does not gather again.
+_SAVE_OPS |= {torch.ops._c10d_functional.all_gather_into_tensor.default}
 
 
 def _selective_policy(_ctx: Any, op: Any, *_args: Any, **_kwargs: Any) -> CheckpointPolicy:
@@ -95,12 +97,26 @@ def apply_compile(blocks: nn.ModuleDict) -> None:
         block.compile(fullgraph=True)
 
 
-def validate_layout(candidate: Candidate, world_size: int) -> None:
-    """Refuse a parallel layout that does not fit the job's processes (pure: no process group needed)."""
-    if candidate.context_parallel > 1:
+def validate_layout(candidate: Candidate, world_size: int, *, sequence_length: int | None = None) -> None:
+    """Refuse a parallel layout that does not fit the job's processes (pure: no process group needed).
+
+    Context parallelism (cp > 1) lies across the data-parallel layout: the cp consecutive ranks of a
+    group hold parts of the same sequences, and FSDP shards and reduces over them like over any rank.
+    """
+    cp = candidate.context_parallel
+    if world_size % cp:
         raise ParallelismError(
-            f"chosen.contextParallel is {candidate.context_parallel} but this trainer does not implement "
-            "context parallelism yet; plan with contextParallel 1 (a shorter sequence or more memory per GPU)"
+            f"chosen.contextParallel ({cp}) must divide the job's {world_size} processes; re-plan"
+        )
+    if sequence_length is not None and sequence_length % (2 * cp):
+        raise ParallelismError(
+            f"chosen.contextParallel ({cp}) needs a sequenceLength divisible by {2 * cp} (2 chunks per "
+            f"rank), not {sequence_length}; re-plan"
+        )
+    if candidate.sharding == Sharding.HYBRID and candidate.shard_degree % cp:
+        raise ParallelismError(
+            f"chosen.contextParallel ({cp}) must divide chosen.shardDegree ({candidate.shard_degree}) with "
+            "hybrid sharding (a cp group stays inside one shard group); re-plan"
         )
     if candidate.shard_degree * candidate.replicate_degree != world_size:
         raise ParallelismError(
