@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from blackwell_trainer.config import Architecture, Candidate
 from blackwell_trainer.context_parallel import (
@@ -172,6 +173,44 @@ def _check_case(name: str, case: dict[str, Any], cp: ContextParallel) -> None:
         torch.testing.assert_close(grad, ref_grad, rtol=1e-4, atol=1e-6, msg=f"{name} {pname}")
 
 
+class _CountCollectives(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Counts the functional collectives dispatched while active."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.counts: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = str(func)
+        if name.startswith("_c10d_functional.") and "wait" not in name and "wrap" not in name:
+            self.counts[name] = self.counts.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def _check_collectives(ac: str, cp: ContextParallel) -> None:
+    """Per layer: one K/V all-gather forward, one reduce-scatter backward, one more gather if recomputed."""
+    candidate = _candidate(activation_checkpointing=ac, sharding="none", shard_degree=1, replicate_degree=2)
+    model = build_model(_arch(2), max_seq_len=SEQ, loss_chunk_tokens=8)
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.attend = cp
+    parallelize(model, candidate, build_mesh(candidate, 2, "cpu"), device=torch.device("cpu"), seed=0)
+    tokens = torch.arange(2 * SEQ).view(2, SEQ) % 96
+    part = cp.batch(tokens, tokens)
+    with _CountCollectives() as forward:
+        loss = model(part.inputs, part.labels, cp.positions)
+    with _CountCollectives() as backward:
+        loss.backward()
+    layers = 2
+    gather, scatter = (
+        "_c10d_functional.all_gather_into_tensor.default",
+        "_c10d_functional.reduce_scatter_tensor.default",
+    )
+    assert forward.counts == {gather: layers}, forward.counts
+    regather = {gather: layers} if ac != "none" else {}
+    assert backward.counts == {scatter: layers, **regather}, (ac, backward.counts)
+
+
 def _trainer_losses(rank: int, steps: int, **chosen: Any) -> list[float]:
     """Losses of the real Trainer on the tiny plan, fed as train.run feeds it (data by dp rank)."""
     plan = tiny_plan(**chosen)
@@ -192,6 +231,8 @@ def _worker(rank: int, port: int) -> None:
         cp = ContextParallel.create(2, sequence_length=SEQ, device=torch.device("cpu"))
         for name, case in CASES.items():
             _check_case(name, case, cp)
+        for ac in ("none", "selective"):
+            _check_collectives(ac, cp)
         # The trainer's step: CP=2 with 4 sequences per group against 2 data-parallel ranks with 2 each
         # (the same 4 samples per step, the same sharded initial weights): the same losses, step by step.
         split = _trainer_losses(rank, 3, contextParallel=2, microBatchSize=4)

@@ -11,8 +11,10 @@ Design (the all-gather-KV scheme of the Llama 3 paper, "The Llama 3 Herd of Mode
   (the autograd form of the functional collective). All-gather over ring attention: with GQA, K/V are
   ``heads / kv_heads`` times smaller than Q, so the gather is cheap next to attention, the kernel is
   the stock flash/cuDNN one (no log-sum-exp merging of partial results), and the code is short.
-  Its cost: the full-sequence K/V of the layer is held while the layer's attention runs (and saved
-  for its backward, like any SDPA input).
+  Its memory: the full-sequence K/V of the layer (2 x mbs x seq x kv_dim elements, twice while the
+  gathered rows are put in order) while the layer's attention runs; without activation checkpointing
+  it is also saved for the backward pass like any SDPA input. With selective or full checkpointing it
+  is not saved: the backward pass gathers again (parallelize.py's policy recomputes the gather).
 - Each local query chunk is attended separately against the key prefix that ends with its own chunk:
   that is causal attention aligned to the lower right corner (``causal_lower_right``), which SDPA
   dispatches to the flash kernel on GPUs without materialising a mask (and to a mask on CPU).
@@ -139,6 +141,7 @@ class ContextParallel:
         kv = torch.stack((k, v)).permute(3, 0, 1, 2, 4).contiguous()
         gathered = _all_gather_dim0(kv, self.group)
         chunks = gathered.view(2 * self.size, self.chunk, 2, b, hkv, d).index_select(0, self._global_order)
+        del gathered  # not saved for backward (index_select keeps only the index): free it now
         full = chunks.reshape(2 * self.size * self.chunk, 2, b, hkv, d).permute(1, 2, 3, 0, 4)
         k_full, v_full = full[0], full[1]
         gqa = q.shape[1] != hkv

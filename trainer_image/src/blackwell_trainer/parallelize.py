@@ -47,8 +47,9 @@ _SAVE_OPS = _aten_ops(
     "_scaled_dot_product_cudnn_attention",
     "_scaled_dot_product_flash_attention_for_cpu",
 )
-# Context parallelism's K/V all-gather: saved, so that the backward pass does not gather again.
-_SAVE_OPS |= {torch.ops._c10d_functional.all_gather_into_tensor.default}
+# Context parallelism's K/V all-gather is NOT saved: its output is the full sequence's K/V, cp times the
+# local K/V, for every layer; gathering again in the backward pass costs (cp-1)/cp of one layer's K/V
+# bytes, small next to the attention it feeds at the sequence lengths that need CP.
 
 
 def _selective_policy(_ctx: Any, op: Any, *_args: Any, **_kwargs: Any) -> CheckpointPolicy:
