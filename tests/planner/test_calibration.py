@@ -40,9 +40,10 @@ def test_reference_trainer_offers_only_what_it_can_do() -> None:
     assert ref.status == "measured"
 
 
-def test_btj_trainer_is_marked_derived_and_chunks_the_loss() -> None:
+def test_btj_trainer_is_marked_mixed_and_chunks_the_loss() -> None:
     btj = load_calibration("btj-trainer")
-    assert btj.status == "derived"
+    # Hopper throughput fitted to our trainer's H200 runs; memory and Blackwell constants still derived.
+    assert btj.status == "mixed"
     assert btj.trainer.loss_chunk_tokens == 8192 and btj.trainer.compile
     assert ActivationCheckpointing.SELECTIVE in btj.trainer.activation_checkpointing
     assert btj.recipe(10, PrecisionRecipe.MXFP8_BLOCK).efficiency > 0
@@ -58,3 +59,16 @@ def test_calibration_files_are_plain_yaml_with_a_header() -> None:
 
     text = resources.files("blackwell_operator.calibration").joinpath("btj-trainer.yaml").read_text()
     assert text.startswith("#") and yaml.safe_load(text)["name"] == "btj-trainer"
+
+
+def test_btj_trainer_runs_te_recipes_eager_and_recomputes_their_gemms() -> None:
+    btj = load_calibration("btj-trainer")
+    te = [PrecisionRecipe.DELAYED, PrecisionRecipe.CURRENT, PrecisionRecipe.BLOCK]
+    te += [PrecisionRecipe.MXFP8_BLOCK, PrecisionRecipe.NVFP4_BLOCK]
+    for recipe in te:
+        assert not btj.trainer.compiles(recipe)
+        assert recipe in btj.trainer.selective_recomputes_gemms
+    assert btj.trainer.compiles(PrecisionRecipe.TORCHAO_TENSORWISE)
+    assert not btj.trainer.compiles(PrecisionRecipe.NONE, requested=False)
+    # DelayedScaling's loss lagged BF16 on H200: auto does not offer it.
+    assert PrecisionRecipe.DELAYED not in btj.trainer.precisions[Precision.FP8]

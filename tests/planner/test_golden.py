@@ -95,10 +95,17 @@ def test_block_scaled_formats_only_where_gemms_are_large(golden: dict[str, dict[
         if "/p6-b200/" in case and "error" not in plan:
             width = get_preset(case.split("/")[0]).architecture.hidden_size
             by_width.setdefault(width, set()).add(plan["precision"])
-    # The 2048-wide model's GEMMs are too small for MXFP8/NVFP4 to pay for their casts and host time...
+    # The 2048-wide model's GEMMs are too small for MXFP8/NVFP4 to pay for their casts and host time.
     assert not by_width[2048] & {"mxfp8", "nvfp4"}
-    # ...while the widest models gain from them.
-    assert by_width[8192] & {"mxfp8", "nvfp4"}
+    # NVFP4's standing against the chosen plan improves with the GEMM width: at 2048 it loses clearly, at 8192
+    # its faster GEMMs nearly pay for running eager (TE blocks are not compiled in our trainer), so compiled
+    # torchao FP8 still wins there by a few percent (docs/planner.md, "Why no MXFP8/NVFP4 on B200").
+    ratios = []
+    for preset in ("llama3.2-1b", "llama3.1-8b", "llama3.1-70b"):
+        best = plan_job(make_spec(preset)).predicted.tokens_per_second_per_gpu
+        pinned = plan_job(make_spec(preset, precision="nvfp4")).predicted.tokens_per_second_per_gpu
+        ratios.append(pinned / best)
+    assert ratios == sorted(ratios) and ratios[0] < 0.92 and ratios[-1] > 0.95, ratios
     # Hopper has no block-scaled formats at all.
     assert all(v.get("precision") not in ("mxfp8", "nvfp4") for k, v in golden.items() if "/p5en/" in k)
 

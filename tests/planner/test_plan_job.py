@@ -42,7 +42,7 @@ def test_every_plan_field_is_filled(default_plan: Plan) -> None:
     assert 1 <= len(p.alternatives) <= 5 and all(a.reason for a in p.alternatives)
     assert p.candidates_evaluated > 50
     assert p.explanation and all(isinstance(line, str) and len(line) < 300 for line in p.explanation)
-    assert p.calibration == "btj-trainer (derived)"
+    assert p.calibration == "btj-trainer (mixed)"
 
 
 def test_plan_round_trips_through_json(default_plan: Plan) -> None:

@@ -23,6 +23,20 @@ class TrainerCapabilities(_Strict):
     compile: bool = Field(description="Blocks are torch.compile'd (fuses elementwise work).")
     loss_chunk_tokens: int = Field(ge=0, description="Cross-entropy chunk in tokens; 0 = full fp32 logits.")
     max_micro_batch_size: int = Field(default=256, ge=1)
+    eager_recipes: list[PrecisionRecipe] = Field(
+        default_factory=list,
+        description="Recipes whose blocks the trainer never compiles (Transformer Engine modules run eager): "
+        "no compile fusion of their elementwise work, whatever the candidate asks.",
+    )
+    selective_recomputes_gemms: list[PrecisionRecipe] = Field(
+        default_factory=list,
+        description="Recipes whose GEMMs selective AC recomputes (not aten ops the op-level save policy can "
+        "keep, e.g. TE's): memory and GEMM recompute as full AC, attention outputs still kept.",
+    )
+
+    def compiles(self, recipe: PrecisionRecipe, requested: bool = True) -> bool:
+        """Whether blocks of this recipe run compiled when the candidate asks for `requested`."""
+        return requested and self.compile and recipe not in self.eager_recipes
 
 
 class MemoryConstants(_Strict):

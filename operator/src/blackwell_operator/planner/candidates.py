@@ -12,7 +12,7 @@ from blackwell_operator.calibration import Calibration
 from blackwell_operator.errors import PlanningError
 from blackwell_operator.models.spec import AUTO, TuningSpec
 from blackwell_operator.planner.layout import Hardware, Setting
-from blackwell_trainer.config import ActivationCheckpointing, Precision, Sharding
+from blackwell_trainer.config import ActivationCheckpointing, Precision, PrecisionRecipe, Sharding
 
 # Context-parallel ranks keep at least this many tokens of a sequence (ring-attention chunks below this are
 # launch-bound); pinned and automatic degrees obey the same limit, so the search space is the same.
@@ -133,7 +133,11 @@ def families(
     pins: Pins, hw: Hardware, cal: Calibration, sequence_length: int, compile_blocks: bool = True
 ) -> list[Setting]:
     """Every candidate family (micro-batch size 1 as a placeholder)."""
-    compiled = compile_blocks and cal.trainer.compile
+
+    def eager_or(recipe: PrecisionRecipe) -> bool:
+        # The plan says what runs: recipes the trainer keeps eager (TE) are planned uncompiled.
+        return cal.trainer.compiles(recipe, compile_blocks)
+
     out: list[Setting] = []
     for precision in _precisions(pins, hw, cal):
         recipes = [r for r in cal.trainer.precisions[precision] if r in hw.gpu.precisions[precision]]
@@ -141,5 +145,5 @@ def families(
             for ac in _checkpointing(pins, cal):
                 for sharding in _sharding(pins, hw, cal):
                     for cp in context_parallel_degrees(pins, hw, cal, sequence_length):
-                        out.append(Setting(precision, recipe, ac, 1, sharding, cp, compiled))
+                        out.append(Setting(precision, recipe, ac, 1, sharding, cp, eager_or(recipe)))
     return out

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from blackwell_operator.calibration import Calibration
 from blackwell_operator.planner.layout import Layout, Setting
 from blackwell_operator.planner.shapes import Shapes
-from blackwell_trainer.config import ActivationCheckpointing, MemoryBreakdown
+from blackwell_trainer.config import ActivationCheckpointing, MemoryBreakdown, PrecisionRecipe
 
 AC = ActivationCheckpointing
 
@@ -68,12 +68,15 @@ def tokens_per_gpu(setting: Setting, sequence_length: int) -> int:
 
 
 def activation_bytes_per_token_layer(
-    shapes: Shapes, cal: Calibration, mode: ActivationCheckpointing
+    shapes: Shapes, cal: Calibration, mode: ActivationCheckpointing, recipe: PrecisionRecipe | None = None
 ) -> float:
-    """Saved activation bytes per token per block for a checkpointing mode."""
+    """Saved activation bytes per token per block for a checkpointing mode (and precision recipe)."""
     m = cal.memory
     if mode is AC.FULL:
         return m.full_hidden * shapes.hidden
+    if mode is AC.SELECTIVE and recipe in cal.trainer.selective_recomputes_gemms:
+        # The save policy cannot see this recipe's GEMMs: only the block input and attention's outputs stay.
+        return m.full_hidden * shapes.hidden + m.selective_q * shapes.q_dim + m.selective_heads * shapes.heads
     if mode is AC.SELECTIVE:
         return (
             m.selective_hidden * shapes.hidden
@@ -123,7 +126,9 @@ def estimate_memory(
     saving *= 2 * shapes.hidden + shapes.q_dim + shapes.ffn
     full_layer = activation_bytes_per_token_layer(shapes, cal, AC.NONE) - saving
     # (Selective AC keeps matmul outputs rather than their inputs: no saving assumed there.)
-    per_layer = full_layer if mode is AC.NONE else activation_bytes_per_token_layer(shapes, cal, mode)
+    per_layer = (
+        full_layer if mode is AC.NONE else activation_bytes_per_token_layer(shapes, cal, mode, setting.recipe)
+    )
     saved = tokens * (shapes.layers * per_layer + m.outside_layers_hidden * shapes.hidden)
     # During a checkpointed block's backward its full activations exist again, for one block at a time.
     recompute = 0.0 if mode is AC.NONE else tokens * full_layer

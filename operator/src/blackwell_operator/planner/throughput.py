@@ -88,7 +88,10 @@ def estimate_time(
         attn_fwd *= 1.0 + t.cp_attention_overhead * (cp - 1) / cp
     attn_block = 3.5 * attn_fwd
 
-    eager = 1.0 if setting.compile or not cal.trainer.compile else t.eager_elementwise_factor
+    # A recipe the trainer runs eager (TE modules are not compiled) loses the compile fusion even when the
+    # candidate asks for compile; a calibration fitted to an eager trainer has no fusion to lose.
+    compiled = cal.trainer.compiles(setting.recipe, setting.compile)
+    eager = 1.0 if compiled or not cal.trainer.compile else t.eager_elementwise_factor
     elementwise = (
         eager * tokens * (t.elementwise_bytes_hidden * shapes.hidden + t.elementwise_bytes_ffn * shapes.ffn)
     )
@@ -96,11 +99,15 @@ def estimate_time(
     loss = tokens * shapes.vocab * t.loss_traffic_bytes_per_logit / bandwidth
 
     mode = setting.activation_checkpointing
+    # Selective AC keeps the matmul outputs the op-level policy can see; a recipe whose GEMMs it cannot see
+    # (TE) has them all recomputed, the attention outputs still kept.
+    unsaved = setting.recipe in cal.trainer.selective_recomputes_gemms
+    selective_gemm = 1.0 if unsaved else t.selective_recompute_gemm_fraction
     if mode is AC.FULL:
         recompute_block = gemm_block_fwd + attn_fwd + t.elementwise_forward_fraction * elementwise_block
     elif mode is AC.SELECTIVE:
         recompute_block = (
-            t.selective_recompute_gemm_fraction * gemm_block_fwd
+            selective_gemm * gemm_block_fwd
             + t.selective_recompute_elementwise_fraction * t.elementwise_forward_fraction * elementwise_block
         )
     else:
@@ -115,7 +122,8 @@ def estimate_time(
     # Host time to issue the work; the GPU waits when it is larger (small shapes, eager, TE modules).
     linears = len(shapes.linears)
     cpu_layer = linears * rc.cpu_seconds_per_linear + t.cpu_seconds_per_layer
-    cpu_micro = layers * cpu_layer * (1.5 if mode is AC.FULL else 1.0)
+    reissued = mode is AC.FULL or (mode is AC.SELECTIVE and unsaved)
+    cpu_micro = layers * cpu_layer * (1.5 if reissued else 1.0)
     host_stall = max(0.0, cpu_micro - gpu_micro)
 
     # FSDP2 per micro-batch: all-gather bf16 params in forward and again in backward, reduce-scatter fp32
