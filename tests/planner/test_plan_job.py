@@ -148,16 +148,40 @@ def test_an_impossible_job_names_the_memory_and_the_smallest_node_count(seq: int
         plan_job(make_spec(preset="llama3.1-70b", instance="ml.p5.48xlarge", seq=seq, nodes=nodes - 1))
 
 
-def test_a_sequence_too_long_for_any_node_count_says_so() -> None:
-    # 70B at 128K on H100: without context parallelism one sequence's activations exceed 80 GB at any
-    # sharding degree, so the error names the memory and says no node count helps.
+def test_a_sequence_too_long_for_any_node_count_names_the_nodes_and_context_parallel_degree() -> None:
+    # 70B at 128K on H100: at any sharding degree one sequence's activations exceed 80 GB, so the fix is
+    # to split the sequence; auto does not offer CP yet (unmeasured throughput), so the error says how many
+    # nodes fit with which pinned degree, and that plan really fits with one node fewer failing.
     spec = make_spec(preset="llama3.1-70b", instance="ml.p5.48xlarge", seq=131072)
     with pytest.raises(PlanningError) as err:
         plan_job(spec)
     e = err.value
     assert e.field == "spec.cluster.nodes"
     assert re.search(r"needs \d+\.\d GiB per GPU > 75\.\d GiB budget on 1 x ml\.p5\.48xlarge", e.problem)
-    assert "no node count fits" in e.fix and "context parallelism" in e.fix
+    found = re.match(r"use at least (\d+) nodes with spec\.tuning\.contextParallel: (\d+)", e.fix)
+    assert found, e.fix
+    nodes, cp = int(found.group(1)), int(found.group(2))
+    plan = plan_job(
+        make_spec(
+            preset="llama3.1-70b", instance="ml.p5.48xlarge", seq=131072, nodes=nodes, contextParallel=cp
+        )
+    )
+    assert plan.chosen.context_parallel == cp
+    with pytest.raises(PlanningError):
+        plan_job(
+            make_spec(
+                preset="llama3.1-70b",
+                instance="ml.p5.48xlarge",
+                seq=131072,
+                nodes=nodes - 1,
+                contextParallel=cp,
+            )
+        )
+
+
+def test_auto_does_not_offer_context_parallel_until_it_is_measured() -> None:
+    plan = plan_job(make_spec(preset="llama3.1-8b", instance="ml.p5en.48xlarge", seq=32768))
+    assert plan.chosen.context_parallel == 1
 
 
 def test_unknown_preset_is_a_spec_error() -> None:

@@ -19,7 +19,14 @@ class TrainerCapabilities(_Strict):
     activation_checkpointing: list[ActivationCheckpointing]
     precisions: dict[Precision, list[PrecisionRecipe]]
     sharding: list[Sharding]
-    context_parallel: bool
+    context_parallel: bool = Field(
+        description="The trainer can split a sequence over GPUs (pinned CP is planned)."
+    )
+    auto_context_parallel: bool | None = Field(
+        default=None,
+        description="The automatic search offers CP too (default: same as context_parallel). False keeps CP "
+        "to jobs that pin it, e.g. while its throughput is unmeasured.",
+    )
     compile: bool = Field(description="Blocks are torch.compile'd (fuses elementwise work).")
     loss_chunk_tokens: int = Field(ge=0, description="Cross-entropy chunk in tokens; 0 = full fp32 logits.")
     max_micro_batch_size: int = Field(default=256, ge=1)
@@ -28,6 +35,12 @@ class TrainerCapabilities(_Strict):
         description="Recipes whose blocks the trainer never compiles (Transformer Engine modules run eager): "
         "no compile fusion of their elementwise work, whatever the candidate asks.",
     )
+
+    @property
+    def offers_auto_context_parallel(self) -> bool:
+        """Whether the automatic search scores CP degrees above 1."""
+        return self.context_parallel and self.auto_context_parallel is not False
+
     selective_recomputes_gemms: list[PrecisionRecipe] = Field(
         default_factory=list,
         description="Recipes whose GEMMs selective AC recomputes (not aten ops the op-level save policy can "

@@ -117,7 +117,7 @@ def context_parallel_degrees(pins: Pins, hw: Hardware, cal: Calibration, sequenc
             )
         return [cp]
     degrees = [1]
-    if cal.trainer.context_parallel:
+    if cal.trainer.offers_auto_context_parallel:
         degrees += [
             c
             for c in CP_DEGREES

@@ -5,7 +5,7 @@ from __future__ import annotations
 from blackwell_operator.calibration import Calibration
 from blackwell_operator.errors import PlanningError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
-from blackwell_operator.planner.candidates import Pins, families
+from blackwell_operator.planner.candidates import CP_DEGREES, Pins, families
 from blackwell_operator.planner.explain import describe, gib
 from blackwell_operator.planner.inputs import hardware_for, problem_for
 from blackwell_operator.planner.layout import Setting
@@ -86,8 +86,15 @@ def no_plan(
     scored = [f.first_too_big for f in result.families if f.first_too_big is not None]
     smallest_mem = min((s.memory.peak_reserved for s in scored), default=0)
     nodes = smallest_node_count(spec, cal, pins)
+    cp_fix = None if nodes else smallest_context_parallel_layout(spec, cal, pins)
     if nodes:
         fix = f"use at least {nodes} nodes"
+    elif cp_fix:
+        cp_nodes, cp = cp_fix
+        fix = (
+            f"use at least {cp_nodes} nodes with spec.tuning.contextParallel: {cp} "
+            "(one sequence's activations exceed the budget unless it is split over GPUs)"
+        )
     elif not cal.trainer.context_parallel:
         # Sharding more widely cannot shrink per-GPU activations; only splitting the sequence could,
         # and the trainer this calibration describes cannot do that yet.
@@ -104,6 +111,23 @@ def no_plan(
         f"{hw.nodes} x {hw.instance.instance_type}",
         fix,
     )
+
+
+def smallest_context_parallel_layout(
+    spec: BlackwellTrainingJobSpec, cal: Calibration, pins: Pins
+) -> tuple[int, int] | None:
+    """Fewest nodes (and the CP degree) that fit when the trainer can split the sequence but auto does not."""
+    if pins.context_parallel is not None or not cal.trainer.context_parallel:
+        return None
+    gpus = hardware_for(spec, spec.cluster.nodes).gpus_per_node
+    best: tuple[int, int] | None = None
+    # CP groups stay inside a node (consecutive ranks), so degrees up to the GPUs of one node.
+    for cp in (c for c in CP_DEGREES if c <= gpus and spec.training.sequence_length % (2 * c) == 0):
+        with_cp = Pins(pins.precision, pins.activation_checkpointing, None, pins.sharding, cp)
+        nodes = smallest_node_count(spec, cal, with_cp)
+        if nodes and (best is None or nodes < best[0]):
+            best = (nodes, cp)
+    return best
 
 
 def smallest_node_count(spec: BlackwellTrainingJobSpec, cal: Calibration, pins: Pins) -> int | None:
