@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import kmock
-import yaml
 
 from blackwell_operator.testing.emulator import BTJ_RESOURCE, HardenedEmulator
+from blackwell_operator.testing.kubeconfig import write_kubeconfig
 
 NAMESPACE = "hyperpod-ns-team-a"
 PRESETS = [("llama3.2-1b", 1), ("llama3.1-8b", 2), ("qwen2.5-7b", 2), ("mistral-7b", 4)]
@@ -121,19 +121,7 @@ async def main(count: int, timeout: float) -> dict[str, Any]:
             )
         server = str(k.url).rstrip("/")
         with tempfile.TemporaryDirectory() as tmp:
-            kubeconfig = Path(tmp) / "kubeconfig"
-            kubeconfig.write_text(
-                yaml.safe_dump(
-                    {
-                        "apiVersion": "v1",
-                        "kind": "Config",
-                        "current-context": "c",
-                        "clusters": [{"name": "c", "cluster": {"server": server}}],
-                        "users": [{"name": "u", "user": {"token": "t"}}],
-                        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-                    }
-                )
-            )
+            kubeconfig = write_kubeconfig(Path(tmp) / "kubeconfig", server, name="c")
             env = dict(os.environ, KUBECONFIG=str(kubeconfig))
             log = (Path(tmp) / "operator.log").open("wb")
             operator = subprocess.Popen(

@@ -12,10 +12,10 @@ from typing import Any
 
 import kmock
 import kopf
-import yaml
 from kopf.testing import KopfRunner
 
 import blackwell_operator.handlers as handlers
+from blackwell_operator.testing import kubeconfig as testing_kubeconfig
 from blackwell_operator.testing.emulator import BTJ_RESOURCE, PYTORCHJOB_RESOURCE, HardenedEmulator
 
 NAMESPACE = "hyperpod-ns-team-a"
@@ -191,18 +191,7 @@ def api_calls(requests: Any) -> set[tuple[str, str, str]]:
 
 
 def write_kubeconfig(path: Path, server: str) -> Path:
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "current-context": "kmock",
-        "clusters": [{"name": "kmock", "cluster": {"server": server}}],
-        "users": [{"name": "kmock", "user": {"token": "test-token"}}],
-        "contexts": [
-            {"name": "kmock", "context": {"cluster": "kmock", "user": "kmock", "namespace": NAMESPACE}}
-        ],
-    }
-    path.write_text(yaml.safe_dump(config))
-    return path
+    return testing_kubeconfig.write_kubeconfig(path, server, namespace=NAMESPACE)
 
 
 def operator_registry(server: str) -> kopf.OperatorRegistry:

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 from rich.console import Console
 
 from blackwell_operator.cli import app
@@ -136,6 +135,7 @@ async def _demo(manifest: dict[str, Any], *, nodes: int, pause: float) -> bool:
 
     from blackwell_operator.cli.plan import render_plan_tables
     from blackwell_operator.testing.emulator import BTJ_RESOURCE, HardenedEmulator
+    from blackwell_operator.testing.kubeconfig import write_kubeconfig
     from blackwell_trainer.config import Plan
 
     console = _console
@@ -172,19 +172,7 @@ async def _demo(manifest: dict[str, Any], *, nodes: int, pause: float) -> bool:
         )
 
         with tempfile.TemporaryDirectory() as tmp:
-            kubeconfig = Path(tmp) / "kubeconfig"
-            kubeconfig.write_text(
-                yaml.safe_dump(
-                    {
-                        "apiVersion": "v1",
-                        "kind": "Config",
-                        "current-context": "demo",
-                        "clusters": [{"name": "demo", "cluster": {"server": server}}],
-                        "users": [{"name": "demo", "user": {"token": "demo"}}],
-                        "contexts": [{"name": "demo", "context": {"cluster": "demo", "user": "demo"}}],
-                    }
-                )
-            )
+            kubeconfig = write_kubeconfig(Path(tmp) / "kubeconfig", server, name="demo")
             os.environ["KUBECONFIG"] = str(kubeconfig)
             os.environ.setdefault("BTJ_METRICS_BIND", "off")
 
