@@ -133,12 +133,18 @@ class Trainer:
 
     def kill(self) -> None:
         """SIGKILL torchrun and its workers (cleanup after a failure)."""
+        # Workers may sit in a process group of their own, and once torchrun is gone they are
+        # re-parented and can no longer be found: collect them first, then kill everything. A worker
+        # left behind would train on for its 100,000 steps and starve every later test of CPU.
+        workers = self._children()
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)  # the group outlives torchrun if workers linger
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         self.proc.wait()
 
-    def workers(self) -> list[int]:
-        """PIDs of torchrun's worker processes."""
+    def _children(self) -> list[int]:
         children = []
         for stat in Path("/proc").glob("[0-9]*/stat"):
             try:
@@ -148,6 +154,11 @@ class Trainer:
                 continue
             if ppid == self.proc.pid:
                 children.append(int(stat.parent.name))
+        return children
+
+    def workers(self) -> list[int]:
+        """PIDs of torchrun's worker processes."""
+        children = self._children()
         assert children, f"torchrun {self.proc.pid} has no workers"
         return children
 
