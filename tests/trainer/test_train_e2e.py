@@ -97,6 +97,7 @@ class Trainer:
             start_new_session=True,  # its own process group, so a failed test can kill the workers too
         )
         self._changed = threading.Condition()
+        self._seen_workers: set[int] = set()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -115,6 +116,7 @@ class Trainer:
         deadline = time.monotonic() + RUN_TIMEOUT_S
         with self._changed:
             while True:
+                self._seen_workers.update(self._children())
                 for line in self.lines:
                     if match := regex.search(line):
                         return match
@@ -123,6 +125,7 @@ class Trainer:
                 self._changed.wait(timeout=1)
 
     def finish(self) -> int:
+        self._seen_workers.update(self._children())
         try:
             rc = self.proc.wait(timeout=RUN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -132,16 +135,18 @@ class Trainer:
         return rc
 
     def kill(self) -> None:
-        """SIGKILL torchrun and its workers (cleanup after a failure)."""
-        # Workers may sit in a process group of their own, and once torchrun is gone they are
-        # re-parented and can no longer be found: collect them first, then kill everything. A worker
-        # left behind would train on for its 100,000 steps and starve every later test of CPU.
-        workers = self._children()
+        """SIGKILL torchrun and every worker it was seen with (cleanup, also after a pass)."""
+        # torchrun starts each worker in a session of its own, so killpg misses them, and once torchrun
+        # is gone they are re-parented and no longer found as its children: kill every worker seen
+        # while it ran. One left behind trains on for its 100,000 steps and starves later tests of CPU.
+        self._seen_workers.update(self._children())
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        for pid in workers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        for pid in self._seen_workers:
+            with contextlib.suppress(OSError):
+                # Guard against a recycled PID: only a trainer process is ours to kill.
+                if b"blackwell_trainer" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(pid, signal.SIGKILL)
         self.proc.wait()
 
     def _children(self) -> list[int]:
