@@ -35,6 +35,11 @@ framework rules listed there. No wildcards anywhere.
 - apiGroups: ["training.blackwell.dev"]
   resources: ["blackwelltrainingjobs/status"]
   verbs: ["patch"]
+# Application (admission): children set blockOwnerDeletion on their owner reference, which the
+# OwnerReferencesPermissionEnforcement admission plugin allows only with update on the owner's finalizers.
+- apiGroups: ["training.blackwell.dev"]
+  resources: ["blackwelltrainingjobs/finalizers"]
+  verbs: ["update"]
 # Application: the child Kubeflow PyTorchJob (created, patched on spec change, watched for status).
 - apiGroups: ["kubeflow.org"]
   resources: ["pytorchjobs"]

@@ -21,6 +21,9 @@ PERMISSIONS: tuple[Permission, ...] = (
     Permission("training.blackwell.dev", "blackwelltrainingjobs", ("get", "list", "watch", "patch")),
     # The operator: phase, conditions, plan, child (status subresource; read-modify-write with an RV).
     Permission("training.blackwell.dev", "blackwelltrainingjobs/status", ("patch",)),
+    # Admission, not a call: children carry ownerReferences with blockOwnerDeletion, which the
+    # OwnerReferencesPermissionEnforcement plugin allows only to whoever may update the owner's finalizers.
+    Permission("training.blackwell.dev", "blackwelltrainingjobs/finalizers", ("update",)),
     # The operator: the child jobs and the plan ConfigMap (create-or-get, patched on a safe spec change).
     Permission("kubeflow.org", "pytorchjobs", ("get", "list", "watch", "create", "patch")),
     Permission("sagemaker.amazonaws.com", "hyperpodpytorchjobs", ("get", "list", "watch", "create", "patch")),
@@ -29,6 +32,12 @@ PERMISSIONS: tuple[Permission, ...] = (
     Permission("", "nodes", ("list",)),
     # Kopf and the operator: Events on BTJs.
     Permission("", "events", ("create",)),
+)
+
+
+# Grants that no API call uses: they are checked by admission plugins when the operator creates children.
+ADMISSION_ONLY: frozenset[tuple[str, str, str]] = frozenset(
+    {("training.blackwell.dev", "blackwelltrainingjobs/finalizers", "update")}
 )
 
 
