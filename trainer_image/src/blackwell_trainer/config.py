@@ -196,6 +196,20 @@ class MemoryBreakdown(WireModel):
     peak_reserved: int = Field(ge=0, description="Predicted peak reserved bytes (what must fit).")
 
 
+# The additive components of MemoryBreakdown, in the order tables and plots show them.
+MEMORY_COMPONENTS: tuple[str, ...] = (
+    "parameters",
+    "gradients",
+    "optimizer_states",
+    "activations",
+    "loss",
+    "fsdp_transient",
+    "precision_overhead",
+    "workspace",
+    "fragmentation",
+)
+
+
 class Prediction(WireModel):
     """What the planner expects this configuration to do."""
 

@@ -13,20 +13,9 @@ from blackwell_operator.calibration import Calibration
 from blackwell_operator.errors import PlanningError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner import evaluate, plan_job
-from blackwell_trainer.config import Candidate, Precision, PrecisionRecipe, Sharding
+from blackwell_trainer.config import MEMORY_COMPONENTS, Candidate, Precision, PrecisionRecipe, Sharding
 
 GIB = 1 << 30
-MEMORY_PARTS = (
-    "parameters",
-    "gradients",
-    "optimizer_states",
-    "activations",
-    "loss",
-    "fsdp_transient",
-    "precision_overhead",
-    "workspace",
-    "fragmentation",
-)
 
 
 def _pyplot() -> Any:
@@ -131,7 +120,7 @@ def plot_btj(spec: BlackwellTrainingJobSpec, cal: Calibration, path: Path, title
     budget = chosen_ev.budget_bytes / GIB
     bottom = 0.0
     mem = chosen_ev.prediction.memory
-    for i, part in enumerate(MEMORY_PARTS):
+    for i, part in enumerate(MEMORY_COMPONENTS):
         value = getattr(mem, part) / GIB
         if value > 0:
             ax_b.bar([0], [value], bottom=[bottom], color=f"C{i % 10}", label=f"{part} {value:.1f}")

@@ -15,7 +15,7 @@ from rich.table import Table
 from blackwell_operator.cli import app
 from blackwell_operator.cli.manifest import ManifestError, load_manifest
 from blackwell_operator.errors import SpecError
-from blackwell_trainer.config import Plan
+from blackwell_trainer.config import MEMORY_COMPONENTS, Plan
 
 GIB = 1 << 30
 
@@ -66,17 +66,7 @@ def render_plan_tables(plan: Plan, console: Console, *, explain: bool = False) -
     memory = Table(title=f"Memory per GPU (GiB), peak in the {m.peak_phase} phase")
     memory.add_column("component")
     memory.add_column("GiB", justify="right")
-    for key in (
-        "parameters",
-        "gradients",
-        "optimizer_states",
-        "activations",
-        "loss",
-        "fsdp_transient",
-        "precision_overhead",
-        "workspace",
-        "fragmentation",
-    ):
+    for key in MEMORY_COMPONENTS:
         memory.add_row(key.replace("_", " "), _gib(getattr(m, key)))
     memory.add_row("[bold]peak allocated[/]", _gib(m.peak_allocated))
     memory.add_row("[bold]peak reserved (must fit)[/]", _gib(m.peak_reserved))
