@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from blackwell_operator.calibrate import PRIOR_WEIGHT
 from blackwell_operator.cli import app
+from blackwell_operator.cli.manifest import fail
 
 calibrate_app = typer.Typer(
     help="Fit the planner's constants to measured records and report predicted vs measured.",
@@ -24,11 +25,6 @@ Constants = Annotated[
     str,
     typer.Option(help="Comma-separated dotted constants to fit (default: all the records can determine)."),
 ]
-
-
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code=2)
 
 
 def _command(sub: str, records: list[Path], **options: object) -> str:
@@ -46,7 +42,7 @@ def _need_numerics() -> None:
 
     missing = [m for m in ("numpy", "matplotlib") if importlib.util.find_spec(m) is None]
     if missing:
-        raise _fail(f"{', '.join(missing)} not installed; pip install 'blackwell-training-operator[plot]'")
+        fail(f"{', '.join(missing)} not installed; pip install 'blackwell-training-operator[plot]'")
 
 
 def _load(paths: list[Path]):  # type: ignore[no-untyped-def]
@@ -55,15 +51,13 @@ def _load(paths: list[Path]):  # type: ignore[no-untyped-def]
 
     for p in paths:
         if not p.exists():
-            raise _fail(f"RECORDS: {p} does not exist; pass record files or folders") from None
+            fail(f"RECORDS: {p} does not exist; pass record files or folders")
     try:
         records = read_records(paths)
     except (ValidationError, ValueError) as err:
-        raise _fail(
-            f"RECORDS: not calibration records ({str(err).splitlines()[0]}); see `btj calibrate import`"
-        ) from None
+        fail(f"RECORDS: not calibration records ({str(err).splitlines()[0]}); see `btj calibrate import`")
     if not records:
-        raise _fail("RECORDS: no records found; run benchmarks/calibration/harness.py first") from None
+        fail("RECORDS: no records found; run benchmarks/calibration/harness.py first")
     return records
 
 
@@ -73,7 +67,7 @@ def _base(name: str):  # type: ignore[no-untyped-def]
     try:
         return load_any_calibration(name)
     except (ValueError, ValidationError) as err:
-        raise _fail(f"--base: {str(err).splitlines()[0]}") from None
+        fail(f"--base: {str(err).splitlines()[0]}")
 
 
 def _constants(text: str) -> list[str] | None:
@@ -90,13 +84,11 @@ def import_records(
     from blackwell_operator.calibrate.records import write_records
 
     if not source.is_file():
-        raise _fail(f"SOURCE: {source} is not a file") from None
+        fail(f"SOURCE: {source} is not a file")
     try:
         records = from_trainer_h200(source) if source.suffix == ".json" else from_reference_grid(source)
     except (KeyError, ValueError, TypeError) as err:
-        raise _fail(
-            f"SOURCE: {source} is neither a reference grid nor a trainer_h200 result ({err})"
-        ) from None
+        fail(f"SOURCE: {source} is neither a reference grid nor a trainer_h200 result ({err})")
     write_records(output, records)
     typer.echo(f"{len(records)} records -> {output}")
 
@@ -132,7 +124,7 @@ def fit(
             recs, base_cal, _constants(constants), prior_weight=prior_weight, progress=typer.echo
         )
     except KeyError as err:
-        raise _fail(f"--constants: {err.args[0]}") from None
+        fail(f"--constants: {err.args[0]}")
     usable = [r for r in recs if r.ran or r.oom]
     cal = fitted_calibration(result, base_cal, usable, name or output.stem, command)
     prov = provenance_lines(result, base_cal, usable, command)

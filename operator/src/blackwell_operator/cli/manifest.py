@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
+from typing import NoReturn
 
+import typer
 import yaml
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
@@ -12,6 +14,12 @@ from pydantic_core import ErrorDetails
 from blackwell_operator.models import BlackwellTrainingJob
 
 DEFAULT_EXAMPLE = "default.yaml"
+
+
+def fail(message: str) -> NoReturn:
+    """One clear message on stderr and exit code 2 (bad input), never a traceback."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=2)
 
 
 class ManifestError(Exception):
@@ -87,9 +95,7 @@ def load_manifest(path: Path | None) -> BlackwellTrainingJob:
         raise ManifestError(f"{name}: not valid YAML ({exc})") from exc
     jobs = [d for d in documents if isinstance(d, dict) and d.get("kind") == "BlackwellTrainingJob"]
     if len(jobs) != 1:
-        raise ManifestError(
-            f"{name}: expected exactly one BlackwellTrainingJob document, found {len(jobs)}"
-        )
+        raise ManifestError(f"{name}: expected exactly one BlackwellTrainingJob document, found {len(jobs)}")
     try:
         return BlackwellTrainingJob.model_validate(jobs[0])
     except ValidationError as exc:

@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 
 from blackwell_operator.cli import app
-from blackwell_operator.cli.manifest import ManifestError, load_manifest
+from blackwell_operator.cli.manifest import ManifestError, fail, load_manifest
 
 _console = Console()
 
@@ -57,16 +57,11 @@ def demo(
     try:
         job = load_manifest(manifest)
     except ManifestError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(code=2) from exc
+        fail(str(exc))
     try:
         import kmock  # noqa: F401
-    except ImportError as exc:
-        typer.echo(
-            "error: `btj demo` needs the demo extra: pip install 'blackwell-training-operator[demo]'",
-            err=True,
-        )
-        raise typer.Exit(code=2) from exc
+    except ImportError:
+        fail("`btj demo` needs the demo extra: pip install 'blackwell-training-operator[demo]'")
     # Kopf's own log lines (e.g. about streams left at shutdown) would drown the story the demo tells.
     logging.getLogger("kopf").setLevel(logging.ERROR)
     manifest_dict = job.model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from blackwell_operator.cli import app
-from blackwell_operator.cli.manifest import ManifestError, load_manifest
+from blackwell_operator.cli.manifest import ManifestError, fail, load_manifest
 from blackwell_operator.errors import SpecError
 from blackwell_trainer.config import MEMORY_COMPONENTS, Plan
 
@@ -26,11 +26,6 @@ class PlanFormat(StrEnum):
     TABLE = "table"
     JSON = "json"
     YAML = "yaml"
-
-
-def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code=2)
 
 
 def _gib(n: float) -> str:
@@ -116,18 +111,18 @@ def plan(
     try:
         job = load_manifest(file)
     except ManifestError as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return
     from blackwell_operator.calibration import list_calibrations, load_calibration
     from blackwell_operator.planner import plan_job
 
     if calibration is not None and calibration not in list_calibrations():
-        _fail(f"--calibration: unknown {calibration!r}; use one of {', '.join(list_calibrations())}")
+        fail(f"--calibration: unknown {calibration!r}; use one of {', '.join(list_calibrations())}")
     cal = load_calibration(calibration) if calibration else None
     try:
         result = plan_job(job.spec, job_name=job.metadata.name, calibration=cal)
     except SpecError as exc:
-        _fail(exc.message)
+        fail(exc.message)
         return
     if output is PlanFormat.JSON:
         typer.echo(result.to_json())

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from blackwell_operator.cli import app
-from blackwell_operator.cli.manifest import ManifestError, load_manifest
+from blackwell_operator.cli.manifest import ManifestError, fail, load_manifest
 from blackwell_operator.errors import SpecError
 
 
@@ -26,10 +26,7 @@ def plot(
     import importlib.util
 
     if importlib.util.find_spec("matplotlib") is None:
-        typer.echo(
-            "error: matplotlib not installed; pip install 'blackwell-training-operator[plot]'", err=True
-        )
-        raise typer.Exit(code=2)
+        fail("matplotlib not installed; pip install 'blackwell-training-operator[plot]'")
     from blackwell_operator.calibrate.plots import plot_btj
     from blackwell_operator.calibrate.predict import load_any_calibration
 
@@ -38,7 +35,6 @@ def plot(
         cal = load_any_calibration(calibration)
         summary = plot_btj(job.spec, cal, output, title=job.metadata.name)
     except (ManifestError, SpecError, ValueError) as err:  # PlanningError is a SpecError
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(code=2) from None
+        fail(str(err))
     typer.echo(summary)
     typer.echo(f"wrote {output}")

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from blackwell_operator.cli import app
-from blackwell_operator.cli.manifest import ManifestError, load_manifest
+from blackwell_operator.cli.manifest import ManifestError, fail, load_manifest
 from blackwell_operator.errors import SpecError
 from blackwell_operator.render import dump_documents, render_children
 from blackwell_operator.render.crd import crd_yaml
@@ -27,12 +27,6 @@ class OutputFormat(StrEnum):
 
     YAML = "yaml"
     JSON = "json"
-
-
-def fail(message: str) -> None:
-    """One clear message on stderr and exit code 2 (bad input), never a traceback."""
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code=2)
 
 
 def plan_summary(plan: Plan) -> str:
