@@ -95,7 +95,7 @@ async def test_every_call_is_granted_and_every_grant_is_used(cluster: Cluster, t
             },
         )
         await wait_for(lambda: cluster.status("a").get("phase") == "Running", what="phase Running")
-        await wait_for(lambda: cluster.status("hp").get("child"), what="hp child")
+        await wait_for(lambda: cluster.condition("hp", "ChildCreated"), what="hp ChildCreated")
         await cluster.patch_spec("hp", {"training": {"sequenceLength": 4096, "steps": 10}})
         await wait_for(lambda: cluster.status("hp").get("observedGeneration") == 2, what="hp re-planned")
         await wait_for(lambda: cluster.status("bad").get("phase") == "Invalid", what="phase Invalid")

@@ -156,7 +156,7 @@ async def test_failed_job_fails_the_btj(cluster: Cluster) -> None:
 async def test_hyperpod_backend_creates_a_hyperpodpytorchjob(cluster: Cluster) -> None:
     async with running_operator(cluster):
         await cluster.apply(btj("hp", backend="HyperPodPyTorchJob"))
-        await wait_for(lambda: cluster.status("hp").get("child"), what="status.child")
+        await wait_for(lambda: cluster.condition("hp", "ChildCreated"), what="ChildCreated")
         job = cluster.job("hp", "sagemaker.amazonaws.com/v1/hyperpodpytorchjobs")
         assert job is not None and job["kind"] == "HyperPodPyTorchJob"
         assert cluster.status("hp")["child"]["kind"] == "HyperPodPyTorchJob"

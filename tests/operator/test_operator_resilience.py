@@ -90,7 +90,11 @@ async def test_transient_api_errors_are_retried_without_duplicates(cluster: Clus
     cluster.k.inject_fault("patch", "blackwelltrainingjobs", 409, subresource="status")
     async with running_operator(cluster) as runner:
         await cluster.apply(btj("flaky"))
-        await wait_for(lambda: cluster.status("flaky").get("child"), what="status.child", timeout=20)
+        await wait_for(
+            lambda: cluster.condition("flaky", "ChildCreated"),
+            what="ChildCreated",
+            timeout=20,
+        )
     assert runner.exception is None
     assert all(f.times == 0 for f in cluster.k.faults), "every fault was hit"
     # Two POSTs: the failed one, and the applied one whose answer was lost; the third pass GETs its job.
@@ -169,7 +173,7 @@ async def test_child_made_before_a_crash_is_adopted_not_duplicated(cluster: Clus
         },
     )
     async with running_operator(cluster):
-        await wait_for(lambda: cluster.status("orphan").get("child"), what="status.child")
+        await wait_for(lambda: cluster.condition("orphan", "ChildCreated"), what="ChildCreated")
     assert cluster.creates("pytorchjobs") == 1, "only the test's own create"
     assert cluster.condition("orphan", "ChildCreated")["reason"] == "Exists"
 
@@ -198,7 +202,7 @@ async def test_scarce_capacity_is_reported_and_the_job_still_queues(
         monkeypatch.setenv("BTJ_METRICS_BIND", "off")
         async with running_operator(cluster):
             await cluster.apply(btj("big", cluster={"instanceType": "ml.p6-b200.48xlarge", "nodes": 4}))
-            await wait_for(lambda: cluster.status("big").get("child"), what="status.child")
+            await wait_for(lambda: cluster.condition("big", "ChildCreated"), what="ChildCreated")
         capacity = cluster.condition("big", "CapacityAvailable")
         assert capacity["status"] == "False" and capacity["reason"] == "InsufficientNodes"
         assert capacity["message"].startswith("2 of 8 ml.p6-b200.48xlarge nodes schedulable; 4 needed")

@@ -94,11 +94,22 @@ def on_child_event(
             queue_name=spec.get("queueName"),
         )
         transition.update(old=status.get("phase"), new=phase, btj=btj)
-        return {
+        changes: dict[str, Any] = {
             "phase": phase.value,
             "conditions": conds,
             "message": summary_message(phase, kind, meta["name"], child_message(child.get("status"))),
         }
+        if not recorded:
+            # The child can report before the reconcile that created it has written status.child. Record
+            # which child this phase came from, so that reconcile sees it as known and does not replace
+            # this newer phase with the one derived from its creation-time copy of the child.
+            changes["child"] = {
+                "apiVersion": child.get("apiVersion"),
+                "kind": kind,
+                "name": meta["name"],
+                "uid": child_uid,
+            }
+        return changes
 
     written = _write_with_retries(ctx, namespace, owner["name"], update, logger)
     if written is not None and transition and transition["old"] != transition["new"].value:
