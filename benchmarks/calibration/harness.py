@@ -91,6 +91,9 @@ CUSTOM: dict[str, dict[str, Any]] = {
 }
 FP8_RECIPE = "torchao-tensorwise"  # TE is not installed on the H200 machines; torchao is carried as a wheel
 OOM_EXIT = 3
+# A grid whose first configurations all fail (not OOM) has a systematic fault: stop and return the logs
+# instead of spending the GPU call on more of the same.
+FAIL_FAST_ERRORS = 2
 
 
 @dataclass(frozen=True)
@@ -298,6 +301,37 @@ def worker(plan_path: Path, result_dir: Path, warmup: int, timed: int) -> None:
 # --------------------------------------------------------------------------------------------------- parent
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of pid, from /proc (torchrun starts its workers in sessions of their own)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process, its group and every descendant (workers hold GPU memory until they die)."""
+    victims = _descendants(pid)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for victim in victims:
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def environment() -> dict[str, Any]:
     """Versions and device of this machine."""
     import torch
@@ -440,7 +474,7 @@ class Harness:
             try:
                 proc.wait(timeout=min(self.config_timeout, remaining - 10))
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                kill_tree(proc.pid)
                 proc.wait()
                 detail = f"killed after {time.time() - started:.0f} s"
         tail = log_path.read_text(errors="replace").splitlines()[-60:] if log_path.exists() else []
@@ -458,6 +492,14 @@ class Harness:
                 )
             )
         return merge(stub, results, self.env, f"wall {time.time() - started:.0f} s {detail}".strip())
+
+    def failing(self) -> bool:
+        """True when nothing has run yet and the first configurations all failed."""
+        statuses = [r.status for r in self.records]
+        errors = statuses.count(RecordStatus.ERROR)
+        return errors >= FAIL_FAST_ERRORS and not any(
+            s in (RecordStatus.OK, RecordStatus.OOM) for s in statuses
+        )
 
     def add(self, rec: CalibrationRecord) -> None:
         with self.lock:
@@ -482,6 +524,9 @@ class Harness:
         cand = fam.candidate(mbs, self.cal.trainer.loss_chunk_tokens)
         rec = self.done.get(config_key(name, fam.sequence_length, fam.gpus, cand))
         if rec is None or rec.status not in (RecordStatus.OK, RecordStatus.OOM):
+            if self.failing():
+                _, stub = build_plan(fam, mbs, self.cal, self.instance)
+                return stub.model_copy(update=dict(status=RecordStatus.SKIPPED, detail="fail-fast"))
             rec = self.run_config(fam, mbs, gpu_ids)
             self.add(rec)
         return rec
@@ -506,7 +551,7 @@ class Harness:
             if fam.gpus > self.gpus:
                 print(f"skipped {fam.label()}: needs {fam.gpus} GPUs, {self.gpus} visible", flush=True)
         threads: list[threading.Thread] = []
-        while pending and time.time() < self.deadline - 30:
+        while pending and time.time() < self.deadline - 30 and not self.failing():
             with self.lock:
                 # The first family in priority order that the free GPUs can take.
                 ready = next((f for f in pending if f.gpus <= len(self.free)), None)
@@ -520,8 +565,9 @@ class Harness:
             threads.append(t)
         for t in threads:
             t.join()
+        why = "fail-fast: the first configurations all failed" if self.failing() else "budget"
         for fam in pending:
-            print(f"not started (budget): {fam.label()}", flush=True)
+            print(f"not started ({why}): {fam.label()}", flush=True)
 
     def _family_thread(self, fam: Family, ids: list[int]) -> None:
         try:

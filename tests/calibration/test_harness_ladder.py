@@ -33,6 +33,7 @@ def _runner(
     tmp_path: Path,
     oom_from: int,
     done: dict[str, CalibrationRecord] | None = None,
+    error: bool = False,
 ) -> tuple[Any, list[int]]:
     h = harness.Harness(
         out=tmp_path,
@@ -55,6 +56,7 @@ def _runner(
         ran.append(mbs)
         stub: CalibrationRecord = harness.build_plan(fam, mbs, base, harness.H200_INSTANCE)[1]
         status = RecordStatus.OOM if mbs >= oom_from else RecordStatus.OK
+        status = RecordStatus.ERROR if error else status
         return stub.model_copy(
             update={"status": status, "tokens_per_second_per_gpu": 1.0 if status == "ok" else None}
         )
@@ -101,3 +103,55 @@ def test_resumed_configurations_are_not_run_again(
     again, ran_again = _runner(harness, base, tmp_path, oom_from=8, done={r.key: r for r in first.records})
     again.run_family(fam, [0])
     assert ran_first and ran_again == []
+
+
+def test_a_grid_whose_first_configurations_fail_stops_early(
+    harness: ModuleType, base: Calibration, tmp_path: Path
+) -> None:
+    families = [harness.Family(m, 2048, 1, "bf16", "none", ac) for m in ("1b", "3b") for ac in harness.ACS]
+    h, ran = _runner(harness, base, tmp_path, oom_from=1000, error=True)
+    h.run(families)
+    # Each failure ends its family's ladder; after the fail-fast count no family starts.
+    assert len(ran) == harness.FAIL_FAST_ERRORS
+    assert h.failing()
+
+
+def test_one_good_record_turns_fail_fast_off(harness: ModuleType, base: Calibration, tmp_path: Path) -> None:
+    fam = harness.Family("1b", 2048, 1, "bf16", "none", "none")
+    h, _ = _runner(harness, base, tmp_path, oom_from=1000)
+    h.run_family(fam, [0])
+    errors = [r.model_copy(update={"status": RecordStatus.ERROR}) for r in h.records] * 3
+    h.records.extend(errors)
+    assert not h.failing()
+
+
+def test_kill_tree_reaches_workers_in_sessions_of_their_own(harness: ModuleType, tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    pid_file = tmp_path / "worker.pid"
+    # A parent in its own group that starts a worker in a new session, as torchrun does.
+    script = (
+        "import subprocess, sys, time;"
+        "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True);"
+        f"open({str(pid_file)!r}, 'w').write(str(w.pid)); time.sleep(300)"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    deadline = time.time() + 30
+    while not (pid_file.exists() and pid_file.read_text()) and time.time() < deadline:
+        time.sleep(0.05)
+    worker = int(pid_file.read_text())
+    harness.kill_tree(parent.pid)
+    parent.wait(timeout=10)
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            break
+        # A killed child of the dead parent is reaped by init; until then it is a zombie.
+        if Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the worker outlived kill_tree")
