@@ -19,6 +19,7 @@ call finishes over several calls. Tokens/s per GPU = tokens per step per GPU / t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -321,15 +322,11 @@ def _descendants(pid: int) -> list[int]:
 def kill_tree(pid: int) -> None:
     """SIGKILL a process, its group and every descendant (workers hold GPU memory until they die)."""
     victims = _descendants(pid)
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     for victim in victims:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(victim, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def environment() -> dict[str, Any]:

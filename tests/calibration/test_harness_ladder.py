@@ -133,7 +133,8 @@ def test_kill_tree_reaches_workers_in_sessions_of_their_own(harness: ModuleType,
     # A parent in its own group that starts a worker in a new session, as torchrun does.
     script = (
         "import subprocess, sys, time;"
-        "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True);"
+        "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'],"
+        " start_new_session=True);"
         f"open({str(pid_file)!r}, 'w').write(str(w.pid)); time.sleep(300)"
     )
     parent = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
