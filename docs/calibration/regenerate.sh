@@ -22,3 +22,18 @@ btj calibrate report benchmarks/calibration/records/h200 \
   --title "H200, this project's trainer (benchmarks/trainer_h200.py results): calibration report"
 
 btj plot -o docs/calibration/btj-plot-example.png
+
+# Issue 6: this trainer on the issue-6 grid (2 x H200, 2026-11-30). The fit uses every record of this trainer
+# on H200 (the grid, trainer_h200 and its Transformer Engine runs); the report judges the grid's records,
+# and every leave-one-out refit starts from the pre-fit base, so no held-out scenario reaches its prediction.
+btj calibrate import benchmarks/results/trainer_h200_te.json -o benchmarks/calibration/records/h200-te/trainer_h200_te.jsonl
+I6_BASE=docs/calibration/h200-issue6/base-btj-trainer.yaml
+I6_NOTE="Data: benchmarks/calibration/records/h200-issue6 (three calls of \`benchmarks/calibration/harness.py --grid issue6\` on nvidia-h200-x2, 2026-11-30; commands in benchmarks/calibration/records/h200-issue6/logs). Measured so far: one GPU at sequence 4096 for 1B, 3B and 8B and two GPUs for 8B at 4096, 1B at 8192 begun. Not yet run: sequence 2048, most of 8192, the 13B class on two GPUs."
+FIT="btj calibrate fit benchmarks/calibration/records/h200-issue6 benchmarks/calibration/records/h200 benchmarks/calibration/records/h200-te --base $I6_BASE -o docs/calibration/h200-issue6/btj-trainer-h200.yaml"
+$FIT
+btj calibrate report benchmarks/calibration/records/h200-issue6 \
+  --calibration docs/calibration/h200-issue6/btj-trainer-h200.yaml --base "$I6_BASE" \
+  -o docs/calibration/h200-issue6 --fit-command "$FIT" --note "$I6_NOTE" \
+  --title "H200, this project's trainer on the issue-6 grid: calibration report"
+# The shipped profile is adopted from that fit by hand (a reviewed change), not here:
+#   python benchmarks/calibration/adopt.py docs/calibration/h200-issue6/btj-trainer-h200.yaml --base $I6_BASE

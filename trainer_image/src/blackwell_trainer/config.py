@@ -10,6 +10,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 PLAN_API_VERSION = "training.blackwell.dev/v1alpha1"
+# Model states per parameter (fp32 weights, fp32 gradients, two fp32 Adam moments) plus one bf16 copy.
+STATE_BYTES_WITH_COMPUTE_COPY = 18
+# The share of the GPU those may take before the trainer frees each block's bf16 copy after forward.
+KEEP_GATHERED_MEMORY_FRACTION = 0.6
 DEFAULT_METRICS_PORT = 9400
 
 
@@ -168,6 +172,17 @@ class OptimizerConfig(WireModel):
     beta2: float = Field(default=0.95, ge=0, lt=1, description="Adam beta2.")
     eps: float = Field(default=1e-8, gt=0, description="Adam epsilon.")
     grad_clip_norm: float = Field(default=1.0, ge=0, description="Global gradient-norm clip; 0 disables.")
+
+
+def keeps_gathered_weights(parameter_count: int, shard_degree: int, gpu_memory_bytes: int) -> bool:
+    """Whether the trainer keeps every block's bf16 compute weights from forward to backward.
+
+    With a shard group of one GPU, freeing them after forward saves only the bf16 copy and costs a second
+    cast of every weight in backward; the trainer keeps them while model states plus the copies stay
+    under KEEP_GATHERED_MEMORY_FRACTION of the GPU. The planner counts memory by the same rule.
+    """
+    states = STATE_BYTES_WITH_COMPUTE_COPY * parameter_count
+    return shard_degree == 1 and states <= KEEP_GATHERED_MEMORY_FRACTION * gpu_memory_bytes
 
 
 class GpuInfo(WireModel):

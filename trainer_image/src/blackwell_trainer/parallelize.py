@@ -14,7 +14,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-from .config import ActivationCheckpointing, Candidate, Sharding
+from .config import ActivationCheckpointing, Candidate, Sharding, keeps_gathered_weights
 from .model import Transformer
 from .precision import PrecisionSetup, apply_precision
 
@@ -165,17 +165,11 @@ def apply_fsdp(
 
 
 def _should_reshard(model: Transformer, mesh: DeviceMesh, device: torch.device) -> bool:
-    """Free each block's gathered bf16 weights after forward, unless nothing is sharded and memory is ample.
-
-    With a shard group of one GPU, resharding frees only the bf16 compute copy and costs a second cast
-    of every weight in the backward pass. Keeping the copies costs 2 bytes/parameter; do it when the
-    model states (fp32 weights, gradients, Adam: 16 bytes/parameter) plus the copies stay under 60% of
-    the GPU's memory, leaving the rest for activations.
-    """
-    if mesh.size(-1) > 1 or device.type != "cuda":
+    """Free each block's gathered bf16 weights after forward, unless `keeps_gathered_weights` says keep."""
+    if device.type != "cuda":
         return True
     total = torch.cuda.get_device_properties(device).total_memory
-    return 18 * model.arch.parameter_count() > 0.6 * total
+    return not keeps_gathered_weights(model.arch.parameter_count(), mesh.size(-1), total)
 
 
 def parallelize(

@@ -11,8 +11,11 @@ from blackwell_operator.calibrate.fit import fit_calibration
 from blackwell_operator.calibrate.predict import Comparison, compare_all
 from blackwell_operator.calibrate.records import CalibrationRecord, Scenario
 from blackwell_operator.calibration import Calibration
+from blackwell_operator.models.spec import TuningSpec
 
 PICK_RATIO = 0.97
+# The planner keeps this share of GPU memory free unless a job asks otherwise; its picks obey it here too.
+DEFAULT_HEADROOM: float = TuningSpec.model_fields["memory_headroom"].default
 MEMORY_TOLERANCE = 0.05
 
 
@@ -23,6 +26,9 @@ class ScenarioPick:
     scenario: Scenario
     pick: Comparison | None
     best: CalibrationRecord | None
+    # No pick, and every configuration that ran measured over the planner's budget too: refusing the job
+    # (the planner's answer when nothing fits with its headroom) is what the measurements support.
+    refusal_confirmed: bool = False
 
     @property
     def ratio(self) -> float | None:
@@ -34,7 +40,9 @@ class ScenarioPick:
 
     @property
     def passed(self) -> bool:
-        """At least 97% of the best measured and it ran (no OOM)."""
+        """At least 97% of the best measured and it ran (no OOM), or a refusal the measurements confirm."""
+        if self.pick is None:
+            return self.refusal_confirmed
         return (
             self.ratio is not None
             and self.ratio >= PICK_RATIO
@@ -77,14 +85,24 @@ def by_scenario(records: Sequence[CalibrationRecord]) -> dict[Scenario, list[Cal
     return dict(groups)
 
 
-def pick(scenario: Scenario, comparisons: Sequence[Comparison]) -> ScenarioPick:
-    """The planner's rule on measured configurations: fastest predicted among those predicted to fit."""
+def pick(
+    scenario: Scenario, comparisons: Sequence[Comparison], headroom: float = DEFAULT_HEADROOM
+) -> ScenarioPick:
+    """The planner's rule on measured configurations: fastest predicted among those predicted to fit
+    with the planner's memory headroom (no pick when none does: the planner would refuse the job)."""
     mine = [c for c in comparisons if c.record.scenario == scenario]
-    fitting = [c for c in mine if c.predicted_fits]
+    fitting = [c for c in mine if c.fits_within(headroom)]
     chosen = max(fitting, key=lambda c: c.predicted_tps, default=None)
     ran = [c.record for c in mine if c.record.ran and c.record.tokens_per_second_per_gpu]
     best = max(ran, key=lambda r: r.tokens_per_second_per_gpu or 0.0, default=None)
-    return ScenarioPick(scenario, chosen, best)
+    measured_over = [
+        (c.record.peak_reserved_bytes or 0) + c.evaluation.memory.outside_allocator
+        > (1.0 - headroom) * c.capacity_bytes
+        for c in mine
+        if c.record.ran
+    ]
+    confirmed = chosen is None and bool(measured_over) and all(measured_over)
+    return ScenarioPick(scenario, chosen, best, confirmed)
 
 
 Fitter = Callable[[Sequence[CalibrationRecord], Calibration], Calibration]
@@ -105,6 +123,7 @@ def leave_one_out(
     fitted: Calibration,
     fitter: Fitter | None = None,
     progress: Callable[[str], None] | None = None,
+    headroom: float = DEFAULT_HEADROOM,
 ) -> CheckResult:
     """For each scenario: refit from `base` without its records, predict its records, pick; then judge."""
     fit = fitter or default_fitter()
@@ -118,11 +137,11 @@ def leave_one_out(
         cal = fit(others, base) if others else base
         comps = compare_all(mine, cal)
         held_out.extend(comps)
-        picks.append(pick(scenario, comps))
+        picks.append(pick(scenario, comps, headroom))
         if progress:
             p = picks[-1]
             progress(f"{scenario.label()}: pick ratio {p.ratio if p.ratio is not None else 'n/a'}")
-    result = CheckResult(in_sample, held_out, picks, [pick(s, in_sample) for s in groups])
+    result = CheckResult(in_sample, held_out, picks, [pick(s, in_sample, headroom) for s in groups])
     result.criteria = criteria(result)
     return result
 
@@ -134,6 +153,9 @@ def _memory_criterion(name: str, comps: Sequence[Comparison]) -> Criterion:
     bad = [(k, e) for k, e in errors if abs(e) > MEMORY_TOLERANCE]
     worst = max(errors, key=lambda ke: abs(ke[1]))
     detail = f"{len(errors) - len(bad)}/{len(errors)} within 5%; worst {worst[1]:+.1%} ({worst[0]})"
+    capped = sum(1 for c in comps if c.reserved_error is not None and c.saturated)
+    if capped:
+        detail += f"; {capped} predicted over the GPU's capacity, compared at the capacity"
     return Criterion(name, not bad, detail)
 
 
@@ -153,11 +175,18 @@ def _pick_criterion(name: str, picks: Sequence[ScenarioPick]) -> Criterion:
     if not judged:
         return Criterion(name, None, "no scenario with a configuration that ran")
     bad = [p for p in judged if not p.passed]
-    worst = min(judged, key=lambda p: p.ratio if p.ratio is not None else -1.0)
+    picked = [p for p in judged if p.pick is not None] or judged
+    worst = min(picked, key=lambda p: p.ratio if p.ratio is not None else -1.0)
     ratio = f"{worst.ratio:.1%}" if worst.ratio is not None else "no pick"
     detail = (
         f"{len(judged) - len(bad)}/{len(judged)} scenarios pass; worst {ratio} ({worst.scenario.label()})"
     )
+    refused = [p for p in judged if p.pick is None]
+    if refused:
+        why = {True: "every run measured over the budget too", False: "runs measured within it: a miss"}
+        detail += "; no plan within the headroom for " + ", ".join(
+            f"{p.scenario.label()} ({why[p.refusal_confirmed]})" for p in refused
+        )
     return Criterion(name, not bad, detail)
 
 

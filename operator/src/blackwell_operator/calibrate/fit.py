@@ -30,10 +30,13 @@ MEMORY_CONSTANTS = (
     "memory.selective_hidden",
     "memory.selective_ffn",
     "memory.full_hidden",
+    "memory.outside_layers_hidden",
+    "memory.recompute_transient_factor",
     "memory.loss_bytes_per_logit",
     "memory.chunked_loss_bytes_per_logit",
     "memory.allocator_workspace_bytes",
     "memory.fragmentation_base_bytes",
+    "memory.fragmentation_comm_bytes",
     "memory.fragmentation_dynamic",
     "memory.fragmentation_transient",
     "memory.fragmentation_gradients",
@@ -47,6 +50,7 @@ THROUGHPUT_CONSTANTS = (
     "throughput.elementwise_bytes_hidden",
     "throughput.elementwise_bytes_ffn",
     "throughput.step_overhead_seconds",
+    "throughput.eager_elementwise_factor",
     "throughput.fsdp_copy_bytes_per_param",
     "throughput.selective_recompute_gemm_fraction",
     "throughput.comm_overlap",
@@ -98,8 +102,19 @@ def default_constants(records: Sequence[CalibrationRecord], cal: Calibration, gp
     """The constants worth offering to the fit for these records (the recipes they ran, on their GPU)."""
     recipes = sorted({r.candidate.precision_recipe.value for r in records})
     table = cal.throughput.recipes.get(str(gpu_major), {})
-    efficiencies = [f"throughput.recipes.{gpu_major}.{rc}.efficiency" for rc in recipes if rc in table]
-    return [*MEMORY_CONSTANTS, *efficiencies, *THROUGHPUT_CONSTANTS]
+    # Eager recipes (Transformer Engine) keep the GEMM efficiency their isolated GEMM benchmark measured
+    # (shared/tools/te-on-h200): their few end-to-end runs are slow for eager reasons, which the fit
+    # explains through the eager elementwise factor instead of blaming the GEMMs.
+    eager = {rc.value for rc in cal.trainer.eager_recipes}
+    efficiencies = [
+        f"throughput.recipes.{gpu_major}.{rc}.efficiency" for rc in recipes if rc in table and rc not in eager
+    ]
+    # Low-precision recipes' own memory: saved FP8 linear inputs and their weight copies.
+    saving_table = {k.value: v for k, v in cal.memory.precision_activation_saving.items()}
+    weight_table = {k.value: v for k, v in cal.memory.precision_weight_bytes.items()}
+    savings = [f"memory.precision_activation_saving.{rc}" for rc in recipes if rc in saving_table]
+    weights = [f"memory.precision_weight_bytes.{rc}" for rc in recipes if weight_table.get(rc)]
+    return [*MEMORY_CONSTANTS, *savings, *weights, *efficiencies, *THROUGHPUT_CONSTANTS]
 
 
 def is_memory_constant(path: str) -> bool:
@@ -160,7 +175,9 @@ def _residuals(c: Comparison, kind: str) -> list[float]:
             # Only penalised when predicted to fit (with a margin): a hinge just above the GPU's capacity.
             peak = max(c.evaluation.memory.peak_reserved, 1)
             out.append(OOM_WEIGHT * max(0.0, math.log(c.capacity_bytes * (1 + OOM_MARGIN) / peak)))
-    elif r.ran and r.tokens_per_second_per_gpu:
+    elif r.ran and r.tokens_per_second_per_gpu and not c.measured_at_capacity:
+        # (At the capacity the step time measures the allocator's release-and-retry, which the planner
+        # avoids by its headroom rather than predicts.)
         out.append(math.log(max(c.predicted_tps, 1e-9) / r.tokens_per_second_per_gpu))
     return out
 

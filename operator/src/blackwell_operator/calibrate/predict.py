@@ -16,6 +16,9 @@ from blackwell_operator.catalogs import get_gpu, get_instance
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner import Evaluation, evaluate
 
+# A run whose reserved pool reached this share of the room the allocator has ran at the GPU's capacity.
+AT_CAPACITY = 0.985
+
 
 def load_any_calibration(name_or_path: str | Path) -> Calibration:
     """A shipped calibration by name, or a calibration YAML file (e.g. one `btj calibrate fit` wrote)."""
@@ -74,14 +77,45 @@ class Comparison:
         return self.evaluation.memory.peak_allocated
 
     @property
-    def predicted_reserved(self) -> int:
-        """Predicted allocator pool (comparable to torch.cuda.max_memory_reserved)."""
+    def pool_capacity(self) -> int:
+        """The most the caching allocator can hold: the GPU's memory less CUDA context and NCCL buffers."""
+        return self.capacity_bytes - self.evaluation.memory.outside_allocator
+
+    @property
+    def reserved_demand(self) -> int:
+        """The pool the run would reserve on a GPU large enough (the planner's allocator_reserved)."""
         return self.evaluation.memory.allocator_reserved
+
+    @property
+    def saturated(self) -> bool:
+        """Predicted to fill the GPU: the pool it would reserve is larger than the pool there is room for."""
+        return self.reserved_demand > self.pool_capacity
+
+    @property
+    def measured_at_capacity(self) -> bool:
+        """The run filled the GPU: its step time includes the allocator's frees and retries at the cap."""
+        m = self.record.peak_reserved_bytes
+        return bool(self.record.ran and m and m >= AT_CAPACITY * self.pool_capacity)
+
+    @property
+    def predicted_reserved(self) -> int:
+        """Predicted allocator pool (comparable to torch.cuda.max_memory_reserved).
+
+        At the GPU's capacity PyTorch's caching allocator frees its cached blocks and retries instead of
+        growing, and fails only when the live tensors themselves do not fit; a run whose demand exceeds the
+        pool therefore measures the pool (H200: 136.7-138.5 GiB). The planner never plans such a run: its
+        demand, not this, is what must fit within the headroom.
+        """
+        return min(self.reserved_demand, self.pool_capacity)
 
     @property
     def predicted_fits(self) -> bool:
         """Predicted peak (pool + CUDA context + NCCL) fits the whole GPU (no headroom)."""
         return self.evaluation.memory.peak_reserved <= self.capacity_bytes
+
+    def fits_within(self, headroom: float) -> bool:
+        """Predicted peak fits the GPU with a share of its memory kept free, as the planner requires."""
+        return self.evaluation.memory.peak_reserved <= (1.0 - headroom) * self.capacity_bytes
 
     @property
     def tps_error(self) -> float | None:

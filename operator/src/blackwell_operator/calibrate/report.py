@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from blackwell_operator.calibrate.checks import CheckResult, ScenarioPick
+from blackwell_operator.calibrate.checks import DEFAULT_HEADROOM, CheckResult, ScenarioPick
 from blackwell_operator.calibrate.plots import plot_scenario
 from blackwell_operator.calibrate.predict import Comparison
 from blackwell_operator.calibrate.records import CalibrationRecord, Scenario, config_key
@@ -41,15 +41,25 @@ def _config_table(in_sample: Sequence[Comparison], held_out: Sequence[Comparison
     for c in in_sample:
         r, h = c.record, held.get(c.record.key)
         fits = f"{'yes' if c.predicted_fits else 'no'}/{'yes' if h and h.predicted_fits else 'no'}"
+        measured_tps = _num(r.tokens_per_second_per_gpu) + (" (at cap)" if c.measured_at_capacity else "")
         lines.append(
-            f"| {r.key} | {r.status.value} | {_num(r.tokens_per_second_per_gpu)} | {_num(c.predicted_tps)} | "
+            f"| {r.key} | {r.status.value} | {measured_tps} | {_num(c.predicted_tps)} | "
             f"{_pct(c.tps_error)} | {_num(h.predicted_tps if h else None)} | "
             f"{_pct(h.tps_error if h else None)} | "
-            f"{_gib(r.peak_reserved_bytes)} | {_gib(c.predicted_reserved)} | {_pct(c.reserved_error)} | "
-            f"{_gib(h.predicted_reserved if h else None)} | "
+            f"{_gib(r.peak_reserved_bytes)} | {_reserved(c)} | {_pct(c.reserved_error)} | "
+            f"{_reserved(h)} | "
             f"{_pct(h.reserved_error if h else None)} | {fits} |"
         )
     return lines
+
+
+def _reserved(c: Comparison | None) -> str:
+    """Predicted pool, with the uncapped demand when it is over the room the allocator has."""
+    if c is None:
+        return ""
+    if c.saturated and c.record.ran:
+        return f"{_gib(c.predicted_reserved)} at cap (demand {_gib(c.reserved_demand)})"
+    return _gib(c.reserved_demand)
 
 
 def _pick_table(picks: Sequence[ScenarioPick], in_sample: Sequence[ScenarioPick]) -> list[str]:
@@ -61,7 +71,7 @@ def _pick_table(picks: Sequence[ScenarioPick], in_sample: Sequence[ScenarioPick]
     ]
     for p in picks:
         f = fitted.get(p.scenario)
-        pick_key = p.pick.record.key if p.pick else "nothing predicted to fit"
+        pick_key = p.pick.record.key if p.pick else "none: nothing predicted to fit with the headroom"
         pick_tps = p.pick.record.tokens_per_second_per_gpu if p.pick and p.pick.record.ran else None
         picked = _num(pick_tps) if p.pick and p.pick.record.ran else ("OOM" if p.pick else "")
         best = p.best.key if p.best else ""
@@ -69,6 +79,9 @@ def _pick_table(picks: Sequence[ScenarioPick], in_sample: Sequence[ScenarioPick]
         f_ratio = f"{f.ratio:.1%}" if f and f.ratio is not None else ""
         ratio = f"{p.ratio:.1%}" if p.ratio is not None else ""
         verdict = "n/a" if p.best is None else "pass" if p.passed else "FAIL"
+        if p.pick is None and p.best is not None:
+            confirmed = " (refusal: every run measured over the budget)"
+            verdict += confirmed if p.refusal_confirmed else " (refusal)"
         lines.append(
             f"| {p.scenario.label()} | {pick_key} | {picked} | {best} | "
             f"{_num(p.best.tokens_per_second_per_gpu if p.best else None)} | {ratio} | {f_key} | "
@@ -161,7 +174,16 @@ def write_report(
         *[f"| {c.name} | {c.verdict} | {c.detail} |" for c in check.criteria],
         "",
         "The planner's pick is made among the scenario's measured configurations (the fastest predicted "
-        "tokens/s among those predicted to fit), so every pick has a measurement to be judged by.",
+        "tokens/s among those predicted to fit with the planner's default memory headroom, "
+        f"{DEFAULT_HEADROOM:.0%} of the GPU), so every pick has a measurement to be judged by. When none is "
+        "predicted to fit, the planner refuses the job; that counts as a pass only when every configuration "
+        "that ran also measured over the same budget (reserved pool + memory outside the allocator).",
+        "",
+        "Reserved memory saturates: at the GPU's capacity PyTorch's caching allocator frees cached blocks "
+        "and retries instead of growing, so a run whose predicted pool exceeds the room the allocator has "
+        "is compared at that room (marked `at cap` below). Such runs are also the slow ones (release-and-"
+        "retry in every step): their tokens/s is shown but not fitted. The planner never plans them, "
+        "because it requires the predicted pool, not the capped one, to fit within its headroom.",
         "",
         "## Planner's choice vs best measured, per scenario",
         "",

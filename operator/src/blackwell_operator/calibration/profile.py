@@ -41,6 +41,11 @@ class TrainerCapabilities(_Strict):
         """Whether the automatic search scores CP degrees above 1."""
         return self.context_parallel and self.auto_context_parallel is not False
 
+    keeps_unsharded_weights: bool = Field(
+        default=False,
+        description="With a shard group of one GPU and room to spare, the trainer keeps every block's bf16 "
+        "weights from forward to backward (blackwell_trainer.config.keeps_gathered_weights).",
+    )
     selective_recomputes_gemms: list[PrecisionRecipe] = Field(
         default_factory=list,
         description="Recipes whose GEMMs selective AC recomputes (not aten ops the op-level save policy can "
@@ -85,6 +90,16 @@ class MemoryConstants(_Strict):
     fragmentation_transient: float
     fragmentation_gradients: float
     fragmentation_optimizer: float
+    fragmentation_comm_bytes: float = Field(
+        default=0.0,
+        ge=0,
+        description="Reserved by the collectives' stream pools when parameters are sharded over GPUs.",
+    )
+    recompute_transient_factor: float = Field(
+        default=1.0,
+        ge=0,
+        description="A checkpointed block's backward holds this many times its full activations at once.",
+    )
     precision_weight_bytes: dict[PrecisionRecipe, float]
     precision_activation_saving: dict[PrecisionRecipe, float] = Field(
         default_factory=dict,

@@ -114,7 +114,13 @@ class Problem:
             self.evaluations += 1
             ga = self.accumulation(setting, setting.micro_batch_size)
             mem = estimate_memory(
-                self.shapes, self.cal, setting, self.layout(setting), self.sequence_length, ga
+                self.shapes,
+                self.cal,
+                setting,
+                self.layout(setting),
+                self.sequence_length,
+                ga,
+                self.hw.gpu.memory_bytes,
             )
             cached = self._memo[setting] = (mem, ga)
         return cached
@@ -126,7 +132,9 @@ class Problem:
         else:
             ga = accumulation
             layout = self.layout(setting)
-            mem = estimate_memory(self.shapes, self.cal, setting, layout, self.sequence_length, ga)
+            mem = estimate_memory(
+                self.shapes, self.cal, setting, layout, self.sequence_length, ga, self.hw.gpu.memory_bytes
+            )
         fits = mem.peak_reserved <= self.budget_bytes
         layout = self.layout(setting)
         time = estimate_time(self.shapes, self.cal, self.hw, setting, layout, self.sequence_length, ga)

@@ -1,0 +1,91 @@
+"""At the GPU's capacity: reserved memory saturates, no speed fit there; picks keep headroom."""
+
+from __future__ import annotations
+
+from blackwell_operator.calibrate.checks import DEFAULT_HEADROOM, pick
+from blackwell_operator.calibrate.fit import _residuals
+from blackwell_operator.calibrate.predict import compare
+from blackwell_operator.calibrate.records import RecordStatus
+from blackwell_operator.calibration import Calibration
+from tests.calibration.conftest import candidate, record
+
+GIB = 1 << 30
+
+
+def test_a_demand_over_the_gpu_is_compared_at_the_room_the_allocator_has(base: Calibration) -> None:
+    # 8B without checkpointing at mbs 2 on one H200: the pool it would reserve is larger than the GPU.
+    r = record("llama3.1-8b", 4096, candidate(2, "none"), peak_reserved_bytes=round(138.5 * GIB))
+    c = compare(r, base)
+    assert c.saturated and not c.predicted_fits
+    assert c.pool_capacity == c.capacity_bytes - c.evaluation.memory.outside_allocator
+    assert c.predicted_reserved == c.pool_capacity < c.reserved_demand
+    # The pool measured at the cap is then within a few percent of the prediction.
+    assert abs(c.reserved_error or 1.0) < 0.02
+
+
+def test_runs_that_filled_the_gpu_are_kept_out_of_the_speed_fit(base: Calibration) -> None:
+    at_cap = record(
+        "llama3.1-8b",
+        4096,
+        candidate(1, "none"),
+        tokens_per_second_per_gpu=6000.0,
+        peak_reserved_bytes=round(138.4 * GIB),
+        peak_allocated_bytes=round(125 * GIB),
+    )
+    roomy = record(
+        "llama3.2-1b",
+        4096,
+        candidate(8, "none"),
+        tokens_per_second_per_gpu=60000.0,
+        peak_reserved_bytes=round(62 * GIB),
+        peak_allocated_bytes=round(58 * GIB),
+    )
+    capped, fine = compare(at_cap, base), compare(roomy, base)
+    assert capped.measured_at_capacity and not fine.measured_at_capacity
+    assert _residuals(capped, "throughput") == []
+    assert len(_residuals(fine, "throughput")) == 1
+    # Their memory still counts.
+    assert len(_residuals(capped, "memory")) == 2
+
+
+def _ran(preset: str, mbs: int, ac: str, tps: float, reserved_gib: float) -> object:
+    return record(
+        preset,
+        4096,
+        candidate(mbs, ac),
+        tokens_per_second_per_gpu=tps,
+        peak_reserved_bytes=round(reserved_gib * GIB),
+        peak_allocated_bytes=round((reserved_gib - 5) * GIB),
+    )
+
+
+def test_the_pick_keeps_the_planners_headroom(base: Calibration) -> None:
+    small = [_ran("llama3.2-1b", m, "none", 60000.0 + m, 40.0 + 4 * m) for m in (4, 8)]
+    comps = [compare(r, base) for r in small]  # type: ignore[arg-type]
+    scenario = comps[0].record.scenario
+    chosen = pick(scenario, comps)
+    assert chosen.pick is not None and chosen.passed
+    assert all(c.fits_within(DEFAULT_HEADROOM) for c in comps)
+    # With no headroom left at all, nothing fits: a refusal.
+    assert pick(scenario, comps, headroom=0.99).pick is None
+
+
+def test_a_refusal_passes_only_when_every_run_measured_over_the_budget(base: Calibration) -> None:
+    # 8B on one H200: nothing is predicted to fit with 5% headroom.
+    over = [_ran("llama3.1-8b", m, "full", 9000.0 + m, 136.0) for m in (4, 8)]
+    comps = [compare(r, base) for r in over]  # type: ignore[arg-type]
+    scenario = comps[0].record.scenario
+    refused = pick(scenario, comps)
+    assert refused.pick is None and refused.refusal_confirmed and refused.passed
+    # Had one of them measured comfortably within the budget (the model predicts 8B full AC at mbs 2 over
+    # it too: its optimizer phase), refusing would be a miss.
+    within = [*over, _ran("llama3.1-8b", 2, "full", 8000.0, 100.0)]
+    comps = [compare(r, base) for r in within]  # type: ignore[arg-type]
+    missed = pick(scenario, comps)
+    assert missed.pick is None and not missed.refusal_confirmed and not missed.passed
+
+
+def test_an_oom_is_never_a_pick(base: Calibration) -> None:
+    oom = record("llama3.2-1b", 4096, candidate(64, "none"), status=RecordStatus.OOM)
+    c = compare(oom, base)
+    assert not c.fits_within(DEFAULT_HEADROOM)
