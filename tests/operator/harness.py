@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
@@ -24,6 +25,8 @@ PYTORCHJOBS = f"/apis/kubeflow.org/v1/namespaces/{NAMESPACE}/pytorchjobs"
 HYPERPODJOBS = f"/apis/sagemaker.amazonaws.com/v1/namespaces/{NAMESPACE}/hyperpodpytorchjobs"
 CONFIGMAPS = f"/api/v1/namespaces/{NAMESPACE}/configmaps"
 B200 = "ml.p6-b200.48xlarge"
+# Kopf's diff base on each BTJ (runtime.configure names it).
+LAST_HANDLED = "training.blackwell.dev/last-handled-configuration"
 
 
 def btj(name: str, **spec: Any) -> dict[str, Any]:
@@ -86,6 +89,7 @@ class Cluster:
 
     def __init__(self, emulator: HardenedEmulator) -> None:
         self.k = emulator
+        self._settles = 0
 
     @property
     def url(self) -> str:
@@ -121,6 +125,40 @@ class Cluster:
         await self._json(
             "PATCH", f"{collection}/{name}/status", {"status": dict(status)}, "application/merge-patch+json"
         )
+
+    async def delete_child(self, name: str, *, collection: str = PYTORCHJOBS) -> None:
+        """Delete a child job by hand, as `kubectl delete pytorchjob NAME` does."""
+        await self._json("DELETE", f"{collection}/{name}")
+
+    async def set_btj_status(self, name: str, status: Mapping[str, Any]) -> None:
+        """Merge-patch a BTJ's /status (to stage what an earlier operator run left behind)."""
+        await self._json(
+            "PATCH", f"{BTJS}/{name}/status", {"status": dict(status)}, "application/merge-patch+json"
+        )
+
+    async def settle(self, name: str) -> None:
+        """Wait until the operator has handled every event of BTJ `name` seen so far.
+
+        Kopf handles one object's events in order, event handlers first; after a label-only change it
+        stores the new labels in its last-handled-configuration annotation. Once that annotation shows a
+        fresh label, every earlier event of this BTJ went through every handler: a positive sync point,
+        so that "nothing happened" can be asserted without sleeping.
+        """
+        self._settles += 1
+        token = str(self._settles)
+        await self._json(
+            "PATCH",
+            f"{BTJS}/{name}",
+            {"metadata": {"labels": {"btj-test-settle": token}}},
+            "application/merge-patch+json",
+        )
+
+        def handled() -> bool:
+            annotations = (self.btj(name) or {}).get("metadata", {}).get("annotations") or {}
+            stored = json.loads(annotations.get(LAST_HANDLED, "{}"))
+            return bool(stored.get("metadata", {}).get("labels", {}).get("btj-test-settle") == token)
+
+        await wait_for(handled, what=f"the operator to handle every event of {name}")
 
     async def add_node(self, manifest: Mapping[str, Any]) -> None:
         await self._json("POST", "/api/v1/nodes", dict(manifest))

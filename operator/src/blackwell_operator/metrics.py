@@ -1,4 +1,5 @@
-"""Operator metrics (prometheus-client): reconcile duration, errors by reason, BTJs by phase, build info."""
+"""Operator metrics (prometheus-client): reconcile duration, errors by reason, re-created children, BTJs by
+phase, build info."""
 
 from __future__ import annotations
 
@@ -29,6 +30,12 @@ class OperatorMetrics:
             "btj_operator_reconcile_errors_total",
             "Reconciles that ended in an error, by reason (InvalidSpec, NoFeasiblePlan, ApiError, ...).",
             ["reason"],
+            registry=self.registry,
+        )
+        self.children_recreated = Counter(
+            "btj_operator_children_recreated_total",
+            "Child jobs re-created because the recorded one was deleted before its BlackwellTrainingJob "
+            "finished.",
             registry=self.registry,
         )
         self.jobs = Gauge(

@@ -7,6 +7,7 @@ from typing import Any
 import kopf
 
 from blackwell_operator.handlers import runtime
+from blackwell_operator.handlers.btjstatus import wants_child_back
 from blackwell_operator.handlers.children import on_child_event
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.reconcile import CHILD_KINDS, Reconciler
@@ -31,6 +32,21 @@ async def track_btj(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any
     _ctx(memo).metrics.observe_job(uid, phase)
 
 
+def wants_child_back_filter(type: str | None, body: kopf.Body, **_: Any) -> bool:
+    """Kopf `when` filter of recreate-child (cheap: runs on every BTJ event)."""
+    return type != "DELETED" and wants_child_back(body)
+
+
+def recreate_child(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+    """on.event for a BTJ whose child was deleted before the job finished: the reconcile path re-creates it.
+
+    An event handler of the BTJ runs in that BTJ's Kopf worker, one event at a time with the reconcile
+    handlers, so it never races a reconcile of the same BTJ; reconcile GETs the child first (no duplicate
+    when it exists again) and honours dryRun, an invalid spec and a BTJ being deleted.
+    """
+    Reconciler(_ctx(memo)).reconcile_now(body, logger=logger)
+
+
 def track_child(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
     """on.event for the child kinds we label: mirror their status onto the owner BTJ."""
     on_child_event(_ctx(memo), type, body, logger)
@@ -45,6 +61,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
     kopf.on.create(*btj, registry=registry, id="reconcile")(reconcile_btj)
     kopf.on.update(*btj, field="spec", registry=registry, id="reconcile")(reconcile_btj)
     kopf.on.event(*btj, registry=registry, id="track-phase")(track_btj)
+    kopf.on.event(*btj, registry=registry, id="recreate-child", when=wants_child_back_filter)(recreate_child)
     for kind in CHILD_KINDS.values():
         group, version = kind.api_version.split("/")
         # A silent event handler: it writes nothing onto the child (update handlers would add Kopf

@@ -7,9 +7,14 @@ from typing import Any
 
 from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
 from blackwell_operator.models.spec import API_GROUP, API_VERSION, PLURAL
+from blackwell_operator.models.status import ConditionType
+from blackwell_operator.status import TERMINAL_PHASES
 
 BTJ_API_VERSION = f"{API_GROUP}/{API_VERSION}"
 _MAX_ATTEMPTS = 8
+# The ChildCreated reason the child watcher writes when it sees the recorded child deleted.
+CHILD_DELETED = "ChildDeleted"
+_TERMINAL = frozenset(phase.value for phase in TERMINAL_PHASES)
 
 # Given the BTJ as it is now, the new status (full replacement of the keys it names; None deletes a key),
 # or None when nothing needs writing.
@@ -19,6 +24,31 @@ StatusUpdate = Callable[[Mapping[str, Any]], dict[str, Any] | None]
 def btj_path(namespace: str, name: str, subresource: str | None = None) -> str:
     """API path of one BTJ."""
     return resource_path(BTJ_API_VERSION, PLURAL, namespace, name, subresource)
+
+
+def deleted_child_uid(status: Mapping[str, Any]) -> str | None:
+    """The recorded child's uid when the child watcher saw it deleted (ChildCreated False, ChildDeleted)."""
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == ConditionType.CHILD_CREATED:
+            if cond.get("status") == "False" and cond.get("reason") == CHILD_DELETED:
+                return (status.get("child") or {}).get("uid") or None
+            return None
+    return None
+
+
+def is_finished(status: Mapping[str, Any]) -> bool:
+    """Whether the BTJ's phase is Succeeded or Failed."""
+    return status.get("phase") in _TERMINAL
+
+
+def wants_child_back(btj: Mapping[str, Any]) -> bool:
+    """A BTJ whose child was deleted while the job had not finished, and that is not being deleted itself."""
+    status = btj.get("status") or {}
+    return (
+        deleted_child_uid(status) is not None
+        and not is_finished(status)
+        and not (btj.get("metadata") or {}).get("deletionTimestamp")
+    )
 
 
 def write_status(api: KubeApi, namespace: str, name: str, update: StatusUpdate) -> dict[str, Any] | None:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from blackwell_operator.handlers.api import ApiError
-from blackwell_operator.handlers.btjstatus import StatusUpdate, write_status
+from blackwell_operator.handlers.btjstatus import CHILD_DELETED, StatusUpdate, is_finished, write_status
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import post_event
 from blackwell_operator.models.spec import KIND
@@ -54,6 +54,16 @@ def _write_with_retries(
     return None
 
 
+def _reference(child: Mapping[str, Any]) -> dict[str, Any]:
+    meta = child["metadata"]
+    return {
+        "apiVersion": child.get("apiVersion"),
+        "kind": child.get("kind", "job"),
+        "name": meta["name"],
+        "uid": meta.get("uid"),
+    }
+
+
 def on_child_event(
     ctx: OperatorContext, event_type: str | None, child: Mapping[str, Any], logger: Any
 ) -> None:
@@ -75,16 +85,29 @@ def on_child_event(
         generation = status.get("observedGeneration")
         now = now_rfc3339()
         if event_type == "DELETED":
+            # Reported here; the BTJ's own event handler (recreate-child) brings the child back when
+            # wants_child_back says so. It runs in the BTJ's Kopf worker, serialised with reconcile.
+            if btj["metadata"].get("deletionTimestamp"):
+                what = f"{kind} {meta['name']} was deleted"
+            elif is_finished(status):
+                what = f"{kind} {meta['name']} was deleted; the job had finished, so it is not re-created"
+            else:
+                what = f"{kind} {meta['name']} was deleted; re-creating it"
             conds = set_condition(
                 status.get("conditions") or [],
                 ConditionType.CHILD_CREATED,
                 "False",
-                "ChildDeleted",
-                f"{kind} {meta['name']} was deleted.",
+                CHILD_DELETED,
+                f"{what}.",
                 generation=generation,
                 now=now,
             )
-            return {"conditions": conds, "message": f"{kind} {meta['name']} was deleted"}
+            deleted: dict[str, Any] = {"conditions": conds, "message": what}
+            if not recorded:
+                # Name the deleted child, so that a reconcile that created it and writes status only now
+                # sees it is gone and keeps this report (reconcile._write) instead of claiming it exists.
+                deleted["child"] = _reference(child)
+            return deleted
         spec = btj.get("spec") or {}
         phase, conds = child_conditions(
             status.get("conditions") or [],
@@ -103,12 +126,7 @@ def on_child_event(
             # The child can report before the reconcile that created it has written status.child. Record
             # which child this phase came from, so that reconcile sees it as known and does not replace
             # this newer phase with the one derived from its creation-time copy of the child.
-            changes["child"] = {
-                "apiVersion": child.get("apiVersion"),
-                "kind": kind,
-                "name": meta["name"],
-                "uid": child_uid,
-            }
+            changes["child"] = _reference(child)
         return changes
 
     written = _write_with_retries(ctx, namespace, owner["name"], update, logger)

@@ -14,7 +14,13 @@ from blackwell_operator.cli.manifest import format_validation_error
 from blackwell_operator.discovery.capacity import Capacity
 from blackwell_operator.errors import SpecError
 from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
-from blackwell_operator.handlers.btjstatus import btj_path, write_status
+from blackwell_operator.handlers.btjstatus import (
+    CHILD_DELETED,
+    btj_path,
+    deleted_child_uid,
+    is_finished,
+    write_status,
+)
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import adopt_children, post_event
 from blackwell_operator.models.spec import Backend, BlackwellTrainingJobSpec
@@ -131,6 +137,22 @@ class Reconciler:
         finally:
             self.ctx.metrics.reconcile_duration.observe(time.perf_counter() - started)
 
+    def reconcile_now(self, body: Mapping[str, Any], *, logger: Any, attempts: int = 8) -> None:
+        """A reconcile for callers Kopf does not retry (event handlers): retry here, with the same backoff."""
+        for retry in range(attempts):
+            try:
+                self.reconcile(body, retry=retry, logger=logger)
+                return
+            except kopf.TemporaryError as exc:
+                if retry == attempts - 1:
+                    logger.error(f"Giving up after {attempts} attempts (the next event retries): {exc}")
+                    return
+                logger.warning(str(exc))
+                time.sleep(exc.delay if exc.delay is not None else _retry_delay(retry))
+            except kopf.PermanentError as exc:
+                logger.error(str(exc))
+                return
+
     def _reconcile(self, body: Mapping[str, Any], logger: Any) -> None:
         meta = body["metadata"]
         name, namespace = meta["name"], meta["namespace"]
@@ -179,7 +201,7 @@ class Reconciler:
         adopt_children([config_map, job], body)
         result.config_map = config_map["metadata"]["name"]
         try:
-            self._apply(body, kind, config_map, job, result)
+            self._apply(body, current, spec, kind, config_map, job, result)
         except ChildConflict as exc:
             self.ctx.metrics.record_error("ChildNameConflict")
             result.phase = Phase.FAILED
@@ -196,6 +218,8 @@ class Reconciler:
     def _apply(
         self,
         body: Mapping[str, Any],
+        current: Mapping[str, Any],
+        spec: BlackwellTrainingJobSpec,
         kind: ChildKind,
         config_map: dict[str, Any],
         job: dict[str, Any],
@@ -210,6 +234,21 @@ class Reconciler:
                 f"a {kind.kind} named {job['metadata']['name']} exists and is not owned by this "
                 "BlackwellTrainingJob. Fix: delete it, or rename the BlackwellTrainingJob"
             )
+        status = current.get("status") or {}
+        previous = (status.get("child") or {}).get("uid")
+        if existing is None and previous and is_finished(status) and not self._new_spec(body, status):
+            # The finished job's child is gone (deleted by hand, or by a TTL): running it again would
+            # repeat finished training. Only a spec change does that.
+            result.conditions.append(
+                (
+                    ConditionType.CHILD_CREATED,
+                    "False",
+                    CHILD_DELETED,
+                    f"{kind.kind} {job['metadata']['name']} was deleted; the job had finished, so it is "
+                    "not re-created.",
+                )
+            )
+            return
         if existing is None:
             self._ensure_config_map(config_map, uid)
             created, existing = self._create_or_get(kind, job, uid)
@@ -225,7 +264,17 @@ class Reconciler:
             result.conditions.append(
                 (ConditionType.SPEC_APPLIED, "True", "Applied", "The child matches the spec.")
             )
-            if created:
+            if created and previous and previous != existing["metadata"].get("uid"):
+                # A child was recorded and is gone (deleted while the job ran, or while the operator was
+                # down): this is a re-creation, and the trainer resumes from the checkpoint folder.
+                self.ctx.metrics.children_recreated.inc()
+                post_event(
+                    body,
+                    reason="ChildRecreated",
+                    message=f"Re-created {kind.kind} {job['metadata']['name']} (the previous one was "
+                    f"deleted before the job finished); {resume_note(spec)}",
+                )
+            elif created:
                 post_event(
                     body,
                     reason="Created",
@@ -285,6 +334,11 @@ class Reconciler:
         result.conditions.append((ConditionType.SPEC_APPLIED, "False", reason, message))
         result.write_plan = False  # status.plan keeps describing what actually runs
         post_event(body, warning=True, reason=reason, message=message)
+
+    @staticmethod
+    def _new_spec(body: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
+        """Whether this spec generation has not been reconciled yet (a spec change)."""
+        return int(body["metadata"].get("generation") or 1) != status.get("observedGeneration")
 
     def _ensure_config_map(self, config_map: dict[str, Any], owner_uid: str) -> None:
         path = resource_path(
@@ -396,7 +450,13 @@ class Reconciler:
             status = dict(current.get("status") or {})
             now = now_rfc3339()
             conds: list[dict[str, Any]] = list(status.get("conditions") or [])
+            # The child watcher saw the very child this pass found or created deleted, after this pass saw it
+            # (a race with a hand deletion): keep its report, so that recreate-child brings the child back.
+            result_uid = (result.child or {}).get("metadata", {}).get("uid")
+            known_gone = result_uid is not None and deleted_child_uid(status) == result_uid
             for type_, cond_status, reason, message in result.conditions:
+                if known_gone and type_ == ConditionType.CHILD_CREATED:
+                    continue
                 conds = set_condition(
                     conds,
                     type_,
@@ -453,6 +513,14 @@ class Reconciler:
             return changes
 
         write_status(self.api, meta["namespace"], meta["name"], update)
+
+
+def resume_note(spec: BlackwellTrainingJobSpec) -> str:
+    """Where the re-created job's training continues from."""
+    path = spec.training.checkpoint.path
+    if path:
+        return f"training resumes from its last checkpoint in {path}"
+    return "spec.training.checkpoint.path is not set, so training starts again from step 0"
 
 
 def render_hash(obj: Mapping[str, Any]) -> str | None:

@@ -1,0 +1,317 @@
+"""A child deleted by hand: re-created while its BTJ runs, only reported once the BTJ has finished."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from blackwell_operator.handlers.btjstatus import wants_child_back
+from blackwell_operator.metrics import OperatorMetrics
+from blackwell_operator.testing.emulator import PYTORCHJOB_RESOURCE, HardenedEmulator
+from tests.operator.harness import (
+    NAMESPACE,
+    PYTORCHJOBS,
+    Cluster,
+    btj,
+    from_operator,
+    running_operator,
+    wait_for,
+)
+from tests.operator.test_metrics_and_rbac import free_port
+
+pytestmark = pytest.mark.integration
+
+CHECKPOINTS = "/fsx/checkpoints/resume-me"
+RUNNING = {
+    "conditions": [{"type": "Running", "status": "True", "reason": "PyTorchJobRunning", "message": "running"}]
+}
+SUCCEEDED = {
+    "conditions": [
+        {"type": "Succeeded", "status": "True", "reason": "PyTorchJobSucceeded", "message": "done"}
+    ]
+}
+
+
+def child_uid(cluster: Cluster, name: str) -> str | None:
+    job = cluster.job(name)
+    return None if job is None else str(job["metadata"]["uid"])
+
+
+def child_created(cluster: Cluster, name: str) -> dict[str, Any]:
+    """The ChildCreated condition, {} while there is none."""
+    return cluster.condition(name, "ChildCreated") or {}
+
+
+def live_children(cluster: Cluster) -> int:
+    return len(cluster.k.live_objects(PYTORCHJOB_RESOURCE, NAMESPACE))
+
+
+def reasons(cluster: Cluster, name: str) -> list[str]:
+    return [e["reason"] for e in cluster.events(name)]
+
+
+async def test_a_deleted_child_of_a_running_job_is_recreated(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = free_port()
+    monkeypatch.setenv("BTJ_METRICS_BIND", f"127.0.0.1:{port}")
+    training = {"sequenceLength": 8192, "steps": 1000, "checkpoint": {"path": CHECKPOINTS}}
+    async with running_operator(cluster), aiohttp.ClientSession() as http:
+        await cluster.apply(btj("phoenix", training=training))
+        await wait_for(lambda: cluster.condition("phoenix", "ChildCreated"), what="ChildCreated")
+        await cluster.set_child_status("phoenix", RUNNING)
+        await wait_for(lambda: cluster.status("phoenix").get("phase") == "Running", what="phase Running")
+        first = child_uid(cluster, "phoenix")
+        config_map = cluster.config_map("phoenix-plan")
+        assert first and config_map is not None
+
+        await cluster.delete_child("phoenix")
+        await wait_for(
+            lambda: (
+                cluster.status("phoenix")["child"]["uid"] not in (None, first)
+                and child_created(cluster, "phoenix").get("status") == "True"
+            ),
+            what="the re-created child recorded",
+        )
+        second = child_uid(cluster, "phoenix")
+        assert second not in (None, first) and cluster.status("phoenix")["child"]["uid"] == second
+        # The new child is followed like the first one.
+        await cluster.set_child_status("phoenix", RUNNING)
+        await wait_for(lambda: cluster.status("phoenix").get("phase") == "Running", what="Running again")
+        await cluster.settle("phoenix")
+        async with http.get(f"http://127.0.0.1:{port}/metrics") as response:
+            exposition = await response.text()
+
+    assert "btj_operator_children_recreated_total 1.0" in exposition.splitlines()
+    assert live_children(cluster) == 1 and cluster.creates("pytorchjobs") == 2
+    assert child_created(cluster, "phoenix").get("reason") == "Created"
+    # Same plan: the ConfigMap the first child mounted is reused as it was.
+    assert (cluster.config_map("phoenix-plan") or {}).get("data") == config_map["data"]
+    (event,) = [e for e in cluster.events("phoenix") if e["reason"] == "ChildRecreated"]
+    assert event["type"] == "Normal"
+    assert "PyTorchJob phoenix" in event["message"]
+    assert f"training resumes from its last checkpoint in {CHECKPOINTS}" in event["message"]
+
+
+async def test_a_deleted_child_of_a_succeeded_job_is_only_reported(cluster: Cluster) -> None:
+    async with running_operator(cluster):
+        await cluster.apply(btj("done"))
+        await wait_for(lambda: cluster.condition("done", "ChildCreated"), what="ChildCreated")
+        await cluster.set_child_status("done", SUCCEEDED)
+        await wait_for(lambda: cluster.status("done").get("phase") == "Succeeded", what="phase Succeeded")
+        first = child_uid(cluster, "done")
+
+        await cluster.delete_child("done")
+        await wait_for(
+            lambda: child_created(cluster, "done").get("reason") == "ChildDeleted", what="ChildDeleted"
+        )
+        await cluster.settle("done")
+
+    condition = child_created(cluster, "done")
+    assert condition["status"] == "False"
+    assert condition["message"] == (
+        "PyTorchJob done was deleted; the job had finished, so it is not re-created."
+    )
+    assert cluster.job("done") is None and cluster.creates("pytorchjobs") == 1
+    status = cluster.status("done")
+    assert status["phase"] == "Succeeded" and status["child"]["uid"] == first
+    assert "ChildRecreated" not in reasons(cluster, "done")
+
+
+async def test_a_restart_does_not_rerun_a_finished_job_whose_child_is_gone(cluster: Cluster) -> None:
+    # The child finished and was deleted while no operator ran: no DELETED event ever reaches one.
+    await cluster.apply(btj("finished"))
+    await cluster.set_btj_status("finished", recorded("finished", "Succeeded", uid="gone-while-down"))
+    async with running_operator(cluster):
+        await wait_for(lambda: cluster.condition("finished", "ChildCreated"), what="ChildCreated")
+        await cluster.settle("finished")
+    condition = child_created(cluster, "finished")
+    assert condition["status"] == "False" and condition["reason"] == "ChildDeleted"
+    assert "not re-created" in condition["message"]
+    assert cluster.creates("pytorchjobs") == 0 and cluster.status("finished")["phase"] == "Succeeded"
+
+
+async def test_a_restart_recreates_the_missing_child_of_a_running_job(cluster: Cluster) -> None:
+    await cluster.apply(btj("lost"))
+    await cluster.set_btj_status("lost", recorded("lost", "Running", uid="gone-while-down"))
+    async with running_operator(cluster):
+        await wait_for(
+            lambda: child_created(cluster, "lost").get("status") == "True", what="ChildCreated True"
+        )
+        await cluster.settle("lost")
+    assert cluster.creates("pytorchjobs") == 1 and live_children(cluster) == 1
+    assert cluster.status("lost")["child"]["uid"] == child_uid(cluster, "lost")
+    assert cluster.status("lost")["phase"] == "Pending"
+    (event,) = [e for e in cluster.events("lost") if e["reason"] == "ChildRecreated"]
+    # The example sets no checkpoint folder: the Event says so instead of promising a resume.
+    assert "spec.training.checkpoint.path is not set" in event["message"]
+    assert "Created" not in reasons(cluster, "lost")
+
+
+async def test_a_stale_deletion_report_creates_no_duplicate(cluster: Cluster) -> None:
+    # The BTJ says its child was deleted, but a child of the same name exists again (re-created by an
+    # earlier run, or the report is stale): it is taken as it is.
+    created = await cluster.apply(btj("twice"))
+    await cluster._json("POST", PYTORCHJOBS, owned_job("twice", created["metadata"]["uid"]))
+    existing = child_uid(cluster, "twice")
+    status = recorded("twice", "Running", uid="an-older-child")
+    status["conditions"] = [
+        {
+            "type": "ChildCreated",
+            "status": "False",
+            "reason": "ChildDeleted",
+            "message": "PyTorchJob twice was deleted; re-creating it.",
+            "lastTransitionTime": "2026-11-30T00:00:00Z",
+        }
+    ]
+    await cluster.set_btj_status("twice", status)
+    async with running_operator(cluster):
+        await wait_for(
+            lambda: child_created(cluster, "twice").get("status") == "True", what="ChildCreated True"
+        )
+        await cluster.settle("twice")
+    assert cluster.creates("pytorchjobs") == 1, "only the test's own create"
+    assert child_created(cluster, "twice").get("reason") == "Exists"
+    assert cluster.status("twice")["child"]["uid"] == existing
+    assert "ChildRecreated" not in reasons(cluster, "twice")
+
+
+async def test_a_child_deleted_before_reconcile_records_it_is_still_recreated(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The race: reconcile creates the child, the user deletes it and the child watcher reports that, and only
+    # then does reconcile write status from its copy of the (now deleted) child. That write must keep the
+    # report, or the BTJ would point at a child that is gone and nothing would bring it back.
+    original = HardenedEmulator._handle_one
+    raced: list[str] = []
+
+    async def create_then_delete(emulator: HardenedEmulator, request: Any) -> Any:
+        response = await original(emulator, request)
+        if (
+            not raced
+            and request.method.value == "POST"
+            and request.resource is not None
+            and request.resource.plural == "pytorchjobs"
+            and from_operator(request)
+        ):
+            raced.append(str(child_uid(cluster, "racy")))
+            await cluster.delete_child("racy")
+            await wait_for(
+                lambda: child_created(cluster, "racy").get("reason") == "ChildDeleted", what="the report"
+            )
+        return response  # only now does the operator learn that its create succeeded
+
+    monkeypatch.setattr(HardenedEmulator, "_handle_one", create_then_delete)
+    async with running_operator(cluster):
+        await cluster.apply(btj("racy"))
+        await wait_for(
+            lambda: (
+                cluster.status("racy")["child"]["uid"] not in (None, *raced)
+                and child_created(cluster, "racy").get("status") == "True"
+            ),
+            what="the re-created child recorded",
+        )
+        await cluster.settle("racy")
+    assert raced, "the hook deleted the first child"
+    # No status written after the report claims that the deleted child exists.
+    writes = status_writes(cluster, "racy")
+    reported = next(i for i, w in enumerate(writes) if condition_of(w).get("reason") == "ChildDeleted")
+    for written in writes[reported:]:
+        claims = condition_of(written).get("status") == "True"
+        assert not (claims and (written.get("child") or {}).get("uid") == raced[0]), written
+    assert cluster.status("racy")["child"]["uid"] == child_uid(cluster, "racy")
+    assert cluster.creates("pytorchjobs") == 2 and live_children(cluster) == 1
+    assert reasons(cluster, "racy").count("ChildRecreated") == 1
+
+
+def status_writes(cluster: Cluster, name: str) -> list[dict[str, Any]]:
+    """BTJ `name`'s status after each PATCH of its /status, in the order the API server took them."""
+    statuses = []
+    for r in cluster.k.requests:
+        if not (
+            r.method.value == "PATCH"
+            and r.resource is not None
+            and r.resource.plural == "blackwelltrainingjobs"
+            and r.subresource == "status"
+            and r.name == name
+        ):
+            continue
+        # The emulator stores each accepted write as one JSON-patch "replace" of the whole object.
+        for op in r.data if isinstance(r.data, list) else []:
+            if op.get("op") == "replace" and op.get("path") == "":
+                statuses.append(dict(op["value"].get("status") or {}))
+    return statuses
+
+
+def condition_of(status: dict[str, Any], type_: str = "ChildCreated") -> dict[str, Any]:
+    return next((dict(c) for c in status.get("conditions") or [] if c.get("type") == type_), {})
+
+
+def recorded(name: str, phase: str, *, uid: str) -> dict[str, Any]:
+    """A status an earlier operator run left: a phase and a child reference."""
+    return {
+        "phase": phase,
+        "observedGeneration": 1,
+        "child": {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": name, "uid": uid},
+    }
+
+
+def owned_job(name: str, owner_uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {
+            "name": name,
+            "labels": {"app.kubernetes.io/managed-by": "blackwell-operator"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "training.blackwell.dev/v1alpha1",
+                    "kind": "BlackwellTrainingJob",
+                    "name": name,
+                    "uid": owner_uid,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {},
+    }
+
+
+def deleted_report(phase: str, **metadata: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "x", **metadata},
+        "status": {
+            "phase": phase,
+            "child": {"uid": "u1"},
+            "conditions": [{"type": "ChildCreated", "status": "False", "reason": "ChildDeleted"}],
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("btj_object", "wanted"),
+    [
+        (deleted_report("Running"), True),
+        (deleted_report("Pending"), True),
+        (deleted_report("Succeeded"), False),
+        (deleted_report("Failed"), False),
+        (deleted_report("Running", deletionTimestamp="2026-11-30T00:00:00Z"), False),
+        ({"metadata": {"name": "x"}, "status": {"phase": "Running", "child": {"uid": "u1"}}}, False),
+    ],
+    ids=["running", "pending", "succeeded", "failed", "being-deleted", "child-present"],
+)
+def test_which_btjs_want_their_child_back(btj_object: dict[str, Any], wanted: bool) -> None:
+    assert wants_child_back(btj_object) is wanted
+
+
+def test_the_recreation_counter_is_exported_from_the_start() -> None:
+    metrics = OperatorMetrics()
+    families = {f.name: f for f in text_string_to_metric_families(metrics.exposition().decode())}
+    (sample,) = [s for s in families["btj_operator_children_recreated"].samples if s.name.endswith("_total")]
+    assert sample.value == 0
+    metrics.children_recreated.inc()
+    assert b"btj_operator_children_recreated_total 1.0" in metrics.exposition()
