@@ -24,6 +24,7 @@ import json
 import os
 import platform
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -291,6 +292,8 @@ def worker(plan_path: Path, result_dir: Path, warmup: int, timed: int) -> None:
         if torch.cuda.is_available():
             result["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
             result["peak_reserved_bytes"] = int(torch.cuda.max_memory_reserved())
+            # >0 means the allocator hit the GPU's capacity and freed its cache to go on (slow steps).
+            result["alloc_retries"] = int(torch.cuda.memory_stats().get("num_alloc_retries", 0))
         (result_dir / f"result.rank{runtime.rank}.json").write_text(json.dumps(result))
         sys.stdout.flush()
         sys.stderr.flush()
@@ -300,6 +303,13 @@ def worker(plan_path: Path, result_dir: Path, warmup: int, timed: int) -> None:
 
 
 # --------------------------------------------------------------------------------------------------- parent
+
+
+def _free_port() -> int:
+    """A TCP port nothing listens on now (the OS picks it), for torchrun's rendezvous store."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _descendants(pid: int) -> list[int]:
@@ -365,6 +375,7 @@ def merge(
     ok = status is RecordStatus.OK
     allocated = [r["peak_allocated_bytes"] for r in results if r.get("peak_allocated_bytes")]
     reserved = [r["peak_reserved_bytes"] for r in results if r.get("peak_reserved_bytes")]
+    retries = [int(r["alloc_retries"]) for r in results if r.get("alloc_retries") is not None]
     losses = [float(v) for v in rank0.get("losses", [])]
     notes = "; ".join(
         d for d in [*(str(r.get("detail", "")) for r in results if r.get("detail")), detail] if d
@@ -377,6 +388,7 @@ def merge(
             step_times_seconds=times,
             peak_allocated_bytes=max(allocated) if ok and allocated else None,
             peak_reserved_bytes=max(reserved) if ok and reserved else None,
+            alloc_retries=max(retries) if retries else None,
             loss=losses[-1] if losses else None,
             losses=losses,
             gpu_name=env["gpu_name"],
@@ -449,7 +461,7 @@ class Harness:
             str(self.timed),
         ]
         if fam.gpus > 1:
-            port = 20000 + (os.getpid() * 7 + gpu_ids[0] * 101 + mbs) % 20000
+            port = _free_port()
             cmd = [
                 sys.executable,
                 "-m",
@@ -504,6 +516,8 @@ class Harness:
             append_record(self.out / "records.jsonl", rec)
         tps = f"{rec.tokens_per_second_per_gpu:,.0f} tok/s/GPU" if rec.tokens_per_second_per_gpu else ""
         mem = f"reserved {rec.peak_reserved_bytes / 2**30:.1f} GiB" if rec.peak_reserved_bytes else ""
+        if rec.alloc_retries:
+            mem += f" ({rec.alloc_retries} allocator retries: at capacity)"
         pred = rec.predicted
         p = (
             f"(predicted {pred.tokens_per_second_per_gpu:,.0f}, {pred.memory.peak_reserved / 2**30:.1f} GiB)"

@@ -89,3 +89,20 @@ def test_an_oom_is_never_a_pick(base: Calibration) -> None:
     oom = record("llama3.2-1b", 4096, candidate(64, "none"), status=RecordStatus.OOM)
     c = compare(oom, base)
     assert not c.fits_within(DEFAULT_HEADROOM)
+
+
+def test_counted_allocator_retries_decide_whether_a_run_was_at_capacity(base: Calibration) -> None:
+    def run(retries: int | None, reserved_gib: float) -> bool:
+        r = record(
+            "llama3.2-3b",
+            4096,
+            candidate(8, "none"),
+            tokens_per_second_per_gpu=26000.0,
+            peak_reserved_bytes=round(reserved_gib * GIB),
+            alloc_retries=retries,
+        )
+        return compare(r, base).measured_at_capacity
+
+    # Without the count (older records) a pool at the cap is taken as at capacity; with it, the count rules.
+    assert run(None, 138.4) and not run(None, 100.0)
+    assert not run(0, 138.4) and run(3, 120.0)

@@ -93,7 +93,12 @@ class Comparison:
 
     @property
     def measured_at_capacity(self) -> bool:
-        """The run filled the GPU: its step time includes the allocator's frees and retries at the cap."""
+        """The run filled the GPU: its step time includes the allocator's frees and retries at the cap.
+
+        Records that counted the allocator's retries say so directly; older ones are judged by their pool.
+        """
+        if self.record.alloc_retries is not None:
+            return self.record.ran and self.record.alloc_retries > 0
         m = self.record.peak_reserved_bytes
         return bool(self.record.ran and m and m >= AT_CAPACITY * self.pool_capacity)
 

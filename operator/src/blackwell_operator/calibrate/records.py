@@ -78,6 +78,12 @@ class CalibrationRecord(BaseModel):
         default=None, ge=0, description="torch.cuda.max_memory_allocated."
     )
     peak_reserved_bytes: int | None = Field(default=None, ge=0, description="torch.cuda.max_memory_reserved.")
+    alloc_retries: int | None = Field(
+        default=None,
+        ge=0,
+        description="The caching allocator's num_alloc_retries (largest rank): frees and retries when the "
+        "GPU was full, i.e. the run was at capacity.",
+    )
     loss: float | None = Field(default=None, description="Loss of the last step.")
     losses: list[float] = Field(default_factory=list)
     gpu_name: str = Field(default="", description="Device name as CUDA reports it (or 'cpu').")
