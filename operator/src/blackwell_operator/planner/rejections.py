@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from blackwell_operator.calibration import Calibration
+from blackwell_operator.catalogs import get_instance
 from blackwell_operator.errors import PlanningError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner.candidates import CP_DEGREES, Pins, families
@@ -85,9 +86,15 @@ def no_plan(
         )
     scored = [f.first_too_big for f in result.families if f.first_too_big is not None]
     smallest_mem = min((s.memory.peak_reserved for s in scored), default=0)
-    nodes = smallest_node_count(spec, cal, pins)
-    cp_fix = None if nodes else smallest_context_parallel_layout(spec, cal, pins)
-    if nodes:
+    field = "spec.cluster.nodes"
+    gpus = smallest_gpus_per_node(spec, cal, pins)
+    nodes = None if gpus else smallest_node_count(spec, cal, pins)
+    cp_fix = None if gpus or nodes else smallest_context_parallel_layout(spec, cal, pins)
+    if gpus:
+        # The nodes have GPUs the spec leaves idle: sharding over them is the cheapest fix.
+        field = "spec.cluster.gpusPerNode"
+        fix = f"use gpusPerNode: {gpus} or more (the instance has {problem.hw.instance.gpus_per_node})"
+    elif nodes:
         fix = f"use at least {nodes} nodes"
     elif cp_fix:
         cp_nodes, cp = cp_fix
@@ -105,12 +112,31 @@ def no_plan(
     else:
         fix = "use a larger GPU, a shorter sequence or fewer parameters"
     hw = problem.hw
+    part = hw.gpus_per_node < hw.instance.gpus_per_node
+    using = f" ({hw.gpus_per_node} GPU{'s' if hw.gpus_per_node > 1 else ''} per node)" if part else ""
     return PlanningError(
-        "spec.cluster.nodes",
+        field,
         f"nothing fits: the smallest candidate needs {gib(smallest_mem)} per GPU > {gib(budget)} budget on "
-        f"{hw.nodes} x {hw.instance.instance_type}",
+        f"{hw.nodes} x {hw.instance.instance_type}{using}",
         fix,
     )
+
+
+def smallest_gpus_per_node(spec: BlackwellTrainingJobSpec, cal: Calibration, pins: Pins) -> int | None:
+    """Fewest GPUs per node that fit on the spec's nodes, when it uses fewer GPUs than a node has."""
+    asked = spec.cluster.gpus_per_node
+    available = get_instance(spec.cluster.instance_type).gpus_per_node
+    if asked is None or asked >= available:
+        return None
+    for gpus in range(asked + 1, available + 1):
+        wider = spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"gpus_per_node": gpus})})
+        hw = hardware_for(wider)
+        problem = problem_for(wider, cal, hw)
+        problem.global_batch_tokens = None
+        for fam in families(pins, hw, cal, spec.training.sequence_length, spec.tuning.compile):
+            if fam.sharding is not Sharding.NONE and problem.fits(fam):
+                return gpus
+    return None
 
 
 def smallest_context_parallel_layout(
