@@ -130,13 +130,20 @@ def smallest_gpus_per_node(spec: BlackwellTrainingJobSpec, cal: Calibration, pin
         return None
     for gpus in range(asked + 1, available + 1):
         wider = spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"gpus_per_node": gpus})})
-        hw = hardware_for(wider)
-        problem = problem_for(wider, cal, hw)
-        problem.global_batch_tokens = None
-        for fam in families(pins, hw, cal, spec.training.sequence_length, spec.tuning.compile):
-            if fam.sharding is not Sharding.NONE and problem.fits(fam):
-                return gpus
+        if _some_candidate_fits(wider, cal, pins, spec.cluster.nodes):
+            return gpus
     return None
+
+
+def _some_candidate_fits(spec: BlackwellTrainingJobSpec, cal: Calibration, pins: Pins, nodes: int) -> bool:
+    """Whether any sharded candidate fits at micro-batch 1 on `nodes` nodes (whatever the global batch)."""
+    hw = hardware_for(spec, nodes)
+    problem = problem_for(spec, cal, hw)
+    problem.global_batch_tokens = None
+    for fam in families(pins, hw, cal, spec.training.sequence_length, spec.tuning.compile):
+        if fam.sharding is not Sharding.NONE and problem.fits(fam):
+            return True
+    return False
 
 
 def smallest_context_parallel_layout(
@@ -160,13 +167,7 @@ def smallest_node_count(spec: BlackwellTrainingJobSpec, cal: Calibration, pins: 
     """Fewest nodes at which some candidate fits at micro-batch 1 (doubling, then bisection)."""
 
     def fits(nodes: int) -> bool:
-        hw = hardware_for(spec, nodes)
-        problem = problem_for(spec, cal, hw)
-        problem.global_batch_tokens = None
-        for fam in families(pins, hw, cal, spec.training.sequence_length, spec.tuning.compile):
-            if fam.sharding is not Sharding.NONE and problem.fits(fam):
-                return True
-        return False
+        return _some_candidate_fits(spec, cal, pins, nodes)
 
     lo, hi = spec.cluster.nodes, spec.cluster.nodes * 2
     while not fits(hi):
