@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from blackwell_operator.calibration import load_calibration
@@ -112,6 +112,10 @@ def test_pinning_never_beats_the_unpinned_optimum(
     except PlanningError:
         return
     value = data.draw(st.sampled_from(PIN_CHOICES[knob]))
+    if knob == "contextParallel" and value > 1:
+        # Auto offers CP only where the profile says its throughput is measured; until then a pinned CP
+        # may be predicted faster than auto's choice (70B on one B200 node at 8192), by design.
+        assume(load_calibration("btj-trainer").trainer.offers_auto_context_parallel)
     try:
         pinned = plan_job(make_spec(preset, instance, nodes, seq, **{knob: value}))
     except PlanningError:
