@@ -10,8 +10,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from blackwell_operator.handlers.btjstatus import wants_child_back
 from blackwell_operator.metrics import OperatorMetrics
-from blackwell_operator.testing.emulator import PYTORCHJOB_RESOURCE, HardenedEmulator
+from blackwell_operator.testing.emulator import HYPERPOD_RESOURCE, PYTORCHJOB_RESOURCE, HardenedEmulator
 from tests.operator.harness import (
+    HYPERPODJOBS,
     NAMESPACE,
     PYTORCHJOBS,
     Cluster,
@@ -81,6 +82,7 @@ async def test_a_deleted_child_of_a_running_job_is_recreated(
         # The new child is followed like the first one.
         await cluster.set_child_status("phoenix", RUNNING)
         await wait_for(lambda: cluster.status("phoenix").get("phase") == "Running", what="Running again")
+        await wait_for(lambda: "ChildRecreated" in reasons(cluster, "phoenix"), what="the Event")
         await cluster.settle("phoenix")
         async with http.get(f"http://127.0.0.1:{port}/metrics") as response:
             exposition = await response.text()
@@ -121,6 +123,47 @@ async def test_a_deleted_child_of_a_succeeded_job_is_only_reported(cluster: Clus
     assert "ChildRecreated" not in reasons(cluster, "done")
 
 
+async def test_a_deleted_hyperpod_job_is_recreated_too(cluster: Cluster) -> None:
+    async with running_operator(cluster):
+        await cluster.apply(btj("hp", backend="HyperPodPyTorchJob"))
+        await wait_for(lambda: child_created(cluster, "hp").get("status") == "True", what="ChildCreated")
+        first = cluster.status("hp")["child"]["uid"]
+        await cluster.delete_child("hp", collection=HYPERPODJOBS)
+        await wait_for(
+            lambda: (
+                cluster.status("hp")["child"]["uid"] != first
+                and child_created(cluster, "hp").get("status") == "True"
+            ),
+            what="the re-created HyperPodPyTorchJob recorded",
+        )
+        await wait_for(lambda: "ChildRecreated" in reasons(cluster, "hp"), what="the Event")
+        await cluster.settle("hp")
+    job = cluster.job("hp", HYPERPOD_RESOURCE)
+    assert job is not None and job["metadata"]["uid"] == cluster.status("hp")["child"]["uid"]
+    assert cluster.creates("hyperpodpytorchjobs") == 2
+    (event,) = [e for e in cluster.events("hp") if e["reason"] == "ChildRecreated"]
+    assert "HyperPodPyTorchJob hp" in event["message"]
+
+
+async def test_a_child_deleted_after_dry_run_was_turned_on_is_not_recreated(cluster: Cluster) -> None:
+    async with running_operator(cluster):
+        await cluster.apply(btj("paused"))
+        await wait_for(lambda: child_created(cluster, "paused").get("status") == "True", what="ChildCreated")
+        await cluster.patch_spec("paused", {"dryRun": True})
+        await wait_for(lambda: child_created(cluster, "paused").get("reason") == "DryRun", what="dry run")
+        await cluster.delete_child("paused")
+        await wait_for(
+            lambda: any(
+                condition_of(w).get("reason") == "ChildDeleted" for w in status_writes(cluster, "paused")
+            ),
+            what="the deletion reported",
+        )
+        await cluster.settle("paused")
+    assert cluster.job("paused") is None and cluster.creates("pytorchjobs") == 1
+    assert child_created(cluster, "paused").get("reason") == "DryRun"
+    assert cluster.status("paused")["phase"] == "Planned"
+
+
 async def test_a_restart_does_not_rerun_a_finished_job_whose_child_is_gone(cluster: Cluster) -> None:
     # The child finished and was deleted while no operator ran: no DELETED event ever reaches one.
     await cluster.apply(btj("finished"))
@@ -141,6 +184,7 @@ async def test_a_restart_recreates_the_missing_child_of_a_running_job(cluster: C
         await wait_for(
             lambda: child_created(cluster, "lost").get("status") == "True", what="ChildCreated True"
         )
+        await wait_for(lambda: "ChildRecreated" in reasons(cluster, "lost"), what="the Event")
         await cluster.settle("lost")
     assert cluster.creates("pytorchjobs") == 1 and live_children(cluster) == 1
     assert cluster.status("lost")["child"]["uid"] == child_uid(cluster, "lost")
@@ -214,6 +258,7 @@ async def test_a_child_deleted_before_reconcile_records_it_is_still_recreated(
             ),
             what="the re-created child recorded",
         )
+        await wait_for(lambda: "ChildRecreated" in reasons(cluster, "racy"), what="the Event")
         await cluster.settle("racy")
     assert raced, "the hook deleted the first child"
     # No status written after the report claims that the deleted child exists.

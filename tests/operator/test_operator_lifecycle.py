@@ -23,6 +23,8 @@ async def test_apply_creates_configmap_and_pytorchjob_with_owner_and_plan(cluste
     async with running_operator(cluster) as runner:
         created = await cluster.apply(btj("llama"))
         await wait_for(lambda: cluster.status("llama").get("phase") == "Pending", what="phase Pending")
+        # The child watcher can set the phase first; ChildCreated comes only with reconcile's status write.
+        await wait_for(lambda: cluster.condition("llama", "ChildCreated"), what="ChildCreated")
         await wait_for(lambda: cluster.events("llama"), what="an Event")
         job, config_map = cluster.job("llama"), cluster.config_map("llama-plan")
     assert runner.exception is None and runner.exit_code == 0
@@ -219,6 +221,7 @@ async def test_spec_change_of_a_running_job_is_reported_not_applied(cluster: Clu
             },
         )
         await wait_for(lambda: cluster.status("busy").get("phase") == "Running", what="phase Running")
+        await wait_for(lambda: cluster.condition("busy", "ChildCreated"), what="ChildCreated (status.plan)")
         plan_before = cluster.status("busy")["plan"]
         job_before = cluster.job("busy")
         await cluster.patch_spec("busy", {"cluster": {"instanceType": "ml.p6-b200.48xlarge", "nodes": 4}})

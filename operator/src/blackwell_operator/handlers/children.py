@@ -82,7 +82,9 @@ def on_child_event(
         recorded = (status.get("child") or {}).get("uid")
         if recorded and recorded != child_uid:
             return None
-        generation = status.get("observedGeneration")
+        # Before reconcile's first status write there is no observedGeneration yet: the child was made from
+        # the current spec, so stamp that generation (else these conditions would keep none).
+        generation = status.get("observedGeneration") or btj["metadata"].get("generation")
         now = now_rfc3339()
         if event_type == "DELETED":
             # Reported here; the BTJ's own event handler (recreate-child) brings the child back when
