@@ -17,11 +17,11 @@ from tests.operator.harness import (
     PYTORCHJOBS,
     Cluster,
     btj,
+    free_port,
     from_operator,
     running_operator,
     wait_for,
 )
-from tests.operator.test_metrics_and_rbac import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -121,6 +121,30 @@ async def test_a_deleted_child_of_a_succeeded_job_is_only_reported(cluster: Clus
     status = cluster.status("done")
     assert status["phase"] == "Succeeded" and status["child"]["uid"] == first
     assert "ChildRecreated" not in reasons(cluster, "done")
+
+
+async def test_a_failed_recreate_is_retried(cluster: Cluster) -> None:
+    # Kopf does not retry event handlers; recreate-child retries the reconcile path itself.
+    async with running_operator(cluster):
+        await cluster.apply(btj("retry"))
+        await wait_for(lambda: child_created(cluster, "retry").get("status") == "True", what="ChildCreated")
+        first = cluster.status("retry")["child"]["uid"]
+        fault = cluster.k.inject_fault("post", "pytorchjobs", 503, times=2)
+        await cluster.delete_child("retry")
+        await wait_for(
+            lambda: (
+                cluster.status("retry")["child"]["uid"] != first
+                and child_created(cluster, "retry").get("status") == "True"
+            ),
+            what="the re-created child recorded",
+            timeout=30,
+        )
+        await wait_for(lambda: "ChildRecreated" in reasons(cluster, "retry"), what="the Event")
+        await cluster.settle("retry")
+    assert fault.times == 0
+    assert cluster.creates("pytorchjobs") == 4, "the first create, two refused, the re-create"
+    assert live_children(cluster) == 1
+    assert cluster.status("retry")["child"]["uid"] == child_uid(cluster, "retry")
 
 
 async def test_a_deleted_hyperpod_job_is_recreated_too(cluster: Cluster) -> None:

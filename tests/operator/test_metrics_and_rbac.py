@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -18,6 +17,7 @@ from tests.operator.harness import (
     Cluster,
     api_calls,
     btj,
+    free_port,
     from_operator,
     running_operator,
     wait_for,
@@ -25,12 +25,6 @@ from tests.operator.harness import (
 
 pytestmark = pytest.mark.integration
 T = TypeVar("T")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def test_metrics_and_health_are_served(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
