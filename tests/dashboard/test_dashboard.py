@@ -197,6 +197,8 @@ def test_the_promised_panels_are_there() -> None:
         "btj_operator_reconcile_errors_total",
         "btj_operator_jobs",
         "btj_operator_reconcile_duration_seconds_bucket",
+        "btj_trainer_gpu_alloc_retries_total",
+        "btj_operator_children_recreated_total",
     ):
         assert metric in used, f"no panel queries {metric}"
     expressions = " ".join(expr for _, expr in queries())

@@ -70,6 +70,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 mfu=0.41,
                 peak_allocated_bytes=70 * 2**30,
                 peak_reserved_bytes=78 * 2**30,
+                alloc_retries=step // 3,
             )
             if step % 5 == 0:
                 trainer.record_checkpoint(time.time())
@@ -77,6 +78,8 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 operator.observe_job(f"uid-{step % 3}", "Running")
             if step % 4 == 0:
                 operator.record_error("ApiError")
+            if step % 6 == 0:
+                operator.children_recreated.inc()
             stop.wait(0.2)
 
     worker = threading.Thread(target=work, daemon=True)

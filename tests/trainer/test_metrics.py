@@ -22,6 +22,7 @@ EXPECTED_TYPES = {
     "btj_trainer_model_flops_utilization_ratio": "gauge",
     "btj_trainer_loss": "gauge",
     "btj_trainer_gpu_memory_peak_bytes": "gauge",
+    "btj_trainer_gpu_alloc_retries": "counter",
     "btj_trainer_predicted_tokens_per_second": "gauge",
     "btj_trainer_predicted_memory_peak_bytes": "gauge",
     "btj_trainer_predicted_model_flops_utilization_ratio": "gauge",
@@ -145,3 +146,33 @@ def test_instances_do_not_share_a_registry(plan: Plan) -> None:
 def test_a_busy_port_is_a_clear_error(served: TrainerMetrics, plan: Plan) -> None:
     with pytest.raises(RuntimeError, match="metricsPort"):
         TrainerMetrics(plan).serve(served.port or 0)
+
+
+def test_allocator_retries_count_up_from_the_cumulative_value(served: TrainerMetrics) -> None:
+    # The allocator reports a running total; the counter adds what is new and never goes back.
+    for total in (0, 0, 3, 3, 7, 5):
+        served.record_step(
+            tokens=1,
+            step_seconds=0.1,
+            loss=1.0,
+            mfu=0.1,
+            peak_allocated_bytes=1,
+            peak_reserved_bytes=1,
+            alloc_retries=total,
+        )
+    assert served.port is not None
+    families = scrape(served.port)
+    assert value(families["btj_trainer_gpu_alloc_retries"], "btj_trainer_gpu_alloc_retries_total") == 7
+
+
+def test_a_full_gpu_is_logged_once_per_new_burst(caplog: pytest.LogCaptureFixture) -> None:
+    from blackwell_trainer.train import warn_at_capacity
+
+    with caplog.at_level("WARNING", logger="blackwell_trainer"):
+        warned = 0
+        for step, total in enumerate((0, 0, 2, 2, 2, 5), start=1):
+            warned = warn_at_capacity(total, warned, step)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2 and warned == 5
+    assert "step 3: the GPU was full 2 time(s)" in messages[0]
+    assert "spec.tuning.memoryHeadroom" in messages[1]

@@ -92,6 +92,13 @@ class TrainerMetrics:
             ["kind"],
             registry=r,
         )
+        self.alloc_retries = Counter(
+            "btj_trainer_gpu_alloc_retries",
+            "Times local rank 0's CUDA caching allocator found the GPU full and freed its cache to retry "
+            "(torch.cuda.memory_stats num_alloc_retries): steps at the GPU's capacity, which run slowly.",
+            registry=r,
+        )
+        self._alloc_retries_seen = 0
         self.predicted_tokens = Gauge(
             "btj_trainer_predicted_tokens_per_second",
             "The plan's predicted training tokens/s per GPU.",
@@ -154,6 +161,7 @@ class TrainerMetrics:
         mfu: float,
         peak_allocated_bytes: int,
         peak_reserved_bytes: int,
+        alloc_retries: int = 0,
     ) -> None:
         """Record one optimizer step.
 
@@ -165,6 +173,7 @@ class TrainerMetrics:
             mfu: model FLOPs utilisation of the step, 0-1.
             peak_allocated_bytes: torch.cuda.max_memory_allocated() (0 on CPU).
             peak_reserved_bytes: torch.cuda.max_memory_reserved() (0 on CPU).
+            alloc_retries: the allocator's cumulative num_alloc_retries since start (0 on CPU).
         """
         with self._lock:
             self.tokens.inc(tokens * self.gpus)
@@ -174,6 +183,9 @@ class TrainerMetrics:
             self.mfu.set(mfu)
             self.memory_peak.labels(kind="allocated").set(peak_allocated_bytes)
             self.memory_peak.labels(kind="reserved").set(peak_reserved_bytes)
+            if alloc_retries > self._alloc_retries_seen:
+                self.alloc_retries.inc(alloc_retries - self._alloc_retries_seen)
+                self._alloc_retries_seen = alloc_retries
 
     def record_checkpoint(self, timestamp: float) -> None:
         """Record the Unix time at which a complete checkpoint was written."""

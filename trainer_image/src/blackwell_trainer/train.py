@@ -248,6 +248,28 @@ def _memory_peaks(device: torch.device) -> tuple[int, int]:
     return int(torch.cuda.max_memory_allocated(device)), int(torch.cuda.max_memory_reserved(device))
 
 
+def _alloc_retries(device: torch.device) -> int:
+    """The caching allocator's cumulative frees-and-retries at the GPU's capacity (0 off CUDA)."""
+    if device.type != "cuda":
+        return 0
+    return int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))
+
+
+def warn_at_capacity(retries: int, warned: int, step: int) -> int:
+    """Log (once per new burst) that the GPU was full; returns the count already warned about."""
+    if retries > warned:
+        # Measured on H200 (docs/calibration/README.md): runs at the cap lost up to 36% of their speed.
+        log.warning(
+            "step %d: the GPU was full %d time(s) so far (the CUDA caching allocator freed its cache and "
+            "retried); steps at the GPU's capacity run slowly. Re-plan with a smaller micro-batch or a "
+            "larger spec.tuning.memoryHeadroom.",
+            step,
+            retries,
+        )
+        return retries
+    return warned
+
+
 def run(plan: Plan, runtime: Runtime) -> int:
     """Train to plan.steps, resuming from the latest complete checkpoint; 0 on completion or preemption."""
     from .checkpoint import Checkpointer, PreemptionGuard
@@ -279,10 +301,12 @@ def run(plan: Plan, runtime: Runtime) -> int:
             log.info("resumed at step %d", trainer.step_index)
         accum = plan.chosen.gradient_accumulation_steps
         interval = plan.checkpoint.interval_steps
+        retries_warned = 0
         while trainer.step_index < plan.steps:
             result = trainer.step([source.next_batch() for _ in range(accum)])
             step = trainer.step_index
             allocated, reserved = _memory_peaks(runtime.device)
+            retries = _alloc_retries(runtime.device)
             metrics.record_step(
                 tokens=result.tokens,
                 step_seconds=result.seconds,
@@ -290,7 +314,10 @@ def run(plan: Plan, runtime: Runtime) -> int:
                 mfu=result.mfu,
                 peak_allocated_bytes=allocated,
                 peak_reserved_bytes=reserved,
+                alloc_retries=retries,
             )
+            if runtime.rank == 0:
+                retries_warned = warn_at_capacity(retries, retries_warned, step)
             if runtime.rank == 0 and (step % plan.log_every_steps == 0 or step == plan.steps):
                 log.info(
                     "step %d/%d loss %.4f lr %.3g tokens/s/gpu %.0f mfu %.1f%% step %.3fs "
