@@ -175,8 +175,9 @@ def estimate_memory(
     # all-gather and reduce-scatter buffers of a sharded job stay reserved beside the default pool.
     comm_pools = m.fragmentation_comm_bytes if layout.shard_degree > 1 else 0.0
     reserved_backward = backward + m.fragmentation_base_bytes + comm_pools + m.fragmentation_dynamic * saved
-    # Gradients are freed after each step (zero_grad sets them to None); the next forward's activations
-    # reuse those segments only in part, so the pool keeps growing by a fraction of them.
+    # Gradients are freed after each step (zero_grad sets them to None) into the pool of the stream that
+    # made them (FSDP2's reduce-scatter), which the next forward's activations cannot use: on H200 reserved
+    # minus allocated equalled the gradient bytes on every 1B/3B run (docs/calibration/README.md).
     reserved_backward += m.fragmentation_transient * transient + m.fragmentation_gradients * grads
     reserved_optimizer = optimizer + m.fragmentation_base_bytes + m.fragmentation_optimizer * optimizer
     # The caching allocator's pool is a high-water mark: it keeps what the larger phase reserved.
