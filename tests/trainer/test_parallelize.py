@@ -145,3 +145,19 @@ def test_fsdp2_model_matches_the_single_device_model(
     for name, param in model.named_parameters():
         grad = param.grad.full_tensor() if hasattr(param.grad, "full_tensor") else param.grad
         torch.testing.assert_close(grad, ref_grads[_clean(name)], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_the_plans_gpu_memory_decides_whether_bf16_weights_stay_gathered(world_of_one: None) -> None:
+    from blackwell_trainer.config import KEEP_GATHERED_MEMORY_FRACTION, STATE_BYTES_WITH_COMPUTE_COPY
+    from blackwell_trainer.parallelize import _should_reshard
+
+    model = build_model(ARCH, max_seq_len=SEQ, loss_chunk_tokens=8)
+    mesh = build_mesh(_candidate(), 1, "cpu")
+    cuda = torch.device("cuda")  # a descriptor only: with the plan's memory given, no CUDA call is made
+    states = STATE_BYTES_WITH_COMPUTE_COPY * ARCH.parameter_count()
+    # The same boundary the planner uses (config.keeps_gathered_weights), on the plan's figure.
+    roomy = int(states / KEEP_GATHERED_MEMORY_FRACTION) + 1
+    assert not _should_reshard(model, mesh, cuda, gpu_memory_bytes=roomy)
+    assert _should_reshard(model, mesh, cuda, gpu_memory_bytes=roomy - 2)
+    # CPU (the gloo tests) always reshards.
+    assert _should_reshard(model, mesh, torch.device("cpu"), gpu_memory_bytes=roomy)

@@ -164,11 +164,17 @@ def apply_fsdp(
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
 
 
-def _should_reshard(model: Transformer, mesh: DeviceMesh, device: torch.device) -> bool:
-    """Free each block's gathered bf16 weights after forward, unless `keeps_gathered_weights` says keep."""
+def _should_reshard(
+    model: Transformer, mesh: DeviceMesh, device: torch.device, gpu_memory_bytes: int | None = None
+) -> bool:
+    """Free each block's gathered bf16 weights after forward, unless `keeps_gathered_weights` says keep.
+
+    Decided on the plan's GPU memory when given (the figure the planner decided on, so both agree at the
+    boundary), else on what CUDA reports.
+    """
     if device.type != "cuda":
         return True
-    total = torch.cuda.get_device_properties(device).total_memory
+    total = gpu_memory_bytes or torch.cuda.get_device_properties(device).total_memory
     return not keeps_gathered_weights(model.arch.parameter_count(), mesh.size(-1), total)
 
 
@@ -180,6 +186,7 @@ def parallelize(
     device: torch.device,
     amax_group: Any = None,
     seed: int = 0,
+    gpu_memory_bytes: int | None = None,
 ) -> PrecisionSetup:
     """Apply every technique in ONE fixed order, then materialise and initialise the weights.
 
@@ -204,7 +211,7 @@ def parallelize(
             model,
             mesh,
             param_dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
-            reshard_after_forward=_should_reshard(model, mesh, device),
+            reshard_after_forward=_should_reshard(model, mesh, device, gpu_memory_bytes),
         )
     model.to_empty(device=device)
     # Same seed on every rank: DTensor's RNG tracker then gives each shard its slice of one global init.

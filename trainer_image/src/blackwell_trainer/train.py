@@ -183,6 +183,7 @@ class Trainer:
             device=runtime.device,
             amax_group=dist.group.WORLD if dist.is_initialized() else None,
             seed=plan.dataset.seed,
+            gpu_memory_bytes=plan.gpu.memory_bytes or None,
         )
         self.optimizer = build_optimizer(self.model, plan, runtime.device)
         self.step_index = 0
