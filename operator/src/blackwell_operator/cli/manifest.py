@@ -100,3 +100,11 @@ def load_manifest(path: Path | None) -> BlackwellTrainingJob:
         return BlackwellTrainingJob.model_validate(jobs[0])
     except ValidationError as exc:
         raise ManifestError(f"{name}: invalid BlackwellTrainingJob\n{format_validation_error(exc)}") from exc
+
+
+def load_manifest_or_fail(path: Path | None) -> BlackwellTrainingJob:
+    """`load_manifest` for a CLI command: a bad manifest ends the command with its one-line error."""
+    try:
+        return load_manifest(path)
+    except ManifestError as exc:
+        fail(str(exc))

@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 
 from blackwell_operator.cli import app
-from blackwell_operator.cli.manifest import ManifestError, fail, load_manifest
+from blackwell_operator.cli.manifest import fail, load_manifest_or_fail
 
 _console = Console()
 
@@ -54,10 +54,7 @@ def demo(
     pause: Annotated[float, typer.Option(help="Seconds between the simulated job phases.")] = 0.5,
 ) -> None:
     """Run the real operator against an embedded KMock API server and watch it handle a BTJ."""
-    try:
-        job = load_manifest(manifest)
-    except ManifestError as exc:
-        fail(str(exc))
+    job = load_manifest_or_fail(manifest)
     try:
         import kmock  # noqa: F401
     except ImportError:

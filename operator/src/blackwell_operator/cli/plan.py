@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from blackwell_operator.cli import app
-from blackwell_operator.cli.manifest import ManifestError, fail, load_manifest
+from blackwell_operator.cli.manifest import fail, load_manifest_or_fail
 from blackwell_operator.errors import SpecError
 from blackwell_trainer.config import MEMORY_COMPONENTS, Plan
 
@@ -108,11 +108,7 @@ def plan(
     ] = None,
 ) -> None:
     """Plan a BTJ offline: the chosen configuration, memory, predicted throughput and alternatives."""
-    try:
-        job = load_manifest(file)
-    except ManifestError as exc:
-        fail(str(exc))
-        return
+    job = load_manifest_or_fail(file)
     from blackwell_operator.calibration import list_calibrations, load_calibration
     from blackwell_operator.planner import plan_job
 
@@ -123,7 +119,6 @@ def plan(
         result = plan_job(job.spec, job_name=job.metadata.name, calibration=cal)
     except SpecError as exc:
         fail(exc.message)
-        return
     if output is PlanFormat.JSON:
         typer.echo(result.to_json())
     elif output is PlanFormat.YAML:

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from blackwell_operator.cli import app
-from blackwell_operator.cli.manifest import ManifestError, fail, load_manifest
+from blackwell_operator.cli.manifest import fail, load_manifest_or_fail
 from blackwell_operator.errors import SpecError
 from blackwell_operator.render import dump_documents, render_children
 from blackwell_operator.render.crd import crd_yaml
@@ -56,16 +56,11 @@ def render(
     output: Annotated[OutputFormat, typer.Option("--output", "-o", help="yaml or json.")] = OutputFormat.YAML,
 ) -> None:
     """Print every object the operator would create for a BTJ (plan ConfigMap and job), offline."""
-    try:
-        job = load_manifest(file)
-    except ManifestError as exc:
-        fail(str(exc))
-        return
+    job = load_manifest_or_fail(file)
     name = job.metadata.name
     problem = name_problem(name)
     if problem:
         fail(f"{file or 'the manifest'}: {problem}")
-        return
     namespace = job.metadata.namespace or DEFAULT_NAMESPACE
     raw_labels: Any = (job.metadata.model_extra or {}).get("labels") or {}
     labels = (
@@ -77,7 +72,6 @@ def render(
         plan = plan_job(job.spec, job_name=name)
     except SpecError as exc:
         fail(exc.message)
-        return
     objects = render_children(name, namespace, job.spec, plan, labels=labels)
     typer.echo(plan_summary(plan), err=True)
     if job.spec.dry_run:
