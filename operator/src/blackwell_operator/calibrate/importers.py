@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from blackwell_operator.calibrate.records import CalibrationRecord, RecordStatus, Versions
+from blackwell_operator.calibration.grid import grid_candidate
 from blackwell_operator.catalogs import resolve_model
 from blackwell_operator.models.spec import ModelSpec
 from blackwell_trainer.config import (
@@ -38,22 +39,6 @@ REFERENCE_TWO_GPU_EAGER: list[dict[str, Any]] = [{"mbs": 2, "ac": "none", "token
 
 def _bytes(gib: float | None) -> int | None:
     return None if gib is None else round(float(gib) * GIB)
-
-
-def reference_candidate(mbs: int, ac: str, gpus: int = 1) -> Candidate:
-    """How the reference trainer ran: BF16, eager, full fp32 logits, FSDP2 full shard."""
-    return Candidate(
-        precision=Precision.BF16,
-        precision_recipe=PrecisionRecipe.NONE,
-        activation_checkpointing=ActivationCheckpointing(ac),
-        micro_batch_size=mbs,
-        gradient_accumulation_steps=1,
-        sharding=Sharding.FULL,
-        shard_degree=gpus,
-        replicate_degree=1,
-        compile=False,
-        loss_chunk_tokens=0,
-    )
 
 
 def from_reference_grid(path: str | Path) -> list[CalibrationRecord]:
@@ -82,7 +67,7 @@ def from_reference_grid(path: str | Path) -> list[CalibrationRecord]:
                 model_name=name,
                 architecture=arch,
                 gpus_per_node=int(grid.get("gpus", 1)),
-                candidate=reference_candidate(int(run["mbs"]), str(run["ac"])),
+                candidate=grid_candidate(int(run["mbs"]), str(run["ac"])),
                 status=RecordStatus.OOM if oom else RecordStatus.OK,
                 tokens_per_second_per_gpu=None if oom else float(run["tokens_per_second"]),
                 step_time_seconds=None
@@ -101,7 +86,7 @@ def from_reference_grid(path: str | Path) -> list[CalibrationRecord]:
                     model_name=name,
                     architecture=arch,
                     gpus_per_node=2,
-                    candidate=reference_candidate(int(run["mbs"]), str(run["ac"]), gpus=2),
+                    candidate=grid_candidate(int(run["mbs"]), str(run["ac"]), gpus=2),
                     status=RecordStatus.OK,
                     tokens_per_second_per_gpu=float(run["tokens_per_second"]),
                     detail="memory reported only as a range (106-123 GiB) for the two-GPU table",

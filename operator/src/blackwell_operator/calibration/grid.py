@@ -62,8 +62,8 @@ def grid_spec(grid: dict[str, Any], model: str, memory_headroom: float = 0.0) ->
     )
 
 
-def grid_candidate(mbs: int, ac: str) -> Candidate:
-    """A BF16 candidate on one GPU, as the reference trainer ran it."""
+def grid_candidate(mbs: int, ac: str, gpus: int = 1) -> Candidate:
+    """How the reference trainer ran: BF16, eager, full fp32 logits, FSDP2 full shard over `gpus`."""
     return Candidate(
         precision=Precision.BF16,
         precision_recipe=PrecisionRecipe.NONE,
@@ -71,7 +71,7 @@ def grid_candidate(mbs: int, ac: str) -> Candidate:
         micro_batch_size=mbs,
         gradient_accumulation_steps=1,
         sharding=Sharding.FULL,
-        shard_degree=1,
+        shard_degree=gpus,
         replicate_degree=1,
         compile=False,
         loss_chunk_tokens=0,
