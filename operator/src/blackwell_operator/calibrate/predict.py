@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import yaml
@@ -32,25 +30,9 @@ def load_any_calibration(name_or_path: str | Path) -> Calibration:
     return Calibration.model_validate(yaml.safe_load(path.read_text()))
 
 
-@lru_cache(maxsize=4096)
-def _spec(
-    arch_json: str, instance: str, nodes: int, gpn: int, seq: int, compiled: bool
-) -> BlackwellTrainingJobSpec:
-    return BlackwellTrainingJobSpec.model_validate(
-        {
-            "model": {"architecture": json.loads(arch_json)},
-            "cluster": {"instanceType": instance, "nodes": nodes, "gpusPerNode": gpn},
-            "training": {"sequenceLength": seq},
-            "tuning": {"memoryHeadroom": 0.0, "compile": compiled},
-        }
-    )
-
-
 def record_spec(record: CalibrationRecord) -> BlackwellTrainingJobSpec:
-    """The record's spec, headroom 0 (cached: fitting evaluates the same records thousands of times)."""
-    arch = record.architecture.model_dump_json(by_alias=True)
-    r = record
-    return _spec(arch, r.instance_type, r.nodes, r.gpus_per_node, r.sequence_length, r.candidate.compile)
+    """The record's spec with no headroom: its predictions are compared with what fits the whole GPU."""
+    return record.spec(memory_headroom=0.0)
 
 
 def gpu_memory_bytes(record: CalibrationRecord) -> int:

@@ -6,6 +6,7 @@ import json
 import statistics
 from collections.abc import Iterable, Sequence
 from enum import StrEnum
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
@@ -50,6 +51,20 @@ class Versions(BaseModel):
     transformer_engine: str | None = None
     torchao: str | None = None
     triton: str | None = None
+
+
+@lru_cache(maxsize=4096)
+def _spec(
+    arch_json: str, instance: str, nodes: int, gpn: int, seq: int, compiled: bool, headroom: float
+) -> BlackwellTrainingJobSpec:
+    return BlackwellTrainingJobSpec.model_validate(
+        {
+            "model": {"architecture": json.loads(arch_json)},
+            "cluster": {"instanceType": instance, "nodes": nodes, "gpusPerNode": gpn},
+            "training": {"sequenceLength": seq},
+            "tuning": {"memoryHeadroom": headroom, "compile": compiled},
+        }
+    )
 
 
 class CalibrationRecord(BaseModel):
@@ -120,18 +135,18 @@ class CalibrationRecord(BaseModel):
         return config_key(self.model_name, self.sequence_length, self.gpus, self.candidate)
 
     def spec(self, memory_headroom: float = 0.0) -> BlackwellTrainingJobSpec:
-        """The BTJ spec this configuration answers (architecture given explicitly, headroom 0)."""
-        return BlackwellTrainingJobSpec.model_validate(
-            {
-                "model": {"architecture": self.architecture.model_dump(by_alias=True)},
-                "cluster": {
-                    "instanceType": self.instance_type,
-                    "nodes": self.nodes,
-                    "gpusPerNode": self.gpus_per_node,
-                },
-                "training": {"sequenceLength": self.sequence_length},
-                "tuning": {"memoryHeadroom": memory_headroom, "compile": self.candidate.compile},
-            }
+        """The BTJ spec this configuration answers (architecture given explicitly).
+
+        Cached: fitting evaluates the same records thousands of times.
+        """
+        return _spec(
+            self.architecture.model_dump_json(by_alias=True),
+            self.instance_type,
+            self.nodes,
+            self.gpus_per_node,
+            self.sequence_length,
+            self.candidate.compile,
+            memory_headroom,
         )
 
 

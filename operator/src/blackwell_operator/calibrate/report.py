@@ -93,7 +93,6 @@ def _pick_table(picks: Sequence[ScenarioPick], in_sample: Sequence[ScenarioPick]
 def _planner_table(records: Sequence[CalibrationRecord], cal: Calibration) -> list[str]:
     """plan_job's own choice per scenario (default headroom, any candidate) and whether it was measured."""
     from blackwell_operator.errors import PlanningError
-    from blackwell_operator.models.spec import BlackwellTrainingJobSpec
     from blackwell_operator.planner import plan_job
 
     measured = {r.key: r for r in records}
@@ -105,20 +104,8 @@ def _planner_table(records: Sequence[CalibrationRecord], cal: Calibration) -> li
     for r in records:
         firsts.setdefault(r.scenario, r)
     for scenario, first in firsts.items():
-        spec = BlackwellTrainingJobSpec.model_validate(
-            {
-                "model": {"architecture": first.architecture.model_dump(by_alias=True)},
-                "cluster": {
-                    "instanceType": first.instance_type,
-                    "nodes": first.nodes,
-                    "gpusPerNode": first.gpus_per_node,
-                },
-                "training": {"sequenceLength": first.sequence_length},
-                "tuning": {"compile": first.candidate.compile},
-            }
-        )
         try:
-            plan = plan_job(spec, calibration=cal)
+            plan = plan_job(first.spec(memory_headroom=DEFAULT_HEADROOM), calibration=cal)
         except PlanningError as err:
             lines.append(f"| {scenario.label()} | no plan: {err.problem} | | | |")
             continue
