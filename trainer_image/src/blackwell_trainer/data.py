@@ -130,27 +130,14 @@ class SyntheticTokenSource:
         window = torch.from_numpy(np.stack([self._sample(i) for i in indices]))
         return window[:, :-1].contiguous(), window[:, 1:].contiguous()
 
+    def _identity(self) -> dict[str, Any]:
+        return {"seed": self.seed, "sequence_length": self.sequence_length}
+
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "kind": DatasetKind.SYNTHETIC.value,
-            "version": STATE_VERSION,
-            "seed": self.seed,
-            "sequence_length": self.sequence_length,
-            "world_size": self.position.world_size,
-            "micro_batch_size": self.position.micro_batch_size,
-            "epoch": self.position.epoch,
-            "consumed": self.position.consumed,
-        }
+        return _position_state(DatasetKind.SYNTHETIC, self._identity(), self.position)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        _check_state(
-            state,
-            kind=DatasetKind.SYNTHETIC.value,
-            expected={"seed": self.seed, "sequence_length": self.sequence_length},
-        )
-        _log_reshard(state, self.position)
-        self.position.epoch = int(state["epoch"])
-        self.position.consumed = int(state["consumed"])
+        _restore_position(state, DatasetKind.SYNTHETIC, self._identity(), self.position)
 
 
 @dataclass
@@ -249,32 +236,37 @@ class ShardTokenSource:
             )
         return window[:, :-1].contiguous(), window[:, 1:].contiguous()
 
+    def _identity(self) -> dict[str, Any]:
+        return {"seed": self.seed, "fingerprint": self.fingerprint, "sequence_length": self.sequence_length}
+
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "kind": DatasetKind.SHARDS.value,
-            "version": STATE_VERSION,
-            "seed": self.seed,
-            "fingerprint": self.fingerprint,
-            "sequence_length": self.sequence_length,
-            "world_size": self.position.world_size,
-            "micro_batch_size": self.position.micro_batch_size,
-            "epoch": self.position.epoch,
-            "consumed": self.position.consumed,
-        }
+        return _position_state(DatasetKind.SHARDS, self._identity(), self.position)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        _check_state(
-            state,
-            kind=DatasetKind.SHARDS.value,
-            expected={
-                "seed": self.seed,
-                "fingerprint": self.fingerprint,
-                "sequence_length": self.sequence_length,
-            },
-        )
-        _log_reshard(state, self.position)
-        self.position.epoch = int(state["epoch"])
-        self.position.consumed = int(state["consumed"])
+        _restore_position(state, DatasetKind.SHARDS, self._identity(), self.position)
+
+
+def _position_state(kind: DatasetKind, identity: dict[str, Any], position: GlobalPosition) -> dict[str, Any]:
+    """A source's checkpoint state: what it reads (identity) and where the whole job is in it."""
+    return {
+        "kind": kind.value,
+        "version": STATE_VERSION,
+        **identity,
+        "world_size": position.world_size,
+        "micro_batch_size": position.micro_batch_size,
+        "epoch": position.epoch,
+        "consumed": position.consumed,
+    }
+
+
+def _restore_position(
+    state: dict[str, Any], kind: DatasetKind, identity: dict[str, Any], position: GlobalPosition
+) -> None:
+    """Resume `position` from a state written by the same kind of source over the same data."""
+    _check_state(state, kind=kind.value, expected=identity)
+    _log_reshard(state, position)
+    position.epoch = int(state["epoch"])
+    position.consumed = int(state["consumed"])
 
 
 def _log_reshard(state: dict[str, Any], position: GlobalPosition) -> None:
