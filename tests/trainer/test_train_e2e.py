@@ -32,6 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from blackwell_trainer.train import main
 
 from .conftest import tiny_plan, tiny_plan_dict
+from .test_metrics import EXPECTED_TYPES
 
 STEP_LINE = re.compile(r"step (\d+)/\d+ loss (\d+\.\d+)")
 # Safety nets only (a hung collective must not hang CI); no assertion depends on timing.
@@ -243,19 +244,7 @@ def test_loss_falls_on_the_learnable_synthetic_task(preempted: Preempted) -> Non
 @pytest.mark.distributed
 def test_metrics_endpoint_carries_every_metric_while_training(preempted: Preempted) -> None:
     families = {f.name: f for f in text_string_to_metric_families(preempted.metrics_text)}
-    expected = {
-        "btj_trainer_tokens": "counter",
-        "btj_trainer_steps": "counter",
-        "btj_trainer_step_duration_seconds": "histogram",
-        "btj_trainer_gpus": "gauge",
-        "btj_trainer_model_flops_utilization_ratio": "gauge",
-        "btj_trainer_loss": "gauge",
-        "btj_trainer_gpu_memory_peak_bytes": "gauge",
-        "btj_trainer_predicted_tokens_per_second": "gauge",
-        "btj_trainer_predicted_memory_peak_bytes": "gauge",
-        "btj_trainer_last_checkpoint_timestamp_seconds": "gauge",
-        "btj_trainer_build_info": "gauge",
-    }
+    expected = EXPECTED_TYPES  # every metric the exporter has, as the scrape test lists them
     assert {name: families[name].type for name in expected if name in families} == expected
 
     def sample(name: str, **labels: str) -> float:
