@@ -20,13 +20,6 @@ def test_chart_crds_equal_the_generated_crds() -> None:
         )
 
 
-def test_health_check_copy_equals_the_operator_lua() -> None:
-    source = ROOT / "examples" / "argocd" / "btj-health.lua"
-    assert (CHART / "files" / "btj-health.lua").read_text() == source.read_text(), (
-        "helm/btj-operator/files/btj-health.lua differs from examples/argocd/btj-health.lua: copy it again"
-    )
-
-
 def test_argocd_cm_snippet_carries_the_same_lua() -> None:
     snippet = yaml.safe_load((ROOT / "examples" / "argocd" / "argocd-cm-health.yaml").read_text())
     assert snippet["kind"] == "ConfigMap"

@@ -1,4 +1,4 @@
-"""The Argo CD health check (examples/argocd/btj-health.lua) run by a real Lua 5.1 interpreter over fixtures.
+"""The Argo CD health check (the chart's files/btj-health.lua) run by a real Lua 5.1 interpreter over fixtures.
 
 Argo CD runs health checks in gopher-lua (Lua 5.1) with the standard library off unless useOpenLibs is
 set, so the script runs here in Lua 5.1 with only Lua's base functions visible, `obj` as a global.
@@ -15,7 +15,7 @@ import yaml
 lupa = pytest.importorskip("lupa.lua51", reason="lupa (Lua 5.1) is needed to run the Lua health check")
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "examples" / "argocd" / "btj-health.lua"
+SCRIPT = ROOT / "helm" / "btj-operator" / "files" / "btj-health.lua"  # the one source
 FIXTURES = Path(__file__).parent / "argocd"
 CASES = yaml.safe_load((FIXTURES / "health_test.yaml").read_text())["tests"]
 # Lua base library only: what a sandbox without useOpenLibs offers.
