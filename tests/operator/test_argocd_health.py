@@ -1,4 +1,4 @@
-"""The Argo CD health check (the chart's files/btj-health.lua) run by a real Lua 5.1 interpreter over fixtures.
+"""The Argo CD health check (the chart's files/btj-health.lua) run by a real Lua 5.1 interpreter.
 
 Argo CD runs health checks in gopher-lua (Lua 5.1) with the standard library off unless useOpenLibs is
 set, so the script runs here in Lua 5.1 with only Lua's base functions visible, `obj` as a global.
