@@ -24,7 +24,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -305,13 +304,6 @@ def worker(plan_path: Path, result_dir: Path, warmup: int, timed: int) -> None:
 # --------------------------------------------------------------------------------------------------- parent
 
 
-def _free_port() -> int:
-    """A TCP port nothing listens on now (the OS picks it), for torchrun's rendezvous store."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _descendants(pid: int) -> list[int]:
     """Every live descendant of pid, from /proc (torchrun starts its workers in sessions of their own)."""
     children: dict[int, list[int]] = {}
@@ -461,7 +453,9 @@ class Harness:
             str(self.timed),
         ]
         if fam.gpus > 1:
-            port = _free_port()
+            from blackwell_trainer.train import free_port
+
+            port = free_port()
             cmd = [
                 sys.executable,
                 "-m",

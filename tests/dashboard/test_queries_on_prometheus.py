@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -20,6 +19,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from tests.dashboard.promql import label_values_query
 from tests.dashboard.test_dashboard import DASHBOARD, a_plan, queries
+from tests.ports import free_port
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(
@@ -29,12 +29,6 @@ SCRAPE_SECONDS = 1
 # Labels a trainer PodMonitor gives the series: job = the BTJ name (jobLabel), namespace and pod.
 TRAINER_TARGET = {"namespace": "hyperpod-ns-team-a", "pod": "llama3-8b-pretrain-worker-0"}
 TRAINER_JOB = "llama3-8b-pretrain"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def api(base: str, path: str, **params: str) -> Any:

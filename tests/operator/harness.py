@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import copy
 import json
-import socket
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
@@ -227,13 +226,6 @@ def api_calls(requests: Any) -> set[tuple[str, str, str]]:
         plural = resource.plural + (f"/{request.subresource}" if request.subresource else "")
         calls.add((resource.group or "", plural, verb))
     return calls
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on now (for the operator's /metrics server)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def write_kubeconfig(path: Path, server: str) -> Path:

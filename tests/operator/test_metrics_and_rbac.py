@@ -17,11 +17,11 @@ from tests.operator.harness import (
     Cluster,
     api_calls,
     btj,
-    free_port,
     from_operator,
     running_operator,
     wait_for,
 )
+from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
 T = TypeVar("T")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from blackwell_trainer.loss import IGNORE_INDEX
 from blackwell_trainer.model import Attention, build_model
 from blackwell_trainer.parallelize import ParallelismError, build_mesh, parallelize, validate_layout
 from blackwell_trainer.train import Runtime, Trainer
+from tests.ports import free_port
 
 from .conftest import tiny_plan
 from .test_train_e2e import edit_plan, run_to_end, write_plan
@@ -244,9 +244,7 @@ def _worker(rank: int, port: int) -> None:
 
 @pytest.mark.distributed
 def test_cp2_matches_the_unsplit_model_in_loss_and_gradients() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     # Raises here with the worker's assertion if any case differs.
     mp.spawn(_worker, args=(port,), nprocs=2, join=True)  # type: ignore[attr-defined,no-untyped-call]
 

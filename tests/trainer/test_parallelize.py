@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 
 import pytest
@@ -21,6 +20,7 @@ from blackwell_trainer.parallelize import (
     parallelize,
     validate_layout,
 )
+from tests.ports import free_port
 
 ARCH = Architecture(
     hidden_size=64, num_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
@@ -116,10 +116,7 @@ def test_impossible_layouts_are_refused_with_one_line(
 
 @pytest.fixture
 def world_of_one() -> Iterator[None]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
 

@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -30,6 +29,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from blackwell_trainer.train import main
+from tests.ports import free_port
 
 from .conftest import tiny_plan, tiny_plan_dict
 from .test_metrics import EXPECTED_TYPES
@@ -37,12 +37,6 @@ from .test_metrics import EXPECTED_TYPES
 STEP_LINE = re.compile(r"step (\d+)/\d+ loss (\d+\.\d+)")
 # Safety nets only (a hung collective must not hang CI); no assertion depends on timing.
 RUN_TIMEOUT_S = 180
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def write_plan(

@@ -128,7 +128,8 @@ def build_optimizer(model: nn.Module, plan: Plan, device: torch.device) -> torch
     )
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port nothing listens on now, for a lone process's rendezvous (or a launcher's)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -139,7 +140,7 @@ def init_distributed(runtime: Runtime) -> None:
     if dist.is_initialized():
         return
     if "MASTER_ADDR" not in os.environ:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1")
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
     if runtime.device.type == "cuda":
         torch.cuda.set_device(runtime.device)
         dist.init_process_group("nccl", device_id=runtime.device)
