@@ -251,7 +251,7 @@ def worker(plan_path: Path, result_dir: Path, warmup: int, timed: int) -> None:
     """Run one configuration in this process; every rank writes result.rank<R>.json."""
     import torch
 
-    from blackwell_trainer.train import Runtime, Trainer, init_distributed
+    from blackwell_trainer.train import Runtime, Trainer, allocator_stats, init_distributed
 
     runtime = Runtime.from_env()
     result: dict[str, Any] = {"status": "error", "detail": ""}
@@ -289,10 +289,11 @@ def worker(plan_path: Path, result_dir: Path, warmup: int, timed: int) -> None:
             code = 1
     finally:
         if torch.cuda.is_available():
-            result["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
-            result["peak_reserved_bytes"] = int(torch.cuda.max_memory_reserved())
+            stats = allocator_stats(runtime.device)
+            result["peak_allocated_bytes"] = stats.peak_allocated
+            result["peak_reserved_bytes"] = stats.peak_reserved
             # >0 means the allocator hit the GPU's capacity and freed its cache to go on (slow steps).
-            result["alloc_retries"] = int(torch.cuda.memory_stats().get("num_alloc_retries", 0))
+            result["alloc_retries"] = stats.retries
         (result_dir / f"result.rank{runtime.rank}.json").write_text(json.dumps(result))
         sys.stdout.flush()
         sys.stderr.flush()

@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -244,17 +245,25 @@ class Trainer:
         return StepResult(loss=loss_value, seconds=seconds, tokens=tokens, mfu=mfu)
 
 
-def _memory_peaks(device: torch.device) -> tuple[int, int]:
-    if device.type != "cuda":
-        return 0, 0
-    return int(torch.cuda.max_memory_allocated(device)), int(torch.cuda.max_memory_reserved(device))
+class AllocatorStats(NamedTuple):
+    """What the CUDA caching allocator reports since start (zeros off CUDA)."""
+
+    peak_allocated: int
+    peak_reserved: int
+    # Frees-and-retries because the GPU was full: the run reached the GPU's capacity.
+    retries: int
 
 
-def _alloc_retries(device: torch.device) -> int:
-    """The caching allocator's cumulative frees-and-retries at the GPU's capacity (0 off CUDA)."""
+def allocator_stats(device: torch.device) -> AllocatorStats:
+    """Peaks and retries from one memory_stats() read (max_memory_allocated and co. each read it again)."""
     if device.type != "cuda":
-        return 0
-    return int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))
+        return AllocatorStats(0, 0, 0)
+    stats = torch.cuda.memory_stats(device)
+    return AllocatorStats(
+        int(stats.get("allocated_bytes.all.peak", 0)),
+        int(stats.get("reserved_bytes.all.peak", 0)),
+        int(stats.get("num_alloc_retries", 0)),
+    )
 
 
 def warn_at_capacity(retries: int, warned: int, step: int) -> int:
@@ -307,8 +316,7 @@ def run(plan: Plan, runtime: Runtime) -> int:
         while trainer.step_index < plan.steps:
             result = trainer.step([source.next_batch() for _ in range(accum)])
             step = trainer.step_index
-            allocated, reserved = _memory_peaks(runtime.device)
-            retries = _alloc_retries(runtime.device)
+            allocated, reserved, retries = allocator_stats(runtime.device)
             metrics.record_step(
                 tokens=result.tokens,
                 step_seconds=result.seconds,
