@@ -146,8 +146,11 @@ def estimate_memory(
     # FSDP2 keeps the root (embeddings, head) unsharded through forward and backward, and gathers blocks
     # one or two ahead; backward adds one block's unsharded gradients before the reduce-scatter.
     fsdp_fwd = m.compute_param_bytes * (shapes.root_params + m.fsdp_blocks_in_flight * shapes.block_params)
-    keeps = cal.trainer.keeps_unsharded_weights and gpu_memory_bytes is not None
-    if keeps and keeps_gathered_weights(psi, shard, gpu_memory_bytes or 0):
+    if (
+        cal.trainer.keeps_unsharded_weights
+        and gpu_memory_bytes is not None
+        and keeps_gathered_weights(psi, shard, gpu_memory_bytes)
+    ):
         # Unsharded on a roomy GPU, the trainer keeps every block's bf16 copy until backward reaches it.
         fsdp_fwd = m.compute_param_bytes * psi
     fsdp_bwd = m.fsdp_grad_bytes * shapes.block_params
