@@ -123,9 +123,11 @@ class Trainer:
         self._seen_workers.update(self._children())
         try:
             rc = self.proc.wait(timeout=RUN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as err:
             self.kill()
-            raise
+            # Say where it hung: the last lines torchrun and its workers printed.
+            tail = self.output[-4000:]
+            raise AssertionError(f"still running after {err.timeout} s; output ends:\n{tail}") from err
         self._reader.join(timeout=10)
         return rc
 
@@ -212,6 +214,10 @@ def preempted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Preempted]:
         # Kubernetes sends SIGTERM to the container's PID 1, here torchrun, which forwards it to the workers.
         first.proc.send_signal(signal.SIGTERM)
         first.finish()
+        # The resume below depends on it: fail here, with the first run's output, if it was not written.
+        assert "preempted: checkpoint at step" in first.output, (
+            f"no checkpoint after SIGTERM to torchrun; output ends:\n{first.output[-4000:]}"
+        )
 
         second = Trainer(plan)
         second.wait_for(r"resumed at step \d+")
