@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from blackwell_operator.calibrate.fit import with_constants
 from blackwell_operator.calibration import load_calibration
 from blackwell_operator.catalogs import get_gpu
 from blackwell_operator.planner.throughput import estimate_time, linear_time
@@ -192,5 +193,27 @@ def test_fsdp_collectives_over_efa_hand_calculation() -> None:
     gather = 2 * (2 * psi * 15 / 16 / bw)
     scatter = 4 * psi * 15 / 16 / bw
     compute = sum(t.breakdown[k] for k in ("gemm", "attention", "memory_bound", "recompute"))
-    exposed = max(0.0, gather + scatter - 0.9 * compute) + gather / 2 / 32
+    comm = gather + scatter
+    interference = BTJ.throughput.comm_interference
+    exposed = max(0.0, comm - 0.9 * compute, interference * comm) + gather / 2 / 32
     assert t.breakdown["fsdp_comm_exposed"] == pytest.approx(exposed, rel=1e-9)
+
+
+def test_overlapped_collectives_still_cost_their_interference_share() -> None:
+    # One B200 node, a micro-batch large enough that compute hides every collective: without interference only
+    # the first layer's gather shows; with it, that share of the whole collective time shows too.
+    sh, hw = shapes(), hardware(nodes=1)
+    st = setting(mbs=8)
+    hidden = with_constants(REF, {"throughput.comm_interference": 0.0})
+    shared = with_constants(REF, {"throughput.comm_interference": 0.25})
+    t0 = estimate_time(sh, hidden, hw, st, layout(st, hw), 4096)
+    t1 = estimate_time(sh, shared, hw, st, layout(st, hw), 4096)
+    psi = 8_030_261_248
+    bw = hw.gpu.nvlink_bandwidth * REF.throughput.nccl_bus_efficiency
+    gather = 2 * (2 * psi * 7 / 8 / bw)
+    scatter = 4 * psi * 7 / 8 / bw
+    first_layer = gather / 2 / 32
+    assert t0.breakdown["fsdp_comm_exposed"] == pytest.approx(first_layer, rel=1e-9)
+    shown = 0.25 * (gather + scatter) + first_layer
+    assert t1.breakdown["fsdp_comm_exposed"] == pytest.approx(shown, rel=1e-9)
+    assert t1.tokens_per_second_per_gpu < t0.tokens_per_second_per_gpu

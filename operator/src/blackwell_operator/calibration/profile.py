@@ -147,6 +147,11 @@ class ThroughputConstants(_Strict):
     cpu_seconds_per_layer: float
     nccl_bus_efficiency: float
     comm_overlap: float
+    comm_interference: float = Field(
+        default=0.0,
+        description="Share of an overlapped collective's time that still lengthens the step: NCCL kernels "
+        "take SMs and HBM bandwidth from the compute they run beside.",
+    )
     cp_attention_overhead: float = Field(
         description="Extra attention time of ring context parallelism (split kernels, load balance), "
         "as a fraction at large cp."
