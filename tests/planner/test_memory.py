@@ -198,7 +198,7 @@ def test_one_roomy_gpu_keeps_every_blocks_bf16_weights_as_the_trainer_does() -> 
     big = shapes("llama3.1-8b")
     assert not keeps_gathered_weights(big.total_params, 1, one.gpu.memory_bytes)
     resharded = estimate_memory(big, BTJ, st, layout(st, one), 4096, gpu_memory_bytes=one.gpu.memory_bytes)
-    # Its transient is then the root's copies (the optimizer phase's, 4.5 bytes per root parameter in the fit),
+    # Its transient is then the root's copies (the optimizer phase's, 4.5 bytes per root parameter),
     # well under the 16 GB that keeping every block's bf16 weights would hold.
     assert resharded.fsdp_transient < BTJ.memory.compute_param_bytes * big.total_params / 2
     # Sharded over 8 GPUs nothing is kept, however much room there is.
