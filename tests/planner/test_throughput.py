@@ -217,3 +217,19 @@ def test_overlapped_collectives_still_cost_their_interference_share() -> None:
     shown = 0.25 * (gather + scatter) + first_layer
     assert t1.breakdown["fsdp_comm_exposed"] == pytest.approx(shown, rel=1e-9)
     assert t1.tokens_per_second_per_gpu < t0.tokens_per_second_per_gpu
+
+
+def test_weights_resharded_after_forward_pay_the_regather_copies() -> None:
+    # On one H200 the trainer keeps 1B's bf16 weights (no second gather) but reshards 8B's, whose backward
+    # casts and splits every weight again: only 8B pays fsdp_regather_bytes_per_param.
+    one = hardware("ml.p5en.48xlarge", gpus_per_node=1)
+    st = setting(mbs=1)
+    bw = H200.hbm_bandwidth * BTJ.throughput.memory_bandwidth_efficiency
+    without = with_constants(BTJ, {"throughput.fsdp_regather_bytes_per_param": 0.0})
+    with_ = with_constants(BTJ, {"throughput.fsdp_regather_bytes_per_param": 10.0})
+    for preset, pays in (("llama3.2-1b", False), ("llama3.1-8b", True)):
+        sh = shapes(preset)
+        t0 = estimate_time(sh, without, one, st, layout(st, one), 4096)
+        t1 = estimate_time(sh, with_, one, st, layout(st, one), 4096)
+        extra = t1.breakdown["fsdp_copies"] - t0.breakdown["fsdp_copies"]
+        assert extra == pytest.approx(10.0 * sh.total_params / bw if pays else 0.0, rel=1e-9, abs=1e-12)

@@ -53,6 +53,7 @@ THROUGHPUT_CONSTANTS = (
     "throughput.step_overhead_seconds",
     "throughput.eager_elementwise_factor",
     "throughput.fsdp_copy_bytes_per_param",
+    "throughput.fsdp_regather_bytes_per_param",
     "throughput.selective_recompute_gemm_fraction",
     "throughput.comm_overlap",
     "throughput.comm_interference",

@@ -143,6 +143,11 @@ class ThroughputConstants(_Strict):
     selective_recompute_elementwise_fraction: float
     optimizer_bytes_per_param: float
     fsdp_copy_bytes_per_param: float
+    fsdp_regather_bytes_per_param: float = Field(
+        default=0.0,
+        description="Extra copy traffic per parameter when backward gathers the weights again (resharded "
+        "after forward): the second bf16 cast and split. Zero where the profile does not separate it.",
+    )
     step_overhead_seconds: float
     cpu_seconds_per_layer: float
     nccl_bus_efficiency: float

@@ -8,7 +8,12 @@ from blackwell_operator.calibration import Calibration, RecipeConstants, Through
 from blackwell_operator.planner.layout import Hardware, Layout, Setting
 from blackwell_operator.planner.memory import tokens_per_gpu
 from blackwell_operator.planner.shapes import Shapes
-from blackwell_trainer.config import ActivationCheckpointing, Precision, PrecisionRecipe
+from blackwell_trainer.config import (
+    ActivationCheckpointing,
+    Precision,
+    PrecisionRecipe,
+    keeps_gathered_weights,
+)
 
 AC = ActivationCheckpointing
 
@@ -159,7 +164,13 @@ def estimate_time(
         cp_comm = layers * kv_bytes / (cp_bw * t.nccl_bus_efficiency)
         exposed_cp = _exposed(cp_comm, attention, t)
 
-    fsdp_copies = t.fsdp_copy_bytes_per_param * psi / bandwidth
+    # Weights resharded after forward are cast and split again in backward; a trainer that keeps them on one
+    # roomy GPU (the same rule the memory model counts) copies them once.
+    kept = cal.trainer.keeps_unsharded_weights and keeps_gathered_weights(
+        psi, layout.shard_degree, gpu.memory_bytes
+    )
+    copy_bytes = t.fsdp_copy_bytes_per_param + (0.0 if kept else t.fsdp_regather_bytes_per_param)
+    fsdp_copies = copy_bytes * psi / bandwidth
     micro = gpu_micro + host_stall + exposed_fsdp + exposed_cp + fsdp_copies
     optimizer = t.optimizer_bytes_per_param * psi / layout.shard_degree / bandwidth
     ga = gradient_accumulation_steps
