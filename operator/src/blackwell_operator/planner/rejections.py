@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from blackwell_operator.calibration import Calibration
 from blackwell_operator.catalogs import get_instance
 from blackwell_operator.errors import PlanningError
@@ -112,6 +114,7 @@ def no_plan(
     else:
         fix = "use a larger GPU, a shorter sequence or fewer parameters"
     hw = problem.hw
+    fix += _less_headroom(spec, smallest_mem, hw.gpu.memory_bytes)
     part = hw.gpus_per_node < hw.instance.gpus_per_node
     using = f" ({hw.gpus_per_node} GPU{'s' if hw.gpus_per_node > 1 else ''} per node)" if part else ""
     return PlanningError(
@@ -119,6 +122,19 @@ def no_plan(
         f"nothing fits: the smallest candidate needs {gib(smallest_mem)} per GPU > {gib(budget)} budget on "
         f"{hw.nodes} x {hw.instance.instance_type}{using}",
         fix,
+    )
+
+
+def _less_headroom(spec: BlackwellTrainingJobSpec, needed: float, gpu_memory: int) -> str:
+    """The smaller memoryHeadroom that would fit the smallest candidate, when there is one worth naming."""
+    # Floor to whole percent so the named value really fits; below 1% nothing is left for the allocator.
+    room = math.floor((1.0 - needed / gpu_memory) * 100) / 100
+    if needed <= 0 or room < 0.01 or room >= spec.tuning.memory_headroom:
+        return ""
+    return (
+        f"; or, on these GPUs, spec.tuning.memoryHeadroom: {room:.2f} (the smallest candidate leaves "
+        f"{room:.0%} of the GPU free; this close to the capacity the allocator may have to free and retry, "
+        "which slows every step)"
     )
 
 
