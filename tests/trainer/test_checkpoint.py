@@ -1,11 +1,9 @@
-"""Checkpointer: round trip, only complete checkpoints resumed, pruning; PreemptionGuard on SIGTERM."""
+"""Checkpointer: round trip, only complete checkpoints resumed, pruning (SIGTERM: test_preemption.py)."""
 
 from __future__ import annotations
 
 import errno
 import json
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +12,7 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
-from blackwell_trainer.checkpoint import MARKER, Checkpointer, CheckpointError, PreemptionGuard, list_complete
+from blackwell_trainer.checkpoint import MARKER, Checkpointer, CheckpointError, list_complete
 from blackwell_trainer.config import CheckpointConfig
 
 # Single-process on purpose: DCP then warns that torch.distributed is uninitialised.
@@ -150,14 +148,3 @@ def test_saving_the_same_step_twice_writes_once(tmp_path: Path) -> None:
 def test_object_storage_paths_are_refused() -> None:
     with pytest.raises(CheckpointError, match=r"checkpoint\.path"):
         Checkpointer(CheckpointConfig(path="s3://bucket/ckpt"), rank=0)
-
-
-def test_sigterm_sets_the_flag_and_does_not_kill() -> None:
-    guard = PreemptionGuard()
-    try:
-        assert not guard.requested and not guard.agreed()
-        os.kill(os.getpid(), signal.SIGTERM)
-        assert guard.requested and guard.agreed()
-    finally:
-        guard.restore()
-    assert signal.getsignal(signal.SIGTERM) is not guard._handle

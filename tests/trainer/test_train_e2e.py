@@ -1,7 +1,8 @@
 """The real trainer entry point under torchrun: 2 CPU processes (gloo), the tiny model, a few steps each.
 
 What a user relies on, end to end: the loss falls; a resume reproduces the uninterrupted run's
-losses; SIGTERM writes a checkpoint and the workers exit 0; a broken checkpoint is skipped;
+losses; SIGTERM (to torchrun, or to one worker only) writes a checkpoint of one step on every rank
+and the workers exit 0; a broken checkpoint is skipped;
 /metrics answers over HTTP while training; S3 shards come through a moto server; every AC and
 sharding mode trains; a bad plan is refused with one line and exit code 2.
 """
@@ -158,11 +159,23 @@ class Trainer:
                 children.append(int(stat.parent.name))
         return children
 
-    def workers(self) -> list[int]:
-        """PIDs of torchrun's worker processes."""
-        children = self._children()
-        assert children, f"torchrun {self.proc.pid} has no workers"
-        return children
+    def workers(self) -> dict[int, int]:
+        """Global rank -> PID of torchrun's worker processes."""
+        ranks: dict[int, int] = {}
+        for pid in self._children():
+            with contextlib.suppress(OSError):
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                rank = next(int(v.split(b"=", 1)[1]) for v in environ if v.startswith(b"RANK="))
+                ranks[rank] = pid
+        assert ranks, f"torchrun {self.proc.pid} has no workers"
+        return ranks
+
+    def signal_story(self) -> str:
+        """What a failure needs first: who got SIGTERM, the last step logged, how each rank stopped."""
+        wanted = ("received SIGTERM", "preempted", "Sending process", "Unable to shutdown")
+        story = [line for line in self.lines if any(w in line for w in wanted)]
+        steps = [line for line in self.lines if STEP_LINE.search(line)]
+        return "".join(story + steps[-1:]) or "(no SIGTERM, preemption or step lines)\n"
 
     @property
     def output(self) -> str:
@@ -216,15 +229,20 @@ def preempted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Preempted]:
         first.finish()
         # The resume below depends on it: fail here, with the first run's output, if it was not written.
         assert "preempted: checkpoint at step" in first.output, (
-            f"no checkpoint after SIGTERM to torchrun; output ends:\n{first.output[-4000:]}"
+            f"no checkpoint after SIGTERM to torchrun:\n{first.signal_story()}"
+            f"output ends:\n{first.output[-4000:]}"
         )
 
         second = Trainer(plan)
         second.wait_for(r"resumed at step \d+")
         second.wait_for(r"step \d+/")
-        for pid in second.workers():  # this time the workers get the signal directly
-            os.kill(pid, signal.SIGTERM)
-        second_rc = second.finish()
+        # This time one worker gets the signal directly (a node-local kill, or the first rank torchrun
+        # reached): rank 1, which does not log steps, so rank 0 stops only if the ranks agree.
+        os.kill(second.workers()[1], signal.SIGTERM)
+        try:
+            second_rc = second.finish()
+        except AssertionError as hung:
+            raise AssertionError(f"{hung}\nafter SIGTERM to rank 1:\n{second.signal_story()}") from None
     finally:
         for launched in (first, second):
             if launched is not None:
@@ -283,14 +301,18 @@ def test_sigterm_to_torchrun_writes_a_checkpoint_and_the_workers_exit_0(preempte
 
 
 @pytest.mark.distributed
-def test_resume_after_preemption_continues_and_sigterm_to_workers_exits_0(preempted: Preempted) -> None:
+def test_resume_continues_and_sigterm_to_one_worker_stops_every_rank_at_one_step(
+    preempted: Preempted,
+) -> None:
     saved = int(re.findall(r"preempted: checkpoint at step (\d+)", preempted.first.output)[0])
     second = preempted.second
     assert f"resumed at step {saved}" in second.output
     assert min(second.losses()) == saved + 1
     assert preempted.second_rc == 0, second.output
-    final = int(re.findall(r"preempted: checkpoint at step (\d+)", second.output)[0])
-    assert complete_steps(preempted.checkpoint) == [saved, final]
+    assert second.output.count("received SIGTERM") == 1  # rank 1 only
+    finals = re.findall(r"preempted: checkpoint at step (\d+) written, exiting 0", second.output)
+    assert len(finals) == 2 and finals[0] == finals[1], second.signal_story()  # both ranks, one step
+    assert complete_steps(preempted.checkpoint) == [saved, int(finals[0])]
 
 
 # --- resume reproduces the uninterrupted run; a broken newest checkpoint is skipped

@@ -1,4 +1,4 @@
-"""Distributed checkpoints that are complete or ignored, and a SIGTERM guard for a clean save-and-exit."""
+"""Distributed checkpoints that are complete or ignored (SIGTERM handling is in preemption.py)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,9 @@ import logging
 import os
 import re
 import shutil
-import signal
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import torch
@@ -255,44 +252,3 @@ class Checkpointer:
             shutil.rmtree(old.path, ignore_errors=True)
         for stale in self.root.glob(f"{TMP_PREFIX}step-*"):
             shutil.rmtree(stale, ignore_errors=True)
-
-
-class PreemptionGuard:
-    """Turns SIGTERM (preemption, Kueue suspend, HyperPod auto-resume, pod deletion) into a flag.
-
-    torchrun forwards the SIGTERM it gets as the container's PID 1 to every worker and kills them
-    30 s later, so the loop must notice the flag, save and exit 0 within that time. Ranks may see
-    the signal in different steps: call `agreed()` at the same point of every step on every rank,
-    it all-reduces the flag, so all ranks stop after the same step and save together.
-    """
-
-    def __init__(self, signals: tuple[signal.Signals, ...] = (signal.SIGTERM,)) -> None:
-        self.requested = False
-        self._previous: dict[signal.Signals, Any] = {}
-        if threading.current_thread() is threading.main_thread():
-            for sig in signals:
-                self._previous[sig] = signal.signal(sig, self._handle)
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if not self.requested:
-            log.warning("received %s: will checkpoint and exit after this step", signal.Signals(signum).name)
-        self.requested = True
-
-    def agreed(self) -> bool:
-        """True on every rank once any rank has been signalled (collective when distributed)."""
-        if not (dist.is_available() and dist.is_initialized()):
-            return self.requested
-        backend = dist.get_backend()
-        device = (
-            torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-        )
-        flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32, device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        self.requested = bool(flag.item())
-        return self.requested
-
-    def restore(self) -> None:
-        """Put back the signal handlers that were installed before."""
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()

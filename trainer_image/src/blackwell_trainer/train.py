@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -27,6 +27,11 @@ from .context_parallel import ContextParallel, data_parallel_rank
 from .model import Attention, Transformer, build_model, flops_per_token
 from .parallelize import ParallelismError, build_mesh, parallelize, validate_layout
 from .precision import PrecisionError, PrecisionSetup, check_precision, device_capability, parse_capability
+from .preemption import PreemptionGuard
+
+if TYPE_CHECKING:  # imported where run() needs them, not at start-up
+    from .checkpoint import Checkpointer
+    from .metrics import TrainerMetrics
 
 log = logging.getLogger("blackwell_trainer")
 PLAN_ENV = "BTJ_PLAN_PATH"
@@ -281,13 +286,18 @@ def warn_at_capacity(retries: int, warned: int, step: int) -> int:
     return warned
 
 
-def run(plan: Plan, runtime: Runtime) -> int:
-    """Train to plan.steps, resuming from the latest complete checkpoint; 0 on completion or preemption."""
-    from .checkpoint import Checkpointer, PreemptionGuard
+def run(plan: Plan, runtime: Runtime, guard: PreemptionGuard | None = None) -> int:
+    """Train to plan.steps, resuming from the latest complete checkpoint; 0 on completion or preemption.
+
+    `guard` is the SIGTERM guard the process installed at its start (``python -m blackwell_trainer``
+    installs it before torch is imported); without one, run() installs its own for its duration.
+    """
+    from .checkpoint import Checkpointer
     from .data import build_token_source
     from .metrics import TrainerMetrics
 
-    guard = PreemptionGuard()
+    own_guard = guard is None
+    guard = guard or PreemptionGuard()
     init_distributed(runtime)
     metrics = TrainerMetrics(plan)
     try:
@@ -313,7 +323,14 @@ def run(plan: Plan, runtime: Runtime) -> int:
         accum = plan.chosen.gradient_accumulation_steps
         interval = plan.checkpoint.interval_steps
         retries_warned = 0
-        while trainer.step_index < plan.steps:
+        started_at = trainer.step_index
+        while True:
+            # Every rank asks at the top of every iteration, so all stop before the same step. A SIGTERM
+            # during start-up (rendezvous, model build, resume) stops here, before the first step.
+            if guard.agreed():
+                return _exit_preempted(trainer, checkpointer, metrics, source.state_dict(), started_at)
+            if trainer.step_index >= plan.steps:
+                return 0
             result = trainer.step([source.next_batch() for _ in range(accum)])
             step = trainer.step_index
             allocated, reserved, retries = allocator_stats(runtime.device)
@@ -342,26 +359,58 @@ def run(plan: Plan, runtime: Runtime) -> int:
                     allocated / 2**30,
                     reserved / 2**30,
                 )
-            preempted = guard.agreed()
-            if step % interval == 0 or step == plan.steps or preempted:
+            if step % interval == 0 or step == plan.steps:
                 checkpointer.save(
                     step, trainer.model, trainer.optimizer, {"step": step, "data": source.state_dict()}
                 )
                 if checkpointer.enabled:
                     metrics.record_checkpoint(time.time())
-            if preempted:
-                log.info("preempted: checkpoint at step %d written, exiting 0", step)
-                return 0
-        return 0
     finally:
         metrics.close()
-        guard.restore()
+        if own_guard:
+            guard.restore()
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry: parse, refuse a bad plan with one line (exit 2), else train."""
+def _exit_preempted(
+    trainer: Trainer,
+    checkpointer: Checkpointer,
+    metrics: TrainerMetrics,
+    data_state: dict[str, Any],
+    started_at: int,
+) -> int:
+    """The agreed stop (collective): save the steps taken since the last checkpoint, then exit 0."""
+    step = trainer.step_index
+    if step == started_at:
+        # Nothing trained in this process: the state is the resumed checkpoint's (or the initial one).
+        log.info("preempted before the first step (at step %d): nothing new to checkpoint, exiting 0", step)
+        return 0
+    if not checkpointer.enabled:
+        log.info("preempted at step %d: checkpointing is off, exiting 0", step)
+        return 0
+    if checkpointer.last_saved_step != step:  # else the interval save of this step is on disk already
+        checkpointer.save(step, trainer.model, trainer.optimizer, {"step": step, "data": data_state})
+        metrics.record_checkpoint(time.time())
+    log.info("preempted: checkpoint at step %d written, exiting 0", step)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None, guard: PreemptionGuard | None = None) -> int:
+    """CLI entry: parse, refuse a bad plan with one line (exit 2), else train.
+
+    `guard`: the SIGTERM guard installed at process start; without one, main() installs its own.
+    """
+    own_guard = guard is None
+    guard = guard or PreemptionGuard()
+    try:
+        return _main(argv, guard)
+    finally:
+        if own_guard:
+            guard.restore()
+
+
+def _main(argv: Sequence[str] | None, guard: PreemptionGuard) -> int:
     parser = argparse.ArgumentParser(prog="python -m blackwell_trainer", description=__doc__)
     parser.add_argument("--plan", default=os.environ.get(PLAN_ENV), help=f"plan JSON (default: ${PLAN_ENV})")
     args = parser.parse_args(list(argv) if argv is not None else None)
@@ -380,7 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .data import DataError
 
     try:
-        return run(plan, runtime)
+        return run(plan, runtime, guard)
     except (DataError, CheckpointError) as err:
         # Data or checkpoint storage that does not fit the plan (no shards, another data set than the
         # checkpoint's): one line that names the field, not a traceback per rank.
