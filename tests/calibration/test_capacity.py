@@ -85,6 +85,20 @@ def test_a_refusal_passes_only_when_every_run_measured_over_the_budget(base: Cal
     assert missed.pick is None and not missed.refusal_confirmed and not missed.passed
 
 
+def test_the_best_within_the_budget_is_named_beside_the_best(base: Calibration) -> None:
+    # As 13B on two H200s: the fastest runs reserved more than the planner's budget allows, so the best the
+    # planner may choose is a slower one; the strict ratio still compares with the fastest.
+    fast_over = _ran("llama3.1-8b", 4, "none", 15000.0, 136.0)
+    slow_within = _ran("llama3.1-8b", 4, "full", 12000.0, 120.0)
+    comps = [compare(r, base) for r in (fast_over, slow_within)]  # type: ignore[arg-type]
+    result = pick(comps[0].record.scenario, comps)
+    assert result.best is fast_over
+    assert result.best_within_budget is slow_within
+    # When nothing measured within the budget there is none to name.
+    only_over = [compare(fast_over, base)]  # type: ignore[arg-type]
+    assert pick(only_over[0].record.scenario, only_over).best_within_budget is None
+
+
 def test_an_oom_is_never_a_pick(base: Calibration) -> None:
     oom = record("llama3.2-1b", 4096, candidate(64, "none"), status=RecordStatus.OOM)
     c = compare(oom, base)

@@ -29,6 +29,9 @@ class ScenarioPick:
     # No pick, and every configuration that ran measured over the planner's budget too: refusing the job
     # (the planner's answer when nothing fits with its headroom) is what the measurements support.
     refusal_confirmed: bool = False
+    # The fastest run that also measured within the planner's budget: the best the planner was allowed to
+    # choose. Shown beside the strict criterion (which compares with `best`) to explain a low ratio.
+    best_within_budget: CalibrationRecord | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -95,14 +98,16 @@ def pick(
     chosen = max(fitting, key=lambda c: c.predicted_tps, default=None)
     ran = [c.record for c in mine if c.record.ran and c.record.tokens_per_second_per_gpu]
     best = max(ran, key=lambda r: r.tokens_per_second_per_gpu or 0.0, default=None)
-    measured_over = [
-        (c.record.peak_reserved_bytes or 0) + c.evaluation.memory.outside_allocator
-        > (1.0 - headroom) * c.capacity_bytes
-        for c in mine
-        if c.record.ran
-    ]
+
+    def over(c: Comparison) -> bool:
+        measured = (c.record.peak_reserved_bytes or 0) + c.evaluation.memory.outside_allocator
+        return measured > (1.0 - headroom) * c.capacity_bytes
+
+    measured_over = [over(c) for c in mine if c.record.ran]
     confirmed = chosen is None and bool(measured_over) and all(measured_over)
-    return ScenarioPick(scenario, chosen, best, confirmed)
+    within = [c.record for c in mine if c.record in ran and not over(c)]
+    best_within = max(within, key=lambda r: r.tokens_per_second_per_gpu or 0.0, default=None)
+    return ScenarioPick(scenario, chosen, best, confirmed, best_within)
 
 
 Fitter = Callable[[Sequence[CalibrationRecord], Calibration], Calibration]
