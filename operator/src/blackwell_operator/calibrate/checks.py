@@ -96,8 +96,8 @@ def pick(
     mine = [c for c in comparisons if c.record.scenario == scenario]
     fitting = [c for c in mine if c.fits_within(headroom)]
     chosen = max(fitting, key=lambda c: c.predicted_tps, default=None)
-    ran = [c.record for c in mine if c.record.ran and c.record.tokens_per_second_per_gpu]
-    best = max(ran, key=lambda r: r.tokens_per_second_per_gpu or 0.0, default=None)
+    timed = [c for c in mine if c.record.ran and c.record.tokens_per_second_per_gpu]
+    best = max((c.record for c in timed), key=lambda r: r.tokens_per_second_per_gpu or 0.0, default=None)
 
     def over(c: Comparison) -> bool:
         measured = (c.record.peak_reserved_bytes or 0) + c.evaluation.memory.outside_allocator
@@ -105,7 +105,7 @@ def pick(
 
     measured_over = [over(c) for c in mine if c.record.ran]
     confirmed = chosen is None and bool(measured_over) and all(measured_over)
-    within = [c.record for c in mine if c.record in ran and not over(c)]
+    within = (c.record for c in timed if not over(c))
     best_within = max(within, key=lambda r: r.tokens_per_second_per_gpu or 0.0, default=None)
     return ScenarioPick(scenario, chosen, best, confirmed, best_within)
 

@@ -99,6 +99,21 @@ def activation_bytes_per_token_layer(
     )
 
 
+def trainer_keeps_weights(
+    cal: Calibration, params: int, shard_degree: int, gpu_memory_bytes: int | None
+) -> bool:
+    """Whether this calibration's trainer keeps every block's bf16 weights from forward to backward.
+
+    The trainer's own rule (`keeps_gathered_weights`), for trainers that have the behaviour; memory and
+    throughput both follow it (the weights held, and the second gather's copies not made).
+    """
+    return (
+        cal.trainer.keeps_unsharded_weights
+        and gpu_memory_bytes is not None
+        and keeps_gathered_weights(params, shard_degree, gpu_memory_bytes)
+    )
+
+
 def loss_bytes(shapes: Shapes, cal: Calibration, tokens: int) -> float:
     """The logits/cross-entropy transient: full fp32 logits, or one chunk of them."""
     chunk = cal.trainer.loss_chunk_tokens
@@ -146,11 +161,7 @@ def estimate_memory(
     # FSDP2 keeps the root (embeddings, head) unsharded through forward and backward, and gathers blocks
     # one or two ahead; backward adds one block's unsharded gradients before the reduce-scatter.
     fsdp_fwd = m.compute_param_bytes * (shapes.root_params + m.fsdp_blocks_in_flight * shapes.block_params)
-    if (
-        cal.trainer.keeps_unsharded_weights
-        and gpu_memory_bytes is not None
-        and keeps_gathered_weights(psi, shard, gpu_memory_bytes)
-    ):
+    if trainer_keeps_weights(cal, psi, shard, gpu_memory_bytes):
         # Unsharded on a roomy GPU, the trainer keeps every block's bf16 copy until backward reaches it.
         fsdp_fwd = m.compute_param_bytes * psi
     fsdp_bwd = m.fsdp_grad_bytes * shapes.block_params

@@ -6,14 +6,9 @@ from dataclasses import dataclass, field
 
 from blackwell_operator.calibration import Calibration, RecipeConstants, ThroughputConstants
 from blackwell_operator.planner.layout import Hardware, Layout, Setting
-from blackwell_operator.planner.memory import tokens_per_gpu
+from blackwell_operator.planner.memory import tokens_per_gpu, trainer_keeps_weights
 from blackwell_operator.planner.shapes import Shapes
-from blackwell_trainer.config import (
-    ActivationCheckpointing,
-    Precision,
-    PrecisionRecipe,
-    keeps_gathered_weights,
-)
+from blackwell_trainer.config import ActivationCheckpointing, Precision, PrecisionRecipe
 
 AC = ActivationCheckpointing
 
@@ -166,9 +161,7 @@ def estimate_time(
 
     # Weights resharded after forward are cast and split again in backward; a trainer that keeps them on one
     # roomy GPU (the same rule the memory model counts) copies them once.
-    kept = cal.trainer.keeps_unsharded_weights and keeps_gathered_weights(
-        psi, layout.shard_degree, gpu.memory_bytes
-    )
+    kept = trainer_keeps_weights(cal, psi, layout.shard_degree, gpu.memory_bytes)
     copy_bytes = t.fsdp_copy_bytes_per_param + (0.0 if kept else t.fsdp_regather_bytes_per_param)
     fsdp_copies = copy_bytes * psi / bandwidth
     micro = gpu_micro + host_stall + exposed_fsdp + exposed_cp + fsdp_copies
