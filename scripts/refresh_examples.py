@@ -57,9 +57,9 @@ def current_comment(text: str) -> tuple[int, int]:
     return start, end
 
 
-def refreshed(path: Path) -> str:
-    """The example's text with its block replaced by the current one."""
-    text = path.read_text()
+def refreshed(path: Path, text: str | None = None) -> str:
+    """The example's text (read from `path` unless given) with its block replaced by the current one."""
+    text = path.read_text() if text is None else text
     lines = text.splitlines()
     start, end = current_comment(text)
     return "\n".join([*lines[:start], *planner_comment(path), *lines[end:]]) + "\n"
@@ -73,10 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     stale = []
     for path in sorted(EXAMPLES.glob("*.yaml")):
-        if MARK not in path.read_text():
+        text = path.read_text()
+        if MARK not in text:
             continue
-        new = refreshed(path)
-        if new != path.read_text():
+        new = refreshed(path, text)
+        if new != text:
             stale.append(path.name)
             if not args.check:
                 path.write_text(new)

@@ -5,11 +5,25 @@ from __future__ import annotations
 from blackwell_operator.calibrate.checks import DEFAULT_HEADROOM, pick
 from blackwell_operator.calibrate.fit import _residuals
 from blackwell_operator.calibrate.predict import compare
-from blackwell_operator.calibrate.records import RecordStatus
+from blackwell_operator.calibrate.records import CalibrationRecord, RecordStatus
 from blackwell_operator.calibration import Calibration
 from tests.calibration.conftest import candidate, record
 
 GIB = 1 << 30
+
+
+def _ran(
+    preset: str, mbs: int, ac: str, tps: float, reserved_gib: float, allocated_gib: float | None = None
+) -> CalibrationRecord:
+    """A run at sequence 4096 that measured `tps` and reserved `reserved_gib` (allocated 5 GiB less)."""
+    return record(
+        preset,
+        4096,
+        candidate(mbs, ac),
+        tokens_per_second_per_gpu=tps,
+        peak_reserved_bytes=round(reserved_gib * GIB),
+        peak_allocated_bytes=round((reserved_gib - 5 if allocated_gib is None else allocated_gib) * GIB),
+    )
 
 
 def test_a_demand_over_the_gpu_is_compared_at_the_room_the_allocator_has(base: Calibration) -> None:
@@ -24,22 +38,8 @@ def test_a_demand_over_the_gpu_is_compared_at_the_room_the_allocator_has(base: C
 
 
 def test_runs_that_filled_the_gpu_are_kept_out_of_the_speed_fit(base: Calibration) -> None:
-    at_cap = record(
-        "llama3.1-8b",
-        4096,
-        candidate(1, "none"),
-        tokens_per_second_per_gpu=6000.0,
-        peak_reserved_bytes=round(138.4 * GIB),
-        peak_allocated_bytes=round(125 * GIB),
-    )
-    roomy = record(
-        "llama3.2-1b",
-        4096,
-        candidate(8, "none"),
-        tokens_per_second_per_gpu=60000.0,
-        peak_reserved_bytes=round(62 * GIB),
-        peak_allocated_bytes=round(58 * GIB),
-    )
+    at_cap = _ran("llama3.1-8b", 1, "none", 6000.0, 138.4, allocated_gib=125)
+    roomy = _ran("llama3.2-1b", 8, "none", 60000.0, 62, allocated_gib=58)
     capped, fine = compare(at_cap, base), compare(roomy, base)
     assert capped.measured_at_capacity and not fine.measured_at_capacity
     assert _residuals(capped, "throughput") == []
@@ -48,20 +48,9 @@ def test_runs_that_filled_the_gpu_are_kept_out_of_the_speed_fit(base: Calibratio
     assert len(_residuals(capped, "memory")) == 2
 
 
-def _ran(preset: str, mbs: int, ac: str, tps: float, reserved_gib: float) -> object:
-    return record(
-        preset,
-        4096,
-        candidate(mbs, ac),
-        tokens_per_second_per_gpu=tps,
-        peak_reserved_bytes=round(reserved_gib * GIB),
-        peak_allocated_bytes=round((reserved_gib - 5) * GIB),
-    )
-
-
 def test_the_pick_keeps_the_planners_headroom(base: Calibration) -> None:
     small = [_ran("llama3.2-1b", m, "none", 60000.0 + m, 40.0 + 4 * m) for m in (4, 8)]
-    comps = [compare(r, base) for r in small]  # type: ignore[arg-type]
+    comps = [compare(r, base) for r in small]
     scenario = comps[0].record.scenario
     chosen = pick(scenario, comps)
     assert chosen.pick is not None and chosen.passed
@@ -73,14 +62,14 @@ def test_the_pick_keeps_the_planners_headroom(base: Calibration) -> None:
 def test_a_refusal_passes_only_when_every_run_measured_over_the_budget(base: Calibration) -> None:
     # 8B on one H200: nothing is predicted to fit with 5% headroom.
     over = [_ran("llama3.1-8b", m, "full", 9000.0 + m, 136.0) for m in (4, 8)]
-    comps = [compare(r, base) for r in over]  # type: ignore[arg-type]
+    comps = [compare(r, base) for r in over]
     scenario = comps[0].record.scenario
     refused = pick(scenario, comps)
     assert refused.pick is None and refused.refusal_confirmed and refused.passed
     # Had one of them measured comfortably within the budget (the model predicts 8B full AC at mbs 2 over
     # it too: its optimizer phase), refusing would be a miss.
     within = [*over, _ran("llama3.1-8b", 2, "full", 8000.0, 100.0)]
-    comps = [compare(r, base) for r in within]  # type: ignore[arg-type]
+    comps = [compare(r, base) for r in within]
     missed = pick(scenario, comps)
     assert missed.pick is None and not missed.refusal_confirmed and not missed.passed
 
@@ -90,12 +79,12 @@ def test_the_best_within_the_budget_is_named_beside_the_best(base: Calibration) 
     # planner may choose is a slower one; the strict ratio still compares with the fastest.
     fast_over = _ran("llama3.1-8b", 4, "none", 15000.0, 136.0)
     slow_within = _ran("llama3.1-8b", 4, "full", 12000.0, 120.0)
-    comps = [compare(r, base) for r in (fast_over, slow_within)]  # type: ignore[arg-type]
+    comps = [compare(r, base) for r in (fast_over, slow_within)]
     result = pick(comps[0].record.scenario, comps)
     assert result.best is fast_over
     assert result.best_within_budget is slow_within
     # When nothing measured within the budget there is none to name.
-    only_over = [compare(fast_over, base)]  # type: ignore[arg-type]
+    only_over = [compare(fast_over, base)]
     assert pick(only_over[0].record.scenario, only_over).best_within_budget is None
 
 
