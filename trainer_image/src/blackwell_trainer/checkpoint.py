@@ -159,10 +159,13 @@ class Checkpointer:
 
     def save(
         self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer | None, extra: dict[str, Any]
-    ) -> None:
-        """Write a complete checkpoint of `step` (collective: every rank calls it), then prune."""
+    ) -> bool:
+        """Write a complete checkpoint of `step` (collective: every rank calls it), then prune.
+
+        False when nothing was written: checkpointing is off, or this step is on disk already.
+        """
         if self.root is None or step == self.last_saved_step:
-            return  # e.g. SIGTERM right after an interval save: that step is already on disk
+            return False  # e.g. SIGTERM right after an interval save: that step is already on disk
         started = time.monotonic()
         rank, world_size = _world()
         name = f"step-{step:06d}"
@@ -201,6 +204,7 @@ class Checkpointer:
         self.last_saved_step = step
         if rank == 0:
             log.info("saved checkpoint %s in %.1f s", final, time.monotonic() - started)
+        return True
 
     def load(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any] | None:
         """Resume from the newest complete checkpoint (collective); returns its `extra`, or None if none."""

@@ -330,7 +330,7 @@ def run(plan: Plan, runtime: Runtime, guard: PreemptionGuard | None = None) -> i
             # "terminate called without an active exception", in about 1 of 10 CPU e2e runs).
             if trainer.step_index >= plan.steps:
                 return 0
-            # Every rank asks at the top of every other iteration, so all stop before the same step. A
+            # Every rank asks before every step it still has to take, so all stop before the same step. A
             # SIGTERM during start-up (rendezvous, model build, resume) stops here, before the first step.
             if guard.agreed():
                 return _exit_preempted(trainer, checkpointer, metrics, source.state_dict(), started_at)
@@ -363,11 +363,7 @@ def run(plan: Plan, runtime: Runtime, guard: PreemptionGuard | None = None) -> i
                     reserved / 2**30,
                 )
             if step % interval == 0 or step == plan.steps:
-                checkpointer.save(
-                    step, trainer.model, trainer.optimizer, {"step": step, "data": source.state_dict()}
-                )
-                if checkpointer.enabled:
-                    metrics.record_checkpoint(time.time())
+                _save_checkpoint(trainer, checkpointer, metrics, source.state_dict())
     finally:
         metrics.close()
         if own_guard:
@@ -392,11 +388,18 @@ def _exit_preempted(
     if not checkpointer.enabled:
         log.info("preempted at step %d: checkpointing is off, exiting 0", step)
         return 0
-    if checkpointer.last_saved_step != step:  # else the interval save of this step is on disk already
-        checkpointer.save(step, trainer.model, trainer.optimizer, {"step": step, "data": data_state})
-        metrics.record_checkpoint(time.time())
+    _save_checkpoint(trainer, checkpointer, metrics, data_state)  # a no-op if the interval save wrote it
     log.info("preempted: checkpoint at step %d written, exiting 0", step)
     return 0
+
+
+def _save_checkpoint(
+    trainer: Trainer, checkpointer: Checkpointer, metrics: TrainerMetrics, data_state: dict[str, Any]
+) -> None:
+    """Checkpoint the current step (collective) and export its time when one was written."""
+    step = trainer.step_index
+    if checkpointer.save(step, trainer.model, trainer.optimizer, {"step": step, "data": data_state}):
+        metrics.record_checkpoint(time.time())
 
 
 def main(argv: Sequence[str] | None = None, guard: PreemptionGuard | None = None) -> int:
