@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from blackwell_operator.calibrate.fit import with_constants
 from blackwell_operator.calibration import load_calibration
 from blackwell_operator.planner.memory import (
     activation_bytes_per_token_layer,
@@ -222,15 +223,28 @@ def test_collective_stream_pools_are_reserved_only_when_parameters_are_sharded()
     assert extra_alone - extra_sharded == pytest.approx(grads_pool - comm, rel=0.02)
 
 
-def test_a_checkpointed_blocks_backward_holds_its_bf16_activations_times_the_factor() -> None:
+def test_a_checkpointed_blocks_backward_holds_its_activations_times_the_factor() -> None:
     sh, hw = shapes(), hardware()
     # mbs 16: the recomputed block (not the loss chunk) is the larger backward transient.
     fp8_full = setting(ac="full", mbs=16, precision="fp8", recipe="torchao-tensorwise")
-    mem = estimate_memory(sh, BTJ, fp8_full, layout(fp8_full, hw), 4096)
     tokens = 16 * 4096
     bf16_layer = activation_bytes_per_token_layer(sh, BTJ, AC.NONE)
-    expected = BTJ.memory.recompute_transient_factor * tokens * bf16_layer
-    assert expected > loss_bytes(sh, BTJ, tokens)
     fsdp_bwd = BTJ.memory.fsdp_grad_bytes * sh.block_params
-    # In compute precision: the float8 saving on saved inputs does not shrink the recomputed block.
-    assert mem.transient == pytest.approx(expected + fsdp_bwd, rel=1e-6)
+    per_element = BTJ.memory.precision_activation_saving[PrecisionRecipe.TORCHAO_TENSORWISE]
+    saving = per_element * (2 * sh.hidden + sh.q_dim + sh.ffn)
+    for share in (0.0, 0.5):
+        cal = with_constants(BTJ, {"memory.recompute_saving_share": share})
+        mem = estimate_memory(sh, cal, fp8_full, layout(fp8_full, hw), 4096)
+        expected = cal.memory.recompute_transient_factor * tokens * (bf16_layer - share * saving)
+        assert expected > loss_bytes(sh, cal, tokens)
+        # The recomputed block's low-precision linear inputs save `share` of the saved inputs' saving.
+        assert mem.transient == pytest.approx(expected + fsdp_bwd, rel=1e-6)
+
+
+def test_the_output_projections_gradient_is_held_through_backward() -> None:
+    sh, hw = shapes(), hardware()
+    s = setting(ac="none", mbs=2)
+    mem = estimate_memory(sh, BTJ, s, layout(s, hw), 4096)
+    assert mem.peak_phase == "backward"
+    # One step, no accumulation: the only gradient at the start of backward is the head's.
+    assert mem.gradients == round(BTJ.memory.compute_param_bytes * sh.vocab * sh.hidden)

@@ -100,6 +100,15 @@ class MemoryConstants(_Strict):
         ge=0,
         description="A checkpointed block's backward holds this many times its full activations at once.",
     )
+    recompute_saving_share: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description=(
+            "Share of the recipe's per-element activation saving that a recomputed block also gets "
+            "(its low-precision linear inputs exist again during its backward)."
+        ),
+    )
     precision_weight_bytes: dict[PrecisionRecipe, float]
     precision_activation_saving: dict[PrecisionRecipe, float] = Field(
         default_factory=dict,
