@@ -95,6 +95,9 @@ OOM_EXIT = 3
 # A grid whose first configurations all fail (not OOM) has a systematic fault: stop and return the logs
 # instead of spending the GPU call on more of the same.
 FAIL_FAST_ERRORS = 2
+# Start no configuration with less of the call left than this: configurations take 20-90 s on H200, and one
+# killed at the deadline is lost work.
+MIN_START_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -433,7 +436,7 @@ class Harness:
     def run_config(self, fam: Family, mbs: int, gpu_ids: list[int]) -> CalibrationRecord:
         plan, stub = build_plan(fam, mbs, self.cal, self.instance)
         remaining = self.deadline - time.time()
-        if remaining < 30:
+        if remaining < MIN_START_S:
             return stub.model_copy(update=dict(status=RecordStatus.SKIPPED, detail="call budget exhausted"))
         tmp = Path(tempfile.mkdtemp(prefix="btj-cal-"))
         (tmp / "plan.json").write_text(plan.to_json())
@@ -475,12 +478,18 @@ class Harness:
             proc = subprocess.Popen(
                 cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
+            cut_by_deadline = remaining - 10 < self.config_timeout
             try:
                 proc.wait(timeout=min(self.config_timeout, remaining - 10))
             except subprocess.TimeoutExpired:
                 kill_tree(proc.pid)
                 proc.wait()
                 detail = f"killed after {time.time() - started:.0f} s"
+                if cut_by_deadline:
+                    # The call's budget ran out, not the configuration: leave it for the next call.
+                    return stub.model_copy(
+                        update=dict(status=RecordStatus.SKIPPED, detail=f"call budget exhausted ({detail})")
+                    )
         tail = log_path.read_text(errors="replace").splitlines()[-60:] if log_path.exists() else []
         with self.lock, open(self.out / "worker_logs.txt", "a") as f:
             f.write(f"===== {stub.key} (last 60 lines)\n" + "\n".join(tail) + "\n")
@@ -557,7 +566,7 @@ class Harness:
             if fam.gpus > self.gpus:
                 print(f"skipped {fam.label()}: needs {fam.gpus} GPUs, {self.gpus} visible", flush=True)
         threads: list[threading.Thread] = []
-        while pending and time.time() < self.deadline - 30 and not self.failing():
+        while pending and time.time() < self.deadline - MIN_START_S and not self.failing():
             with self.lock:
                 # The first family in priority order that the free GPUs can take.
                 ready = next((f for f in pending if f.gpus <= len(self.free)), None)

@@ -34,3 +34,12 @@ def test_cpu_smoke_writes_one_record_per_configuration(tmp_path: Path) -> None:
     proc = _harness("--out", str(again), "--resume", str(tmp_path / "records.jsonl"), timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert not (again / "records.jsonl").exists()
+
+
+def test_a_call_with_too_little_budget_left_starts_nothing(tmp_path: Path) -> None:
+    # Under MIN_START_S a configuration would only be killed at the call's deadline: it is left for the
+    # next call (named, no record, so --resume runs it) instead of being started and lost as a timeout.
+    proc = _harness("--out", str(tmp_path), "--budget-s", "20", timeout=60)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stdout.count("not started (budget)") == 2
+    assert not (tmp_path / "records.jsonl").exists()
