@@ -8,6 +8,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from blackwell_operator.handlers import child_retry_interval
 from blackwell_operator.handlers.btjstatus import wants_child_back
 from blackwell_operator.metrics import OperatorMetrics
 from blackwell_operator.testing.emulator import HYPERPOD_RESOURCE, PYTORCHJOB_RESOURCE, HardenedEmulator
@@ -145,6 +146,43 @@ async def test_a_failed_recreate_is_retried(cluster: Cluster) -> None:
     assert cluster.creates("pytorchjobs") == 4, "the first create, two refused, the re-create"
     assert live_children(cluster) == 1
     assert cluster.status("retry")["child"]["uid"] == child_uid(cluster, "retry")
+
+
+async def test_a_recreate_refused_for_a_while_is_retried_on_a_timer(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An admission webhook refuses the re-create (422: not retryable, recreate-child gives up at once) and
+    # the BTJ then changes no more: only the retry-child timer brings the child back.
+    monkeypatch.setenv("BTJ_CHILD_RETRY_INTERVAL_S", "1")
+    async with running_operator(cluster):
+        await cluster.apply(btj("webhook"))
+        await wait_for(lambda: child_created(cluster, "webhook").get("status") == "True", what="ChildCreated")
+        first = cluster.status("webhook")["child"]["uid"]
+        fault = cluster.k.inject_fault("post", "pytorchjobs", 422, times=3)
+        await cluster.delete_child("webhook")
+        await wait_for(
+            lambda: (
+                cluster.status("webhook")["child"]["uid"] != first
+                and child_created(cluster, "webhook").get("status") == "True"
+            ),
+            what="the re-created child recorded",
+            timeout=30,
+        )
+        await cluster.settle("webhook")
+    assert fault.times == 0
+    assert live_children(cluster) == 1
+    assert cluster.status("webhook")["child"]["uid"] == child_uid(cluster, "webhook")
+
+
+def test_the_child_retry_interval_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BTJ_CHILD_RETRY_INTERVAL_S", "soon")
+    with pytest.raises(ValueError, match=r"BTJ_CHILD_RETRY_INTERVAL_S='soon'.*Fix"):
+        child_retry_interval()
+    monkeypatch.setenv("BTJ_CHILD_RETRY_INTERVAL_S", "0")
+    with pytest.raises(ValueError, match="must be positive"):
+        child_retry_interval()
+    monkeypatch.delenv("BTJ_CHILD_RETRY_INTERVAL_S")
+    assert child_retry_interval() == 60.0
 
 
 async def test_a_deleted_hyperpod_job_is_recreated_too(cluster: Cluster) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import kopf
@@ -13,6 +14,12 @@ from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.reconcile import CHILD_KINDS, Reconciler
 from blackwell_operator.models.spec import API_GROUP, API_VERSION, PLURAL
 from blackwell_operator.render.labels import MANAGED_BY_LABEL, MANAGER
+
+# A BTJ still without its child after recreate-child gave up (an admission webhook refusing the create, the
+# training operator's CRD briefly gone, an outage longer than the retries) is tried again on a timer, once
+# the BTJ has been quiet this long, until the child exists or the BTJ finishes or goes.
+CHILD_RETRY_ENV = "BTJ_CHILD_RETRY_INTERVAL_S"
+DEFAULT_CHILD_RETRY_S = 60.0
 
 
 def _ctx(memo: kopf.Memo) -> OperatorContext:
@@ -47,6 +54,28 @@ def recreate_child(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> N
     Reconciler(_ctx(memo)).reconcile_now(body, logger=logger)
 
 
+def wants_child_back_now(body: kopf.Body, **_: Any) -> bool:
+    """Kopf `when` filter of the retry-child timer (timers get no event type)."""
+    return wants_child_back(body)
+
+
+def retry_child(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+    """Timer for a BTJ still waiting for its child: one more reconcile (create-or-get: never a duplicate)."""
+    Reconciler(_ctx(memo)).reconcile_now(body, logger=logger, attempts=1)
+
+
+def child_retry_interval() -> float:
+    """Seconds between child re-create attempts by the timer (`BTJ_CHILD_RETRY_INTERVAL_S`, default 60)."""
+    raw = os.environ.get(CHILD_RETRY_ENV, "")
+    try:
+        value = float(raw) if raw else DEFAULT_CHILD_RETRY_S
+    except ValueError:
+        raise ValueError(f"{CHILD_RETRY_ENV}={raw!r}: not a number of seconds. Fix: e.g. 60") from None
+    if value <= 0:
+        raise ValueError(f"{CHILD_RETRY_ENV}={raw!r}: must be positive. Fix: e.g. 60")
+    return value
+
+
 def track_child(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
     """on.event for the child kinds we label: mirror their status onto the owner BTJ."""
     on_child_event(_ctx(memo), type, body, logger)
@@ -62,6 +91,10 @@ def register(registry: kopf.OperatorRegistry) -> None:
     kopf.on.update(*btj, field="spec", registry=registry, id="reconcile")(reconcile_btj)
     kopf.on.event(*btj, registry=registry, id="track-phase")(track_btj)
     kopf.on.event(*btj, registry=registry, id="recreate-child", when=wants_child_back_filter)(recreate_child)
+    interval = child_retry_interval()
+    kopf.timer(
+        *btj, registry=registry, id="retry-child", interval=interval, idle=interval, when=wants_child_back_now
+    )(retry_child)
     for kind in CHILD_KINDS.values():
         group, version = kind.api_version.split("/")
         # A silent event handler: it writes nothing onto the child (update handlers would add Kopf
