@@ -158,6 +158,15 @@ def test_env_defaults_are_sorted_and_user_values_win() -> None:
     assert set(DEFAULT_ENV) <= set(values)
 
 
+def test_torchrun_leaves_the_sigterm_checkpoint_the_pods_grace_period() -> None:
+    _, job = render(spec_of())
+    grace = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    # torchrun SIGKILLs its ranks this long after forwarding SIGTERM: well past its 30 s default, and
+    # inside the kubelet's grace period so torchrun itself still exits cleanly.
+    shutdown = int(env(job)["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"])
+    assert 30 < shutdown < grace
+
+
 def test_kueue_labels_only_when_a_queue_is_named_and_never_suspend() -> None:
     _, plain = render(spec_of())
     _, queued = render(spec_of(queueName="hyperpod-ns-team-a-localqueue", priorityClass="training-priority"))

@@ -15,7 +15,8 @@ class PreemptionGuard:
     """Turns SIGTERM (preemption, Kueue suspend, HyperPod auto-resume, pod deletion) into a stop.
 
     torchrun forwards the SIGTERM it gets as the container's PID 1 to every worker and kills them
-    30 s later, so the loop must notice, save and exit 0 within that time. Install the guard first
+    TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds later (the operator renders 270; torch before 2.12 ignores
+    it and keeps 30), so the loop must notice, save and exit 0 within that time. Install the guard first
     thing in the process (``python -m blackwell_trainer`` does, before torch is imported): until then
     SIGTERM's default action kills the worker without a word.
 

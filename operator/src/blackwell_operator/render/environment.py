@@ -10,6 +10,11 @@ PLAN_DIR = "/etc/btj"
 PLAN_FILE = "plan.json"
 PLAN_PATH = f"{PLAN_DIR}/{PLAN_FILE}"
 LOCAL_DIR = "/local"
+# torchrun forwards SIGTERM to its ranks and SIGKILLs them this many seconds later (its default is 30 s,
+# too short for a sharded checkpoint of a large model). The pod's terminationGracePeriodSeconds (300,
+# render/pod.py) minus 30 s for torchrun's own exit. torchrun reads TORCH_ELASTIC_SHUTDOWN_TIMEOUT from
+# torch 2.12 on (older versions keep 30 s and ignore it).
+TORCHRUN_SHUTDOWN_SECONDS = 270
 
 # Sources: hyperpod-pytorchjob.md §2.4, from awsome-distributed-training's HyperPod EKS FSDP examples
 # (llama3_1_8b-fsdp-hpto.yaml, fsdp.yaml-template). The cheatsheet there notes several of these are
@@ -30,6 +35,8 @@ DEFAULT_ENV: dict[str, str] = {
     "TORCH_NCCL_TRACE_BUFFER_SIZE": "20000",
     "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
     "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{LOCAL_DIR}/nccl_trace_rank_",
+    # Time for the SIGTERM checkpoint before torchrun kills its ranks (above).
+    "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(TORCHRUN_SHUTDOWN_SECONDS),
     # Fewer allocator-fragmentation OOMs; the planner's fragmentation term assumes it.
     "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
     # PYTHONUNBUFFERED is left to the training operator, which always injects it (§1.2).
