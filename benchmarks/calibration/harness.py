@@ -252,17 +252,30 @@ def _is_oom(err: BaseException) -> bool:
 
 def worker(plan_path: Path, result_dir: Path, warmup: int, timed: int) -> None:
     """Run one configuration in this process; every rank writes result.rank<R>.json."""
+    # Where a configuration's wall time goes (the timed steps are a few seconds of 20-90): the next
+    # speed-up of the harness starts from these.
+    phases: dict[str, float] = {}
+    mark = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal mark
+        now = time.perf_counter()
+        phases[name] = phases.get(name, 0.0) + now - mark
+        mark = now
+
     import torch
 
     from blackwell_trainer.train import Runtime, Trainer, allocator_stats, init_distributed
 
+    lap("import")
     runtime = Runtime.from_env()
-    result: dict[str, Any] = {"status": "error", "detail": ""}
+    result: dict[str, Any] = {"status": "error", "detail": "", "phases": phases}
     code = 0
     try:
         plan = Plan.from_file(plan_path)
         init_distributed(runtime)
         trainer = Trainer(plan, runtime)
+        lap("setup")
         gen = torch.Generator(device=runtime.device).manual_seed(1234 + runtime.rank)
         shape = (plan.chosen.micro_batch_size, plan.sequence_length)
         vocab = plan.architecture.vocab_size
@@ -278,6 +291,7 @@ def worker(plan_path: Path, result_dir: Path, warmup: int, timed: int) -> None:
             losses.append(step.loss)
             if i >= warmup:
                 times.append(step.seconds)
+            lap("warmup" if i < warmup else "timed")
         result.update(
             status="ok", step_times=times, losses=losses, tokens_per_step=trainer.tokens_per_micro_batch
         )
@@ -373,8 +387,15 @@ def merge(
     reserved = [r["peak_reserved_bytes"] for r in results if r.get("peak_reserved_bytes")]
     retries = [int(r["alloc_retries"]) for r in results if r.get("alloc_retries") is not None]
     losses = [float(v) for v in rank0.get("losses", [])]
+    phases = ", ".join(f"{k} {v:.1f} s" for k, v in (rank0.get("phases") or {}).items())
     notes = "; ".join(
-        d for d in [*(str(r.get("detail", "")) for r in results if r.get("detail")), detail] if d
+        d
+        for d in [
+            *(str(r.get("detail", "")) for r in results if r.get("detail")),
+            detail,
+            f"rank 0: {phases}" if phases else "",
+        ]
+        if d
     )
     return stub.model_copy(
         update=dict(

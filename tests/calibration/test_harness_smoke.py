@@ -28,6 +28,8 @@ def test_cpu_smoke_writes_one_record_per_configuration(tmp_path: Path) -> None:
         assert r.predicted is not None and r.predicted_calibration == "btj-trainer"
         assert r.versions.torch and r.gpu_name == "cpu" and r.date
         assert r.source == "harness"
+        # Where the configuration's time went, for speeding the harness up.
+        assert all(f"{phase} " in r.detail for phase in ("import", "setup", "warmup", "timed")), r.detail
     assert (tmp_path / "summary.txt").read_text().count("_mbs1") == 2
     # Resuming from those records: everything is measured already, nothing runs again.
     again = tmp_path / "again"
