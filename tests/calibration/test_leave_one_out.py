@@ -75,3 +75,25 @@ def test_scenario_without_runs_has_no_data(base: Calibration) -> None:
     result = leave_one_out(records, base, base, lambda recs, start: start)
     assert result.criteria[0].verdict == "NO DATA"
     assert result.criteria[1].verdict == "NO DATA"
+
+
+def test_a_scenario_measured_on_part_of_its_grid_is_named(base: Calibration) -> None:
+    # 1B at 8192 lost its full-AC family (a call budget cut it): its pick may pass, but the criterion
+    # says it was judged on 1 of the 2 families 1B measured at 4096.
+    records = [
+        r
+        for r in _grid(base)
+        if not (
+            r.sequence_length == 8192
+            and r.model_name == "llama3.2-1b"
+            and r.candidate.activation_checkpointing.value == "full"
+        )
+    ]
+    result = leave_one_out(records, base, base, default_fitter(CONSTANTS))
+    coverage = {p.scenario.label(): (p.families_measured, p.families_expected) for p in result.picks}
+    assert coverage["llama3.2-1b s8192 g1"] == (1, 2)
+    assert coverage["llama3.2-1b s4096 g1"] == (2, 2) and coverage["llama3.2-3b s8192 g1"] == (2, 2)
+    detail = {c.name: c.detail for c in result.criteria}[
+        "leave-one-out: pick >= 97% of best measured, never OOM"
+    ]
+    assert "judged on part of its grid: llama3.2-1b s8192 g1 (1 of 2 families)" in detail

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from blackwell_operator.calibrate import PRIOR_WEIGHT
 from blackwell_operator.calibrate.fit import fit_calibration
 from blackwell_operator.calibrate.predict import Comparison, compare_all
-from blackwell_operator.calibrate.records import CalibrationRecord, Scenario
+from blackwell_operator.calibrate.records import CalibrationRecord, Scenario, family_key
 from blackwell_operator.calibration import Calibration
 from blackwell_operator.models.spec import TuningSpec
 
@@ -32,6 +32,15 @@ class ScenarioPick:
     # The fastest run that also measured within the planner's budget: the best the planner was allowed to
     # choose. Shown beside the strict criterion (which compares with `best`) to explain a low ratio.
     best_within_budget: CalibrationRecord | None = None
+    # Families (precision x AC x ...) measured here, against those measured for the same model and GPU
+    # count at any sequence: a scenario judged on part of its grid says so instead of passing quietly.
+    families_measured: int = 0
+    families_expected: int = 0
+
+    @property
+    def partial(self) -> bool:
+        """Fewer families measured here than for the same model and GPU count elsewhere."""
+        return self.families_measured < self.families_expected
 
     @property
     def ratio(self) -> float | None:
@@ -86,6 +95,29 @@ def by_scenario(records: Sequence[CalibrationRecord]) -> dict[Scenario, list[Cal
         if r.ran or r.oom:
             groups[r.scenario].append(r)
     return dict(groups)
+
+
+def _family(record: CalibrationRecord) -> tuple[object, ...]:
+    return family_key(record)[1:]  # without the scenario
+
+
+def with_coverage(picks: Sequence[ScenarioPick], records: Sequence[CalibrationRecord]) -> list[ScenarioPick]:
+    """Each pick with how many of its model's families (at its GPU count) its scenario measured."""
+    measured: dict[Scenario, set[tuple[object, ...]]] = defaultdict(set)
+    for r in records:
+        if r.ran or r.oom:
+            measured[r.scenario].add(_family(r))
+    expected: dict[tuple[str, int], set[tuple[object, ...]]] = defaultdict(set)
+    for scenario, families in measured.items():
+        expected[(scenario.model, scenario.gpus)] |= families
+    return [
+        replace(
+            p,
+            families_measured=len(measured[p.scenario]),
+            families_expected=len(expected[(p.scenario.model, p.scenario.gpus)]),
+        )
+        for p in picks
+    ]
 
 
 def pick(
@@ -146,7 +178,10 @@ def leave_one_out(
         if progress:
             p = picks[-1]
             progress(f"{scenario.label()}: pick ratio {p.ratio if p.ratio is not None else 'n/a'}")
-    result = CheckResult(in_sample, held_out, picks, [pick(s, in_sample, headroom) for s in groups])
+    in_sample_picks = [pick(s, in_sample, headroom) for s in groups]
+    result = CheckResult(
+        in_sample, held_out, with_coverage(picks, usable), with_coverage(in_sample_picks, usable)
+    )
     result.criteria = criteria(result)
     return result
 
@@ -191,6 +226,11 @@ def _pick_criterion(name: str, picks: Sequence[ScenarioPick]) -> Criterion:
         why = {True: "every run measured over the budget too", False: "runs measured within it: a miss"}
         detail += "; no plan within the headroom for " + ", ".join(
             f"{p.scenario.label()} ({why[p.refusal_confirmed]})" for p in refused
+        )
+    partial = [p for p in judged if p.partial]
+    if partial:
+        detail += "; judged on part of its grid: " + ", ".join(
+            f"{p.scenario.label()} ({p.families_measured} of {p.families_expected} families)" for p in partial
         )
     return Criterion(name, not bad, detail)
 

@@ -82,6 +82,8 @@ def _pick_table(picks: Sequence[ScenarioPick], in_sample: Sequence[ScenarioPick]
         if p.pick is None and p.best is not None:
             confirmed = " (refusal: every run measured over the budget)"
             verdict += confirmed if p.refusal_confirmed else " (refusal)"
+        if p.partial:
+            verdict += f" (on {p.families_measured} of {p.families_expected} families)"
         within = p.best_within_budget
         within_cell = "none"
         if within is not None:
