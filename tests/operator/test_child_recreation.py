@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from typing import Any, cast
 
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from blackwell_operator.discovery.capacity import NodeCapacityReader
 from blackwell_operator.handlers import child_retry_interval
+from blackwell_operator.handlers.api import KubeApi
 from blackwell_operator.handlers.btjstatus import wants_child_back
+from blackwell_operator.handlers.context import OperatorContext
+from blackwell_operator.handlers.reconcile import Reconciler
 from blackwell_operator.metrics import OperatorMetrics
 from blackwell_operator.testing.emulator import HYPERPOD_RESOURCE, PYTORCHJOB_RESOURCE, HardenedEmulator
 from tests.operator.harness import (
@@ -172,6 +177,21 @@ async def test_a_recreate_refused_for_a_while_is_retried_on_a_timer(
     assert fault.times == 0
     assert live_children(cluster) == 1
     assert cluster.status("webhook")["child"]["uid"] == child_uid(cluster, "webhook")
+
+
+def test_the_timer_leaves_a_btj_whose_recreate_is_in_progress_alone(caplog: pytest.LogCaptureFixture) -> None:
+    # The event handler and the timer run in different threads: while one re-creates, the timer's tick
+    # does nothing (two creates would both succeed from the caller's view: a 409 is adopted).
+    ctx = OperatorContext(
+        api=cast(KubeApi, None), capacity=cast(NodeCapacityReader, None), metrics=OperatorMetrics()
+    )
+    body = {"metadata": {"uid": "u-1", "name": "busy", "namespace": NAMESPACE}, "spec": {}}
+    logger = logging.getLogger("test-recreate-lock")
+    lock = ctx.recreate_lock("u-1")
+    with lock, caplog.at_level(logging.DEBUG, logger="test-recreate-lock"):
+        Reconciler(ctx).reconcile_now(body, logger=logger, attempts=1, wait=False)
+    assert [r.getMessage() for r in caplog.records] == ["A child re-create is already in progress"]
+    assert ctx.recreate_lock("u-1") is lock and not lock.locked()
 
 
 def test_the_child_retry_interval_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:

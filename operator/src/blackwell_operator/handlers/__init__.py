@@ -61,7 +61,7 @@ def wants_child_back_now(body: kopf.Body, **_: Any) -> bool:
 
 def retry_child(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
     """Timer for a BTJ still waiting for its child: one more reconcile (create-or-get: never a duplicate)."""
-    Reconciler(_ctx(memo)).reconcile_now(body, logger=logger, attempts=1)
+    Reconciler(_ctx(memo)).reconcile_now(body, logger=logger, attempts=1, wait=False)
 
 
 def child_retry_interval() -> float:

@@ -137,15 +137,33 @@ class Reconciler:
         finally:
             self.ctx.metrics.reconcile_duration.observe(time.perf_counter() - started)
 
-    def reconcile_now(self, body: Mapping[str, Any], *, logger: Any, attempts: int = 8) -> None:
-        """A reconcile for callers Kopf does not retry (event handlers): retry here, with the same backoff."""
+    def reconcile_now(
+        self, body: Mapping[str, Any], *, logger: Any, attempts: int = 8, wait: bool = True
+    ) -> None:
+        """A reconcile for callers Kopf does not retry (event handlers, timers): retry here, with backoff.
+
+        One caller per BTJ at a time; with `wait=False` (the timer) a call finding another in progress
+        does nothing, since that one is already bringing the child back.
+        """
+        lock = self.ctx.recreate_lock(str(body.get("metadata", {}).get("uid", "")))
+        if not lock.acquire(blocking=wait):
+            logger.debug("A child re-create is already in progress")
+            return
+        try:
+            self._reconcile_with_retries(body, logger=logger, attempts=attempts)
+        finally:
+            lock.release()
+
+    def _reconcile_with_retries(self, body: Mapping[str, Any], *, logger: Any, attempts: int) -> None:
         for retry in range(attempts):
             try:
                 self.reconcile(body, retry=retry, logger=logger)
                 return
             except kopf.TemporaryError as exc:
                 if retry == attempts - 1:
-                    logger.error(f"Giving up after {attempts} attempts (the next event retries): {exc}")
+                    logger.error(
+                        f"Giving up after {attempts} attempts (the next event or timer retries): {exc}"
+                    )
                     return
                 logger.warning(str(exc))
                 time.sleep(exc.delay if exc.delay is not None else _retry_delay(retry))
