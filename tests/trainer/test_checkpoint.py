@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
-from blackwell_trainer.checkpoint import MARKER, Checkpointer, CheckpointError, list_complete
+from blackwell_trainer.checkpoint import MARKER, Checkpointer, CheckpointError, SaveFailed, list_complete
 from blackwell_trainer.config import CheckpointConfig
 
 # Single-process on purpose: DCP then warns that torch.distributed is uninitialised.
@@ -120,11 +120,14 @@ def test_a_failed_save_leaves_the_previous_checkpoint_in_use(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(torch, "save", disk_full)  # the storage fills up half-way through step 2
-    # DCP's own writes hit it first and wrap it (CheckpointException, collective over the ranks).
-    with pytest.raises((OSError, CheckpointException), match="No space"):
+    # DCP's own writes hit it first and wrap it (CheckpointException, collective over the ranks);
+    # the Checkpointer turns that into one SaveFailed per rank, with the cause on one line.
+    with pytest.raises(SaveFailed, match=r"step 2 .* rank 0: \[Errno 28\] No space left on device") as failed:
         ckpt.save(2, model, optimizer, {"step": 2})
+    assert isinstance(failed.value.__cause__, CheckpointException) and "\n" not in str(failed.value)
     monkeypatch.undo()
     assert [c.step for c in list_complete(tmp_path)] == [1]
+    assert [p.name for p in tmp_path.iterdir()] == ["step-000001"]  # the failed temporary is gone
     loaded = checkpointer(tmp_path).load(*make(3))
     assert loaded is not None and loaded["step"] == 1
     ckpt.save(3, model, optimizer, {"step": 3})  # the next save clears the failed temporary

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
@@ -39,6 +40,26 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be written or resumed; the message says why and what to do."""
 
 
+class SaveFailed(CheckpointError):
+    """A save that failed on at least one rank; every rank raises it, so all take the same branch.
+
+    The previous complete checkpoints are untouched and the failed temporary folder is removed.
+    """
+
+    def __init__(self, step: int, root: Path, rank: int, detail: str) -> None:
+        self.step, self.root, self.failed_rank, self.detail = step, root, rank, detail
+        super().__init__(f"checkpoint of step {step} under {root} not written: rank {rank}: {detail}")
+
+
+def _one_line(error: BaseException) -> str:
+    """The root cause on one line (DCP's CheckpointException prints a traceback per failed rank)."""
+    if isinstance(error, CheckpointException) and error.failures:
+        rank, (inner, _) = next(iter(sorted(error.failures.items(), key=lambda kv: kv[0])))
+        return f"{_one_line(inner)} (torch.distributed.checkpoint, rank {rank})"
+    text = " ".join(str(error).split()) or type(error).__name__
+    return f"{type(error).__name__}: {text}" if not isinstance(error, OSError) else text
+
+
 @dataclass(frozen=True)
 class CompleteCheckpoint:
     """A step folder whose completion marker is present and whose files match it."""
@@ -58,6 +79,37 @@ def _world() -> tuple[int, int]:
 def _barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+
+
+# What a save can meet on the way to storage: a full or failing file system (OSError: ENOSPC, EIO,
+# ESTALE on NFS...) or DCP's collective wrapper of such an error on any rank. Anything else is a bug.
+SAVE_ERRORS: tuple[type[BaseException], ...] = (OSError, CheckpointException)
+
+
+def _agree(step: int, root: Path, error: BaseException | None) -> None:
+    """Collective: raise SaveFailed on every rank if the save failed on any (naming the lowest such rank).
+
+    A rank that raised alone would leave the others waiting in the next barrier until a timeout.
+    """
+    world_size = _world()[1]
+    detail = None if error is None else _one_line(error)
+    if world_size == 1:
+        details: list[Any] = [detail]
+    else:
+        details = [None] * world_size
+        # One line per rank, not the exception: DCP's carry stack summaries that may not pickle.
+        dist.all_gather_object(details, detail)
+    for failed_rank, failure in enumerate(details):
+        if failure is not None:
+            raise SaveFailed(step, root, failed_rank, str(failure)) from error
+
+
+def _write_extra(path: Path, extra: dict[str, Any]) -> None:
+    """This rank's `extra`, durable before rank 0's marker says so (DCP fsyncs its own files)."""
+    with open(path, "wb") as f:
+        torch.save(extra, f)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _fsync_dir(path: Path) -> None:
@@ -113,16 +165,19 @@ class Checkpointer:
     """Saves and resumes model, optimizer and an `extra` dict with torch.distributed.checkpoint.
 
     Layout: `<path>/step-000100/` holds the DCP files (one shard per rank plus `.metadata`),
-    `extra/rank-00000.pt` per rank (step, data position, RNG...) and, written last, `COMPLETE.json`
-    with the step, world size and every file's size. A save goes to `<path>/.tmp-step-000100/` and
-    rank 0 renames it into place after all ranks finished writing, so a crash at any point leaves
-    either the previous checkpoints alone or a folder that loading skips. `path` must be a file
+    `extra/rank-00000.pt` per rank (the caller's dict; the trainer stores the step and the data
+    position only: its model has no dropout, so there is no RNG state to carry) and, written last,
+    `COMPLETE.json` with the step, world size and every file's size. A save goes to
+    `<path>/.tmp-step-000100/` and rank 0 renames it into place after all ranks finished writing, so
+    a crash at any point leaves either the previous checkpoints alone or a folder that loading skips.
+    A save that fails on any rank (a full file system, an I/O error) raises SaveFailed on every rank
+    and removes its temporary folder; the previous checkpoints stay in use. `path` must be a file
     system every rank sees (FSx for Lustre, EFS, a shared volume).
 
     Resuming with a different world size: DCP reshards the model and optimizer (FSDP2 DTensors) to
     the new layout; the data position in `extra` is global (see blackwell_trainer.data), so it
-    carries over exactly. Per-rank entries of `extra` (RNG states) cannot be resharded: every rank
-    then takes rank 0's `extra`, and a warning says so.
+    carries over exactly. `extra` is not resharded: every rank then takes rank 0's, and a warning
+    says so (the trainer's step and data position are the same on every rank, so nothing is lost).
 
     Args:
         config: the plan's checkpoint section; `path` None disables saving and loading.
@@ -163,48 +218,71 @@ class Checkpointer:
         """Write a complete checkpoint of `step` (collective: every rank calls it), then prune.
 
         False when nothing was written: checkpointing is off, or this step is on disk already.
+        SaveFailed (on every rank) when a rank could not write: the previous checkpoints stay in use.
         """
         if self.root is None or step == self.last_saved_step:
             return False  # e.g. SIGTERM right after an interval save: that step is already on disk
         started = time.monotonic()
         rank, world_size = _world()
+        root = self.root
         name = f"step-{step:06d}"
-        final, tmp = self.root / name, self.root / f"{TMP_PREFIX}{name}"
-        if rank == 0:
-            self.root.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(tmp, ignore_errors=True)  # left by a crash during an earlier attempt
-            (tmp / EXTRA_DIR).mkdir(parents=True)
-        _barrier()
+        final, tmp = root / name, root / f"{TMP_PREFIX}{name}"
+        # Each phase ends in an agreement (a collective) instead of a bare barrier: an error on one rank
+        # (ENOSPC on its shard, its extra file, rank 0's marker) makes every rank raise SaveFailed.
+        error: BaseException | None = None
+        try:
+            if rank == 0:
+                root.mkdir(parents=True, exist_ok=True)
+                self._remove_temporaries()  # left by a crash or a failed save: frees their space first
+                (tmp / EXTRA_DIR).mkdir(parents=True)
+        except SAVE_ERRORS as err:
+            error = err
+        self._agree_or_clean(step, tmp, error)
 
-        dcp_save(self._state(model, optimizer), checkpoint_id=str(tmp))
-        with open(tmp / EXTRA_DIR / f"rank-{rank:05d}.pt", "wb") as f:
-            torch.save(extra, f)
-            f.flush()
-            os.fsync(f.fileno())  # durable before rank 0's marker says so (DCP fsyncs its own files)
-        _barrier()  # every rank's files are written before the marker claims completeness
+        try:
+            dcp_save(self._state(model, optimizer), checkpoint_id=str(tmp))
+            _write_extra(tmp / EXTRA_DIR / f"rank-{rank:05d}.pt", extra)
+        except SAVE_ERRORS as err:
+            error = err
+        self._agree_or_clean(step, tmp, error)  # every rank's files are written before the marker
 
+        try:
+            if rank == 0:
+                marker = {
+                    "version": MARKER_VERSION,
+                    "step": step,
+                    "world_size": world_size,
+                    "timestamp": time.time(),
+                    "files": _file_sizes(tmp),
+                }
+                with open(tmp / MARKER, "w") as f:
+                    json.dump(marker, f, indent=1)
+                    f.flush()
+                    os.fsync(f.fileno())
+                if final.exists():
+                    shutil.rmtree(final)  # an incomplete folder of the same step (a loaded one is skipped)
+                os.rename(tmp, final)
+                _fsync_dir(root)
+        except SAVE_ERRORS as err:
+            error = err
+        self._agree_or_clean(step, tmp, error)  # nobody moves on (or exits) before it is in place
         if rank == 0:
-            marker = {
-                "version": MARKER_VERSION,
-                "step": step,
-                "world_size": world_size,
-                "timestamp": time.time(),
-                "files": _file_sizes(tmp),
-            }
-            with open(tmp / MARKER, "w") as f:
-                json.dump(marker, f, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
-            if final.exists():
-                shutil.rmtree(final)  # an incomplete folder of the same step (a loaded one is skipped above)
-            os.rename(tmp, final)
-            _fsync_dir(self.root)
             self._prune()
-        _barrier()  # nobody moves on (or exits) before the checkpoint is in place
         self.last_saved_step = step
         if rank == 0:
             log.info("saved checkpoint %s in %.1f s", final, time.monotonic() - started)
         return True
+
+    def _agree_or_clean(self, step: int, tmp: Path, error: BaseException | None) -> None:
+        """Agree (collective); on a failure anywhere rank 0 removes the temporary, then all raise."""
+        assert self.root is not None
+        try:
+            _agree(step, self.root, error)
+        except SaveFailed:
+            if _world()[0] == 0:
+                # Every rank has stopped writing (they all reached the agreement): give the space back.
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
 
     def load(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any] | None:
         """Resume from the newest complete checkpoint (collective); returns its `extra`, or None if none."""
@@ -225,8 +303,8 @@ class Checkpointer:
         if found.world_size != world_size and rank == 0:
             log.warning(
                 "checkpoint %s was written by %d ranks and resumes on %d: model and optimizer are "
-                "resharded by DCP, the data position is global and exact, and every rank takes rank 0's "
-                "per-rank state (RNG)",
+                "resharded by DCP, and every rank takes rank 0's step and data position (global, so "
+                "exact)",
                 found.path,
                 found.world_size,
                 world_size,
@@ -251,8 +329,15 @@ class Checkpointer:
     def _prune(self) -> None:
         """Keep the newest `keep_latest` complete checkpoints; drop older ones and stale temporaries."""
         assert self.root is not None
-        complete = list_complete(self.root)
-        for old in complete[: -self.config.keep_latest]:
-            shutil.rmtree(old.path, ignore_errors=True)
+        try:
+            for old in list_complete(self.root)[: -self.config.keep_latest]:
+                shutil.rmtree(old.path, ignore_errors=True)
+            self._remove_temporaries()
+        except OSError as err:  # the new checkpoint is in place: the old ones go at the next save
+            log.warning("could not prune checkpoints under %s: %s", self.root, err)
+
+    def _remove_temporaries(self) -> None:
+        """Remove every temporary step folder (only one save runs at a time, on rank 0's say)."""
+        assert self.root is not None
         for stale in self.root.glob(f"{TMP_PREFIX}step-*"):
             shutil.rmtree(stale, ignore_errors=True)

@@ -119,6 +119,12 @@ class TrainerMetrics:
             "Unix time of the last complete checkpoint; 0 until one is written.",
             registry=r,
         )
+        self.checkpoint_failures = Counter(
+            "btj_trainer_checkpoint_failures",
+            "Interval checkpoint saves that failed (a full or failing checkpoint file system); training "
+            "went on from the previous complete checkpoint.",
+            registry=r,
+        )
         self.build_info = Info("btj_trainer_build", "Trainer version and the plan's settings.", registry=r)
 
         # Pre-export every series (zeros where nothing is measured yet) so none goes missing.
@@ -190,3 +196,7 @@ class TrainerMetrics:
     def record_checkpoint(self, timestamp: float) -> None:
         """Record the Unix time at which a complete checkpoint was written."""
         self.last_checkpoint.set(timestamp)
+
+    def record_checkpoint_failure(self) -> None:
+        """Count one interval checkpoint save that failed on some rank (training went on)."""
+        self.checkpoint_failures.inc()

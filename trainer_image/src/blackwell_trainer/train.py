@@ -1,7 +1,9 @@
 """The training entry point: read the plan, refuse what cannot run, build, parallelize and train.
 
 ``python -m blackwell_trainer --plan PATH`` (or env BTJ_PLAN_PATH), usually under torchrun.
-Exit codes: 0 done or preempted after a checkpoint, 2 a bad or impossible plan.
+Exit codes: 0 done or preempted after a checkpoint, 2 a bad or impossible plan, data or checkpoint
+storage that does not fit it, or a checkpoint that cannot be written (the final one, the preemption one,
+or MAX_FAILED_SAVES_IN_A_ROW interval saves in a row).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import argparse
 import logging
 import math
 import os
+import shutil
 import socket
 import sys
 import time
@@ -30,11 +33,16 @@ from .precision import PrecisionError, PrecisionSetup, check_precision, device_c
 from .preemption import PreemptionGuard
 
 if TYPE_CHECKING:  # imported where run() needs them, not at start-up
-    from .checkpoint import Checkpointer
+    from .checkpoint import Checkpointer, SaveFailed
     from .metrics import TrainerMetrics
 
 log = logging.getLogger("blackwell_trainer")
 PLAN_ENV = "BTJ_PLAN_PATH"
+# A failed interval save (full or failing checkpoint storage) is logged and counted and training goes
+# on: the storage may recover (another job frees space, a Lustre OST drains below its threshold) and
+# the next interval tries again. Three in a row means it is not recovering: stop (exit 2) rather than
+# train on for hours or days whose work a crash or preemption would lose, and say why.
+MAX_FAILED_SAVES_IN_A_ROW = 3
 
 
 class PlanError(ValueError):
@@ -292,7 +300,7 @@ def run(plan: Plan, runtime: Runtime, guard: PreemptionGuard | None = None) -> i
     `guard` is the SIGTERM guard the process installed at its start (``python -m blackwell_trainer``
     installs it before torch is imported); without one, run() installs its own for its duration.
     """
-    from .checkpoint import Checkpointer
+    from .checkpoint import Checkpointer, CheckpointError, SaveFailed
     from .data import build_token_source
     from .metrics import TrainerMetrics
 
@@ -323,6 +331,7 @@ def run(plan: Plan, runtime: Runtime, guard: PreemptionGuard | None = None) -> i
         accum = plan.chosen.gradient_accumulation_steps
         interval = plan.checkpoint.interval_steps
         retries_warned = 0
+        failed_saves = 0  # interval saves that failed in a row
         started_at = trainer.step_index
         while True:
             # Done first, without a collective: the last step's checkpoint is the last collective before
@@ -362,8 +371,37 @@ def run(plan: Plan, runtime: Runtime, guard: PreemptionGuard | None = None) -> i
                     allocated / 2**30,
                     reserved / 2**30,
                 )
-            if step % interval == 0 or step == plan.steps:
-                _save_checkpoint(trainer, checkpointer, metrics, source.state_dict())
+            if step == plan.steps:
+                try:
+                    _save_checkpoint(trainer, checkpointer, metrics, source.state_dict())
+                except SaveFailed as err:
+                    raise CheckpointError(
+                        f"final {describe_save_failure(err, plan, checkpointer)}: the steps since then are "
+                        "lost; free space there and rerun (it resumes from that checkpoint)"
+                    ) from None
+            elif step % interval == 0:
+                try:
+                    _save_checkpoint(trainer, checkpointer, metrics, source.state_dict())
+                    failed_saves = 0
+                except SaveFailed as err:  # raised on every rank alike: all take this branch
+                    failed_saves += 1
+                    metrics.record_checkpoint_failure()
+                    line = describe_save_failure(err, plan, checkpointer)
+                    if failed_saves >= MAX_FAILED_SAVES_IN_A_ROW:
+                        raise CheckpointError(
+                            f"{failed_saves} interval checkpoints in a row not written, the last {line}; "
+                            "stopping rather than training on without checkpoints: free space there or "
+                            "fix the storage, then rerun"
+                        ) from None
+                    if runtime.rank == 0:
+                        log.error(
+                            "%s; training goes on and tries again at step %d (the run stops after %d "
+                            "failed saves in a row, this is %d)",
+                            line,
+                            min(step + interval, plan.steps),
+                            MAX_FAILED_SAVES_IN_A_ROW,
+                            failed_saves,
+                        )
     finally:
         metrics.close()
         if own_guard:
@@ -388,7 +426,15 @@ def _exit_preempted(
     if not checkpointer.enabled:
         log.info("preempted at step %d: checkpointing is off, exiting 0", step)
         return 0
-    _save_checkpoint(trainer, checkpointer, metrics, data_state)  # a no-op if the interval save wrote it
+    from .checkpoint import CheckpointError, SaveFailed
+
+    try:
+        _save_checkpoint(trainer, checkpointer, metrics, data_state)  # a no-op if the interval save wrote it
+    except SaveFailed as err:
+        raise CheckpointError(
+            f"preempted at step {step}: {describe_save_failure(err, trainer.plan, checkpointer)}: the next "
+            "start resumes from that one; free space there"
+        ) from None
     log.info("preempted: checkpoint at step %d written, exiting 0", step)
     return 0
 
@@ -400,6 +446,37 @@ def _save_checkpoint(
     step = trainer.step_index
     if checkpointer.save(step, trainer.model, trainer.optimizer, {"step": step, "data": data_state}):
         metrics.record_checkpoint(time.time())
+
+
+def free_space(path: str) -> str:
+    """'X free of Y' for the file system holding `path` (or its nearest existing parent), or 'unknown'."""
+    where = os.path.abspath(path)
+    while not os.path.exists(where) and os.path.dirname(where) != where:
+        where = os.path.dirname(where)
+    try:
+        usage = shutil.disk_usage(where)
+    except OSError:
+        return "free space unknown"
+    return f"{_bytes(usage.free)} free of {_bytes(usage.total)}"
+
+
+def _bytes(n: int) -> str:
+    size, unit = float(n), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            break
+        size /= 1024
+    return f"{size:.0f} B" if unit == "B" else f"{size:.1f} {unit}"
+
+
+def describe_save_failure(err: SaveFailed, plan: Plan, checkpointer: Checkpointer) -> str:
+    """One line: which step, spec.training.checkpoint.path and its free space, the error, what is kept."""
+    kept = checkpointer.last_saved_step
+    newest = f"the newest complete checkpoint is step {kept}" if kept is not None else "no checkpoint yet"
+    return (
+        f"checkpoint of step {err.step} not written to spec.training.checkpoint.path {plan.checkpoint.path} "
+        f"({free_space(str(plan.checkpoint.path))}): rank {err.failed_rank}: {err.detail}; {newest}"
+    )
 
 
 def main(argv: Sequence[str] | None = None, guard: PreemptionGuard | None = None) -> int:
