@@ -75,12 +75,26 @@ def test_worker_only_elastic_pytorchjob() -> None:
     assert worker["replicas"] == 4 and worker["restartPolicy"] == "OnFailure"
     assert spec["elasticPolicy"] == {
         "rdzvBackend": "c10d",
+        "rdzvConf": [{"key": "read_timeout", "value": "600"}],
         "minReplicas": 4,
         "maxReplicas": 4,
         "maxRestarts": 5,
     }
     assert spec["nprocPerNode"] == "8"
     assert spec["runPolicy"] == {"cleanPodPolicy": "Running", "backoffLimit": 5}
+
+
+def test_workers_wait_ten_minutes_for_the_rendezvous_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The training operator joins rdzvConf into PET_RDZV_CONF as key=value pairs; torchrun's own argument
+    # parsing must turn it into a c10d read_timeout that outlasts a slow worker-0 (its default is 60 s).
+    from torch.distributed.run import config_from_args, parse_args
+
+    _, job = render(spec_of(cluster={"nodes": 2}))
+    pairs = ",".join(f"{c['key']}={c['value']}" for c in job["spec"]["elasticPolicy"]["rdzvConf"])
+    monkeypatch.setenv("PET_RDZV_CONF", pairs)
+    args = parse_args(["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d", "x.py"])
+    config, _, _ = config_from_args(args)
+    assert int(config.rdzv_configs["read_timeout"]) == 600
 
 
 def test_trainer_command_and_plan_mount() -> None:
@@ -156,6 +170,9 @@ def test_env_defaults_are_sorted_and_user_values_win() -> None:
     assert values["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert values["FI_PROVIDER"] == "efa"
     assert set(DEFAULT_ENV) <= set(values)
+    # The S3 shard cache lives on the node's NVMe mount, not the container's root disk.
+    assert values["BTJ_CACHE_DIR"].startswith("/local/")
+    assert {"name": "local", "mountPath": "/local"} in container(job)["volumeMounts"]
 
 
 def test_torchrun_leaves_the_sigterm_checkpoint_the_pods_grace_period() -> None:

@@ -14,6 +14,12 @@ KIND = "PyTorchJob"
 # The training operator's defaulter adds this port to the `pytorch` container when it is missing; we
 # render it ourselves so the stored object equals what we send (no diff, no churn).
 RENDEZVOUS_PORT = {"name": "pytorchjob-port", "containerPort": 23456, "protocol": "TCP"}
+# How long torchrun on a worker waits for the rendezvous store on worker-0 (c10d's read_timeout, 60 s by
+# default; the training operator passes rdzvConf as PET_RDZV_CONF). Worker-0 may still be pulling a
+# multi-GB image or waiting for its node: at 60 s the other workers crash-loop and use up backoffLimit
+# before step 1 (pytorch-operator#125). 600 s matches the rendezvous' own join_timeout default; the price
+# is that a store that dies mid-run is noticed later, which the NCCL watchdog covers for collectives.
+RENDEZVOUS_READ_TIMEOUT_S = 600
 
 
 def trainer_command(launcher: str, plan: Plan, *launcher_flags: str) -> list[str]:
@@ -66,6 +72,7 @@ def render_pytorchjob(
             "nprocPerNode": str(plan.gpus_per_node),
             "elasticPolicy": {
                 "rdzvBackend": "c10d",
+                "rdzvConf": [{"key": "read_timeout", "value": str(RENDEZVOUS_READ_TIMEOUT_S)}],
                 "minReplicas": nodes,
                 "maxReplicas": nodes,
                 "maxRestarts": spec.max_retries,
