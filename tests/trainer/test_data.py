@@ -219,6 +219,22 @@ def test_s3_shards_download_once_and_match_the_local_ones(
     assert (tmp_path / "cache" / "s3" / "tokens" / "corpus" / "a.bin").stat().st_mtime_ns == stamp
 
 
+def test_a_shard_replaced_in_s3_is_fetched_again(s3_endpoint: str, tmp_path: Path) -> None:
+    # The node-level cache outlives the container: a cached copy of the same size but an older ETag
+    # (the object was re-uploaded) must not be served.
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+    client.create_bucket(Bucket="replaced")
+    old, new = np.arange(64, dtype=np.uint16), np.arange(64, 128, dtype=np.uint16)
+    client.put_object(Bucket="replaced", Key="corpus/a.bin", Body=old.tobytes())
+    assert int(batches(shards("s3://replaced/corpus", mbs=1), 1)[0][0, 0]) in set(old.tolist())
+    client.put_object(Bucket="replaced", Key="corpus/a.bin", Body=new.tobytes())  # same size, new content
+    assert int(batches(shards("s3://replaced/corpus", mbs=1), 1)[0][0, 0]) in set(new.tolist())
+    cached = np.fromfile(tmp_path / "cache" / "s3" / "replaced" / "corpus" / "a.bin", dtype=np.uint16)
+    assert np.array_equal(cached, new)
+
+
 def test_many_shards_are_read_with_few_files_open(tmp_path: Path) -> None:
     # 20 shards of 2 windows each; an epoch reads all 40 windows while at most MAX_OPEN_SHARDS stay mapped.
     for i in range(20):

@@ -330,26 +330,34 @@ def _s3_shards(uri: str, itemsize: int) -> list[Shard]:
             if not key.endswith(".bin"):
                 continue
             size = int(obj["Size"])
+            etag = str(obj.get("ETag", "")).strip('"')
             local = _cache_dir() / "s3" / bucket / key
             shards.append(
                 Shard(
                     name=key.removeprefix(prefix).lstrip("/"),
                     num_tokens=size // itemsize,
-                    fetch=functools.partial(_download_once, client, bucket, key, local, size),
+                    fetch=functools.partial(_download_once, client, bucket, key, local, size, etag),
                 )
             )
     return shards
 
 
-def _download_once(client: Any, bucket: str, key: str, local: Path, size: int) -> Path:
-    """Download one object into the cache, once per node: ranks sharing the cache wait on a file lock."""
+def _download_once(client: Any, bucket: str, key: str, local: Path, size: int, etag: str) -> Path:
+    """Download one object into the cache, once per node: ranks sharing the cache wait on a file lock.
+
+    The cache outlives the container (the operator points it at the node's NVMe), so a cached copy is
+    used only while its size and the object's ETag still match: a shard replaced in S3 is fetched again.
+    """
     local.parent.mkdir(parents=True, exist_ok=True)
+    tag = local.with_name(local.name + ".etag")
     with open(local.with_name(local.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (local.exists() and local.stat().st_size == size):
+        fresh = local.exists() and local.stat().st_size == size and tag.exists() and tag.read_text() == etag
+        if not fresh:
             partial = local.with_name(f"{local.name}.part-{os.getpid()}")
             client.download_file(bucket, key, str(partial))
             os.replace(partial, local)  # atomic: a reader never sees a half-written shard
+            tag.write_text(etag)  # after the data: a crash in between means one more download, no stale read
             log.info("downloaded s3://%s/%s to %s", bucket, key, local)
     return local
 
