@@ -1,0 +1,193 @@
+"""A checkpoint save that fails (a full file system): an interval save is counted and training goes on;
+three in a row, the final save or the preemption save end the run with one line and exit 2."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import signal
+import traceback
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from torch.distributed.checkpoint.api import CheckpointException
+
+import blackwell_trainer.checkpoint as checkpoint_module
+from blackwell_trainer.checkpoint import list_complete
+from blackwell_trainer.config import Plan
+from blackwell_trainer.metrics import TrainerMetrics
+from blackwell_trainer.preemption import PreemptionGuard
+from blackwell_trainer.train import MAX_FAILED_SAVES_IN_A_ROW, Trainer, main
+from tests.ports import free_port
+
+from .conftest import tiny_plan_dict
+
+ENOSPC = "No space left on device"
+
+
+@pytest.fixture
+def world_of_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One process in-process: main() then runs a gloo world of one (environment restored after)."""
+    for name, value in {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }.items():
+        monkeypatch.setenv(name, value)
+
+
+def write_plan(folder: Path, *, steps: int, interval: int) -> Path:
+    """The tiny plan on one process (8 sequences per step, as the 2-rank plan), checkpointing to folder."""
+    plan = tiny_plan_dict(microBatchSize=8, shardDegree=1)
+    plan.update(gpusPerNode=1, steps=steps, metricsPort=free_port(), logEverySteps=1000)
+    plan["parameterCount"] = Plan.model_validate(plan).architecture.parameter_count()
+    plan["checkpoint"] = {"path": str(folder / "ckpt"), "intervalSteps": interval, "keepLatest": 2}
+    path = folder / "plan.json"
+    path.write_text(json.dumps(plan))
+    return path
+
+
+def fail_saves(monkeypatch: pytest.MonkeyPatch, failing: Callable[[int], bool]) -> None:
+    """DCP's save of the steps `failing` picks writes part of a shard, then the file system is full.
+
+    Raised as DCP raises it on every rank when one rank's write fails: a CheckpointException that
+    carries the OSError of the rank that failed.
+    """
+    real = checkpoint_module.dcp_save
+
+    def save(state: dict[str, Any], *, checkpoint_id: str) -> Any:
+        if failing(int(checkpoint_id.rsplit("-", 1)[1])):
+            (Path(checkpoint_id) / "__0_0.distcp").write_bytes(b"half a shard")
+            err = OSError(errno.ENOSPC, ENOSPC, f"{checkpoint_id}/__0_0.distcp")
+            raise CheckpointException("save failed", {0: (err, traceback.StackSummary())})
+        return real(state, checkpoint_id=checkpoint_id)
+
+    monkeypatch.setattr(checkpoint_module, "dcp_save", save)
+
+
+@pytest.fixture
+def scraped(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, float]]:
+    """The trainer's /metrics as Prometheus would read it, scraped over HTTP just before run() closes it."""
+    samples: dict[str, float] = {}
+    close = TrainerMetrics.close
+
+    def scrape_then_close(self: TrainerMetrics) -> None:
+        if self.port is not None:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as response:
+                text = response.read().decode()
+            for family in text_string_to_metric_families(text):
+                samples.update({s.name: float(s.value) for s in family.samples if not s.labels})
+        close(self)
+
+    monkeypatch.setattr(TrainerMetrics, "close", scrape_then_close)
+    yield samples
+
+
+def errors(stderr: str) -> list[str]:
+    assert "Traceback" not in stderr, stderr
+    return [line for line in stderr.splitlines() if line.startswith("error: ")]
+
+
+def test_a_failed_interval_save_is_counted_and_the_next_one_is_complete(
+    tmp_path: Path,
+    world_of_one: None,
+    monkeypatch: pytest.MonkeyPatch,
+    scraped: dict[str, float],
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    plan = write_plan(tmp_path, steps=12, interval=4)
+    fail_saves(monkeypatch, lambda step: step == 8)
+    with caplog.at_level(logging.INFO):
+        assert main(["--plan", str(plan)]) == 0
+    assert errors(capsys.readouterr().err) == []
+
+    root = tmp_path / "ckpt"
+    assert scraped["btj_trainer_steps_total"] == 12  # training reached plan.steps
+    assert scraped["btj_trainer_checkpoint_failures_total"] == 1
+    assert [c.step for c in list_complete(root)] == [4, 12]
+    assert sorted(p.name for p in root.iterdir()) == ["step-000004", "step-000012"]  # no temporary left
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert f"checkpoint of step 8 not written to spec.training.checkpoint.path {root}" in line
+    assert "free of" in line and ENOSPC in line and "newest complete checkpoint is step 4" in line
+    assert "tries again at step 12" in line and "\n" not in line
+
+    # The checkpoint written after the failure is one to resume from: a longer run starts there.
+    plan.write_text(json.dumps({**json.loads(plan.read_text()), "steps": 14}))
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        assert main(["--plan", str(plan)]) == 0
+    assert "resumed at step 12" in caplog.messages
+    assert scraped["btj_trainer_steps_total"] == 2
+    assert [c.step for c in list_complete(root)] == [12, 14]
+
+
+def test_failed_saves_in_a_row_stop_the_run_with_one_line(
+    tmp_path: Path,
+    world_of_one: None,
+    monkeypatch: pytest.MonkeyPatch,
+    scraped: dict[str, float],
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert MAX_FAILED_SAVES_IN_A_ROW == 3
+    plan = write_plan(tmp_path, steps=20, interval=2)
+    # Step 4 fails, step 6 succeeds (the count restarts), then 8, 10 and 12 fail: the run stops at 12.
+    fail_saves(monkeypatch, lambda step: step in (4, 8, 10, 12, 14))
+    assert main(["--plan", str(plan)]) == 2
+    (line,) = errors(capsys.readouterr().err)
+    stop = "error: 3 interval checkpoints in a row not written, the last checkpoint of step 12 not written"
+    assert line.startswith(stop)
+    assert "spec.training.checkpoint.path" in line and ENOSPC in line
+    assert "newest complete checkpoint is step 6" in line
+    assert scraped["btj_trainer_steps_total"] == 12
+    assert scraped["btj_trainer_checkpoint_failures_total"] == 4
+    logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [m.split(" not written")[0] for m in logged] == [f"checkpoint of step {s}" for s in (4, 8, 10)]
+    assert [c.step for c in list_complete(tmp_path / "ckpt")] == [2, 6]
+
+
+def test_a_failed_final_save_exits_2_with_one_line(
+    tmp_path: Path, world_of_one: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = write_plan(tmp_path, steps=6, interval=4)
+    fail_saves(monkeypatch, lambda step: step == 6)
+    assert main(["--plan", str(plan)]) == 2
+    (line,) = errors(capsys.readouterr().err)
+    assert line.startswith("error: final checkpoint of step 6 not written to spec.training.checkpoint.path")
+    assert ENOSPC in line and "newest complete checkpoint is step 4" in line
+    assert [c.step for c in list_complete(tmp_path / "ckpt")] == [4]
+
+
+def test_a_failed_preemption_save_exits_2_with_one_line(
+    tmp_path: Path, world_of_one: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = write_plan(tmp_path, steps=100, interval=4)
+    fail_saves(monkeypatch, lambda step: step == 5)
+    guard = PreemptionGuard()
+    step = Trainer.step
+
+    def step_then_sigterm(self: Trainer, batches: Any) -> Any:
+        result = step(self, batches)
+        if self.step_index == 5:
+            guard._handle(signal.SIGTERM, None)  # what the kubelet's SIGTERM does, without sending one
+        return result
+
+    monkeypatch.setattr(Trainer, "step", step_then_sigterm)
+    try:
+        assert main(["--plan", str(plan)], guard=guard) == 2
+    finally:
+        guard.restore()
+    (line,) = errors(capsys.readouterr().err)
+    assert line.startswith("error: preempted at step 5: checkpoint of step 5 not written")
+    assert ENOSPC in line and "newest complete checkpoint is step 4" in line
+    assert [c.step for c in list_complete(tmp_path / "ckpt")] == [4]
