@@ -191,3 +191,67 @@ def test_a_failed_preemption_save_exits_2_with_one_line(
     assert line.startswith("error: preempted at step 5: checkpoint of step 5 not written")
     assert ENOSPC in line and "newest complete checkpoint is step 4" in line
     assert [c.step for c in list_complete(tmp_path / "ckpt")] == [4]
+
+
+# --- two ranks (gloo): one rank's failure is every rank's, so no rank waits in a collective alone
+
+
+def _two_rank_saves(rank: int, init: str, root: str) -> None:
+    """Each failure on one rank only; every rank must raise SaveFailed naming it, then a save works."""
+    from contextlib import AbstractContextManager, nullcontext
+    from datetime import timedelta
+    from unittest import mock
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from blackwell_trainer.checkpoint import Checkpointer, SaveFailed
+    from blackwell_trainer.config import CheckpointConfig
+
+    # A short timeout: a rank left waiting in a barrier fails the test instead of hanging it.
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2, timeout=timedelta(seconds=60))
+    try:
+        model = nn.Linear(4, 4)
+        optimizer = torch.optim.AdamW(model.parameters())
+        ckpt = Checkpointer(CheckpointConfig(path=root, interval_steps=1, keep_latest=5), rank=rank)
+        ckpt.save(1, model, optimizer, {"step": 1})
+        full = OSError(errno.ENOSPC, ENOSPC)
+        attempts: list[tuple[int, int, AbstractContextManager[Any]]] = [
+            # Rank 1's extra file: DCP does not see it, only the Checkpointer's agreement does.
+            (2, 1, mock.patch.object(checkpoint_module, "_write_extra", side_effect=full)),
+            # Rank 0's marker, after every rank wrote its files.
+            (3, 0, mock.patch.object(checkpoint_module, "_file_sizes", side_effect=full)),
+        ]
+        outcome: dict[str, Any] = {}
+        for step, failing_rank, fault in attempts:
+            try:
+                with fault if rank == failing_rank else nullcontext():
+                    ckpt.save(step, model, optimizer, {"step": step})
+                outcome[str(step)] = "saved"
+            except SaveFailed as err:
+                outcome[str(step)] = f"rank {err.failed_rank}: {err.detail}"
+        outcome["4"] = "saved" if ckpt.save(4, model, optimizer, {"step": 4}) else "skipped"
+        Path(root, f"outcome-{rank}.json").write_text(json.dumps(outcome))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_failure_on_one_rank_raises_on_every_rank(tmp_path: Path) -> None:
+    import torch.multiprocessing as mp
+
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    init = f"file://{tmp_path / 'rendezvous'}"
+    context = mp.start_processes(
+        _two_rank_saves, args=(init, str(root)), nprocs=2, join=False, start_method="spawn"
+    )
+    while not context.join(timeout=300):  # a safety net only; a hang fails on gloo's 60 s timeout
+        pass
+    outcomes = [json.loads((root / f"outcome-{rank}.json").read_text()) for rank in (0, 1)]
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0]["2"] == f"rank 1: [Errno 28] {ENOSPC}"
+    assert outcomes[0]["3"] == f"rank 0: [Errno 28] {ENOSPC}"
+    assert outcomes[0]["4"] == "saved"
+    assert [c.step for c in list_complete(root)] == [1, 4]
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["step-000001", "step-000004"]
