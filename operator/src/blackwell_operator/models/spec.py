@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from blackwell_trainer.config import (
     ActivationCheckpointing,
@@ -136,6 +138,120 @@ class Toleration(WireModel):
     toleration_seconds: int | None = Field(default=None, description="For NoExecute: how long to stay.")
 
 
+# The volumes the operator mounts into every trainer container itself (render/pod.py): a user volume may
+# not take their names, nor a mountPath equal to, inside or above theirs (it would hide the plan, the
+# shared memory or the node's NVMe). tests/render/test_volumes.py checks this against a rendered pod.
+OPERATOR_VOLUMES: dict[str, str] = {"plan": "/etc/btj", "shm": "/dev/shm", "local": "/local"}
+_OPERATOR_MOUNT_USES = {
+    "plan": "the job's plan",
+    "shm": "the node's shared memory",
+    "local": "the node's NVMe",
+}
+
+DNS1123_LABEL = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# One path element that is neither empty, `.` nor `..` (Kubernetes refuses `..` in mount paths).
+_ELEMENT = r"([^/.][^/]*|\.[^/.][^/]*|\.\.[^/]+)"
+# Absolute and normalised (no trailing or double slash, no `.`/`..`, not `/`), so a string prefix test
+# decides whether one path lies inside another, here and in the CRD's CEL rules alike.
+MOUNT_PATH_PATTERN = f"^(/{_ELEMENT})+$"
+SUB_PATH_PATTERN = f"^{_ELEMENT}(/{_ELEMENT})*$"
+MAX_VOLUMES = 16
+
+
+def path_within(path: str, root: str) -> bool:
+    """Whether `path` is `root` or inside it (both normalised absolute paths)."""
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _spec_error(code: str, message: str) -> PydanticCustomError:
+    """A field error whose message is shown as is (no `Value error,` prefix)."""
+    return PydanticCustomError(code, message)
+
+
+class Volume(WireModel):
+    """A PersistentVolumeClaim mounted into every trainer container (e.g. FSx for Lustre at /fsx)."""
+
+    name: str = Field(
+        max_length=63,
+        description="Volume name in the pod: a DNS-1123 label, unique, not plan, shm or local.",
+        json_schema_extra={"pattern": DNS1123_LABEL},
+    )
+    claim_name: str = Field(
+        max_length=253,
+        description="PersistentVolumeClaim in the job's namespace, e.g. fsx-claim on HyperPod EKS.",
+        json_schema_extra={"pattern": DNS1123_SUBDOMAIN},
+    )
+    mount_path: str = Field(
+        max_length=512,
+        description="Absolute path in the container, e.g. /fsx; unique, not nested in another volume's, "
+        "and clear of /etc/btj, /dev/shm and /local.",
+        json_schema_extra={"pattern": MOUNT_PATH_PATTERN},
+    )
+    read_only: bool = Field(default=False, description="Mount read-only (datasets); checkpoints need false.")
+    sub_path: str | None = Field(
+        default=None,
+        max_length=512,
+        description="Relative folder of the volume to mount instead of its root.",
+        json_schema_extra={"pattern": SUB_PATH_PATTERN},
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not re.fullmatch(DNS1123_LABEL, value):
+            raise _spec_error(
+                "volume_name",
+                f"{value!r} is not a DNS-1123 label. Fix: use lowercase letters, digits and '-', e.g. fsx",
+            )
+        if value in OPERATOR_VOLUMES:
+            raise _spec_error(
+                "volume_name",
+                f"{value!r} is a volume the operator mounts itself. Fix: choose another name, e.g. fsx",
+            )
+        return value
+
+    @field_validator("claim_name")
+    @classmethod
+    def _claim_name(cls, value: str) -> str:
+        if not re.fullmatch(DNS1123_SUBDOMAIN, value):
+            raise _spec_error(
+                "volume_claim_name",
+                f"{value!r} is not a PersistentVolumeClaim name. Fix: name an existing claim in the "
+                "job's namespace (`kubectl get pvc`), e.g. fsx-claim",
+            )
+        return value
+
+    @field_validator("mount_path")
+    @classmethod
+    def _mount_path(cls, value: str) -> str:
+        if not re.fullmatch(MOUNT_PATH_PATTERN, value):
+            raise _spec_error(
+                "volume_mount_path",
+                f"{value!r} is not a normalised absolute path. Fix: write it like /fsx (no trailing '/', "
+                "no '//', '.' or '..')",
+            )
+        for name, own in OPERATOR_VOLUMES.items():
+            if path_within(value, own) or path_within(own, value):
+                raise _spec_error(
+                    "volume_mount_path",
+                    f"{value} overlaps {own}, where the operator mounts {_OPERATOR_MOUNT_USES[name]}. "
+                    "Fix: mount the volume beside it, e.g. at /fsx",
+                )
+        return value
+
+    @field_validator("sub_path")
+    @classmethod
+    def _sub_path(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(SUB_PATH_PATTERN, value):
+            raise _spec_error(
+                "volume_sub_path",
+                f"{value!r} is not a relative path inside the volume. Fix: write it like "
+                "checkpoints/team-a (no leading '/', no '..'), or leave subPath out",
+            )
+        return value
+
+
 class BlackwellTrainingJobSpec(WireModel):
     """A training job: the model, the hardware, the data; everything else the planner decides."""
 
@@ -152,6 +268,41 @@ class BlackwellTrainingJobSpec(WireModel):
     tolerations: list[Toleration] = Field(default_factory=list, description="Pod tolerations.")
     env: list[EnvVar] = Field(default_factory=list, description="Extra trainer environment.")
     dry_run: bool = Field(default=False, description="Plan and report only; create no child job.")
+    volumes: list[Volume] = Field(
+        default_factory=list,
+        max_length=MAX_VOLUMES,
+        description="PersistentVolumeClaims mounted into every trainer container (shared checkpoints and "
+        "datasets); a multi-node checkpoint.path must lie on one that is not readOnly.",
+    )
+
+    @field_validator("volumes")
+    @classmethod
+    def _distinct_volumes(cls, volumes: list[Volume]) -> list[Volume]:
+        # Cross-volume rules; each volume's own fields are checked by Volume. The CRD states the same rules
+        # in CEL (render/crd.py) so the API server rejects these specs at admission too.
+        for index, volume in enumerate(volumes):
+            for earlier, other in enumerate(volumes[:index]):
+                here, there = f"spec.volumes[{index}]", f"spec.volumes[{earlier}]"
+                if volume.name == other.name:
+                    raise _spec_error(
+                        "volume_duplicate",
+                        f"{here}.name {volume.name} is also {there}.name. Fix: give each volume its own name",
+                    )
+                if volume.mount_path == other.mount_path:
+                    raise _spec_error(
+                        "volume_duplicate",
+                        f"{here}.mountPath {volume.mount_path} is also {there}.mountPath. Fix: give each "
+                        "volume its own mountPath (use subPath to mount two folders of one claim)",
+                    )
+                if path_within(volume.mount_path, other.mount_path) or path_within(
+                    other.mount_path, volume.mount_path
+                ):
+                    raise _spec_error(
+                        "volume_nested",
+                        f"{here}.mountPath {volume.mount_path} and {there}.mountPath {other.mount_path} are "
+                        "nested. Fix: mount volumes side by side, e.g. /fsx and /datasets",
+                    )
+        return volumes
 
 
 class ObjectMeta(WireModel):

@@ -14,6 +14,7 @@ from blackwell_operator.planner.layout import Hardware, Layout, Setting
 from blackwell_operator.planner.memory import MemoryEstimate
 from blackwell_operator.planner.rejections import check_global_batch, no_plan, unreachable_global_batch
 from blackwell_operator.planner.search import Problem, Scored, SearchResult, run_search
+from blackwell_operator.planner.storage import check_storage
 from blackwell_trainer.config import (
     Alternative,
     Candidate,
@@ -100,8 +101,10 @@ def plan_job(
 ) -> Plan:
     """Resolve a spec into the fastest plan that fits, with alternatives and reasons.
 
-    Raises PlanningError (field, problem, fix) when a pinned value is impossible or nothing fits.
+    Raises PlanningError (field, problem, fix) when a pinned value is impossible or nothing fits, and
+    SpecError when the checkpoint or dataset path is on storage the job's pods cannot share (storage.py).
     """
+    check_storage(spec)
     cal = calibration or load_calibration()
     model_name, arch = resolve_model(spec.model)
     hw = hardware_for(spec)

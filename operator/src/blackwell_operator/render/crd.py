@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from blackwell_operator.models.spec import API_GROUP, API_VERSION, KIND, PLURAL, BlackwellTrainingJobSpec
+from blackwell_operator.models.spec import (
+    API_GROUP,
+    API_VERSION,
+    KIND,
+    OPERATOR_VOLUMES,
+    PLURAL,
+    BlackwellTrainingJobSpec,
+)
 from blackwell_operator.models.status import BlackwellTrainingJobStatus
 from blackwell_operator.render.names import DNS1035_PATTERN, MAX_NAME_LENGTH
 from blackwell_operator.render.schema import PRESERVE_UNKNOWN, VALIDATIONS, Schema, ordered, to_structural
@@ -85,6 +92,71 @@ SPEC_RULES: dict[str, list[dict[str, str]]] = {
     ],
 }
 
+_OWN_NAMES = ", ".join(f"'{name}'" for name in OPERATOR_VOLUMES)
+_OWN_PATHS = ", ".join(f"'{path}'" for path in OPERATOR_VOLUMES.values())
+_OWN_PATHS_TEXT = ", ".join(OPERATOR_VOLUMES.values())
+SPEC_RULES["volumes"] = [
+    {
+        "rule": "self.all(a, self.all(b, a.name == b.name "
+        "|| (a.mountPath != b.mountPath && !a.mountPath.startsWith(b.mountPath + '/'))))",
+        "message": "spec.volumes[*].mountPath must be unique and none may lie inside another: mount "
+        "volumes side by side, e.g. /fsx and /datasets",
+    }
+]
+SPEC_RULES["volumes[]"] = [
+    {
+        "rule": f"!(self.name in [{_OWN_NAMES}])",
+        "message": f"spec.volumes[*].name must not be {', '.join(OPERATOR_VOLUMES)}: the operator's own "
+        "volumes have those names",
+    },
+    {
+        "rule": f"![{_OWN_PATHS}].exists(p, self.mountPath == p || self.mountPath.startsWith(p + '/') "
+        "|| p.startsWith(self.mountPath + '/'))",
+        "message": f"spec.volumes[*].mountPath must not be {_OWN_PATHS_TEXT}, nor inside or above them: "
+        "the operator mounts the plan, shared memory and the node's NVMe there",
+    },
+]
+
+
+def _on_a_volume(path: str, writable: bool) -> str:
+    """CEL: `path` lies at or under a spec.volumes mountPath (and it is not readOnly), without `..`."""
+    read_write = "!(has(v.readOnly) && v.readOnly) && " if writable else ""
+    return (
+        f"(!{path}.matches('(^|/)[.][.](/|$)') && has(self.volumes) && self.volumes.exists(v, "
+        f"{read_write}({path} == v.mountPath || {path}.startsWith(v.mountPath + '/'))))"
+    )
+
+
+_NODES = "(has(self.cluster) && has(self.cluster.nodes) ? self.cluster.nodes : 1)"
+_CHECKPOINT = "self.training.checkpoint.path"
+_DATASET = "self.training.dataset"
+_LOCAL = OPERATOR_VOLUMES["local"]
+_FSX = "{name: fsx, claimName: fsx-claim, mountPath: /fsx}"
+
+# Storage rules across spec sections (planner/storage.py states them in Python for `btj plan` and the
+# operator): a checkpoint and a multi-node job's local shards must be where every pod can reach them.
+SPEC_ROOT_RULES = [
+    {
+        "rule": f"!has(self.training) || !has(self.training.checkpoint) || !has({_CHECKPOINT}) "
+        f"|| size({_CHECKPOINT}) == 0 || {_on_a_volume(_CHECKPOINT, writable=True)} "
+        f"|| ({_NODES} <= 1 && !{_CHECKPOINT}.matches('(^|/)[.][.](/|$)') "
+        f"&& ({_CHECKPOINT} == '{_LOCAL}' || {_CHECKPOINT}.startsWith('{_LOCAL}/')))",
+        "message": "spec.training.checkpoint.path must lie under the mountPath of a spec.volumes entry "
+        f"that is not readOnly (shared storage, e.g. {_FSX}), or under {_LOCAL} (the node's NVMe) "
+        "for a single node: elsewhere the checkpoint is in the container, lost on restart, and ranks "
+        "on other nodes cannot write it",
+    },
+    {
+        "rule": f"!has(self.training) || !has({_DATASET}) || !has({_DATASET}.kind) "
+        f"|| {_DATASET}.kind != 'shards' || !has({_DATASET}.uri) || size({_DATASET}.uri) == 0 "
+        f"|| {_DATASET}.uri.startsWith('s3://') || {_NODES} <= 1 "
+        f"|| {_on_a_volume(_DATASET + '.uri', writable=False)}",
+        "message": "spec.training.dataset.uri must be an s3:// prefix or lie under the mountPath of a "
+        f"spec.volumes entry (e.g. {_FSX}) when the job has more than one node: every node reads the "
+        "shards",
+    },
+]
+
 _LABEL_VALUE = "^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$"
 
 # Admission-only bounds: strings and lists need a size bound so the API server can cost the CEL rules,
@@ -102,6 +174,7 @@ SPEC_EXTRAS: dict[str, Schema] = {
     "tolerations": {"maxItems": 64, "x-kubernetes-list-type": "atomic"},
     "tolerations[].key": {"maxLength": 316},
     "tolerations[].value": {"maxLength": 63},
+    "volumes": {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
 }
 
 STATUS_EXTRAS: dict[str, Schema] = {
@@ -172,6 +245,7 @@ def _decorate(schema: Schema, rules: dict[str, list[dict[str, str]]], extras: di
 def spec_schema() -> Schema:
     """The spec's structural schema, with defaults, bounds and CEL rules."""
     schema = to_structural(BlackwellTrainingJobSpec, object_defaults=True)
+    schema[VALIDATIONS] = [*schema.get(VALIDATIONS, []), *SPEC_ROOT_RULES]
     result: Schema = ordered(_decorate(schema, SPEC_RULES, SPEC_EXTRAS))
     return result
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from blackwell_operator.models.spec import BlackwellTrainingJobSpec, Toleration
+from blackwell_operator.models.spec import BlackwellTrainingJobSpec, Toleration, Volume
 from blackwell_operator.render.environment import LOCAL_DIR, PLAN_DIR, container_env
 from blackwell_operator.render.hardware import HUGEPAGES_2MI, efa_interfaces, memory_request
 from blackwell_operator.render.labels import JOB_NAME_LABEL, PLAN_HASH_ANNOTATION
@@ -92,16 +92,36 @@ def container(
             {"name": "plan", "mountPath": PLAN_DIR, "readOnly": True},
             {"name": "shm", "mountPath": "/dev/shm"},
             {"name": "local", "mountPath": LOCAL_DIR},
+            *(claim_mount(volume) for volume in spec.volumes),
         ],
     }
 
 
-def volumes(name: str) -> list[dict[str, Any]]:
-    """The plan ConfigMap, the node's /dev/shm tmpfs and its NVMe instance store."""
+def claim_mount(volume: Volume) -> dict[str, Any]:
+    """The container's mount of one spec.volumes entry."""
+    mount: dict[str, Any] = {"name": volume.name, "mountPath": volume.mount_path}
+    if volume.read_only:
+        mount["readOnly"] = True
+    if volume.sub_path:
+        mount["subPath"] = volume.sub_path
+    return mount
+
+
+def claim_volume(volume: Volume) -> dict[str, Any]:
+    """The pod volume of one spec.volumes entry: its PersistentVolumeClaim (FSx for Lustre on HyperPod)."""
+    source: dict[str, Any] = {"claimName": volume.claim_name}
+    if volume.read_only:
+        source["readOnly"] = True
+    return {"name": volume.name, "persistentVolumeClaim": source}
+
+
+def volumes(name: str, spec: BlackwellTrainingJobSpec) -> list[dict[str, Any]]:
+    """The plan ConfigMap, the node's /dev/shm tmpfs and its NVMe instance store, then spec.volumes."""
     return [
         {"name": "plan", "configMap": {"name": plan_config_map_name(name), "defaultMode": 0o444}},
         {"name": "shm", "hostPath": {"path": "/dev/shm", "type": "Directory"}},
         {"name": "local", "hostPath": {"path": LOCAL_NVME_HOST_PATH, "type": "DirectoryOrCreate"}},
+        *(claim_volume(volume) for volume in spec.volumes),
     ]
 
 
@@ -123,7 +143,7 @@ def pod_template(
         },
         "affinity": affinity(name),
         "containers": [container(spec, plan, command, extra_ports or [])],
-        "volumes": volumes(name),
+        "volumes": volumes(name, spec),
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
     }
     if spec.tolerations:
