@@ -233,10 +233,11 @@ class Volume(WireModel):
             )
         for name, own in OPERATOR_VOLUMES.items():
             if path_within(value, own) or path_within(own, value):
+                where = "is" if value == own else f"overlaps {own},"
                 raise _spec_error(
                     "volume_mount_path",
-                    f"{value} overlaps {own}, where the operator mounts {_OPERATOR_MOUNT_USES[name]}. "
-                    "Fix: mount the volume beside it, e.g. at /fsx",
+                    f"{value} {where} where the operator mounts {_OPERATOR_MOUNT_USES[name]}. Fix: mount "
+                    "the volume beside it, e.g. at /fsx",
                 )
         return value
 
