@@ -32,6 +32,7 @@ from tests.ports import free_port
 pytestmark = pytest.mark.integration
 
 CHECKPOINTS = "/fsx/checkpoints/resume-me"
+FSX = [{"name": "fsx", "claimName": "fsx-claim", "mountPath": "/fsx"}]
 RUNNING = {
     "conditions": [{"type": "Running", "status": "True", "reason": "PyTorchJobRunning", "message": "running"}]
 }
@@ -67,7 +68,7 @@ async def test_a_deleted_child_of_a_running_job_is_recreated(
     monkeypatch.setenv("BTJ_METRICS_BIND", f"127.0.0.1:{port}")
     training = {"sequenceLength": 8192, "steps": 1000, "checkpoint": {"path": CHECKPOINTS}}
     async with running_operator(cluster), aiohttp.ClientSession() as http:
-        await cluster.apply(btj("phoenix", training=training))
+        await cluster.apply(btj("phoenix", training=training, volumes=FSX))
         await wait_for(lambda: cluster.condition("phoenix", "ChildCreated"), what="ChildCreated")
         await cluster.set_child_status("phoenix", RUNNING)
         await wait_for(lambda: cluster.status("phoenix").get("phase") == "Running", what="phase Running")

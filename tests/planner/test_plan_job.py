@@ -61,6 +61,7 @@ def test_dataset_checkpoint_and_optimizer_are_copied_from_the_spec() -> None:
                 "optimizer": {"learningRate": 1e-4},
                 "steps": 7,
             },
+            "volumes": [{"name": "fsx", "claimName": "fsx-claim", "mountPath": "/fsx"}],
         }
     )
     p = plan_job(spec, job_name="x")
