@@ -2,7 +2,8 @@
 
 What a user relies on, end to end: the loss falls; a resume reproduces the uninterrupted run's
 losses; SIGTERM (to torchrun, or to one worker only) writes a checkpoint of one step on every rank
-and the workers exit 0; a broken checkpoint is skipped;
+and the workers exit 0; a broken checkpoint is skipped; a full checkpoint volume is survived, then
+stops the run with one line per rank;
 /metrics answers over HTTP while training; S3 shards come through a moto server; every AC and
 sharding mode trains; a bad plan is refused with one line and exit code 2.
 """
@@ -353,6 +354,63 @@ def test_resume_on_another_world_size_reshards_model_optimizer_and_data(tmp_path
     # The same samples in the same global batch: the loss matches up to reduction order (gloo vs local).
     assert sorted(losses) == [5, 6]
     assert losses == pytest.approx({s: reference[s] for s in (5, 6)}, abs=2e-3)
+
+
+# --- a full checkpoint file system (a real 3 MiB tmpfs: room for one tiny checkpoint, not two)
+
+
+@pytest.fixture
+def full_volume(tmp_path: Path) -> Iterator[Path]:
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root to mount a small tmpfs (a file system that really fills up)")
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(folder)], capture_output=True, check=False
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=False)
+
+
+@pytest.mark.distributed
+def test_a_full_checkpoint_volume_is_survived_then_stops_the_run_with_one_line(
+    tmp_path: Path, full_volume: Path
+) -> None:
+    # Step 5 fits, 10, 15 and 20 do not (ENOSPC on one rank, DCP's CheckpointException on both): two
+    # logged failures while training goes on, then the third in a row stops both ranks with exit 2.
+    plan = write_plan(tmp_path, steps=40, checkpoint=full_volume, interval=5)
+    trainer = Trainer(plan)
+    try:
+        rc = trainer.finish()
+    finally:
+        trainer.kill()
+    out = trainer.output
+    assert rc != 0, out[-4000:]
+    assert "failed (exitcode: 2)" in out, out[-4000:]  # torchrun's report of the workers' exit code
+    for step in (10, 15):
+        logged = [
+            line
+            for line in out.splitlines()
+            if f"ERROR blackwell_trainer: checkpoint of step {step} " in line
+        ]
+        assert len(logged) == 1, out[-4000:]  # rank 0 only
+        assert f"spec.training.checkpoint.path {full_volume} (" in logged[0]
+        assert "No space left on device" in logged[0] and "newest complete checkpoint is step 5" in logged[0]
+    errors = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 2, out[-4000:]  # one line per rank
+    assert all(
+        e.startswith("error: 3 interval checkpoints in a row not written, the last checkpoint of step 20")
+        for e in errors
+    )
+    # No worker traceback (torchrun prints its own ChildFailedError summary).
+    assert "CheckpointException" not in out and "OSError" not in out, out[-6000:]
+    assert max(trainer.losses()) == 20
+    assert complete_steps(full_volume) == [5]
+    assert [p.name for p in full_volume.iterdir()] == ["step-000005"]
 
 
 # --- every activation-checkpointing and sharding mode, one with S3 shards through moto

@@ -376,8 +376,8 @@ def run(plan: Plan, runtime: Runtime, guard: PreemptionGuard | None = None) -> i
                     _save_checkpoint(trainer, checkpointer, metrics, source.state_dict())
                 except SaveFailed as err:
                     raise CheckpointError(
-                        f"final {describe_save_failure(err, plan, checkpointer)}: the steps since then are "
-                        "lost; free space there and rerun (it resumes from that checkpoint)"
+                        f"final {describe_save_failure(err, plan, checkpointer)}: free space there and rerun "
+                        "(it resumes from the newest complete checkpoint and redoes the steps since)"
                     ) from None
             elif step % interval == 0:
                 try:
@@ -433,7 +433,7 @@ def _exit_preempted(
     except SaveFailed as err:
         raise CheckpointError(
             f"preempted at step {step}: {describe_save_failure(err, trainer.plan, checkpointer)}: the next "
-            "start resumes from that one; free space there"
+            "start resumes from the newest complete checkpoint; free space there"
         ) from None
     log.info("preempted: checkpoint at step %d written, exiting 0", step)
     return 0
