@@ -88,23 +88,37 @@ def _world() -> tuple[int, int]:
 SAVE_ERRORS: tuple[type[BaseException], ...] = (OSError, CheckpointException)
 
 
-def _agree(step: int, root: Path, error: BaseException | None) -> None:
-    """Collective: raise SaveFailed on every rank if the save failed on any (naming the lowest such rank).
+def _agree(step: int, root: Path, error: BaseException | None, key: str) -> None:
+    """Raise SaveFailed on every rank if the save failed on any (naming the lowest such rank).
 
-    A rank that raised alone would leave the others waiting in the next barrier until a timeout.
+    A rank that raised alone would leave the others waiting in the next barrier until a timeout. The
+    verdict goes through the job's c10d store and the phase ends with the same barrier as before this
+    agreement existed: on the success path the process group sees exactly the collectives it saw then
+    (a small all-gather as a final save's last collective let one gloo rank abort at exit,
+    "terminate called without an active exception", in 3 of about 60 CPU e2e launches). `key` is
+    unique to this save attempt and phase.
     """
     rank, world_size = _world()
     mine = None if error is None else (_origin(error, rank), _one_line(error))
     if world_size == 1:
-        failures: list[Any] = [mine]
-    else:
-        failures = [None] * world_size
-        # Rank and one line, not the exception: DCP's carry stack summaries that may not pickle.
-        dist.all_gather_object(failures, mine)
-    found = sorted(f for f in failures if f is not None)
-    if found:
-        failed_rank, detail = found[0]
-        raise SaveFailed(step, root, int(failed_rank), str(detail)) from error
+        _barrier()
+        if mine is not None:
+            raise SaveFailed(step, root, mine[0], mine[1]) from error
+        return
+    store = dist.distributed_c10d._get_default_store()
+    if mine is not None:
+        store.set(f"{key}/rank-{rank}", json.dumps(mine))
+        store.add(f"{key}/failed", 1)
+    _barrier()  # every rank's verdict is in the store
+    if store.add(f"{key}/failed", 0) == 0:
+        return
+    found = [
+        json.loads(store.get(f"{key}/rank-{r}"))
+        for r in range(world_size)
+        if store.check([f"{key}/rank-{r}"])
+    ]
+    failed_rank, detail = min(found)
+    raise SaveFailed(step, root, int(failed_rank), str(detail)) from error
 
 
 def _barrier() -> None:
@@ -204,6 +218,10 @@ class Checkpointer:
                 )
             self.root = Path(config.path)
         self.last_saved_step: int | None = None
+        # Store keys of the agreements: unique within this process (a counter) and across torchrun's
+        # restarts of the workers, which keep the agent's store.
+        self._attempt_id = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        self._phases = 0
 
     @property
     def enabled(self) -> bool:
@@ -235,8 +253,8 @@ class Checkpointer:
         root = self.root
         name = f"step-{step:06d}"
         final, tmp = root / name, root / f"{TMP_PREFIX}{name}"
-        # Each phase ends in an agreement (a collective) instead of a bare barrier: an error on one rank
-        # (ENOSPC on its shard, its extra file, rank 0's marker) makes every rank raise SaveFailed.
+        # Each phase ends in an agreement (the c10d store, then the phase's barrier): an error on one
+        # rank (ENOSPC on its shard, its extra file, rank 0's marker) makes every rank raise SaveFailed.
         error: BaseException | None = None
         try:
             if rank == 0:
@@ -271,15 +289,10 @@ class Checkpointer:
                     shutil.rmtree(final)  # an incomplete folder of the same step (a loaded one is skipped)
                 os.rename(tmp, final)
                 _fsync_dir(root)
+                self._prune()  # its own errors are only logged: the checkpoint is in place
         except SAVE_ERRORS as err:
             error = err
         self._agree_or_clean(step, tmp, error)  # nobody moves on (or exits) before it is in place
-        if rank == 0:
-            self._prune()
-        # A barrier as the save's last collective, as before the agreements were added: a final
-        # checkpoint is the run's last collective, and ending it with a small all-gather let one gloo
-        # rank abort at exit ("terminate called without an active exception", 1 of 14 CPU e2e runs).
-        _barrier()
         self.last_saved_step = step
         if rank == 0:
             log.info("saved checkpoint %s in %.1f s", final, time.monotonic() - started)
@@ -288,12 +301,14 @@ class Checkpointer:
     def _agree_or_clean(self, step: int, tmp: Path, error: BaseException | None) -> None:
         """Agree (collective); on a failure anywhere rank 0 removes the temporary, then all raise."""
         assert self.root is not None
+        self._phases += 1  # every rank saves and agrees in the same order: the same count everywhere
         try:
-            _agree(step, self.root, error)
+            _agree(step, self.root, error, key=f"btj-checkpoint/{self._attempt_id}/{self._phases}")
         except SaveFailed:
             if _world()[0] == 0:
                 # Every rank has stopped writing (they all reached the agreement): give the space back.
                 shutil.rmtree(tmp, ignore_errors=True)
+            _barrier()  # every rank raises SaveFailed here; the space is back before any reports it
             raise
 
     def load(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any] | None:
