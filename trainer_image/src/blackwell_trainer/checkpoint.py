@@ -218,9 +218,8 @@ class Checkpointer:
                 )
             self.root = Path(config.path)
         self.last_saved_step: int | None = None
-        # Store keys of the agreements: unique within this process (a counter) and across torchrun's
-        # restarts of the workers, which keep the agent's store.
-        self._attempt_id = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        # Numbers the agreements' store keys. The store lives as long as the process group (torchrun's
+        # agent store is scoped per restart of the workers by torch itself): a counter is unique.
         self._phases = 0
 
     @property
@@ -303,7 +302,7 @@ class Checkpointer:
         assert self.root is not None
         self._phases += 1  # every rank saves and agrees in the same order: the same count everywhere
         try:
-            _agree(step, self.root, error, key=f"btj-checkpoint/{self._attempt_id}/{self._phases}")
+            _agree(step, self.root, error, key=f"btj-checkpoint/{self._phases}")
         except SaveFailed:
             if _world()[0] == 0:
                 # Every rank has stopped writing (they all reached the agreement): give the space back.
