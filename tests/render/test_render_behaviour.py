@@ -110,6 +110,8 @@ def test_trainer_command_and_plan_mount() -> None:
         "/etc/btj/plan.json",
     ]
     assert job["spec"]["nprocPerNode"] == "4"
+    # A failed worker's reason reaches the pod's status (the trainer's one-line error, else the log's tail).
+    assert pytorch["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert {"name": "plan", "mountPath": "/etc/btj", "readOnly": True} in pytorch["volumeMounts"]
     volumes = {v["name"]: v for v in worker_template(job)["spec"]["volumes"]}
     assert volumes["plan"]["configMap"]["name"] == "job-plan"

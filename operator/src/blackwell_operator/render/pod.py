@@ -88,6 +88,9 @@ def container(
         "env": container_env(spec.env),
         "ports": ports,
         "resources": resources(spec, plan),
+        # Why a worker failed, in the pod's status (`kubectl get pod -o yaml`, lastState.terminated): the
+        # trainer writes its one-line error to /dev/termination-log; without it, the log's tail.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [
             {"name": "plan", "mountPath": PLAN_DIR, "readOnly": True},
             {"name": "shm", "mountPath": "/dev/shm"},
