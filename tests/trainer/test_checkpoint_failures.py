@@ -161,11 +161,14 @@ def test_a_failed_final_save_exits_2_with_one_line(
 ) -> None:
     plan = write_plan(tmp_path, steps=6, interval=4)
     fail_saves(monkeypatch, lambda step: step == 6)
+    monkeypatch.setenv("BTJ_TERMINATION_LOG", str(tmp_path / "termination-log"))
     assert main(["--plan", str(plan)]) == 2
     (line,) = errors(capsys.readouterr().err)
     assert line.startswith("error: final checkpoint of step 6 not written to spec.training.checkpoint.path")
     assert ENOSPC in line and "newest complete checkpoint is step 4" in line
     assert [c.step for c in list_complete(tmp_path / "ckpt")] == [4]
+    # The same line is the pod's termination message (Kubernetes shows it in lastState.terminated).
+    assert (tmp_path / "termination-log").read_text() == line + "\n"
 
 
 def test_a_failed_preemption_save_exits_2_with_one_line(

@@ -9,6 +9,7 @@ or MAX_FAILED_SAVES_IN_A_ROW interval saves in a row).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import os
@@ -479,6 +480,24 @@ def describe_save_failure(err: SaveFailed, plan: Plan, checkpointer: Checkpointe
     )
 
 
+# Kubernetes copies this file into the pod's status when the container ends (lastState.terminated.message);
+# the rendered pod falls back to the log's tail when it is empty.
+TERMINATION_LOG_ENV = "BTJ_TERMINATION_LOG"
+TERMINATION_LOG = "/dev/termination-log"
+
+
+def _fail(err: BaseException) -> int:
+    """One line on stderr and in the pod's termination message; exit 2 (a fault of the plan or storage)."""
+    line = f"error: {err}"
+    print(line, file=sys.stderr)
+    path = os.environ.get(TERMINATION_LOG_ENV, TERMINATION_LOG)
+    # Outside a pod the file does not exist (or is not ours to create): the stderr line is enough.
+    if os.path.exists(path) or TERMINATION_LOG_ENV in os.environ:
+        with contextlib.suppress(OSError), open(path, "w") as log:
+            log.write(line[:4000] + "\n")  # the kubelet keeps at most 4096 bytes
+    return 2
+
+
 def main(argv: Sequence[str] | None = None, guard: PreemptionGuard | None = None) -> int:
     """CLI entry: parse, refuse a bad plan with one line (exit 2), else train.
 
@@ -506,8 +525,7 @@ def _main(argv: Sequence[str] | None, guard: PreemptionGuard) -> int:
         check_plan(plan, runtime, device_capability())
         validate_layout(plan.chosen, runtime.world_size, sequence_length=plan.sequence_length)
     except (PlanError, PrecisionError, ParallelismError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return _fail(err)
     from .checkpoint import CheckpointError
     from .data import DataError
 
@@ -516,5 +534,4 @@ def _main(argv: Sequence[str] | None, guard: PreemptionGuard) -> int:
     except (DataError, CheckpointError) as err:
         # Data or checkpoint storage that does not fit the plan (no shards, another data set than the
         # checkpoint's): one line that names the field, not a traceback per rank.
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return _fail(err)
