@@ -295,18 +295,16 @@ def warn_at_capacity(retries: int, warned: int, step: int) -> int:
     return warned
 
 
-def run(plan: Plan, runtime: Runtime, guard: PreemptionGuard | None = None) -> int:
+def run(plan: Plan, runtime: Runtime, guard: PreemptionGuard) -> int:
     """Train to plan.steps, resuming from the latest complete checkpoint; 0 on completion or preemption.
 
-    `guard` is the SIGTERM guard the process installed at its start (``python -m blackwell_trainer``
-    installs it before torch is imported); without one, run() installs its own for its duration.
+    `guard` is the SIGTERM guard main() holds (``python -m blackwell_trainer`` installs it before torch is
+    imported); main() also restores it.
     """
     from .checkpoint import Checkpointer, CheckpointError, SaveFailed
     from .data import build_token_source
     from .metrics import TrainerMetrics
 
-    own_guard = guard is None
-    guard = guard or PreemptionGuard()
     init_distributed(runtime)
     metrics = TrainerMetrics(plan)
     try:
@@ -405,8 +403,6 @@ def run(plan: Plan, runtime: Runtime, guard: PreemptionGuard | None = None) -> i
                         )
     finally:
         metrics.close()
-        if own_guard:
-            guard.restore()
         if dist.is_initialized():
             dist.destroy_process_group()
 
