@@ -140,7 +140,8 @@ class Toleration(WireModel):
 
 # The volumes the operator mounts into every trainer container itself (render/pod.py): a user volume may
 # not take their names, nor a mountPath equal to, inside or above theirs (it would hide the plan, the
-# shared memory or the node's NVMe). tests/render/test_volumes.py checks this against a rendered pod.
+# shared memory or the node's NVMe). render/ mounts them at these paths; tests/render/test_volumes.py checks a
+# rendered pod.
 OPERATOR_VOLUMES: dict[str, str] = {"plan": "/etc/btj", "shm": "/dev/shm", "local": "/local"}
 _OPERATOR_MOUNT_USES = {
     "plan": "the job's plan",

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from blackwell_operator.models.spec import EnvVar
+from blackwell_operator.models.spec import OPERATOR_VOLUMES, EnvVar
 
-PLAN_DIR = "/etc/btj"
+PLAN_DIR = OPERATOR_VOLUMES["plan"]
 PLAN_FILE = "plan.json"
 PLAN_PATH = f"{PLAN_DIR}/{PLAN_FILE}"
-LOCAL_DIR = "/local"
+LOCAL_DIR = OPERATOR_VOLUMES["local"]
 # torchrun forwards SIGTERM to its ranks and SIGKILLs them this many seconds later (its default is 30 s,
 # too short for a sharded checkpoint of a large model). The pod's terminationGracePeriodSeconds (300,
 # render/pod.py) minus 30 s for torchrun's own exit. torchrun reads TORCH_ELASTIC_SHUTDOWN_TIMEOUT from

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from blackwell_operator.models.spec import BlackwellTrainingJobSpec, Toleration, Volume
+from blackwell_operator.models.spec import OPERATOR_VOLUMES, BlackwellTrainingJobSpec, Toleration, Volume
 from blackwell_operator.render.environment import LOCAL_DIR, PLAN_DIR, container_env
 from blackwell_operator.render.hardware import HUGEPAGES_2MI, efa_interfaces, memory_request
 from blackwell_operator.render.labels import JOB_NAME_LABEL, PLAN_HASH_ANNOTATION
@@ -93,7 +93,7 @@ def container(
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [
             {"name": "plan", "mountPath": PLAN_DIR, "readOnly": True},
-            {"name": "shm", "mountPath": "/dev/shm"},
+            {"name": "shm", "mountPath": OPERATOR_VOLUMES["shm"]},
             {"name": "local", "mountPath": LOCAL_DIR},
             *(claim_mount(volume) for volume in spec.volumes),
         ],
