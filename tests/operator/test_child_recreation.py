@@ -16,7 +16,12 @@ from blackwell_operator.handlers.btjstatus import wants_child_back
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.reconcile import Reconciler
 from blackwell_operator.metrics import OperatorMetrics
-from blackwell_operator.testing.emulator import HYPERPOD_RESOURCE, PYTORCHJOB_RESOURCE, HardenedEmulator
+from blackwell_operator.testing.emulator import (
+    HYPERPOD_RESOURCE,
+    PYTORCHJOB_RESOURCE,
+    Fault,
+    HardenedEmulator,
+)
 from tests.operator.harness import (
     HYPERPODJOBS,
     NAMESPACE,
@@ -130,22 +135,29 @@ async def test_a_deleted_child_of_a_succeeded_job_is_only_reported(cluster: Clus
     assert "ChildRecreated" not in reasons(cluster, "done")
 
 
+async def recreated_after_refusals(cluster: Cluster, name: str, status: int, times: int) -> Fault:
+    """Apply BTJ `name`, delete its child while the API refuses the next `times` creates with `status`, and
+    wait until the re-created child is recorded; the fault is returned for its count."""
+    await cluster.apply(btj(name))
+    await wait_for(lambda: child_created(cluster, name).get("status") == "True", what="ChildCreated")
+    first = cluster.status(name)["child"]["uid"]
+    fault = cluster.k.inject_fault("post", "pytorchjobs", status, times=times)
+    await cluster.delete_child(name)
+    await wait_for(
+        lambda: (
+            cluster.status(name)["child"]["uid"] != first
+            and child_created(cluster, name).get("status") == "True"
+        ),
+        what="the re-created child recorded",
+        timeout=30,
+    )
+    return fault
+
+
 async def test_a_failed_recreate_is_retried(cluster: Cluster) -> None:
     # Kopf does not retry event handlers; recreate-child retries the reconcile path itself.
     async with running_operator(cluster):
-        await cluster.apply(btj("retry"))
-        await wait_for(lambda: child_created(cluster, "retry").get("status") == "True", what="ChildCreated")
-        first = cluster.status("retry")["child"]["uid"]
-        fault = cluster.k.inject_fault("post", "pytorchjobs", 503, times=2)
-        await cluster.delete_child("retry")
-        await wait_for(
-            lambda: (
-                cluster.status("retry")["child"]["uid"] != first
-                and child_created(cluster, "retry").get("status") == "True"
-            ),
-            what="the re-created child recorded",
-            timeout=30,
-        )
+        fault = await recreated_after_refusals(cluster, "retry", 503, times=2)
         await wait_for(lambda: "ChildRecreated" in reasons(cluster, "retry"), what="the Event")
         await cluster.settle("retry")
     assert fault.times == 0
@@ -161,19 +173,7 @@ async def test_a_recreate_refused_for_a_while_is_retried_on_a_timer(
     # the BTJ then changes no more: only the retry-child timer brings the child back.
     monkeypatch.setenv("BTJ_CHILD_RETRY_INTERVAL_S", "1")
     async with running_operator(cluster):
-        await cluster.apply(btj("webhook"))
-        await wait_for(lambda: child_created(cluster, "webhook").get("status") == "True", what="ChildCreated")
-        first = cluster.status("webhook")["child"]["uid"]
-        fault = cluster.k.inject_fault("post", "pytorchjobs", 422, times=3)
-        await cluster.delete_child("webhook")
-        await wait_for(
-            lambda: (
-                cluster.status("webhook")["child"]["uid"] != first
-                and child_created(cluster, "webhook").get("status") == "True"
-            ),
-            what="the re-created child recorded",
-            timeout=30,
-        )
+        fault = await recreated_after_refusals(cluster, "webhook", 422, times=3)
         await cluster.settle("webhook")
     assert fault.times == 0
     assert live_children(cluster) == 1
