@@ -40,6 +40,7 @@ for _src in (REPO / "operator" / "src", REPO / "trainer_image" / "src"):
     if str(_src) not in sys.path:
         sys.path.insert(0, str(_src))
 
+from blackwell_operator.calibrate.coverage import LADDER_TOP  # noqa: E402
 from blackwell_operator.calibrate.records import (  # noqa: E402
     CalibrationRecord,
     RecordStatus,
@@ -654,7 +655,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", default="", help="keep only families of these GPU counts")
     parser.add_argument("--precisions", default="", help="keep only bf16 and/or fp8")
     parser.add_argument("--acs", default="", help="keep only these AC modes")
-    parser.add_argument("--max-mbs", type=int, default=64)
+    parser.add_argument("--max-mbs", type=int, default=LADDER_TOP)
     parser.add_argument(
         "--full-ladder",
         action="store_true",

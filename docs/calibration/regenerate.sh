@@ -28,7 +28,7 @@ btj plot -o docs/calibration/btj-plot-example.png
 # and every leave-one-out refit starts from the pre-fit base, so no held-out scenario reaches its prediction.
 btj calibrate import benchmarks/results/trainer_h200_te.json -o benchmarks/calibration/records/h200-te/trainer_h200_te.jsonl
 I6_BASE=docs/calibration/h200-issue6/base-btj-trainer.yaml
-I6_NOTE="Data: benchmarks/calibration/records/h200-issue6 (nine calls of \`benchmarks/calibration/harness.py --grid issue6\` on nvidia-h200-x2, 2026-11-30; commands and consoles in benchmarks/calibration/records/h200-issue6/logs). Measured: one GPU at sequences 2048, 4096 and 8192 for 1B, 3B and 8B; two GPUs for 8B at 4096 and for the 13B class at 4096 and 8192. Not yet run: 8B on two GPUs at 2048 and 8192, and the 13B class at 2048 except BF16 without AC (its scenario is judged on that one family)."
+I6_NOTE="Data: benchmarks/calibration/records/h200-issue6 (thirteen calls of \`benchmarks/calibration/harness.py --grid issue6\` on nvidia-h200-x2, 2026-11-30, over four sessions; commands and consoles in benchmarks/calibration/records/h200-issue6/logs). Measured: every family of the grid: one GPU at sequences 2048, 4096 and 8192 for 1B, 3B and 8B, and two GPUs at the same sequences for 8B and the 13B class. Three ladders stop one rung short of their OOM (see Grid coverage)."
 FIT="btj calibrate fit benchmarks/calibration/records/h200-issue6 benchmarks/calibration/records/h200 benchmarks/calibration/records/h200-te --base $I6_BASE -o docs/calibration/h200-issue6/btj-trainer-h200.yaml"
 $FIT
 btj calibrate report benchmarks/calibration/records/h200-issue6 \

@@ -145,3 +145,23 @@ def test_cli_fit_bad_input(tmp_path: Path, runner: CliRunner) -> None:
         app, ["calibrate", "fit", str(good), "-o", str(tmp_path / "o.yaml"), "--base", "nope"]
     )
     assert result.exit_code == 2 and result.output.startswith("error: --base:")
+
+
+def test_report_names_a_harness_ladder_cut_before_its_oom(tmp_path: Path, base: Calibration) -> None:
+    stubs = [
+        s.model_copy(update={"source": "harness"})
+        for s in grid_stubs(["llama3.2-1b"], [4096], ["none"], [1, 2])
+    ]
+    records = measure(stubs, base, 0.01)  # mbs 1 and 2 both fit, and mbs 4 was never run
+    check = leave_one_out(records, base, base, lambda recs, start: start)
+    text = write_report(tmp_path, records, base, check, commands=["btj calibrate report ..."]).read_text()
+    assert "## Grid coverage" in text
+    assert "| llama3.2-1b s4096 g1 bf16 ac-none shard-full | 2 | 4 | not run |" in text
+    imported = write_report(
+        tmp_path / "imported",
+        measure(grid_stubs(["llama3.2-1b"], [4096], ["none"], [1, 2]), base, 0.01),
+        base,
+        check,
+        commands=[],
+    ).read_text()
+    assert "## Grid coverage" not in imported

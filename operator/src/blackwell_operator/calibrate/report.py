@@ -7,9 +7,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from blackwell_operator.calibrate.checks import DEFAULT_HEADROOM, CheckResult, ScenarioPick
+from blackwell_operator.calibrate.coverage import LADDER_TOP, open_ladders
 from blackwell_operator.calibrate.plots import plot_scenario
 from blackwell_operator.calibrate.predict import Comparison
-from blackwell_operator.calibrate.records import CalibrationRecord, Scenario, config_key
+from blackwell_operator.calibrate.records import CalibrationRecord, Scenario, config_key, family_key
 from blackwell_operator.calibration import Calibration
 
 GIB = 1 << 30
@@ -125,6 +126,33 @@ def _planner_table(records: Sequence[CalibrationRecord], cal: Calibration) -> li
     return lines
 
 
+def _coverage(records: Sequence[CalibrationRecord]) -> list[str]:
+    families = {family_key(r) for r in records if r.source == "harness"}
+    if not families:
+        return []  # imported runs only: no ladders to account for
+    lines = [
+        "## Grid coverage",
+        "",
+        f"The harness doubles each family's micro-batch size until the first OOM (or mbs {LADDER_TOP}); "
+        f"{len(families)} families.",
+    ]
+    gaps = open_ladders(records)
+    if not gaps:
+        return [*lines, "Every harness ladder reaches its first OOM or the top size.", ""]
+    lines += [
+        "",
+        "Ladders that stop short: the next doubling was cut by a call's budget or not run, so the family's "
+        "first OOM is not measured (the planner's prediction for it is shown):",
+        "",
+        "| family | largest that ran | next size | its status | next size predicted reserved GiB |",
+        "|---|---|---|---|---|",
+    ]
+    for g in gaps:
+        predicted = _gib(g.next_predicted_reserved)
+        lines.append(f"| {g.family} | {g.largest_ran} | {g.next_size} | {g.next_status} | {predicted} |")
+    return [*lines, ""]
+
+
 def write_report(
     out_dir: Path,
     records: Sequence[CalibrationRecord],
@@ -182,6 +210,7 @@ def write_report(
         "retry in every step): their tokens/s is shown but not fitted. The planner never plans them, "
         "because it requires the predicted pool, not the capped one, to fit within its headroom.",
         "",
+        *_coverage(records),
         "## Planner's choice vs best measured, per scenario",
         "",
         *_pick_table(check.picks, check.in_sample_picks),
