@@ -85,8 +85,10 @@ def test_b200_small_models_do_not_checkpoint_when_memory_allows(golden: dict[str
 
 def test_b200_large_models_checkpoint(golden: dict[str, dict[str, Any]]) -> None:
     plans = _b200_single_node(golden)
-    large = [p.name for p in list_presets() if p.parameter_count > 30e9]
-    assert large and all(plans[name]["ac"] in ("full", "selective") for name in large)
+    # Those that fit on one node at all: Qwen2.5-72B at 8192 misses it by 0.1 GiB (its states alone are
+    # 144 GB per GPU), and the planner refuses it with a hint instead.
+    large = [p.name for p in list_presets() if p.parameter_count > 30e9 and p.name in plans]
+    assert len(large) >= 2 and all(plans[name]["ac"] in ("full", "selective") for name in large)
 
 
 def test_block_scaled_formats_only_where_gemms_are_large(golden: dict[str, dict[str, Any]]) -> None:
