@@ -24,6 +24,7 @@ BTJS = f"/apis/training.blackwell.dev/v1alpha1/namespaces/{NAMESPACE}/blackwellt
 PYTORCHJOBS = f"/apis/kubeflow.org/v1/namespaces/{NAMESPACE}/pytorchjobs"
 HYPERPODJOBS = f"/apis/sagemaker.amazonaws.com/v1/namespaces/{NAMESPACE}/hyperpodpytorchjobs"
 CONFIGMAPS = f"/api/v1/namespaces/{NAMESPACE}/configmaps"
+PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
 B200 = "ml.p6-b200.48xlarge"
 # Kopf's diff base on each BTJ (runtime.configure names it).
 LAST_HANDLED = "training.blackwell.dev/last-handled-configuration"
@@ -163,6 +164,20 @@ class Cluster:
     async def add_node(self, manifest: Mapping[str, Any]) -> None:
         await self._json("POST", "/api/v1/nodes", dict(manifest))
 
+    async def add_pod(self, manifest: Mapping[str, Any], status: Mapping[str, Any] | None = None) -> str:
+        """Create a pod (as the training operator does), then set its status (as the kubelet does)."""
+        created = await self._json("POST", PODS, copy.deepcopy(dict(manifest)))
+        name = str(created["metadata"]["name"])
+        if status is not None:
+            await self.set_pod_status(name, status)
+        return name
+
+    async def set_pod_status(self, name: str, status: Mapping[str, Any]) -> None:
+        """Play the kubelet: merge-patch the pod's /status."""
+        await self._json(
+            "PATCH", f"{PODS}/{name}/status", {"status": dict(status)}, "application/merge-patch+json"
+        )
+
     def btj(self, name: str) -> dict[str, Any] | None:
         return self.k.get_object(BTJ_RESOURCE, NAMESPACE, name)
 
@@ -254,8 +269,8 @@ async def running_operator(cluster: Cluster, *, namespace: str | None = None) ->
     runner = KopfRunner(args, registry=operator_registry(cluster.url), timeout=30)
     runner.__enter__()
     try:
-        # Ready when it watches BTJs and both child kinds.
-        await wait_for(lambda: _watch_count(cluster) >= watches_before + 3, what="the operator's watches")
+        # Ready when it watches BTJs, both child kinds and the trainer pods.
+        await wait_for(lambda: _watch_count(cluster) >= watches_before + 4, what="the operator's watches")
         yield runner
     except BaseException as exc:
         await asyncio.to_thread(runner.__exit__, type(exc), exc, exc.__traceback__)
@@ -270,7 +285,7 @@ def _watch_count(cluster: Cluster) -> int:
         for r in cluster.k.requests
         if verb_of(r) == "watch"
         and r.resource is not None
-        and r.resource.plural in ("blackwelltrainingjobs", "pytorchjobs", "hyperpodpytorchjobs")
+        and r.resource.plural in ("blackwelltrainingjobs", "pytorchjobs", "hyperpodpytorchjobs", "pods")
     )
 
 

@@ -52,6 +52,11 @@ framework rules listed there. No wildcards anywhere.
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "create", "patch"]
+# Application: trainer pods, watched (label-filtered, read-only) so that a failed worker's exit code
+# and termination message reach the BlackwellTrainingJob's status.lastFailure.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list", "watch"]
 # Framework and application: Kopf posts handler progress/errors as Events; the operator posts
 # planning and admission Events on the BlackwellTrainingJob.
 - apiGroups: [""]

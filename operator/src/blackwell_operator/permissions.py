@@ -30,6 +30,10 @@ PERMISSIONS: tuple[Permission, ...] = (
     Permission("", "configmaps", ("get", "create", "patch")),
     # The operator: cluster capacity (nodes of the instance type and their HyperPod health label).
     Permission("", "nodes", ("list",)),
+    # The operator (track-pods): watches trainer pods, filtered by label on the server, to copy a failed
+    # trainer container's exit code, reason and termination message onto the BTJ (status.lastFailure).
+    # Read-only, and list/watch only: the pod comes with each event, nothing is fetched by name.
+    Permission("", "pods", ("list", "watch")),
     # Kopf and the operator: Events on BTJs.
     Permission("", "events", ("create",)),
 )

@@ -11,9 +11,10 @@ from blackwell_operator.handlers import runtime
 from blackwell_operator.handlers.btjstatus import wants_child_back
 from blackwell_operator.handlers.children import on_child_event
 from blackwell_operator.handlers.context import OperatorContext
+from blackwell_operator.handlers.pods import on_pod_event
 from blackwell_operator.handlers.reconcile import CHILD_KINDS, Reconciler
 from blackwell_operator.models.spec import API_GROUP, API_VERSION, PLURAL
-from blackwell_operator.render.labels import MANAGED_BY_LABEL, MANAGER
+from blackwell_operator.render.labels import JOB_NAME_LABEL, MANAGED_BY_LABEL, MANAGER
 
 # A BTJ still without its child after recreate-child gave up (an admission webhook refusing the create, the
 # training operator's CRD briefly gone, an outage longer than the retries) is tried again on a timer, once
@@ -81,6 +82,11 @@ def track_child(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: Any,
     on_child_event(_ctx(memo), type, body, logger)
 
 
+def track_pod(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+    """on.event for trainer pods: a failed trainer container becomes the owner BTJ's status.lastFailure."""
+    on_pod_event(_ctx(memo), type, body, logger)
+
+
 def register(registry: kopf.OperatorRegistry) -> None:
     """Register every handler on `registry` (tests pass a fresh one per operator run)."""
     kopf.on.startup(registry=registry, id="btj-startup")(runtime.startup)
@@ -107,6 +113,15 @@ def register(registry: kopf.OperatorRegistry) -> None:
             registry=registry,
             id=f"track-{kind.plural}",
         )(track_child)
+    # Silent too (no Kopf annotations on pods). The API server filters the watch by the same labels
+    # (runtime.configure), so the operator never receives the cluster's other pods.
+    kopf.on.event(
+        "v1",
+        "pods",
+        labels={MANAGED_BY_LABEL: MANAGER, JOB_NAME_LABEL: kopf.PRESENT},
+        registry=registry,
+        id="track-pods",
+    )(track_pod)
 
 
 register(kopf.get_default_registry())

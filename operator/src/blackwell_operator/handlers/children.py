@@ -6,6 +6,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from blackwell_operator.failures import with_failure
 from blackwell_operator.handlers.api import ApiError
 from blackwell_operator.handlers.btjstatus import CHILD_DELETED, StatusUpdate, is_finished, write_status
 from blackwell_operator.handlers.context import OperatorContext
@@ -122,7 +123,12 @@ def on_child_event(
         changes: dict[str, Any] = {
             "phase": phase.value,
             "conditions": conds,
-            "message": summary_message(phase, kind, meta["name"], child_message(child.get("status"))),
+            # The worker watcher's lastFailure stays in the message while the job restarts or has failed.
+            "message": with_failure(
+                summary_message(phase, kind, meta["name"], child_message(child.get("status"))),
+                phase.value,
+                status.get("lastFailure"),
+            ),
         }
         if not recorded:
             # The child can report before the reconcile that created it has written status.child. Record

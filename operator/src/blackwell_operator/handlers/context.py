@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from blackwell_operator.discovery.capacity import NodeCapacityReader
 from blackwell_operator.handlers.api import KubeApi
 from blackwell_operator.metrics import OperatorMetrics
+
+# Pods whose worker failure was handled, remembered to skip re-reading the BTJ on their later events
+# (a pod keeps lastState.terminated while it runs again); bounded, oldest forgotten first.
+POD_FAILURE_MEMORY = 4096
 
 
 @dataclass
@@ -21,8 +26,30 @@ class OperatorContext:
     # run in different threads and must not both create (the loser's 409 would be adopted and counted).
     _recreating: dict[str, threading.Lock] = field(default_factory=dict)
     _guard: threading.Lock = field(default_factory=threading.Lock)
+    # pod uid -> (pod, finishedAt) of the failure last recorded (or found stored) for it.
+    _pod_failures: OrderedDict[str, tuple[str, str]] = field(default_factory=OrderedDict)
 
     def recreate_lock(self, uid: str) -> threading.Lock:
         """The lock of one BTJ's child re-creates."""
         with self._guard:
             return self._recreating.setdefault(uid, threading.Lock())
+
+    def pod_failure_seen(self, uid: str, key: tuple[str, str] | None) -> bool:
+        """Whether this pod's failure `key` was handled already."""
+        with self._guard:
+            return bool(uid) and key is not None and self._pod_failures.get(uid) == key
+
+    def remember_pod_failure(self, uid: str, key: tuple[str, str] | None) -> None:
+        """Note a pod's failure as handled (its later events with the same failure skip the BTJ read)."""
+        if not uid or key is None:
+            return
+        with self._guard:
+            self._pod_failures[uid] = key
+            self._pod_failures.move_to_end(uid)
+            while len(self._pod_failures) > POD_FAILURE_MEMORY:
+                self._pod_failures.popitem(last=False)
+
+    def forget_pod(self, uid: str) -> None:
+        """A deleted pod sends no more events."""
+        with self._guard:
+            self._pod_failures.pop(uid, None)

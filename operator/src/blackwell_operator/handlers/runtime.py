@@ -12,7 +12,9 @@ from blackwell_operator.discovery.capacity import NodeCapacityReader
 from blackwell_operator.handlers.api import KubeApi, load_api_client, resource_path
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.metrics import METRICS_PORT, OperatorMetrics
+from blackwell_operator.render.labels import JOB_NAME_LABEL, MANAGED_BY_LABEL, MANAGER
 
+TRAINER_POD_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGER},{JOB_NAME_LABEL}"
 # "host:port" for /metrics and /healthz; "off" disables the server (e.g. several operators in one test).
 METRICS_BIND_ENV = "BTJ_METRICS_BIND"
 
@@ -27,6 +29,8 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.execution.max_workers = 16
     settings.watching.server_timeout = 600  # re-list every 10 minutes at most
     settings.networking.request_timeout = 30
+    # Server-side filter of the pod watch (track-pods): only the trainer pods of BTJs, not every pod.
+    settings.watching.label_selectors["v1", "pods"] = TRAINER_POD_SELECTOR
 
 
 def build_context(api_client: Any | None = None) -> OperatorContext:

@@ -66,6 +66,26 @@ class MeasuredThroughput(WireModel):
     observed_at: str = Field(description="RFC 3339 time of the reading.")
 
 
+# status.lastFailure.message is cut to this many characters (the CRD's maxLength).
+FAILURE_MESSAGE_LIMIT = 512
+
+
+class WorkerFailure(WireModel):
+    """The latest trainer container that ended with a non-zero exit code, as its pod reported it."""
+
+    pod: str = Field(description="Pod name (same namespace).")
+    container: str = Field(description="Container name (the trainer's, pytorch).")
+    exit_code: int = Field(description="Exit code (137 with reason OOMKilled: host memory, not GPU).")
+    reason: str = Field(default="", description="The kubelet's reason, e.g. Error or OOMKilled.")
+    message: str = Field(
+        default="",
+        max_length=FAILURE_MESSAGE_LIMIT,
+        description="First non-empty line of the termination message (the trainer's one-line error, else "
+        "the log's tail); may be empty.",
+    )
+    finished_at: str | None = Field(default=None, description="RFC 3339 time the container ended.")
+
+
 class BlackwellTrainingJobStatus(WireModel):
     """What the operator decided and observed."""
 
@@ -76,6 +96,9 @@ class BlackwellTrainingJobStatus(WireModel):
     plan: Plan | None = Field(default=None, description="The resolved plan.")
     child: ChildReference | None = Field(default=None, description="The child job.")
     measured: MeasuredThroughput | None = Field(default=None, description="Latest measured throughput.")
+    last_failure: WorkerFailure | None = Field(
+        default=None, description="The latest worker failure (non-zero exit of the trainer container)."
+    )
     # Short copies for printer columns (JSONPath cannot reach into status.plan comfortably and
     # `kubectl get` should stay readable).
     precision: str | None = Field(default=None, description="Chosen precision (printer column).")

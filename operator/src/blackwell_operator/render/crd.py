@@ -185,6 +185,7 @@ STATUS_EXTRAS: dict[str, Schema] = {
     "conditions[].message": {"maxLength": 32768},
     "conditions[].lastTransitionTime": {"format": "date-time"},
     "observedGeneration": {"format": "int64"},
+    "lastFailure.finishedAt": {"format": "date-time"},
 }
 
 

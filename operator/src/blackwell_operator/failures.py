@@ -1,0 +1,180 @@
+"""Pure worker-failure logic: a trainer pod's terminated container -> status.lastFailure and its wording."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+from typing import Any
+
+from blackwell_operator.models.status import FAILURE_MESSAGE_LIMIT, Phase
+from blackwell_operator.render.labels import JOB_NAME_LABEL
+from blackwell_operator.render.pod import CONTAINER_NAME, TERMINATION_GRACE_SECONDS
+
+# What status.message appends while the phase is Restarting or Failed; the text before it is the summary
+# the child watcher writes, so a newer failure replaces the old suffix instead of stacking up.
+FAILURE_SEPARATOR = "; last worker failure: "
+FAILURE_PHASES = frozenset({Phase.RESTARTING.value, Phase.FAILED.value})
+OOM_EXIT_CODE = 137  # 128 + SIGKILL: what the kernel's OOM killer leaves
+STOP_EXIT_CODES = frozenset({130, 137, 143})  # 128 + SIGINT, SIGKILL, SIGTERM
+# How long after a worker's own failure the stops of the other workers follow it: the termination grace
+# plus the training operator's reaction, with margin.
+CASCADE_WINDOW_S = TERMINATION_GRACE_SECONDS + 600.0
+# The Kubeflow training operator's pod label naming the PyTorchJob (hyperpod-pytorchjob.md §1).
+KUBEFLOW_JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+CHILD_KINDS = frozenset({"PyTorchJob", "HyperPodPyTorchJob"})
+
+
+def first_line(text: str | None, limit: int = FAILURE_MESSAGE_LIMIT) -> str:
+    """The first non-empty line, stripped, cut to `limit` characters ("" when there is none)."""
+    for line in (text or "").splitlines():
+        if line.strip():
+            return line.strip()[:limit]
+    return ""
+
+
+def _failed_termination(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The container's current termination if it failed, else its previous one if that failed."""
+    for key in ("state", "lastState"):
+        terminated = (status.get(key) or {}).get("terminated")
+        if isinstance(terminated, Mapping) and int(terminated.get("exitCode") or 0) != 0:
+            return terminated
+    return None
+
+
+def worker_failure(pod: Mapping[str, Any], container: str = CONTAINER_NAME) -> dict[str, Any] | None:
+    """status.lastFailure (camelCase, no null values) from a pod, or None when its trainer has not failed.
+
+    `state.terminated` is the container's latest end; `lastState.terminated` the one before a restart
+    in place (restartPolicy OnFailure), still there while the container runs again.
+    """
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    for status in statuses:
+        if not isinstance(status, Mapping) or status.get("name") != container:
+            continue
+        terminated = _failed_termination(status)
+        if terminated is None:
+            return None
+        failure: dict[str, Any] = {
+            "pod": (pod.get("metadata") or {}).get("name", ""),
+            "container": container,
+            "exitCode": int(terminated["exitCode"]),
+            "reason": str(terminated.get("reason") or ""),
+            "message": first_line(terminated.get("message")),
+        }
+        if terminated.get("finishedAt"):
+            failure["finishedAt"] = str(terminated["finishedAt"])
+        return failure
+    return None
+
+
+def failure_key(failure: Mapping[str, Any] | None) -> tuple[str, str] | None:
+    """One failure's identity (pod, finishedAt): one Event per key."""
+    if not failure:
+        return None
+    return str(failure.get("pod", "")), str(failure.get("finishedAt", ""))
+
+
+def stopped_from_outside(failure: Mapping[str, Any]) -> bool:
+    """Exit by SIGINT, SIGTERM or SIGKILL without an OOM kill: the pod was stopped, it did not fail itself."""
+    return failure.get("exitCode") in STOP_EXIT_CODES and failure.get("reason") != "OOMKilled"
+
+
+def _seconds(timestamp: Any) -> float | None:
+    try:
+        return datetime.datetime.fromisoformat(str(timestamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def supersedes(new: Mapping[str, Any], stored: Mapping[str, Any] | None) -> bool:
+    """Whether `new` should replace the stored lastFailure.
+
+    A later end wins; an earlier one (another worker's event arriving late) never replaces it, so that
+    several failed workers do not make the field flip. The same key with other content (a pod event
+    completing the termination) replaces it. A stop from outside (exit 143/137/130) within
+    CASCADE_WINDOW_S after a worker's own failure does not hide it: that is the training operator
+    stopping the other workers because of it (cleanPodPolicy, a restart of the gang).
+    """
+    if not stored:
+        return True
+    if dict(new) == dict(stored):
+        return False
+    if failure_key(new) == failure_key(stored):
+        return True
+    new_end, stored_end = str(new.get("finishedAt", "")), str(stored.get("finishedAt", ""))
+    if new_end <= stored_end:
+        return False
+    if stopped_from_outside(new) and not stopped_from_outside(stored):
+        new_s, stored_s = _seconds(new_end), _seconds(stored_end)
+        if new_s is None or stored_s is None or new_s - stored_s <= CASCADE_WINDOW_S:
+            return False
+    return True
+
+
+def describe(failure: Mapping[str, Any]) -> str:
+    """One line for people: pod, exit code and reason, and the termination message."""
+    code, reason = failure.get("exitCode"), failure.get("reason") or ""
+    head = f"pod {failure.get('pod')} exit {code}"
+    if code == OOM_EXIT_CODE and reason == "OOMKilled":
+        # Users read "OOM" as CUDA out-of-memory; that one is a Python error (exit 1), not a kill.
+        head += (
+            " (OOMKilled: the kernel killed it for host memory, the pod's memory limit or the node's RAM; "
+            "not GPU memory)"
+        )
+    elif reason:
+        head += f" ({reason})"
+    message = failure.get("message") or ""
+    return f"{head}: {message}" if message else head
+
+
+def with_failure(message: str, phase: str | None, failure: Mapping[str, Any] | None) -> str:
+    """status.message with the worker failure folded in while the phase is Restarting or Failed."""
+    base = message.split(FAILURE_SEPARATOR, 1)[0]
+    if phase in FAILURE_PHASES and failure:
+        return f"{base}{FAILURE_SEPARATOR}{describe(failure)}"
+    return base
+
+
+def belongs_to(pod: Mapping[str, Any], btj: Mapping[str, Any]) -> bool:
+    """Whether a pod labelled with the BTJ's name is one of this BTJ's workers (not a predecessor's).
+
+    A pod older than the BTJ cannot be its worker. When the BTJ has recorded its child, a pod's
+    controlling job reference (or the training operator's job-name label) must name that child; a pod
+    with neither is taken on its job-name label alone.
+    """
+    pod_meta, btj_meta = pod.get("metadata") or {}, btj.get("metadata") or {}
+    if (pod_meta.get("labels") or {}).get(JOB_NAME_LABEL) != btj_meta.get("name"):
+        return False
+    pod_created, btj_created = pod_meta.get("creationTimestamp"), btj_meta.get("creationTimestamp")
+    if pod_created and btj_created and str(pod_created) < str(btj_created):
+        return False
+    child = (btj.get("status") or {}).get("child") or {}
+    if not child.get("name"):
+        return True
+    for ref in pod_meta.get("ownerReferences") or []:
+        if ref.get("kind") in CHILD_KINDS and ref.get("controller", True):
+            if child.get("uid"):
+                return bool(ref.get("uid") == child["uid"])
+            return bool(ref.get("name") == child["name"])
+    job_label = (pod_meta.get("labels") or {}).get(KUBEFLOW_JOB_NAME_LABEL)
+    return job_label is None or job_label == child["name"]
+
+
+def failure_changes(
+    btj: Mapping[str, Any], pod: Mapping[str, Any], failure: Mapping[str, Any]
+) -> tuple[dict[str, Any] | None, bool]:
+    """The BTJ status keys that record `failure` of `pod` (None: nothing to write), and whether it is a
+    failure not recorded before (worth one Event)."""
+    if (btj.get("metadata") or {}).get("deletionTimestamp") or not belongs_to(pod, btj):
+        return None, False
+    status = btj.get("status") or {}
+    if status.get("phase") == Phase.SUCCEEDED.value:
+        return None, False  # the job is done: a worker stopped now is the training operator's clean-up
+    stored = status.get("lastFailure")
+    if not supersedes(failure, stored):
+        return None, False
+    changes: dict[str, Any] = {"lastFailure": dict(failure)}
+    message = with_failure(str(status.get("message") or ""), status.get("phase"), failure)
+    if message != (status.get("message") or ""):
+        changes["message"] = message
+    return changes, failure_key(stored) != failure_key(failure)

@@ -1,0 +1,338 @@
+"""A failed trainer container reaches the BTJ: status.lastFailure, the message, one WorkerFailed Event.
+
+Pure tests of blackwell_operator.failures, then the real operator under KopfRunner against the emulator,
+with pods written the way the training operator (create) and the kubelet (/status) write them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from blackwell_operator.failures import (
+    FAILURE_SEPARATOR,
+    belongs_to,
+    describe,
+    failure_changes,
+    first_line,
+    supersedes,
+    with_failure,
+    worker_failure,
+)
+from blackwell_operator.models.status import WorkerFailure
+from blackwell_operator.render.labels import JOB_NAME_LABEL, own_labels
+from tests.operator.harness import NAMESPACE, Cluster, btj, from_operator, running_operator, wait_for
+
+T1, T2, T3 = "2026-11-30T08:00:00Z", "2026-11-30T08:03:00Z", "2026-11-30T09:00:00Z"
+TRAINER_ERROR = (
+    "error: btj-trainer: spec.tuning.microBatchSize=12: permanent error: the plan needs 181.2 GiB per GPU "
+    "and the GPU has 178.4 GiB. Fix: set spec.tuning.microBatchSize to 10 or less"
+)
+
+
+def terminated(code: int, reason: str, finished: str, message: str | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"exitCode": code, "reason": reason, "startedAt": T1, "finishedAt": finished}
+    if message is not None:
+        out["message"] = message
+    return out
+
+
+def container(
+    state: dict[str, Any] | None = None, last: dict[str, Any] | None = None, name: str = "pytorch"
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "ready": False,
+        "restartCount": 1 if last else 0,
+        "image": "ghcr.io/blackwell-dev/blackwell-trainer:0.1.0",
+        "state": state or {"running": {"startedAt": T1}},
+        "lastState": last or {},
+    }
+
+
+def pod_status(*containers: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"phase": "Running", "containerStatuses": list(containers), **extra}
+
+
+def pod(name: str, job: str = "w", *, owner: dict[str, Any] | None = None, **meta: Any) -> dict[str, Any]:
+    """A trainer pod as the Kubeflow training operator creates it (our template labels plus its own)."""
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": NAMESPACE,
+        "labels": {**own_labels(job), "training.kubeflow.org/job-name": job},
+        **meta,
+    }
+    if owner is not None:
+        metadata["ownerReferences"] = [
+            {
+                "apiVersion": owner["apiVersion"],
+                "kind": owner["kind"],
+                "name": owner["metadata"]["name"],
+                "uid": owner["metadata"]["uid"],
+                "controller": True,
+            }
+        ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": metadata,
+        "spec": {
+            "containers": [{"name": "pytorch", "image": "ghcr.io/blackwell-dev/blackwell-trainer:0.1.0"}]
+        },
+    }
+
+
+# ----- the pure part ---------------------------------------------------------------------------------------
+
+
+def test_a_failed_trainer_container_becomes_a_failure() -> None:
+    body = pod("w-worker-0")
+    body["status"] = pod_status(
+        container(state={"terminated": terminated(1, "Error", T1, f"\n  {TRAINER_ERROR}  \nsecond line\n")})
+    )
+    assert worker_failure(body) == {
+        "pod": "w-worker-0",
+        "container": "pytorch",
+        "exitCode": 1,
+        "reason": "Error",
+        "message": TRAINER_ERROR,
+        "finishedAt": T1,
+    }
+    WorkerFailure.model_validate(worker_failure(body))  # the status model (and so the CRD) accepts it
+
+
+def test_a_restarted_container_reports_its_previous_failure() -> None:
+    body = pod("w-worker-0")
+    body["status"] = pod_status(container(last={"terminated": terminated(137, "OOMKilled", T1)}))
+    failure = worker_failure(body)
+    assert failure is not None and failure["exitCode"] == 137 and failure["message"] == ""
+    # The current end wins over the previous one.
+    body["status"] = pod_status(
+        container(
+            state={"terminated": terminated(2, "Error", T2, "x")},
+            last={"terminated": terminated(137, "OOMKilled", T1)},
+        )
+    )
+    assert (worker_failure(body) or {})["exitCode"] == 2
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        None,
+        pod_status(),
+        pod_status(container()),
+        pod_status(container(state={"terminated": terminated(0, "Completed", T1)})),
+        pod_status(container(state={"waiting": {"reason": "CrashLoopBackOff"}})),
+        # Another container's failure (a sidecar) is not the trainer's.
+        pod_status(container(state={"terminated": terminated(1, "Error", T1)}, name="sidecar")),
+    ],
+)
+def test_no_failure_without_a_non_zero_trainer_exit(status: dict[str, Any] | None) -> None:
+    body = pod("w-worker-0")
+    if status is not None:
+        body["status"] = status
+    assert worker_failure(body) is None
+
+
+def test_the_message_is_one_line_of_at_most_512_characters() -> None:
+    assert first_line("\n\n  a  \nb") == "a"
+    assert first_line(None) == "" and first_line(" \n ") == ""
+    assert len(first_line("x" * 5000)) == 512
+    body = pod("w-worker-0")
+    body["status"] = pod_status(container(state={"terminated": terminated(1, "Error", T1, "é" * 600)}))
+    WorkerFailure.model_validate(worker_failure(body))
+
+
+def test_an_oom_kill_reads_as_host_memory() -> None:
+    oom = {"pod": "w-worker-1", "exitCode": 137, "reason": "OOMKilled", "message": ""}
+    text = describe(oom)
+    assert text.startswith("pod w-worker-1 exit 137 (OOMKilled")
+    assert "host memory" in text and "not GPU memory" in text
+    assert describe({"pod": "p", "exitCode": 137, "reason": "Error"}) == "pod p exit 137 (Error)"
+    assert (
+        describe({"pod": "p", "exitCode": 1, "reason": "Error", "message": "m"}) == "pod p exit 1 (Error): m"
+    )
+
+
+def test_the_failure_is_folded_into_the_message_while_restarting_or_failed() -> None:
+    failure = {"pod": "p", "exitCode": 1, "reason": "Error", "message": "boom"}
+    base = "PyTorchJob w is Restarting"
+    folded = with_failure(base, "Restarting", failure)
+    assert folded == f"{base}{FAILURE_SEPARATOR}pod p exit 1 (Error): boom"
+    assert with_failure(folded, "Failed", {**failure, "message": "new"}).endswith("(Error): new"), "replaced"
+    assert with_failure(folded, "Running", failure) == base, "a running job shows no old failure"
+    assert with_failure(base, "Restarting", None) == base
+
+
+def test_a_later_failure_replaces_the_stored_one_and_a_cascade_stop_does_not() -> None:
+    first = {"pod": "a", "exitCode": 1, "reason": "Error", "finishedAt": T1}
+    assert supersedes(first, None)
+    assert not supersedes(dict(first), first), "identical: nothing to write"
+    assert supersedes({**first, "message": "now known"}, first), "same failure, completed"
+    assert not supersedes({**first, "pod": "b", "finishedAt": "2026-11-30T07:59:00Z"}, first), "older"
+    assert supersedes({**first, "pod": "b", "finishedAt": T2}, first)
+    # The training operator stops the other workers after a failure: their SIGTERM/SIGKILL exits within
+    # the window do not hide the cause; later, a stop is news again.
+    stopped = {"pod": "b", "exitCode": 143, "reason": "Error", "finishedAt": T2}
+    assert not supersedes(stopped, first)
+    assert not supersedes({**stopped, "exitCode": 137}, first)
+    assert supersedes({**stopped, "exitCode": 137, "reason": "OOMKilled"}, first), "an OOM kill is a cause"
+    assert supersedes({**stopped, "finishedAt": T3}, first)
+    assert supersedes({**first, "pod": "c", "finishedAt": T3}, stopped)
+
+
+def _btj(status: dict[str, Any] | None = None, **meta: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "w", "namespace": NAMESPACE, "creationTimestamp": T1, **meta},
+        "status": status or {},
+    }
+
+
+CHILD = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "w", "uid": "child-2"}}
+
+
+def test_only_the_current_child_s_pods_belong_to_the_btj() -> None:
+    recorded = _btj({"child": {"kind": "PyTorchJob", "name": "w", "uid": "child-2"}})
+    ours = pod("w-worker-0", owner=CHILD, creationTimestamp=T2)
+    assert belongs_to(ours, recorded)
+    predecessor = pod("w-worker-0", owner={**CHILD, "metadata": {"name": "w", "uid": "child-1"}})
+    assert not belongs_to(predecessor, recorded), "a deleted job's pod with the same name"
+    assert not belongs_to(pod("w-worker-0", creationTimestamp="2026-11-30T07:00:00Z"), recorded), "older"
+    other_job = pod("w-worker-0")
+    other_job["metadata"]["labels"]["training.kubeflow.org/job-name"] = "w-old"
+    assert not belongs_to(other_job, recorded)
+    assert belongs_to(pod("w-worker-0"), _btj()), "no child recorded yet: the job-name label suffices"
+    assert not belongs_to(pod("x-worker-0", job="x"), recorded)
+
+
+def test_nothing_is_written_onto_a_btj_being_deleted_or_succeeded() -> None:
+    body = pod("w-worker-0", owner=CHILD)
+    failure = {"pod": "w-worker-0", "container": "pytorch", "exitCode": 1, "reason": "Error", "message": "m"}
+    restarting = {"phase": "Restarting", "message": "PyTorchJob w is Restarting"}
+    changes, new = failure_changes(_btj(restarting), body, failure)
+    assert new and changes == {
+        "lastFailure": failure,
+        "message": f"PyTorchJob w is Restarting{FAILURE_SEPARATOR}pod w-worker-0 exit 1 (Error): m",
+    }
+    assert failure_changes(_btj({**restarting, "lastFailure": failure}), body, failure) == (None, False)
+    deleting = _btj(restarting, deletionTimestamp=T2)
+    assert failure_changes(deleting, body, failure) == (None, False)
+    assert failure_changes(_btj({"phase": "Succeeded"}), body, failure) == (None, False)
+    running, new = failure_changes(_btj({"phase": "Running", "message": "m"}), body, failure)
+    assert new and running == {"lastFailure": failure}, "recorded, not folded, while running"
+
+
+# ----- the running operator --------------------------------------------------------------------------------
+
+
+def _condition(type_: str, status: str = "True", message: str = "") -> dict[str, Any]:
+    return {"type": type_, "status": status, "reason": f"PyTorchJob{type_}", "message": message}
+
+
+RESTARTING = {
+    "conditions": [
+        _condition("Created"),
+        _condition("Running", "False"),
+        _condition("Restarting", message="PyTorchJob w is restarting because 1 Worker replica(s) failed."),
+    ]
+}
+
+
+def _failure_writes(cluster: Cluster) -> list[dict[str, Any]]:
+    """status.lastFailure of every status write the operator sent for BTJ w (as sent: the raw body)."""
+    bodies = [
+        json.loads(r.body)
+        for r in cluster.k.requests
+        if from_operator(r)
+        and r.method.value == "PATCH"
+        and r.resource is not None
+        and r.resource.plural == "blackwelltrainingjobs"
+        and r.subresource == "status"
+        and r.name == "w"
+    ]
+    return [b["status"]["lastFailure"] for b in bodies if "lastFailure" in b.get("status", {})]
+
+
+def _warnings(cluster: Cluster) -> list[dict[str, Any]]:
+    return [e for e in cluster.events("w") if e.get("reason") == "WorkerFailed"]
+
+
+@pytest.mark.integration
+async def test_a_failed_worker_shows_on_the_btj(cluster: Cluster) -> None:
+    async with running_operator(cluster):
+        await cluster.apply(btj("w"))
+        job = await wait_for(lambda: cluster.job("w"), what="the PyTorchJob")
+        await wait_for(lambda: cluster.condition("w", "ChildCreated"), what="ChildCreated")
+        await cluster.set_child_status("w", RESTARTING)
+        await wait_for(lambda: cluster.status("w").get("phase") == "Restarting", what="phase Restarting")
+
+        # Not ours (no managed-by label) and a worker that ended well: nothing.
+        stranger = pod("other-0")
+        del stranger["metadata"]["labels"]["app.kubernetes.io/managed-by"]
+        failed = container(state={"terminated": terminated(1, "Error", T1, TRAINER_ERROR)})
+        await cluster.add_pod(stranger, pod_status(failed))
+        done = container(state={"terminated": terminated(0, "Completed", T2)})
+        await cluster.add_pod(pod("w-worker-1", owner=job), pod_status(done))
+
+        await cluster.add_pod(pod("w-worker-0", owner=job), pod_status(failed))
+        status = await wait_for(lambda: cluster.status("w").get("lastFailure") and cluster.status("w"))
+        assert status["lastFailure"] == {
+            "pod": "w-worker-0",
+            "container": "pytorch",
+            "exitCode": 1,
+            "reason": "Error",
+            "message": TRAINER_ERROR,
+            "finishedAt": T1,
+        }
+        assert status["message"] == (
+            "PyTorchJob w is Restarting: PyTorchJob w is restarting because 1 Worker replica(s) failed."
+            f"; last worker failure: pod w-worker-0 exit 1 (Error): {TRAINER_ERROR}"
+        )
+        (event,) = await wait_for(lambda: _warnings(cluster), what="the WorkerFailed Event")
+        assert event["type"] == "Warning"
+        assert event["message"] == f"pod w-worker-0 exit 1 (Error): {TRAINER_ERROR}"
+
+        # The same failure again (the pod's next event): nothing new. Then the container, restarted in
+        # place, is OOM-killed: events of one pod are handled in order, so this one follows the no-op.
+        await cluster.set_pod_status("w-worker-0", pod_status(failed, podIP="10.0.0.7"))
+        oom = container(
+            state={"terminated": terminated(137, "OOMKilled", T2)},
+            last={"terminated": terminated(1, "Error", T1, TRAINER_ERROR)},
+        )
+        await cluster.set_pod_status("w-worker-0", pod_status(oom))
+        await wait_for(lambda: cluster.status("w")["lastFailure"]["exitCode"] == 137, what="the OOM kill")
+        message = cluster.status("w")["message"]
+        assert "pod w-worker-0 exit 137 (OOMKilled" in message and "host memory" in message
+        assert "not GPU memory" in message
+        await wait_for(lambda: len(_warnings(cluster)) == 2, what="the second WorkerFailed Event")
+
+        # Running again: the message drops the failure (lastFailure stays); Failed: it is back.
+        await cluster.set_child_status("w", {"conditions": [_condition("Created"), _condition("Running")]})
+        await wait_for(lambda: cluster.status("w").get("phase") == "Running", what="phase Running")
+        assert FAILURE_SEPARATOR not in cluster.status("w")["message"]
+        assert cluster.status("w")["lastFailure"]["exitCode"] == 137
+        await cluster.set_child_status(
+            "w", {"conditions": [_condition("Created"), _condition("Failed", message="backoffLimit reached")]}
+        )
+        await wait_for(lambda: cluster.status("w").get("phase") == "Failed", what="phase Failed")
+        assert cluster.status("w")["message"].startswith(
+            "PyTorchJob w is Failed: backoffLimit reached; last worker failure: pod w-worker-0 exit 137"
+        )
+        await cluster.settle("w")
+
+    writes = _failure_writes(cluster)
+    assert [(w["pod"], w["exitCode"]) for w in writes] == [("w-worker-0", 1), ("w-worker-0", 137)]
+    assert len(_warnings(cluster)) == 2, "one Event per distinct failure"
+    # The pod watch is filtered by the API server: the operator never receives the cluster's other pods.
+    pod_watches = [
+        r
+        for r in cluster.k.requests
+        if from_operator(r) and r.resource is not None and r.resource.plural == "pods"
+    ]
+    assert pod_watches
+    for request in pod_watches:
+        selector = request.params.get("labelSelector") or ""
+        assert "app.kubernetes.io/managed-by=blackwell-operator" in selector and JOB_NAME_LABEL in selector
