@@ -336,3 +336,23 @@ async def test_a_failed_worker_shows_on_the_btj(cluster: Cluster) -> None:
     for request in pod_watches:
         selector = request.params.get("labelSelector") or ""
         assert "app.kubernetes.io/managed-by=blackwell-operator" in selector and JOB_NAME_LABEL in selector
+
+
+@pytest.mark.integration
+async def test_a_transient_api_error_does_not_lose_the_failure(cluster: Cluster) -> None:
+    # Event handlers get no retries from Kopf: the handler retries the status write itself.
+    async with running_operator(cluster):
+        await cluster.apply(btj("w"))
+        job = await wait_for(lambda: cluster.job("w"), what="the PyTorchJob")
+        await wait_for(lambda: cluster.condition("w", "ChildCreated"), what="ChildCreated")
+        await cluster.set_child_status("w", RESTARTING)
+        await wait_for(lambda: cluster.status("w").get("phase") == "Restarting", what="phase Restarting")
+        await cluster.settle("w")
+        fault = cluster.k.inject_fault("PATCH", "blackwelltrainingjobs", 503, times=2, subresource="status")
+        failed = container(state={"terminated": terminated(2, "Error", T1, TRAINER_ERROR)})
+        await cluster.add_pod(pod("w-worker-0", owner=job), pod_status(failed))
+        await wait_for(lambda: cluster.status("w").get("lastFailure"), what="lastFailure")
+        await wait_for(lambda: _warnings(cluster), what="the WorkerFailed Event")
+    assert fault.times == 0, "both injected errors were met"
+    assert cluster.status("w")["lastFailure"]["exitCode"] == 2
+    assert len(_warnings(cluster)) == 1
