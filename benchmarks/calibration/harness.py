@@ -501,20 +501,23 @@ class Harness:
                 cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
             cut_by_deadline = remaining - 10 < self.config_timeout
+            killed = False
             try:
                 proc.wait(timeout=min(self.config_timeout, remaining - 10))
             except subprocess.TimeoutExpired:
                 kill_tree(proc.pid)
                 proc.wait()
+                killed = True
                 detail = f"killed after {time.time() - started:.0f} s"
-                if cut_by_deadline:
-                    # The call's budget ran out, not the configuration: leave it for the next call.
-                    return stub.model_copy(
-                        update=dict(status=RecordStatus.SKIPPED, detail=f"call budget exhausted ({detail})")
-                    )
         tail = log_path.read_text(errors="replace").splitlines()[-60:] if log_path.exists() else []
         with self.lock, open(self.out / "worker_logs.txt", "a") as f:
             f.write(f"===== {stub.key} (last 60 lines)\n" + "\n".join(tail) + "\n")
+        if killed and cut_by_deadline:
+            # The call's budget ran out, not the configuration: leave it for the next call (its log is kept
+            # above, to see how far it got).
+            return stub.model_copy(
+                update=dict(status=RecordStatus.SKIPPED, detail=f"call budget exhausted ({detail})")
+            )
         results = [json.loads(p.read_text()) for p in sorted(tmp.glob("result.rank*.json"))]
         if not results:
             status = RecordStatus.TIMEOUT if detail else RecordStatus.ERROR

@@ -156,3 +156,29 @@ def test_kill_tree_reaches_workers_in_sessions_of_their_own(harness: ModuleType,
         time.sleep(0.05)
     else:
         raise AssertionError("the worker outlived kill_tree")
+
+
+def test_a_configuration_cut_by_the_call_deadline_is_left_for_the_next_call(
+    harness: ModuleType, base: Calibration, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A real worker process (the CPU smoke model) that the call's deadline overtakes: it is killed and
+    # recorded as skipped, not as a timeout, so --resume runs it again; its log is kept.
+    monkeypatch.setattr(harness, "MIN_START_S", 0.0)
+    fam = harness.GRIDS["cpu-smoke"][0]
+    h = harness.Harness(
+        out=tmp_path,
+        cal=base,
+        instance=harness.H200_INSTANCE,
+        deadline=time.time() + 10.5,  # the harness kills 10 s before the deadline: half a second to run
+        gpus=1,
+        warmup=1,
+        timed=1,
+        max_mbs=1,
+        config_timeout=60,
+        start_from_prediction=False,
+        env={"gpu_name": "cpu", "versions": {}},
+    )
+    rec = h.run_config(fam, 1, [0])
+    assert rec.status is RecordStatus.SKIPPED
+    assert rec.detail.startswith("call budget exhausted (killed after"), rec.detail
+    assert f"===== {rec.key}" in (tmp_path / "worker_logs.txt").read_text()
