@@ -12,11 +12,25 @@ from typing import Any
 
 import celpy
 import jsonschema
+import kubernetes_validate
 import yaml
 from celpy.adapter import json_to_cel
 from celpy.evaluation import CELEvalError
 
 Schema = dict[str, Any]
+
+# The Kubernetes release whose built-in schemas (Pod, ConfigMap) the rendered objects are checked against.
+KUBERNETES_VERSION = "1.33.0"
+
+
+def kubernetes_errors(obj: dict[str, Any]) -> str | None:
+    """The first strict-validation error of a built-in Kubernetes object, or None when it is valid."""
+    try:
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        return str(exc).splitlines()[0]
+    return None
+
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED_SCHEMAS = ROOT / ".." / "shared" / "schemas"

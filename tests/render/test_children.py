@@ -6,7 +6,6 @@ import itertools
 from typing import Any
 
 import jsonschema
-import kubernetes_validate
 import pytest
 import yaml
 
@@ -16,6 +15,7 @@ from blackwell_operator.render import render_children
 from tests.render.k8s_schema import (
     PYTORCHJOB_CRDS,
     crd_open_api_schema,
+    kubernetes_errors,
     load_crd,
     schema_errors,
     strict_validator,
@@ -24,7 +24,6 @@ from tests.render.manifests import good_manifests
 from tests.render.plans import plan_for
 from tests.render.webhook import webhook_errors
 
-KUBERNETES_VERSION = "1.33.0"
 NAMESPACE = "hyperpod-ns-team-a"
 
 
@@ -78,14 +77,6 @@ def pod_from_template(job: dict[str, Any], template: dict[str, Any]) -> dict[str
     """The pod the training operator would create from a template (name and namespace added)."""
     metadata = {"name": f"{job['metadata']['name']}-worker-0", "namespace": NAMESPACE, **template["metadata"]}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": template["spec"]}
-
-
-def kubernetes_errors(obj: dict[str, Any]) -> str | None:
-    try:
-        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
-    except kubernetes_validate.ValidationError as exc:
-        return str(exc).splitlines()[0]
-    return None
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
