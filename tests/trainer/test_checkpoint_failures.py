@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 import blackwell_trainer.checkpoint as checkpoint_module
 from blackwell_trainer.checkpoint import list_complete
-from blackwell_trainer.config import Plan
+from blackwell_trainer.config import PERMANENT_ERROR_PREFIX, Plan
 from blackwell_trainer.metrics import TrainerMetrics
 from blackwell_trainer.preemption import PreemptionGuard
 from blackwell_trainer.train import MAX_FAILED_SAVES_IN_A_ROW, Trainer, main
@@ -258,3 +258,17 @@ def test_a_failure_on_one_rank_raises_on_every_rank(tmp_path: Path) -> None:
     assert outcomes[0]["4"] == "saved"
     assert [c.step for c in list_complete(root)] == [1, 4]
     assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["step-000001", "step-000004"]
+
+
+def test_a_plan_the_trainer_refuses_is_a_permanent_error_in_the_termination_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # No restart can help: the operator reads the prefix and stops the job (storage failures above
+    # keep plain `error: `, since full storage may be freed).
+    monkeypatch.setenv("BTJ_TERMINATION_LOG", str(tmp_path / "termination-log"))
+    assert main(["--plan", str(tmp_path / "missing.json")]) == 2
+    (line,) = errors(capsys.readouterr().err)
+    assert line.startswith("error: plan file not found")
+    assert (tmp_path / "termination-log").read_text() == PERMANENT_ERROR_PREFIX + line[
+        len("error: ") :
+    ] + "\n"

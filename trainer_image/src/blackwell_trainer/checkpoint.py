@@ -40,6 +40,10 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be written or resumed; the message says why and what to do."""
 
 
+class StorageFailed(CheckpointError):
+    """Saves the checkpoint storage did not take (full, I/O errors): it may recover, so restarts may help."""
+
+
 class SaveFailed(CheckpointError):
     """A save that failed on at least one rank; every rank raises it, so all take the same branch.
 

@@ -15,6 +15,10 @@ STATE_BYTES_WITH_COMPUTE_COPY = 18
 # The share of the GPU those may take before the trainer frees each block's bf16 copy after forward.
 KEEP_GATHERED_MEMORY_FRACTION = 0.6
 DEFAULT_METRICS_PORT = 9400
+# How the trainer's pod termination message starts when a restart cannot help (a plan the trainer refuses,
+# data or a checkpoint that does not match the plan): the operator then fails the BlackwellTrainingJob at
+# once and deletes its child instead of letting torchrun and the pods retry it.
+PERMANENT_ERROR_PREFIX = "permanent error: "
 
 
 class WireModel(BaseModel):

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from pydantic import ValidationError
 from torch import nn
 
-from .config import Plan
+from .config import PERMANENT_ERROR_PREFIX, Plan
 from .context_parallel import ContextParallel, data_parallel_rank
 from .model import Attention, Transformer, build_model, flops_per_token
 from .parallelize import ParallelismError, build_mesh, parallelize, validate_layout
@@ -301,7 +301,7 @@ def run(plan: Plan, runtime: Runtime, guard: PreemptionGuard) -> int:
     `guard` is the SIGTERM guard main() holds (``python -m blackwell_trainer`` installs it before torch is
     imported); main() also restores it.
     """
-    from .checkpoint import Checkpointer, CheckpointError, SaveFailed
+    from .checkpoint import Checkpointer, SaveFailed, StorageFailed
     from .data import build_token_source
     from .metrics import TrainerMetrics
 
@@ -374,7 +374,7 @@ def run(plan: Plan, runtime: Runtime, guard: PreemptionGuard) -> int:
                 try:
                     _save_checkpoint(trainer, checkpointer, metrics, source.state_dict())
                 except SaveFailed as err:
-                    raise CheckpointError(
+                    raise StorageFailed(
                         f"final {describe_save_failure(err, plan, checkpointer)}: free space there and rerun "
                         "(it resumes from the newest complete checkpoint and redoes the steps since)"
                     ) from None
@@ -387,7 +387,7 @@ def run(plan: Plan, runtime: Runtime, guard: PreemptionGuard) -> int:
                     metrics.record_checkpoint_failure()
                     line = describe_save_failure(err, plan, checkpointer)
                     if failed_saves >= MAX_FAILED_SAVES_IN_A_ROW:
-                        raise CheckpointError(
+                        raise StorageFailed(
                             f"{failed_saves} interval checkpoints in a row not written, the last {line}; "
                             "stopping rather than training on without checkpoints: free space there or "
                             "fix the storage, then rerun"
@@ -423,12 +423,12 @@ def _exit_preempted(
     if not checkpointer.enabled:
         log.info("preempted at step %d: checkpointing is off, exiting 0", step)
         return 0
-    from .checkpoint import CheckpointError, SaveFailed
+    from .checkpoint import SaveFailed, StorageFailed
 
     try:
         _save_checkpoint(trainer, checkpointer, metrics, data_state)  # a no-op if the interval save wrote it
     except SaveFailed as err:
-        raise CheckpointError(
+        raise StorageFailed(
             f"preempted at step {step}: {describe_save_failure(err, trainer.plan, checkpointer)}: the next "
             "start resumes from the newest complete checkpoint; free space there"
         ) from None
@@ -483,14 +483,22 @@ TERMINATION_LOG = "/dev/termination-log"
 
 
 def _fail(err: BaseException) -> int:
-    """One line on stderr and in the pod's termination message; exit 2 (a fault of the plan or storage)."""
+    """One line on stderr and in the pod's termination message; exit 2 (a fault of the plan or storage).
+
+    The termination message says whether a restart can help: storage that failed to take saves may
+    recover (it starts `error: `); a plan, data or checkpoint that does not fit cannot (it starts
+    PERMANENT_ERROR_PREFIX, and the operator stops the job instead of retrying it).
+    """
+    from .checkpoint import StorageFailed
+
     line = f"error: {err}"
     print(line, file=sys.stderr)
+    message = line if isinstance(err, StorageFailed) else f"{PERMANENT_ERROR_PREFIX}{err}"
     path = os.environ.get(TERMINATION_LOG_ENV, TERMINATION_LOG)
     # Outside a pod the file does not exist (or is not ours to create): the stderr line is enough.
     if os.path.exists(path) or TERMINATION_LOG_ENV in os.environ:
         with contextlib.suppress(OSError), open(path, "w") as log:
-            log.write(line[:4000] + "\n")  # the kubelet keeps at most 4096 bytes
+            log.write(message[:4000] + "\n")  # the kubelet keeps at most 4096 bytes
     return 2
 
 
