@@ -92,7 +92,11 @@ def test_two_metric_sets_do_not_collide() -> None:
 
 def test_permissions_are_least_privilege() -> None:
     verbs = {verb for p in PERMISSIONS for verb in p.verbs}
-    assert "*" not in verbs and "delete" not in verbs, "children go by owner-reference garbage collection"
+    assert "*" not in verbs
+    # Children go by owner-reference garbage collection; the one delete is a child whose worker ended on a
+    # permanent error (its GPUs are freed instead of held by retries).
+    deletable = {(p.api_group, p.resource) for p in PERMISSIONS if "delete" in p.verbs}
+    assert deletable == {("kubeflow.org", "pytorchjobs"), ("sagemaker.amazonaws.com", "hyperpodpytorchjobs")}
     assert all(p.resource != "*" and p.api_group != "*" for p in PERMISSIONS)
     assert granted("kubeflow.org", "pytorchjobs", "create")
     assert not granted("kubeflow.org", "pytorchjobs", "update")

@@ -12,6 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from blackwell_operator.permissions import ADMISSION_ONLY, PERMISSIONS
+from blackwell_operator.testing.emulator import HYPERPOD_RESOURCE
 from tests.operator.harness import (
     NAMESPACE,
     Cluster,
@@ -21,6 +22,7 @@ from tests.operator.harness import (
     running_operator,
     wait_for,
 )
+from tests.operator.pods import PERMANENT_TRAINER_ERROR, T2, container, pod, pod_status, terminated
 from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
@@ -93,6 +95,17 @@ async def test_every_call_is_granted_and_every_grant_is_used(cluster: Cluster, t
         await cluster.patch_spec("hp", {"training": {"sequenceLength": 4096, "steps": 10}})
         await wait_for(lambda: cluster.status("hp").get("observedGeneration") == 2, what="hp re-planned")
         await wait_for(lambda: cluster.status("bad").get("phase") == "Invalid", what="phase Invalid")
+        # A worker of each backend ends on a permanent error: both children are deleted.
+        permanent = pod_status(
+            container(state={"terminated": terminated(1, "Error", T2, PERMANENT_TRAINER_ERROR)})
+        )
+        for name, resource in (("a", None), ("hp", HYPERPOD_RESOURCE)):
+            job = cluster.job(name, resource) if resource else cluster.job(name)
+            await cluster.add_pod(pod(f"{name}-worker-0", job=name, owner=job), permanent)
+            await wait_for(
+                lambda n=name, r=resource: (cluster.job(n, r) if r else cluster.job(n)) is None,
+                what=f"{name}'s child deleted",
+            )
     calls = api_calls(r for r in cluster.k.requests if from_operator(r))
     grants = {(p.api_group, p.resource, verb) for p in PERMISSIONS for verb in p.verbs}
     assert calls <= grants, f"not granted: {sorted(calls - grants)}"

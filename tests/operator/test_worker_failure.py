@@ -22,66 +22,14 @@ from blackwell_operator.failures import (
     worker_failure,
 )
 from blackwell_operator.models.status import WorkerFailure
-from blackwell_operator.render.labels import JOB_NAME_LABEL, own_labels
+from blackwell_operator.render.labels import JOB_NAME_LABEL
 from tests.operator.harness import NAMESPACE, Cluster, btj, from_operator, running_operator, wait_for
+from tests.operator.pods import RESTARTING, T1, T2, T3, container, job_condition, pod, pod_status, terminated
 
-T1, T2, T3 = "2026-11-30T08:00:00Z", "2026-11-30T08:03:00Z", "2026-11-30T09:00:00Z"
 TRAINER_ERROR = (
     "error: btj-trainer: spec.tuning.microBatchSize=12: permanent error: the plan needs 181.2 GiB per GPU "
     "and the GPU has 178.4 GiB. Fix: set spec.tuning.microBatchSize to 10 or less"
 )
-
-
-def terminated(code: int, reason: str, finished: str, message: str | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {"exitCode": code, "reason": reason, "startedAt": T1, "finishedAt": finished}
-    if message is not None:
-        out["message"] = message
-    return out
-
-
-def container(
-    state: dict[str, Any] | None = None, last: dict[str, Any] | None = None, name: str = "pytorch"
-) -> dict[str, Any]:
-    return {
-        "name": name,
-        "ready": False,
-        "restartCount": 1 if last else 0,
-        "image": "ghcr.io/blackwell-dev/blackwell-trainer:0.1.0",
-        "state": state or {"running": {"startedAt": T1}},
-        "lastState": last or {},
-    }
-
-
-def pod_status(*containers: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    return {"phase": "Running", "containerStatuses": list(containers), **extra}
-
-
-def pod(name: str, job: str = "w", *, owner: dict[str, Any] | None = None, **meta: Any) -> dict[str, Any]:
-    """A trainer pod as the Kubeflow training operator creates it (our template labels plus its own)."""
-    metadata: dict[str, Any] = {
-        "name": name,
-        "namespace": NAMESPACE,
-        "labels": {**own_labels(job), "training.kubeflow.org/job-name": job},
-        **meta,
-    }
-    if owner is not None:
-        metadata["ownerReferences"] = [
-            {
-                "apiVersion": owner["apiVersion"],
-                "kind": owner["kind"],
-                "name": owner["metadata"]["name"],
-                "uid": owner["metadata"]["uid"],
-                "controller": True,
-            }
-        ]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": metadata,
-        "spec": {
-            "containers": [{"name": "pytorch", "image": "ghcr.io/blackwell-dev/blackwell-trainer:0.1.0"}]
-        },
-    }
 
 
 # ----- the pure part ---------------------------------------------------------------------------------------
@@ -228,19 +176,6 @@ def test_nothing_is_written_onto_a_btj_being_deleted_or_succeeded() -> None:
 # ----- the running operator --------------------------------------------------------------------------------
 
 
-def _condition(type_: str, status: str = "True", message: str = "") -> dict[str, Any]:
-    return {"type": type_, "status": status, "reason": f"PyTorchJob{type_}", "message": message}
-
-
-RESTARTING = {
-    "conditions": [
-        _condition("Created"),
-        _condition("Running", "False"),
-        _condition("Restarting", message="PyTorchJob w is restarting because 1 Worker replica(s) failed."),
-    ]
-}
-
-
 def _failure_writes(cluster: Cluster) -> list[dict[str, Any]]:
     """status.lastFailure of every status write the operator sent for BTJ w (as sent: the raw body)."""
     bodies = [
@@ -310,12 +245,20 @@ async def test_a_failed_worker_shows_on_the_btj(cluster: Cluster) -> None:
         await wait_for(lambda: len(_warnings(cluster)) == 2, what="the second WorkerFailed Event")
 
         # Running again: the message drops the failure (lastFailure stays); Failed: it is back.
-        await cluster.set_child_status("w", {"conditions": [_condition("Created"), _condition("Running")]})
+        await cluster.set_child_status(
+            "w", {"conditions": [job_condition("Created"), job_condition("Running")]}
+        )
         await wait_for(lambda: cluster.status("w").get("phase") == "Running", what="phase Running")
         assert FAILURE_SEPARATOR not in cluster.status("w")["message"]
         assert cluster.status("w")["lastFailure"]["exitCode"] == 137
         await cluster.set_child_status(
-            "w", {"conditions": [_condition("Created"), _condition("Failed", message="backoffLimit reached")]}
+            "w",
+            {
+                "conditions": [
+                    job_condition("Created"),
+                    job_condition("Failed", message="backoffLimit reached"),
+                ]
+            },
         )
         await wait_for(lambda: cluster.status("w").get("phase") == "Failed", what="phase Failed")
         assert cluster.status("w")["message"].startswith(

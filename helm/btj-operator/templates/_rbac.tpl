@@ -40,14 +40,15 @@ framework rules listed there. No wildcards anywhere.
 - apiGroups: ["training.blackwell.dev"]
   resources: ["blackwelltrainingjobs/finalizers"]
   verbs: ["update"]
-# Application: the child Kubeflow PyTorchJob (created, patched on spec change, watched for status).
+# Application: the child Kubeflow PyTorchJob (created, patched on spec change, watched for status;
+# deleted when a worker ends on a permanent error, so that retries do not hold its GPUs).
 - apiGroups: ["kubeflow.org"]
   resources: ["pytorchjobs"]
-  verbs: ["get", "list", "watch", "create", "patch"]
-# Application: the child HyperPodPyTorchJob when spec.backend is HyperPodPyTorchJob.
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Application: the child HyperPodPyTorchJob when spec.backend is HyperPodPyTorchJob (same verbs).
 - apiGroups: ["sagemaker.amazonaws.com"]
   resources: ["hyperpodpytorchjobs"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Application: the <name>-plan ConfigMap mounted into the trainer pods.
 - apiGroups: [""]
   resources: ["configmaps"]

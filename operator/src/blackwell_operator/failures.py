@@ -6,9 +6,11 @@ import datetime
 from collections.abc import Mapping
 from typing import Any
 
-from blackwell_operator.models.status import FAILURE_MESSAGE_LIMIT, Phase
+from blackwell_operator.models.status import FAILURE_MESSAGE_LIMIT, ConditionType, Phase
 from blackwell_operator.render.labels import JOB_NAME_LABEL
 from blackwell_operator.render.pod import CONTAINER_NAME, TERMINATION_GRACE_SECONDS
+from blackwell_operator.status import TERMINAL_PHASES, get_condition, now_rfc3339, set_condition
+from blackwell_trainer.config import PERMANENT_ERROR_PREFIX
 
 # What status.message appends while the phase is Restarting or Failed; the text before it is the summary
 # the child watcher writes, so a newer failure replaces the old suffix instead of stacking up.
@@ -22,6 +24,10 @@ CASCADE_WINDOW_S = TERMINATION_GRACE_SECONDS + 600.0
 # The Kubeflow training operator's pod label naming the PyTorchJob (hyperpod-pytorchjob.md §1).
 KUBEFLOW_JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 CHILD_KINDS = frozenset({"PyTorchJob", "HyperPodPyTorchJob"})
+# The Failed condition's reason when a worker ended on an error no restart can fix; the operator then
+# deletes the child (its GPUs are freed) instead of letting torchrun and the pods retry it.
+PERMANENT_ERROR_REASON = "PermanentError"
+_TERMINAL = frozenset(phase.value for phase in TERMINAL_PHASES)
 
 
 def first_line(text: str | None, limit: int = FAILURE_MESSAGE_LIMIT) -> str:
@@ -160,6 +166,42 @@ def belongs_to(pod: Mapping[str, Any], btj: Mapping[str, Any]) -> bool:
     return job_label is None or job_label == child["name"]
 
 
+def is_permanent(failure: Mapping[str, Any] | None) -> bool:
+    """The trainer said no restart can help (its termination message starts PERMANENT_ERROR_PREFIX)."""
+    return bool(failure) and str((failure or {}).get("message") or "").startswith(PERMANENT_ERROR_PREFIX)
+
+
+def stopped_on_permanent_error(status: Mapping[str, Any]) -> bool:
+    """The BTJ failed because a worker hit a permanent error (its child is, or is being, deleted)."""
+    failed = get_condition(status.get("conditions"), ConditionType.FAILED)
+    return (
+        status.get("phase") == Phase.FAILED.value
+        and failed is not None
+        and failed.get("reason") == PERMANENT_ERROR_REASON
+    )
+
+
+def _permanent_stop(status: Mapping[str, Any], failure: Mapping[str, Any], generation: Any) -> dict[str, Any]:
+    """The status keys that fail the BTJ on a worker's permanent error."""
+    child = status.get("child") or {}
+    what = f"{child.get('kind', 'job')} {child.get('name', '')}".strip()
+    reason = (
+        f"a worker ended on a permanent error, which no restart can fix: {describe(failure)}. "
+        f"{what} is deleted to free its GPUs; fix the spec and apply it again (a spec change starts a "
+        "new job)"
+    )
+    conds = set_condition(
+        status.get("conditions") or [],
+        ConditionType.FAILED,
+        "True",
+        PERMANENT_ERROR_REASON,
+        reason[: FAILURE_MESSAGE_LIMIT * 2],
+        generation=generation,
+        now=now_rfc3339(),
+    )
+    return {"phase": Phase.FAILED.value, "conditions": conds, "message": f"Failed: {reason}"}
+
+
 def failure_changes(
     btj: Mapping[str, Any], pod: Mapping[str, Any], failure: Mapping[str, Any]
 ) -> tuple[dict[str, Any] | None, bool]:
@@ -174,6 +216,14 @@ def failure_changes(
     if not supersedes(failure, stored):
         return None, False
     changes: dict[str, Any] = {"lastFailure": dict(failure)}
+    if (
+        is_permanent(failure)
+        and status.get("phase") not in _TERMINAL
+        and (status.get("child") or {}).get("name")
+    ):
+        generation = status.get("observedGeneration") or (btj.get("metadata") or {}).get("generation")
+        changes.update(_permanent_stop(status, failure, generation))
+        return changes, True
     message = with_failure(str(status.get("message") or ""), status.get("phase"), failure)
     if message != (status.get("message") or ""):
         changes["message"] = message

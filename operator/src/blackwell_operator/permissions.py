@@ -24,9 +24,14 @@ PERMISSIONS: tuple[Permission, ...] = (
     # Admission, not a call: children carry ownerReferences with blockOwnerDeletion, which the
     # OwnerReferencesPermissionEnforcement plugin allows only to whoever may update the owner's finalizers.
     Permission("training.blackwell.dev", "blackwelltrainingjobs/finalizers", ("update",)),
-    # The operator: the child jobs and the plan ConfigMap (create-or-get, patched on a safe spec change).
-    Permission("kubeflow.org", "pytorchjobs", ("get", "list", "watch", "create", "patch")),
-    Permission("sagemaker.amazonaws.com", "hyperpodpytorchjobs", ("get", "list", "watch", "create", "patch")),
+    # The operator: the child jobs and the plan ConfigMap (create-or-get, patched on a safe spec change); a
+    # child is deleted when a worker ends on a permanent error, so its GPUs are not held by retries.
+    Permission("kubeflow.org", "pytorchjobs", ("get", "list", "watch", "create", "patch", "delete")),
+    Permission(
+        "sagemaker.amazonaws.com",
+        "hyperpodpytorchjobs",
+        ("get", "list", "watch", "create", "patch", "delete"),
+    ),
     Permission("", "configmaps", ("get", "create", "patch")),
     # The operator: cluster capacity (nodes of the instance type and their HyperPod health label).
     Permission("", "nodes", ("list",)),

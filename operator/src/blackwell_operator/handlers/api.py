@@ -68,7 +68,7 @@ def load_api_client() -> Any:
 
 
 class KubeApi:
-    """GET/LIST/POST/PATCH on any resource path, returning parsed JSON dicts."""
+    """GET/LIST/POST/PATCH/DELETE on any resource path, returning parsed JSON dicts."""
 
     def __init__(self, api_client: Any, *, timeout: float = 15.0) -> None:
         self._client = api_client
@@ -158,6 +158,22 @@ class KubeApi:
     def patch(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """JSON merge patch (RFC 7386); a metadata.resourceVersion in the body makes it conditional."""
         return self._call("PATCH", path, body=dict(body), content_type=MERGE_PATCH)
+
+    def delete(self, path: str, *, uid: str | None = None) -> bool:
+        """Delete the object (its dependents in the background); False when it is gone already.
+
+        With `uid`, only that object: a newer one of the same name is left alone (a 409 is raised).
+        """
+        body: dict[str, Any] = {"propagationPolicy": "Background"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        try:
+            self._call("DELETE", path, body=body, content_type="application/json")
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
 
 
 def _api_error(status: int, reason: str, body: Any) -> ApiError:

@@ -6,7 +6,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from blackwell_operator.failures import with_failure
+from blackwell_operator.failures import stopped_on_permanent_error, with_failure
 from blackwell_operator.handlers.api import ApiError
 from blackwell_operator.handlers.btjstatus import CHILD_DELETED, StatusUpdate, is_finished, write_status
 from blackwell_operator.handlers.context import OperatorContext
@@ -105,12 +105,17 @@ def on_child_event(
                 generation=generation,
                 now=now,
             )
-            deleted: dict[str, Any] = {"conditions": conds, "message": what}
+            message = with_failure(what, status.get("phase"), status.get("lastFailure"))
+            deleted: dict[str, Any] = {"conditions": conds, "message": message}
             if not recorded:
                 # Name the deleted child, so that a reconcile that created it and writes status only now
                 # sees it is gone and keeps this report (reconcile._write) instead of claiming it exists.
                 deleted["child"] = _reference(child)
             return deleted
+        if recorded == child_uid and stopped_on_permanent_error(status):
+            # The worker watcher failed the BTJ and is deleting this child: its last phases (Restarting
+            # while it goes) must not bring the job back to life.
+            return None
         spec = btj.get("spec") or {}
         phase, conds = child_conditions(
             status.get("conditions") or [],

@@ -6,14 +6,23 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from blackwell_operator.failures import describe, failure_changes, failure_key, worker_failure
-from blackwell_operator.handlers.api import ApiError
+from blackwell_operator.failures import (
+    describe,
+    failure_changes,
+    failure_key,
+    is_permanent,
+    stopped_on_permanent_error,
+    worker_failure,
+)
+from blackwell_operator.handlers.api import ApiError, resource_path
 from blackwell_operator.handlers.btjstatus import StatusUpdate, write_status
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import post_event
+from blackwell_operator.handlers.reconcile import CHILD_KINDS
 from blackwell_operator.render.labels import JOB_NAME_LABEL
 
 WORKER_FAILED = "WorkerFailed"
+CHILD_STOPPED = "ChildDeleted"
 
 
 def on_pod_event(ctx: OperatorContext, event_type: str | None, pod: Mapping[str, Any], logger: Any) -> None:
@@ -35,16 +44,50 @@ def on_pod_event(ctx: OperatorContext, event_type: str | None, pod: Mapping[str,
 
     def update(btj: Mapping[str, Any]) -> dict[str, Any] | None:
         changes, new = failure_changes(btj, pod, failure)
-        posted["event"] = new
+        posted.update(event=new, btj=btj)
         return changes
 
     done, written = _write(ctx, namespace, name, update, logger)
     if not done:
         return  # logged; the pod's next event tries again
-    # Written, or nothing to write (stored already, older than the stored one, a predecessor's pod).
-    ctx.remember_pod_failure(uid, key)
     if written is not None and posted.get("event"):
         post_event(written, WORKER_FAILED, describe(failure), warning=True)
+    btj = written or posted.get("btj")
+    if btj is not None and is_permanent(failure) and not _stop_child(ctx, btj, logger):
+        return  # the child is not deleted yet: the pod's next event tries again
+    # Written, or nothing to write (stored already, older than the stored one, a predecessor's pod).
+    ctx.remember_pod_failure(uid, key)
+
+
+def _stop_child(ctx: OperatorContext, btj: Mapping[str, Any], logger: Any) -> bool:
+    """Delete the child of a BTJ stopped on a permanent error (its GPUs are freed); False to try again.
+
+    The status is written first, so the child's deletion reads as the end of a failed job: neither the
+    child watcher nor recreate-child brings it back, and only a spec change starts a new one.
+    """
+    status = btj.get("status") or {}
+    child = status.get("child") or {}
+    kind = next((k for k in CHILD_KINDS.values() if k.kind == child.get("kind")), None)
+    if not stopped_on_permanent_error(status) or kind is None or not child.get("name"):
+        return True
+    path = resource_path(kind.api_version, kind.plural, btj["metadata"]["namespace"], child["name"])
+    try:
+        deleted = ctx.api.delete(path, uid=child.get("uid"))
+    except ApiError as exc:
+        ctx.metrics.record_error(exc.metric_reason)
+        if exc.status == 409:
+            return True  # a newer child of that name (a spec change re-created it): not ours to stop
+        logger.error(f"Cannot delete {kind.kind} {child['name']} after a permanent error: {exc}")
+        return False
+    if deleted:
+        post_event(
+            btj,
+            CHILD_STOPPED,
+            f"Deleted {kind.kind} {child['name']}: a worker ended on a permanent error, which no restart "
+            "can fix; fix the spec and apply it again",
+            warning=True,
+        )
+    return True
 
 
 def _write(

@@ -1,0 +1,84 @@
+"""What the training operator and the kubelet write: trainer pods, their containers, the job's conditions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from blackwell_operator.render.labels import own_labels
+from blackwell_trainer.config import PERMANENT_ERROR_PREFIX
+from tests.operator.harness import NAMESPACE
+
+T1, T2, T3 = "2026-11-30T08:00:00Z", "2026-11-30T08:03:00Z", "2026-11-30T09:00:00Z"
+
+
+def terminated(code: int, reason: str, finished: str, message: str | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"exitCode": code, "reason": reason, "startedAt": T1, "finishedAt": finished}
+    if message is not None:
+        out["message"] = message
+    return out
+
+
+def container(
+    state: dict[str, Any] | None = None, last: dict[str, Any] | None = None, name: str = "pytorch"
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "ready": False,
+        "restartCount": 1 if last else 0,
+        "image": "ghcr.io/blackwell-dev/blackwell-trainer:0.1.0",
+        "state": state or {"running": {"startedAt": T1}},
+        "lastState": last or {},
+    }
+
+
+def pod_status(*containers: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"phase": "Running", "containerStatuses": list(containers), **extra}
+
+
+def pod(name: str, job: str = "w", *, owner: dict[str, Any] | None = None, **meta: Any) -> dict[str, Any]:
+    """A trainer pod as the Kubeflow training operator creates it (our template labels plus its own)."""
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": NAMESPACE,
+        "labels": {**own_labels(job), "training.kubeflow.org/job-name": job},
+        **meta,
+    }
+    if owner is not None:
+        metadata["ownerReferences"] = [
+            {
+                "apiVersion": owner["apiVersion"],
+                "kind": owner["kind"],
+                "name": owner["metadata"]["name"],
+                "uid": owner["metadata"]["uid"],
+                "controller": True,
+            }
+        ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": metadata,
+        "spec": {
+            "containers": [{"name": "pytorch", "image": "ghcr.io/blackwell-dev/blackwell-trainer:0.1.0"}]
+        },
+    }
+
+
+# What the trainer writes to its termination message for a checkpoint that does not fit the plan.
+PERMANENT_TRAINER_ERROR = (
+    f"{PERMANENT_ERROR_PREFIX}checkpoint /fsx/ckpt/w/step-400 was written by 16 data-parallel ranks and this "
+    "plan has 8: resume it with the same spec.cluster, or start a new checkpoint.path"
+)
+
+
+def job_condition(type_: str, status: str = "True", message: str = "") -> dict[str, Any]:
+    """One PyTorchJob status condition as the training operator writes it."""
+    return {"type": type_, "status": status, "reason": f"PyTorchJob{type_}", "message": message}
+
+
+RESTARTING = {
+    "conditions": [
+        job_condition("Created"),
+        job_condition("Running", "False"),
+        job_condition("Restarting", message="PyTorchJob w is restarting because 1 Worker replica(s) failed."),
+    ]
+}
