@@ -13,6 +13,7 @@ from blackwell_operator.discovery.capacity import NodeCapacityReader
 from blackwell_operator.handlers import child_retry_interval
 from blackwell_operator.handlers.api import KubeApi
 from blackwell_operator.handlers.btjstatus import wants_child_back
+from blackwell_operator.handlers.children import deleted_child_changes
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.reconcile import Reconciler
 from blackwell_operator.metrics import OperatorMetrics
@@ -443,3 +444,26 @@ def test_the_recreation_counter_is_exported_from_the_start() -> None:
     assert sample.value == 0
     metrics.children_recreated.inc()
     assert b"btj_operator_children_recreated_total 1.0" in metrics.exposition()
+
+
+@pytest.mark.parametrize(
+    ("child_status", "phase", "wanted"),
+    [(SUCCEEDED, "Succeeded", False), (RUNNING, "Running", True)],
+    ids=["finished-child", "running-child"],
+)
+def test_a_child_deleted_with_its_final_status_finishes_the_btj(
+    child_status: dict[str, Any], phase: str, wanted: bool
+) -> None:
+    # ttlSecondsAfterFinished: 0 deletes a job the moment it finishes; Kopf may fold that last status
+    # update into the DELETED event. The deleted object's own status must then finish the BTJ, else
+    # recreate-child would run the finished training again.
+    btj_object = {
+        "metadata": {"name": "x", "uid": "b1", "generation": 1},
+        "status": {"phase": "Running", "child": {"uid": "u1"}, "observedGeneration": 1},
+    }
+    child = {"kind": "PyTorchJob", "metadata": {"name": "x", "uid": "u1"}, "status": child_status}
+    changes = deleted_child_changes(btj_object, child, generation=1, now="2026-11-30T00:00:00Z")
+    after = {**btj_object, "status": {**btj_object["status"], **changes}}
+    assert after["status"]["phase"] == phase
+    assert wants_child_back(after) is wanted
+    assert ("not re-created" in changes["message"]) is not wanted

@@ -14,8 +14,10 @@ from blackwell_operator.handlers.events import post_event
 from blackwell_operator.models.spec import KIND
 from blackwell_operator.models.status import ConditionType, Phase
 from blackwell_operator.status import (
+    TERMINAL_PHASES,
     child_conditions,
     child_message,
+    child_phase,
     now_rfc3339,
     set_condition,
     summary_message,
@@ -65,6 +67,46 @@ def _reference(child: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def deleted_child_changes(
+    btj: Mapping[str, Any], child: Mapping[str, Any], *, generation: Any, now: str
+) -> dict[str, Any]:
+    """The BTJ status keys that report its child's deletion (ChildCreated False, reason ChildDeleted).
+
+    A child deleted right after it finished (ttlSecondsAfterFinished: 0, or a quick hand) may reach us
+    only as its DELETED event, Kopf folding the final status update into it: the deleted object's own
+    status then finishes the BTJ first, so that the job is not re-created and run again.
+    """
+    meta, kind = child["metadata"], child.get("kind", "job")
+    status = dict(btj.get("status") or {})
+    changes: dict[str, Any] = {}
+    conds: list[dict[str, Any]] = list(status.get("conditions") or [])
+    being_deleted = bool(btj["metadata"].get("deletionTimestamp"))
+    if not being_deleted and not is_finished(status) and child_phase(child.get("status")) in TERMINAL_PHASES:
+        phase, conds = child_conditions(
+            conds,
+            child.get("status"),
+            generation=generation,
+            now=now,
+            queue_name=(btj.get("spec") or {}).get("queueName"),
+        )
+        changes["phase"] = status["phase"] = phase.value
+    if being_deleted:
+        what = f"{kind} {meta['name']} was deleted"
+    elif is_finished(status):
+        what = f"{kind} {meta['name']} was deleted; the job had finished, so it is not re-created"
+    else:
+        what = f"{kind} {meta['name']} was deleted; re-creating it"
+    changes["conditions"] = set_condition(
+        conds, ConditionType.CHILD_CREATED, "False", CHILD_DELETED, f"{what}.", generation=generation, now=now
+    )
+    changes["message"] = with_failure(what, status.get("phase"), status.get("lastFailure"))
+    if not (status.get("child") or {}).get("uid"):
+        # Name the deleted child, so that a reconcile that created it and writes status only now sees it
+        # is gone and keeps this report (reconcile._write) instead of claiming it exists.
+        changes["child"] = _reference(child)
+    return changes
+
+
 def on_child_event(
     ctx: OperatorContext, event_type: str | None, child: Mapping[str, Any], logger: Any
 ) -> None:
@@ -90,28 +132,7 @@ def on_child_event(
         if event_type == "DELETED":
             # Reported here; the BTJ's own event handler (recreate-child) brings the child back when
             # wants_child_back says so. It runs in the BTJ's Kopf worker, serialised with reconcile.
-            if btj["metadata"].get("deletionTimestamp"):
-                what = f"{kind} {meta['name']} was deleted"
-            elif is_finished(status):
-                what = f"{kind} {meta['name']} was deleted; the job had finished, so it is not re-created"
-            else:
-                what = f"{kind} {meta['name']} was deleted; re-creating it"
-            conds = set_condition(
-                status.get("conditions") or [],
-                ConditionType.CHILD_CREATED,
-                "False",
-                CHILD_DELETED,
-                f"{what}.",
-                generation=generation,
-                now=now,
-            )
-            message = with_failure(what, status.get("phase"), status.get("lastFailure"))
-            deleted: dict[str, Any] = {"conditions": conds, "message": message}
-            if not recorded:
-                # Name the deleted child, so that a reconcile that created it and writes status only now
-                # sees it is gone and keeps this report (reconcile._write) instead of claiming it exists.
-                deleted["child"] = _reference(child)
-            return deleted
+            return deleted_child_changes(btj, child, generation=generation, now=now)
         if recorded == child_uid and stopped_on_permanent_error(status):
             # The worker watcher failed the BTJ and is deleting this child: its last phases (Restarting
             # while it goes) must not bring the job back to life.
