@@ -64,6 +64,7 @@ VARIANTS = {
         priorityClass="training-priority",
         autoResume=True,
         maxRetries=5,
+        ttlSecondsAfterFinished=86400,
         tolerations=[
             {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"},
             {"operator": "Exists"},

@@ -280,3 +280,11 @@ def test_render_is_pure() -> None:
     plan_before = plan.to_json()
     render_children("job", NAMESPACE, spec, plan, labels={"a": "b"})
     assert spec.model_dump() == before and plan.to_json() == plan_before
+
+
+@pytest.mark.parametrize("backend", ["PyTorchJob", "HyperPodPyTorchJob"])
+def test_ttl_after_finished_reaches_the_run_policy_only_when_set(backend: str) -> None:
+    _, kept = render(spec_of(backend=backend))
+    _, ttl = render(spec_of(backend=backend, ttlSecondsAfterFinished=3600))
+    assert "ttlSecondsAfterFinished" not in kept["spec"]["runPolicy"]
+    assert ttl["spec"]["runPolicy"]["ttlSecondsAfterFinished"] == 3600

@@ -267,6 +267,14 @@ class BlackwellTrainingJobSpec(WireModel):
     priority_class: str | None = Field(default=None, description="Kueue WorkloadPriorityClass name.")
     auto_resume: bool = Field(default=False, description="HyperPod job auto-resume on node faults.")
     max_retries: int = Field(default=3, ge=0, le=100, description="Restarts before the job fails.")
+    ttl_seconds_after_finished: int | None = Field(
+        default=None,
+        ge=0,
+        le=365 * 24 * 3600,
+        description="Delete the child job and its pods this many seconds after it succeeds or fails "
+        "(runPolicy.ttlSecondsAfterFinished), freeing what they hold; the BlackwellTrainingJob keeps its "
+        "status and is not run again. Unset: the child stays until the BlackwellTrainingJob is deleted.",
+    )
     tolerations: list[Toleration] = Field(default_factory=list, description="Pod tolerations.")
     env: list[EnvVar] = Field(default_factory=list, description="Extra trainer environment.")
     dry_run: bool = Field(default=False, description="Plan and report only; create no child job.")

@@ -41,6 +41,13 @@ def render_hyperpodpytorchjob(
         command=command,
         extra_ports=[dict(AGENT_PORT)],
     )
+    run_policy: dict[str, Any] = {
+        "cleanPodPolicy": "Running",
+        "jobMaxRetryCount": spec.max_retries,
+        "restartPolicy": dict(RESTART_POLICY),
+    }
+    if spec.ttl_seconds_after_finished is not None:
+        run_policy["ttlSecondsAfterFinished"] = spec.ttl_seconds_after_finished  # hyperpod-pytorchjob.md §2.6
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
@@ -48,10 +55,6 @@ def render_hyperpodpytorchjob(
         "spec": {
             "nprocPerNode": str(plan.gpus_per_node),
             "replicaSpecs": [{"name": REPLICA_NAME, "replicas": plan.nodes, "template": template}],
-            "runPolicy": {
-                "cleanPodPolicy": "Running",
-                "jobMaxRetryCount": spec.max_retries,
-                "restartPolicy": dict(RESTART_POLICY),
-            },
+            "runPolicy": run_policy,
         },
     }

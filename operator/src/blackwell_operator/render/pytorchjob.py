@@ -61,6 +61,9 @@ def render_pytorchjob(
         command=trainer_command("torchrun", plan),
         extra_ports=[dict(RENDEZVOUS_PORT)],
     )
+    run_policy: dict[str, Any] = {"cleanPodPolicy": "Running", "backoffLimit": spec.max_retries}
+    if spec.ttl_seconds_after_finished is not None:
+        run_policy["ttlSecondsAfterFinished"] = spec.ttl_seconds_after_finished
     metadata: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels}
     if annotations:
         metadata["annotations"] = annotations
@@ -78,7 +81,7 @@ def render_pytorchjob(
                 "maxRestarts": spec.max_retries,
             },
             # No `suspend`: Kueue owns it (hyperpod-pytorchjob.md §2.7).
-            "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": spec.max_retries},
+            "runPolicy": run_policy,
             "pytorchReplicaSpecs": {
                 "Worker": {"replicas": nodes, "restartPolicy": "OnFailure", "template": template},
             },
