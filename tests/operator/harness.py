@@ -25,6 +25,7 @@ PYTORCHJOBS = f"/apis/kubeflow.org/v1/namespaces/{NAMESPACE}/pytorchjobs"
 HYPERPODJOBS = f"/apis/sagemaker.amazonaws.com/v1/namespaces/{NAMESPACE}/hyperpodpytorchjobs"
 CONFIGMAPS = f"/api/v1/namespaces/{NAMESPACE}/configmaps"
 PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
+HOLD_FINALIZER = "test.blackwell.dev/hold"
 B200 = "ml.p6-b200.48xlarge"
 # Kopf's diff base on each BTJ (runtime.configure names it).
 LAST_HANDLED = "training.blackwell.dev/last-handled-configuration"
@@ -163,6 +164,21 @@ class Cluster:
 
     async def add_node(self, manifest: Mapping[str, Any]) -> None:
         await self._json("POST", "/api/v1/nodes", dict(manifest))
+
+    async def terminating_pod(self, manifest: Mapping[str, Any]) -> str:
+        """Create a pod, then delete it as the node controller's eviction does; a finalizer keeps it
+        Terminating here, as a kubelet that never confirms does on a lost node."""
+        body = copy.deepcopy(dict(manifest))
+        body["metadata"]["finalizers"] = [*(body["metadata"].get("finalizers") or []), HOLD_FINALIZER]
+        name = await self.add_pod(body)
+        await self._json("DELETE", f"{PODS}/{name}", {"gracePeriodSeconds": 0})
+        return name
+
+    async def set_node_status(self, name: str, status: Mapping[str, Any]) -> None:
+        """Play the kubelet: merge-patch the node's /status (conditions such as Ready)."""
+        await self._json(
+            "PATCH", f"/api/v1/nodes/{name}/status", {"status": dict(status)}, "application/merge-patch+json"
+        )
 
     async def add_pod(self, manifest: Mapping[str, Any], status: Mapping[str, Any] | None = None) -> str:
         """Create a pod (as the training operator does), then set its status (as the kubelet does)."""

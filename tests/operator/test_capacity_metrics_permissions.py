@@ -93,10 +93,15 @@ def test_two_metric_sets_do_not_collide() -> None:
 def test_permissions_are_least_privilege() -> None:
     verbs = {verb for p in PERMISSIONS for verb in p.verbs}
     assert "*" not in verbs
-    # Children go by owner-reference garbage collection; the one delete is a child whose worker ended on a
-    # permanent error (its GPUs are freed instead of held by retries).
+    # Children go by owner-reference garbage collection. The deletes: a child whose worker ended on a
+    # permanent error (its GPUs are freed instead of held by retries), and a trainer pod stuck Terminating
+    # on a lost node (stuck_pods.py).
     deletable = {(p.api_group, p.resource) for p in PERMISSIONS if "delete" in p.verbs}
-    assert deletable == {("kubeflow.org", "pytorchjobs"), ("sagemaker.amazonaws.com", "hyperpodpytorchjobs")}
+    assert deletable == {
+        ("kubeflow.org", "pytorchjobs"),
+        ("sagemaker.amazonaws.com", "hyperpodpytorchjobs"),
+        ("", "pods"),
+    }
     assert all(p.resource != "*" and p.api_group != "*" for p in PERMISSIONS)
     assert granted("kubeflow.org", "pytorchjobs", "create")
     assert not granted("kubeflow.org", "pytorchjobs", "update")

@@ -12,6 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from blackwell_operator.permissions import ADMISSION_ONLY, PERMISSIONS
+from blackwell_operator.stuck_pods import TIMEOUT_ENV
 from blackwell_operator.testing.emulator import HYPERPOD_RESOURCE
 from tests.operator.harness import (
     NAMESPACE,
@@ -19,6 +20,7 @@ from tests.operator.harness import (
     api_calls,
     btj,
     from_operator,
+    node,
     running_operator,
     wait_for,
 )
@@ -73,8 +75,12 @@ async def wait_for_async(
     raise AssertionError(f"never accepted: {value}")
 
 
-async def test_every_call_is_granted_and_every_grant_is_used(cluster: Cluster, tmp_path: Path) -> None:
+async def test_every_call_is_granted_and_every_grant_is_used(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Namespaced mode (-n) adds Kopf's namespace watch; the scenario walks every code path that calls the API.
+    monkeypatch.setenv(TIMEOUT_ENV, "1")
+    await cluster.add_node(node("lost"))  # no Ready condition: a node that stopped reporting
     async with running_operator(cluster, namespace=NAMESPACE):
         await cluster.apply(btj("a"))
         await cluster.apply(btj("hp", backend="HyperPodPyTorchJob"))
@@ -106,6 +112,14 @@ async def test_every_call_is_granted_and_every_grant_is_used(cluster: Cluster, t
                 lambda n=name, r=resource: (cluster.job(n, r) if r else cluster.job(n)) is None,
                 what=f"{name}'s child deleted",
             )
+        # A worker stuck Terminating on that node is force-deleted (and its BTJ gets an Event).
+        stuck = pod("a-worker-1", job="a")
+        stuck["spec"]["nodeName"] = "lost"
+        await cluster.terminating_pod(stuck)
+        await wait_for(
+            lambda: any(e.get("reason") == "StuckPodReleased" for e in cluster.events("a")),
+            what="the stuck pod released",
+        )
     calls = api_calls(r for r in cluster.k.requests if from_operator(r))
     grants = {(p.api_group, p.resource, verb) for p in PERMISSIONS for verb in p.verbs}
     assert calls <= grants, f"not granted: {sorted(calls - grants)}"

@@ -53,11 +53,12 @@ framework rules listed there. No wildcards anywhere.
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "create", "patch"]
-# Application: trainer pods, watched (label-filtered, read-only) so that a failed worker's exit code
-# and termination message reach the BlackwellTrainingJob's status.lastFailure.
+# Application: trainer pods, watched (label-filtered) so that a failed worker's exit code and
+# termination message reach the BlackwellTrainingJob's status.lastFailure; a trainer pod stuck
+# Terminating on a gone or not-Ready node is force-deleted so that its replacement can start.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch"]
+  verbs: ["list", "watch", "delete"]
 # Framework and application: Kopf posts handler progress/errors as Events; the operator posts
 # planning and admission Events on the BlackwellTrainingJob.
 - apiGroups: [""]

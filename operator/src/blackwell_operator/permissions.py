@@ -37,8 +37,9 @@ PERMISSIONS: tuple[Permission, ...] = (
     Permission("", "nodes", ("list",)),
     # The operator (track-pods): watches trainer pods, filtered by label on the server, to copy a failed
     # trainer container's exit code, reason and termination message onto the BTJ (status.lastFailure).
-    # Read-only, and list/watch only: the pod comes with each event, nothing is fetched by name.
-    Permission("", "pods", ("list", "watch")),
+    # Nothing is fetched by name: the pod comes with each event. The stuck-pod sweep lists a running BTJ's
+    # trainer pods and force-deletes one stuck Terminating on a gone or not-Ready node (stuck_pods.py).
+    Permission("", "pods", ("list", "watch", "delete")),
     # Kopf and the operator: Events on BTJs.
     Permission("", "events", ("create",)),
 )

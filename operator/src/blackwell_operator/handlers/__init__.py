@@ -15,6 +15,7 @@ from blackwell_operator.handlers.pods import on_pod_event
 from blackwell_operator.handlers.reconcile import CHILD_KINDS, Reconciler
 from blackwell_operator.models.spec import API_GROUP, API_VERSION, PLURAL
 from blackwell_operator.render.labels import JOB_NAME_LABEL, MANAGED_BY_LABEL, MANAGER
+from blackwell_operator.stuck_pods import stuck_pod_timeout
 
 # A BTJ still without its child after recreate-child gave up (an admission webhook refusing the create, the
 # training operator's CRD briefly gone, an outage longer than the retries) is tried again on a timer, once
@@ -97,6 +98,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
     kopf.on.update(*btj, field="spec", registry=registry, id="reconcile")(reconcile_btj)
     kopf.on.event(*btj, registry=registry, id="track-phase")(track_btj)
     kopf.on.event(*btj, registry=registry, id="recreate-child", when=wants_child_back_filter)(recreate_child)
+    stuck_pod_timeout()  # a bad BTJ_STUCK_POD_TIMEOUT_S stops the operator at start, with one line
     interval = child_retry_interval()
     kopf.timer(
         *btj, registry=registry, id="retry-child", interval=interval, idle=interval, when=wants_child_back_now

@@ -159,14 +159,17 @@ class KubeApi:
         """JSON merge patch (RFC 7386); a metadata.resourceVersion in the body makes it conditional."""
         return self._call("PATCH", path, body=dict(body), content_type=MERGE_PATCH)
 
-    def delete(self, path: str, *, uid: str | None = None) -> bool:
+    def delete(self, path: str, *, uid: str | None = None, grace_period_s: int | None = None) -> bool:
         """Delete the object (its dependents in the background); False when it is gone already.
 
         With `uid`, only that object: a newer one of the same name is left alone (a 409 is raised).
+        `grace_period_s=0` deletes a pod without waiting for its kubelet (a force delete).
         """
         body: dict[str, Any] = {"propagationPolicy": "Background"}
         if uid:
             body["preconditions"] = {"uid": uid}
+        if grace_period_s is not None:
+            body["gracePeriodSeconds"] = grace_period_s
         try:
             self._call("DELETE", path, body=body, content_type="application/json")
         except ApiError as exc:

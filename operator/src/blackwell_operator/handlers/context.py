@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from blackwell_operator.discovery.capacity import NodeCapacityReader
 from blackwell_operator.handlers.api import KubeApi
@@ -28,6 +30,9 @@ class OperatorContext:
     _guard: threading.Lock = field(default_factory=threading.Lock)
     # pod uid -> (pod, finishedAt) of the failure last recorded (or found stored) for it.
     _pod_failures: OrderedDict[str, tuple[str, str]] = field(default_factory=OrderedDict)
+    # pod uid -> the trainer pod as last seen with a deletionTimestamp: the stuck-pod sweep's candidates
+    # (a pod stuck Terminating sends no more events, so the watch alone cannot notice it).
+    _terminating: dict[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def recreate_lock(self, uid: str) -> threading.Lock:
         """The lock of one BTJ's child re-creates."""
@@ -53,3 +58,21 @@ class OperatorContext:
         """A deleted pod sends no more events."""
         with self._guard:
             self._pod_failures.pop(uid, None)
+            self._terminating.pop(uid, None)
+
+    def note_pod(self, pod: Mapping[str, Any]) -> None:
+        """Keep a trainer pod that is being deleted as a stuck-pod candidate (and drop one that is not)."""
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        if not uid:
+            return
+        with self._guard:
+            if meta.get("deletionTimestamp"):
+                self._terminating[uid] = pod
+            else:
+                self._terminating.pop(uid, None)
+
+    def terminating_pods(self) -> list[Mapping[str, Any]]:
+        """The trainer pods last seen being deleted and not yet gone."""
+        with self._guard:
+            return list(self._terminating.values())

@@ -7,11 +7,43 @@ from typing import Any, cast
 
 import kopf
 
+from blackwell_operator.handlers.api import KubeApi, resource_path
+from blackwell_operator.render.labels import MANAGER
+from blackwell_operator.status import now_rfc3339
+
 
 def post_event(obj: Mapping[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
     """An Event about `obj` (any dict with apiVersion, kind and metadata)."""
     # Kopf types the target as its Body class, but reads only those keys: a plain dict is fine.
     kopf.event(cast(Any, dict(obj)), type="Warning" if warning else "Normal", reason=reason, message=message)
+
+
+def create_event(api: KubeApi, obj: Mapping[str, Any], reason: str, message: str, *, warning: bool) -> None:
+    """An Event about `obj` written through the API: for code outside Kopf's handlers (the stuck-pod
+    sweep), where Kopf's event queue is not set up."""
+    meta = obj["metadata"]
+    now = now_rfc3339()
+    event = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": obj.get("apiVersion"),
+            "kind": obj.get("kind"),
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta.get("uid"),
+        },
+        "reason": reason,
+        "message": message[:1024],
+        "type": "Warning" if warning else "Normal",
+        "source": {"component": MANAGER},
+        "reportingComponent": MANAGER,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+    api.create(resource_path("v1", "events", meta["namespace"]), event)
 
 
 def adopt_children(children: list[dict[str, Any]], owner: Mapping[str, Any]) -> None:

@@ -31,6 +31,8 @@ def on_pod_event(ctx: OperatorContext, event_type: str | None, pod: Mapping[str,
     uid = str(meta.get("uid") or "")
     if event_type == "DELETED":
         ctx.forget_pod(uid)
+    else:
+        ctx.note_pod(pod)  # a pod being deleted is watched by the stuck-pod sweep until it is gone
     failure = worker_failure(pod)
     name = (meta.get("labels") or {}).get(JOB_NAME_LABEL)
     namespace = meta.get("namespace")

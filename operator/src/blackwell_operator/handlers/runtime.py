@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 from typing import Any
 
@@ -11,8 +13,10 @@ from aiohttp import web
 from blackwell_operator.discovery.capacity import NodeCapacityReader
 from blackwell_operator.handlers.api import KubeApi, load_api_client, resource_path
 from blackwell_operator.handlers.context import OperatorContext
+from blackwell_operator.handlers.stuck import sweep_forever
 from blackwell_operator.metrics import METRICS_PORT, OperatorMetrics
 from blackwell_operator.render.labels import JOB_NAME_LABEL, MANAGED_BY_LABEL, MANAGER
+from blackwell_operator.stuck_pods import stuck_pod_timeout
 
 TRAINER_POD_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGER},{JOB_NAME_LABEL}"
 # "host:port" for /metrics and /healthz; "off" disables the server (e.g. several operators in one test).
@@ -62,16 +66,26 @@ async def start_http(ctx: OperatorContext, bind: str) -> web.AppRunner:
 
 
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any) -> None:
-    """Kopf on.startup: settings, API client, metrics server."""
+    """Kopf on.startup: settings, API client, metrics server, the stuck-pod sweep."""
     configure(settings)
     memo.btj = build_context()
     bind = os.environ.get(METRICS_BIND_ENV, f"0.0.0.0:{METRICS_PORT}")
     memo.btj_http = None if bind == "off" else await start_http(memo.btj, bind)
+    timeout = stuck_pod_timeout()
+    # Created here, in Kopf's context, so that the sweep's Events go through Kopf's event queue.
+    memo.btj_sweep = (
+        None if timeout is None else asyncio.create_task(sweep_forever(memo.btj, timeout, logger))
+    )
     logger.info(f"BlackwellTrainingJob operator started; metrics and health on {bind}")
 
 
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    """Kopf on.cleanup: stop the server, release connections."""
+    """Kopf on.cleanup: stop the sweep and the server, release connections."""
+    sweep = getattr(memo, "btj_sweep", None)
+    if sweep is not None:
+        sweep.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sweep
     runner = getattr(memo, "btj_http", None)
     if runner is not None:
         await runner.cleanup()

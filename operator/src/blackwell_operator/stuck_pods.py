@@ -1,0 +1,102 @@
+"""Trainer pods stuck Terminating on a lost node: which to force-delete so their replacements can start.
+
+A node that stops reporting (powered off, kernel panic, network cut) leaves its pods Terminating for ever:
+the API server waits for a kubelet that never confirms. The training operator does not replace a pod
+that still exists, so the whole job sits in Restarting (kubeflow/trainer#2072, #2185). Force-deleting such
+a pod is safe only when its node is gone or not Ready: a Ready node's kubelet finishes the deletion itself.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+TIMEOUT_ENV = "BTJ_STUCK_POD_TIMEOUT_S"
+# Past the pod's own deletion deadline (deletionTimestamp already includes its grace period): long enough
+# for a node that only blinked to come back, short against a job idling with all its GPUs.
+DEFAULT_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class StuckPod:
+    """A pod to force-delete, and why."""
+
+    name: str
+    uid: str
+    node: str
+    overdue_s: float
+    node_state: str  # "gone" or the node's Ready condition status ("False", "Unknown")
+
+    def describe(self) -> str:
+        """One line for the Event."""
+        where = (
+            f"node {self.node} is gone"
+            if self.node_state == "gone"
+            else (f"node {self.node} is not Ready ({self.node_state})")
+        )
+        return (
+            f"pod {self.name} was stuck Terminating {self.overdue_s:.0f} s past its deadline and {where}: "
+            "force-deleted so that the training operator can start its replacement"
+        )
+
+
+def stuck_pod_timeout() -> float | None:
+    """Seconds past a pod's deletion deadline before it is force-deleted (`BTJ_STUCK_POD_TIMEOUT_S`,
+    default 300); None when set to 0 (off)."""
+    raw = os.environ.get(TIMEOUT_ENV, "")
+    try:
+        value = float(raw) if raw else DEFAULT_TIMEOUT_S
+    except ValueError:
+        raise ValueError(
+            f"{TIMEOUT_ENV}={raw!r}: not a number of seconds. Fix: e.g. 300, or 0 for off"
+        ) from None
+    if value < 0:
+        raise ValueError(f"{TIMEOUT_ENV}={raw!r}: must not be negative. Fix: e.g. 300, or 0 for off")
+    return value or None
+
+
+def _seconds(timestamp: Any) -> float | None:
+    try:
+        return datetime.datetime.fromisoformat(str(timestamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def node_ready_status(node: Mapping[str, Any]) -> str:
+    """The node's Ready condition status: "True", "False" or "Unknown" (no condition: Unknown)."""
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return str(cond.get("status") or "Unknown")
+    return "Unknown"
+
+
+def terminating_overdue(
+    pods: Iterable[Mapping[str, Any]], now: float, timeout_s: float
+) -> list[Mapping[str, Any]]:
+    """Pods whose deletion deadline passed more than `timeout_s` ago and that were placed on a node."""
+    out = []
+    for pod in pods:
+        deadline = _seconds((pod.get("metadata") or {}).get("deletionTimestamp"))
+        if deadline is not None and now - deadline >= timeout_s and (pod.get("spec") or {}).get("nodeName"):
+            out.append(pod)
+    return out
+
+
+def stuck_pods(
+    pods: Iterable[Mapping[str, Any]], nodes: Iterable[Mapping[str, Any]], now: float, timeout_s: float
+) -> list[StuckPod]:
+    """The overdue Terminating pods whose node is gone or not Ready (a Ready node finishes them itself)."""
+    ready = {str((n.get("metadata") or {}).get("name")): node_ready_status(n) for n in nodes}
+    out = []
+    for pod in terminating_overdue(pods, now, timeout_s):
+        meta = pod.get("metadata") or {}
+        node = str((pod.get("spec") or {}).get("nodeName"))
+        state = ready.get(node, "gone")
+        if state == "True":
+            continue
+        deadline = _seconds(meta.get("deletionTimestamp")) or now
+        out.append(StuckPod(str(meta.get("name")), str(meta.get("uid") or ""), node, now - deadline, state))
+    return out
