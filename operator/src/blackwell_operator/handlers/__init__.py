@@ -11,6 +11,7 @@ from blackwell_operator.handlers import runtime
 from blackwell_operator.handlers.btjstatus import wants_child_back
 from blackwell_operator.handlers.children import on_child_event
 from blackwell_operator.handlers.context import OperatorContext
+from blackwell_operator.handlers.measure import measure_interval
 from blackwell_operator.handlers.pods import on_pod_event
 from blackwell_operator.handlers.reconcile import CHILD_KINDS, Reconciler
 from blackwell_operator.models.spec import API_GROUP, API_VERSION, PLURAL
@@ -98,7 +99,9 @@ def register(registry: kopf.OperatorRegistry) -> None:
     kopf.on.update(*btj, field="spec", registry=registry, id="reconcile")(reconcile_btj)
     kopf.on.event(*btj, registry=registry, id="track-phase")(track_btj)
     kopf.on.event(*btj, registry=registry, id="recreate-child", when=wants_child_back_filter)(recreate_child)
-    stuck_pod_timeout()  # a bad BTJ_STUCK_POD_TIMEOUT_S stops the operator at start, with one line
+    # A bad BTJ_STUCK_POD_TIMEOUT_S or BTJ_MEASURE_INTERVAL_S stops the operator at start, with one line.
+    stuck_pod_timeout()
+    measure_interval()
     interval = child_retry_interval()
     kopf.timer(
         *btj, registry=registry, id="retry-child", interval=interval, idle=interval, when=wants_child_back_now

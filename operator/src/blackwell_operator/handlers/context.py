@@ -33,6 +33,8 @@ class OperatorContext:
     # pod uid -> the trainer pod as last seen with a deletionTimestamp: the stuck-pod sweep's candidates
     # (a pod stuck Terminating sends no more events, so the watch alone cannot notice it).
     _terminating: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    # pod uid -> the trainer pod as last seen Running with an IP: whose /metrics the measure loop reads.
+    _running: dict[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def recreate_lock(self, uid: str) -> threading.Lock:
         """The lock of one BTJ's child re-creates."""
@@ -59,18 +61,30 @@ class OperatorContext:
         with self._guard:
             self._pod_failures.pop(uid, None)
             self._terminating.pop(uid, None)
+            self._running.pop(uid, None)
 
     def note_pod(self, pod: Mapping[str, Any]) -> None:
-        """Keep a trainer pod that is being deleted as a stuck-pod candidate (and drop one that is not)."""
+        """Track a trainer pod: being deleted (a stuck-pod candidate) or running (its throughput is read)."""
         meta = pod.get("metadata") or {}
         uid = str(meta.get("uid") or "")
         if not uid:
             return
+        status = pod.get("status") or {}
+        running = status.get("phase") == "Running" and bool(status.get("podIP"))
         with self._guard:
             if meta.get("deletionTimestamp"):
                 self._terminating[uid] = pod
             else:
                 self._terminating.pop(uid, None)
+            if running and not meta.get("deletionTimestamp"):
+                self._running[uid] = pod
+            else:
+                self._running.pop(uid, None)
+
+    def running_pods(self) -> list[Mapping[str, Any]]:
+        """The trainer pods last seen Running with an IP."""
+        with self._guard:
+            return list(self._running.values())
 
     def terminating_pods(self) -> list[Mapping[str, Any]]:
         """The trainer pods last seen being deleted and not yet gone."""

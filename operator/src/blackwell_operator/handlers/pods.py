@@ -32,7 +32,7 @@ def on_pod_event(ctx: OperatorContext, event_type: str | None, pod: Mapping[str,
     if event_type == "DELETED":
         ctx.forget_pod(uid)
     else:
-        ctx.note_pod(pod)  # a pod being deleted is watched by the stuck-pod sweep until it is gone
+        ctx.note_pod(pod)  # for the stuck-pod sweep (being deleted) and the measure loop (running)
     failure = worker_failure(pod)
     name = (meta.get("labels") or {}).get(JOB_NAME_LABEL)
     namespace = meta.get("namespace")

@@ -13,6 +13,7 @@ from aiohttp import web
 from blackwell_operator.discovery.capacity import NodeCapacityReader
 from blackwell_operator.handlers.api import KubeApi, load_api_client, resource_path
 from blackwell_operator.handlers.context import OperatorContext
+from blackwell_operator.handlers.measure import measure_forever, measure_interval
 from blackwell_operator.handlers.stuck import sweep_forever
 from blackwell_operator.metrics import METRICS_PORT, OperatorMetrics
 from blackwell_operator.render.labels import JOB_NAME_LABEL, MANAGED_BY_LABEL, MANAGER
@@ -66,26 +67,30 @@ async def start_http(ctx: OperatorContext, bind: str) -> web.AppRunner:
 
 
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any) -> None:
-    """Kopf on.startup: settings, API client, metrics server, the stuck-pod sweep."""
+    """Kopf on.startup: settings, API client, metrics server, the stuck-pod and measure loops."""
     configure(settings)
     memo.btj = build_context()
     bind = os.environ.get(METRICS_BIND_ENV, f"0.0.0.0:{METRICS_PORT}")
     memo.btj_http = None if bind == "off" else await start_http(memo.btj, bind)
-    timeout = stuck_pod_timeout()
-    # Created here, in Kopf's context, so that the sweep's Events go through Kopf's event queue.
+    # Operator-wide loops fed by the pod watch (not per-BTJ Kopf timers: those put Kopf's finalizer on
+    # every BTJ they match). Their Events and status writes go through the API client.
+    timeout, interval = stuck_pod_timeout(), measure_interval()
     memo.btj_sweep = (
         None if timeout is None else asyncio.create_task(sweep_forever(memo.btj, timeout, logger))
+    )
+    memo.btj_measure = (
+        None if interval is None else asyncio.create_task(measure_forever(memo.btj, interval, logger))
     )
     logger.info(f"BlackwellTrainingJob operator started; metrics and health on {bind}")
 
 
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    """Kopf on.cleanup: stop the sweep and the server, release connections."""
-    sweep = getattr(memo, "btj_sweep", None)
-    if sweep is not None:
-        sweep.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sweep
+    """Kopf on.cleanup: stop the loops and the server, release connections."""
+    for loop in (getattr(memo, "btj_sweep", None), getattr(memo, "btj_measure", None)):
+        if loop is not None:
+            loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loop
     runner = getattr(memo, "btj_http", None)
     if runner is not None:
         await runner.cleanup()

@@ -1,0 +1,141 @@
+"""status.measured: the operator reads a running trainer pod's /metrics (real HTTP) beside the plan.
+
+Pure tests of blackwell_operator.measure and the status change, then the real operator under KopfRunner
+scraping the trainer's own metrics exporter (blackwell_trainer.metrics) over HTTP.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from prometheus_client import generate_latest
+
+from blackwell_operator.handlers.measure import INTERVAL_ENV, measure_interval, measured_changes
+from blackwell_operator.measure import Reading, metrics_endpoint, parse_reading, tokens_per_second_per_gpu
+from blackwell_trainer.metrics import TrainerMetrics
+from tests.operator.harness import Cluster, btj, running_operator, wait_for
+from tests.operator.pods import container, job_condition, pod, pod_status
+from tests.trainer.conftest import tiny_plan
+
+STEP = dict(step_seconds=0.5, loss=2.0, peak_allocated_bytes=0, peak_reserved_bytes=0)
+
+
+@pytest.fixture
+def trainer_metrics(monkeypatch: pytest.MonkeyPatch) -> Iterator[TrainerMetrics]:
+    """The trainer's exporter for a pod serving 2 GPUs, on a free port."""
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    metrics = TrainerMetrics(tiny_plan())
+    metrics.serve(0)
+    yield metrics
+    metrics.close()
+
+
+def _running(
+    name: str, port: int, ip: str = "127.0.0.1", owner: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    body = pod(name, owner=owner)
+    body["spec"]["containers"][0]["ports"] = [{"name": "metrics", "containerPort": port, "protocol": "TCP"}]
+    body["status"] = pod_status(container(), podIP=ip)
+    return body
+
+
+# ----- the pure part ---------------------------------------------------------------------------------------
+
+
+def test_a_reading_of_the_trainer_s_own_exposition(trainer_metrics: TrainerMetrics) -> None:
+    trainer_metrics.record_step(tokens=4096, mfu=0.41, **STEP)
+    reading = parse_reading(generate_latest(trainer_metrics.registry).decode(), at=10.0)
+    assert reading == Reading(at=10.0, tokens=8192.0, gpus=2, mfu=0.41)
+    assert parse_reading("# not a trainer\nup 1\n", at=0.0) is None
+
+
+def test_tokens_per_second_per_gpu_between_two_readings() -> None:
+    first, later = Reading(10.0, 8192.0, 2, 0.4), Reading(12.0, 16384.0, 2, 0.4)
+    assert tokens_per_second_per_gpu(first, later) == 2048.0
+    assert tokens_per_second_per_gpu(later, first) is None  # a restarted container counts from zero
+    assert tokens_per_second_per_gpu(first, first) is None
+
+
+def test_only_a_running_trainer_pod_with_an_ip_has_an_endpoint() -> None:
+    assert metrics_endpoint(_running("w-worker-0", 9400, "10.1.2.3")) == "http://10.1.2.3:9400/metrics"
+    assert metrics_endpoint(_running("w-worker-0", 9400, "fd00::7")) == "http://[fd00::7]:9400/metrics"
+    pending = _running("w-worker-0", 9400)
+    pending["status"]["phase"] = "Pending"
+    assert metrics_endpoint(pending) is None
+    no_port = _running("w-worker-0", 9400)
+    no_port["spec"]["containers"][0]["ports"] = []
+    assert metrics_endpoint(no_port) is None
+
+
+def _btj(phase: str, measured: dict[str, Any] | None = None) -> dict[str, Any]:
+    body = btj("w")
+    body["metadata"]["creationTimestamp"] = "2026-11-30T07:00:00Z"
+    body["status"] = {"phase": phase, **({"measured": measured} if measured else {})}
+    return body
+
+
+def test_status_measured_is_written_when_running_and_moved() -> None:
+    worker = _running("w-worker-0", 9400)
+    now = "2026-11-30T08:00:00Z"
+    assert measured_changes(_btj("Running"), worker, 2048.04, 0.41234, now) == {
+        "measured": {"tokensPerSecondPerGpu": 2048.0, "modelFlopsUtilization": 0.4123, "observedAt": now}
+    }
+    stored = {"tokensPerSecondPerGpu": 2048.0, "modelFlopsUtilization": 0.41, "observedAt": now}
+    assert measured_changes(_btj("Running", stored), worker, 2060.0, 0.415, now) is None  # within 1%
+    assert measured_changes(_btj("Running", stored), worker, 1900.0, 0.41, now) is not None
+    assert measured_changes(_btj("Restarting"), worker, 2048.0, 0.41, now) is None
+
+
+@pytest.mark.parametrize(("raw", "value"), [("", 60.0), ("5", 5.0), ("0", None)])
+def test_the_interval_comes_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, raw: str, value: float
+) -> None:
+    monkeypatch.setenv(INTERVAL_ENV, raw)
+    assert measure_interval() == value
+
+
+def test_a_bad_interval_names_the_variable_and_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(INTERVAL_ENV, "often")
+    with pytest.raises(ValueError, match=rf"{INTERVAL_ENV}='often'.*Fix"):
+        measure_interval()
+
+
+# ----- the running operator --------------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+async def test_the_operator_reads_a_running_worker_s_throughput(
+    cluster: Cluster, trainer_metrics: TrainerMetrics, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(INTERVAL_ENV, "0.3")
+    stop = threading.Event()
+
+    def train() -> None:  # steps of 2,048 tokens per GPU every 20 ms, as a trainer would record them
+        while not stop.wait(0.02):
+            trainer_metrics.record_step(tokens=2048, mfu=0.41, **STEP)
+
+    trainer = threading.Thread(target=train, daemon=True)
+    trainer.start()
+    try:
+        async with running_operator(cluster):
+            await cluster.apply(btj("w"))
+            job = await wait_for(lambda: cluster.job("w"), what="the PyTorchJob")
+            await cluster.set_child_status(
+                "w", {"conditions": [job_condition("Created"), job_condition("Running")]}
+            )
+            await wait_for(lambda: cluster.status("w").get("phase") == "Running", what="phase Running")
+            body = _running("w-worker-0", int(trainer_metrics.port or 0), owner=job)
+            status = body.pop("status")
+            await cluster.add_pod(body, status)
+            measured = await wait_for(lambda: cluster.status("w").get("measured"), what="status.measured")
+            await cluster.settle("w")
+    finally:
+        stop.set()
+        trainer.join()
+    # 2,048 tokens per GPU a step, at most 50 steps a second: the reading is a real rate, not a count.
+    assert 0 < measured["tokensPerSecondPerGpu"] <= 2048 * 50 * 1.2
+    assert measured["modelFlopsUtilization"] == 0.41 and measured["observedAt"].endswith("Z")
