@@ -27,15 +27,9 @@ def harness() -> ModuleType:
     return module
 
 
-def _runner(
-    harness: ModuleType,
-    base: Calibration,
-    tmp_path: Path,
-    oom_from: int,
-    done: dict[str, CalibrationRecord] | None = None,
-    error: bool = False,
-) -> tuple[Any, list[int]]:
-    h = harness.Harness(
+def _harness(harness: ModuleType, base: Calibration, tmp_path: Path, **overrides: Any) -> Any:
+    """A one-GPU Harness writing to tmp_path, ten minutes of budget; `overrides` replace its fields."""
+    fields: dict[str, Any] = dict(
         out=tmp_path,
         cal=base,
         instance=harness.H200_INSTANCE,
@@ -46,9 +40,20 @@ def _runner(
         max_mbs=64,
         config_timeout=60,
         start_from_prediction=True,
-        done=done or {},
         env={"gpu_name": "test", "versions": {}},
     )
+    return harness.Harness(**{**fields, **overrides})
+
+
+def _runner(
+    harness: ModuleType,
+    base: Calibration,
+    tmp_path: Path,
+    oom_from: int,
+    done: dict[str, CalibrationRecord] | None = None,
+    error: bool = False,
+) -> tuple[Any, list[int]]:
+    h = _harness(harness, base, tmp_path, done=done or {})
     ran: list[int] = []
 
     def run_config(fam: Any, mbs: int, gpu_ids: list[int]) -> CalibrationRecord:
@@ -165,19 +170,8 @@ def test_a_configuration_cut_by_the_call_deadline_is_left_for_the_next_call(
     # recorded as skipped, not as a timeout, so --resume runs it again; its log is kept.
     monkeypatch.setattr(harness, "MIN_START_S", 0.0)
     fam = harness.GRIDS["cpu-smoke"][0]
-    h = harness.Harness(
-        out=tmp_path,
-        cal=base,
-        instance=harness.H200_INSTANCE,
-        deadline=time.time() + 10.5,  # the harness kills 10 s before the deadline: half a second to run
-        gpus=1,
-        warmup=1,
-        timed=1,
-        max_mbs=1,
-        config_timeout=60,
-        start_from_prediction=False,
-        env={"gpu_name": "cpu", "versions": {}},
-    )
+    # The harness kills 10 s before the deadline: half a second to run.
+    h = _harness(harness, base, tmp_path, deadline=time.time() + 10.5, start_from_prediction=False)
     rec = h.run_config(fam, 1, [0])
     assert rec.status is RecordStatus.SKIPPED
     assert rec.detail.startswith("call budget exhausted (killed after"), rec.detail

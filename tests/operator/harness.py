@@ -165,6 +165,16 @@ class Cluster:
     async def add_node(self, manifest: Mapping[str, Any]) -> None:
         await self._json("POST", "/api/v1/nodes", dict(manifest))
 
+    async def restarting_job(self, name: str, restarting: Mapping[str, Any]) -> dict[str, Any]:
+        """Apply BTJ `name`, wait for its PyTorchJob, report that job `restarting` (its status) and wait until
+        the BTJ shows phase Restarting; the job is returned (for the owner reference of its pods)."""
+        await self.apply(btj(name))
+        job = await wait_for(lambda: self.job(name), what="the PyTorchJob")
+        await wait_for(lambda: self.condition(name, "ChildCreated"), what="ChildCreated")
+        await self.set_child_status(name, restarting)
+        await wait_for(lambda: self.status(name).get("phase") == "Restarting", what="phase Restarting")
+        return dict(job)
+
     async def terminating_pod(self, manifest: Mapping[str, Any]) -> str:
         """Create a pod, then delete it as the node controller's eviction does; a finalizer keeps it
         Terminating here, as a kubelet that never confirms does on a lost node."""

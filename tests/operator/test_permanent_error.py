@@ -95,11 +95,7 @@ def _events(cluster: Cluster, reason: str) -> list[dict[str, Any]]:
 @pytest.mark.integration
 async def test_a_permanent_worker_error_stops_the_job_until_the_spec_changes(cluster: Cluster) -> None:
     async with running_operator(cluster):
-        await cluster.apply(btj("w"))
-        job = await wait_for(lambda: cluster.job("w"), what="the PyTorchJob")
-        await wait_for(lambda: cluster.condition("w", "ChildCreated"), what="ChildCreated")
-        await cluster.set_child_status("w", RESTARTING)
-        await wait_for(lambda: cluster.status("w").get("phase") == "Restarting", what="phase Restarting")
+        job = await cluster.restarting_job("w", RESTARTING)
 
         # Full storage may be freed: recorded, and the job keeps retrying.
         storage = container(state={"terminated": terminated(1, "Error", T1, STORAGE)})

@@ -23,13 +23,22 @@ from blackwell_operator.failures import (
 )
 from blackwell_operator.models.status import WorkerFailure
 from blackwell_operator.render.labels import JOB_NAME_LABEL
-from tests.operator.harness import NAMESPACE, Cluster, btj, from_operator, running_operator, wait_for
+from tests.operator.harness import NAMESPACE, Cluster, from_operator, running_operator, wait_for
 from tests.operator.pods import RESTARTING, T1, T2, T3, container, job_condition, pod, pod_status, terminated
 
 TRAINER_ERROR = (
     "error: btj-trainer: spec.tuning.microBatchSize=12: permanent error: the plan needs 181.2 GiB per GPU "
     "and the GPU has 178.4 GiB. Fix: set spec.tuning.microBatchSize to 10 or less"
 )
+# status.lastFailure of w-worker-0 ending on TRAINER_ERROR at T1.
+WORKER_0_FAILED = {
+    "pod": "w-worker-0",
+    "container": "pytorch",
+    "exitCode": 1,
+    "reason": "Error",
+    "message": TRAINER_ERROR,
+    "finishedAt": T1,
+}
 
 
 # ----- the pure part ---------------------------------------------------------------------------------------
@@ -40,14 +49,7 @@ def test_a_failed_trainer_container_becomes_a_failure() -> None:
     body["status"] = pod_status(
         container(state={"terminated": terminated(1, "Error", T1, f"\n  {TRAINER_ERROR}  \nsecond line\n")})
     )
-    assert worker_failure(body) == {
-        "pod": "w-worker-0",
-        "container": "pytorch",
-        "exitCode": 1,
-        "reason": "Error",
-        "message": TRAINER_ERROR,
-        "finishedAt": T1,
-    }
+    assert worker_failure(body) == WORKER_0_FAILED
     WorkerFailure.model_validate(worker_failure(body))  # the status model (and so the CRD) accepts it
 
 
@@ -198,11 +200,7 @@ def _warnings(cluster: Cluster) -> list[dict[str, Any]]:
 @pytest.mark.integration
 async def test_a_failed_worker_shows_on_the_btj(cluster: Cluster) -> None:
     async with running_operator(cluster):
-        await cluster.apply(btj("w"))
-        job = await wait_for(lambda: cluster.job("w"), what="the PyTorchJob")
-        await wait_for(lambda: cluster.condition("w", "ChildCreated"), what="ChildCreated")
-        await cluster.set_child_status("w", RESTARTING)
-        await wait_for(lambda: cluster.status("w").get("phase") == "Restarting", what="phase Restarting")
+        job = await cluster.restarting_job("w", RESTARTING)
 
         # Not ours (no managed-by label) and a worker that ended well: nothing.
         stranger = pod("other-0")
@@ -214,14 +212,7 @@ async def test_a_failed_worker_shows_on_the_btj(cluster: Cluster) -> None:
 
         await cluster.add_pod(pod("w-worker-0", owner=job), pod_status(failed))
         status = await wait_for(lambda: cluster.status("w").get("lastFailure") and cluster.status("w"))
-        assert status["lastFailure"] == {
-            "pod": "w-worker-0",
-            "container": "pytorch",
-            "exitCode": 1,
-            "reason": "Error",
-            "message": TRAINER_ERROR,
-            "finishedAt": T1,
-        }
+        assert status["lastFailure"] == WORKER_0_FAILED
         assert status["message"] == (
             "PyTorchJob w is Restarting: PyTorchJob w is restarting because 1 Worker replica(s) failed."
             f"; last worker failure: pod w-worker-0 exit 1 (Error): {TRAINER_ERROR}"
@@ -285,11 +276,7 @@ async def test_a_failed_worker_shows_on_the_btj(cluster: Cluster) -> None:
 async def test_a_transient_api_error_does_not_lose_the_failure(cluster: Cluster) -> None:
     # Event handlers get no retries from Kopf: the handler retries the status write itself.
     async with running_operator(cluster):
-        await cluster.apply(btj("w"))
-        job = await wait_for(lambda: cluster.job("w"), what="the PyTorchJob")
-        await wait_for(lambda: cluster.condition("w", "ChildCreated"), what="ChildCreated")
-        await cluster.set_child_status("w", RESTARTING)
-        await wait_for(lambda: cluster.status("w").get("phase") == "Restarting", what="phase Restarting")
+        job = await cluster.restarting_job("w", RESTARTING)
         await cluster.settle("w")
         fault = cluster.k.inject_fault("PATCH", "blackwelltrainingjobs", 503, times=2, subresource="status")
         failed = container(state={"terminated": terminated(2, "Error", T1, TRAINER_ERROR)})

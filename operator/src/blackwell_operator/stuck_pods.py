@@ -9,10 +9,11 @@ a pod is safe only when its node is gone or not Ready: a Ready node's kubelet fi
 from __future__ import annotations
 
 import datetime
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from blackwell_operator.env_seconds import env_seconds
 
 TIMEOUT_ENV = "BTJ_STUCK_POD_TIMEOUT_S"
 # Past the pod's own deletion deadline (deletionTimestamp already includes its grace period): long enough
@@ -46,16 +47,7 @@ class StuckPod:
 def stuck_pod_timeout() -> float | None:
     """Seconds past a pod's deletion deadline before it is force-deleted (`BTJ_STUCK_POD_TIMEOUT_S`,
     default 300); None when set to 0 (off)."""
-    raw = os.environ.get(TIMEOUT_ENV, "")
-    try:
-        value = float(raw) if raw else DEFAULT_TIMEOUT_S
-    except ValueError:
-        raise ValueError(
-            f"{TIMEOUT_ENV}={raw!r}: not a number of seconds. Fix: e.g. 300, or 0 for off"
-        ) from None
-    if value < 0:
-        raise ValueError(f"{TIMEOUT_ENV}={raw!r}: must not be negative. Fix: e.g. 300, or 0 for off")
-    return value or None
+    return env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT_S, zero_turns_off=True)
 
 
 def _seconds(timestamp: Any) -> float | None:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import kopf
 
+from blackwell_operator.env_seconds import env_seconds
 from blackwell_operator.handlers import runtime
 from blackwell_operator.handlers.btjstatus import wants_child_back
 from blackwell_operator.handlers.children import on_child_event
@@ -69,14 +69,7 @@ def retry_child(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None
 
 def child_retry_interval() -> float:
     """Seconds between child re-create attempts by the timer (`BTJ_CHILD_RETRY_INTERVAL_S`, default 60)."""
-    raw = os.environ.get(CHILD_RETRY_ENV, "")
-    try:
-        value = float(raw) if raw else DEFAULT_CHILD_RETRY_S
-    except ValueError:
-        raise ValueError(f"{CHILD_RETRY_ENV}={raw!r}: not a number of seconds. Fix: e.g. 60") from None
-    if value <= 0:
-        raise ValueError(f"{CHILD_RETRY_ENV}={raw!r}: must be positive. Fix: e.g. 60")
-    return value
+    return env_seconds(CHILD_RETRY_ENV, DEFAULT_CHILD_RETRY_S, zero_turns_off=False) or DEFAULT_CHILD_RETRY_S
 
 
 def track_child(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:

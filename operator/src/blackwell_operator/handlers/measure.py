@@ -8,13 +8,13 @@ lockstep, so one pod per job tells its tokens/s per GPU. The operator must reach
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
 
+from blackwell_operator.env_seconds import env_seconds
 from blackwell_operator.failures import belongs_to
 from blackwell_operator.handlers.api import ApiError
 from blackwell_operator.handlers.btjstatus import write_status
@@ -33,16 +33,7 @@ UNCHANGED = 0.01
 
 def measure_interval() -> float | None:
     """Seconds between readings (`BTJ_MEASURE_INTERVAL_S`, default 60); None when 0 (off)."""
-    raw = os.environ.get(INTERVAL_ENV, "")
-    try:
-        value = float(raw) if raw else DEFAULT_INTERVAL_S
-    except ValueError:
-        raise ValueError(
-            f"{INTERVAL_ENV}={raw!r}: not a number of seconds. Fix: e.g. 60, or 0 for off"
-        ) from None
-    if value < 0:
-        raise ValueError(f"{INTERVAL_ENV}={raw!r}: must not be negative. Fix: e.g. 60, or 0 for off")
-    return value or None
+    return env_seconds(INTERVAL_ENV, DEFAULT_INTERVAL_S, zero_turns_off=True)
 
 
 def one_pod_per_job(pods: list[Mapping[str, Any]]) -> dict[tuple[str, str], Mapping[str, Any]]:
