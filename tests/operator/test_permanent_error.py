@@ -125,6 +125,7 @@ async def test_a_permanent_worker_error_stops_the_job_until_the_spec_changes(clu
         await cluster.patch_spec("w", {"training": {"sequenceLength": 8192, "steps": 1200}})
         await wait_for(lambda: cluster.job("w"), what="a new PyTorchJob")
         await wait_for(lambda: cluster.status("w").get("phase") != "Failed", what="the BTJ out of Failed")
+        assert "lastFailure" not in cluster.status("w"), "the old child's failure is not the new job's"
         await cluster.settle("w")
     assert cluster.creates("pytorchjobs") == 2
     assert len(_events(cluster, "ChildDeleted")) == 1

@@ -508,7 +508,12 @@ class Reconciler:
                     "uid": child_uid,
                     "configMap": result.config_map,
                 }
-                same_child = (status.get("child") or {}).get("uid") == child_uid
+                recorded_uid = (status.get("child") or {}).get("uid")
+                same_child = recorded_uid == child_uid
+                if recorded_uid and not same_child and status.get("lastFailure"):
+                    # A new child (a spec change after a failure, a re-create): the previous child's worker
+                    # failure would read as this one's in the message and the Event trail.
+                    changes["lastFailure"] = None
                 if not (same_child and status.get("phase") in CHILD_PHASES):
                     # First sight of this child: derive phase from it. Afterwards the child watcher owns
                     # phase and the child conditions (it sees every change; this pass may hold an older copy).
