@@ -467,3 +467,15 @@ def test_a_child_deleted_with_its_final_status_finishes_the_btj(
     assert after["status"]["phase"] == phase
     assert wants_child_back(after) is wanted
     assert ("not re-created" in changes["message"]) is not wanted
+
+
+def test_a_deleted_btj_s_recreate_lock_is_dropped() -> None:
+    ctx = OperatorContext(
+        api=cast(KubeApi, None), capacity=cast(NodeCapacityReader, None), metrics=OperatorMetrics()
+    )
+    held, idle = ctx.recreate_lock("held"), ctx.recreate_lock("idle")
+    with held:
+        ctx.forget_btj("held")  # a re-create in progress keeps its lock until it ends
+        ctx.forget_btj("idle")
+        assert ctx.recreate_lock("held") is held
+    assert ctx.recreate_lock("idle") is not idle  # a fresh lock: the old entry was dropped

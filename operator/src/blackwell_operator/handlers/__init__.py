@@ -40,6 +40,8 @@ async def track_btj(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any
     uid = body.get("metadata", {}).get("uid", "")
     phase = None if type == "DELETED" else (body.get("status") or {}).get("phase") or "Pending"
     _ctx(memo).metrics.observe_job(uid, phase)
+    if type == "DELETED":
+        _ctx(memo).forget_btj(uid)  # its re-create lock, kept for the BTJ's lifetime
 
 
 def wants_child_back_filter(type: str | None, body: kopf.Body, **_: Any) -> bool:

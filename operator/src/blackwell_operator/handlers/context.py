@@ -41,6 +41,13 @@ class OperatorContext:
         with self._guard:
             return self._recreating.setdefault(uid, threading.Lock())
 
+    def forget_btj(self, uid: str) -> None:
+        """A deleted BTJ re-creates nothing more: drop its lock (unless a re-create holds it right now)."""
+        with self._guard:
+            lock = self._recreating.get(uid)
+            if lock is not None and not lock.locked():
+                del self._recreating[uid]
+
     def pod_failure_seen(self, uid: str, key: tuple[str, str] | None) -> bool:
         """Whether this pod's failure `key` was handled already."""
         with self._guard:
