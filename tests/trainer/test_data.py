@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
 import torch
 
+import blackwell_trainer.data as data_module
 from blackwell_trainer.config import DatasetConfig, DatasetKind
 from blackwell_trainer.data import (
     MAX_OPEN_SHARDS,
@@ -244,3 +248,75 @@ def test_many_shards_are_read_with_few_files_open(tmp_path: Path) -> None:
     starts = [int(x) for _ in range(10) for x in source.next_batch()[0][:, 0]]
     assert sorted(starts) == sorted(i * 17 + w * SEQ for i in range(20) for w in range(2))
     assert len(source._open) <= MAX_OPEN_SHARDS
+
+
+class _Usage(NamedTuple):
+    total: int
+    used: int
+    free: int
+
+
+class _SmallDisk:
+    """shutil.disk_usage of a `total`-byte disk that holds only the cache (its free space is what the cache
+    leaves): a full NVMe without filling the machine's, as an unprivileged test cannot mount a small one."""
+
+    def __init__(self, root: Path, total: int) -> None:
+        self.root, self.total = root, total
+
+    def __call__(self, path: object) -> _Usage:
+        used = sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file())
+        return _Usage(self.total, used, self.total - used)
+
+
+def test_the_s3_cache_evicts_the_least_recently_used_shard_to_keep_the_disk_free(
+    s3_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+    client.create_bucket(Bucket="big")
+    for i, name in enumerate("abc"):  # three shards of 128 bytes
+        client.put_object(Bucket="big", Key=f"corpus/{name}.bin", Body=np.full(64, i, np.uint16).tobytes())
+    cache = tmp_path / "cache"
+    # 420 bytes with 10% kept free: two shards (and their small tags) fit, a third needs an eviction.
+    monkeypatch.setattr(data_module.shutil, "disk_usage", _SmallDisk(cache, 420))
+    source = shards("s3://big/corpus", mbs=1)
+    assert isinstance(source, ShardTokenSource)
+    fetched = [source.shards[i].fetch() for i in (0, 1)]  # a, b
+    os.utime(fetched[0], (1_000, fetched[0].stat().st_mtime))  # a used long ago: b is the fresher one
+    third = source.shards[2].fetch()  # c: a is evicted
+    corpus = cache / "s3" / "big" / "corpus"
+    assert sorted(p.name for p in corpus.glob("*.bin")) == ["b.bin", "c.bin"]
+    assert not (corpus / "a.bin.etag").exists()
+    assert np.array_equal(np.fromfile(third, dtype=np.uint16), np.full(64, 2, np.uint16))
+    # Needed again, a comes back (and b, now the least recently used, goes); its data is intact.
+    os.utime(corpus / "b.bin", (2_000, (corpus / "b.bin").stat().st_mtime))
+    again = source.shards[0].fetch()
+    assert np.array_equal(np.fromfile(again, dtype=np.uint16), np.full(64, 0, np.uint16))
+    assert sorted(p.name for p in corpus.glob("*.bin")) == ["a.bin", "c.bin"]
+
+
+def test_a_shard_another_rank_holds_is_never_evicted(
+    s3_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+    client.create_bucket(Bucket="held")
+    for name in "ab":
+        client.put_object(Bucket="held", Key=f"corpus/{name}.bin", Body=np.zeros(64, np.uint16).tobytes())
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(data_module.shutil, "disk_usage", _SmallDisk(cache, 200))  # room for one shard
+    source = shards("s3://held/corpus", mbs=1)
+    assert isinstance(source, ShardTokenSource)
+    first = source.shards[0].fetch()
+    with open(first.with_name(first.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another rank is checking or downloading it
+        source.shards[1].fetch()  # no room, nothing idle to evict: downloaded anyway, with a warning
+    assert first.exists()
+
+
+def test_a_bad_keep_free_share_names_the_variable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(data_module.CACHE_KEEP_FREE_ENV, "half")
+    with pytest.raises(DataError, match=r"BTJ_CACHE_KEEP_FREE_FRACTION='half'.*Fix"):
+        data_module._make_room(tmp_path, 1, keep=tmp_path / "x.bin")
