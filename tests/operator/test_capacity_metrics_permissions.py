@@ -7,6 +7,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from blackwell_operator.discovery import Capacity, NodeCapacityReader, count_capacity
+from blackwell_operator.discovery.capacity import parse_quantity
 from blackwell_operator.handlers.api import ApiError, resource_path
 from blackwell_operator.handlers.reconcile import capacity_condition
 from blackwell_operator.metrics import OperatorMetrics
@@ -119,3 +120,44 @@ def test_api_error_classification() -> None:
         "/apis/kubeflow.org/v1/namespaces/ns/pytorchjobs/j/status"
     )
     assert resource_path("v1", "nodes", None) == "/api/v1/nodes"
+
+
+def _with_allocatable(name: str, **allocatable: str) -> dict[str, Any]:
+    body = node(name)
+    body["status"] = {"allocatable": allocatable}
+    return body
+
+
+FULL = {"nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "8", "hugepages-2Mi": "5120Mi", "memory": "1900Gi"}
+REQUESTS = {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 8, "hugepages-2Mi": "5120Mi", "memory": "1722Gi"}
+
+
+def test_quantities_parse_as_kubernetes_writes_them() -> None:
+    assert [parse_quantity(q) for q in ("8", "5120Mi", "1.5Gi", "500m", "2k", "2e3", 7)] == [
+        8,
+        5120 * 2**20,
+        1.5 * 2**30,
+        0.5,
+        2000,
+        2000,
+        7,
+    ]
+
+
+def test_a_node_whose_allocatable_cannot_hold_a_trainer_pod_does_not_count() -> None:
+    no_efa = {**FULL, "vpc.amazonaws.com/efa": "0"}
+    nodes = [
+        _with_allocatable("ok", **FULL),
+        _with_allocatable("no-efa", **no_efa),
+        node("fresh"),  # no allocatable published yet: not held against it
+    ]
+    capacity = count_capacity(nodes, B200, REQUESTS)
+    assert (capacity.schedulable, capacity.fitting) == (3, 2)
+    assert capacity.why_not.startswith("vpc.amazonaws.com/efa: 0 allocatable < 8 requested; is the EFA")
+    assert not capacity.enough_for(3) and capacity.enough_for(2)
+    condition = capacity_condition(capacity, 3)
+    assert condition[1:3] == ("False", "InsufficientAllocatable")
+    assert "2 of them with room for a trainer pod (vpc.amazonaws.com/efa: 0 allocatable" in condition[3]
+    no_hugepages = {k: v for k, v in FULL.items() if k != "hugepages-2Mi"}
+    (why,) = {count_capacity([_with_allocatable("h", **no_hugepages)], B200, REQUESTS).why_not}
+    assert why.startswith("hugepages-2Mi: 0 allocatable < 5120Mi requested; the nodes need 2 MiB hugepages")

@@ -207,3 +207,21 @@ async def test_scarce_capacity_is_reported_and_the_job_still_queues(
         assert capacity["status"] == "False" and capacity["reason"] == "InsufficientNodes"
         assert capacity["message"].startswith("2 of 8 ml.p6-b200.48xlarge nodes schedulable; 4 needed")
         assert cluster.job("big") is not None, "the job is created and waits in the queue"
+
+
+async def test_nodes_without_room_for_a_trainer_pod_are_reported(cluster: Cluster) -> None:
+    # The cluster's two nodes and two more, one of which publishes no EFA devices (its device plugin is not
+    # running): the fourth worker would stay Pending with no other sign, so the BTJ says why up front.
+    for name, efa in (("ok", "32"), ("no-efa", "0")):
+        await cluster.add_node(node(name))
+        allocatable = {"nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": efa, "hugepages-2Mi": "5120Mi"}
+        await cluster.set_node_status(name, {"allocatable": {**allocatable, "memory": "2000Gi"}})
+    async with running_operator(cluster):
+        await cluster.apply(btj("pair", cluster={"instanceType": "ml.p6-b200.48xlarge", "nodes": 4}))
+        await wait_for(lambda: cluster.condition("pair", "ChildCreated"), what="ChildCreated")
+    capacity = cluster.condition("pair", "CapacityAvailable")
+    assert capacity["status"] == "False" and capacity["reason"] == "InsufficientAllocatable", capacity
+    message = capacity["message"]
+    assert "3 of them with room for a trainer pod" in message
+    assert "vpc.amazonaws.com/efa: 0 allocatable" in message
+    assert cluster.job("pair") is not None, "advisory: the job is still created"

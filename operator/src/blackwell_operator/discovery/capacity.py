@@ -13,21 +13,64 @@ HEALTH_LABEL = "sagemaker.amazonaws.com/node-health-status"
 SCHEDULABLE = "Schedulable"
 
 
+# Binary and decimal suffixes of Kubernetes quantities (apimachinery resource.Quantity).
+_SUFFIXES = {
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+    "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+}  # fmt: skip
+# What to look at when a node's allocatable lacks what the trainer pod requests.
+_HINTS = {
+    "nvidia.com/gpu": "is the NVIDIA device plugin running there, or are GPUs taken by other pods?",
+    "vpc.amazonaws.com/efa": "is the EFA device plugin running there?",
+    "hugepages-2Mi": "the nodes need 2 MiB hugepages configured (HyperPod's default lifecycle sets them)",
+    "memory": "the kubelet reserves more of the node's memory than the pod asks to keep",
+}
+
+
+def parse_quantity(quantity: str | int | float) -> float:
+    """A Kubernetes quantity ("8", "5120Mi", "1.5Gi", "500m", "2e3") as a number."""
+    text = str(quantity).strip()
+    for suffix in sorted(_SUFFIXES, key=len, reverse=True):  # "Mi" before "M"
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * _SUFFIXES[suffix]
+    return float(text)
+
+
+def shortfall(node: Mapping[str, Any], requests: Mapping[str, Any]) -> str | None:
+    """The first request the node's allocatable cannot hold, in words; None when all fit (or the node
+    publishes no allocatable, which a fresh node may not yet)."""
+    allocatable = (node.get("status") or {}).get("allocatable")
+    if not allocatable:
+        return None
+    for resource, wanted in requests.items():
+        have = parse_quantity(allocatable.get(resource, 0))
+        if have < parse_quantity(wanted):
+            have_text = allocatable.get(resource, 0)
+            return f"{resource}: {have_text} allocatable < {wanted} requested; {_HINTS.get(resource, '')}"
+    return None
+
+
 @dataclass(frozen=True)
 class Capacity:
-    """Nodes of one instance type: all of them, and those a job can be scheduled on now."""
+    """Nodes of one instance type: all of them, those a job can be scheduled on now, and of those the ones
+    whose allocatable resources hold one trainer pod (None: not checked)."""
 
     instance_type: str
     total: int
     schedulable: int
+    fitting: int | None = None
+    why_not: str = ""  # the first shortfall of a schedulable node that cannot hold the pod
 
     def enough_for(self, nodes: int) -> bool:
-        """Whether `nodes` workers fit on the schedulable nodes."""
-        return self.schedulable >= nodes
+        """Whether `nodes` workers fit on the schedulable nodes (and their allocatable, when checked)."""
+        return self.schedulable >= nodes and (self.fitting is None or self.fitting >= nodes)
 
     def describe(self) -> str:
-        """E.g. '2 of 8 ml.p6-b200.48xlarge nodes schedulable'."""
-        return f"{self.schedulable} of {self.total} {self.instance_type} nodes schedulable"
+        """E.g. '2 of 8 ml.p6-b200.48xlarge nodes schedulable' (and how many can hold a worker)."""
+        text = f"{self.schedulable} of {self.total} {self.instance_type} nodes schedulable"
+        if self.fitting is not None and self.fitting < self.schedulable:
+            text += f", {self.fitting} of them with room for a trainer pod ({self.why_not})"
+        return text
 
 
 def _is_schedulable(node: Mapping[str, Any]) -> bool:
@@ -36,14 +79,22 @@ def _is_schedulable(node: Mapping[str, Any]) -> bool:
     return labels.get(HEALTH_LABEL) == SCHEDULABLE and not cordoned
 
 
-def count_capacity(nodes: Iterable[Mapping[str, Any]], instance_type: str) -> Capacity:
-    """Pure: count the nodes of `instance_type` and those HyperPod marks Schedulable (and not cordoned)."""
+def count_capacity(
+    nodes: Iterable[Mapping[str, Any]], instance_type: str, requests: Mapping[str, Any] | None = None
+) -> Capacity:
+    """Pure: count the nodes of `instance_type`, those HyperPod marks Schedulable (and not cordoned) and,
+    given one trainer pod's `requests`, the schedulable ones whose allocatable holds it."""
     matching = [
         n
         for n in nodes
         if (n.get("metadata", {}).get("labels") or {}).get(INSTANCE_TYPE_LABEL) == instance_type
     ]
-    return Capacity(instance_type, len(matching), sum(1 for n in matching if _is_schedulable(n)))
+    schedulable = [n for n in matching if _is_schedulable(n)]
+    if requests is None:
+        return Capacity(instance_type, len(matching), len(schedulable))
+    shortfalls = [shortfall(n, requests) for n in schedulable]
+    why_not = next((s for s in shortfalls if s), "")
+    return Capacity(instance_type, len(matching), len(schedulable), shortfalls.count(None), why_not)
 
 
 NodeLister = Callable[[str], list[dict[str, Any]]]
@@ -61,20 +112,20 @@ class NodeCapacityReader:
         self._list_nodes = list_nodes
         self._ttl = ttl
         self._clock = clock
-        self._cache: dict[str, tuple[float, Capacity]] = {}
+        self._cache: dict[str, tuple[float, list[dict[str, Any]]]] = {}
         self._lock = threading.Lock()
 
-    def read(self, instance_type: str) -> Capacity:
-        """Capacity for one instance type."""
+    def read(self, instance_type: str, requests: Mapping[str, Any] | None = None) -> Capacity:
+        """Capacity for one instance type (and one trainer pod's `requests`, when given)."""
         with self._lock:
             cached = self._cache.get(instance_type)
-            if cached is not None and self._clock() - cached[0] < self._ttl:
-                return cached[1]
-        nodes = self._list_nodes(f"{INSTANCE_TYPE_LABEL}={instance_type}")
-        capacity = count_capacity(nodes, instance_type)
-        with self._lock:
-            self._cache[instance_type] = (self._clock(), capacity)
-        return capacity
+        if cached is not None and self._clock() - cached[0] < self._ttl:
+            nodes = cached[1]
+        else:
+            nodes = self._list_nodes(f"{INSTANCE_TYPE_LABEL}={instance_type}")
+            with self._lock:
+                self._cache[instance_type] = (self._clock(), nodes)
+        return count_capacity(nodes, instance_type, requests)
 
 
 def kubernetes_node_lister(core_api: Any) -> NodeLister:

@@ -28,6 +28,7 @@ from blackwell_operator.models.status import ConditionType, Phase
 from blackwell_operator.planner import plan_job
 from blackwell_operator.render import render_children
 from blackwell_operator.render.labels import RENDER_HASH_ANNOTATION
+from blackwell_operator.render.pod import resources
 from blackwell_operator.status import (
     CHILD_PHASES,
     TERMINAL_PHASES,
@@ -185,7 +186,7 @@ class Reconciler:
 
         result = Result(plan=plan)
         result.conditions.append((ConditionType.PLANNED, "True", "Planned", plan_summary(plan)))
-        capacity = self._capacity(spec, logger)
+        capacity = self._capacity(spec, plan, logger)
         result.conditions.append(capacity_condition(capacity, spec.cluster.nodes))
         kind = CHILD_KINDS[spec.backend]
         result.child_kind = kind
@@ -412,9 +413,12 @@ class Reconciler:
 
     # ----- capacity -----
 
-    def _capacity(self, spec: BlackwellTrainingJobSpec, logger: Any) -> Capacity | None:
+    def _capacity(self, spec: BlackwellTrainingJobSpec, plan: Plan, logger: Any) -> Capacity | None:
         try:
-            return self.ctx.capacity.read(spec.cluster.instance_type.value)
+            # One trainer pod's requests against each node's allocatable: a node that cannot hold it
+            # (no EFA device plugin, no hugepages) would leave the worker Pending with no other sign.
+            requests = resources(spec, plan)["requests"]
+            return self.ctx.capacity.read(spec.cluster.instance_type.value, requests)
         except ApiError as exc:  # capacity is advisory: never block the job on it
             logger.warning(f"Cannot read node capacity: {exc}")
             return None
@@ -572,6 +576,13 @@ def capacity_condition(capacity: Capacity | None, needed: int) -> tuple[str, Con
             "Unknown",
             "NodesUnreadable",
             "Node capacity could not be read.",
+        )
+    if capacity.schedulable >= needed and not capacity.enough_for(needed):
+        return (
+            ConditionType.CAPACITY_AVAILABLE,
+            "False",
+            "InsufficientAllocatable",
+            f"{capacity.describe()}; {needed} needed. Its workers would stay Pending on these nodes.",
         )
     if capacity.enough_for(needed):
         return (
