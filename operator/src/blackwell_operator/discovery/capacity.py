@@ -20,7 +20,7 @@ _SUFFIXES = {
 }  # fmt: skip
 # What to look at when a node's allocatable lacks what the trainer pod requests.
 _HINTS = {
-    "nvidia.com/gpu": "is the NVIDIA device plugin running there, or are GPUs taken by other pods?",
+    "nvidia.com/gpu": "is the NVIDIA device plugin running there?",
     "vpc.amazonaws.com/efa": "is the EFA device plugin running there?",
     "hugepages-2Mi": "the nodes need 2 MiB hugepages configured (HyperPod's default lifecycle sets them)",
     "memory": "the kubelet reserves more of the node's memory than the pod asks to keep",
