@@ -160,4 +160,6 @@ def test_a_node_whose_allocatable_cannot_hold_a_trainer_pod_does_not_count() -> 
     assert "2 of them with room for a trainer pod (vpc.amazonaws.com/efa: 0 allocatable" in condition[3]
     no_hugepages = {k: v for k, v in FULL.items() if k != "hugepages-2Mi"}
     (why,) = {count_capacity([_with_allocatable("h", **no_hugepages)], B200, REQUESTS).why_not}
+    odd = _with_allocatable("odd", **{**FULL, "memory": "lots"})  # never blocks a job on a parse
+    assert count_capacity([odd], B200, REQUESTS).fitting == 1
     assert why.startswith("hugepages-2Mi: 0 allocatable < 5120Mi requested; the nodes need 2 MiB hugepages")

@@ -43,8 +43,11 @@ def shortfall(node: Mapping[str, Any], requests: Mapping[str, Any]) -> str | Non
     if not allocatable:
         return None
     for resource, wanted in requests.items():
-        have = parse_quantity(allocatable.get(resource, 0))
-        if have < parse_quantity(wanted):
+        try:
+            have, need = parse_quantity(allocatable.get(resource, 0)), parse_quantity(wanted)
+        except ValueError:
+            continue  # a quantity this parser does not know: not held against the node (advisory)
+        if have < need:
             have_text = allocatable.get(resource, 0)
             return f"{resource}: {have_text} allocatable < {wanted} requested; {_HINTS.get(resource, '')}"
     return None
