@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import datetime
+import time
 from typing import Any
 
 from blackwell_operator.render.labels import own_labels
 from blackwell_trainer.config import PERMANENT_ERROR_PREFIX
 from tests.operator.harness import NAMESPACE
 
-T1, T2, T3 = "2026-11-30T08:00:00Z", "2026-11-30T08:03:00Z", "2026-11-30T09:00:00Z"
+
+def _at(offset_s: float) -> str:
+    """An RFC 3339 time `offset_s` from when the tests started: the operator compares failure times with
+    its own clock (a failure long before a restart is not its cause), so they must be near now."""
+    return datetime.datetime.fromtimestamp(_START + offset_s, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+_START = time.time()
+# A worker failure, one three minutes later, and an hour later. Collected at import: the integration tests
+# that compare them with the operator's clock must run within CASCADE_WINDOW_S (15 min) of collection,
+# which the whole suite (about 3 min) does.
+T1, T2, T3 = _at(-60), _at(120), _at(3540)
 
 
 def terminated(code: int, reason: str, finished: str, message: str | None = None) -> dict[str, Any]:

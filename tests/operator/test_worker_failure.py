@@ -117,6 +117,15 @@ def test_the_failure_is_folded_into_the_message_while_restarting_or_failed() -> 
     assert with_failure(base, "Restarting", None) == base
 
 
+def test_a_restart_long_after_the_last_failure_is_not_blamed_on_it() -> None:
+    # A node lost at 09:00 restarts the job; the worker failure of 08:00 (T1) is not its cause.
+    failure = {"pod": "p", "exitCode": 1, "reason": "Error", "message": "boom", "finishedAt": T1}
+    base = "PyTorchJob w is Restarting"
+    assert with_failure(base, "Restarting", failure, since=T3) == base
+    # The training operator marks the job Restarting seconds after the failure: that one is the cause.
+    assert with_failure(base, "Restarting", failure, since=T2).endswith("(Error): boom")
+
+
 def test_a_later_failure_replaces_the_stored_one_and_a_cascade_stop_does_not() -> None:
     first = {"pod": "a", "exitCode": 1, "reason": "Error", "finishedAt": T1}
     assert supersedes(first, None)

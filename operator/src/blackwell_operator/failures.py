@@ -133,12 +133,22 @@ def describe(failure: Mapping[str, Any]) -> str:
     return f"{head}: {message}" if message else head
 
 
-def with_failure(message: str, phase: str | None, failure: Mapping[str, Any] | None) -> str:
-    """status.message with the worker failure folded in while the phase is Restarting or Failed."""
+def with_failure(
+    message: str, phase: str | None, failure: Mapping[str, Any] | None, since: str | None = None
+) -> str:
+    """status.message with the worker failure folded in while the phase is Restarting or Failed.
+
+    `since`: when the job entered that phase (its Running condition's last transition). A failure that
+    ended long before it (more than CASCADE_WINDOW_S) is not the cause: a restart hours later, after a
+    node was lost, must not be blamed on an old worker failure.
+    """
     base = message.split(FAILURE_SEPARATOR, 1)[0]
-    if phase in FAILURE_PHASES and failure:
-        return f"{base}{FAILURE_SEPARATOR}{describe(failure)}"
-    return base
+    if phase not in FAILURE_PHASES or not failure:
+        return base
+    ended, entered = _seconds(failure.get("finishedAt")), _seconds(since)
+    if ended is not None and entered is not None and entered - ended > CASCADE_WINDOW_S:
+        return base
+    return f"{base}{FAILURE_SEPARATOR}{describe(failure)}"
 
 
 def belongs_to(pod: Mapping[str, Any], btj: Mapping[str, Any]) -> bool:

@@ -18,6 +18,7 @@ from blackwell_operator.status import (
     child_conditions,
     child_message,
     child_phase,
+    get_condition,
     now_rfc3339,
     set_condition,
     summary_message,
@@ -154,6 +155,7 @@ def on_child_event(
                 summary_message(phase, kind, meta["name"], child_message(child.get("status"))),
                 phase.value,
                 status.get("lastFailure"),
+                since=(get_condition(conds, ConditionType.RUNNING) or {}).get("lastTransitionTime"),
             ),
         }
         if not recorded:
