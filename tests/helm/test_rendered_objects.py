@@ -12,8 +12,8 @@ import pytest
 from tests.helm.conftest import KUBE_VERSION, VALUES_CASES, render, values_id
 
 # prometheus-operator kinds: their CRDs are not installed here, so kubernetes-validate has no schema;
-# test_monitors_select_the_right_targets checks their shape instead.
-PROMETHEUS_OPERATOR = {"PodMonitor", "ServiceMonitor"}
+# test_monitors_select_the_right_targets (and tests/helm/test_alert_rules.py) check their shape instead.
+PROMETHEUS_OPERATOR = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
 STANDARD_LABELS = (
     "app.kubernetes.io/name",
     "app.kubernetes.io/instance",

@@ -85,6 +85,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- printf "%s-trainers" (include "btj-operator.fullname" . | trunc 54 | trimSuffix "-") }}
 {{- end }}
 
+{{/* The PrometheusRule of the training alerts. */}}
+{{- define "btj-operator.prometheusRuleName" -}}
+{{- printf "%s-training" (include "btj-operator.fullname" . | trunc 54 | trimSuffix "-") }}
+{{- end }}
+
 {{/* The Grafana dashboard ConfigMap. */}}
 {{- define "btj-operator.dashboardName" -}}
 {{- printf "%s-dashboard" (include "btj-operator.fullname" . | trunc 53 | trimSuffix "-") }}
