@@ -197,6 +197,9 @@ def s3_endpoint(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[str
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.setenv("BTJ_CACHE_DIR", str(tmp_path / "cache"))
+    # How full this machine's disk is must not decide what these tests cache (a CI disk over 90% full
+    # would evict every shard); the eviction tests below set the share and the disk they run on.
+    monkeypatch.setenv("BTJ_CACHE_KEEP_FREE_FRACTION", "0")
     yield endpoint
     server.stop()
 
@@ -278,6 +281,7 @@ def test_the_s3_cache_evicts_the_least_recently_used_shard_to_keep_the_disk_free
     for i, name in enumerate("abc"):  # three shards of 128 bytes
         client.put_object(Bucket="big", Key=f"corpus/{name}.bin", Body=np.full(64, i, np.uint16).tobytes())
     cache = tmp_path / "cache"
+    monkeypatch.setenv(data_module.CACHE_KEEP_FREE_ENV, "0.1")
     # 420 bytes with 10% kept free: two shards (and their small tags) fit, a third needs an eviction.
     monkeypatch.setattr(data_module.shutil, "disk_usage", _SmallDisk(cache, 420))
     source = shards("s3://big/corpus", mbs=1)
@@ -306,6 +310,7 @@ def test_a_shard_another_rank_holds_is_never_evicted(
     for name in "ab":
         client.put_object(Bucket="held", Key=f"corpus/{name}.bin", Body=np.zeros(64, np.uint16).tobytes())
     cache = tmp_path / "cache"
+    monkeypatch.setenv(data_module.CACHE_KEEP_FREE_ENV, "0.1")
     monkeypatch.setattr(data_module.shutil, "disk_usage", _SmallDisk(cache, 200))  # room for one shard
     source = shards("s3://held/corpus", mbs=1)
     assert isinstance(source, ShardTokenSource)
