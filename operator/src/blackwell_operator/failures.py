@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Mapping
 from typing import Any
 
 from blackwell_operator.models.status import FAILURE_MESSAGE_LIMIT, ConditionType, Phase
 from blackwell_operator.render.labels import JOB_NAME_LABEL
 from blackwell_operator.render.pod import CONTAINER_NAME, TERMINATION_GRACE_SECONDS
-from blackwell_operator.status import TERMINAL_PHASES, get_condition, now_rfc3339, set_condition
+from blackwell_operator.status import (
+    TERMINAL_PHASES,
+    get_condition,
+    now_rfc3339,
+    rfc3339_seconds,
+    set_condition,
+)
 from blackwell_trainer.config import PERMANENT_ERROR_PREFIX
 
 # What status.message appends while the phase is Restarting or Failed; the text before it is the summary
@@ -85,13 +90,6 @@ def stopped_from_outside(failure: Mapping[str, Any]) -> bool:
     return failure.get("exitCode") in STOP_EXIT_CODES and failure.get("reason") != "OOMKilled"
 
 
-def _seconds(timestamp: Any) -> float | None:
-    try:
-        return datetime.datetime.fromisoformat(str(timestamp).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
 def supersedes(new: Mapping[str, Any], stored: Mapping[str, Any] | None) -> bool:
     """Whether `new` should replace the stored lastFailure.
 
@@ -111,7 +109,7 @@ def supersedes(new: Mapping[str, Any], stored: Mapping[str, Any] | None) -> bool
     if new_end <= stored_end:
         return False
     if stopped_from_outside(new) and not stopped_from_outside(stored):
-        new_s, stored_s = _seconds(new_end), _seconds(stored_end)
+        new_s, stored_s = rfc3339_seconds(new_end), rfc3339_seconds(stored_end)
         if new_s is None or stored_s is None or new_s - stored_s <= CASCADE_WINDOW_S:
             return False
     return True
@@ -145,7 +143,7 @@ def with_failure(
     base = message.split(FAILURE_SEPARATOR, 1)[0]
     if phase not in FAILURE_PHASES or not failure:
         return base
-    ended, entered = _seconds(failure.get("finishedAt")), _seconds(since)
+    ended, entered = rfc3339_seconds(failure.get("finishedAt")), rfc3339_seconds(since)
     if ended is not None and entered is not None and entered - ended > CASCADE_WINDOW_S:
         return base
     return f"{base}{FAILURE_SEPARATOR}{describe(failure)}"

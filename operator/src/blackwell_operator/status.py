@@ -33,6 +33,14 @@ def now_rfc3339() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def rfc3339_seconds(timestamp: Any) -> float | None:
+    """A metav1.Time (or any RFC 3339 time) as Unix seconds; None when absent or unreadable."""
+    try:
+        return datetime.datetime.fromisoformat(str(timestamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
 def condition_map(conditions: Iterable[Mapping[str, Any]] | None) -> dict[str, Mapping[str, Any]]:
     """type -> the latest condition of that type (the training operator re-appends changed ones)."""
     result: dict[str, Mapping[str, Any]] = {}

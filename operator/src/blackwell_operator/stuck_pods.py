@@ -8,12 +8,12 @@ a pod is safe only when its node is gone or not Ready: a Ready node's kubelet fi
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from blackwell_operator.env_seconds import env_seconds
+from blackwell_operator.status import rfc3339_seconds
 
 TIMEOUT_ENV = "BTJ_STUCK_POD_TIMEOUT_S"
 # Past the pod's own deletion deadline (deletionTimestamp already includes its grace period): long enough
@@ -50,13 +50,6 @@ def stuck_pod_timeout() -> float | None:
     return env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT_S, zero_turns_off=True)
 
 
-def _seconds(timestamp: Any) -> float | None:
-    try:
-        return datetime.datetime.fromisoformat(str(timestamp).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
 def node_ready_status(node: Mapping[str, Any]) -> str:
     """The node's Ready condition status: "True", "False" or "Unknown" (no condition: Unknown)."""
     for cond in (node.get("status") or {}).get("conditions") or []:
@@ -71,7 +64,7 @@ def terminating_overdue(
     """Pods whose deletion deadline passed more than `timeout_s` ago and that were placed on a node."""
     out = []
     for pod in pods:
-        deadline = _seconds((pod.get("metadata") or {}).get("deletionTimestamp"))
+        deadline = rfc3339_seconds((pod.get("metadata") or {}).get("deletionTimestamp"))
         if deadline is not None and now - deadline >= timeout_s and (pod.get("spec") or {}).get("nodeName"):
             out.append(pod)
     return out
@@ -89,6 +82,6 @@ def stuck_pods(
         state = ready.get(node, "gone")
         if state == "True":
             continue
-        deadline = _seconds(meta.get("deletionTimestamp")) or now
+        deadline = rfc3339_seconds(meta.get("deletionTimestamp")) or now
         out.append(StuckPod(str(meta.get("name")), str(meta.get("uid") or ""), node, now - deadline, state))
     return out
