@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
+from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.models.spec import API_GROUP, API_VERSION, PLURAL
 from blackwell_operator.models.status import ConditionType
 from blackwell_operator.status import TERMINAL_PHASES
@@ -75,3 +77,27 @@ def write_status(api: KubeApi, namespace: str, name: str, update: StatusUpdate) 
             if exc.status != 409:
                 raise
     raise ApiError(409, "Conflict", f"status of {namespace}/{name} kept changing; will retry")
+
+
+def write_status_retrying(
+    ctx: OperatorContext,
+    namespace: str,
+    name: str,
+    update: StatusUpdate,
+    logger: Any,
+    *,
+    purpose: str,
+    attempts: int = 6,
+) -> tuple[bool, dict[str, Any] | None]:
+    """write_status for event handlers, which get no retries from Kopf: transient API errors are retried
+    here, with backoff. Returns (whether it went through or had nothing to do, the BTJ written)."""
+    for attempt in range(attempts):
+        try:
+            return True, write_status(ctx.api, namespace, name, update)
+        except ApiError as exc:
+            ctx.metrics.record_error(exc.metric_reason)
+            if not exc.retryable or attempt == attempts - 1:
+                logger.error(f"Cannot {purpose} on BlackwellTrainingJob {namespace}/{name}: {exc}")
+                return False, None
+            time.sleep(min(0.1 * 2**attempt, 5.0))
+    return False, None

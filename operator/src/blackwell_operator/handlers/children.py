@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
 from blackwell_operator.failures import stopped_on_permanent_error, with_failure
-from blackwell_operator.handlers.api import ApiError
-from blackwell_operator.handlers.btjstatus import CHILD_DELETED, StatusUpdate, is_finished, write_status
+from blackwell_operator.handlers.btjstatus import CHILD_DELETED, is_finished, write_status_retrying
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import post_event
 from blackwell_operator.models.spec import KIND
@@ -39,22 +37,6 @@ def owner_reference(child: Mapping[str, Any]) -> Mapping[str, Any] | None:
     for ref in child.get("metadata", {}).get("ownerReferences") or []:
         if ref.get("kind") == KIND and ref.get("controller", True):
             return dict(ref)
-    return None
-
-
-def _write_with_retries(
-    ctx: OperatorContext, namespace: str, name: str, update: StatusUpdate, logger: Any, attempts: int = 6
-) -> dict[str, Any] | None:
-    """Event handlers get no retries from Kopf: retry transient API errors here, with backoff."""
-    for attempt in range(attempts):
-        try:
-            return write_status(ctx.api, namespace, name, update)
-        except ApiError as exc:
-            ctx.metrics.record_error(exc.metric_reason)
-            if not exc.retryable or attempt == attempts - 1:
-                logger.error(f"Cannot update BlackwellTrainingJob {namespace}/{name} from its child: {exc}")
-                return None
-            time.sleep(min(0.1 * 2**attempt, 5.0))
     return None
 
 
@@ -165,7 +147,9 @@ def on_child_event(
             changes["child"] = _reference(child)
         return changes
 
-    written = _write_with_retries(ctx, namespace, owner["name"], update, logger)
+    _, written = write_status_retrying(
+        ctx, namespace, owner["name"], update, logger, purpose="mirror its child's status"
+    )
     if written is not None and transition and transition["old"] != transition["new"].value:
         reason = _EVENT_PHASES.get(transition["new"])
         if reason:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,7 +14,7 @@ from blackwell_operator.failures import (
     worker_failure,
 )
 from blackwell_operator.handlers.api import ApiError, resource_path
-from blackwell_operator.handlers.btjstatus import StatusUpdate, write_status
+from blackwell_operator.handlers.btjstatus import write_status_retrying
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import post_event
 from blackwell_operator.handlers.reconcile import CHILD_KINDS
@@ -49,7 +48,9 @@ def on_pod_event(ctx: OperatorContext, event_type: str | None, pod: Mapping[str,
         posted.update(event=new, btj=btj)
         return changes
 
-    done, written = _write(ctx, namespace, name, update, logger)
+    done, written = write_status_retrying(
+        ctx, namespace, name, update, logger, purpose="record a worker failure"
+    )
     if not done:
         return  # logged; the pod's next event tries again
     if written is not None and posted.get("event"):
@@ -90,22 +91,3 @@ def _stop_child(ctx: OperatorContext, btj: Mapping[str, Any], logger: Any) -> bo
             warning=True,
         )
     return True
-
-
-def _write(
-    ctx: OperatorContext, namespace: str, name: str, update: StatusUpdate, logger: Any, attempts: int = 6
-) -> tuple[bool, dict[str, Any] | None]:
-    """(whether the write went through or had nothing to do, the BTJ written); event handlers get no
-    retries from Kopf, so transient API errors are retried here, with backoff."""
-    for attempt in range(attempts):
-        try:
-            return True, write_status(ctx.api, namespace, name, update)
-        except ApiError as exc:
-            ctx.metrics.record_error(exc.metric_reason)
-            if not exc.retryable or attempt == attempts - 1:
-                logger.error(
-                    f"Cannot record a worker failure on BlackwellTrainingJob {namespace}/{name}: {exc}"
-                )
-                return False, None
-            time.sleep(min(0.1 * 2**attempt, 5.0))
-    return False, None
