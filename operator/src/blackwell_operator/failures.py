@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from blackwell_operator.models.status import FAILURE_MESSAGE_LIMIT, ConditionType, Phase
+from blackwell_operator.render import hyperpod, pytorchjob
 from blackwell_operator.render.labels import JOB_NAME_LABEL
 from blackwell_operator.render.pod import CONTAINER_NAME, TERMINATION_GRACE_SECONDS
 from blackwell_operator.status import (
@@ -28,7 +29,7 @@ STOP_EXIT_CODES = frozenset({130, 137, 143})  # 128 + SIGINT, SIGKILL, SIGTERM
 CASCADE_WINDOW_S = TERMINATION_GRACE_SECONDS + 600.0
 # The Kubeflow training operator's pod label naming the PyTorchJob (hyperpod-pytorchjob.md §1).
 KUBEFLOW_JOB_NAME_LABEL = "training.kubeflow.org/job-name"
-CHILD_KINDS = frozenset({"PyTorchJob", "HyperPodPyTorchJob"})
+CHILD_KINDS = frozenset({pytorchjob.KIND, hyperpod.KIND})
 # The Failed condition's reason when a worker ended on an error no restart can fix; the operator then
 # deletes the child (its GPUs are freed) instead of letting torchrun and the pods retry it.
 PERMANENT_ERROR_REASON = "PermanentError"
