@@ -19,6 +19,7 @@ from blackwell_operator.failures import belongs_to
 from blackwell_operator.handlers.api import ApiError
 from blackwell_operator.handlers.btjstatus import write_status
 from blackwell_operator.handlers.context import OperatorContext
+from blackwell_operator.handlers.periodic import every
 from blackwell_operator.measure import Reading, metrics_endpoint, parse_reading, tokens_per_second_per_gpu
 from blackwell_operator.models.status import Phase
 from blackwell_operator.render.labels import JOB_NAME_LABEL
@@ -130,9 +131,4 @@ async def measure_forever(ctx: OperatorContext, interval_s: float, logger: Any) 
     measurer = Measurer(ctx, logger)
     timeout = aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        while True:
-            await asyncio.sleep(interval_s)
-            try:
-                await measurer.once(session)
-            except Exception as exc:  # one bad round must not end the loop for the operator's lifetime
-                logger.error(f"Throughput reading failed: {type(exc).__name__}: {exc}")
+        await every(interval_s, lambda: measurer.once(session), logger, "Throughput reading")

@@ -16,6 +16,7 @@ from blackwell_operator.handlers.api import ApiError, resource_path
 from blackwell_operator.handlers.btjstatus import btj_path
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import create_event
+from blackwell_operator.handlers.periodic import every
 from blackwell_operator.render.labels import JOB_NAME_LABEL
 from blackwell_operator.stuck_pods import StuckPod, stuck_pods, terminating_overdue
 
@@ -73,10 +74,9 @@ def _report(ctx: OperatorContext, pod: Mapping[str, Any], stuck: StuckPod, logge
 
 async def sweep_forever(ctx: OperatorContext, timeout_s: float, logger: Any) -> None:
     """Run the sweep a few times per timeout (a stuck pod is released within about 1.2 x the timeout)."""
-    interval = min(60.0, timeout_s / 5)
-    while True:
-        await asyncio.sleep(interval)
-        try:
-            await asyncio.to_thread(release_stuck_pods, ctx, timeout_s, logger)
-        except Exception as exc:  # one bad sweep must not end the loop for the operator's lifetime
-            logger.error(f"Stuck-pod sweep failed: {type(exc).__name__}: {exc}")
+    await every(
+        min(60.0, timeout_s / 5),
+        lambda: asyncio.to_thread(release_stuck_pods, ctx, timeout_s, logger),
+        logger,
+        "Stuck-pod sweep",
+    )
