@@ -14,14 +14,13 @@ from blackwell_operator.failures import (
     worker_failure,
 )
 from blackwell_operator.handlers.api import ApiError, resource_path
-from blackwell_operator.handlers.btjstatus import write_status_retrying
+from blackwell_operator.handlers.btjstatus import CHILD_DELETED, write_status_retrying
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import post_event
 from blackwell_operator.handlers.reconcile import CHILD_KINDS
 from blackwell_operator.render.labels import JOB_NAME_LABEL
 
 WORKER_FAILED = "WorkerFailed"
-CHILD_STOPPED = "ChildDeleted"
 
 
 def on_pod_event(ctx: OperatorContext, event_type: str | None, pod: Mapping[str, Any], logger: Any) -> None:
@@ -85,7 +84,7 @@ def _stop_child(ctx: OperatorContext, btj: Mapping[str, Any], logger: Any) -> bo
     if deleted:
         post_event(
             btj,
-            CHILD_STOPPED,
+            CHILD_DELETED,  # the Event says the same as the ChildCreated condition's reason
             f"Deleted {kind.kind} {child['name']}: a worker ended on a permanent error, which no restart "
             "can fix; fix the spec and apply it again",
             warning=True,
