@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
@@ -78,6 +78,16 @@ class DatasetKind(StrEnum):
     SHARDS = "shards"
 
 
+class RopeScaling(WireModel):
+    """Llama 3.1's RoPE frequency scaling (Hugging Face rope_type "llama3")."""
+
+    rope_type: Literal["llama3"] = Field(default="llama3", description="Scaling rule; only llama3 exists.")
+    factor: float = Field(gt=0, description="How much longer than the original context the model runs.")
+    low_freq_factor: float = Field(gt=0, description="Wavelengths above original/low are fully scaled.")
+    high_freq_factor: float = Field(gt=0, description="Wavelengths below original/high are not scaled.")
+    original_max_position_embeddings: int = Field(ge=1, description="Context length of pre-training.")
+
+
 class Architecture(WireModel):
     """A Llama-style decoder-only transformer shape."""
 
@@ -98,6 +108,9 @@ class Architecture(WireModel):
     attention_bias: bool = Field(default=False, description="Bias on the Q, K and V projections (Qwen2).")
     rope_theta: float = Field(default=500000.0, gt=0, description="RoPE base frequency.")
     norm_eps: float = Field(default=1e-5, gt=0, description="RMSNorm epsilon.")
+    rope_scaling: RopeScaling | None = Field(
+        default=None, description="RoPE frequency scaling (Llama 3.1 and later); none for plain RoPE."
+    )
 
     @model_validator(mode="after")
     def _heads_divide(self) -> Architecture:
@@ -150,6 +163,21 @@ class DatasetConfig(WireModel):
         if self.kind == DatasetKind.SHARDS and not self.uri:
             raise ValueError("dataset.uri is required when dataset.kind is 'shards'")
         return self
+
+
+class WeightsConfig(WireModel):
+    """A Hugging Face-format checkpoint (config.json and *.safetensors) to start training from."""
+
+    uri: str = Field(min_length=1, description="Folder or s3://bucket/prefix holding the checkpoint.")
+    size_bytes: int | None = Field(
+        default=None, ge=0, description="Total bytes of its safetensors files, where the planner knew it."
+    )
+
+
+class OutputConfig(WireModel):
+    """Where the trainer writes the trained weights as Hugging Face safetensors and config.json."""
+
+    uri: str = Field(min_length=1, description="Folder or s3://bucket/prefix to write the weights to.")
 
 
 class CheckpointConfig(WireModel):
@@ -290,6 +318,10 @@ class Plan(WireModel):
     calibration: str = Field(default="", description="Calibration data set used, with provenance.")
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    weights: WeightsConfig | None = Field(
+        default=None, description="Initial weights; the job's own checkpoint takes precedence on resume."
+    )
+    output: OutputConfig | None = Field(default=None, description="Export of the trained weights.")
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     metrics_port: int = Field(default=DEFAULT_METRICS_PORT, ge=1, le=65535, description="Prometheus port.")
     log_every_steps: int = Field(default=10, ge=1, description="Log one line every this many steps.")
