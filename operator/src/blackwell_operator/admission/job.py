@@ -9,6 +9,7 @@ from pydantic import ValidationError
 
 from blackwell_operator.admission import admission_errors
 from blackwell_operator.admission.messages import format_validation_error
+from blackwell_operator.admission.openapi import prune_nulls
 from blackwell_operator.errors import SpecError
 from blackwell_operator.models.spec import BlackwellTrainingJob, BlackwellTrainingJobSpec
 
@@ -33,8 +34,8 @@ def validate_manifest(obj: Any) -> BlackwellTrainingJob:
     a manifest only the CRD refuses (`nodes: true`, which pydantic reads as 1) gets the CRD's.
     """
     admission = admission_errors(obj)
-    try:
-        job = BlackwellTrainingJob.model_validate(obj)
+    try:  # the models see what the API server would store: its nulls pruned
+        job = BlackwellTrainingJob.model_validate(prune_nulls(obj))
     except ValidationError as exc:
         raise Rejected(_model_lines(exc)) from None
     if admission:
@@ -74,7 +75,7 @@ def validate_body(body: Mapping[str, Any]) -> BlackwellTrainingJobSpec:
     if not isinstance(spec, Mapping):  # a string, list or number: the models cannot even start
         raise Rejected(admission)
     try:
-        parsed = BlackwellTrainingJobSpec.model_validate(spec)
+        parsed = BlackwellTrainingJobSpec.model_validate(prune_nulls(spec))
     except ValidationError as exc:
         raise Rejected(_model_lines(exc, prefix="spec.")) from None
     if admission:

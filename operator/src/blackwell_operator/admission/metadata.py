@@ -52,10 +52,7 @@ def _string_map(field: str, value: Mapping[Any, Any], *, labels: bool) -> Iterat
         if problem:
             yield f"metadata.{field}: key {key!r} is not a valid name: {problem}"
         if not isinstance(item, str):
-            yield (
-                f"metadata.{field}.{key}: must be a string (got {item!r}); quote it, e.g. "
-                f"{key}: \"{item}\""
-            )
+            yield (f'metadata.{field}.{key}: must be a string (got {item!r}); quote it, e.g. {key}: "{item}"')
         elif labels and (len(item) > 63 or not _LABEL_VALUE.fullmatch(item)):
             yield (
                 f"metadata.labels.{key}: {item[:70]!r} is not a label value (at most 63 letters, digits, "

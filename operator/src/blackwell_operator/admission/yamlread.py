@@ -121,6 +121,10 @@ def load_documents(text: str, name: str) -> list[Any]:
     except InputError as exc:
         message = str(exc)
         raise InputError(message if message.startswith(name) else f"{name}: {message}") from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        raise InputError(f"{name}: not valid YAML ({where}{exc.problem or exc.context})") from None
     except yaml.YAMLError as exc:
         raise InputError(f"{name}: not valid YAML ({' '.join(str(exc).split())})") from None
     except (ValueError, TypeError, RecursionError) as exc:
