@@ -8,10 +8,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from blackwell_operator.admission import admission_errors
-from blackwell_operator.admission.messages import format_validation_error
 from blackwell_operator.admission.openapi import prune_nulls
 from blackwell_operator.errors import SpecError
 from blackwell_operator.models.spec import BlackwellTrainingJob, BlackwellTrainingJobSpec
+from blackwell_operator.models.validation import format_validation_error
 
 
 class Rejected(ValueError):

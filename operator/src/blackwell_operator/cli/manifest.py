@@ -12,8 +12,8 @@ import typer
 from blackwell_operator.admission import InputError, decode, load_documents
 from blackwell_operator.admission.job import Rejected, validate_manifest
 from blackwell_operator.admission.limits import MAX_REQUEST_BYTES
-from blackwell_operator.admission.messages import format_validation_error
 from blackwell_operator.models import BlackwellTrainingJob
+from blackwell_operator.models.validation import format_validation_error
 
 __all__ = ["ManifestError", "fail", "format_validation_error", "load_manifest", "load_manifest_or_fail"]
 

@@ -1,4 +1,4 @@
-"""Pydantic validation errors as one line per field: the dotted wire path and what is wrong."""
+"""A pydantic ValidationError of the models as one line per field, in the manifest's (camelCase) paths."""
 
 from __future__ import annotations
 
