@@ -216,7 +216,14 @@ class Reconciler:
         ):
             logger.info("The BlackwellTrainingJob is gone or going; nothing to create.")
             return
-        config_map, job = render_children(name, namespace, spec, plan, labels=meta.get("labels") or {})
+        config_map, job = render_children(
+            name,
+            namespace,
+            spec,
+            plan,
+            labels=meta.get("labels") or {},
+            default_image=self.ctx.default_image,
+        )
         adopt_children([config_map, job], body)
         result.config_map = config_map["metadata"]["name"]
         try:
