@@ -18,6 +18,7 @@ from blackwell_operator.render.labels import (
 )
 from blackwell_operator.render.pod import plan_config_map_name
 from blackwell_operator.render.pytorchjob import render_pytorchjob
+from blackwell_operator.render.trainjob import render_training_runtime, render_trainjob
 from blackwell_trainer.config import Plan
 
 
@@ -57,7 +58,8 @@ def render_children(
     *,
     labels: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """[plan ConfigMap, child job] for a BTJ; `labels` are the BTJ's own (Argo CD tracking is stripped).
+    """[plan ConfigMap, (TrainingRuntime,) child job] for a BTJ; `labels` are the BTJ's own (Argo CD
+    tracking is stripped). The job comes last: what it references is created before it.
 
     Pure and deterministic: the same input gives byte-identical YAML. No ownerReferences: the
     handler adopts the children (kopf.adopt) before sending them.
@@ -67,6 +69,19 @@ def render_children(
     plan_sha256 = sha256_of(config_map["data"])
     job_labels = dict(sorted({**common, **kueue_labels(spec)}.items()))
     job: dict[str, Any]
+    if spec.backend == Backend.TRAIN_JOB:
+        runtime = render_training_runtime(
+            name, namespace, spec, plan, labels=dict(common), pod_labels=dict(common), plan_sha256=plan_sha256
+        )
+        runtime = with_render_hash(runtime)
+        job = render_trainjob(
+            name,
+            namespace,
+            plan,
+            labels=job_labels,
+            runtime_sha256=runtime["metadata"]["annotations"][RENDER_HASH_ANNOTATION],
+        )
+        return [with_render_hash(config_map), runtime, with_render_hash(job)]
     if spec.backend == Backend.HYPERPOD_PYTORCH_JOB:
         job = render_hyperpodpytorchjob(
             name, namespace, spec, plan, labels=job_labels, pod_labels=dict(common), plan_sha256=plan_sha256
