@@ -75,7 +75,7 @@ def _jobs_status_phase(child_status: Mapping[str, Any]) -> Phase | None:
 def child_phase(child_status: Mapping[str, Any] | None) -> Phase:
     """Phase of a PyTorchJob/HyperPodPyTorchJob/TrainJob (hyperpod-pytorchjob.md §1.4; first match wins).
 
-    A TrainJob's conditions are only Suspended, Complete and Failed (docs/trainjob.md); its Running and
+    A TrainJob's conditions are only Suspended, Complete and Failed (docs/backends.md); its Running and
     Restarting come from status.jobsStatus.
     """
     conds = condition_map((child_status or {}).get("conditions"))

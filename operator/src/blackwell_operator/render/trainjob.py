@@ -6,7 +6,7 @@ only image, command, env, node and process counts, and its runtimePatches only a
 plan ConfigMap's volume, the anti-affinity on this job's name, the instance type, EFA and hugepage
 requests, spec.volumes, tolerations and the topology annotations. A runtime of our own also pins the
 shape of a job when the chart is upgraded (a shared runtime would change every job not yet started),
-needs no cluster-scoped write, and goes with the BTJ through its owner reference. See docs/trainjob.md.
+needs no cluster-scoped write, and goes with the BTJ through its owner reference. See docs/backends.md.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ BTJ_RESOURCE = "training.blackwell.dev/v1alpha1/blackwelltrainingjobs"
 PYTORCHJOB_RESOURCE = "kubeflow.org/v1/pytorchjobs"
 HYPERPOD_RESOURCE = "sagemaker.amazonaws.com/v1/hyperpodpytorchjobs"
 TRAINJOB_RESOURCE = "trainer.kubeflow.org/v1alpha1/trainjobs"
-TRAININGRUNTIME_RESOURCE = "trainer.kubeflow.org/v1alpha1/trainingruntimes"
+TRAINING_RUNTIME_RESOURCE = "trainer.kubeflow.org/v1alpha1/trainingruntimes"
 _ALL_VERBS = {"get", "list", "watch", "create", "patch", "update", "delete"}
 
 _NAMESPACES_PATH = re.compile(r"^/api/v1/namespaces(?:/(?P<name>[^/]+)(?:/(?P<sub>status|finalize))?)?/?$")
@@ -274,7 +274,7 @@ class HardenedEmulator(kmock.KubernetesEmulator):
             verbs=_ALL_VERBS,
             subresources={"status"},
         )
-        self.resources[TRAININGRUNTIME_RESOURCE] = kmock.ResourceInfo(
+        self.resources[TRAINING_RUNTIME_RESOURCE] = kmock.ResourceInfo(
             kind="TrainingRuntime", singular="trainingruntime", namespaced=True, verbs=_ALL_VERBS
         )
 
