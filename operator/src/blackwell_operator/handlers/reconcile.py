@@ -10,7 +10,6 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from blackwell_operator.cli.manifest import format_validation_error
 from blackwell_operator.discovery.capacity import Capacity
 from blackwell_operator.errors import SpecError
 from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
@@ -25,6 +24,7 @@ from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import adopt_children, post_event
 from blackwell_operator.models.spec import Backend, BlackwellTrainingJobSpec
 from blackwell_operator.models.status import ConditionType, Phase
+from blackwell_operator.models.validation import format_validation_error
 from blackwell_operator.planner import plan_job
 from blackwell_operator.render import render_children, trainjob
 from blackwell_operator.render.labels import RENDER_HASH_ANNOTATION
