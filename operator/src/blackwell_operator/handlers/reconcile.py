@@ -221,7 +221,12 @@ class Reconciler:
             logger.info("The BlackwellTrainingJob is gone or going; nothing to create.")
             return
         config_map, *supporting, job = render_children(
-            name, namespace, spec, plan, labels=meta.get("labels") or {}
+            name,
+            namespace,
+            spec,
+            plan,
+            labels=meta.get("labels") or {},
+            default_image=self.ctx.default_image,
         )
         adopt_children([config_map, *supporting, job], body)
         result.config_map = config_map["metadata"]["name"]
