@@ -73,6 +73,17 @@ def test_demo_queues_only_a_job_that_names_a_queue_and_admits_it_when_it_fits() 
 
 
 @pytest.mark.integration
+def test_demo_plays_kubeflow_trainer_for_a_trainjob(tmp_path: Path) -> None:
+    text = (ROOT / "operator/src/blackwell_operator/examples/default.yaml").read_text()
+    trainjob = tmp_path / "trainjob.yaml"
+    trainjob.write_text(text.replace("steps: 1000", "steps: 77") + "  backend: TrainJob\n")
+    code, out = demo(str(trainjob))
+    assert code == 0, out
+    assert "Created TrainJob llama3-8b-pretrain" in out and "Kubeflow Trainer (its JobSet) creates" in out
+    assert out.index("BTJ phase Running") < out.index("run 77 steps") < out.index("BTJ phase Succeeded")
+
+
+@pytest.mark.integration
 def test_demo_of_a_dry_run_creates_nothing() -> None:
     result = CliRunner().invoke(app, ["demo", str(ROOT / "examples" / "dry-run.yaml")])
     assert result.exit_code == 0, result.output

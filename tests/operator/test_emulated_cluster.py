@@ -26,7 +26,16 @@ def job(nodes: int = 2, instance_type: str = B200, backend: str = "PyTorchJob") 
             "backend": backend,
         }
     )
-    return render_children("job", NAMESPACE, spec, plan_for(spec, "job"))[1]
+    return render_children("job", NAMESPACE, spec, plan_for(spec, "job"))[-1]
+
+
+def workers(nodes: int = 2, backend: str = "PyTorchJob") -> Any:
+    """The workers of a job; a TrainJob's come with its TrainingRuntime."""
+    spec = BlackwellTrainingJobSpec.model_validate(
+        {"model": {"preset": "llama3.1-8b"}, "cluster": {"nodes": nodes}, "backend": backend}
+    )
+    children = render_children("job", NAMESPACE, spec, plan_for(spec, "job"))
+    return workers_of(children[-1], children[1] if backend == "TrainJob" else None)
 
 
 def nodes(count: int, instance_type: str = B200, **overrides: str) -> list[dict[str, Any]]:
@@ -49,9 +58,9 @@ async def test_the_emulated_cluster_keeps_the_nodes_allocatable() -> None:
         assert k.get_object("v1/namespaces", None, NAMESPACE) is not None
 
 
-@pytest.mark.parametrize("backend", ["PyTorchJob", "HyperPodPyTorchJob"])
+@pytest.mark.parametrize("backend", ["PyTorchJob", "HyperPodPyTorchJob", "TrainJob"])
 def test_workers_fit_one_per_node(backend: str) -> None:
-    placement = place(workers_of(job(4, backend=backend)), nodes(5))
+    placement = place(workers(4, backend), nodes(5))
     assert placement.complete and placement.nodes == ("n0", "n1", "n2", "n3")
 
 
@@ -85,6 +94,11 @@ def test_an_unhealthy_or_cordoned_node_is_not_used() -> None:
     assert "2 node(s) didn't match Pod's node affinity/selector" in placement.why_not
 
 
+def test_a_trainjob_without_its_runtime_is_refused_in_one_line() -> None:
+    with pytest.raises(ValueError, match="TrainingRuntime of TrainJob job is missing"):
+        workers_of(job(backend="TrainJob"))
+
+
 def test_another_kind_is_refused_in_one_line() -> None:
-    with pytest.raises(ValueError, match="cannot play the controller of a TrainJob"):
-        workers_of({"kind": "TrainJob", "spec": {}})
+    with pytest.raises(ValueError, match="cannot play the controller of a JAXJob"):
+        workers_of({"kind": "JAXJob", "spec": {}})

@@ -250,11 +250,18 @@ async def _simulate(
 ) -> str:
     """Play the controllers on the emulated nodes and show the BTJ following; returns why the job waits
     ("" when it ran to the end)."""
+    from blackwell_operator.render.trainjob import API_VERSION, KIND, RUNTIME_PLURAL
     from blackwell_operator.testing.controllers import ControllerStandIn
 
     stand_in = ControllerStandIn(k, job, steps=steps)
+    ref, namespace = job["spec"].get("runtimeRef") or {}, job["metadata"]["namespace"]
+    runtime = (
+        k.get_object(f"{API_VERSION}/{RUNTIME_PLURAL}", namespace, ref["name"])
+        if job["kind"] == KIND and ref
+        else None
+    )
     try:
-        moves, waits = stand_in.moves(k.live_objects("v1/nodes"))
+        moves, waits = stand_in.moves(k.live_objects("v1/nodes"), runtime)
     except ValueError as exc:
         return str(exc)
     console.print(

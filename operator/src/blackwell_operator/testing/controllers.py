@@ -6,7 +6,9 @@ They are deliberately simple and say so: Kueue's quota is taken to be the nodes 
 anti-affinity) on a node whose labels match its nodeSelector and whose allocatable holds its requests,
 and the job is Running only once every worker is (torchrun's rendezvous waits for all of them: minReplicas
 equals maxReplicas). Condition types and reasons are the Kubeflow training operator's (Created, Suspended,
-Running, Succeeded; `<Kind><Type>`); HyperPod's job controller is played the same way.
+Running, Succeeded; `<Kind><Type>`); HyperPod's job controller is played the same way. A TrainJob
+(Kubeflow Trainer v2) has only Suspended and Complete conditions; its running pods show in
+status.jobsStatus, as Trainer v2 reports its JobSet's Jobs.
 """
 
 from __future__ import annotations
@@ -33,14 +35,21 @@ class Workers:
 
     @property
     def requests(self) -> Mapping[str, Any]:
-        (container,) = [c for c in self.template["spec"]["containers"] if c["name"] == "pytorch"]
+        (container,) = self.template["spec"]["containers"]  # the operator renders one trainer container
         requests: Mapping[str, Any] = container.get("resources", {}).get("requests", {})
         return requests
 
 
-def workers_of(job: Mapping[str, Any]) -> Workers:
-    """The worker replicas of a PyTorchJob or HyperPodPyTorchJob; ValueError for another kind."""
+def workers_of(job: Mapping[str, Any], runtime: Mapping[str, Any] | None = None) -> Workers:
+    """The worker replicas of a PyTorchJob, HyperPodPyTorchJob or TrainJob (whose pod template is in its
+    TrainingRuntime, `runtime`); ValueError for another kind."""
     spec = job["spec"]
+    if job["kind"] == "TrainJob":
+        if runtime is None:
+            raise ValueError(f"the TrainingRuntime of TrainJob {job['metadata']['name']} is missing")
+        (replicated,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+        template = replicated["template"]["spec"]["template"]
+        return Workers(str(replicated["name"]), int(spec["trainer"]["numNodes"]), template)
     if job["kind"] == "PyTorchJob":
         worker = spec["pytorchReplicaSpecs"]["Worker"]
         return Workers("Worker", int(worker["replicas"]), worker["template"])
@@ -152,8 +161,26 @@ class ControllerStandIn:
         path = f"{self._collection()}/{self._name}/status"
         await self._send("PATCH", path, {"status": {"conditions": self.conditions}})
 
+    @property
+    def _trainjob(self) -> bool:
+        return bool(self.job["kind"] == "TrainJob")
+
     def _pod_name(self, workers: Workers, index: int) -> str:
+        if self._trainjob:  # JobSet: <jobset>-<replicated job>-<job index>-<pod index>
+            return f"{self._name}-{workers.replica}-0-{index}"
         return f"{self._name}-{workers.replica.lower()}-{index}"
+
+    async def _jobs_status(self, workers: Workers, *, ready: int, succeeded: int) -> None:
+        """A TrainJob's status.jobsStatus: its one replicated job's pods, as Trainer v2 reports them."""
+        entry = {
+            "name": workers.replica,
+            "ready": ready,
+            "succeeded": succeeded,
+            "failed": 0,
+            "active": ready,
+        }
+        path = f"{self._collection()}/{self._name}/status"
+        await self._send("PATCH", path, {"status": {"conditions": self.conditions, "jobsStatus": [entry]}})
 
     async def _create_pods(self, workers: Workers, placement: Placement) -> None:
         owner = {
@@ -212,16 +239,20 @@ class ControllerStandIn:
             }
             await self._send("PATCH", f"{pods}/{self._pod_name(workers, index)}/status", {"status": status})
 
-    def moves(self, nodes: Sequence[Mapping[str, Any]]) -> tuple[list[Move], str]:
-        """What happens to the job on these nodes, in order, and, when it cannot run, why it waits."""
-        workers = workers_of(self.job)
+    def moves(
+        self, nodes: Sequence[Mapping[str, Any]], runtime: Mapping[str, Any] | None = None
+    ) -> tuple[list[Move], str]:
+        """What happens to the job on these nodes, in order, and, when it cannot run, why it waits
+        (`runtime`: a TrainJob's TrainingRuntime)."""
+        workers = workers_of(self.job, runtime)
         placement = place(workers, nodes)
         kind, qualified = self.job["kind"], f"{self._namespace}/{self._name}"
         queue = (self.job["metadata"].get("labels") or {}).get(KUEUE_QUEUE_LABEL)
         moves: list[Move] = []
 
         async def created() -> None:
-            self._condition("Created", "True", "Created", f"{kind} {self._name} is created.")
+            if not self._trainjob:  # Trainer v2 has no Created condition
+                self._condition("Created", "True", "Created", f"{kind} {self._name} is created.")
             if queue:
                 self._condition("Suspended", "True", "Suspended", f"{kind} {self._name} is suspended.")
             await self._write_status()
@@ -248,9 +279,8 @@ class ControllerStandIn:
                 Move(f"Kueue admits it: {workers.count} node(s) within the quota", "Pending", admitted)
             )
         else:
-            moves.append(
-                Move(f"the training operator creates the {workers.count} worker pod(s)", "Pending", created)
-            )
+            maker = "Kubeflow Trainer (its JobSet)" if self._trainjob else "the training operator"
+            moves.append(Move(f"{maker} creates the {workers.count} worker pod(s)", "Pending", created))
 
         if not placement.complete:
 
@@ -273,11 +303,18 @@ class ControllerStandIn:
 
         async def running() -> None:
             await self._create_pods(workers, placement)
+            if self._trainjob:
+                await self._jobs_status(workers, ready=workers.count, succeeded=0)
+                return
             self._condition("Running", "True", "Running", f"{kind} {qualified} is running.")
             await self._write_status()
 
         async def succeeded() -> None:
             await self._finish_pods(workers)
+            if self._trainjob:
+                self._condition("Complete", "True", "JobsCompleted", f"{kind} {qualified} is completed.")
+                await self._jobs_status(workers, ready=0, succeeded=workers.count)
+                return
             self._condition("Running", "False", "Succeeded", f"{kind} {qualified} successfully completed.")
             self._condition("Succeeded", "True", "Succeeded", f"{kind} {qualified} successfully completed.")
             await self._write_status()
