@@ -28,7 +28,8 @@ _HINTS = {
 def parse_quantity(quantity: str | int | float) -> Decimal:
     """A Kubernetes quantity ("8", "5120Mi", "1.5Gi", "500m", "2e3") as an exact number, by the client's own
     resource.Quantity parser; ValueError on text it does not know."""
-    value: Decimal = _parse_quantity(quantity)  # type: ignore[no-untyped-call]  (the client is untyped)
+    # The client is untyped.
+    value: Decimal = _parse_quantity(quantity)  # type: ignore[no-untyped-call]
     return value
 
 
