@@ -42,6 +42,7 @@ class OperatorEnvironment(BaseSettings):
     measure_interval_s: float = Field(
         60.0, ge=0, allow_inf_nan=False, description="Seconds between throughput readings; 0: off."
     )
+    # "off" disables the server (e.g. several operators in one test).
     metrics_bind: str | None = Field(
         None, description="host:port of the metrics and health server, or 'off'; None: all interfaces."
     )
