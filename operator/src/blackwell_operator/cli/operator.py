@@ -39,10 +39,26 @@ def run(
 
     import blackwell_operator.handlers  # noqa: F401  (registers the handlers on Kopf's default registry)
 
+    _need_cluster_credentials()
     os.environ["BTJ_METRICS_BIND"] = metrics_bind
     kopf.configure(verbose=verbose)
     # One replica (Deployment strategy Recreate): peering is not needed, and its CRDs are not installed.
     kopf.run(standalone=True, clusterwide=not namespace, namespaces=namespace or ())
+
+
+def _need_cluster_credentials() -> None:
+    """One line and exit 2 when there is no cluster to talk to (Kopf would retry its login forever)."""
+    from blackwell_operator.handlers.api import load_api_client
+
+    try:
+        load_api_client().close()
+    except Exception as exc:  # the kubernetes client raises ConfigException, OSError, TypeError, ...
+        where = os.environ.get("KUBECONFIG") or "~/.kube/config"
+        detail = " ".join(str(exc).split())[:160]
+        fail(
+            f"no cluster credentials: not in a pod with a service account, and no usable kubeconfig at "
+            f"{where} ({detail}); set KUBECONFIG, or run `btj demo` for an emulated cluster"
+        )
 
 
 @app.command("demo")
