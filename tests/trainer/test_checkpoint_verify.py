@@ -208,3 +208,87 @@ def test_pruning_after_a_fallback_ignores_the_skipped_newer_checkpoint(tmp_path:
 def test_no_checkpoint_at_all_is_a_fresh_start(tmp_path: Path) -> None:
     (tmp_path / ".tmp-step-000003").mkdir()  # a save that never finished is not a damaged checkpoint
     assert checkpointer(tmp_path).load(*make(0)) is None
+
+
+# --- two ranks (gloo, FSDP2): each rank checks its share of the files and every rank takes the same one
+
+
+def _two_rank_resume(rank: int, init: str, root: str) -> None:
+    """Save steps 1 and 2 sharded over 2 ranks; damage rank 1's shard of step 2, then everything."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2, timeout=timedelta(seconds=60))
+    try:
+        mesh = init_device_mesh("cpu", (2,))
+
+        def sharded(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+            model, _ = make(seed)
+            for layer in model:
+                if isinstance(layer, torch.nn.Linear):
+                    fully_shard(layer, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+            return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+        def local(model: torch.nn.Module) -> list[torch.Tensor]:
+            return [p.detach().to_local().clone() for p in model.parameters()]  # type: ignore[operator]
+
+        model, optimizer = sharded(0)
+        ckpt = Checkpointer(CheckpointConfig(path=root, interval_steps=1, keep_latest=5), rank=rank)
+        saved = []
+        for step in (1, 2):
+            train_step(model, optimizer)
+            ckpt.save(step, model, optimizer, {"step": step, "rank": rank})
+            saved.append(local(model))
+        if rank == 0:
+            zero(Path(root, "step-000002", "__1_0.distcp"))  # only rank 1 checks it
+        dist.barrier()
+        outcome: dict[str, object] = {}
+        reasons: list[str] = []
+        fresh, fresh_optimizer = sharded(5)
+        loaded = Checkpointer(ckpt.config, rank=rank).load(
+            fresh, fresh_optimizer, on_skip=lambda p, r: reasons.append(f"{p.name}: {r}")
+        )
+        outcome["loaded"] = loaded
+        same = all(torch.equal(a, b) for a, b in zip(saved[0], local(fresh), strict=True))
+        outcome["same_as_step_1"] = same
+        outcome["skipped"] = reasons
+        if rank == 0:
+            flip(Path(root, "step-000001", "extra", "rank-00001.pt"))  # rank 1's own state of step 1
+        dist.barrier()
+        try:
+            Checkpointer(ckpt.config, rank=rank).load(*sharded(6))
+            outcome["none_left"] = "loaded"
+        except NoUsableCheckpoint as err:
+            outcome["none_left"] = str(err)
+        Path(root, f"outcome-{rank}.json").write_text(json.dumps(outcome))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_two_ranks_agree_to_skip_a_checkpoint_only_one_rank_found_damaged(tmp_path: Path) -> None:
+    import torch.multiprocessing as mp
+
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    context = mp.start_processes(
+        _two_rank_resume,
+        args=(f"file://{tmp_path / 'rendezvous'}", str(root)),
+        nprocs=2,
+        join=False,
+        start_method="spawn",
+    )
+    while not context.join(timeout=300):  # a safety net only; a hang fails on gloo's 60 s timeout
+        pass
+    outcomes = [json.loads((root / f"outcome-{rank}.json").read_text()) for rank in (0, 1)]
+    assert [o["loaded"] for o in outcomes] == [{"step": 1, "rank": 0}, {"step": 1, "rank": 1}]
+    assert [o["same_as_step_1"] for o in outcomes] == [True, True]
+    assert outcomes[0]["skipped"] == outcomes[1]["skipped"]
+    (reason,) = outcomes[0]["skipped"]
+    assert reason.startswith("step-000002: rank 1: __1_0.distcp fails its checksum")
+    assert outcomes[0]["none_left"] == outcomes[1]["none_left"]
+    assert "step-000001: rank 1: extra/rank-00001.pt fails its checksum" in outcomes[0]["none_left"]

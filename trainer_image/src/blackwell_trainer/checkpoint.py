@@ -26,8 +26,8 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from blackwell_trainer.checkpoint_manifest import MARKER as MARKER  # re-exported: the layout's name
 from blackwell_trainer.checkpoint_manifest import (
-    MARKER,
     MARKER_VERSION,
     FileEntry,
     Manifest,

@@ -174,7 +174,7 @@ class NonFiniteStep(RuntimeError):
     rate cannot take) recurs only until the pods' restart budget is spent, one interval each time.
     """
 
-    KINDS = ("the loss", "the gradient norm", "the parameters after the optimizer step")
+    KINDS = ("the loss is", "the gradient norm is", "the parameters after the optimizer step are")
 
     def __init__(self, step: int, loss: float, ranks: list[list[int]]) -> None:
         self.step, self.loss, self.ranks = step, loss, ranks
@@ -183,7 +183,7 @@ class NonFiniteStep(RuntimeError):
         shown = ", ".join(str(r) for r in where[:8])
         shown += f" and {len(where) - 8} more" if len(where) > 8 else ""
         on = f" on rank{'s' if len(where) > 1 else ''} {shown}" if where else ""
-        super().__init__(f"step {step}: {kind} is not finite{on} (loss {loss:g})")
+        super().__init__(f"step {step}: {kind} not finite{on} (loss {loss:g})")
 
     def explained(self, detail: str) -> NonFiniteStep:
         """The same stop with what it means for the checkpoints and what to do, on the same line."""
