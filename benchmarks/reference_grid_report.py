@@ -12,8 +12,8 @@ from typing import Any
 
 import yaml
 
+from blackwell_operator.calibrate.grid import compare, grid_spec
 from blackwell_operator.calibration import load_calibration
-from blackwell_operator.calibration.grid import compare, grid_spec
 from blackwell_operator.planner import plan_job
 
 ROOT = Path(__file__).resolve().parents[1]
