@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from blackwell_operator.backends import AUTO_ORDER, choose_backend, none_served_message
+from blackwell_operator.backends import AUTO_ORDER, JOB_RESOURCES, choose_backend, none_served_message
 from blackwell_operator.discovery.apis import ServedJobApis, serves
 from blackwell_operator.handlers.api import KubeApi, load_api_client
 from blackwell_operator.models.spec import Backend, BlackwellTrainingJobSpec
@@ -69,7 +69,7 @@ def test_discovery_is_cached_and_a_missing_group_is_not_served() -> None:
         calls.append(path)
         return documents.get(path)
 
-    apis = ServedJobApis(get, ttl=60, clock=lambda: now[0])
+    apis = ServedJobApis(get, JOB_RESOURCES, ttl=60, clock=lambda: now[0])
     assert apis.served() == {Backend.PYTORCH_JOB}
     assert apis.served() == {Backend.PYTORCH_JOB} and len(calls) == 3  # one GET per group version
     documents["/apis/trainer.kubeflow.org/v1alpha1"] = {"resources": [{"name": "trainjobs"}]}
@@ -103,7 +103,7 @@ async def test_discovery_against_the_api_server(
     async with cluster_serving(declared, tmp_path, monkeypatch):
         api = KubeApi(load_api_client())
         try:
-            served = await asyncio.to_thread(ServedJobApis(api.get).served)
+            served = await asyncio.to_thread(ServedJobApis(api.get, JOB_RESOURCES).served)
         finally:
             api.close()
     assert served == expected

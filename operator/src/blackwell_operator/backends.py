@@ -24,6 +24,8 @@ JOB_APIS: dict[Backend, JobApi] = {
     Backend.TRAIN_JOB: JobApi(trainjob.API_VERSION, trainjob.KIND, "trainjobs"),
 }
 CONCRETE = tuple(JOB_APIS)
+# What API discovery looks for (discovery.apis.ServedJobApis).
+JOB_RESOURCES = {backend: (api.api_version, api.plural) for backend, api in JOB_APIS.items()}
 
 # The order `auto` tries (docs/backends.md): Kubeflow Trainer v2 first, where Kubeflow is going and what
 # Kueue v0.19 still manages by default (it no longer manages PyTorchJob by default, kubernetes-sigs/kueue

@@ -7,11 +7,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from blackwell_operator.backends import JOB_APIS
 from blackwell_operator.models.spec import Backend
 
 # GET of a discovery document (/apis/<group>/<version>): the APIResourceList, or None when not served.
 DiscoveryGetter = Callable[[str], Mapping[str, Any] | None]
+# backend -> (apiVersion, plural) of its job kind (blackwell_operator.backends.JOB_APIS).
+JobResources = Mapping[Backend, tuple[str, str]]
 # A CRD installed or removed shows within this long; a burst of BTJs asks the API server once.
 DEFAULT_TTL_S = 60.0
 
@@ -32,9 +33,15 @@ class ServedJobApis:
     remembered for `ttl` seconds. An error other than 404 propagates (the caller retries)."""
 
     def __init__(
-        self, get: DiscoveryGetter, *, ttl: float = DEFAULT_TTL_S, clock: Callable[[], float] = time.monotonic
+        self,
+        get: DiscoveryGetter,
+        resources: JobResources,
+        *,
+        ttl: float = DEFAULT_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._get = get
+        self._resources = dict(resources)
         self._ttl = ttl
         self._clock = clock
         self._cached: tuple[float, frozenset[Backend]] | None = None
@@ -48,8 +55,8 @@ class ServedJobApis:
             return cached[1]
         found = frozenset(
             backend
-            for backend, api in JOB_APIS.items()
-            if serves(self._get(discovery_path(api.api_version)), api.plural)
+            for backend, (api_version, plural) in self._resources.items()
+            if serves(self._get(discovery_path(api_version)), plural)
         )
         with self._lock:
             self._cached = (self._clock(), found)

@@ -10,6 +10,7 @@ from typing import Any
 import kopf
 from aiohttp import web
 
+from blackwell_operator.backends import JOB_RESOURCES
 from blackwell_operator.discovery.apis import ServedJobApis
 from blackwell_operator.discovery.capacity import NodeCapacityReader
 from blackwell_operator.handlers.api import KubeApi, load_api_client, resource_path
@@ -71,7 +72,7 @@ def build_context(api_client: Any | None = None) -> OperatorContext:
         capacity=NodeCapacityReader(list_nodes),
         metrics=OperatorMetrics(),
         default_image=default_trainer_image(),
-        served_apis=ServedJobApis(api.get),
+        served_apis=ServedJobApis(api.get, JOB_RESOURCES),
     )
 
 
