@@ -57,7 +57,7 @@ def _load(paths: list[Path]):  # type: ignore[no-untyped-def]
     except (ValidationError, ValueError) as err:
         fail(f"RECORDS: not calibration records ({str(err).splitlines()[0]}); see `btj calibrate import`")
     if not records:
-        fail("RECORDS: no records found; run benchmarks/calibration/harness.py first")
+        fail("RECORDS: no records found; run `python -m benchmarks.calibration.harness` first")
     return records
 
 
