@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
-from pydantic import ValidationError
 
+from blackwell_operator.admission.job import Rejected, validate_body
 from blackwell_operator.discovery.capacity import Capacity
 from blackwell_operator.errors import SpecError
 from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
@@ -24,7 +24,6 @@ from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import adopt_children, post_event
 from blackwell_operator.models.spec import Backend, BlackwellTrainingJobSpec
 from blackwell_operator.models.status import ConditionType, Phase
-from blackwell_operator.models.validation import format_validation_error
 from blackwell_operator.planner import plan_job
 from blackwell_operator.render import render_children
 from blackwell_operator.render.labels import RENDER_HASH_ANNOTATION
@@ -87,15 +86,13 @@ def owned_by(obj: Mapping[str, Any], owner_uid: str) -> bool:
     return any(ref.get("uid") == owner_uid for ref in refs)
 
 
-def parse_spec(spec: Mapping[str, Any]) -> BlackwellTrainingJobSpec:
-    """The spec as the model; a validation failure becomes a SpecError naming the first field."""
+def parse_spec(body: Mapping[str, Any]) -> BlackwellTrainingJobSpec:
+    """The spec judged as the API server judges it (admission.job); a refusal names the first field."""
     try:
-        return BlackwellTrainingJobSpec.model_validate(dict(spec))
-    except ValidationError as exc:
-        lines = format_validation_error(exc, prefix="spec.").splitlines()
-        first = lines[0] if lines else "spec: invalid"
-        where, _, problem = first.partition(": ")
-        more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
+        return validate_body(body)
+    except Rejected as exc:
+        where, _, problem = exc.lines[0].partition(": ")
+        more = f" (and {len(exc.lines) - 1} more)" if len(exc.lines) > 1 else ""
         raise SpecError(
             where, problem + more, "correct the field; `btj plan job.yaml` checks it offline"
         ) from exc
@@ -177,7 +174,7 @@ class Reconciler:
         name, namespace = meta["name"], meta["namespace"]
         generation = int(meta.get("generation") or 1)
         try:
-            spec = parse_spec(body.get("spec") or {})
+            spec = parse_spec(body)
             plan = plan_job(spec, job_name=name)
         except SpecError as exc:
             self.ctx.metrics.record_error(exc.reason)
@@ -216,7 +213,14 @@ class Reconciler:
         ):
             logger.info("The BlackwellTrainingJob is gone or going; nothing to create.")
             return
-        config_map, job = render_children(name, namespace, spec, plan, labels=meta.get("labels") or {})
+        config_map, job = render_children(
+            name,
+            namespace,
+            spec,
+            plan,
+            labels=meta.get("labels") or {},
+            default_image=self.ctx.default_image,
+        )
         adopt_children([config_map, job], body)
         result.config_map = config_map["metadata"]["name"]
         try:

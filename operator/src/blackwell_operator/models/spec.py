@@ -9,6 +9,14 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from blackwell_operator.models.pod import (
+    MAX_PULL_SECRETS,
+    PodAnnotations,
+    PodLabels,
+    SecretReference,
+    ServiceAccountName,
+    distinct_secrets,
+)
 from blackwell_trainer.config import (
     ActivationCheckpointing,
     Architecture,
@@ -322,7 +330,12 @@ class BlackwellTrainingJobSpec(WireModel):
     cluster: ClusterSpec = Field(default_factory=ClusterSpec, description="Hardware for the job.")
     training: TrainingSpec = Field(default_factory=TrainingSpec, description="Data, steps and optimizer.")
     tuning: TuningSpec = Field(default_factory=TuningSpec, description="Performance knobs (auto or pinned).")
-    image: str = Field(default=DEFAULT_IMAGE, min_length=1, description="Trainer container image.")
+    image: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Trainer container image (built from the project's trainer_image/Dockerfile). "
+        "Unset: the operator's default, the Helm chart's trainerImage value.",
+    )
     backend: Backend = Field(default=Backend.PYTORCH_JOB, description="PyTorchJob or HyperPodPyTorchJob.")
     queue_name: str | None = Field(default=None, description="Kueue LocalQueue; adds kueue.x-k8s.io labels.")
     priority_class: str | None = Field(default=None, description="Kueue WorkloadPriorityClass name.")
@@ -345,6 +358,33 @@ class BlackwellTrainingJobSpec(WireModel):
         description="PersistentVolumeClaims mounted into every trainer container (shared checkpoints and "
         "datasets); a multi-node checkpoint.path must lie on one that is not readOnly.",
     )
+
+    service_account_name: ServiceAccountName | None = Field(
+        default=None,
+        description="ServiceAccount of the trainer pods, in the job's namespace. On EKS, one bound to an "
+        "IAM role (IRSA annotation or an EKS Pod Identity association) gives the pods AWS credentials "
+        "for S3 data and weights. Unset: the namespace's default ServiceAccount.",
+    )
+    image_pull_secrets: list[SecretReference] = Field(
+        default_factory=list,
+        max_length=MAX_PULL_SECRETS,
+        description="Secrets in the job's namespace for pulling the trainer image from a private registry.",
+    )
+    pod_labels: PodLabels | None = Field(
+        default=None,
+        description="Labels on every trainer pod (not on the job), e.g. for cost allocation or network "
+        "policies; keys the operator sets itself are refused.",
+    )
+    pod_annotations: PodAnnotations | None = Field(
+        default=None,
+        description="Annotations on every trainer pod, e.g. for a sidecar injector or log routing; keys "
+        "the operator sets itself are refused.",
+    )
+
+    @field_validator("image_pull_secrets")
+    @classmethod
+    def _distinct_pull_secrets(cls, secrets: list[SecretReference]) -> list[SecretReference]:
+        return distinct_secrets(secrets)
 
     @field_validator("volumes")
     @classmethod

@@ -38,6 +38,13 @@ def _merge_union(items: list[ErrorDetails]) -> str | None:
     return f"must be {text} (got {items[0].get('input')!r})"
 
 
+def _message(item: ErrorDetails) -> str:
+    # pydantic names its model classes where a user wrote a mapping: say what the field must be instead.
+    if item["type"] in ("model_type", "dict_type", "model_attributes_type"):
+        return f"must be a mapping (got {item.get('input')!r})"
+    return item["msg"]
+
+
 def format_validation_error(error: ValidationError, prefix: str = "") -> str:
     """One line per field: the dotted wire path and what is wrong (union alternatives merged)."""
     grouped: dict[str, list[ErrorDetails]] = {}
@@ -50,5 +57,5 @@ def format_validation_error(error: ValidationError, prefix: str = "") -> str:
         if merged is not None:
             lines.append(f"{where}: {merged}")
         else:
-            lines.extend(f"{where}: {item['msg']}" for item in items)
+            lines.extend(f"{where}: {_message(item)}" for item in items)
     return "\n".join(dict.fromkeys(lines))

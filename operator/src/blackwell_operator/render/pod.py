@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from blackwell_operator.models.spec import OPERATOR_VOLUMES, BlackwellTrainingJobSpec, Toleration, Volume
+from blackwell_operator.models.spec import (
+    DEFAULT_IMAGE,
+    OPERATOR_VOLUMES,
+    BlackwellTrainingJobSpec,
+    Toleration,
+    Volume,
+)
 from blackwell_operator.render.environment import LOCAL_DIR, PLAN_DIR, container_env
 from blackwell_operator.render.hardware import HUGEPAGES_2MI, efa_interfaces, memory_request
 from blackwell_operator.render.labels import JOB_NAME_LABEL, PLAN_HASH_ANNOTATION
@@ -83,7 +89,7 @@ def container(
     ports = [{"name": METRICS_PORT_NAME, "containerPort": plan.metrics_port, "protocol": "TCP"}, *extra_ports]
     return {
         "name": CONTAINER_NAME,
-        "image": spec.image,
+        "image": spec.image or DEFAULT_IMAGE,
         "command": command,
         "env": container_env(spec.env),
         "ports": ports,
@@ -151,13 +157,25 @@ def pod_template(
     }
     if spec.tolerations:
         pod_spec["tolerations"] = [toleration(item) for item in spec.tolerations]
+    if spec.service_account_name:
+        # The pods' identity: on EKS, IRSA or EKS Pod Identity turn it into AWS credentials (S3).
+        pod_spec["serviceAccountName"] = spec.service_account_name
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": secret.name} for secret in spec.image_pull_secrets]
+    # The user's pod annotations first, the operator's over them (the spec refuses the operator's keys,
+    # so nothing the user asked for is dropped); `labels` already hold spec.podLabels (render_children).
     return {
         "metadata": {
             "labels": dict(labels),
-            "annotations": {
-                "kubectl.kubernetes.io/default-container": CONTAINER_NAME,
-                PLAN_HASH_ANNOTATION: plan_sha256,
-            },
+            "annotations": dict(
+                sorted(
+                    {
+                        **(spec.pod_annotations or {}),
+                        "kubectl.kubernetes.io/default-container": CONTAINER_NAME,
+                        PLAN_HASH_ANNOTATION: plan_sha256,
+                    }.items()
+                )
+            ),
         },
         "spec": pod_spec,
     }
