@@ -101,6 +101,7 @@ def test_permissions_are_least_privilege() -> None:
     assert deletable == {
         ("kubeflow.org", "pytorchjobs"),
         ("sagemaker.amazonaws.com", "hyperpodpytorchjobs"),
+        ("trainer.kubeflow.org", "trainjobs"),
         ("", "pods"),
     }
     assert all(p.resource != "*" and p.api_group != "*" for p in PERMISSIONS)

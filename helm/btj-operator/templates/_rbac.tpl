@@ -49,6 +49,15 @@ framework rules listed there. No wildcards anywhere.
 - apiGroups: ["sagemaker.amazonaws.com"]
   resources: ["hyperpodpytorchjobs"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Application: the child Kubeflow Trainer v2 TrainJob when spec.backend is TrainJob (same verbs).
+- apiGroups: ["trainer.kubeflow.org"]
+  resources: ["trainjobs"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Application: the per-job TrainingRuntime a TrainJob references (created before it, patched with it;
+# removed with the BlackwellTrainingJob through its owner reference).
+- apiGroups: ["trainer.kubeflow.org"]
+  resources: ["trainingruntimes"]
+  verbs: ["get", "create", "patch"]
 # Application: the <name>-plan ConfigMap mounted into the trainer pods.
 - apiGroups: [""]
   resources: ["configmaps"]

@@ -32,6 +32,10 @@ PERMISSIONS: tuple[Permission, ...] = (
         "hyperpodpytorchjobs",
         ("get", "list", "watch", "create", "patch", "delete"),
     ),
+    Permission("trainer.kubeflow.org", "trainjobs", ("get", "list", "watch", "create", "patch", "delete")),
+    # The operator: a TrainJob's per-job TrainingRuntime, created before it and patched with it like the
+    # plan ConfigMap (create-or-get; never watched or deleted: it goes with the BTJ's owner reference).
+    Permission("trainer.kubeflow.org", "trainingruntimes", ("get", "create", "patch")),
     Permission("", "configmaps", ("get", "create", "patch")),
     # The operator: cluster capacity (nodes of the instance type and their HyperPod health label).
     Permission("", "nodes", ("list",)),

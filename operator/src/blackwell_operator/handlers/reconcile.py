@@ -25,7 +25,7 @@ from blackwell_operator.handlers.events import adopt_children, post_event
 from blackwell_operator.models.spec import Backend, BlackwellTrainingJobSpec
 from blackwell_operator.models.status import ConditionType, Phase
 from blackwell_operator.planner import plan_job
-from blackwell_operator.render import render_children
+from blackwell_operator.render import render_children, trainjob
 from blackwell_operator.render.labels import RENDER_HASH_ANNOTATION
 from blackwell_operator.render.pod import resources
 from blackwell_operator.status import (
@@ -59,7 +59,11 @@ CHILD_KINDS = {
     Backend.HYPERPOD_PYTORCH_JOB: ChildKind(
         "sagemaker.amazonaws.com/v1", "HyperPodPyTorchJob", "hyperpodpytorchjobs"
     ),
+    Backend.TRAIN_JOB: ChildKind(trainjob.API_VERSION, trainjob.KIND, "trainjobs"),
 }
+# What the child references, created before it and patched with it: the plan ConfigMap, and for a TrainJob
+# its TrainingRuntime.
+SUPPORTING_PLURALS = {"ConfigMap": "configmaps", trainjob.RUNTIME_KIND: trainjob.RUNTIME_PLURAL}
 
 
 class ChildConflict(Exception):
@@ -213,7 +217,7 @@ class Reconciler:
         ):
             logger.info("The BlackwellTrainingJob is gone or going; nothing to create.")
             return
-        config_map, job = render_children(
+        config_map, *supporting, job = render_children(
             name,
             namespace,
             spec,
@@ -221,10 +225,10 @@ class Reconciler:
             labels=meta.get("labels") or {},
             default_image=self.ctx.default_image,
         )
-        adopt_children([config_map, job], body)
+        adopt_children([config_map, *supporting, job], body)
         result.config_map = config_map["metadata"]["name"]
         try:
-            self._apply(body, current, spec, kind, config_map, job, result)
+            self._apply(body, current, spec, kind, [config_map, *supporting], job, result)
         except ChildConflict as exc:
             self.ctx.metrics.record_error("ChildNameConflict")
             result.phase = Phase.FAILED
@@ -244,10 +248,11 @@ class Reconciler:
         current: Mapping[str, Any],
         spec: BlackwellTrainingJobSpec,
         kind: ChildKind,
-        config_map: dict[str, Any],
+        supporting: list[dict[str, Any]],
         job: dict[str, Any],
         result: Result,
     ) -> None:
+        config_map = supporting[0]
         meta = body["metadata"]
         namespace, uid = meta["namespace"], meta["uid"]
         job_path = resource_path(kind.api_version, kind.plural, namespace, job["metadata"]["name"])
@@ -273,7 +278,7 @@ class Reconciler:
             )
             return
         if existing is None:
-            self._ensure_config_map(config_map, uid)
+            self._ensure_supporting(supporting, uid)
             created, existing = self._create_or_get(kind, job, uid)
             result.child = existing
             result.conditions.append(
@@ -321,18 +326,17 @@ class Reconciler:
             )
             return
         status = existing.get("status") or {}
-        if can_patch_in_place(status):
-            self._ensure_config_map(config_map, uid)
-            result.child = self.api.patch(
-                job_path,
-                {
-                    "metadata": {
-                        "labels": job["metadata"].get("labels"),
-                        "annotations": job["metadata"].get("annotations"),
-                    },
-                    "spec": job["spec"],
+        if can_patch_in_place(status) and not immutable_change(kind, existing, job):
+            self._ensure_supporting(supporting, uid)
+            patch: dict[str, Any] = {
+                "metadata": {
+                    "labels": job["metadata"].get("labels"),
+                    "annotations": job["metadata"].get("annotations"),
                 },
-            )
+            }
+            if kind.kind != trainjob.KIND:  # a TrainJob's spec is immutable; its runtime was patched
+                patch["spec"] = job["spec"]
+            result.child = self.api.patch(job_path, patch)
             result.conditions.append(
                 (
                     ConditionType.SPEC_APPLIED,
@@ -348,7 +352,12 @@ class Reconciler:
             )
             return
         phase = child_phase(status)
-        reason = "JobFinished" if phase in TERMINAL_PHASES else "RunningJobImmutable"
+        if phase in TERMINAL_PHASES:
+            reason = "JobFinished"
+        elif can_patch_in_place(status):
+            reason = "TrainJobImmutable"  # not started, but its node or process count changed
+        else:
+            reason = "RunningJobImmutable"
         message = (
             f"{kind.kind} {job['metadata']['name']} is {phase.value}; its shape cannot change in place. "
             "Fix: delete and re-create the BlackwellTrainingJob (it resumes from its checkpoint) to "
@@ -363,35 +372,36 @@ class Reconciler:
         """Whether this spec generation has not been reconciled yet (a spec change)."""
         return int(body["metadata"].get("generation") or 1) != status.get("observedGeneration")
 
-    def _ensure_config_map(self, config_map: dict[str, Any], owner_uid: str) -> None:
-        path = resource_path(
-            "v1", "configmaps", config_map["metadata"]["namespace"], config_map["metadata"]["name"]
-        )
+    def _ensure_supporting(self, objects: list[dict[str, Any]], owner_uid: str) -> None:
+        for obj in objects:
+            self._ensure_owned(obj, owner_uid)
+
+    def _ensure_owned(self, obj: dict[str, Any], owner_uid: str) -> None:
+        """Create-or-patch one object the child references (the plan ConfigMap, a TrainingRuntime)."""
+        kind, meta = obj["kind"], obj["metadata"]
+        collection = resource_path(obj["apiVersion"], SUPPORTING_PLURALS[kind], meta["namespace"])
+        path = f"{collection}/{meta['name']}"
         try:
-            self.api.create(
-                resource_path("v1", "configmaps", config_map["metadata"]["namespace"]), config_map
-            )
+            self.api.create(collection, obj)
             return
         except ApiError as exc:
             if exc.status != 409:
                 raise
         existing = self.api.get(path)
         if existing is None:  # deleted in between: the retry creates it
-            raise ApiError(409, "Conflict", f"ConfigMap {config_map['metadata']['name']} vanished")
+            raise ApiError(409, "Conflict", f"{kind} {meta['name']} vanished")
         if not owned_by(existing, owner_uid):
             raise ChildConflict(
-                f"a ConfigMap named {config_map['metadata']['name']} exists and is not owned by "
+                f"a {kind} named {meta['name']} exists and is not owned by "
                 "this BlackwellTrainingJob. Fix: delete it, or rename the BlackwellTrainingJob"
             )
-        if render_hash(existing) != render_hash(config_map):
+        if render_hash(existing) != render_hash(obj):
+            body = {key: value for key, value in obj.items() if key not in ("apiVersion", "kind", "metadata")}
             self.api.patch(
                 path,
                 {
-                    "metadata": {
-                        "labels": config_map["metadata"].get("labels"),
-                        "annotations": config_map["metadata"].get("annotations"),
-                    },
-                    "data": config_map["data"],
+                    "metadata": {"labels": meta.get("labels"), "annotations": meta.get("annotations")},
+                    **body,
                 },
             )
 
@@ -552,6 +562,15 @@ def resume_note(spec: BlackwellTrainingJobSpec) -> str:
     if path:
         return f"training resumes from its last checkpoint in {path}"
     return "spec.training.checkpoint.path is not set, so training starts again from step 0"
+
+
+def immutable_change(kind: ChildKind, existing: Mapping[str, Any], job: Mapping[str, Any]) -> bool:
+    """Whether the new render changes a field of the child the API server never lets change (a TrainJob's
+    runtimeRef and trainer: node and process counts)."""
+    if kind.kind != trainjob.KIND:
+        return False
+    old, new = existing.get("spec") or {}, job.get("spec") or {}
+    return any(old.get(key) != new.get(key) for key in ("runtimeRef", "trainer"))
 
 
 def render_hash(obj: Mapping[str, Any]) -> str | None:

@@ -54,6 +54,7 @@ class Backend(StrEnum):
 
     PYTORCH_JOB = "PyTorchJob"
     HYPERPOD_PYTORCH_JOB = "HyperPodPyTorchJob"
+    TRAIN_JOB = "TrainJob"
 
 
 class ModelSpec(WireModel):
@@ -178,6 +179,11 @@ _ELEMENT = r"([^/.][^/]*|\.[^/.][^/]*|\.\.[^/]+)"
 MOUNT_PATH_PATTERN = f"^(/{_ELEMENT})+$"
 SUB_PATH_PATTERN = f"^{_ELEMENT}(/{_ELEMENT})*$"
 MAX_VOLUMES = 16
+AUTO_RESUME_TRAINJOB = (
+    "spec.autoResume is HyperPod's auto-resume of Kubeflow PyTorchJobs and does not apply to a TrainJob, "
+    "which restarts its pods itself (spec.maxRetries). Fix: remove autoResume, or use backend PyTorchJob "
+    "or HyperPodPyTorchJob"
+)
 
 
 def path_within(path: str, root: str) -> bool:
@@ -336,7 +342,11 @@ class BlackwellTrainingJobSpec(WireModel):
         description="Trainer container image (built from the project's trainer_image/Dockerfile). "
         "Unset: the operator's default, the Helm chart's trainerImage value.",
     )
-    backend: Backend = Field(default=Backend.PYTORCH_JOB, description="PyTorchJob or HyperPodPyTorchJob.")
+    backend: Backend = Field(
+        default=Backend.PYTORCH_JOB,
+        description="PyTorchJob (Kubeflow Training Operator v1), HyperPodPyTorchJob (HyperPod's training "
+        "operator) or TrainJob (Kubeflow Trainer v2, with a TrainingRuntime of the same name).",
+    )
     queue_name: str | None = Field(default=None, description="Kueue LocalQueue; adds kueue.x-k8s.io labels.")
     priority_class: str | None = Field(default=None, description="Kueue WorkloadPriorityClass name.")
     auto_resume: bool = Field(default=False, description="HyperPod job auto-resume on node faults.")
@@ -414,6 +424,12 @@ class BlackwellTrainingJobSpec(WireModel):
                         "nested. Fix: mount volumes side by side, e.g. /fsx and /datasets",
                     )
         return volumes
+
+    @model_validator(mode="after")
+    def _auto_resume_backend(self) -> BlackwellTrainingJobSpec:
+        if self.auto_resume and self.backend == Backend.TRAIN_JOB:
+            raise _spec_error("auto_resume_backend", AUTO_RESUME_TRAINJOB)
+        return self
 
 
 class ObjectMeta(WireModel):

@@ -19,6 +19,7 @@ from blackwell_operator.render.labels import (
 )
 from blackwell_operator.render.pod import plan_config_map_name
 from blackwell_operator.render.pytorchjob import render_pytorchjob
+from blackwell_operator.render.trainjob import render_training_runtime, render_trainjob
 from blackwell_trainer.config import Plan
 
 
@@ -59,7 +60,8 @@ def render_children(
     labels: Mapping[str, str] | None = None,
     default_image: str = DEFAULT_IMAGE,
 ) -> list[dict[str, Any]]:
-    """[plan ConfigMap, child job] for a BTJ; `labels` are the BTJ's own (Argo CD tracking is stripped).
+    """[plan ConfigMap, (TrainingRuntime,) child job] for a BTJ; `labels` are the BTJ's own (Argo CD
+    tracking is stripped). The job comes last: what it references is created before it.
 
     `default_image` is the trainer image for a spec that names none (the operator's setting).
 
@@ -76,6 +78,19 @@ def render_children(
     # our keys, so nothing the user asked for is dropped).
     pod_labels = dict(sorted({**common, **(spec.pod_labels or {}), **own_labels(name)}.items()))
     job: dict[str, Any]
+    if spec.backend == Backend.TRAIN_JOB:
+        runtime = render_training_runtime(
+            name, namespace, spec, plan, labels=dict(common), pod_labels=pod_labels, plan_sha256=plan_sha256
+        )
+        runtime = with_render_hash(runtime)
+        job = render_trainjob(
+            name,
+            namespace,
+            plan,
+            labels=job_labels,
+            runtime_sha256=runtime["metadata"]["annotations"][RENDER_HASH_ANNOTATION],
+        )
+        return [with_render_hash(config_map), runtime, with_render_hash(job)]
     if spec.backend == Backend.HYPERPOD_PYTORCH_JOB:
         job = render_hyperpodpytorchjob(
             name, namespace, spec, plan, labels=job_labels, pod_labels=pod_labels, plan_sha256=plan_sha256

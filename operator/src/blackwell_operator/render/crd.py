@@ -16,6 +16,7 @@ from blackwell_operator.models.pod import (
 from blackwell_operator.models.spec import (
     API_GROUP,
     API_VERSION,
+    AUTO_RESUME_TRAINJOB,
     KIND,
     OPERATOR_VOLUMES,
     PLURAL,
@@ -159,6 +160,11 @@ _OUTPUT = "self.training.output.uri"
 # Storage rules across spec sections (planner/storage.py states them in Python for `btj plan` and the
 # operator): a checkpoint and a multi-node job's local shards must be where every pod can reach them.
 SPEC_ROOT_RULES = [
+    {
+        "rule": "!has(self.autoResume) || !self.autoResume || !has(self.backend) "
+        "|| self.backend != 'TrainJob'",
+        "message": AUTO_RESUME_TRAINJOB,
+    },
     {
         "rule": f"!has(self.training) || !has(self.training.checkpoint) || !has({_CHECKPOINT}) "
         f"|| size({_CHECKPOINT}) == 0 || {_on_a_volume(_CHECKPOINT, writable=True)} "
