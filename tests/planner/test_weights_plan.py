@@ -49,7 +49,9 @@ def random_init() -> Plan:
 def test_weights_change_only_the_weights_section(random_init: Plan) -> None:
     with_weights = plan_job(spec("s3://models/llama-3.1-8b"))
     assert with_weights.weights is not None and random_init.weights is None
-    assert with_weights.model_copy(update={"weights": None}) == random_init
+    *explanation, note = with_weights.explanation
+    assert note.startswith("initial weights s3://models/llama-3.1-8b: 16.1 GB, estimated from the parameters")
+    assert with_weights.model_copy(update={"weights": None, "explanation": explanation}) == random_init
 
 
 def test_s3_weights_download_whole_to_each_nodes_nvme() -> None:
@@ -143,4 +145,5 @@ def test_a_named_model_that_is_not_the_checkpoints_is_refused() -> None:
     with pytest.raises(SpecError) as caught:
         plan_job(spec("/fsx/models/other"), checkpoint=CheckpointFacts(architecture=other))
     assert caught.value.field == "spec.model.weights.uri"
-    assert "config.json gives vocabSize 32000, the named model 128256" in caught.value.message
+    expected = "config.json vocab_size gives vocab_size=32000, the plan's architecture.vocabSize 128256"
+    assert expected in caught.value.message

@@ -15,7 +15,12 @@ from blackwell_operator.planner.memory import MemoryEstimate
 from blackwell_operator.planner.rejections import check_global_batch, no_plan, unreachable_global_batch
 from blackwell_operator.planner.search import Problem, Scored, SearchResult, run_search
 from blackwell_operator.planner.storage import check_storage
-from blackwell_operator.planner.weights import CheckpointFacts, plan_weights, with_checkpoint_architecture
+from blackwell_operator.planner.weights import (
+    CheckpointFacts,
+    describe_load,
+    plan_weights,
+    with_checkpoint_architecture,
+)
 from blackwell_trainer.config import (
     Alternative,
     Candidate,
@@ -23,6 +28,7 @@ from blackwell_trainer.config import (
     OutputConfig,
     Plan,
     Prediction,
+    WeightsConfig,
 )
 
 __all__ = ["CheckpointFacts", "Evaluation", "evaluate", "plan_job"]
@@ -116,6 +122,7 @@ def plan_job(
     """
     check_storage(spec)
     facts = checkpoint or CheckpointFacts()
+    read_architecture = spec.model.preset is None and spec.model.architecture is None
     spec = with_checkpoint_architecture(spec, facts)
     cal = calibration or load_calibration()
     model_name, arch = resolve_model(spec.model)
@@ -137,6 +144,7 @@ def plan_job(
         None if weights is None else plan_weights(weights.uri, arch, hw, chosen.shard_degree, facts)
     )
     output = spec.training.output
+    notes = _weights_notes(weights_plan, read_architecture)
     gpu = hw.gpu
     headline = (
         f"{model_name} ({problem.shapes.total_params / 1e9:.2f}B params) on {hw.world} x {gpu.name} "
@@ -165,7 +173,12 @@ def plan_job(
         predicted=_prediction(best),
         alternatives=alternatives,
         candidates_evaluated=result.evaluations,
-        explanation=[headline, *explain(best, result, problem.budget_bytes), *_batch_note(problem, best)],
+        explanation=[
+            headline,
+            *explain(best, result, problem.budget_bytes),
+            *_batch_note(problem, best),
+            *notes,
+        ],
         calibration=f"{cal.name} ({cal.status})",
         dataset=spec.training.dataset.model_copy(deep=True),
         checkpoint=spec.training.checkpoint.model_copy(deep=True),
@@ -173,6 +186,14 @@ def plan_job(
         output=None if output is None else OutputConfig(uri=output.uri),
         optimizer=spec.training.optimizer.model_copy(deep=True),
     )
+
+
+def _weights_notes(weights: WeightsConfig | None, read_architecture: bool) -> list[str]:
+    """Where the architecture came from, and what loading the initial weights takes."""
+    if weights is None or weights.load is None:
+        return []
+    source = [f"architecture from {weights.uri}/config.json"] if read_architecture else []
+    return [*source, describe_load(weights.uri, weights.load)]
 
 
 def _batch_note(problem: Problem, best: Scored) -> list[str]:

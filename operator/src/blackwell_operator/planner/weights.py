@@ -11,7 +11,7 @@ spread over all the files). The export streams one tensor at a time through the 
   plus one full tensor in fp32 on the export's writer: the largest tensor;
 - NVMe holds the whole checkpoint when it comes from S3, nothing otherwise.
 
-Bandwidths (docs/weights.md has the sources):
+Bandwidths (docs/fine-tuning.md has the sources):
 - S3: 6.25 GB/s per node. boto3's transfer manager downloads with 10 connections at once, and one
   connection to S3 carries at most 5 Gbit/s (AWS re:Post, "Maximizing Amazon S3 transfer throughput to
   Amazon EC2 instances"): 10 x 5 Gbit/s. S3 itself scales with requests, so nodes do not share it.
@@ -31,7 +31,13 @@ from blackwell_operator.errors import PlanningError, SpecError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner.layout import Hardware
 from blackwell_operator.planner.storage import NODE_LOCAL, WEIGHTS_FIELD, on
-from blackwell_trainer.config import Architecture, WeightsConfig, WeightsLoad, WeightsSource
+from blackwell_trainer.config import (
+    Architecture,
+    WeightsConfig,
+    WeightsLoad,
+    WeightsSource,
+    architecture_mismatch,
+)
 
 S3_BYTES_PER_SECOND_PER_NODE = 10 * 5e9 / 8
 VOLUME_BYTES_PER_SECOND = 1.2 * 250e6
@@ -49,17 +55,6 @@ class CheckpointFacts:
 
     architecture: Architecture | None = None
     size_bytes: int | None = None
-
-
-def _first_difference(named: Architecture, checkpoint: Architecture) -> str | None:
-    for field in Architecture.model_fields:
-        ours, theirs = getattr(named, field), getattr(checkpoint, field)
-        if field == "head_dim":
-            ours, theirs = named.resolved_head_dim, checkpoint.resolved_head_dim
-        if ours != theirs:
-            wire = Architecture.model_fields[field].alias or field
-            return f"its config.json gives {wire} {theirs!r}, the named model {ours!r}"
-    return None
 
 
 def with_checkpoint_architecture(
@@ -81,7 +76,7 @@ def with_checkpoint_architecture(
         return spec.model_copy(update={"model": model.model_copy(update={"architecture": read})})
     if read is not None:
         _, named = resolve_model(model)
-        difference = _first_difference(named, read)
+        difference = architecture_mismatch(named, read)
         if difference is not None:
             raise SpecError(
                 WEIGHTS_FIELD,
@@ -154,6 +149,23 @@ def check_load(load: WeightsLoad, hw: Hardware) -> None:
             f"than the trainer pod's {load.host_memory_limit_bytes / GB:,.1f} GB",
             "shard the model over more GPUs (spec.tuning.sharding: full, or more spec.cluster.nodes)",
         )
+
+
+def describe_load(uri: str, load: WeightsLoad) -> str:
+    """One explanation line: what is read from where, how long it takes, what it needs of a node."""
+    estimated = ", estimated from the parameters" if load.checkpoint_bytes_estimated else ""
+    when = (
+        "load time not modelled (node-local NVMe)"
+        if load.load_seconds is None or load.bandwidth_bytes_per_second is None
+        else f"~{load.load_seconds:,.0f} s at {load.bandwidth_bytes_per_second / GB:.2f} GB/s "
+        f"({load.source.value})"
+    )
+    return (
+        f"initial weights {uri}: {load.checkpoint_bytes / GB:,.1f} GB{estimated}; each node reads "
+        f"{load.node_read_bytes / GB:,.1f} GB, {when}; host memory {load.host_memory_bytes / GB:,.1f} of "
+        f"{load.host_memory_limit_bytes / GB:,.1f} GB per node, NVMe {load.node_disk_bytes / GB:,.1f} of "
+        f"{load.node_disk_limit_bytes / GB:,.0f} GB"
+    )
 
 
 def plan_weights(
