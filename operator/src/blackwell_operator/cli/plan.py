@@ -14,6 +14,7 @@ from rich.table import Table
 
 from blackwell_operator.cli import app
 from blackwell_operator.cli.manifest import fail, load_manifest_or_fail
+from blackwell_operator.cli.options import DEFAULT_CALIBRATION, CalibrationOption, read_calibration
 from blackwell_operator.errors import SpecError
 from blackwell_trainer.config import MEMORY_COMPONENTS, Plan
 
@@ -136,19 +137,13 @@ def plan(
         PlanFormat, typer.Option("--output", "-o", help="table, json or yaml (json/yaml = status.plan).")
     ] = PlanFormat.TABLE,
     explain: Annotated[bool, typer.Option("--explain", help="Also print why each value was chosen.")] = False,
-    calibration: Annotated[
-        str | None, typer.Option("--calibration", help="Calibration data set (default btj-trainer).")
-    ] = None,
+    calibration: CalibrationOption = DEFAULT_CALIBRATION,
 ) -> None:
     """Plan a BTJ offline: the chosen configuration, memory, predicted throughput and alternatives."""
+    cal = read_calibration(calibration)
     job = load_manifest_or_fail(file)
-    from blackwell_operator.calibration import list_calibrations, load_calibration
-    from blackwell_operator.planner import plan_job
-
-    if calibration is not None and calibration not in list_calibrations():
-        fail(f"--calibration: unknown {calibration!r}; use one of {', '.join(list_calibrations())}")
-    cal = load_calibration(calibration) if calibration else None
     from blackwell_operator.cli.checkpoint import read_checkpoint
+    from blackwell_operator.planner import plan_job
 
     try:
         result = plan_job(

@@ -6,7 +6,6 @@ from typing import Any
 
 import kopf
 
-from blackwell_operator.env_seconds import env_seconds
 from blackwell_operator.handlers import runtime
 from blackwell_operator.handlers.btjstatus import wants_child_back
 from blackwell_operator.handlers.children import on_child_event
@@ -16,13 +15,12 @@ from blackwell_operator.handlers.pods import on_pod_event
 from blackwell_operator.handlers.reconcile import CHILD_KINDS, Reconciler
 from blackwell_operator.models.spec import API_GROUP, API_VERSION, PLURAL
 from blackwell_operator.render.labels import JOB_NAME_LABEL, MANAGED_BY_LABEL, MANAGER
+from blackwell_operator.settings import operator_environment
 from blackwell_operator.stuck_pods import stuck_pod_timeout
 
 # A BTJ still without its child after recreate-child gave up (an admission webhook refusing the create, the
 # training operator's CRD briefly gone, an outage longer than the retries) is tried again on a timer, once
 # the BTJ has been quiet this long, until the child exists or the BTJ finishes or goes.
-CHILD_RETRY_ENV = "BTJ_CHILD_RETRY_INTERVAL_S"
-DEFAULT_CHILD_RETRY_S = 60.0
 
 
 def _ctx(memo: kopf.Memo) -> OperatorContext:
@@ -71,7 +69,7 @@ def retry_child(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None
 
 def child_retry_interval() -> float:
     """Seconds between child re-create attempts by the timer (`BTJ_CHILD_RETRY_INTERVAL_S`, default 60)."""
-    return env_seconds(CHILD_RETRY_ENV, DEFAULT_CHILD_RETRY_S, zero_turns_off=False) or DEFAULT_CHILD_RETRY_S
+    return operator_environment().child_retry_interval_s
 
 
 def track_child(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:

@@ -18,11 +18,10 @@ from blackwell_operator.handlers.stuck import sweep_forever
 from blackwell_operator.metrics import METRICS_PORT, OperatorMetrics
 from blackwell_operator.models.spec import DEFAULT_IMAGE
 from blackwell_operator.render.labels import JOB_NAME_LABEL, MANAGED_BY_LABEL, MANAGER
+from blackwell_operator.settings import operator_environment
 from blackwell_operator.stuck_pods import stuck_pod_timeout
 
 TRAINER_POD_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGER},{JOB_NAME_LABEL}"
-# "host:port" for /metrics and /healthz; "off" disables the server (e.g. several operators in one test).
-METRICS_BIND_ENV = "BTJ_METRICS_BIND"
 # The trainer image for BTJs that name no spec.image; the chart sets it from its trainerImage value.
 DEFAULT_IMAGE_ENV = "BTJ_DEFAULT_TRAINER_IMAGE"
 
@@ -95,7 +94,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any,
     """Kopf on.startup: settings, API client, metrics server, the stuck-pod and measure loops."""
     configure(settings)
     memo.btj = build_context()
-    bind = os.environ.get(METRICS_BIND_ENV, f"0.0.0.0:{METRICS_PORT}")
+    bind = operator_environment().metrics_bind or f"0.0.0.0:{METRICS_PORT}"
     memo.btj_http = None if bind == "off" else await start_http(memo.btj, bind)
     # Operator-wide loops fed by the pod watch (not per-BTJ Kopf timers: those put Kopf's finalizer on
     # every BTJ they match). Their Events and status writes go through the API client.
