@@ -10,6 +10,8 @@ from typing import Any
 import kopf
 from aiohttp import web
 
+from blackwell_operator.backends import JOB_RESOURCES
+from blackwell_operator.discovery.apis import ServedJobApis
 from blackwell_operator.discovery.capacity import NodeCapacityReader
 from blackwell_operator.handlers.api import KubeApi, load_api_client, resource_path
 from blackwell_operator.handlers.context import OperatorContext
@@ -69,6 +71,7 @@ def build_context(api_client: Any | None = None) -> OperatorContext:
         capacity=NodeCapacityReader(list_nodes),
         metrics=OperatorMetrics(),
         default_image=default_trainer_image(),
+        served_apis=ServedJobApis(api.get, JOB_RESOURCES),
     )
 
 

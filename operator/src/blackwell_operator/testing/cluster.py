@@ -8,7 +8,7 @@ capacity check and the demo's scheduler stand-in read the same numbers.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from typing import Any
 
 import kmock
@@ -65,11 +65,12 @@ async def post(emulator: HardenedEmulator, path: str, body: Mapping[str, Any]) -
 
 @contextlib.asynccontextmanager
 async def emulated_cluster(
-    namespace: str, nodes: Sequence[Mapping[str, Any]] = ()
+    namespace: str, nodes: Sequence[Mapping[str, Any]] = (), job_resources: Collection[str] | None = None
 ) -> AsyncIterator[HardenedEmulator]:
-    """The hardened emulator serving over HTTP, with the operator's resources, `namespace` and `nodes`."""
+    """The hardened emulator serving over HTTP, with the operator's resources, `namespace` and `nodes`;
+    of the job CRDs, `job_resources` only when given (HardenedEmulator.declare_resources)."""
     async with HardenedEmulator() as emulator, kmock.Server(emulator):
-        emulator.declare_resources()
+        emulator.declare_resources(only=job_resources)
         await post(emulator, "/api/v1/namespaces", {"metadata": {"name": namespace}})
         for node in nodes:
             await post(emulator, "/api/v1/nodes", node)
