@@ -141,7 +141,7 @@ async def _wait(predicate: Callable[[], Any], timeout: float = 30.0) -> Any:
 async def _demo(manifest: dict[str, Any], *, nodes: int, pause: float) -> bool:
     import kmock
 
-    from blackwell_operator.cli.plan import render_plan_tables
+    from blackwell_operator.cli.plan import DEFAULT_HEADROOM, render_plan_tables
     from blackwell_operator.testing.emulator import BTJ_RESOURCE, HardenedEmulator
     from blackwell_operator.testing.kubeconfig import write_kubeconfig
     from blackwell_trainer.config import Plan
@@ -225,7 +225,8 @@ async def _demo(manifest: dict[str, Any], *, nodes: int, pause: float) -> bool:
                 if status["phase"] == "Invalid":
                     console.print(f"[red]{status.get('message')}[/]")
                     return False
-                render_plan_tables(Plan.model_validate(status["plan"]), console)
+                headroom = float((spec.get("tuning") or {}).get("memoryHeadroom", DEFAULT_HEADROOM))
+                render_plan_tables(Plan.model_validate(status["plan"]), console, headroom=headroom)
                 for cond in status.get("conditions", []):
                     console.print(
                         f"  condition {cond['type']:<18} {cond['status']:<7} {cond['reason']}: "

@@ -148,7 +148,11 @@ def plan_job(
         predicted=_prediction(best),
         alternatives=alternatives,
         candidates_evaluated=result.evaluations,
-        explanation=[headline, *explain(best, result, problem.budget_bytes), *_batch_note(problem, best)],
+        explanation=[
+            headline,
+            *explain(best, result, problem.budget_bytes, pins),
+            *_batch_note(problem, best),
+        ],
         calibration=f"{cal.name} ({cal.status})",
         dataset=spec.training.dataset.model_copy(deep=True),
         checkpoint=spec.training.checkpoint.model_copy(deep=True),
