@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from blackwell_operator.cli import app
+from blackwell_operator.cli.backend_option import BackendOption, resolve_offline
 from blackwell_operator.cli.manifest import fail, load_manifest_or_fail
 from blackwell_operator.cli.options import DEFAULT_CALIBRATION, CalibrationOption, read_calibration
 from blackwell_operator.errors import SpecError
@@ -129,14 +130,16 @@ def plan(
     ] = PlanFormat.TABLE,
     explain: Annotated[bool, typer.Option("--explain", help="Also print why each value was chosen.")] = False,
     calibration: CalibrationOption = DEFAULT_CALIBRATION,
+    backend: BackendOption = None,
 ) -> None:
     """Plan a BTJ offline: the chosen configuration, memory, predicted throughput and alternatives."""
     cal = read_calibration(calibration)
     job = load_manifest_or_fail(file)
+    spec, backend_note = resolve_offline(job.spec, backend)
     from blackwell_operator.planner import plan_job
 
     try:
-        result = plan_job(job.spec, job_name=job.metadata.name, calibration=cal)
+        result = plan_job(spec, job_name=job.metadata.name, calibration=cal)
     except SpecError as exc:
         fail(exc.message)
     if output is PlanFormat.JSON:
@@ -146,6 +149,7 @@ def plan(
     else:
         headroom = job.spec.tuning.memory_headroom
         render_plan_tables(result, Console(width=140), explain=explain, headroom=headroom)
+    typer.echo(backend_note, err=True)
     if explain and output is not PlanFormat.TABLE:
         for line in result.explanation:
             typer.echo(f"# {line}", err=True)
