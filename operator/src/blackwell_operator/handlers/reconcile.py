@@ -654,5 +654,6 @@ def capacity_condition(capacity: Capacity | None, needed: int) -> tuple[str, Con
         ConditionType.CAPACITY_AVAILABLE,
         "False",
         "InsufficientNodes",
-        f"{capacity.describe()}; {needed} needed. The job is created; its workers wait until enough nodes are healthy.",
+        f"{capacity.describe()}; {needed} needed. The job is created; its workers wait until enough nodes "
+        "are healthy.",
     )
