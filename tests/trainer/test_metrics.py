@@ -28,6 +28,7 @@ EXPECTED_TYPES = {
     "btj_trainer_predicted_model_flops_utilization_ratio": "gauge",
     "btj_trainer_last_checkpoint_timestamp_seconds": "gauge",
     "btj_trainer_checkpoint_failures": "counter",
+    "btj_trainer_checkpoints_skipped": "counter",
     "btj_trainer_weights_load_seconds": "gauge",
     # An Info metric: the classic text format exposes it as a gauge of value 1 named *_info.
     "btj_trainer_build_info": "gauge",
@@ -178,3 +179,10 @@ def test_a_full_gpu_is_logged_once_per_new_burst(caplog: pytest.LogCaptureFixtur
     assert len(messages) == 2 and warned == 5
     assert "step 3: the GPU was full 2 time(s)" in messages[0]
     assert "spec.tuning.memoryHeadroom" in messages[1]
+
+
+def test_the_weights_load_time_is_exported(served: TrainerMetrics) -> None:
+    family = "btj_trainer_weights_load_seconds"
+    assert value(scrape(served.port)[family], family) == 0  # random init or resume: nothing loaded
+    served.record_weights_load(12.5)
+    assert value(scrape(served.port)[family], family) == 12.5
