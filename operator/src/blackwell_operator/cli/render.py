@@ -54,7 +54,16 @@ def render(
     file: Annotated[
         Path | None, typer.Argument(help="BlackwellTrainingJob manifest; the embedded example if omitted.")
     ] = None,
-    output: Annotated[OutputFormat, typer.Option("--output", "-o", help="yaml or json.")] = OutputFormat.YAML,
+    output: Annotated[
+        OutputFormat | None,
+        typer.Option(
+            "--output",
+            "-o",
+            help="yaml or json. Default: yaml; on a terminal, the plan and the objects' names first "
+            "(pass -o yaml for the objects themselves).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Print every object the operator would create for a BTJ (plan ConfigMap and job), offline."""
     job = load_manifest_or_fail(file)
@@ -85,11 +94,27 @@ def render(
         typer.echo(
             "  spec.dryRun is true: the operator writes the plan to status and creates nothing", err=True
         )
+    if output is None and _stdout_is_terminal():
+        # A person at a terminal reads the plan, not hundreds of lines of YAML scrolling it away;
+        # a pipe or a file (`btj render | kubectl apply -f -`) still gets the YAML.
+        lines = dump_documents(objects).count("\n")
+        typer.echo("objects the operator would create:")
+        for obj in objects:
+            typer.echo(f"  {obj['kind']} {namespace}/{obj['metadata']['name']}")
+        typer.echo(
+            f"`btj render -o yaml` prints them ({lines} lines of YAML), as btj render does into a pipe"
+        )
+        return
     if output == OutputFormat.JSON:
         document = {"apiVersion": "v1", "kind": "List", "items": objects}
         sys.stdout.write(json.dumps(document, indent=2) + "\n")
     else:
         sys.stdout.write(dump_documents(objects))
+
+
+def _stdout_is_terminal() -> bool:
+    """Whether standard output is a terminal (a person reading), not a pipe or a file."""
+    return sys.stdout.isatty()
 
 
 @app.command()
