@@ -400,18 +400,18 @@ def run(plan: Plan, runtime: Runtime, guard: PreemptionGuard) -> int:
 
 
 def _token_source(plan: Plan, runtime: Runtime) -> TokenSource:
-    from .data import build_token_source
+    from .data import DataLayout, build_token_source
 
     # Context-parallel peers (consecutive ranks) read the same samples: index the data by dp rank.
     dp_rank, dp_world = data_parallel_rank(runtime.rank, runtime.world_size, plan.chosen.context_parallel)
-    return build_token_source(
-        plan.dataset,
+    layout = DataLayout(
         micro_batch_size=plan.chosen.micro_batch_size,
         sequence_length=plan.sequence_length,
         vocab_size=plan.architecture.vocab_size,
         rank=dp_rank,
         world_size=dp_world,
     )
+    return build_token_source(plan.dataset, layout)
 
 
 def _resume_or_start(
