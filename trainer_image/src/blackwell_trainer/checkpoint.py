@@ -381,7 +381,7 @@ class Checkpointer:
             return None
         candidates = self._candidates()
         failed: list[str] = []
-        for candidate in candidates:
+        for index, candidate in enumerate(candidates):
             reason = self._verify(candidate)
             extra = None
             if reason is None:
@@ -392,7 +392,8 @@ class Checkpointer:
                 return extra
             failed.append(f"{candidate.path.name}: {reason}")
             if self.rank == 0:
-                log.error("skipping checkpoint %s: %s; trying the next older one", candidate.path, reason)
+                then = "trying the next older one" if index + 1 < len(candidates) else "none older is left"
+                log.error("skipping checkpoint %s: %s; %s", candidate.path, reason, then)
             if on_skip is not None:
                 on_skip(candidate.path, str(reason))
         if failed:
