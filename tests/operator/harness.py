@@ -82,8 +82,9 @@ async def wait_for(predicate: Callable[[], Any], *, timeout: float = 15.0, what:
 class Cluster:
     """Test-side view of the emulated cluster: HTTP calls like kubectl's, reads straight from the store."""
 
-    def __init__(self, emulator: HardenedEmulator) -> None:
+    def __init__(self, emulator: HardenedEmulator, job_kinds: int = 3) -> None:
         self.k = emulator
+        self.job_kinds = job_kinds  # how many of the three job CRDs the cluster serves
         self._settles = 0
 
     @property
@@ -288,8 +289,9 @@ async def running_operator(cluster: Cluster, *, namespace: str | None = None) ->
     runner = KopfRunner(args, registry=operator_registry(cluster.url), timeout=30)
     runner.__enter__()
     try:
-        # Ready when it watches BTJs, the three child kinds and the trainer pods.
-        await wait_for(lambda: _watch_count(cluster) >= watches_before + 5, what="the operator's watches")
+        # Ready when it watches BTJs, the child kinds the cluster serves and the trainer pods.
+        wanted = watches_before + 2 + cluster.job_kinds
+        await wait_for(lambda: _watch_count(cluster) >= wanted, what="the operator's watches")
         yield runner
     except BaseException as exc:
         await asyncio.to_thread(runner.__exit__, type(exc), exc, exc.__traceback__)
@@ -310,11 +312,14 @@ def _watch_count(cluster: Cluster) -> int:
 
 
 @contextlib.asynccontextmanager
-async def emulated_cluster(nodes: int = 2, unhealthy: int = 0) -> AsyncIterator[Cluster]:
-    """The emulator with the namespace and `nodes` B200 nodes (`unhealthy` of them not Schedulable)."""
+async def emulated_cluster(
+    nodes: int = 2, unhealthy: int = 0, job_resources: tuple[str, ...] | None = None
+) -> AsyncIterator[Cluster]:
+    """The emulator with the namespace and `nodes` B200 nodes (`unhealthy` of them not Schedulable),
+    serving every job CRD or `job_resources` only."""
     bodies = [
         node(f"hyperpod-i-{i:03d}", health="Unschedulable" if i < unhealthy else "Schedulable")
         for i in range(nodes)
     ]
-    async with testing_cluster.emulated_cluster(NAMESPACE, bodies) as emulator:
-        yield Cluster(emulator)
+    async with testing_cluster.emulated_cluster(NAMESPACE, bodies, job_resources) as emulator:
+        yield Cluster(emulator, 3 if job_resources is None else len(job_resources))

@@ -37,8 +37,8 @@ def test_capacity_condition_wording() -> None:
         "CapacityAvailable",
         "False",
         "InsufficientNodes",
-        "2 of 8 ml.p6-b200.48xlarge nodes schedulable; 4 needed. The job waits in the queue until enough "
-        "nodes are healthy.",
+        "2 of 8 ml.p6-b200.48xlarge nodes schedulable; 4 needed. The job is created; its workers wait until "
+        "enough nodes are healthy.",
     )
     assert capacity_condition(Capacity(B200, 8, 8), 4)[1:3] == ("True", "Sufficient")
     assert capacity_condition(None, 4)[1:3] == ("Unknown", "NodesUnreadable")

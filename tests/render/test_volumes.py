@@ -109,7 +109,7 @@ def test_operator_volumes_are_the_reserved_ones() -> None:
 def test_pytorchjob_with_claims_validates_against_the_crd(crd: str) -> None:
     path = PYTORCHJOB_CRDS[crd]
     if not path.is_file():
-        pytest.skip(f"{path} is absent: the PyTorchJob CRDs live in ../shared/schemas (not vendored)")
+        pytest.skip(f"{path} is absent: set BTJ_CRD_SCHEMAS (docs/reference/crd-schemas.md)")
     validator = strict_validator(
         crd_open_api_schema(load_crd(path), "v1"), api_version="kubeflow.org/v1", kind="PyTorchJob"
     )
@@ -130,6 +130,10 @@ def test_no_volumes_renders_as_before() -> None:
     spec = BlackwellTrainingJobSpec.model_validate(spec_of())
     assert spec.volumes == []
     assert "volumes" not in spec.model_dump(by_alias=True, exclude_defaults=True)
+
+
+def weighted(uri: str) -> dict[str, Any]:
+    return {"preset": "llama3.1-8b", "weights": {"uri": uri}}
 
 
 # (spec overrides, the field check_storage names or None when the spec is fine)
@@ -199,6 +203,41 @@ STORAGE_CASES: dict[str, tuple[dict[str, Any], str | None]] = {
     "single-node-shards-in-container": (
         spec_of(cluster={"nodes": 1}, training={"dataset": {"kind": "shards", "uri": "/data/tokens"}}),
         None,
+    ),
+    "weights-on-s3": (spec_of(model=weighted("s3://bucket/models/llama")), None),
+    "weights-on-a-read-only-volume": (
+        spec_of(model=weighted("/datasets/models/llama"), volumes=[DATASETS]),
+        None,
+    ),
+    "weights-in-container": (
+        spec_of(model=weighted("/models/llama"), volumes=[FSX]),
+        "spec.model.weights.uri",
+    ),
+    "weights-on-local-nvme-multi-node": (
+        spec_of(model=weighted("/local/models/llama")),
+        "spec.model.weights.uri",
+    ),
+    "weights-on-local-nvme-single-node": (
+        spec_of(cluster={"nodes": 1}, model=weighted("/local/models/llama")),
+        None,
+    ),
+    "output-on-fsx": (spec_of(training={"output": {"uri": "/fsx/exports/job"}}, volumes=[FSX]), None),
+    "output-on-s3": (spec_of(training={"output": {"uri": "s3://bucket/exports/job/"}}), None),
+    "output-on-a-read-only-volume": (
+        spec_of(training={"output": {"uri": "/datasets/exports"}}, volumes=[DATASETS]),
+        "spec.training.output.uri",
+    ),
+    "output-in-container": (
+        spec_of(cluster={"nodes": 1}, training={"output": {"uri": "/exports/job"}}),
+        "spec.training.output.uri",
+    ),
+    "output-over-the-weights": (
+        spec_of(
+            model=weighted("/fsx/models/llama"),
+            training={"output": {"uri": "/fsx/models/llama"}},
+            volumes=[FSX],
+        ),
+        "spec.training.output.uri",
     ),
 }
 

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from blackwell_operator.cli import app
+from blackwell_operator.cli.backend_option import BackendOption, resolve_offline
 from blackwell_operator.cli.manifest import fail, load_manifest_or_fail
 from blackwell_operator.errors import SpecError
 from blackwell_operator.models.spec import DEFAULT_IMAGE
@@ -64,9 +65,11 @@ def render(
             show_default=False,
         ),
     ] = None,
+    backend: BackendOption = None,
 ) -> None:
     """Print every object the operator would create for a BTJ (plan ConfigMap and job), offline."""
     job = load_manifest_or_fail(file)
+    spec, backend_note = resolve_offline(job.spec, backend)
     name = job.metadata.name
     problem = name_problem(name)
     if problem:
@@ -79,11 +82,12 @@ def render(
     from blackwell_operator.planner import plan_job  # imported only when needed: `btj crd` stays light
 
     try:
-        plan = plan_job(job.spec, job_name=name)
+        plan = plan_job(spec, job_name=name)
     except SpecError as exc:
         fail(exc.message)
-    objects = render_children(name, namespace, job.spec, plan, labels=labels)
+    objects = render_children(name, namespace, spec, plan, labels=labels)
     typer.echo(plan_summary(plan), err=True)
+    typer.echo(backend_note, err=True)
     if job.spec.image is None:
         typer.echo(
             f"  image: {DEFAULT_IMAGE} (no spec.image: the operator runs its own default, the chart's "

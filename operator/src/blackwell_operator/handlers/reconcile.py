@@ -10,6 +10,15 @@ from typing import Any
 import kopf
 
 from blackwell_operator.admission.job import Rejected, validate_body
+from blackwell_operator.backends import (
+    CONCRETE,
+    JOB_APIS,
+    JobApi,
+    backend_of_kind,
+    choose_backend,
+    none_served_message,
+    with_backend,
+)
 from blackwell_operator.discovery.capacity import Capacity
 from blackwell_operator.errors import SpecError
 from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
@@ -44,23 +53,12 @@ from blackwell_operator.status import (
 )
 from blackwell_trainer.config import Plan
 
-
-@dataclass(frozen=True)
-class ChildKind:
-    """Where a backend's job lives in the API."""
-
-    api_version: str
-    kind: str
-    plural: str
-
-
-CHILD_KINDS = {
-    Backend.PYTORCH_JOB: ChildKind("kubeflow.org/v1", "PyTorchJob", "pytorchjobs"),
-    Backend.HYPERPOD_PYTORCH_JOB: ChildKind(
-        "sagemaker.amazonaws.com/v1", "HyperPodPyTorchJob", "hyperpodpytorchjobs"
-    ),
-    Backend.TRAIN_JOB: ChildKind(trainjob.API_VERSION, trainjob.KIND, "trainjobs"),
-}
+# Where each backend's job lives in the API (backends.JOB_APIS, under the name the handlers use).
+ChildKind = JobApi
+CHILD_KINDS: dict[Backend, ChildKind] = dict(JOB_APIS)
+# spec.backend auto and the cluster serves no job API: the condition reason, and when to look again.
+NO_JOB_API = "NoJobApi"
+NO_JOB_API_RETRY_S = 60.0
 # What the child references, created before it and patched with it: the plan ConfigMap, and for a TrainJob
 # its TrainingRuntime.
 SUPPORTING_PLURALS = {"ConfigMap": "configmaps", trainjob.RUNTIME_KIND: trainjob.RUNTIME_PLURAL}
@@ -82,6 +80,7 @@ class Result:
     config_map: str | None = None
     write_plan: bool = True
     message: str = ""
+    backend: Backend | None = None  # the concrete backend (spec.backend, or what auto chose)
 
 
 def owned_by(obj: Mapping[str, Any], owner_uid: str) -> bool:
@@ -189,8 +188,13 @@ class Reconciler:
         result.conditions.append((ConditionType.PLANNED, "True", "Planned", plan_summary(plan)))
         capacity = self._capacity(spec, plan, logger)
         result.conditions.append(capacity_condition(capacity, spec.cluster.nodes))
-        kind = CHILD_KINDS[spec.backend]
-        result.child_kind = kind
+        backend = self._backend(body, spec)
+        result.backend = backend
+        if backend is None and not spec.dry_run:
+            self._report_no_job_api(body, spec, result, generation)
+        if backend is not None:
+            spec = with_backend(spec, backend)
+            result.child_kind = CHILD_KINDS[backend]
 
         if spec.dry_run:
             result.phase = Phase.PLANNED
@@ -207,6 +211,7 @@ class Reconciler:
             post_event(body, reason="Planned", message=f"Dry run: {plan_summary(plan)}")
             return
 
+        kind = CHILD_KINDS[spec.backend]
         # The event that triggered this pass may be stale (the BTJ deleted meanwhile): check before creating
         # children that would only be garbage-collected again.
         current = self.api.get(btj_path(namespace, name))
@@ -239,6 +244,34 @@ class Reconciler:
             post_event(body, warning=True, reason="ChildNameConflict", message=str(exc))
             return
         self._write(body, result, generation)
+
+    # ----- backend -----
+
+    def _backend(self, body: Mapping[str, Any], spec: BlackwellTrainingJobSpec) -> Backend | None:
+        """spec.backend, or for auto: the kind of the child it has, else the first kind the cluster serves.
+
+        A recorded child's kind wins over discovery, so that a job API installed later never gives a BTJ
+        a second child of another kind.
+        """
+        if spec.backend != Backend.AUTO:
+            return spec.backend
+        recorded = backend_of_kind(((body.get("status") or {}).get("child") or {}).get("kind"))
+        if recorded is not None:
+            return recorded
+        served = self.ctx.served_apis.served() if self.ctx.served_apis is not None else frozenset(CONCRETE)
+        return choose_backend(spec, served)
+
+    def _report_no_job_api(
+        self, body: Mapping[str, Any], spec: BlackwellTrainingJobSpec, result: Result, generation: int
+    ) -> None:
+        """auto found no job API: say so in status and an Event, and try again in a minute."""
+        message = none_served_message(spec)
+        result.phase = Phase.PENDING
+        result.conditions.append((ConditionType.CHILD_CREATED, "False", NO_JOB_API, message))
+        result.message = message
+        self._write(body, result, generation)
+        post_event(body, warning=True, reason=NO_JOB_API, message=message)
+        raise kopf.TemporaryError(message, delay=NO_JOB_API_RETRY_S)
 
     # ----- children -----
 
@@ -503,6 +536,8 @@ class Reconciler:
                     now=now,
                 )
             changes: dict[str, Any] = {"observedGeneration": generation}
+            if result.backend is not None and status.get("backend") != result.backend.value:
+                changes["backend"] = result.backend.value
             if result.plan is not None and (result.write_plan or not status.get("plan")):
                 plan = result.plan
                 document = plan_document(plan.to_json())
@@ -542,6 +577,7 @@ class Reconciler:
                         generation=generation,
                         now=now,
                         queue_name=spec.get("queueName"),
+                        child_kind=result.child_kind.kind,
                     )
                     changes["phase"] = phase.value
                     changes["message"] = summary_message(
@@ -618,5 +654,6 @@ def capacity_condition(capacity: Capacity | None, needed: int) -> tuple[str, Con
         ConditionType.CAPACITY_AVAILABLE,
         "False",
         "InsufficientNodes",
-        f"{capacity.describe()}; {needed} needed. The job waits in the queue until enough nodes are healthy.",
+        f"{capacity.describe()}; {needed} needed. The job is created; its workers wait until enough nodes "
+        "are healthy.",
     )

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from blackwell_operator import __version__
 from blackwell_operator.models.pod import (
     MAX_PULL_SECRETS,
     PodAnnotations,
@@ -37,7 +38,8 @@ AUTO: Literal["auto"] = "auto"
 Auto = Literal["auto"]
 
 DEFAULT_INSTANCE_TYPE = "ml.p6-b200.48xlarge"
-DEFAULT_IMAGE = "ghcr.io/blackwell-dev/blackwell-trainer:0.1.0"
+# The trainer image of this release: its tag is the package version.
+DEFAULT_IMAGE = f"ghcr.io/blackwell-dev/blackwell-trainer:{__version__}"
 
 
 class InstanceType(StrEnum):
@@ -55,10 +57,16 @@ class Backend(StrEnum):
     PYTORCH_JOB = "PyTorchJob"
     HYPERPOD_PYTORCH_JOB = "HyperPodPyTorchJob"
     TRAIN_JOB = "TrainJob"
+    # The operator picks the first of these the cluster serves (blackwell_operator/backends.py).
+    AUTO = "auto"
 
 
 class ModelSpec(WireModel):
-    """The model to train: a named preset or an explicit architecture (exactly one)."""
+    """The model to train: a named preset or an explicit architecture (at most one), and initial weights.
+
+    With weights in a folder `btj plan` can read, neither is needed: it takes the architecture from the
+    checkpoint's config.json. The operator reads no checkpoint, so a BTJ it runs names one of them.
+    """
 
     preset: str | None = Field(
         default=None,
@@ -68,10 +76,15 @@ class ModelSpec(WireModel):
     architecture: Architecture | None = Field(
         default=None, description="Explicit Llama-style architecture, used when no preset is named."
     )
+    weights: WeightsSpec | None = Field(
+        default=None, description="Hugging Face checkpoint to start from; random initialisation if unset."
+    )
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ModelSpec:
-        if (self.preset is None) == (self.architecture is None):
+        if self.preset is not None and self.architecture is not None:
+            raise ValueError("set exactly one of model.preset or model.architecture")
+        if self.preset is None and self.architecture is None and self.weights is None:
             raise ValueError("set exactly one of model.preset or model.architecture")
         return self
 
@@ -102,6 +115,9 @@ class TrainingSpec(WireModel):
     dataset: DatasetConfig = Field(default_factory=DatasetConfig, description="Training data source.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpointing.")
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="AdamW settings.")
+    output: OutputSpec | None = Field(
+        default=None, description="Export of the trained weights (Hugging Face format) when training ends."
+    )
 
 
 class TuningSpec(WireModel):
@@ -182,6 +198,55 @@ def path_within(path: str, root: str) -> bool:
 def _spec_error(code: str, message: str) -> PydanticCustomError:
     """A field error whose message is shown as is (no `Value error,` prefix)."""
     return PydanticCustomError(code, message)
+
+
+# An S3 bucket name (3-63 lowercase letters, digits, '.' and '-') with an optional key prefix.
+_S3_URI = r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^/]+)*/?"
+# A checkpoint folder: an s3:// prefix, or a normalised absolute path (checked against spec.volumes).
+STORAGE_URI_PATTERN = f"^({_S3_URI}|(/{_ELEMENT})+)$"
+MAX_URI_LENGTH = 4096
+
+
+def _check_storage_uri(value: str, example: str) -> str:
+    if not re.fullmatch(STORAGE_URI_PATTERN, value):
+        raise _spec_error(
+            "storage_uri",
+            f"{value!r} is neither an s3://bucket/prefix nor a normalised absolute folder. Fix: write it "
+            f"like s3://my-bucket/{example} or /fsx/{example} (a folder: no trailing '/', '//', '.', '..')",
+        )
+    return value
+
+
+class WeightsSpec(WireModel):
+    """A Hugging Face checkpoint (config.json and *.safetensors) the job starts from."""
+
+    uri: str = Field(
+        max_length=MAX_URI_LENGTH,
+        description="s3://bucket/prefix, or a folder on a spec.volumes entry (or /local on one node), "
+        "holding config.json and *.safetensors; the job's own checkpoint takes precedence on resume.",
+        json_schema_extra={"pattern": STORAGE_URI_PATTERN},
+    )
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, value: str) -> str:
+        return _check_storage_uri(value, "models/Llama-3.1-8B")
+
+
+class OutputSpec(WireModel):
+    """Where the trainer writes the trained weights as a Hugging Face checkpoint when training ends."""
+
+    uri: str = Field(
+        max_length=MAX_URI_LENGTH,
+        description="s3://bucket/prefix, or a folder on a spec.volumes entry that is not readOnly (or /local "
+        "on one node), for safetensors, config.json and the tokenizer.",
+        json_schema_extra={"pattern": STORAGE_URI_PATTERN},
+    )
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, value: str) -> str:
+        return _check_storage_uri(value, "exports/my-job")
 
 
 class Volume(WireModel):
@@ -284,7 +349,9 @@ class BlackwellTrainingJobSpec(WireModel):
     backend: Backend = Field(
         default=Backend.PYTORCH_JOB,
         description="PyTorchJob (Kubeflow Training Operator v1), HyperPodPyTorchJob (HyperPod's training "
-        "operator) or TrainJob (Kubeflow Trainer v2, with a TrainingRuntime of the same name).",
+        "operator), TrainJob (Kubeflow Trainer v2, with a TrainingRuntime of the same name), or auto: the "
+        "first the cluster serves of TrainJob, PyTorchJob, HyperPodPyTorchJob (PyTorchJob first with "
+        "autoResume); the choice is in status.backend.",
     )
     queue_name: str | None = Field(default=None, description="Kueue LocalQueue; adds kueue.x-k8s.io labels.")
     priority_class: str | None = Field(default=None, description="Kueue WorkloadPriorityClass name.")

@@ -8,14 +8,14 @@ capacity check and the demo's scheduler stand-in read the same numbers.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from typing import Any
 
 import kmock
 
 from blackwell_operator.catalogs import get_instance
 from blackwell_operator.discovery.capacity import HEALTH_LABEL, INSTANCE_TYPE_LABEL, SCHEDULABLE
-from blackwell_operator.render.hardware import HOST_MEMORY_GIB, HUGEPAGES_2MI
+from blackwell_operator.render.hardware import HUGEPAGES_2MI
 from blackwell_operator.testing.emulator import HardenedEmulator
 
 # What an emulated kubelet keeps back from the node's RAM (system and kube reserved, eviction threshold):
@@ -30,7 +30,7 @@ def allocatable(instance_type: str) -> dict[str, str]:
         "nvidia.com/gpu": str(instance.gpus_per_node),
         "vpc.amazonaws.com/efa": str(instance.efa_devices),
         "hugepages-2Mi": HUGEPAGES_2MI,
-        "memory": f"{int(HOST_MEMORY_GIB * (1 - _RESERVED_MEMORY_FRACTION))}Gi",
+        "memory": f"{int(instance.host_memory_bytes / (1 << 30) * (1 - _RESERVED_MEMORY_FRACTION))}Gi",
         "pods": "110",
     }
 
@@ -65,11 +65,12 @@ async def post(emulator: HardenedEmulator, path: str, body: Mapping[str, Any]) -
 
 @contextlib.asynccontextmanager
 async def emulated_cluster(
-    namespace: str, nodes: Sequence[Mapping[str, Any]] = ()
+    namespace: str, nodes: Sequence[Mapping[str, Any]] = (), job_resources: Collection[str] | None = None
 ) -> AsyncIterator[HardenedEmulator]:
-    """The hardened emulator serving over HTTP, with the operator's resources, `namespace` and `nodes`."""
+    """The hardened emulator serving over HTTP, with the operator's resources, `namespace` and `nodes`;
+    of the job CRDs, `job_resources` only when given (HardenedEmulator.declare_resources)."""
     async with HardenedEmulator() as emulator, kmock.Server(emulator):
-        emulator.declare_resources()
+        emulator.declare_resources(only=job_resources)
         await post(emulator, "/api/v1/namespaces", {"metadata": {"name": namespace}})
         for node in nodes:
             await post(emulator, "/api/v1/nodes", node)
