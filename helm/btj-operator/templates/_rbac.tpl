@@ -49,10 +49,11 @@ framework rules listed there. No wildcards anywhere.
 - apiGroups: ["sagemaker.amazonaws.com"]
   resources: ["hyperpodpytorchjobs"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# Application: the <name>-plan ConfigMap mounted into the trainer pods.
+# Application: the <name>-plan ConfigMap mounted into the trainer pods (deleted when its job's create
+# is refused, or when its finished job is gone).
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "create", "patch", "delete"]
 # Application: trainer pods, watched (label-filtered) so that a failed worker's exit code and
 # termination message reach the BlackwellTrainingJob's status.lastFailure; a trainer pod stuck
 # Terminating on a gone or not-Ready node is force-deleted so that its replacement can start.

@@ -25,14 +25,16 @@ PERMISSIONS: tuple[Permission, ...] = (
     # OwnerReferencesPermissionEnforcement plugin allows only to whoever may update the owner's finalizers.
     Permission("training.blackwell.dev", "blackwelltrainingjobs/finalizers", ("update",)),
     # The operator: the child jobs and the plan ConfigMap (create-or-get, patched on a safe spec change); a
-    # child is deleted when a worker ends on a permanent error, so its GPUs are not held by retries.
+    # child is deleted when a worker ends on a permanent error, so its GPUs are not held by retries, and
+    # patched to add and release its final-status finalizer.
     Permission("kubeflow.org", "pytorchjobs", ("get", "list", "watch", "create", "patch", "delete")),
     Permission(
         "sagemaker.amazonaws.com",
         "hyperpodpytorchjobs",
         ("get", "list", "watch", "create", "patch", "delete"),
     ),
-    Permission("", "configmaps", ("get", "create", "patch")),
+    # The plan ConfigMap is deleted when its job create is refused or its finished job is gone.
+    Permission("", "configmaps", ("get", "create", "patch", "delete")),
     # The operator: cluster capacity (nodes of the instance type and their HyperPod health label).
     Permission("", "nodes", ("list",)),
     # The operator (track-pods): watches trainer pods, filtered by label on the server, to copy a failed
