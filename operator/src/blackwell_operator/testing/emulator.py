@@ -513,7 +513,7 @@ class HardenedEmulator(kmock.KubernetesEmulator):
                 ):
                     # KMock marks it deleted (a MODIFIED event) without a new resourceVersion; a real server
                     # gives that change one like any other.
-                    key = (request.resource, request.namespace, request.name)
+                    key = (request.resource, request.namespace, str(request.name))
                     self.objects[key].patch({"metadata": {"resourceVersion": self._next_rv()}})
             response = await super()._handle(request)
         if uid and self.garbage_collection and self._stored(request) is None:
