@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
+from blackwell_operator.calibrate.grid import grid_candidate, grid_spec
 from blackwell_operator.calibration import load_calibration
-from blackwell_operator.calibration.grid import grid_candidate, grid_spec
 from blackwell_operator.planner import evaluate
 
 GIB = 1 << 30

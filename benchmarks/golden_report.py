@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "planner" / "golden" / "plans.json"
@@ -16,9 +17,9 @@ DOC = ROOT / "docs" / "planner.md"
 START, END = "<!-- golden:start -->", "<!-- golden:end -->"
 
 
-def report() -> str:
-    """One row per golden case."""
-    plans = json.loads(GOLDEN.read_text())
+def report(plans: dict[str, Any] | None = None) -> str:
+    """One row per golden case (of the committed golden file unless `plans` is given)."""
+    plans = json.loads(GOLDEN.read_text()) if plans is None else plans
     out = [
         "| case (preset/instance/nodes/sequence) | precision | AC | mbs | sharding | cp | tok/s/GPU | MFU "
         "| peak GiB |",
@@ -35,16 +36,20 @@ def report() -> str:
     return "\n".join(out)
 
 
+def with_table(doc: str, text: str) -> str:
+    """`doc` with the block between the markers replaced by `text`."""
+    head, rest = doc.split(START, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{START}\n{text}\n{END}{tail}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help=f"update {DOC.relative_to(ROOT)}")
     args = parser.parse_args()
     text = report()
     if args.write:
-        doc = DOC.read_text()
-        head, rest = doc.split(START, 1)
-        _, tail = rest.split(END, 1)
-        DOC.write_text(f"{head}{START}\n{text}\n{END}{tail}")
+        DOC.write_text(with_table(DOC.read_text(), text))
     print(text)
 
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import yaml
 
+from blackwell_operator.calibrate.grid import compare, grid_spec
 from blackwell_operator.calibration import load_calibration
-from blackwell_operator.calibration.grid import compare, grid_spec
 from blackwell_operator.planner import plan_job
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,16 +79,20 @@ def report(grid: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def with_table(doc: str, text: str) -> str:
+    """`doc` with the block between the markers replaced by `text`."""
+    head, rest = doc.split(START, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{START}\n{text}\n{END}{tail}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help=f"update {DOC.relative_to(ROOT)}")
     args = parser.parse_args()
     text = report(yaml.safe_load(GRID.read_text()))
     if args.write:
-        doc = DOC.read_text()
-        head, rest = doc.split(START, 1)
-        _, tail = rest.split(END, 1)
-        DOC.write_text(f"{head}{START}\n{text}\n{END}{tail}")
+        DOC.write_text(with_table(DOC.read_text(), text))
     print(text)
 
 

@@ -110,4 +110,4 @@ def test_a_name_the_api_server_would_reject_exits_2(tmp_path: Path) -> None:
     )
     result = runner.invoke(app, ["render", str(path)])
     assert result.exit_code == 2
-    assert "metadata.name must be a DNS-1035 label" in result.stderr
+    assert "metadata.name: must be a DNS-1035 label" in result.stderr

@@ -23,6 +23,7 @@ NAMESPACE = "hyperpod-ns-team-a"
 BTJS = f"/apis/training.blackwell.dev/v1alpha1/namespaces/{NAMESPACE}/blackwelltrainingjobs"
 PYTORCHJOBS = f"/apis/kubeflow.org/v1/namespaces/{NAMESPACE}/pytorchjobs"
 HYPERPODJOBS = f"/apis/sagemaker.amazonaws.com/v1/namespaces/{NAMESPACE}/hyperpodpytorchjobs"
+TRAINJOBS = f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{NAMESPACE}/trainjobs"
 CONFIGMAPS = f"/api/v1/namespaces/{NAMESPACE}/configmaps"
 PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
 HOLD_FINALIZER = "test.blackwell.dev/hold"
@@ -295,8 +296,8 @@ async def running_operator(cluster: Cluster, *, namespace: str | None = None) ->
     runner = KopfRunner(args, registry=operator_registry(cluster.url), timeout=30)
     runner.__enter__()
     try:
-        # Ready when it watches BTJs, both child kinds and the trainer pods.
-        await wait_for(lambda: _watch_count(cluster) >= watches_before + 4, what="the operator's watches")
+        # Ready when it watches BTJs, the three child kinds and the trainer pods.
+        await wait_for(lambda: _watch_count(cluster) >= watches_before + 5, what="the operator's watches")
         yield runner
     except BaseException as exc:
         await asyncio.to_thread(runner.__exit__, type(exc), exc, exc.__traceback__)
@@ -311,7 +312,8 @@ def _watch_count(cluster: Cluster) -> int:
         for r in cluster.k.requests
         if verb_of(r) == "watch"
         and r.resource is not None
-        and r.resource.plural in ("blackwelltrainingjobs", "pytorchjobs", "hyperpodpytorchjobs", "pods")
+        and r.resource.plural
+        in ("blackwelltrainingjobs", "pytorchjobs", "hyperpodpytorchjobs", "trainjobs", "pods")
     )
 
 

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from blackwell_operator.permissions import ADMISSION_ONLY, PERMISSIONS
 from blackwell_operator.stuck_pods import TIMEOUT_ENV
-from blackwell_operator.testing.emulator import HYPERPOD_RESOURCE
+from blackwell_operator.testing.emulator import HYPERPOD_RESOURCE, TRAINJOB_RESOURCE
 from tests.operator.harness import (
     NAMESPACE,
     Cluster,
@@ -84,6 +84,7 @@ async def test_every_call_is_granted_and_every_grant_is_used(
     async with running_operator(cluster, namespace=NAMESPACE):
         await cluster.apply(btj("a"))
         await cluster.apply(btj("hp", backend="HyperPodPyTorchJob"))
+        await cluster.apply(btj("tj", backend="TrainJob"))
         await cluster.apply(btj("bad", model={"preset": "gpt-7"}))
         await wait_for(lambda: cluster.status("a").get("observedGeneration") == 1, what="a reconciled")
         await cluster.patch_spec("a", {"training": {"sequenceLength": 4096, "steps": 10}})
@@ -100,12 +101,16 @@ async def test_every_call_is_granted_and_every_grant_is_used(
         await wait_for(lambda: cluster.condition("hp", "ChildCreated"), what="hp ChildCreated")
         await cluster.patch_spec("hp", {"training": {"sequenceLength": 4096, "steps": 10}})
         await wait_for(lambda: cluster.status("hp").get("observedGeneration") == 2, what="hp re-planned")
+        # Not started yet: the TrainJob's runtime is patched (create, conflict, get, patch).
+        await wait_for(lambda: cluster.condition("tj", "ChildCreated"), what="tj ChildCreated")
+        await cluster.patch_spec("tj", {"image": "registry.example/trainer:2"})
+        await wait_for(lambda: cluster.status("tj").get("observedGeneration") == 2, what="tj re-planned")
         await wait_for(lambda: cluster.status("bad").get("phase") == "Invalid", what="phase Invalid")
-        # A worker of each backend ends on a permanent error: both children are deleted.
+        # A worker of each backend ends on a permanent error: every child is deleted.
         permanent = pod_status(
             container(state={"terminated": terminated(1, "Error", T2, PERMANENT_TRAINER_ERROR)})
         )
-        for name, resource in (("a", None), ("hp", HYPERPOD_RESOURCE)):
+        for name, resource in (("a", None), ("hp", HYPERPOD_RESOURCE), ("tj", TRAINJOB_RESOURCE)):
             job = cluster.job(name, resource) if resource else cluster.job(name)
             await cluster.add_pod(pod(f"{name}-worker-0", job=name, owner=job), permanent)
             await wait_for(

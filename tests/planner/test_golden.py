@@ -1,70 +1,25 @@
 """Golden plans over every preset on P6-B200 and P5en (1-2 nodes, sequence 4096/8192).
 
-Regenerate with `BTJ_UPDATE_GOLDEN=1 pytest tests/planner/test_golden.py` and explain changes in
-docs/planner.md. The rules of thumb checked at the end come out of the models; nothing in the planner
+Regenerate with `scripts/generate.sh` (tests/planner/golden_plans.py computes them) and explain changes
+in docs/planner.md. The rules of thumb checked at the end come out of the models; nothing in the planner
 encodes them.
 """
 
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from blackwell_operator.catalogs import get_preset, list_presets
-from blackwell_operator.errors import PlanningError
 from blackwell_operator.planner import plan_job
-from tests.planner.conftest import GIB, make_spec
-
-GOLDEN = Path(__file__).resolve().parent / "golden" / "plans.json"
-INSTANCES = ("ml.p6-b200.48xlarge", "ml.p5en.48xlarge")
-CASES = [
-    (preset.name, instance, nodes, seq)
-    for preset in list_presets()
-    for instance in INSTANCES
-    for nodes in (1, 2)
-    for seq in (4096, 8192)
-]
-
-
-def case_id(preset: str, instance: str, nodes: int, seq: int) -> str:
-    return f"{preset}/{instance.split('.')[1]}/n{nodes}/s{seq}"
-
-
-def summarise(preset: str, instance: str, nodes: int, seq: int) -> dict[str, Any]:
-    """The compact golden record of one case."""
-    try:
-        plan = plan_job(make_spec(preset, instance, nodes, seq))
-    except PlanningError as exc:
-        return {"error": exc.message}
-    c = plan.chosen
-    return {
-        "precision": c.precision.value,
-        "recipe": c.precision_recipe.value,
-        "ac": c.activation_checkpointing.value,
-        "mbs": c.micro_batch_size,
-        "ga": c.gradient_accumulation_steps,
-        "sharding": c.sharding.value,
-        "cp": c.context_parallel,
-        "tokens_per_second_per_gpu": round(plan.predicted.tokens_per_second_per_gpu),
-        "mfu": round(plan.predicted.model_flops_utilization, 3),
-        "peak_reserved_gib": round(plan.predicted.memory.peak_reserved / GIB, 1),
-    }
-
-
-def current() -> dict[str, dict[str, Any]]:
-    return {case_id(*case): summarise(*case) for case in CASES}
+from tests.planner.conftest import make_spec
+from tests.planner.golden_plans import CASES, GOLDEN, case_id, summarise
 
 
 @pytest.fixture(scope="module")
 def golden() -> dict[str, dict[str, Any]]:
-    if os.environ.get("BTJ_UPDATE_GOLDEN"):
-        # One case per line keeps the file compact and its diffs readable.
-        lines = [f"{json.dumps(k)}: {json.dumps(v, sort_keys=True)}" for k, v in sorted(current().items())]
-        GOLDEN.write_text("{\n" + ",\n".join(lines) + "\n}\n")
     return dict(json.loads(GOLDEN.read_text()))
 
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
+from blackwell_operator.calibrate.grid import GridRow, compare, grid_spec
 from blackwell_operator.calibration import load_calibration
-from blackwell_operator.calibration.grid import GridRow, compare, grid_spec
 from blackwell_operator.planner import plan_job
 
 GRID_FILE = Path(__file__).resolve().parent / "data" / "h200_reference_grid.yaml"

@@ -292,7 +292,7 @@ PYDANTIC_MESSAGES = {"missing-claim", "too-many"}
 
 
 def _model_error(volumes: list[dict[str, Any]]) -> str | None:
-    from blackwell_operator.cli.manifest import format_validation_error
+    from blackwell_operator.models.validation import format_validation_error
 
     try:
         BlackwellTrainingJobSpec.model_validate(spec_of(volumes=volumes))

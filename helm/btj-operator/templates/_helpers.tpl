@@ -105,6 +105,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
+{{/* The default trainer image: what the operator runs for a BlackwellTrainingJob that names none. */}}
+{{- define "btj-operator.trainerImage" -}}
+{{- printf "%s:%s" .Values.trainerImage.repository (default .Chart.AppVersion .Values.trainerImage.tag) }}
+{{- end }}
+
 {{/* Fails the render on value combinations the schema cannot express. */}}
 {{- define "btj-operator.validateConfig" -}}
 {{- if and .Values.metrics.podMonitor.enabled .Values.metrics.serviceMonitor.enabled }}

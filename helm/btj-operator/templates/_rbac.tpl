@@ -49,6 +49,16 @@ framework rules listed there. No wildcards anywhere.
 - apiGroups: ["sagemaker.amazonaws.com"]
   resources: ["hyperpodpytorchjobs"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Application: the child Kubeflow Trainer v2 TrainJob when spec.backend is TrainJob (same verbs).
+- apiGroups: ["trainer.kubeflow.org"]
+  resources: ["trainjobs"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Application: the per-job TrainingRuntime a TrainJob references (created before it, patched with it;
+# deleted when the TrainJob's create is refused or the finished TrainJob is gone, else removed with the
+# BlackwellTrainingJob through its owner reference).
+- apiGroups: ["trainer.kubeflow.org"]
+  resources: ["trainingruntimes"]
+  verbs: ["get", "create", "patch", "delete"]
 # Application: the <name>-plan ConfigMap mounted into the trainer pods (deleted when its job's create
 # is refused, or when its finished job is gone).
 - apiGroups: [""]

@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from blackwell_operator.models.status import FAILURE_MESSAGE_LIMIT, ConditionType, Phase
-from blackwell_operator.render import hyperpod, pytorchjob
+from blackwell_operator.render import hyperpod, pytorchjob, trainjob
 from blackwell_operator.render.labels import JOB_NAME_LABEL
-from blackwell_operator.render.pod import CONTAINER_NAME, TERMINATION_GRACE_SECONDS
+from blackwell_operator.render.pod import TERMINATION_GRACE_SECONDS, TRAINER_CONTAINER_NAMES
 from blackwell_operator.status import (
     TERMINAL_PHASES,
     get_condition,
@@ -29,7 +29,9 @@ STOP_EXIT_CODES = frozenset({130, 137, 143})  # 128 + SIGINT, SIGKILL, SIGTERM
 CASCADE_WINDOW_S = TERMINATION_GRACE_SECONDS + 600.0
 # The Kubeflow training operator's pod label naming the PyTorchJob (hyperpod-pytorchjob.md §1).
 KUBEFLOW_JOB_NAME_LABEL = "training.kubeflow.org/job-name"
-CHILD_KINDS = frozenset({pytorchjob.KIND, hyperpod.KIND})
+# A TrainJob's pods are owned by Jobs of its JobSet, which names them by the TrainJob in this label.
+CHILD_JOB_NAME_LABELS = (KUBEFLOW_JOB_NAME_LABEL, trainjob.JOBSET_NAME_LABEL)
+CHILD_KINDS = frozenset({pytorchjob.KIND, hyperpod.KIND, trainjob.KIND})
 # The Failed condition's reason when a worker ended on an error no restart can fix; the operator then
 # deletes the child (its GPUs are freed) instead of letting torchrun and the pods retry it.
 PERMANENT_ERROR_REASON = "PermanentError"
@@ -53,7 +55,9 @@ def _failed_termination(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
-def worker_failure(pod: Mapping[str, Any], container: str = CONTAINER_NAME) -> dict[str, Any] | None:
+def worker_failure(
+    pod: Mapping[str, Any], containers: frozenset[str] = TRAINER_CONTAINER_NAMES
+) -> dict[str, Any] | None:
     """status.lastFailure (camelCase, no null values) from a pod, or None when its trainer has not failed.
 
     `state.terminated` is the container's latest end; `lastState.terminated` the one before a restart
@@ -61,14 +65,14 @@ def worker_failure(pod: Mapping[str, Any], container: str = CONTAINER_NAME) -> d
     """
     statuses = (pod.get("status") or {}).get("containerStatuses") or []
     for status in statuses:
-        if not isinstance(status, Mapping) or status.get("name") != container:
+        if not isinstance(status, Mapping) or status.get("name") not in containers:
             continue
         terminated = _failed_termination(status)
         if terminated is None:
             return None
         failure: dict[str, Any] = {
             "pod": (pod.get("metadata") or {}).get("name", ""),
-            "container": container,
+            "container": str(status["name"]),
             "exitCode": int(terminated["exitCode"]),
             "reason": str(terminated.get("reason") or ""),
             "message": first_line(terminated.get("message")),
@@ -171,7 +175,8 @@ def belongs_to(pod: Mapping[str, Any], btj: Mapping[str, Any]) -> bool:
             if child.get("uid"):
                 return bool(ref.get("uid") == child["uid"])
             return bool(ref.get("name") == child["name"])
-    job_label = (pod_meta.get("labels") or {}).get(KUBEFLOW_JOB_NAME_LABEL)
+    labels = pod_meta.get("labels") or {}
+    job_label = next((labels[key] for key in CHILD_JOB_NAME_LABELS if key in labels), None)
     return job_label is None or job_label == child["name"]
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from blackwell_operator.render.pod import CONTAINER_NAME, METRICS_PORT_NAME
+from blackwell_operator.render.pod import METRICS_PORT_NAME, TRAINER_CONTAINER_NAMES
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def metrics_endpoint(pod: Mapping[str, Any]) -> str | None:
     if status.get("phase") != "Running" or not ip or (pod.get("metadata") or {}).get("deletionTimestamp"):
         return None
     for container in (pod.get("spec") or {}).get("containers") or []:
-        if container.get("name") != CONTAINER_NAME:
+        if container.get("name") not in TRAINER_CONTAINER_NAMES:
             continue
         for port in container.get("ports") or []:
             if port.get("name") == METRICS_PORT_NAME and port.get("containerPort"):

@@ -33,6 +33,11 @@ PERMISSIONS: tuple[Permission, ...] = (
         "hyperpodpytorchjobs",
         ("get", "list", "watch", "create", "patch", "delete"),
     ),
+    Permission("trainer.kubeflow.org", "trainjobs", ("get", "list", "watch", "create", "patch", "delete")),
+    # The operator: a TrainJob's per-job TrainingRuntime, created before it and patched with it like the
+    # plan ConfigMap (get-or-create; never watched; deleted, like the ConfigMap, when the TrainJob's create
+    # is refused or the finished TrainJob is gone, else it goes with the BTJ's owner reference).
+    Permission("trainer.kubeflow.org", "trainingruntimes", ("get", "create", "patch", "delete")),
     # The plan ConfigMap is deleted when its job create is refused or its finished job is gone.
     Permission("", "configmaps", ("get", "create", "patch", "delete")),
     # The operator: cluster capacity (nodes of the instance type and their HyperPod health label).

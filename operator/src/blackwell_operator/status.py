@@ -58,8 +58,26 @@ def _is_true(conds: Mapping[str, Mapping[str, Any]], *types: str) -> Mapping[str
     return None
 
 
+def _jobs_status_phase(child_status: Mapping[str, Any]) -> Phase | None:
+    """Running or Restarting of a TrainJob from status.jobsStatus (Trainer v2 has no such conditions).
+
+    Each entry counts one replicated job's Jobs: a failed one that has not failed the TrainJob is being
+    re-created by JobSet (a gang restart); a ready one has every pod ready (or done).
+    """
+    entries = [e for e in child_status.get("jobsStatus") or [] if isinstance(e, Mapping)]
+    if any(int(e.get("failed") or 0) > 0 for e in entries):
+        return Phase.RESTARTING
+    if any(int(e.get("ready") or 0) > 0 for e in entries):
+        return Phase.RUNNING
+    return None
+
+
 def child_phase(child_status: Mapping[str, Any] | None) -> Phase:
-    """Phase of a PyTorchJob/HyperPodPyTorchJob (hyperpod-pytorchjob.md §1.4; first match wins)."""
+    """Phase of a PyTorchJob/HyperPodPyTorchJob/TrainJob (hyperpod-pytorchjob.md §1.4; first match wins).
+
+    A TrainJob's conditions are only Suspended, Complete and Failed (docs/backends.md); its Running and
+    Restarting come from status.jobsStatus.
+    """
     conds = condition_map((child_status or {}).get("conditions"))
     if _is_true(conds, "Failed"):
         return Phase.FAILED
@@ -71,7 +89,7 @@ def child_phase(child_status: Mapping[str, Any] | None) -> Phase:
         return Phase.RESTARTING
     if _is_true(conds, "Running"):
         return Phase.RUNNING
-    return Phase.PENDING
+    return _jobs_status_phase(child_status or {}) or Phase.PENDING
 
 
 def child_message(child_status: Mapping[str, Any] | None) -> str:
@@ -146,7 +164,12 @@ def child_conditions(
     queue = f" in queue {queue_name}" if queue_name else ""
     if phase == Phase.QUEUED:
         put(ConditionType.ADMITTED, "False", "Suspended", detail or f"The job is suspended{queue} (Kueue).")
-    elif phase != Phase.PENDING or _is_true(conds, "Created") or conds.get("Suspended"):
+    elif (
+        phase != Phase.PENDING
+        or _is_true(conds, "Created")
+        or conds.get("Suspended")
+        or (child_status or {}).get("jobsStatus")
+    ):
         put(ConditionType.ADMITTED, "True", "Admitted", f"The job was admitted{queue}.")
     else:
         put(ConditionType.ADMITTED, "Unknown", "Pending", "The training operator has not reported yet.")
@@ -191,6 +214,11 @@ def can_patch_in_place(child_status: Mapping[str, Any] | None) -> bool:
         phase == Phase.PENDING
         and not _is_true(conds, "Created")
         and not (child_status or {}).get("startTime")
+        and not any(
+            int(e.get("active") or 0) or int(e.get("ready") or 0)
+            for e in (child_status or {}).get("jobsStatus") or []
+            if isinstance(e, Mapping)
+        )
     )
 
 

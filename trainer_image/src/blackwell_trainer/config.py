@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
@@ -144,6 +145,131 @@ class Architecture(WireModel):
         embed = self.vocab_size * h
         head = 0 if self.tie_word_embeddings else self.vocab_size * h
         return embed + self.num_layers * per_layer + h + head
+
+
+# Hugging Face model types whose decoder is this Architecture exactly (RMSNorm, RoPE, GQA, SwiGLU).
+HF_MODEL_TYPES = ("llama", "qwen2", "mistral")
+# Architecture field -> the config.json key that carries it (the names in a mismatch message).
+HF_CONFIG_KEYS: dict[str, str] = {
+    "hidden_size": "hidden_size",
+    "num_layers": "num_hidden_layers",
+    "num_attention_heads": "num_attention_heads",
+    "num_key_value_heads": "num_key_value_heads",
+    "intermediate_size": "intermediate_size",
+    "vocab_size": "vocab_size",
+    "tie_word_embeddings": "tie_word_embeddings",
+    "head_dim": "head_dim",
+    "attention_bias": "model_type",  # Qwen2 always has Q/K/V bias, Llama and Mistral never (see below)
+    "rope_theta": "rope_theta",
+    "norm_eps": "rms_norm_eps",
+    "rope_scaling": "rope_scaling",
+}
+
+
+class HfConfigError(ValueError):
+    """A Hugging Face config.json this trainer cannot train exactly; the message names the key."""
+
+
+def _hf_rope(config: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
+    """RoPE base and scaling from either layout: top-level rope_theta / rope_scaling (the Hub's files,
+    transformers < 5) or one rope_parameters dict (what transformers 5 writes)."""
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    theta = config.get("rope_theta", params.get("rope_theta", 10000.0))
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind == "default":
+        return float(theta), None
+    if kind != "llama3":
+        raise HfConfigError(
+            f"config.json rope type {kind!r} is not supported (only default RoPE and Llama 3.1's 'llama3' "
+            "scaling); use a Llama 3.x, Qwen2.5 or Mistral checkpoint"
+        )
+    scaling = RopeScaling(
+        factor=params["factor"],
+        low_freq_factor=params["low_freq_factor"],
+        high_freq_factor=params["high_freq_factor"],
+        original_max_position_embeddings=params["original_max_position_embeddings"],
+    )
+    return float(theta), scaling
+
+
+def hf_sliding_window(config: Mapping[str, Any]) -> int | None:
+    """The attention window a config.json asks for, or None for full causal attention.
+
+    Mistral applies `sliding_window` whenever it is set (v0.1: 4096; v0.2 and later: null); Qwen2 only
+    with `use_sliding_window` true. Up to the window, sliding-window attention is plain causal attention.
+    """
+    window = config.get("sliding_window")
+    if window is None:
+        return None
+    if config.get("model_type") == "qwen2" and not config.get("use_sliding_window", False):
+        return None
+    return int(window)
+
+
+def architecture_from_hf_config(
+    config: Mapping[str, Any], *, sequence_length: int | None = None
+) -> Architecture:
+    """The Architecture a Hugging Face config.json describes (Llama 3.x, Qwen2.5, Mistral).
+
+    HfConfigError (one line naming the config.json key and the fix) for what the trainer's model would
+    not compute exactly: another model type or activation, MLP or output-projection biases, another RoPE
+    rule, or a sliding attention window shorter than `sequence_length` (when given).
+    """
+    model_type = config.get("model_type")
+    if model_type not in HF_MODEL_TYPES:
+        raise HfConfigError(
+            f"config.json model_type {model_type!r} is not supported; supported: {', '.join(HF_MODEL_TYPES)}"
+        )
+    if config.get("hidden_act", "silu") != "silu":
+        raise HfConfigError(
+            f"config.json hidden_act {config.get('hidden_act')!r} is not supported (silu only)"
+        )
+    for key in ("mlp_bias", "attention_bias"):
+        # Llama's attention_bias adds a bias to the output projection too; no Llama 3.x checkpoint has it.
+        if config.get(key):
+            raise HfConfigError(f"config.json {key} true is not supported ({model_type} without biases only)")
+    if int(config.get("pretraining_tp", 1)) != 1:
+        raise HfConfigError("config.json pretraining_tp must be 1 (set it to 1: it only splits matmuls)")
+    window = hf_sliding_window(config)
+    if window is not None and sequence_length is not None and sequence_length > window:
+        raise HfConfigError(
+            f"config.json sliding_window {window} is shorter than the sequence length {sequence_length}: "
+            f"sliding-window attention is not supported; train with sequenceLength <= {window}"
+        )
+    theta, scaling = _hf_rope(config)
+    try:
+        return Architecture(
+            hidden_size=config["hidden_size"],
+            num_layers=config["num_hidden_layers"],
+            num_attention_heads=config["num_attention_heads"],
+            num_key_value_heads=config.get("num_key_value_heads") or config["num_attention_heads"],
+            intermediate_size=config["intermediate_size"],
+            vocab_size=config["vocab_size"],
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            head_dim=config.get("head_dim"),
+            attention_bias=model_type == "qwen2",
+            rope_theta=theta,
+            norm_eps=config.get("rms_norm_eps", 1e-6),
+            rope_scaling=scaling,
+        )
+    except KeyError as err:
+        raise HfConfigError(f"config.json has no {err.args[0]!r}; is it a decoder's config.json?") from None
+
+
+def architecture_mismatch(plan_arch: Architecture, checkpoint_arch: Architecture) -> str | None:
+    """The first field where a checkpoint's architecture differs from the plan's, as one line; None if equal.
+
+    head_dim compares resolved (an explicit head_dim equal to hidden/heads is the same shape).
+    """
+    for field, hf_key in HF_CONFIG_KEYS.items():
+        if field == "head_dim":
+            ours, theirs = plan_arch.resolved_head_dim, checkpoint_arch.resolved_head_dim
+        else:
+            ours, theirs = getattr(plan_arch, field), getattr(checkpoint_arch, field)
+        if ours != theirs:
+            wire = Architecture.model_fields[field].alias or field
+            return f"config.json {hf_key} gives {field}={theirs!r}, the plan's architecture.{wire} {ours!r}"
+    return None
 
 
 class DatasetConfig(WireModel):

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from blackwell_trainer.config import DatasetConfig, DatasetKind
+from blackwell_trainer.shard_manifest import MANIFEST_NAME, ManifestMismatch, ShardManifest, check_manifest
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +154,7 @@ class Shard:
     name: str
     num_tokens: int
     fetch: Callable[[], Path]
+    size_bytes: int = -1  # the file's size, to check it against the manifest
 
 
 class ShardTokenSource:
@@ -296,22 +298,40 @@ def _quietly(fetch: Callable[[], Path]) -> None:
         log.debug("background fetch failed: %s", err)
 
 
-def _local_shards(root: Path, itemsize: int) -> list[Shard]:
+def _parse_manifest(text: str, uri: str) -> ShardManifest:
+    try:
+        return ShardManifest.model_validate_json(text)
+    except ValueError as err:
+        raise DataError(
+            f"dataset.uri {uri}: {MANIFEST_NAME} is not a shard manifest ({str(err).splitlines()[0]}); "
+            "copy the one `python -m blackwell_trainer.prepare` wrote"
+        ) from err
+
+
+def _local_shards(root: Path, itemsize: int) -> tuple[list[Shard], ShardManifest | None]:
     if not root.is_dir():
         raise DataError(f"dataset.uri {root} is not a folder; point it at a folder of *.bin token shards")
     files = sorted(root.glob("*.bin"))
-    return [
-        Shard(name=f.name, num_tokens=f.stat().st_size // itemsize, fetch=functools.partial(Path, f))
+    shards = [
+        Shard(
+            name=f.name,
+            num_tokens=f.stat().st_size // itemsize,
+            fetch=functools.partial(Path, f),
+            size_bytes=f.stat().st_size,
+        )
         for f in files
     ]
+    manifest = root / MANIFEST_NAME
+    return shards, _parse_manifest(manifest.read_text(), str(root)) if manifest.is_file() else None
 
 
 def _cache_dir() -> Path:
     return Path(os.environ.get("BTJ_CACHE_DIR", DEFAULT_CACHE_DIR))
 
 
-def _s3_shards(uri: str, itemsize: int) -> list[Shard]:
-    """List *.bin objects under an s3:// prefix; each is downloaded to the cache on first use."""
+def _s3_shards(uri: str, itemsize: int) -> tuple[list[Shard], ShardManifest | None]:
+    """List *.bin objects under an s3:// prefix (each downloaded to the cache on first use) and read the
+    prefix's manifest.json, if any."""
     import boto3  # only the S3 path needs it; a local-data trainer starts without the import cost
     from botocore.config import Config
 
@@ -330,9 +350,13 @@ def _s3_shards(uri: str, itemsize: int) -> list[Shard]:
         config=Config(retries={"mode": "adaptive", "max_attempts": 10}),
     )
     shards: list[Shard] = []
+    manifest: ShardManifest | None = None
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for obj in page.get("Contents", []):
             key = str(obj["Key"])
+            if key == prefix + MANIFEST_NAME:
+                body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+                manifest = _parse_manifest(body.decode("utf-8", errors="replace"), uri)
             if not key.endswith(".bin"):
                 continue
             size = int(obj["Size"])
@@ -343,9 +367,10 @@ def _s3_shards(uri: str, itemsize: int) -> list[Shard]:
                     name=key.removeprefix(prefix).lstrip("/"),
                     num_tokens=size // itemsize,
                     fetch=functools.partial(_download_once, client, bucket, key, local, size, etag),
+                    size_bytes=size,
                 )
             )
-    return shards
+    return shards, manifest
 
 
 def _keep_free_fraction() -> float:
@@ -445,7 +470,21 @@ def build_token_source(
         )
     uri = dataset.uri or ""
     itemsize = np.dtype(dataset.token_dtype).itemsize
-    shards = _s3_shards(uri, itemsize) if uri.startswith("s3://") else _local_shards(Path(uri), itemsize)
+    shards, manifest = (
+        _s3_shards(uri, itemsize) if uri.startswith("s3://") else _local_shards(Path(uri), itemsize)
+    )
+    if manifest is not None:
+        try:
+            check_manifest(
+                manifest,
+                {s.name: s.size_bytes for s in shards},
+                uri=uri,
+                token_dtype=dataset.token_dtype,
+                vocab_size=vocab_size,
+            )
+        except ManifestMismatch as err:
+            raise DataError(str(err)) from err
+        log.info("dataset.uri %s matches its %s (%d tokens)", uri, MANIFEST_NAME, manifest.tokens)
     if not shards:
         raise DataError(f"dataset.uri {uri} holds no *.bin token shards; upload shards or fix the uri")
     return ShardTokenSource(

@@ -125,6 +125,12 @@ class TrainerMetrics:
             "went on from the previous complete checkpoint.",
             registry=r,
         )
+        self.weights_load = Gauge(
+            "btj_trainer_weights_load_seconds",
+            "Seconds this pod's local rank 0 took to load the initial weights (plan.weights); 0 when it "
+            "started from random init or resumed from the job's own checkpoint.",
+            registry=r,
+        )
         self.build_info = Info("btj_trainer_build", "Trainer version and the plan's settings.", registry=r)
 
         # Pre-export every series (zeros where nothing is measured yet) so none goes missing.
@@ -135,6 +141,7 @@ class TrainerMetrics:
         self.predicted_memory.set(plan.predicted.memory.peak_reserved)
         self.predicted_mfu.set(plan.predicted.model_flops_utilization)
         self.last_checkpoint.set(0)
+        self.weights_load.set(0)
         self.build_info.info(build_labels(plan))
         self._lock = threading.Lock()
 
@@ -200,3 +207,7 @@ class TrainerMetrics:
     def record_checkpoint_failure(self) -> None:
         """Count one interval checkpoint save that failed on some rank (training went on)."""
         self.checkpoint_failures.inc()
+
+    def record_weights_load(self, seconds: float) -> None:
+        """Record how long loading the initial weights took."""
+        self.weights_load.set(seconds)

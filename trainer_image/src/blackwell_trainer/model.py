@@ -1,5 +1,7 @@
 """Single-device Llama-style decoder (RMSNorm, RoPE, GQA via SDPA, SwiGLU) built from an `Architecture`.
 
+Numerically the Hugging Face Llama 3.x, Qwen2.5 and Mistral decoders (tests/trainer/test_hf_parity.py).
+
 The model knows nothing about distribution: parallelize.py wraps, compiles, converts and shards it.
 It is built on the meta device and gets real storage later (``to_empty``), so ``init_weights()`` is
 explicit and also rebuilds the non-persistent RoPE tables.
@@ -14,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import Architecture
+from .config import Architecture, RopeScaling
 from .loss import LossFn, chunked_cross_entropy
 
 
@@ -33,11 +35,38 @@ class RMSNorm(nn.Module):
         nn.init.ones_(self.weight)
 
 
+def llama3_scaled(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
+    """Llama 3.1's RoPE frequency rule (Hugging Face rope_type "llama3").
+
+    Frequencies whose wavelength exceeds original_context / low_freq_factor are divided by `factor`
+    (they must stretch to the longer context), those shorter than original_context / high_freq_factor
+    are kept (they resolve local order), and the band between blends the two linearly in
+    original_context / wavelength.
+    """
+    original = scaling.original_max_position_embeddings
+    wavelength = 2 * math.pi / inv_freq
+    low_wavelength = original / scaling.low_freq_factor
+    high_wavelength = original / scaling.high_freq_factor
+    scaled = torch.where(wavelength > low_wavelength, inv_freq / scaling.factor, inv_freq)
+    blend = (original / wavelength - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    blended = (1 - blend) * scaled / scaling.factor + blend * scaled
+    in_band = (wavelength >= high_wavelength) & (wavelength <= low_wavelength)
+    return torch.where(in_band, blended, scaled)
+
+
 def rope_tables(
-    head_dim: int, max_len: int, theta: float, device: torch.device | None = None
+    head_dim: int,
+    max_len: int,
+    theta: float,
+    device: torch.device | None = None,
+    scaling: RopeScaling | None = None,
 ) -> torch.Tensor:
     """cos and sin of the rotary angles, stacked as [2, max_len, head_dim] in fp32 (rotate-half layout)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+    if scaling is not None:
+        inv_freq = llama3_scaled(inv_freq, scaling)
     t = torch.arange(max_len, dtype=torch.float32, device=device)
     angles = torch.outer(t, inv_freq)
     angles = torch.cat((angles, angles), dim=-1)
@@ -196,7 +225,13 @@ class Transformer(nn.Module):
         if self.output is not None:
             nn.init.trunc_normal_(self.output.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
         device = buffer_device if buffer_device is not None else self.rope.device
-        self.rope = rope_tables(self.arch.resolved_head_dim, self.max_seq_len, self.arch.rope_theta, device)
+        self.rope = rope_tables(
+            self.arch.resolved_head_dim,
+            self.max_seq_len,
+            self.arch.rope_theta,
+            device,
+            scaling=self.arch.rope_scaling,
+        )
 
 
 def build_model(

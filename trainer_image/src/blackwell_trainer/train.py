@@ -1,9 +1,10 @@
 """The training entry point: read the plan, refuse what cannot run, build, parallelize and train.
 
 ``python -m blackwell_trainer --plan PATH`` (or env BTJ_PLAN_PATH), usually under torchrun.
-Exit codes: 0 done or preempted after a checkpoint, 2 a bad or impossible plan, data or checkpoint
-storage that does not fit it, or a checkpoint that cannot be written (the final one, the preemption one,
-or MAX_FAILED_SAVES_IN_A_ROW interval saves in a row).
+Exit codes: 0 done or preempted after a checkpoint, 2 a bad or impossible plan, data, initial weights or
+checkpoint storage that does not fit it, an export of the trained weights that cannot be written, or a
+checkpoint that cannot be written (the final one, the preemption one, or MAX_FAILED_SAVES_IN_A_ROW
+interval saves in a row).
 """
 
 from __future__ import annotations
@@ -327,6 +328,11 @@ def run(plan: Plan, runtime: Runtime, guard: PreemptionGuard) -> int:
             trainer.step_index = int(extra["step"])
             source.load_state_dict(extra["data"])
             log.info("resumed at step %d", trainer.step_index)
+        elif plan.weights is not None:  # the job's own checkpoint wins; the initial weights start it
+            from .weights_load import load_pretrained
+
+            loaded = load_pretrained(trainer.model, plan.weights.uri, plan.architecture, plan.sequence_length)
+            metrics.record_weights_load(loaded.seconds)
         accum = plan.chosen.gradient_accumulation_steps
         interval = plan.checkpoint.interval_steps
         retries_warned = 0
@@ -337,6 +343,18 @@ def run(plan: Plan, runtime: Runtime, guard: PreemptionGuard) -> int:
             # the process group is destroyed (a tiny all-reduce there let one gloo rank abort at exit,
             # "terminate called without an active exception", in about 1 of 10 CPU e2e runs).
             if trainer.step_index >= plan.steps:
+                if plan.output is not None:
+                    # Also after a restart at the last step: an export a crash interrupted is redone.
+                    from .weights_export import export_model
+
+                    export_model(
+                        trainer.model,
+                        plan.architecture,
+                        plan.output.uri,
+                        sequence_length=plan.sequence_length,
+                        weights_uri=plan.weights.uri if plan.weights else None,
+                        is_writer=runtime.rank == 0,
+                    )
                 return 0
             # Every rank asks before every step it still has to take, so all stop before the same step. A
             # SIGTERM during start-up (rendezvous, model build, resume) stops here, before the first step.
@@ -532,10 +550,11 @@ def _main(argv: Sequence[str] | None, guard: PreemptionGuard) -> int:
         return _fail(err)
     from .checkpoint import CheckpointError
     from .data import DataError
+    from .weights_store import WeightsError
 
     try:
         return run(plan, runtime, guard)
-    except (DataError, CheckpointError) as err:
+    except (DataError, CheckpointError, WeightsError) as err:
         # Data or checkpoint storage that does not fit the plan (no shards, another data set than the
         # checkpoint's): one line that names the field, not a traceback per rank.
         return _fail(err)

@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
+from blackwell_operator.calibrate.grid import grid_candidate
 from blackwell_operator.calibrate.records import CalibrationRecord, RecordStatus, Versions
-from blackwell_operator.calibration.grid import grid_candidate
 from blackwell_operator.catalogs import resolve_model
 from blackwell_operator.models.spec import ModelSpec
 from blackwell_trainer.config import (

@@ -13,6 +13,7 @@ import typer
 from blackwell_operator.cli import app
 from blackwell_operator.cli.manifest import fail, load_manifest_or_fail
 from blackwell_operator.errors import SpecError
+from blackwell_operator.models.spec import DEFAULT_IMAGE
 from blackwell_operator.render import dump_documents, render_children
 from blackwell_operator.render.crd import crd_yaml
 from blackwell_operator.render.names import name_problem
@@ -74,6 +75,12 @@ def render(
         fail(exc.message)
     objects = render_children(name, namespace, job.spec, plan, labels=labels)
     typer.echo(plan_summary(plan), err=True)
+    if job.spec.image is None:
+        typer.echo(
+            f"  image: {DEFAULT_IMAGE} (no spec.image: the operator runs its own default, the chart's "
+            "trainerImage)",
+            err=True,
+        )
     if job.spec.dry_run:
         typer.echo(
             "  spec.dryRun is true: the operator writes the plan to status and creates nothing", err=True

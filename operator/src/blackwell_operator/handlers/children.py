@@ -11,10 +11,9 @@ from blackwell_operator.handlers.api import ApiError
 from blackwell_operator.handlers.btjstatus import CHILD_DELETED, is_finished, write_status_logged
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import post_event
-from blackwell_operator.handlers.reconcile import CHILD_KINDS, drop_config_map
+from blackwell_operator.handlers.reconcile import CHILD_KINDS, drop_supporting, supporting_of
 from blackwell_operator.models.spec import KIND
 from blackwell_operator.models.status import ConditionType, Phase
-from blackwell_operator.render.pod import plan_config_map_name
 from blackwell_operator.status import (
     TERMINAL_PHASES,
     child_conditions,
@@ -162,15 +161,10 @@ def on_child_event(
         ctx, namespace, owner["name"], update, logger, purpose="mirror its child's status"
     )
     if done and going and ended.get("finished"):
-        # The job had finished, so nothing will mount its plan again: the ConfigMap goes with the job.
+        # The job had finished, so nothing will mount its plan again: what it referenced goes with it.
         btj = ended["btj"]
-        config_map = ((btj.get("status") or {}).get("child") or {}).get("configMap")
-        drop_config_map(
-            ctx.api,
-            {"namespace": namespace, "name": config_map or plan_config_map_name(owner["name"])},
-            btj["metadata"]["uid"],
-            logger,
-        )
+        objects = supporting_of(namespace, owner["name"], kind)
+        drop_supporting(ctx.api, namespace, objects, btj["metadata"]["uid"], logger)
     if done and going and event_type != "DELETED" and finalizer.holds(child):
         # Its end is on the BTJ now (or there is no BTJ to record it on): let it go.
         _release(ctx, child, logger)

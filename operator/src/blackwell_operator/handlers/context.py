@@ -11,6 +11,7 @@ from typing import Any
 from blackwell_operator.discovery.capacity import NodeCapacityReader
 from blackwell_operator.handlers.api import KubeApi
 from blackwell_operator.metrics import OperatorMetrics
+from blackwell_operator.models.spec import DEFAULT_IMAGE
 
 # Pods whose worker failure was handled, remembered to skip re-reading the BTJ on their later events
 # (a pod keeps lastState.terminated while it runs again); bounded, oldest forgotten first.
@@ -24,6 +25,8 @@ class OperatorContext:
     api: KubeApi
     capacity: NodeCapacityReader
     metrics: OperatorMetrics
+    # The trainer image of a BTJ whose spec names none (the chart's trainerImage value).
+    default_image: str = DEFAULT_IMAGE
     # One reconcile at a time per BTJ: Kopf's handlers and the resync loop run in different threads and
     # must not both create (the loser's 409 would be adopted and counted).
     _recreating: dict[str, threading.Lock] = field(default_factory=dict)

@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import kopf
-from pydantic import ValidationError
 
-from blackwell_operator.cli.manifest import format_validation_error
+from blackwell_operator.admission.job import Rejected, validate_body
 from blackwell_operator.discovery.capacity import Capacity
 from blackwell_operator.errors import SpecError
 from blackwell_operator.handlers import retrying
@@ -30,9 +29,9 @@ from blackwell_operator.handlers.finalizer import holds, release, with_finalizer
 from blackwell_operator.handlers.planning import plan_within
 from blackwell_operator.models.spec import Backend, BlackwellTrainingJobSpec
 from blackwell_operator.models.status import ConditionType, Phase
-from blackwell_operator.render import render_children
+from blackwell_operator.render import render_children, trainjob
 from blackwell_operator.render.labels import RENDER_HASH_ANNOTATION
-from blackwell_operator.render.pod import resources
+from blackwell_operator.render.pod import plan_config_map_name, resources
 from blackwell_operator.status import (
     CHILD_PHASES,
     TERMINAL_PHASES,
@@ -65,7 +64,11 @@ CHILD_KINDS = {
     Backend.HYPERPOD_PYTORCH_JOB: ChildKind(
         "sagemaker.amazonaws.com/v1", "HyperPodPyTorchJob", "hyperpodpytorchjobs"
     ),
+    Backend.TRAIN_JOB: ChildKind(trainjob.API_VERSION, trainjob.KIND, "trainjobs"),
 }
+# What the child references, created before it and patched with it: the plan ConfigMap, and for a TrainJob
+# its TrainingRuntime.
+SUPPORTING_PLURALS = {"ConfigMap": "configmaps", trainjob.RUNTIME_KIND: trainjob.RUNTIME_PLURAL}
 
 
 T = TypeVar("T")
@@ -101,21 +104,33 @@ def owned_by(obj: Mapping[str, Any], owner_uid: str) -> bool:
     return any(ref.get("uid") == owner_uid for ref in refs)
 
 
-def drop_config_map(api: KubeApi, meta: Mapping[str, Any], owner_uid: str, logger: Any) -> None:
-    """Delete a BTJ's plan ConfigMap (named by `meta`) if it is the BTJ's; a failure is logged only (the
-    next pass that wants no job tries again)."""
-    path = resource_path("v1", "configmaps", meta["namespace"], meta["name"])
-    try:
-        existing = api.get(path)
-        if existing is not None and owned_by(existing, owner_uid):
-            api.delete(path, uid=existing["metadata"].get("uid"))
-    except ApiError as exc:
-        logger.warning(f"Cannot delete ConfigMap {meta['name']}: {exc}")
+def supporting_of(namespace: str, btj_name: str, child_kind: str) -> list[tuple[str, str, str]]:
+    """(apiVersion, plural, name) of what a BTJ's child references: its plan ConfigMap, and for a
+    TrainJob its TrainingRuntime (named like the job)."""
+    found = [("v1", "configmaps", plan_config_map_name(btj_name))]
+    if child_kind == trainjob.KIND:
+        found.append((trainjob.API_VERSION, trainjob.RUNTIME_PLURAL, btj_name))
+    return found
 
 
-def _config_map_path(config_map: Mapping[str, Any]) -> str:
-    meta = config_map["metadata"]
-    return resource_path("v1", "configmaps", meta["namespace"], meta["name"])
+def drop_supporting(
+    api: KubeApi, namespace: str, objects: list[tuple[str, str, str]], owner_uid: str, logger: Any
+) -> None:
+    """Delete what a job referenced, when the BTJ owns it (its job is gone or was never made); a failure
+    is logged only (the next pass that wants no job tries again)."""
+    for api_version, plural, name in objects:
+        path = resource_path(api_version, plural, namespace, name)
+        try:
+            existing = api.get(path)
+            if existing is not None and owned_by(existing, owner_uid):
+                api.delete(path, uid=existing["metadata"].get("uid"))
+        except ApiError as exc:
+            logger.warning(f"Cannot delete {plural} {name}: {exc}")
+
+
+def _reference(obj: Mapping[str, Any]) -> tuple[str, str, str]:
+    """(apiVersion, plural, name) of a rendered supporting object."""
+    return (str(obj["apiVersion"]), SUPPORTING_PLURALS[obj["kind"]], obj["metadata"]["name"])
 
 
 def _named(call: Callable[[], T], what: str, *, create: bool = True) -> T:
@@ -127,15 +142,13 @@ def _named(call: Callable[[], T], what: str, *, create: bool = True) -> T:
         raise
 
 
-def parse_spec(spec: Mapping[str, Any]) -> BlackwellTrainingJobSpec:
-    """The spec as the model; a validation failure becomes a SpecError naming the first field."""
+def parse_spec(body: Mapping[str, Any]) -> BlackwellTrainingJobSpec:
+    """The spec judged as the API server judges it (admission.job); a refusal names the first field."""
     try:
-        return BlackwellTrainingJobSpec.model_validate(dict(spec))
-    except ValidationError as exc:
-        lines = format_validation_error(exc, prefix="spec.").splitlines()
-        first = lines[0] if lines else "spec: invalid"
-        where, _, problem = first.partition(": ")
-        more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
+        return validate_body(body)
+    except Rejected as exc:
+        where, _, problem = exc.lines[0].partition(": ")
+        more = f" (and {len(exc.lines) - 1} more)" if len(exc.lines) > 1 else ""
         raise SpecError(
             where, problem + more, "correct the field; `btj plan job.yaml` checks it offline"
         ) from exc
@@ -286,7 +299,7 @@ class Reconciler:
         meta = body["metadata"]
         generation = int(meta.get("generation") or 1)
         try:
-            spec = parse_spec(body.get("spec") or {})
+            spec = parse_spec(body)
             plan = plan_within(spec, name)
         except SpecError as exc:
             self.ctx.metrics.record_error(exc.reason)
@@ -322,15 +335,22 @@ class Reconciler:
             )
             return
 
-        config_map, job = render_children(name, namespace, spec, plan, labels=meta.get("labels") or {})
-        adopt_children([config_map, job], body)
+        config_map, *supporting, job = render_children(
+            name,
+            namespace,
+            spec,
+            plan,
+            labels=meta.get("labels") or {},
+            default_image=self.ctx.default_image,
+        )
+        adopt_children([config_map, *supporting, job], body)
         # The child keeps its final status until this operator has recorded it (handlers/children.py):
         # a finished job deleted while the operator is down (ttlSecondsAfterFinished: 0) is then still
         # seen finished, and never run again.
         with_finalizer(job)
         result.config_map = config_map["metadata"]["name"]
         try:
-            self._apply(body, body, spec, kind, config_map, job, result)
+            self._apply(body, body, spec, kind, [config_map, *supporting], job, result)
         except ChildConflict as exc:
             self.ctx.metrics.record_error("ChildNameConflict")
             result.phase = Phase.FAILED
@@ -361,13 +381,13 @@ class Reconciler:
         current: Mapping[str, Any],
         spec: BlackwellTrainingJobSpec,
         kind: ChildKind,
-        config_map: dict[str, Any],
+        supporting: list[dict[str, Any]],
         job: dict[str, Any],
         result: Result,
     ) -> None:
         """Create or patch the children; a refusal by the API server becomes ChildRefused."""
         try:
-            self._apply_children(body, current, spec, kind, config_map, job, result)
+            self._apply_children(body, current, spec, kind, supporting, job, result)
         except ApiError as exc:
             if not retrying.refused(exc):
                 raise
@@ -390,10 +410,11 @@ class Reconciler:
         current: Mapping[str, Any],
         spec: BlackwellTrainingJobSpec,
         kind: ChildKind,
-        config_map: dict[str, Any],
+        supporting: list[dict[str, Any]],
         job: dict[str, Any],
         result: Result,
     ) -> None:
+        config_map = supporting[0]
         meta = body["metadata"]
         namespace, uid = meta["namespace"], meta["uid"]
         job_name = job["metadata"]["name"]
@@ -417,7 +438,7 @@ class Reconciler:
         if existing is None and previous and is_finished(status) and not self._new_spec(body, status):
             # The finished job's child is gone (deleted by hand, or by a TTL): running it again would
             # repeat finished training. Only a spec change does that.
-            self._drop_config_map(config_map, uid)  # left by a crash between a create and the next
+            self._drop_supporting(supporting, uid)  # left by a crash between a create and the next
             result.conditions.append(
                 (
                     ConditionType.CHILD_CREATED,
@@ -428,7 +449,7 @@ class Reconciler:
             )
             return
         if existing is None:
-            created, existing = self._create_together(kind, job, config_map, uid)
+            created, existing = self._create_together(kind, job, supporting, uid)
             result.child = existing
             result.conditions.append(
                 (
@@ -475,27 +496,24 @@ class Reconciler:
             existing = result.child = self._hold(job_path, existing)
         if render_hash(existing) == render_hash(job):
             # Cheap (one GET), and after a crash or a hand deletion the job may be there without it.
-            self._ensure_config_map(config_map, uid)
+            self._ensure_supporting(supporting, uid)
             result.conditions.append(
                 (ConditionType.SPEC_APPLIED, "True", "Applied", "The child matches the spec.")
             )
             return
         status = existing.get("status") or {}
-        if can_patch_in_place(status):
-            self._ensure_config_map(config_map, uid)
+        if can_patch_in_place(status) and not immutable_change(kind, existing, job):
+            self._ensure_supporting(supporting, uid)
+            patch: dict[str, Any] = {
+                "metadata": {
+                    "labels": job["metadata"].get("labels"),
+                    "annotations": job["metadata"].get("annotations"),
+                },
+            }
+            if kind.kind != trainjob.KIND:  # a TrainJob's spec is immutable; its runtime was patched
+                patch["spec"] = job["spec"]
             result.child = _named(
-                lambda: self.api.patch(
-                    job_path,
-                    {
-                        "metadata": {
-                            "labels": job["metadata"].get("labels"),
-                            "annotations": job["metadata"].get("annotations"),
-                        },
-                        "spec": job["spec"],
-                    },
-                ),
-                f"the patch of {kind.kind} {job_name}",
-                create=False,
+                lambda: self.api.patch(job_path, patch), f"the patch of {kind.kind} {job_name}", create=False
             )
             result.conditions.append(
                 (
@@ -512,7 +530,12 @@ class Reconciler:
             )
             return
         phase = child_phase(status)
-        reason = "JobFinished" if phase in TERMINAL_PHASES else "RunningJobImmutable"
+        if phase in TERMINAL_PHASES:
+            reason = "JobFinished"
+        elif can_patch_in_place(status):
+            reason = "TrainJobImmutable"  # not started, but its node or process count changed
+        else:
+            reason = "RunningJobImmutable"
         message = (
             f"{kind.kind} {job_name} is {phase.value}; its shape cannot change in place. "
             "Fix: delete and re-create the BlackwellTrainingJob (it resumes from its checkpoint) to "
@@ -539,60 +562,59 @@ class Reconciler:
         return int(body["metadata"].get("generation") or 1) != status.get("observedGeneration")
 
     def _create_together(
-        self, kind: ChildKind, job: dict[str, Any], config_map: dict[str, Any], owner_uid: str
+        self, kind: ChildKind, job: dict[str, Any], supporting: list[dict[str, Any]], owner_uid: str
     ) -> tuple[bool, dict[str, Any]]:
-        """The ConfigMap, then the job: both stay, or neither does.
+        """What the job references (the ConfigMap, a TrainingRuntime), then the job: all stay, or none.
 
-        A refused job create deletes the ConfigMap again (no job exists: this pass found none). A crash
-        between the two leaves the ConfigMap alone for a moment; the next pass (resume, the resync loop)
-        creates its job or, when the BTJ wants none, removes it.
+        A refused job create deletes what was made for it again (no job exists: this pass found none). A
+        crash in between leaves them alone for a moment; the next pass (resume, the resync loop) creates
+        their job or, when the BTJ wants none, removes them.
         """
-        self._ensure_config_map(config_map, owner_uid)
+        self._ensure_supporting(supporting, owner_uid)
         try:
             return self._create_or_get(kind, job, owner_uid)
         except ApiError as exc:
             if retrying.refused(exc):
-                self._drop_config_map(config_map, owner_uid)
+                self._drop_supporting(supporting, owner_uid)
             raise
 
-    def _drop_config_map(self, config_map: Mapping[str, Any], owner_uid: str) -> None:
-        """Delete this BTJ's plan ConfigMap, if there is one (its job is gone or was never made)."""
-        drop_config_map(self.api, config_map["metadata"], owner_uid, self._logger or _LOG)
+    def _drop_supporting(self, supporting: list[dict[str, Any]], owner_uid: str) -> None:
+        """Delete this BTJ's supporting objects, where they exist (their job is gone or was never made)."""
+        namespace = supporting[0]["metadata"]["namespace"]
+        refs = [_reference(obj) for obj in supporting]
+        drop_supporting(self.api, namespace, refs, owner_uid, self._logger or _LOG)
 
-    def _ensure_config_map(self, config_map: dict[str, Any], owner_uid: str) -> None:
-        """The plan ConfigMap exists, is ours and holds this plan (GET first: a resume creates nothing)."""
-        name = config_map["metadata"]["name"]
-        path = _config_map_path(config_map)
-        existing = _named(lambda: self.api.get(path), f"the read of ConfigMap {name}")
+    def _ensure_supporting(self, objects: list[dict[str, Any]], owner_uid: str) -> None:
+        for obj in objects:
+            self._ensure_owned(obj, owner_uid)
+
+    def _ensure_owned(self, obj: dict[str, Any], owner_uid: str) -> None:
+        """One object the child references (the plan ConfigMap, a TrainingRuntime) exists, is ours and
+        holds this render (GET first: a resume creates and patches nothing)."""
+        kind, meta = obj["kind"], obj["metadata"]
+        collection = resource_path(obj["apiVersion"], SUPPORTING_PLURALS[kind], meta["namespace"])
+        path = f"{collection}/{meta['name']}"
+        existing = _named(lambda: self.api.get(path), f"the read of {kind} {meta['name']}")
         if existing is None:
             try:
-                _named(
-                    lambda: self.api.create(
-                        resource_path("v1", "configmaps", config_map["metadata"]["namespace"]), config_map
-                    ),
-                    f"the create of ConfigMap {name}",
-                )
+                _named(lambda: self.api.create(collection, obj), f"the create of {kind} {meta['name']}")
                 return
             except ApiError as exc:
                 if exc.status != 409:
                     raise
             existing = self.api.get(path)
             if existing is None:  # deleted in between: the retry creates it
-                raise ApiError(409, "Conflict", f"ConfigMap {name} vanished")
+                raise ApiError(409, "Conflict", f"{kind} {meta['name']} vanished")
         if not owned_by(existing, owner_uid):
             raise ChildConflict(
-                f"a ConfigMap named {name} exists and is not owned by "
+                f"a {kind} named {meta['name']} exists and is not owned by "
                 "this BlackwellTrainingJob. Fix: delete it, or rename the BlackwellTrainingJob"
             )
-        if render_hash(existing) != render_hash(config_map):
-            patch = {
-                "metadata": {
-                    "labels": config_map["metadata"].get("labels"),
-                    "annotations": config_map["metadata"].get("annotations"),
-                },
-                "data": config_map["data"],
-            }
-            _named(lambda: self.api.patch(path, patch), f"the patch of ConfigMap {name}", create=False)
+        if render_hash(existing) != render_hash(obj):
+            fields = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
+            labels = {"labels": meta.get("labels"), "annotations": meta.get("annotations")}
+            patch = {"metadata": labels, **fields}
+            _named(lambda: self.api.patch(path, patch), f"the patch of {kind} {meta['name']}", create=False)
 
     def _create_or_get(
         self, kind: ChildKind, job: dict[str, Any], owner_uid: str
@@ -757,6 +779,15 @@ def resume_note(spec: BlackwellTrainingJobSpec) -> str:
     if path:
         return f"training resumes from its last checkpoint in {path}"
     return "spec.training.checkpoint.path is not set, so training starts again from step 0"
+
+
+def immutable_change(kind: ChildKind, existing: Mapping[str, Any], job: Mapping[str, Any]) -> bool:
+    """Whether the new render changes a field of the child the API server never lets change (a TrainJob's
+    runtimeRef and trainer: node and process counts)."""
+    if kind.kind != trainjob.KIND:
+        return False
+    old, new = existing.get("spec") or {}, job.get("spec") or {}
+    return any(old.get(key) != new.get(key) for key in ("runtimeRef", "trainer"))
 
 
 def render_hash(obj: Mapping[str, Any]) -> str | None:

@@ -19,6 +19,7 @@ ATTEMPTS = 5
 FIRST_WAIT_S = 0.1
 MAX_WAIT_S = 2.0
 MAX_TOTAL_S = 10.0
+CONFLICT_JITTER_S = 0.02
 
 
 def transient(exc: BaseException) -> bool:
@@ -45,11 +46,25 @@ def _log_retry(what: str, logger: Any) -> Callable[[tenacity.RetryCallState], No
     return before_sleep
 
 
+_BACKOFF = tenacity.wait_exponential_jitter(multiplier=FIRST_WAIT_S, max=MAX_WAIT_S, jitter=FIRST_WAIT_S)
+_CONFLICT = tenacity.wait_random(0.0, CONFLICT_JITTER_S)
+
+
+def _wait(state: tenacity.RetryCallState) -> float:
+    # A conflict says newer data is there to read: re-read at once (a little jitter keeps two writers
+    # from colliding again). Anything else is the server's trouble: back off.
+    exc = state.outcome.exception() if state.outcome is not None else None
+    if isinstance(exc, ApiError) and exc.status == 409:
+        return float(_CONFLICT(state))
+    return float(_BACKOFF(state))
+
+
 def retrying(what: str, logger: Any, *, attempts: int = ATTEMPTS) -> tenacity.Retrying:
-    """The policy: retry transient API errors with jittered exponential backoff, then re-raise the last."""
+    """The policy: retry transient API errors (conflicts at once, the rest with jittered exponential
+    backoff), then re-raise the last."""
     return tenacity.Retrying(
         retry=tenacity.retry_if_exception(transient),
-        wait=tenacity.wait_exponential_jitter(multiplier=FIRST_WAIT_S, max=MAX_WAIT_S, jitter=FIRST_WAIT_S),
+        wait=_wait,
         stop=tenacity.stop_after_attempt(attempts) | tenacity.stop_after_delay(MAX_TOTAL_S),
         before_sleep=_log_retry(what, logger),
         reraise=True,

@@ -17,12 +17,32 @@ from blackwell_operator.handlers.measure import measure_forever, measure_interva
 from blackwell_operator.handlers.resync import resync_forever, resync_interval
 from blackwell_operator.handlers.stuck import sweep_forever
 from blackwell_operator.metrics import METRICS_PORT, OperatorMetrics
+from blackwell_operator.models.spec import DEFAULT_IMAGE
 from blackwell_operator.render.labels import JOB_NAME_LABEL, MANAGED_BY_LABEL, MANAGER
 from blackwell_operator.stuck_pods import stuck_pod_timeout
 
 TRAINER_POD_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGER},{JOB_NAME_LABEL}"
 # "host:port" for /metrics and /healthz; "off" disables the server (e.g. several operators in one test).
 METRICS_BIND_ENV = "BTJ_METRICS_BIND"
+# The trainer image for BTJs that name no spec.image; the chart sets it from its trainerImage value.
+DEFAULT_IMAGE_ENV = "BTJ_DEFAULT_TRAINER_IMAGE"
+
+
+def default_trainer_image() -> str:
+    """The operator's default trainer image: the variable's, else the built-in name.
+
+    An image reference has no whitespace: one that does stops the operator at start with one line
+    instead of rendering every pod with an image no node can pull.
+    """
+    raw = os.environ.get(DEFAULT_IMAGE_ENV, "").strip()
+    if not raw:
+        return DEFAULT_IMAGE
+    if any(char.isspace() for char in raw):
+        raise ValueError(
+            f"{DEFAULT_IMAGE_ENV}={raw!r}: not an image reference. Fix: e.g. "
+            "123456789012.dkr.ecr.us-west-2.amazonaws.com/blackwell-trainer:0.1.0 (chart value trainerImage)"
+        )
+    return raw
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
@@ -46,7 +66,12 @@ def build_context(api_client: Any | None = None) -> OperatorContext:
     def list_nodes(label_selector: str) -> list[dict[str, Any]]:
         return api.list(resource_path("v1", "nodes", None), label_selector=label_selector)
 
-    return OperatorContext(api=api, capacity=NodeCapacityReader(list_nodes), metrics=OperatorMetrics())
+    return OperatorContext(
+        api=api,
+        capacity=NodeCapacityReader(list_nodes),
+        metrics=OperatorMetrics(),
+        default_image=default_trainer_image(),
+    )
 
 
 async def start_http(ctx: OperatorContext, bind: str) -> web.AppRunner:

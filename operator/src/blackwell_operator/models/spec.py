@@ -9,6 +9,14 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from blackwell_operator.models.pod import (
+    MAX_PULL_SECRETS,
+    PodAnnotations,
+    PodLabels,
+    SecretReference,
+    ServiceAccountName,
+    distinct_secrets,
+)
 from blackwell_trainer.config import (
     ActivationCheckpointing,
     Architecture,
@@ -46,6 +54,7 @@ class Backend(StrEnum):
 
     PYTORCH_JOB = "PyTorchJob"
     HYPERPOD_PYTORCH_JOB = "HyperPodPyTorchJob"
+    TRAIN_JOB = "TrainJob"
 
 
 class ModelSpec(WireModel):
@@ -158,6 +167,11 @@ _ELEMENT = r"([^/.][^/]*|\.[^/.][^/]*|\.\.[^/]+)"
 MOUNT_PATH_PATTERN = f"^(/{_ELEMENT})+$"
 SUB_PATH_PATTERN = f"^{_ELEMENT}(/{_ELEMENT})*$"
 MAX_VOLUMES = 16
+AUTO_RESUME_TRAINJOB = (
+    "spec.autoResume is HyperPod's auto-resume of Kubeflow PyTorchJobs and does not apply to a TrainJob, "
+    "which restarts its pods itself (spec.maxRetries). Fix: remove autoResume, or use backend PyTorchJob "
+    "or HyperPodPyTorchJob"
+)
 
 
 def path_within(path: str, root: str) -> bool:
@@ -261,8 +275,17 @@ class BlackwellTrainingJobSpec(WireModel):
     cluster: ClusterSpec = Field(default_factory=ClusterSpec, description="Hardware for the job.")
     training: TrainingSpec = Field(default_factory=TrainingSpec, description="Data, steps and optimizer.")
     tuning: TuningSpec = Field(default_factory=TuningSpec, description="Performance knobs (auto or pinned).")
-    image: str = Field(default=DEFAULT_IMAGE, min_length=1, description="Trainer container image.")
-    backend: Backend = Field(default=Backend.PYTORCH_JOB, description="PyTorchJob or HyperPodPyTorchJob.")
+    image: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Trainer container image (built from the project's trainer_image/Dockerfile). "
+        "Unset: the operator's default, the Helm chart's trainerImage value.",
+    )
+    backend: Backend = Field(
+        default=Backend.PYTORCH_JOB,
+        description="PyTorchJob (Kubeflow Training Operator v1), HyperPodPyTorchJob (HyperPod's training "
+        "operator) or TrainJob (Kubeflow Trainer v2, with a TrainingRuntime of the same name).",
+    )
     queue_name: str | None = Field(default=None, description="Kueue LocalQueue; adds kueue.x-k8s.io labels.")
     priority_class: str | None = Field(default=None, description="Kueue WorkloadPriorityClass name.")
     auto_resume: bool = Field(default=False, description="HyperPod job auto-resume on node faults.")
@@ -284,6 +307,33 @@ class BlackwellTrainingJobSpec(WireModel):
         description="PersistentVolumeClaims mounted into every trainer container (shared checkpoints and "
         "datasets); a multi-node checkpoint.path must lie on one that is not readOnly.",
     )
+
+    service_account_name: ServiceAccountName | None = Field(
+        default=None,
+        description="ServiceAccount of the trainer pods, in the job's namespace. On EKS, one bound to an "
+        "IAM role (IRSA annotation or an EKS Pod Identity association) gives the pods AWS credentials "
+        "for S3 data and weights. Unset: the namespace's default ServiceAccount.",
+    )
+    image_pull_secrets: list[SecretReference] = Field(
+        default_factory=list,
+        max_length=MAX_PULL_SECRETS,
+        description="Secrets in the job's namespace for pulling the trainer image from a private registry.",
+    )
+    pod_labels: PodLabels | None = Field(
+        default=None,
+        description="Labels on every trainer pod (not on the job), e.g. for cost allocation or network "
+        "policies; keys the operator sets itself are refused.",
+    )
+    pod_annotations: PodAnnotations | None = Field(
+        default=None,
+        description="Annotations on every trainer pod, e.g. for a sidecar injector or log routing; keys "
+        "the operator sets itself are refused.",
+    )
+
+    @field_validator("image_pull_secrets")
+    @classmethod
+    def _distinct_pull_secrets(cls, secrets: list[SecretReference]) -> list[SecretReference]:
+        return distinct_secrets(secrets)
 
     @field_validator("volumes")
     @classmethod
@@ -313,6 +363,12 @@ class BlackwellTrainingJobSpec(WireModel):
                         "nested. Fix: mount volumes side by side, e.g. /fsx and /datasets",
                     )
         return volumes
+
+    @model_validator(mode="after")
+    def _auto_resume_backend(self) -> BlackwellTrainingJobSpec:
+        if self.auto_resume and self.backend == Backend.TRAIN_JOB:
+            raise _spec_error("auto_resume_backend", AUTO_RESUME_TRAINJOB)
+        return self
 
 
 class ObjectMeta(WireModel):

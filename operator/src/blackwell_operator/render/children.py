@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from blackwell_operator.models.spec import Backend, BlackwellTrainingJobSpec
+from blackwell_operator.models.spec import DEFAULT_IMAGE, Backend, BlackwellTrainingJobSpec
 from blackwell_operator.render.environment import PLAN_FILE
 from blackwell_operator.render.hyperpod import render_hyperpodpytorchjob
 from blackwell_operator.render.labels import (
@@ -15,9 +15,11 @@ from blackwell_operator.render.labels import (
     auto_resume_annotations,
     child_labels,
     kueue_labels,
+    own_labels,
 )
 from blackwell_operator.render.pod import plan_config_map_name
 from blackwell_operator.render.pytorchjob import render_pytorchjob
+from blackwell_operator.render.trainjob import render_training_runtime, render_trainjob
 from blackwell_trainer.config import Plan
 
 
@@ -56,20 +58,42 @@ def render_children(
     plan: Plan,
     *,
     labels: Mapping[str, str] | None = None,
+    default_image: str = DEFAULT_IMAGE,
 ) -> list[dict[str, Any]]:
-    """[plan ConfigMap, child job] for a BTJ; `labels` are the BTJ's own (Argo CD tracking is stripped).
+    """[plan ConfigMap, (TrainingRuntime,) child job] for a BTJ; `labels` are the BTJ's own (Argo CD
+    tracking is stripped). The job comes last: what it references is created before it.
+
+    `default_image` is the trainer image for a spec that names none (the operator's setting).
 
     Pure and deterministic: the same input gives byte-identical YAML. No ownerReferences: the
     handler adopts the children (kopf.adopt) before sending them.
     """
+    if spec.image is None:
+        spec = spec.model_copy(update={"image": default_image})
     common = child_labels(name, labels)
     config_map = render_plan_config_map(name, namespace, plan, labels=dict(common))
     plan_sha256 = sha256_of(config_map["data"])
     job_labels = dict(sorted({**common, **kueue_labels(spec)}.items()))
+    # The pods: the BTJ's propagated labels, then spec.podLabels over them, then ours (the spec refuses
+    # our keys, so nothing the user asked for is dropped).
+    pod_labels = dict(sorted({**common, **(spec.pod_labels or {}), **own_labels(name)}.items()))
     job: dict[str, Any]
+    if spec.backend == Backend.TRAIN_JOB:
+        runtime = render_training_runtime(
+            name, namespace, spec, plan, labels=dict(common), pod_labels=pod_labels, plan_sha256=plan_sha256
+        )
+        runtime = with_render_hash(runtime)
+        job = render_trainjob(
+            name,
+            namespace,
+            plan,
+            labels=job_labels,
+            runtime_sha256=runtime["metadata"]["annotations"][RENDER_HASH_ANNOTATION],
+        )
+        return [with_render_hash(config_map), runtime, with_render_hash(job)]
     if spec.backend == Backend.HYPERPOD_PYTORCH_JOB:
         job = render_hyperpodpytorchjob(
-            name, namespace, spec, plan, labels=job_labels, pod_labels=dict(common), plan_sha256=plan_sha256
+            name, namespace, spec, plan, labels=job_labels, pod_labels=pod_labels, plan_sha256=plan_sha256
         )
     else:
         job = render_pytorchjob(
@@ -79,7 +103,7 @@ def render_children(
             plan,
             labels=job_labels,
             annotations=auto_resume_annotations(spec),
-            pod_labels=dict(common),
+            pod_labels=pod_labels,
             plan_sha256=plan_sha256,
         )
     return [with_render_hash(config_map), with_render_hash(job)]

@@ -4,9 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from blackwell_operator.models.pod import (
+    LABEL_VALUE,
+    MAX_KEY,
+    QUALIFIED_KEY,
+    QUALIFIED_PREFIX_LENGTH,
+    RESERVED_ANNOTATIONS,
+    RESERVED_LABELS,
+    RESERVED_PREFIX,
+)
 from blackwell_operator.models.spec import (
     API_GROUP,
     API_VERSION,
+    AUTO_RESUME_TRAINJOB,
     KIND,
     OPERATOR_VOLUMES,
     PLURAL,
@@ -137,6 +147,11 @@ _FSX = "{name: fsx, claimName: fsx-claim, mountPath: /fsx}"
 # operator): a checkpoint and a multi-node job's local shards must be where every pod can reach them.
 SPEC_ROOT_RULES = [
     {
+        "rule": "!has(self.autoResume) || !self.autoResume || !has(self.backend) "
+        "|| self.backend != 'TrainJob'",
+        "message": AUTO_RESUME_TRAINJOB,
+    },
+    {
         "rule": f"!has(self.training) || !has(self.training.checkpoint) || !has({_CHECKPOINT}) "
         f"|| size({_CHECKPOINT}) == 0 || {_on_a_volume(_CHECKPOINT, writable=True)} "
         f"|| ({_NODES} <= 1 && !{_CHECKPOINT}.matches('(^|/)[.][.](/|$)') "
@@ -157,15 +172,37 @@ SPEC_ROOT_RULES = [
     },
 ]
 
-_LABEL_VALUE = "^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$"
+
+
+def _pod_metadata_rules(field: str, reserved: tuple[str, ...]) -> list[dict[str, str]]:
+    """CEL for the keys of spec.podLabels / podAnnotations, as models/pod.py checks them."""
+    names = ", ".join(f"'{key}'" for key in reserved)
+    return [
+        {
+            "rule": f"self.all(k, size(k) <= {MAX_KEY} && k.matches('{QUALIFIED_KEY}') "
+            f"&& (!k.contains('/') || k.matches('{QUALIFIED_PREFIX_LENGTH}')))",
+            "message": f"spec.{field} keys must be qualified names: an optional DNS prefix and '/', then up "
+            "to 63 letters, digits, '-', '_' or '.' starting and ending with a letter or digit",
+        },
+        {
+            "rule": f"!self.exists(k, k.startsWith('{RESERVED_PREFIX}') || k in [{names}])",
+            "message": f"spec.{field} must not set {', '.join(reserved)} nor {RESERVED_PREFIX}* keys: the "
+            "operator sets them on every trainer pod itself",
+        },
+    ]
+
+
+SPEC_RULES["podLabels"] = _pod_metadata_rules("podLabels", RESERVED_LABELS)
+SPEC_RULES["podAnnotations"] = _pod_metadata_rules("podAnnotations", RESERVED_ANNOTATIONS)
+
 
 # Admission-only bounds: strings and lists need a size bound so the API server can cost the CEL rules,
 # and names that become label values must be valid label values.
 SPEC_EXTRAS: dict[str, Schema] = {
     "model.preset": {"maxLength": 64},
     "image": {"maxLength": 1024},
-    "queueName": {"maxLength": 63, "pattern": _LABEL_VALUE},
-    "priorityClass": {"maxLength": 63, "pattern": _LABEL_VALUE},
+    "queueName": {"maxLength": 63, "pattern": LABEL_VALUE},
+    "priorityClass": {"maxLength": 63, "pattern": LABEL_VALUE},
     "training.dataset.uri": {"maxLength": 4096},
     "training.checkpoint.path": {"maxLength": 4096},
     "env": {"maxItems": 128, "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
@@ -175,6 +212,7 @@ SPEC_EXTRAS: dict[str, Schema] = {
     "tolerations[].key": {"maxLength": 316},
     "tolerations[].value": {"maxLength": 63},
     "volumes": {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    "imagePullSecrets": {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
 }
 
 STATUS_EXTRAS: dict[str, Schema] = {

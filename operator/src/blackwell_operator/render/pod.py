@@ -4,13 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from blackwell_operator.models.spec import OPERATOR_VOLUMES, BlackwellTrainingJobSpec, Toleration, Volume
+from blackwell_operator.models.spec import (
+    DEFAULT_IMAGE,
+    OPERATOR_VOLUMES,
+    BlackwellTrainingJobSpec,
+    Toleration,
+    Volume,
+)
 from blackwell_operator.render.environment import LOCAL_DIR, PLAN_DIR, container_env
 from blackwell_operator.render.hardware import HUGEPAGES_2MI, efa_interfaces, memory_request
 from blackwell_operator.render.labels import JOB_NAME_LABEL, PLAN_HASH_ANNOTATION
 from blackwell_trainer.config import Plan
 
 CONTAINER_NAME = "pytorch"  # the Kubeflow webhook requires exactly one container with this name
+# Kubeflow Trainer v2 injects the torchrun environment (PET_*) only into the container named `node`.
+TRAINJOB_CONTAINER_NAME = "node"
+TRAINER_CONTAINER_NAMES = frozenset({CONTAINER_NAME, TRAINJOB_CONTAINER_NAME})
 METRICS_PORT_NAME = "metrics"
 GPU_RESOURCE = "nvidia.com/gpu"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
@@ -77,13 +86,17 @@ def resources(spec: BlackwellTrainingJobSpec, plan: Plan) -> dict[str, Any]:
 
 
 def container(
-    spec: BlackwellTrainingJobSpec, plan: Plan, command: list[str], extra_ports: list[dict[str, Any]]
+    spec: BlackwellTrainingJobSpec,
+    plan: Plan,
+    command: list[str],
+    extra_ports: list[dict[str, Any]],
+    name: str = CONTAINER_NAME,
 ) -> dict[str, Any]:
     """The one trainer container."""
     ports = [{"name": METRICS_PORT_NAME, "containerPort": plan.metrics_port, "protocol": "TCP"}, *extra_ports]
     return {
-        "name": CONTAINER_NAME,
-        "image": spec.image,
+        "name": name,
+        "image": spec.image or DEFAULT_IMAGE,
         "command": command,
         "env": container_env(spec.env),
         "ports": ports,
@@ -137,27 +150,43 @@ def pod_template(
     plan_sha256: str,
     command: list[str],
     extra_ports: list[dict[str, Any]] | None = None,
+    container_name: str = CONTAINER_NAME,
+    restart_policy: str | None = None,
 ) -> dict[str, Any]:
-    """The worker pod template."""
+    """The worker pod template (`restart_policy` only where the job kind does not set it itself)."""
     pod_spec: dict[str, Any] = {
         "nodeSelector": {
             INSTANCE_TYPE_LABEL: spec.cluster.instance_type.value,
             NODE_HEALTH_LABEL: "Schedulable",
         },
         "affinity": affinity(name),
-        "containers": [container(spec, plan, command, extra_ports or [])],
+        "containers": [container(spec, plan, command, extra_ports or [], container_name)],
         "volumes": volumes(name, spec),
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
     }
+    if restart_policy:
+        pod_spec["restartPolicy"] = restart_policy
     if spec.tolerations:
         pod_spec["tolerations"] = [toleration(item) for item in spec.tolerations]
+    if spec.service_account_name:
+        # The pods' identity: on EKS, IRSA or EKS Pod Identity turn it into AWS credentials (S3).
+        pod_spec["serviceAccountName"] = spec.service_account_name
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": secret.name} for secret in spec.image_pull_secrets]
+    # The user's pod annotations first, the operator's over them (the spec refuses the operator's keys,
+    # so nothing the user asked for is dropped); `labels` already hold spec.podLabels (render_children).
     return {
         "metadata": {
             "labels": dict(labels),
-            "annotations": {
-                "kubectl.kubernetes.io/default-container": CONTAINER_NAME,
-                PLAN_HASH_ANNOTATION: plan_sha256,
-            },
+            "annotations": dict(
+                sorted(
+                    {
+                        **(spec.pod_annotations or {}),
+                        "kubectl.kubernetes.io/default-container": container_name,
+                        PLAN_HASH_ANNOTATION: plan_sha256,
+                    }.items()
+                )
+            ),
         },
         "spec": pod_spec,
     }

@@ -31,6 +31,8 @@ from kmock._internal import aiobus, parsing, rendering
 BTJ_RESOURCE = "training.blackwell.dev/v1alpha1/blackwelltrainingjobs"
 PYTORCHJOB_RESOURCE = "kubeflow.org/v1/pytorchjobs"
 HYPERPOD_RESOURCE = "sagemaker.amazonaws.com/v1/hyperpodpytorchjobs"
+TRAINJOB_RESOURCE = "trainer.kubeflow.org/v1alpha1/trainjobs"
+TRAINING_RUNTIME_RESOURCE = "trainer.kubeflow.org/v1alpha1/trainingruntimes"
 _ALL_VERBS = {"get", "list", "watch", "create", "patch", "update", "delete"}
 
 _NAMESPACES_PATH = re.compile(r"^/api/v1/namespaces(?:/(?P<name>[^/]+)(?:/(?P<sub>status|finalize))?)?/?$")
@@ -293,6 +295,16 @@ class HardenedEmulator(kmock.KubernetesEmulator):
             namespaced=True,
             verbs=_ALL_VERBS,
             subresources={"status"},
+        )
+        self.resources[TRAINJOB_RESOURCE] = kmock.ResourceInfo(
+            kind="TrainJob",
+            singular="trainjob",
+            namespaced=True,
+            verbs=_ALL_VERBS,
+            subresources={"status"},
+        )
+        self.resources[TRAINING_RUNTIME_RESOURCE] = kmock.ResourceInfo(
+            kind="TrainingRuntime", singular="trainingruntime", namespaced=True, verbs=_ALL_VERBS
         )
 
     def inject_fault(

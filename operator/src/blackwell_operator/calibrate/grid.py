@@ -7,6 +7,7 @@ from typing import Any
 
 from blackwell_operator.calibration.profile import Calibration
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
+from blackwell_operator.planner import evaluate
 from blackwell_trainer.config import (
     ActivationCheckpointing,
     Candidate,
@@ -80,8 +81,6 @@ def grid_candidate(mbs: int, ac: str, gpus: int = 1) -> Candidate:
 
 def compare(grid: dict[str, Any], cal: Calibration, memory_headroom: float = 0.0) -> list[GridRow]:
     """Predict every run of the grid with `cal`."""
-    from blackwell_operator.planner import evaluate  # the planner imports calibration: import lazily
-
     rows = []
     for run in grid["runs"]:
         spec = grid_spec(grid, run["model"], memory_headroom)

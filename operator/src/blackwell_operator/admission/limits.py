@@ -1,0 +1,20 @@
+"""The input bounds a manifest must meet, taken from the Kubernetes API server's own request limits."""
+
+from __future__ import annotations
+
+# kube-apiserver refuses a request body over 3 MiB (k8s.io/apiserver, server/config.go,
+# `MaxRequestBodyBytes = 3 * 1024 * 1024`), and kubectl sends a YAML manifest as JSON. So a file
+# over 3 MiB, or one whose aliases expand to more than 3 MiB of JSON, can never be applied.
+MAX_REQUEST_BYTES = 3 * 1024 * 1024
+
+# The API server's JSON decoder stops at 10000 levels of nesting (Go's encoding/json limit); Python's
+# recursion limit is lower, and the CRD's deepest field is under 10 levels, so anything past 64 is
+# rejected by the schema anyway: refuse it before it can recurse.
+MAX_DEPTH = 64
+
+# The CRD's integers are int64 (the API server decodes JSON numbers to int64 or float64).
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+# The longest decimal an int64 can be written with, sign included; longer digit strings are refused
+# before Python converts them (it refuses beyond 4300 digits with a traceback).
+MAX_INT_CHARS = 20

@@ -1,0 +1,181 @@
+"""The CRD's structural schema applied as the API server applies it: null pruning, defaults, types, bounds."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import jsonschema
+from jsonschema.exceptions import ValidationError
+
+from blackwell_operator.admission.limits import INT64_MAX, INT64_MIN
+
+Schema = dict[str, Any]
+
+_KIND_WORDS = {
+    "integer": "a whole number",
+    "number": "a number",
+    "string": "a string",
+    "boolean": "a boolean",
+    "object": "a mapping",
+    "array": "a list",
+}
+
+
+def _to_json_schema(node: Any) -> Any:
+    """OpenAPI v3 (Kubernetes flavour) to Draft 4 JSON Schema; unknown fields are errors (kubectl's
+    default server-side field validation is Strict)."""
+    if isinstance(node, list):
+        return [_to_json_schema(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out: Schema = {}
+    for key, value in node.items():
+        if key.startswith("x-kubernetes-") or key in ("description", "default"):
+            continue
+        if key == "properties":
+            out[key] = {name: _to_json_schema(child) for name, child in value.items()}
+        elif key in ("items", "additionalProperties") and isinstance(value, dict):
+            out[key] = _to_json_schema(value)
+        else:
+            out[key] = copy.deepcopy(value)
+    if node.get("x-kubernetes-int-or-string"):
+        out.setdefault("anyOf", [{"type": "integer"}, {"type": "string"}])
+    if "properties" in node and not node.get("x-kubernetes-preserve-unknown-fields"):
+        out.setdefault("additionalProperties", False)
+    return out
+
+
+def build_validator(open_api: Schema) -> jsonschema.Draft4Validator:
+    """A Draft 4 validator for an openAPIV3Schema."""
+    return jsonschema.Draft4Validator(_to_json_schema(open_api))
+
+
+def prune_nulls(obj: Any) -> Any:
+    """The API server drops the nulls of non-nullable fields before it defaults (none of ours is nullable)."""
+    if isinstance(obj, dict):
+        return {key: prune_nulls(value) for key, value in obj.items() if value is not None}
+    if isinstance(obj, list):
+        return [prune_nulls(item) for item in obj]
+    return obj
+
+
+def apply_defaults(schema: Schema, obj: Any) -> Any:
+    """Structural defaulting, top-down: a defaulted `{}` gets its own fields' defaults in turn."""
+    if isinstance(obj, dict) and "properties" in schema:
+        for name, child in schema["properties"].items():
+            if name not in obj and "default" in child:
+                obj[name] = copy.deepcopy(child["default"])
+            if name in obj:
+                obj[name] = apply_defaults(child, obj[name])
+    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        return [apply_defaults(schema["items"], item) for item in obj]
+    return obj
+
+
+def dotted(parts: Any) -> str:
+    """A wire path as users write it: spec.env[1].value."""
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def _shown(value: Any) -> str:
+    """The value as YAML would show it (true, not True), shortened."""
+    scalar = isinstance(value, bool | int | float | str) or value is None
+    text = json.dumps(value) if scalar else repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def describe(error: ValidationError) -> str:
+    """One line for a schema error: the field and what it must be (the value shown, shortened)."""
+    where = dotted(error.absolute_path) or "manifest"
+    kind, expected, value = error.validator, error.validator_value, error.instance
+    if kind == "type":
+        kinds = [expected] if isinstance(expected, str) else expected
+        words = " or ".join(_KIND_WORDS.get(kind, kind) for kind in kinds)
+        given = _KIND_WORDS.get(_kind_of(value), _kind_of(value))
+        return f"{where}: must be {words} (got {_shown(value)}, {given})"
+    if kind == "additionalProperties":
+        extra = sorted(set(value) - set(error.schema.get("properties", {})), key=str)
+        return f"{where}: unknown field {', '.join(map(repr, extra))}; the CRD does not define it"
+    if kind == "required":
+        return f"{where}: {error.message.split(' is a required')[0]} is required"
+    if kind == "enum":
+        return f"{where}: must be one of {', '.join(map(str, expected))} (got {_shown(value)})"
+    if kind == "pattern":
+        return f"{where}: {_shown(value)} does not match the pattern {expected}"
+    if kind == "maxLength":
+        return f"{where}: at most {expected} characters (got {len(value)})"
+    if kind == "minLength":
+        return f"{where}: at least {expected} characters (got {len(value)})"
+    if kind == "maxItems":
+        return f"{where}: at most {expected} entries (got {len(value)})"
+    if kind in ("minimum", "maximum"):
+        exclusive = bool(error.schema.get(f"exclusive{kind.capitalize()}"))
+        sign = (">" if exclusive else ">=") if kind == "minimum" else ("<" if exclusive else "<=")
+        return f"{where}: must be {sign} {expected} (got {_shown(value)})"
+    if kind == "anyOf":
+        return f"{where}: must be a string or a whole number (got {_shown(value)})"
+    return f"{where}: {error.message}"
+
+
+def _kind_of(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, list):
+        return "array"
+    return type(value).__name__
+
+
+def schema_errors(check: jsonschema.Draft4Validator, obj: Any) -> list[str]:
+    """Every schema error, one line each, in document order."""
+    found = sorted(check.iter_errors(obj), key=lambda e: [str(p) for p in e.absolute_path])
+    return list(dict.fromkeys(describe(error) for error in found))
+
+
+def int64_errors(obj: Any, path: tuple[Any, ...] = ()) -> Iterator[str]:
+    """Integers the API server cannot hold (it decodes JSON integers to int64)."""
+    if isinstance(obj, bool):
+        return
+    if isinstance(obj, int) and not INT64_MIN <= obj <= INT64_MAX:
+        yield f"{dotted(path) or 'manifest'}: {str(obj)[:20]}... is outside the int64 range"
+    elif isinstance(obj, dict):
+        for key, value in obj.items():
+            yield from int64_errors(value, (*path, key))
+    elif isinstance(obj, list):
+        for index, value in enumerate(obj):
+            yield from int64_errors(value, (*path, index))
+
+
+def list_map_errors(schema: Schema, obj: Any, path: tuple[Any, ...] = ()) -> Iterator[str]:
+    """x-kubernetes-list-type: map keys must be unique (the API server rejects a duplicate entry)."""
+    if isinstance(obj, list):
+        keys = schema.get("x-kubernetes-list-map-keys")
+        if schema.get("x-kubernetes-list-type") == "map" and keys:
+            seen: set[tuple[Any, ...]] = set()
+            for index, item in enumerate(obj):
+                if not isinstance(item, dict):
+                    continue
+                key = tuple(item.get(k) for k in keys)
+                if key in seen:
+                    shown = ", ".join(f"{k}={v!r}" for k, v in zip(keys, key, strict=True))
+                    yield f"{dotted((*path, index))}: duplicate entry ({shown}); each must be unique"
+                seen.add(key)
+        for index, item in enumerate(obj):
+            yield from list_map_errors(schema.get("items", {}), item, (*path, index))
+    elif isinstance(obj, dict):
+        for name, child in schema.get("properties", {}).items():
+            if name in obj:
+                yield from list_map_errors(child, obj[name], (*path, name))

@@ -1,0 +1,97 @@
+"""The manifest.json beside prepared token shards, and the trainer's check of it against the plan."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal
+
+from pydantic import Field
+
+from blackwell_trainer.config import WireModel
+
+MANIFEST_NAME = "manifest.json"
+MANIFEST_FORMAT: Literal["btj-token-shards"] = "btj-token-shards"
+MANIFEST_VERSION: Literal[1] = 1
+TOKEN_DTYPES = ("uint16", "uint32")
+ITEMSIZE = {"uint16": 2, "uint32": 4}
+
+
+class ManifestMismatch(ValueError):
+    """Prepared shards that do not match the plan; the message names the field and the fix."""
+
+
+class ShardEntry(WireModel):
+    """One shard file of the data set."""
+
+    name: str = Field(min_length=1, description="File name, e.g. part-00000-00000.bin.")
+    tokens: int = Field(ge=1, description="Tokens in the file (file size / dtype size).")
+    documents: int = Field(ge=1, description="Documents in the file, each ending with the EOS token.")
+    source: str = Field(description="The input file and the part of it the shard holds.")
+
+
+class ShardManifest(WireModel):
+    """What `python -m blackwell_trainer.prepare` wrote: how to read the shards and where they came from."""
+
+    format: Literal["btj-token-shards"] = Field(
+        default=MANIFEST_FORMAT, description="Always btj-token-shards."
+    )
+    version: Literal[1] = Field(default=MANIFEST_VERSION, description="Manifest schema version.")
+    token_dtype: Literal["uint16", "uint32"] = Field(description="Element type of every shard file.")
+    vocab_size: int = Field(ge=1, description="The tokenizer's vocabulary, added tokens included.")
+    max_token_id: int = Field(ge=0, description="Largest token id in any shard.")
+    eos_token_id: int = Field(ge=0, description="The token that ends every document.")
+    add_special_tokens: bool = Field(
+        description="Whether the tokenizer's own BOS/template tokens were added."
+    )
+    tokenizer_sha256: str = Field(min_length=64, max_length=64, description="SHA-256 of tokenizer.json.")
+    documents: int = Field(ge=0, description="Documents in all shards.")
+    tokens: int = Field(ge=0, description="Tokens in all shards.")
+    skipped: int = Field(default=0, ge=0, description="Inputs that held no text (empty or null), not kept.")
+    shards: list[ShardEntry] = Field(description="Every shard, by name.")
+    settings: dict[str, str] = Field(
+        default_factory=dict, description="The inputs and options of the run, to refuse a mismatched resume."
+    )
+
+
+def check_manifest(
+    manifest: ShardManifest,
+    files: Mapping[str, int],
+    *,
+    uri: str,
+    token_dtype: str,
+    vocab_size: int,
+) -> None:
+    """Raise ManifestMismatch when the shards at `uri` (name -> size in bytes) are not the data set the
+    manifest describes, or the data set does not fit the plan (dtype, the model's vocabulary)."""
+    where = f"dataset.uri {uri}"
+    if manifest.token_dtype != token_dtype:
+        raise ManifestMismatch(
+            f"{where} was prepared as {manifest.token_dtype} ({MANIFEST_NAME}) but dataset.tokenDtype is "
+            f"{token_dtype}; set spec.training.dataset.tokenDtype: {manifest.token_dtype}"
+        )
+    if manifest.vocab_size > vocab_size:
+        raise ManifestMismatch(
+            f"{where} was tokenized with a vocabulary of {manifest.vocab_size} ({MANIFEST_NAME}), larger "
+            f"than the model's vocabSize {vocab_size}; prepare the data with this model's own tokenizer"
+        )
+    itemsize = ITEMSIZE[manifest.token_dtype]
+    listed = {shard.name for shard in manifest.shards}
+    for shard in manifest.shards:
+        size = files.get(shard.name)
+        if size is None:
+            raise ManifestMismatch(
+                f"{where} lacks {shard.name}, which {MANIFEST_NAME} lists; copy every shard of the prepared "
+                "folder (or prepare the data again)"
+            )
+        if size != shard.tokens * itemsize:
+            raise ManifestMismatch(
+                f"{where}: {shard.name} has {size} bytes but {MANIFEST_NAME} says {shard.tokens} "
+                f"{manifest.token_dtype} tokens ({shard.tokens * itemsize} bytes); the copy is incomplete "
+                "or another file: copy it again"
+            )
+    strays = sorted(set(files) - listed)
+    if strays:
+        raise ManifestMismatch(
+            f"{where} holds {strays[0]}, which {MANIFEST_NAME} does not list ({len(strays)} such file(s)); "
+            "remove files of other data sets from the folder or prepare them together"
+        )
