@@ -434,6 +434,14 @@ class Reconciler:
             if recorded and holds(existing):
                 release(self.api, existing, kind.plural, self._logger or _LOG)
             raise ApiError(409, "Conflict", f"the previous {kind.kind} {job_name} is still being deleted")
+        if existing is None:
+            # Read the BTJ again, after the child: a watcher that recorded the child's end (finished, a
+            # permanent error) did so before it let the child go, so this read sees that record.
+            fresh = self.api.get(btj_path(namespace, meta["name"])) or {}
+            fresh_meta = fresh.get("metadata") or {}
+            if fresh_meta.get("uid") != uid or fresh_meta.get("deletionTimestamp"):
+                raise ApiError(409, "Conflict", "the BlackwellTrainingJob changed while it was reconciled")
+            status = fresh.get("status") or {}
         previous = (status.get("child") or {}).get("uid")
         if existing is None and previous and is_finished(status) and not self._new_spec(body, status):
             # The finished job's child is gone (deleted by hand, or by a TTL): running it again would

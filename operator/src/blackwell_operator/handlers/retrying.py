@@ -46,7 +46,9 @@ def _log_retry(what: str, logger: Any) -> Callable[[tenacity.RetryCallState], No
     return before_sleep
 
 
-_BACKOFF = tenacity.wait_exponential_jitter(multiplier=FIRST_WAIT_S, max=MAX_WAIT_S, jitter=FIRST_WAIT_S)
+_BACKOFF = tenacity.wait_exponential(multiplier=FIRST_WAIT_S, max=MAX_WAIT_S) + tenacity.wait_random(
+    0.0, FIRST_WAIT_S
+)
 _CONFLICT = tenacity.wait_random(0.0, CONFLICT_JITTER_S)
 
 
