@@ -2,37 +2,24 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from benchmarks.calibration import grid, scheduler
 
 from blackwell_operator.calibrate.records import CalibrationRecord, RecordStatus
 from blackwell_operator.calibration import Calibration
 
-HARNESS = Path(__file__).resolve().parents[2] / "benchmarks" / "calibration" / "harness.py"
 
-
-@pytest.fixture(scope="module")
-def harness() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("calibration_harness", HARNESS)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def _harness(harness: ModuleType, base: Calibration, tmp_path: Path, **overrides: Any) -> Any:
+def _harness(base: Calibration, tmp_path: Path, **overrides: Any) -> Any:
     """A one-GPU Harness writing to tmp_path, ten minutes of budget; `overrides` replace its fields."""
     fields: dict[str, Any] = dict(
         out=tmp_path,
         cal=base,
-        instance=harness.H200_INSTANCE,
+        instance=grid.H200_INSTANCE,
         deadline=time.time() + 600,
         gpus=1,
         warmup=1,
@@ -42,24 +29,23 @@ def _harness(harness: ModuleType, base: Calibration, tmp_path: Path, **overrides
         start_from_prediction=True,
         env={"gpu_name": "test", "versions": {}},
     )
-    return harness.Harness(**{**fields, **overrides})
+    return scheduler.Harness(**{**fields, **overrides})
 
 
 def _runner(
-    harness: ModuleType,
     base: Calibration,
     tmp_path: Path,
     oom_from: int,
     done: dict[str, CalibrationRecord] | None = None,
     error: bool = False,
 ) -> tuple[Any, list[int]]:
-    h = _harness(harness, base, tmp_path, done=done or {})
+    h = _harness(base, tmp_path, done=done or {})
     ran: list[int] = []
 
     def run_config(fam: Any, mbs: int, gpu_ids: list[int]) -> CalibrationRecord:
         # The measurement stand-in: OOM from a given micro-batch size up.
         ran.append(mbs)
-        stub: CalibrationRecord = harness.build_plan(fam, mbs, base, harness.H200_INSTANCE)[1]
+        stub: CalibrationRecord = grid.build_plan(fam, mbs, base, grid.H200_INSTANCE)[1]
         status = RecordStatus.OOM if mbs >= oom_from else RecordStatus.OK
         status = RecordStatus.ERROR if error else status
         return stub.model_copy(
@@ -71,27 +57,27 @@ def _runner(
 
 
 def test_ladder_starts_below_the_prediction_and_stops_at_the_first_oom(
-    harness: ModuleType, base: Calibration, tmp_path: Path
+    base: Calibration, tmp_path: Path
 ) -> None:
-    fam = harness.Family("1b", 2048, 1, "bf16", "none", "none")
+    fam = grid.Family("1b", 2048, 1, "bf16", "none", "none")
     largest = 1  # the largest power of two the planner predicts to fit
     while True:
-        plan, _ = harness.build_plan(fam, largest * 2, base, harness.H200_INSTANCE)
+        plan, _ = grid.build_plan(fam, largest * 2, base, grid.H200_INSTANCE)
         if plan.predicted.memory.peak_reserved > plan.gpu.memory_bytes:
             break
         largest *= 2
-    h, ran = _runner(harness, base, tmp_path, oom_from=1000)
+    h, ran = _runner(base, tmp_path, oom_from=1000)
     start = h.ladder(fam)[0]
     assert start == max(1, largest // 4) and start > 1
-    h, ran = _runner(harness, base, tmp_path, oom_from=start * 4)
+    h, ran = _runner(base, tmp_path, oom_from=start * 4)
     h.run_family(fam, [0])
     assert ran == [start, start * 2, start * 4]
     assert [r.status.value for r in h.records] == ["ok", "ok", "oom"]
 
 
-def test_an_oom_at_the_start_walks_down(harness: ModuleType, base: Calibration, tmp_path: Path) -> None:
-    fam = harness.Family("1b", 2048, 1, "bf16", "none", "none")
-    h, ran = _runner(harness, base, tmp_path, oom_from=1)
+def test_an_oom_at_the_start_walks_down(base: Calibration, tmp_path: Path) -> None:
+    fam = grid.Family("1b", 2048, 1, "bf16", "none", "none")
+    h, ran = _runner(base, tmp_path, oom_from=1)
     start = h.ladder(fam)[0]
     h.run_family(fam, [0])
     assert ran[0] == start and ran[-1] == 1 and ran == sorted(ran, reverse=True)
@@ -99,38 +85,34 @@ def test_an_oom_at_the_start_walks_down(harness: ModuleType, base: Calibration, 
     assert len(recs) == len(ran)
 
 
-def test_resumed_configurations_are_not_run_again(
-    harness: ModuleType, base: Calibration, tmp_path: Path
-) -> None:
-    fam = harness.Family("3b", 4096, 1, "bf16", "none", "none")
-    first, ran_first = _runner(harness, base, tmp_path, oom_from=8)
+def test_resumed_configurations_are_not_run_again(base: Calibration, tmp_path: Path) -> None:
+    fam = grid.Family("3b", 4096, 1, "bf16", "none", "none")
+    first, ran_first = _runner(base, tmp_path, oom_from=8)
     first.run_family(fam, [0])
-    again, ran_again = _runner(harness, base, tmp_path, oom_from=8, done={r.key: r for r in first.records})
+    again, ran_again = _runner(base, tmp_path, oom_from=8, done={r.key: r for r in first.records})
     again.run_family(fam, [0])
     assert ran_first and ran_again == []
 
 
-def test_a_grid_whose_first_configurations_fail_stops_early(
-    harness: ModuleType, base: Calibration, tmp_path: Path
-) -> None:
-    families = [harness.Family(m, 2048, 1, "bf16", "none", ac) for m in ("1b", "3b") for ac in harness.ACS]
-    h, ran = _runner(harness, base, tmp_path, oom_from=1000, error=True)
+def test_a_grid_whose_first_configurations_fail_stops_early(base: Calibration, tmp_path: Path) -> None:
+    families = [grid.Family(m, 2048, 1, "bf16", "none", ac) for m in ("1b", "3b") for ac in grid.ACS]
+    h, ran = _runner(base, tmp_path, oom_from=1000, error=True)
     h.run(families)
     # Each failure ends its family's ladder; after the fail-fast count no family starts.
-    assert len(ran) == harness.FAIL_FAST_ERRORS
+    assert len(ran) == scheduler.FAIL_FAST_ERRORS
     assert h.failing()
 
 
-def test_one_good_record_turns_fail_fast_off(harness: ModuleType, base: Calibration, tmp_path: Path) -> None:
-    fam = harness.Family("1b", 2048, 1, "bf16", "none", "none")
-    h, _ = _runner(harness, base, tmp_path, oom_from=1000)
+def test_one_good_record_turns_fail_fast_off(base: Calibration, tmp_path: Path) -> None:
+    fam = grid.Family("1b", 2048, 1, "bf16", "none", "none")
+    h, _ = _runner(base, tmp_path, oom_from=1000)
     h.run_family(fam, [0])
     errors = [r.model_copy(update={"status": RecordStatus.ERROR}) for r in h.records] * 3
     h.records.extend(errors)
     assert not h.failing()
 
 
-def test_kill_tree_reaches_workers_in_sessions_of_their_own(harness: ModuleType, tmp_path: Path) -> None:
+def test_kill_tree_reaches_workers_in_sessions_of_their_own(tmp_path: Path) -> None:
     import os
     import subprocess
 
@@ -147,7 +129,7 @@ def test_kill_tree_reaches_workers_in_sessions_of_their_own(harness: ModuleType,
     while not (pid_file.exists() and pid_file.read_text()) and time.time() < deadline:
         time.sleep(0.05)
     worker = int(pid_file.read_text())
-    harness.kill_tree(parent.pid)
+    scheduler.kill_tree(parent.pid)
     parent.wait(timeout=10)
     deadline = time.time() + 10
     while time.time() < deadline:
@@ -164,14 +146,14 @@ def test_kill_tree_reaches_workers_in_sessions_of_their_own(harness: ModuleType,
 
 
 def test_a_configuration_cut_by_the_call_deadline_is_left_for_the_next_call(
-    harness: ModuleType, base: Calibration, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    base: Calibration, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A real worker process (the CPU smoke model) that the call's deadline overtakes: it is killed and
     # recorded as skipped, not as a timeout, so --resume runs it again; its log is kept.
-    monkeypatch.setattr(harness, "MIN_START_S", 0.0)
-    fam = harness.GRIDS["cpu-smoke"][0]
+    monkeypatch.setattr(scheduler, "MIN_START_S", 0.0)
+    fam = grid.GRIDS["cpu-smoke"][0]
     # The harness kills 10 s before the deadline: half a second to run.
-    h = _harness(harness, base, tmp_path, deadline=time.time() + 10.5, start_from_prediction=False)
+    h = _harness(base, tmp_path, deadline=time.time() + 10.5, start_from_prediction=False)
     rec = h.run_config(fam, 1, [0])
     assert rec.status is RecordStatus.SKIPPED
     assert rec.detail.startswith("call budget exhausted (killed after"), rec.detail

@@ -8,12 +8,13 @@ from pathlib import Path
 
 from blackwell_operator.calibrate.records import RecordStatus, read_records
 
-HARNESS = Path(__file__).resolve().parents[2] / "benchmarks" / "calibration" / "harness.py"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _harness(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, str(HARNESS), "--cpu-smoke", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    # As on the GPU machine: a module of the repository, run from its root, importing the installed packages.
+    cmd = [sys.executable, "-m", "benchmarks.calibration.harness", "--cpu-smoke", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, cwd=ROOT)
 
 
 def test_cpu_smoke_writes_one_record_per_configuration(tmp_path: Path) -> None:

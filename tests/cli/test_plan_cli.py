@@ -73,7 +73,7 @@ def test_plan_with_the_reference_calibration(tmp_path: Path) -> None:
 
 def test_unknown_calibration_is_exit_2() -> None:
     result = runner.invoke(app, ["plan", "--calibration", "nope"])
-    assert result.exit_code == 2 and "unknown 'nope'" in result.stderr
+    assert result.exit_code == 2 and "unknown calibration 'nope'" in result.stderr
 
 
 def test_bad_union_values_read_as_one_line_each(tmp_path: Path) -> None:

@@ -111,3 +111,21 @@ def test_a_name_the_api_server_would_reject_exits_2(tmp_path: Path) -> None:
     result = runner.invoke(app, ["render", str(path)])
     assert result.exit_code == 2
     assert "metadata.name: must be a DNS-1035 label" in result.stderr
+
+
+def test_render_on_a_terminal_shows_the_plan_and_names_not_the_yaml(monkeypatch: pytest.MonkeyPatch) -> None:
+    import blackwell_operator.cli.render as render_cli
+
+    monkeypatch.setattr(render_cli, "_stdout_is_terminal", lambda: True)
+    result = runner.invoke(app, ["render"])
+    assert result.exit_code == 0, result.output
+    assert "predicted" in result.stderr, "the plan first"
+    assert result.stdout.splitlines()[:3] == [
+        "objects the operator would create:",
+        "  ConfigMap hyperpod-ns-team-a/llama3-8b-pretrain-plan",
+        "  PyTorchJob hyperpod-ns-team-a/llama3-8b-pretrain",
+    ]
+    assert "apiVersion" not in result.stdout and "`btj render -o yaml` prints them (" in result.stdout
+    for asked in (["-o", "yaml"], ["-o", "json"]):
+        asked_for = runner.invoke(app, ["render", *asked])
+        assert asked_for.exit_code == 0 and "apiVersion" in asked_for.stdout, "an explicit -o is obeyed"

@@ -16,7 +16,9 @@ import kopf
 from kopf.testing import KopfRunner
 
 import blackwell_operator.handlers as handlers
+from blackwell_operator.testing import cluster as testing_cluster
 from blackwell_operator.testing import kubeconfig as testing_kubeconfig
+from blackwell_operator.testing.cluster import hyperpod_node
 from blackwell_operator.testing.emulator import BTJ_RESOURCE, PYTORCHJOB_RESOURCE, HardenedEmulator
 
 NAMESPACE = "hyperpod-ns-team-a"
@@ -58,18 +60,8 @@ def btj(name: str, **spec: Any) -> dict[str, Any]:
 
 
 def node(name: str, instance_type: str = B200, health: str = "Schedulable") -> dict[str, Any]:
-    """A HyperPod node with its instance-type and health labels."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "labels": {
-                "node.kubernetes.io/instance-type": instance_type,
-                "sagemaker.amazonaws.com/node-health-status": health,
-            },
-        },
-    }
+    """A HyperPod node with its instance-type and health labels (no allocatable published)."""
+    return hyperpod_node(name, instance_type, health=health)
 
 
 async def wait_for(predicate: Callable[[], Any], *, timeout: float = 15.0, what: str = "condition") -> Any:
@@ -90,8 +82,9 @@ async def wait_for(predicate: Callable[[], Any], *, timeout: float = 15.0, what:
 class Cluster:
     """Test-side view of the emulated cluster: HTTP calls like kubectl's, reads straight from the store."""
 
-    def __init__(self, emulator: HardenedEmulator) -> None:
+    def __init__(self, emulator: HardenedEmulator, job_kinds: int = 3) -> None:
         self.k = emulator
+        self.job_kinds = job_kinds  # how many of the three job CRDs the cluster serves
         self._settles = 0
 
     @property
@@ -296,8 +289,9 @@ async def running_operator(cluster: Cluster, *, namespace: str | None = None) ->
     runner = KopfRunner(args, registry=operator_registry(cluster.url), timeout=30)
     runner.__enter__()
     try:
-        # Ready when it watches BTJs, the three child kinds and the trainer pods.
-        await wait_for(lambda: _watch_count(cluster) >= watches_before + 5, what="the operator's watches")
+        # Ready when it watches BTJs, the child kinds the cluster serves and the trainer pods.
+        wanted = watches_before + 2 + cluster.job_kinds
+        await wait_for(lambda: _watch_count(cluster) >= wanted, what="the operator's watches")
         yield runner
     except BaseException as exc:
         await asyncio.to_thread(runner.__exit__, type(exc), exc, exc.__traceback__)
@@ -318,13 +312,14 @@ def _watch_count(cluster: Cluster) -> int:
 
 
 @contextlib.asynccontextmanager
-async def emulated_cluster(nodes: int = 2, unhealthy: int = 0) -> AsyncIterator[Cluster]:
-    """The emulator with the namespace and `nodes` B200 nodes (`unhealthy` of them not Schedulable)."""
-    async with HardenedEmulator() as emulator, kmock.Server(emulator):
-        emulator.declare_resources()
-        cluster = Cluster(emulator)
-        await cluster._json("POST", "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
-        for i in range(nodes):
-            health = "Unschedulable" if i < unhealthy else "Schedulable"
-            await cluster.add_node(node(f"hyperpod-i-{i:03d}", health=health))
-        yield cluster
+async def emulated_cluster(
+    nodes: int = 2, unhealthy: int = 0, job_resources: tuple[str, ...] | None = None
+) -> AsyncIterator[Cluster]:
+    """The emulator with the namespace and `nodes` B200 nodes (`unhealthy` of them not Schedulable),
+    serving every job CRD or `job_resources` only."""
+    bodies = [
+        node(f"hyperpod-i-{i:03d}", health="Unschedulable" if i < unhealthy else "Schedulable")
+        for i in range(nodes)
+    ]
+    async with testing_cluster.emulated_cluster(NAMESPACE, bodies, job_resources) as emulator:
+        yield Cluster(emulator, 3 if job_resources is None else len(job_resources))

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from blackwell_operator.discovery import Capacity, NodeCapacityReader, count_capacity
-from blackwell_operator.discovery.capacity import parse_quantity
+from blackwell_operator.discovery.capacity import parse_quantity, shortfall
 from blackwell_operator.handlers.api import ApiError, resource_path
 from blackwell_operator.handlers.reconcile import capacity_condition
 from blackwell_operator.metrics import OperatorMetrics
@@ -36,8 +37,8 @@ def test_capacity_condition_wording() -> None:
         "CapacityAvailable",
         "False",
         "InsufficientNodes",
-        "2 of 8 ml.p6-b200.48xlarge nodes schedulable; 4 needed. The job waits in the queue until enough "
-        "nodes are healthy.",
+        "2 of 8 ml.p6-b200.48xlarge nodes schedulable; 4 needed. The job is created; its workers wait until "
+        "enough nodes are healthy.",
     )
     assert capacity_condition(Capacity(B200, 8, 8), 4)[1:3] == ("True", "Sufficient")
     assert capacity_condition(None, 4)[1:3] == ("Unknown", "NodesUnreadable")
@@ -146,6 +147,16 @@ def test_quantities_parse_as_kubernetes_writes_them() -> None:
         2000,
         7,
     ]
+
+
+def test_a_quantity_kubernetes_does_not_know_is_not_held_against_the_node() -> None:
+    with pytest.raises(ValueError, match="5XB"):
+        parse_quantity("5XB")
+    odd = _with_allocatable("odd", **{**FULL, "memory": "5XB"})
+    assert shortfall(odd, REQUESTS) is None
+    # The other resources are still checked.
+    no_efa = _with_allocatable("no-efa", **{**FULL, "memory": "5XB", "vpc.amazonaws.com/efa": "0"})
+    assert (shortfall(no_efa, REQUESTS) or "").startswith("vpc.amazonaws.com/efa: 0 allocatable < 8")
 
 
 def test_a_node_whose_allocatable_cannot_hold_a_trainer_pod_does_not_count() -> None:

@@ -20,15 +20,67 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch) -> None:
     _register_commands()
 
 
+def demo(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, ["demo", "--pause", "0", *args])
+    return result.exit_code, " ".join(result.output.split())
+
+
 @pytest.mark.integration
 def test_demo_runs_the_operator_through_a_whole_job() -> None:
-    result = CliRunner().invoke(app, ["demo", "--pause", "0"])
-    assert result.exit_code == 0, result.output
-    out = " ".join(result.output.split())
+    code, out = demo()
+    assert code == 0, out
     assert "Created PyTorchJob llama3-8b-pretrain" in out
-    for phase in ("Queued", "Running", "Succeeded"):
+    for phase in ("Pending", "Running", "Succeeded"):
         assert f"BTJ phase {phase}" in out
     assert "condition Planned True Planned" in out
+    assert "binds the workers to hyperpod-i-000, hyperpod-i-001" in out
+    # The embedded example names no queue and asks for 1000 steps: no Kueue, and its own step count.
+    assert "Kueue" not in out and "Queued" not in out
+    assert "run 1000 steps (spec.training.steps" in out
+
+
+@pytest.mark.integration
+def test_demo_steps_follow_the_spec(tmp_path: Path) -> None:
+    text = (ROOT / "operator/src/blackwell_operator/examples/default.yaml").read_text()
+    short = tmp_path / "short.yaml"
+    short.write_text(text.replace("steps: 1000", "steps: 42"))
+    code, out = demo(str(short))
+    assert code == 0, out
+    assert "run 42 steps" in out and "1000" not in out
+
+
+@pytest.mark.integration
+def test_demo_of_a_job_the_cluster_cannot_hold_waits_and_does_not_succeed() -> None:
+    code, out = demo("--nodes", "1")
+    assert code == 1, out
+    assert "InsufficientNodes: 1 of 1 ml.p6-b200.48xlarge nodes schedulable; 2 needed" in out
+    assert "places 1 of 2 worker(s)" in out and "didn't match pod anti-affinity rules" in out
+    assert "BTJ phase Running" not in out and "BTJ phase Succeeded" not in out
+    assert "Not run: BTJ phase Pending; the job waits for capacity" in out
+
+
+@pytest.mark.integration
+def test_demo_queues_only_a_job_that_names_a_queue_and_admits_it_when_it_fits() -> None:
+    code, out = demo(str(ROOT / "examples" / "llama3.1-8b-kueue.yaml"))
+    assert code == 0, out
+    queued, admitted = out.index("BTJ phase Queued"), out.index("Kueue admits it: 2 node(s)")
+    assert queued < admitted < out.index("BTJ phase Succeeded")
+    assert "run 5000 steps" in out
+    code, out = demo(str(ROOT / "examples" / "llama3.1-8b-kueue.yaml"), "--nodes", "1")
+    assert code == 1, out
+    assert "Not run: BTJ phase Queued; Kueue keeps it suspended" in out
+    assert "BTJ phase Running" not in out and "BTJ phase Succeeded" not in out
+
+
+@pytest.mark.integration
+def test_demo_plays_kubeflow_trainer_for_a_trainjob(tmp_path: Path) -> None:
+    text = (ROOT / "operator/src/blackwell_operator/examples/default.yaml").read_text()
+    trainjob = tmp_path / "trainjob.yaml"
+    trainjob.write_text(text.replace("steps: 1000", "steps: 77") + "  backend: TrainJob\n")
+    code, out = demo(str(trainjob))
+    assert code == 0, out
+    assert "Created TrainJob llama3-8b-pretrain" in out and "Kubeflow Trainer (its JobSet) creates" in out
+    assert out.index("BTJ phase Running") < out.index("run 77 steps") < out.index("BTJ phase Succeeded")
 
 
 @pytest.mark.integration

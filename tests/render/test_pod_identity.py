@@ -159,9 +159,7 @@ VALUES = st.one_of(st.text(KEY_ALPHABET, max_size=8), st.sampled_from(["a" * 63,
 
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(st.dictionaries(KEYS, VALUES, max_size=3), st.sampled_from(["podLabels", "podAnnotations"]))
-def test_the_models_and_the_crd_agree_on_every_key_and_value(
-    metadata: dict[str, str], field: str
-) -> None:
+def test_the_models_and_the_crd_agree_on_every_key_and_value(metadata: dict[str, str], field: str) -> None:
     obj = manifest(**{field: metadata})
     assert (admit(SCHEMA, VALIDATOR, obj) == []) == (model_error(obj) is None), metadata
 
@@ -187,16 +185,26 @@ def spec_of(**fields: Any) -> BlackwellTrainingJobSpec:
 
 
 def templates(job: dict[str, Any]) -> list[dict[str, Any]]:
+    if job["kind"] == "TrainingRuntime":
+        return [
+            replicated["template"]["spec"]["template"]
+            for replicated in job["spec"]["template"]["spec"]["replicatedJobs"]
+        ]
     if job["kind"] == "PyTorchJob":
         return [replica["template"] for replica in job["spec"]["pytorchReplicaSpecs"].values()]
     return [replica["template"] for replica in job["spec"]["replicaSpecs"]]
 
 
-@pytest.mark.parametrize("backend", ["PyTorchJob", "HyperPodPyTorchJob"])
+@pytest.mark.parametrize("backend", ["PyTorchJob", "HyperPodPyTorchJob", "TrainJob"])
 def test_every_backend_renders_the_identity_on_its_pods(backend: str) -> None:
     spec = spec_of(backend=backend, **IDENTITY)
-    _, job = render_children("job", NAMESPACE, spec, plan_for(spec, "job"), labels={"team": "from-btj"})
-    for template in templates(job):
+    *_, job = children = render_children(
+        "job", NAMESPACE, spec, plan_for(spec, "job"), labels={"team": "from-btj"}
+    )
+    # A TrainJob's pod template lives in its TrainingRuntime.
+    holder = children[1] if backend == "TrainJob" else job
+    assert templates(holder)
+    for template in templates(holder):
         pod = template["spec"]
         assert pod["serviceAccountName"] == "training-s3"
         assert pod["imagePullSecrets"] == [{"name": "regcred"}, {"name": "ecr.team-a"}]
@@ -204,7 +212,7 @@ def test_every_backend_renders_the_identity_on_its_pods(backend: str) -> None:
         assert labels["team"] == "a", "the spec's pod label wins over the BTJ's propagated one"
         assert labels["cost-center.example.com/id"] == "ml-42" and labels[f"{API_GROUP}/job-name"] == "job"
         assert annotations["fluentbit.io/parser"] == "json" and PLAN_HASH_ANNOTATION in annotations
-        assert annotations["kubectl.kubernetes.io/default-container"] == "pytorch"
+        assert annotations["kubectl.kubernetes.io/default-container"] in ("pytorch", "node")
         pod_object = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "w", **template["metadata"]}}
         assert kubernetes_errors({**pod_object, "spec": pod}) is None
     assert "fluentbit.io/parser" not in job["metadata"].get("annotations", {}), "pods only, not the job"

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from blackwell_trainer.config import Plan
+from blackwell_trainer.metrics import TrainerMetrics
+from tests.ports import free_port
 
 TINY_ARCHITECTURE: dict[str, Any] = {
     "hiddenSize": 64,
@@ -94,3 +99,35 @@ def tiny_plan(**chosen: Any) -> Plan:
 @pytest.fixture
 def plan() -> Plan:
     return tiny_plan()
+
+
+@pytest.fixture
+def world_of_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One process in-process: main() then runs a gloo world of one (environment restored after)."""
+    for name, value in {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }.items():
+        monkeypatch.setenv(name, value)
+
+
+@pytest.fixture
+def scraped(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, float]]:
+    """The trainer's /metrics as Prometheus would read it, scraped over HTTP just before run() closes it."""
+    samples: dict[str, float] = {}
+    close = TrainerMetrics.close
+
+    def scrape_then_close(self: TrainerMetrics) -> None:
+        if self.port is not None:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as response:
+                text = response.read().decode()
+            for family in text_string_to_metric_families(text):
+                samples.update({s.name: float(s.value) for s in family.samples if not s.labels})
+        close(self)
+
+    monkeypatch.setattr(TrainerMetrics, "close", scrape_then_close)
+    yield samples

@@ -8,19 +8,16 @@ import json
 import logging
 import signal
 import traceback
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from torch.distributed.checkpoint.api import CheckpointException
 
 import blackwell_trainer.checkpoint as checkpoint_module
 from blackwell_trainer.checkpoint import list_complete
 from blackwell_trainer.config import PERMANENT_ERROR_PREFIX, Plan
-from blackwell_trainer.metrics import TrainerMetrics
 from blackwell_trainer.preemption import PreemptionGuard
 from blackwell_trainer.train import MAX_FAILED_SAVES_IN_A_ROW, Trainer, main
 from tests.ports import free_port
@@ -28,20 +25,6 @@ from tests.ports import free_port
 from .conftest import tiny_plan_dict
 
 ENOSPC = "No space left on device"
-
-
-@pytest.fixture
-def world_of_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    """One process in-process: main() then runs a gloo world of one (environment restored after)."""
-    for name, value in {
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": "1",
-        "LOCAL_WORLD_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
-    }.items():
-        monkeypatch.setenv(name, value)
 
 
 def write_plan(folder: Path, *, steps: int, interval: int) -> Path:
@@ -71,24 +54,6 @@ def fail_saves(monkeypatch: pytest.MonkeyPatch, failing: Callable[[int], bool]) 
         return real(state, checkpoint_id=checkpoint_id)
 
     monkeypatch.setattr(checkpoint_module, "dcp_save", save)
-
-
-@pytest.fixture
-def scraped(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, float]]:
-    """The trainer's /metrics as Prometheus would read it, scraped over HTTP just before run() closes it."""
-    samples: dict[str, float] = {}
-    close = TrainerMetrics.close
-
-    def scrape_then_close(self: TrainerMetrics) -> None:
-        if self.port is not None:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as response:
-                text = response.read().decode()
-            for family in text_string_to_metric_families(text):
-                samples.update({s.name: float(s.value) for s in family.samples if not s.labels})
-        close(self)
-
-    monkeypatch.setattr(TrainerMetrics, "close", scrape_then_close)
-    yield samples
 
 
 def errors(stderr: str) -> list[str]:

@@ -28,6 +28,7 @@ EXPECTED_TYPES = {
     "btj_trainer_predicted_model_flops_utilization_ratio": "gauge",
     "btj_trainer_last_checkpoint_timestamp_seconds": "gauge",
     "btj_trainer_checkpoint_failures": "counter",
+    "btj_trainer_checkpoints_skipped": "counter",
     "btj_trainer_weights_load_seconds": "gauge",
     # An Info metric: the classic text format exposes it as a gauge of value 1 named *_info.
     "btj_trainer_build_info": "gauge",

@@ -34,6 +34,10 @@ from .hf_models import (
 
 pytest.importorskip("transformers")
 ATOL = RTOL = 2e-5
+_ARCH = architecture_from_hf_config(
+    {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+     "intermediate_size": 128, "vocab_size": 256}
+)  # fmt: skip
 
 
 def _edit_config(folder: Path, **changes: Any) -> None:
@@ -197,6 +201,17 @@ def test_weights_from_s3_and_the_export_to_s3_round_trip(s3: Any, tmp_path: Path
     assert "generation_config.json" in names  # the input's non-weight files come along
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager").eval()
     torch.testing.assert_close(hf_logits(reloaded, ids), trainer_logits(model, ids), atol=ATOL, rtol=RTOL)
+
+
+def test_an_s3_prefix_that_cannot_be_read_is_one_line_a_restart_may_fix(s3: Any) -> None:
+    from blackwell_trainer.checkpoint import StorageFailed
+
+    with pytest.raises(
+        StorageFailed, match=r"^weights\.uri s3://absent/m could not be read from S3: .*NoSuchBucket"
+    ):
+        load_pretrained(empty_trainer_model(_ARCH), "s3://absent/m", _ARCH, SEQ)
+    with pytest.raises(WeightsError, match="holds no Hugging Face checkpoint files"):
+        load_pretrained(empty_trainer_model(_ARCH), "s3://models/empty", _ARCH, SEQ)
 
 
 def _tokenizer(folder: Path) -> None:

@@ -12,13 +12,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from blackwell_operator.env_seconds import env_seconds
+from blackwell_operator.settings import env_name, operator_environment
 from blackwell_operator.status import rfc3339_seconds
 
-TIMEOUT_ENV = "BTJ_STUCK_POD_TIMEOUT_S"
-# Past the pod's own deletion deadline (deletionTimestamp already includes its grace period): long enough
-# for a node that only blinked to come back, short against a job idling with all its GPUs.
-DEFAULT_TIMEOUT_S = 300.0
+TIMEOUT_ENV = env_name("stuck_pod_timeout_s")
 
 
 @dataclass(frozen=True)
@@ -47,7 +44,7 @@ class StuckPod:
 def stuck_pod_timeout() -> float | None:
     """Seconds past a pod's deletion deadline before it is force-deleted (`BTJ_STUCK_POD_TIMEOUT_S`,
     default 300); None when set to 0 (off)."""
-    return env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT_S, zero_turns_off=True)
+    return operator_environment().stuck_pod_timeout_s or None
 
 
 def node_ready_status(node: Mapping[str, Any]) -> str:

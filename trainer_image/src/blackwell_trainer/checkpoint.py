@@ -1,7 +1,8 @@
-"""Distributed checkpoints that are complete or ignored (SIGTERM handling is in preemption.py)."""
+"""Distributed checkpoints that are complete, verified or skipped (SIGTERM handling is in preemption.py)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -10,7 +11,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -25,12 +26,20 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from blackwell_trainer.checkpoint_manifest import MARKER as MARKER  # re-exported: the layout's name
+from blackwell_trainer.checkpoint_manifest import (
+    MARKER_VERSION,
+    FileEntry,
+    Manifest,
+    ManifestError,
+    check_share,
+    entries,
+    written_by,
+)
 from blackwell_trainer.config import CheckpointConfig
 
 log = logging.getLogger(__name__)
 
-MARKER = "COMPLETE.json"
-MARKER_VERSION = 1
 EXTRA_DIR = "extra"
 STEP_DIR = re.compile(r"^step-(\d+)$")
 TMP_PREFIX = ".tmp-"
@@ -42,6 +51,10 @@ class CheckpointError(RuntimeError):
 
 class StorageFailed(CheckpointError):
     """Saves the checkpoint storage did not take (full, I/O errors): it may recover, so restarts may help."""
+
+
+class NoUsableCheckpoint(CheckpointError):
+    """Complete checkpoints exist but none verifies and loads: a restart would read the same files."""
 
 
 class SaveFailed(CheckpointError):
@@ -155,28 +168,54 @@ def _file_sizes(folder: Path) -> dict[str, int]:
 
 
 def read_complete(path: Path) -> CompleteCheckpoint | None:
-    """The checkpoint at `path` if it is complete, else None (no marker, or a file missing or truncated)."""
+    """The checkpoint at `path` if it is complete, else None (no marker, or a file missing or truncated).
+
+    Sizes only: the checksums are read at resume (`Checkpointer.load`), once, spread over the ranks.
+    """
     match = STEP_DIR.match(path.name)
     if not match or not path.is_dir():
         return None
     try:
-        marker = json.loads((path / MARKER).read_text())
-        files: dict[str, int] = marker["files"]
-        if ".metadata" not in files:
-            return None
-        for name, size in files.items():
-            if (path / name).stat().st_size != size:
+        manifest = Manifest.read(path)
+        for name, entry in manifest.files.items():
+            if (path / name).stat().st_size != entry.size:
                 log.warning("ignoring checkpoint %s: %s is truncated", path, name)
                 return None
         return CompleteCheckpoint(
-            step=int(marker["step"]),
-            path=path,
-            world_size=int(marker["world_size"]),
-            timestamp=float(marker["timestamp"]),
+            step=manifest.step, path=path, world_size=manifest.world_size, timestamp=manifest.timestamp
         )
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ManifestError):
         # No marker (a save that never finished) or a file gone: not a checkpoint to resume from.
         return None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A step folder with a completion record, as rank 0 found it: its manifest, or why it has none."""
+
+    path: Path
+    manifest: Manifest | None
+    error: str | None
+
+
+def find_candidates(root: Path) -> list[Candidate]:
+    """Step folders under `root` that hold a completion record, newest first (OSError if unreadable)."""
+    if not root.is_dir():
+        return []
+    found: list[tuple[int, Candidate]] = []
+    for path in root.iterdir():
+        match = STEP_DIR.match(path.name)
+        if not match or not (path / MARKER).exists():
+            continue  # a temporary, or a save that never finished: never a checkpoint
+        try:
+            found.append((int(match[1]), Candidate(path, Manifest.read(path), None)))
+        except (OSError, ManifestError) as err:
+            found.append((int(match[1]), Candidate(path, None, str(err))))
+    return [c for _, c in sorted(found, key=lambda pair: -pair[0])]
+
+
+class SkipCallback(Protocol):
+    def __call__(self, path: Path, reason: str) -> None: ...
 
 
 def list_complete(root: Path) -> list[CompleteCheckpoint]:
@@ -193,7 +232,8 @@ class Checkpointer:
     Layout: `<path>/step-000100/` holds the DCP files (one shard per rank plus `.metadata`),
     `extra/rank-00000.pt` per rank (the caller's dict; the trainer stores the step and the data
     position only: its model has no dropout, so there is no RNG state to carry) and, written last,
-    `COMPLETE.json` with the step, world size and every file's size. A save goes to
+    `COMPLETE.json` with the step, world size and every file's size, CRC32 and writing rank (each rank
+    checksums the files it wrote; rank 0 adds `.metadata`). A save goes to
     `<path>/.tmp-step-000100/` and rank 0 renames it into place after all ranks finished writing, so
     a crash at any point leaves either the previous checkpoints alone or a folder that loading skips.
     A save that fails on any rank (a full file system, an I/O error) raises SaveFailed on every rank
@@ -204,6 +244,14 @@ class Checkpointer:
     the new layout; the data position in `extra` is global (see blackwell_trainer.data), so it
     carries over exactly. `extra` is not resharded: every rank then takes rank 0's, and a warning
     says so (the trainer's step and data position are the same on every rank, so nothing is lost).
+
+    Resuming verifies before it trusts: newest first, every file's size and checksum (each file
+    checked by one rank), then the load itself; a checkpoint that fails either is skipped with one
+    line and the next older one is tried, the same on every rank. None left: NoUsableCheckpoint.
+
+    Pruning keeps the newest `keep_latest` checkpoints and, beside them, the newest one that was
+    followed by a finite step (`confirm_finite`): a checkpoint is only known to be good once the
+    step after it produced a finite loss, so it never replaces the last one known to be good.
 
     Args:
         config: the plan's checkpoint section; `path` None disables saving and loading.
@@ -222,24 +270,17 @@ class Checkpointer:
                 )
             self.root = Path(config.path)
         self.last_saved_step: int | None = None
-        # Numbers the agreements' store keys. The store lives as long as the process group (torchrun's
+        # Every step up to this one ended with a finite loss, gradient norm and parameters.
+        self.finite_through: int | None = None
+        self._prune_after: int | None = None  # the newest save, until a finite step follows it
+        # Number the agreements' store keys. The store lives as long as the process group (torchrun's
         # agent store is scoped per restart of the workers by torch itself): a counter is unique.
         self._phases = 0
+        self._saves = 0
 
     @property
     def enabled(self) -> bool:
         return self.root is not None
-
-    def latest(self) -> CompleteCheckpoint | None:
-        """The newest complete checkpoint, as rank 0 sees it (every rank gets rank 0's choice)."""
-        if self.root is None:
-            return None
-        found = list_complete(self.root)
-        choice: list[Any] = [str(found[-1].path) if found else None]
-        if dist.is_available() and dist.is_initialized():
-            # Ranks must load the same step; shared-file-system caches can lag, so rank 0 decides.
-            dist.broadcast_object_list(choice, src=0)
-        return read_complete(Path(choice[0])) if choice[0] else None
 
     def save(
         self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer | None, extra: dict[str, Any]
@@ -268,35 +309,43 @@ class Checkpointer:
             error = err
         self._agree_or_clean(step, tmp, error)
 
+        self._saves += 1
+        files_key = f"btj-checkpoint-files/{self._saves}"  # the same count on every rank, as _phases
+        mine: dict[str, FileEntry] = {}
         try:
             dcp_save(self._state(model, optimizer), checkpoint_id=str(tmp))
-            _write_extra(tmp / EXTRA_DIR / f"rank-{rank:05d}.pt", extra)
+            extra_name = f"{EXTRA_DIR}/rank-{rank:05d}.pt"
+            _write_extra(tmp / extra_name, extra)
+            # Each rank checksums what it wrote (in parallel, from its page cache) for rank 0's marker.
+            mine = entries(tmp, [*written_by(tmp, rank), extra_name], rank)
+            _publish(files_key, rank, mine)
         except SAVE_ERRORS as err:
             error = err
         self._agree_or_clean(step, tmp, error)  # every rank's files are written before the marker
 
         try:
             if rank == 0:
-                marker = {
-                    "version": MARKER_VERSION,
-                    "step": step,
-                    "world_size": world_size,
-                    "timestamp": time.time(),
-                    "files": _file_sizes(tmp),
-                }
+                marker = Manifest(
+                    version=MARKER_VERSION,
+                    step=step,
+                    world_size=world_size,
+                    timestamp=time.time(),
+                    files=_all_entries(tmp, files_key, world_size, mine),
+                )
                 with open(tmp / MARKER, "w") as f:
-                    json.dump(marker, f, indent=1)
+                    json.dump(marker.to_json(), f, indent=1)
                     f.flush()
                     os.fsync(f.fileno())
                 if final.exists():
                     shutil.rmtree(final)  # an incomplete folder of the same step (a loaded one is skipped)
                 os.rename(tmp, final)
                 _fsync_dir(root)
-                self._prune()  # its own errors are only logged: the checkpoint is in place
+                self._prune(step)  # its own errors are only logged: the checkpoint is in place
         except SAVE_ERRORS as err:
             error = err
         self._agree_or_clean(step, tmp, error)  # nobody moves on (or exits) before it is in place
         self.last_saved_step = step
+        self._prune_after = step
         if rank == 0:
             log.info("saved checkpoint %s in %.1f s", final, time.monotonic() - started)
         return True
@@ -314,38 +363,135 @@ class Checkpointer:
             _barrier()  # every rank raises SaveFailed here; the space is back before any reports it
             raise
 
-    def load(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any] | None:
-        """Resume from the newest complete checkpoint (collective); returns its `extra`, or None if none."""
-        found = self.latest()
-        if found is None:
+    def load(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        on_skip: SkipCallback | None = None,
+    ) -> dict[str, Any] | None:
+        """Resume from the newest checkpoint that verifies and loads (collective); its `extra`, or None.
+
+        None when there is no complete checkpoint (a fresh start). Each one that fails is skipped with
+        one line (rank 0) and `on_skip(path, reason)` (every rank); NoUsableCheckpoint when all fail.
+        """
+        if self.root is None:
             return None
-        rank, world_size = _world()
-        state = self._state(model, optimizer)
-        dcp_load(state, checkpoint_id=str(found.path))
-        if optimizer is None:
-            set_model_state_dict(model, state["model"])
-        else:
-            set_state_dict(
-                model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+        candidates = self._candidates()
+        failed: list[str] = []
+        for candidate in candidates:
+            reason = self._verify(candidate)
+            extra = None
+            if reason is None:
+                extra, reason = self._try_load(candidate, model, optimizer)
+            if reason is None and extra is not None:
+                if failed and self.rank == 0:
+                    log.warning("resuming from %s, older than the %d skipped", candidate.path, len(failed))
+                return extra
+            failed.append(f"{candidate.path.name}: {reason}")
+            if self.rank == 0:
+                log.error("skipping checkpoint %s: %s; trying the next older one", candidate.path, reason)
+            if on_skip is not None:
+                on_skip(candidate.path, str(reason))
+        if failed:
+            raise NoUsableCheckpoint(
+                f"no checkpoint under spec.training.checkpoint.path {self.root} can be resumed: "
+                f"{'; '.join(failed)}. Restore a good copy, or move these step folders aside to start "
+                "from step 0"
             )
-        # Same layout: each rank its own extra. Another layout: rank 0's (its data position is global).
-        source_rank = rank if found.world_size == world_size else 0
-        if found.world_size != world_size and rank == 0:
+        return None
+
+    def _candidates(self) -> list[Candidate]:
+        """Rank 0's list of step folders with a completion record (ranks must try the same ones)."""
+        assert self.root is not None
+        payload: list[Any] = [None]
+        if self.rank == 0:
+            try:
+                payload = [find_candidates(self.root)]
+            except OSError as err:
+                payload = [f"cannot list spec.training.checkpoint.path {self.root}: {err}"]
+        if dist.is_available() and dist.is_initialized():
+            # Shared-file-system caches can lag between nodes: rank 0's view decides for all.
+            dist.broadcast_object_list(payload, src=0)
+        if isinstance(payload[0], str):
+            raise StorageFailed(payload[0])  # the storage may come back: not a permanent error
+        found: list[Candidate] = payload[0]
+        return found
+
+    def _verify(self, candidate: Candidate) -> str | None:
+        """Why `candidate` cannot be trusted (size or checksum, on any rank), or None (collective)."""
+        if candidate.manifest is None:
+            return candidate.error  # every rank has rank 0's candidate: the same verdict, no collective
+        rank, world_size = _world()
+        started = time.monotonic()
+        reason = _first_problem(check_share(candidate.path, candidate.manifest, rank, world_size))
+        if reason is None and rank == 0:
+            if not candidate.manifest.verifiable:
+                log.warning(
+                    "checkpoint %s has no checksums (written by a trainer before them): only its file "
+                    "sizes are checked",
+                    candidate.path,
+                )
+            log.info("verified checkpoint %s in %.1f s", candidate.path, time.monotonic() - started)
+        return reason
+
+    def _try_load(
+        self, candidate: Candidate, model: nn.Module, optimizer: torch.optim.Optimizer | None
+    ) -> tuple[dict[str, Any] | None, str | None]:
+        """Load `candidate` into model and optimizer (collective): (extra, None) or (None, why not).
+
+        A failure part-way leaves the model half loaded; the next candidate's load writes every tensor
+        again, and a run that finds none stops.
+        """
+        assert candidate.manifest is not None
+        rank, world_size = _world()
+        written_by_ranks = candidate.manifest.world_size
+        extra: dict[str, Any] | None = None
+        reason: str | None = None
+        try:
+            state = self._state(model, optimizer)
+            dcp_load(state, checkpoint_id=str(candidate.path))
+            if optimizer is None:
+                set_model_state_dict(model, state["model"])
+            else:
+                set_state_dict(
+                    model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+                )
+            # Same layout: each rank its own extra. Another layout: rank 0's (its data position is global).
+            source_rank = rank if written_by_ranks == world_size else 0
+            extra = torch.load(
+                candidate.path / EXTRA_DIR / f"rank-{source_rank:05d}.pt", weights_only=True
+            )
+            if not isinstance(extra, dict):
+                raise TypeError(f"{EXTRA_DIR}/rank-{source_rank:05d}.pt holds a {type(extra).__name__}")
+        except (torch.OutOfMemoryError, dist.DistError):
+            raise  # not the checkpoint's fault: a restart may well succeed
+        except (Exception, CheckpointException) as err:  # what an unreadable file raises in DCP or torch
+            reason = f"cannot be loaded: {_one_line(err)}"
+        reason = _first_problem([] if reason is None else [reason])
+        if reason is not None:
+            return None, reason
+        if written_by_ranks != world_size and rank == 0:
             log.warning(
                 "checkpoint %s was written by %d ranks and resumes on %d: model and optimizer are "
                 "resharded by DCP, and every rank takes rank 0's step and data position (global, so "
                 "exact)",
-                found.path,
-                found.world_size,
+                candidate.path,
+                written_by_ranks,
                 world_size,
             )
-        extra: dict[str, Any] = torch.load(
-            found.path / EXTRA_DIR / f"rank-{source_rank:05d}.pt", weights_only=True
-        )
-        self.last_saved_step = found.step
+        self.last_saved_step = candidate.manifest.step
+        self._prune_after = candidate.manifest.step
         if rank == 0:
-            log.info("resumed from checkpoint %s", found.path)
-        return extra
+            log.info("resumed from checkpoint %s", candidate.path)
+        return extra, None
+
+    def confirm_finite(self, step: int) -> None:
+        """Record that `step` ended finite; the checkpoint before it is now known good, so prune."""
+        self.finite_through = step
+        if self._prune_after is not None and step > self._prune_after:
+            if self.rank == 0 and self.root is not None:
+                self._prune(self._prune_after)
+            self._prune_after = None
 
     @staticmethod
     def _state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
@@ -356,12 +502,23 @@ class Checkpointer:
         model_state, optim_state = get_state_dict(model, optimizer)
         return {"model": model_state, "optimizer": optim_state}
 
-    def _prune(self) -> None:
-        """Keep the newest `keep_latest` complete checkpoints; drop older ones and stale temporaries."""
+    def _prune(self, newest: int) -> None:
+        """Keep the newest `keep_latest` checkpoints up to step `newest` and the newest known good one.
+
+        Known good: followed by a finite step (`finite_through`). Checkpoints after `newest` are left
+        alone: they are from before a resume that skipped them, and this run overwrites each when it
+        reaches its step.
+        """
         assert self.root is not None
         try:
-            for old in list_complete(self.root)[: -self.config.keep_latest]:
-                shutil.rmtree(old.path, ignore_errors=True)
+            found = [c for c in list_complete(self.root) if c.step <= newest]
+            keep = {c.step for c in found[-self.config.keep_latest :]}
+            good = [c.step for c in found if self.finite_through is not None and c.step < self.finite_through]
+            if good:
+                keep.add(good[-1])
+            for old in found:
+                if old.step not in keep:
+                    shutil.rmtree(old.path, ignore_errors=True)
             self._remove_temporaries()
         except OSError as err:  # the new checkpoint is in place: the old ones go at the next save
             log.warning("could not prune checkpoints under %s: %s", self.root, err)
@@ -371,3 +528,45 @@ class Checkpointer:
         assert self.root is not None
         for stale in self.root.glob(f"{TMP_PREFIX}step-*"):
             shutil.rmtree(stale, ignore_errors=True)
+
+
+def _publish(key: str, rank: int, files: dict[str, FileEntry]) -> None:
+    """Hand this rank's file entries to rank 0 through the job's c10d store (no process-group collective)."""
+    if _world()[1] > 1:
+        store = dist.distributed_c10d._get_default_store()
+        store.set(f"{key}/rank-{rank}", json.dumps({n: e.to_json() for n, e in files.items()}))
+
+
+def _all_entries(folder: Path, key: str, world_size: int, mine: dict[str, FileEntry]) -> dict[str, FileEntry]:
+    """Rank 0: every rank's entries, plus its own checksum of each file no rank claimed (`.metadata`)."""
+    claimed = dict(mine)
+    if world_size > 1:
+        store = dist.distributed_c10d._get_default_store()
+        for r in range(1, world_size):
+            raw = json.loads(store.get(f"{key}/rank-{r}"))
+            claimed.update({name: FileEntry.from_json(value) for name, value in raw.items()})
+        for r in range(world_size):
+            store.delete_key(f"{key}/rank-{r}")  # the store lives as long as the job: keep it small
+    sizes = _file_sizes(folder)
+    for name, entry in claimed.items():
+        if sizes.get(name) != entry.size:
+            # A shared file system that shows rank 0 another size than its writer saw: not complete.
+            raise OSError(errno.EIO, f"{name} is {sizes.get(name)} bytes here, {entry.size} as written")
+    claimed.update(entries(folder, [n for n in sizes if n not in claimed], rank=0))
+    return claimed
+
+
+def _first_problem(mine: list[str]) -> str | None:
+    """The lowest rank's first problem, with how many more there are (collective: every rank agrees)."""
+    everyone: list[Any] = [mine]
+    world_size = _world()[1]
+    if world_size > 1:
+        everyone = [None] * world_size
+        dist.all_gather_object(everyone, mine)
+    problems = [(r, p) for r, found in enumerate(everyone) for p in found]
+    if not problems:
+        return None
+    first_rank, first = problems[0]
+    where = f"rank {first_rank}: " if world_size > 1 else ""
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return f"{where}{first}{more}"

@@ -125,6 +125,12 @@ class TrainerMetrics:
             "went on from the previous complete checkpoint.",
             registry=r,
         )
+        self.checkpoints_skipped = Counter(
+            "btj_trainer_checkpoints_skipped",
+            "Complete checkpoints skipped at resume: a file failed its size or CRC32 check, or the "
+            "checkpoint did not load; the next older one was tried.",
+            registry=r,
+        )
         self.weights_load = Gauge(
             "btj_trainer_weights_load_seconds",
             "Seconds this pod's local rank 0 took to load the initial weights (plan.weights); 0 when it "
@@ -203,6 +209,10 @@ class TrainerMetrics:
     def record_checkpoint(self, timestamp: float) -> None:
         """Record the Unix time at which a complete checkpoint was written."""
         self.last_checkpoint.set(timestamp)
+
+    def record_checkpoint_skipped(self) -> None:
+        """Count one checkpoint that resuming skipped (it did not verify or did not load)."""
+        self.checkpoints_skipped.inc()
 
     def record_checkpoint_failure(self) -> None:
         """Count one interval checkpoint save that failed on some rank (training went on)."""

@@ -2,9 +2,10 @@
 
 ``python -m blackwell_trainer --plan PATH`` (or env BTJ_PLAN_PATH), usually under torchrun.
 Exit codes: 0 done or preempted after a checkpoint, 2 a bad or impossible plan, data, initial weights or
-checkpoint storage that does not fit it, an export of the trained weights that cannot be written, or a
+checkpoint storage that does not fit it, an export of the trained weights that cannot be written, a
 checkpoint that cannot be written (the final one, the preemption one, or MAX_FAILED_SAVES_IN_A_ROW
-interval saves in a row).
+interval saves in a row) or none that verifies and loads, 3 a step whose loss, gradient norm or
+parameters are not finite (nothing of it is saved).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ PLAN_ENV = "BTJ_PLAN_PATH"
 # the next interval tries again. Three in a row means it is not recovering: stop (exit 2) rather than
 # train on for hours or days whose work a crash or preemption would lose, and say why.
 MAX_FAILED_SAVES_IN_A_ROW = 3
+EXIT_NON_FINITE = 3
 
 
 class PlanError(ValueError):
@@ -164,6 +166,49 @@ def init_distributed(runtime: Runtime) -> None:
         dist.init_process_group("gloo")
 
 
+class NonFiniteStep(RuntimeError):
+    """A step whose loss, gradient norm or parameters are not finite; raised on every rank alike.
+
+    Not a permanent error: a restart resumes from the newest checkpoint, which was followed by finite
+    steps. A non-finite value from a faulty GPU or link (silent data corruption) or from a kernel that
+    is not deterministic is gone after it; one that recurs at the same step (a loss spike the learning
+    rate cannot take) recurs only until the pods' restart budget is spent, one interval each time.
+    """
+
+    KINDS = ("the loss is", "the gradient norm is", "the parameters after the optimizer step are")
+
+    def __init__(self, step: int, loss: float, ranks: list[list[int]]) -> None:
+        self.step, self.loss, self.ranks = step, loss, ranks
+        # Name the first non-finite value in the order they arise: loss, then gradients, then weights.
+        kind, where = next(((k, r) for k, r in zip(self.KINDS, ranks, strict=True) if r), (self.KINDS[0], []))
+        shown = ", ".join(str(r) for r in where[:8])
+        shown += f" and {len(where) - 8} more" if len(where) > 8 else ""
+        on = f" on rank{'s' if len(where) > 1 else ''} {shown}" if where else ""
+        super().__init__(f"step {step}: {kind} not finite{on} (loss {loss:g})")
+
+    def explained(self, detail: str) -> NonFiniteStep:
+        """The same stop with what it means for the checkpoints and what to do, on the same line."""
+        self.args = (f"{self.args[0]}; {detail}",)
+        return self
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (FSDP2 parameters, gradient norms), or the tensor itself."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) else tensor
+
+
+def _ranks_with(flags: torch.Tensor, world: int) -> list[list[int]]:
+    """For each flag, the ranks where it is set (collective: only called when some rank has one set)."""
+    gathered = [torch.zeros_like(flags) for _ in range(world)]
+    if world > 1:
+        dist.all_gather(gathered, flags)
+    else:
+        gathered = [flags]
+    rows = [row.tolist() for row in gathered]
+    return [[r for r in range(world) if rows[r][k]] for k in range(flags.numel())]
+
+
 @dataclass
 class StepResult:
     """What one optimizer step did on this rank."""
@@ -233,23 +278,39 @@ class Trainer:
                 loss = loss * part.loss_weight
             (loss / accum).backward()
             loss_sum += loss.detach()
+        foreach = self.runtime.device.type == "cuda"
         clip = self.plan.optimizer.grad_clip_norm
         if clip > 0:
-            torch.nn.utils.clip_grad_norm_(
-                self.model.parameters(), clip, foreach=self.runtime.device.type == "cuda"
-            )
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip, foreach=foreach)
+        else:
+            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+            grad_norm = torch.nn.utils.get_total_norm(grads, foreach=foreach)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.precision.after_optimizer_step(self.model)
         self.step_index += 1
-        mean_loss = loss_sum / accum
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(
-                mean_loss, op=dist.ReduceOp.AVG if self.runtime.device.type == "cuda" else dist.ReduceOp.SUM
-            )
-            if self.runtime.device.type != "cuda":
-                mean_loss /= dist.get_world_size()
-        loss_value = float(mean_loss.item())  # synchronises: the step's time below is real
+        # This rank's view of the step, reduced together in one all-reduce: its loss and whether its
+        # loss, its share of the gradient norm and its parameter shards are finite. The largest
+        # parameter magnitude is non-finite iff one parameter is: what a checkpoint of this step
+        # would hold is checked before any save of it (one read of the local shards).
+        params = [_local(p.detach()) for p in self.model.parameters()]
+        largest = torch.nn.utils.get_total_norm(params, norm_type=math.inf, foreach=foreach)
+        local = torch.stack(
+            [
+                loss_sum / accum,
+                (~torch.isfinite(loss_sum)).float(),
+                (~torch.isfinite(_local(grad_norm.detach()))).float(),
+                (~torch.isfinite(largest)).float(),
+            ]
+        )
+        reduced = local.clone()
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        if world > 1:
+            dist.all_reduce(reduced, op=dist.ReduceOp.SUM)  # gloo has no AVG: sum, then divide
+        loss_value, *bad = reduced.tolist()  # synchronises: the step's time below is real
+        loss_value /= world
+        if any(bad) or not math.isfinite(loss_value):
+            raise NonFiniteStep(self.step_index, loss_value, _ranks_with(local[1:], world))
         seconds = time.perf_counter() - started
         tokens = self.tokens_per_micro_batch * accum
         mfu = (
@@ -323,7 +384,9 @@ def run(plan: Plan, runtime: Runtime, guard: PreemptionGuard) -> int:
             world_size=dp_world,
         )
         checkpointer = Checkpointer(plan.checkpoint, rank=runtime.rank)
-        extra = checkpointer.load(trainer.model, trainer.optimizer)
+        extra = checkpointer.load(
+            trainer.model, trainer.optimizer, on_skip=lambda path, reason: metrics.record_checkpoint_skipped()
+        )
         if extra is not None:
             trainer.step_index = int(extra["step"])
             source.load_state_dict(extra["data"])
@@ -360,8 +423,17 @@ def run(plan: Plan, runtime: Runtime, guard: PreemptionGuard) -> int:
             # SIGTERM during start-up (rendezvous, model build, resume) stops here, before the first step.
             if guard.agreed():
                 return _exit_preempted(trainer, checkpointer, metrics, source.state_dict(), started_at)
-            result = trainer.step([source.next_batch() for _ in range(accum)])
+            try:
+                result = trainer.step([source.next_batch() for _ in range(accum)])
+            except NonFiniteStep as err:  # raised on every rank alike, before any save of that step
+                kept = checkpointer.last_saved_step
+                resume = f"a restart resumes from step {kept}" if kept is not None else "no checkpoint yet"
+                raise err.explained(
+                    f"stopped before saving it; {resume}. If it recurs at this step, lower "
+                    "optimizer.learningRate (spec.training) or inspect the data it reads"
+                ) from None
             step = trainer.step_index
+            checkpointer.confirm_finite(step)  # the checkpoint before this step is now known good
             allocated, reserved, retries = allocator_stats(runtime.device)
             metrics.record_step(
                 tokens=result.tokens,
@@ -500,24 +572,26 @@ TERMINATION_LOG_ENV = "BTJ_TERMINATION_LOG"
 TERMINATION_LOG = "/dev/termination-log"
 
 
-def _fail(err: BaseException) -> int:
-    """One line on stderr and in the pod's termination message; exit 2 (a fault of the plan or storage).
+def _fail(err: BaseException, code: int = 2) -> int:
+    """One line on stderr and in the pod's termination message; returns `code` (2: plan or storage).
 
     The termination message says whether a restart can help: storage that failed to take saves may
-    recover (it starts `error: `); a plan, data or checkpoint that does not fit cannot (it starts
-    PERMANENT_ERROR_PREFIX, and the operator stops the job instead of retrying it).
+    recover, and a non-finite step resumes from the last good checkpoint (both start `error: `); a
+    plan, data or checkpoint that does not fit cannot (it starts PERMANENT_ERROR_PREFIX, and the
+    operator stops the job instead of retrying it).
     """
     from .checkpoint import StorageFailed
 
     line = f"error: {err}"
     print(line, file=sys.stderr)
-    message = line if isinstance(err, StorageFailed) else f"{PERMANENT_ERROR_PREFIX}{err}"
+    retryable = isinstance(err, StorageFailed | NonFiniteStep)
+    message = line if retryable else f"{PERMANENT_ERROR_PREFIX}{err}"
     path = os.environ.get(TERMINATION_LOG_ENV, TERMINATION_LOG)
     # Outside a pod the file does not exist (or is not ours to create): the stderr line is enough.
     if os.path.exists(path) or TERMINATION_LOG_ENV in os.environ:
         with contextlib.suppress(OSError), open(path, "w") as log:
             log.write(message[:4000] + "\n")  # the kubelet keeps at most 4096 bytes
-    return 2
+    return code
 
 
 def main(argv: Sequence[str] | None = None, guard: PreemptionGuard | None = None) -> int:
@@ -554,6 +628,8 @@ def _main(argv: Sequence[str] | None, guard: PreemptionGuard) -> int:
 
     try:
         return run(plan, runtime, guard)
+    except NonFiniteStep as err:
+        return _fail(err, code=EXIT_NON_FINITE)
     except (DataError, CheckpointError, WeightsError) as err:
         # Data or checkpoint storage that does not fit the plan (no shards, another data set than the
         # checkpoint's): one line that names the field, not a traceback per rank.

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .checkpoint import StorageFailed
 from .hf_layout import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, TOKENIZER_FILES
 
 log = logging.getLogger(__name__)
@@ -16,6 +17,10 @@ log = logging.getLogger(__name__)
 
 class WeightsError(ValueError):
     """Weights that cannot be read or do not fit the plan; one line naming the field and the fix."""
+
+
+class WeightsUnavailable(StorageFailed):
+    """S3 did not serve the weights (denied, no such bucket, unreachable): a restart may help."""
 
 
 @dataclass(frozen=True)
@@ -76,20 +81,30 @@ def _local_folder(uri: str, tensors: bool) -> Path:
         return folder
     # The shard cache's downloader: one download per node under a file lock, re-fetched when the ETag
     # changes, least recently used token shards evicted to make room (it never evicts weights).
+    from botocore.exceptions import BotoCoreError, ClientError
+
     from .data import _cache_dir, _download_once
 
     where = S3Prefix.parse(uri, "weights.uri")
     client = s3_client()
     folder = _cache_dir() / "weights" / where.bucket / where.prefix
     found = 0
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=where.bucket, Prefix=where.prefix):
-        for obj in page.get("Contents", []):
-            name = str(obj["Key"]).removeprefix(where.prefix)
-            if "/" in name or not _wanted(name, tensors):
-                continue
-            etag = str(obj.get("ETag", "")).strip('"')
-            _download_once(client, where.bucket, str(obj["Key"]), folder / name, int(obj["Size"]), etag)
-            found += 1
+    try:
+        for page in client.get_paginator("list_objects_v2").paginate(
+            Bucket=where.bucket, Prefix=where.prefix
+        ):
+            for obj in page.get("Contents", []):
+                name = str(obj["Key"]).removeprefix(where.prefix)
+                if "/" in name or not _wanted(name, tensors):
+                    continue
+                etag = str(obj.get("ETag", "")).strip('"')
+                _download_once(client, where.bucket, str(obj["Key"]), folder / name, int(obj["Size"]), etag)
+                found += 1
+    except (BotoCoreError, ClientError) as err:
+        raise WeightsUnavailable(
+            f"weights.uri {uri} could not be read from S3: {' '.join(str(err).split())}; check the bucket, "
+            "the prefix and the pod's S3 permissions"
+        ) from None
     if not found:
         raise WeightsError(
             f"weights.uri {uri} holds no Hugging Face checkpoint files (config.json, *.safetensors)"

@@ -100,6 +100,14 @@ def decode(data: bytes, name: str) -> str:
         ) from None
 
 
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """A PyYAML error as `line L, column C: problem`, without its multi-line excerpt."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        return f"line {mark.line + 1}, column {mark.column + 1}: {exc.problem or exc.context}"
+    return " ".join(str(exc).split())[:200]
+
+
 def load_documents(text: str, name: str) -> list[Any]:
     """Every non-empty YAML document in `text`, or one InputError line saying what is wrong."""
     loader = _BoundedLoader(text)
@@ -121,12 +129,8 @@ def load_documents(text: str, name: str) -> list[Any]:
     except InputError as exc:
         message = str(exc)
         raise InputError(message if message.startswith(name) else f"{name}: {message}") from None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        raise InputError(f"{name}: not valid YAML ({where}{exc.problem or exc.context})") from None
     except yaml.YAMLError as exc:
-        raise InputError(f"{name}: not valid YAML ({' '.join(str(exc).split())})") from None
+        raise InputError(f"{name}: not valid YAML ({yaml_problem(exc)})") from None
     except (ValueError, TypeError, RecursionError) as exc:
         raise InputError(f"{name}: not a manifest YAML can hold ({exc})") from None
     finally:

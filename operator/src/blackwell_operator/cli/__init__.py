@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
+
+from blackwell_operator import __version__
 
 app = typer.Typer(
     name="btj",
@@ -10,7 +14,25 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    # -h as well as --help, on every command (subcommands inherit the group's context settings).
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"btj {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Plan, render and run BlackwellTrainingJobs (offline previews need no cluster)."""
 
 
 def _register_commands() -> None:

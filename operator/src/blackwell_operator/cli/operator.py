@@ -39,10 +39,26 @@ def run(
 
     import blackwell_operator.handlers  # noqa: F401  (registers the handlers on Kopf's default registry)
 
+    _need_cluster_credentials()
     os.environ["BTJ_METRICS_BIND"] = metrics_bind
     kopf.configure(verbose=verbose)
     # One replica (Deployment strategy Recreate): peering is not needed, and its CRDs are not installed.
     kopf.run(standalone=True, clusterwide=not namespace, namespaces=namespace or ())
+
+
+def _need_cluster_credentials() -> None:
+    """One line and exit 2 when there is no cluster to talk to (Kopf would retry its login forever)."""
+    from blackwell_operator.handlers.api import load_api_client
+
+    try:
+        load_api_client().close()
+    except Exception as exc:  # the kubernetes client raises ConfigException, OSError, TypeError, ...
+        where = os.environ.get("KUBECONFIG") or "~/.kube/config"
+        detail = " ".join(str(exc).split())[:160]
+        fail(
+            f"no cluster credentials: not in a pod with a service account, and no usable kubeconfig at "
+            f"{where} ({detail}); set KUBECONFIG, or run `btj demo` for an emulated cluster"
+        )
 
 
 @app.command("demo")
@@ -50,10 +66,18 @@ def demo(
     manifest: Annotated[
         Path | None, typer.Argument(help="A BTJ manifest; default: the embedded example.", show_default=False)
     ] = None,
-    nodes: Annotated[int, typer.Option(help="Schedulable nodes of the job's instance type to emulate.")] = 4,
-    pause: Annotated[float, typer.Option(help="Seconds between the simulated job phases.")] = 0.5,
+    nodes: Annotated[
+        int, typer.Option(min=0, max=1024, help="Schedulable nodes of the job's instance type to emulate.")
+    ] = 4,
+    pause: Annotated[float, typer.Option(min=0, help="Seconds between the simulated job phases.")] = 0.5,
 ) -> None:
-    """Run the real operator against an embedded KMock API server and watch it handle a BTJ."""
+    """Run the real operator against an embedded KMock API server and watch it handle a BTJ.
+
+    The emulated nodes publish the allocatable resources of their instance type; stand-ins for Kueue
+    (when the spec names a queue), the training operator, the scheduler and the kubelet move the job.
+    Exit 0 when the job succeeds (or a dry run is planned); 1 when it is invalid or cannot run on the
+    emulated nodes (it waits, as it would on the cluster).
+    """
     job = load_manifest_or_fail(manifest)
     try:
         import kmock  # noqa: F401
@@ -123,44 +147,25 @@ async def _wait(predicate: Callable[[], Any], timeout: float = 30.0) -> Any:
 
 
 async def _demo(manifest: dict[str, Any], *, nodes: int, pause: float) -> bool:
-    import kmock
-
     from blackwell_operator.cli.plan import render_plan_tables
-    from blackwell_operator.testing.emulator import BTJ_RESOURCE, HardenedEmulator
+    from blackwell_operator.testing.cluster import allocatable, emulated_cluster, hyperpod_node
+    from blackwell_operator.testing.emulator import BTJ_RESOURCE
     from blackwell_operator.testing.kubeconfig import write_kubeconfig
     from blackwell_trainer.config import Plan
 
     console = _console
     name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
-    spec = manifest["spec"]
-    instance_type = spec.get("cluster", {}).get("instanceType", "ml.p6-b200.48xlarge")
-    backend = spec.get("backend", "PyTorchJob")
-    child_collection = (
-        ("/apis/sagemaker.amazonaws.com/v1" if backend == "HyperPodPyTorchJob" else "/apis/kubeflow.org/v1")
-        + f"/namespaces/{namespace}/"
-        + ("hyperpodpytorchjobs" if backend == "HyperPodPyTorchJob" else "pytorchjobs")
-    )
+    instance_type = manifest["spec"].get("cluster", {}).get("instanceType", "ml.p6-b200.48xlarge")
+    bodies = [
+        hyperpod_node(f"hyperpod-i-{i:03d}", instance_type, resources=allocatable(instance_type))
+        for i in range(nodes)
+    ]
 
-    async with HardenedEmulator() as k, kmock.Server(k):
-        k.declare_resources()
+    async with emulated_cluster(namespace, bodies) as k:
         server = str(k.url).rstrip("/")
-        await k.post("/api/v1/namespaces", json={"metadata": {"name": namespace}})
-        for i in range(nodes):
-            await k.post(
-                "/api/v1/nodes",
-                json={
-                    "metadata": {
-                        "name": f"hyperpod-i-{i:03d}",
-                        "labels": {
-                            "node.kubernetes.io/instance-type": instance_type,
-                            "sagemaker.amazonaws.com/node-health-status": "Schedulable",
-                        },
-                    }
-                },
-            )
         console.print(
             f"[bold]Embedded API server[/] (KMock, hardened) at {server}: namespace {namespace}, "
-            f"{nodes} Schedulable {instance_type} nodes"
+            f"{nodes} Schedulable {instance_type} node(s) with the device plugins' allocatable"
         )
 
         with tempfile.TemporaryDirectory() as tmp:
@@ -209,7 +214,8 @@ async def _demo(manifest: dict[str, Any], *, nodes: int, pause: float) -> bool:
                 if status["phase"] == "Invalid":
                     console.print(f"[red]{status.get('message')}[/]")
                     return False
-                render_plan_tables(Plan.model_validate(status["plan"]), console)
+                plan = Plan.model_validate(status["plan"])
+                render_plan_tables(plan, console)
                 for cond in status.get("conditions", []):
                     console.print(
                         f"  condition {cond['type']:<18} {cond['status']:<7} {cond['reason']}: "
@@ -222,15 +228,17 @@ async def _demo(manifest: dict[str, Any], *, nodes: int, pause: float) -> bool:
                 job = k.get_object(
                     f"{child['apiVersion']}/{child['kind'].lower()}s", namespace, child["name"]
                 )
+                if job is None:
+                    console.print(f"[red]The {child['kind']} {child['name']} is gone.[/]")
+                    return False
                 owners = ", ".join(
-                    f"{r['kind']}/{r['name']}"
-                    for r in (job or {}).get("metadata", {}).get("ownerReferences", [])
+                    f"{r['kind']}/{r['name']}" for r in job.get("metadata", {}).get("ownerReferences", [])
                 )
                 console.print(
                     f"\n[bold]Created[/] {child['kind']} {child['name']} (owner {owners}) and ConfigMap "
                     f"{child['configMap']} with plan.json"
                 )
-                await _simulate(k, console, child_collection, child["name"], phase, pause)
+                waits = await _simulate(k, console, job, plan.steps, phase, pause)
 
                 def events() -> list[dict[str, Any]]:
                     return [
@@ -245,64 +253,46 @@ async def _demo(manifest: dict[str, Any], *, nodes: int, pause: float) -> bool:
                 for event in events():
                     kind, reason = event.get("type", ""), event.get("reason", "")
                     console.print(f"  {kind:<8} {reason:<12} {event.get('message', '')}")
+                if waits:
+                    console.print(
+                        f"\n[yellow]Not run[/]: BTJ phase {phase()}; {waits} (`btj demo --nodes N` "
+                        "emulates N nodes)"
+                    )
             return phase() == "Succeeded"
 
 
 async def _simulate(
-    k: Any, console: Console, collection: str, job: str, phase: Callable[[], str], pause: float
-) -> None:
-    """Play the training operator: move the job through its conditions and show the BTJ following."""
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    k: Any, console: Console, job: dict[str, Any], steps: int, phase: Callable[[], str], pause: float
+) -> str:
+    """Play the controllers on the emulated nodes and show the BTJ following; returns why the job waits
+    ("" when it ran to the end)."""
+    from blackwell_operator.render.trainjob import API_VERSION, KIND, RUNTIME_PLURAL
+    from blackwell_operator.testing.controllers import ControllerStandIn
 
-    def cond(kind: str, message: str, status: str = "True") -> dict[str, str]:
-        return {
-            "type": kind,
-            "status": status,
-            "reason": f"PyTorchJob{kind}",
-            "message": message,
-            "lastUpdateTime": now,
-            "lastTransitionTime": now,
-        }
-
-    steps = [
-        (
-            "Queued",
-            [cond("Created", "created"), cond("Suspended", "held by Kueue until the quota admits it")],
-        ),
-        (
-            "Running",
-            [
-                cond("Created", "created"),
-                cond("Suspended", "resumed", "False"),
-                cond("Running", f"{job} is running"),
-            ],
-        ),
-        (
-            "Succeeded",
-            [
-                cond("Created", "created"),
-                cond("Suspended", "resumed", "False"),
-                cond("Running", "finished", "False"),
-                cond("Succeeded", f"{job} completed 1000 steps"),
-            ],
-        ),
-    ]
-    console.print("\n[bold]Simulating the training operator[/] (patching the job's /status):")
-    for expected, conditions in steps:
+    stand_in = ControllerStandIn(k, job, steps=steps)
+    ref, namespace = job["spec"].get("runtimeRef") or {}, job["metadata"]["namespace"]
+    runtime = (
+        k.get_object(f"{API_VERSION}/{RUNTIME_PLURAL}", namespace, ref["name"])
+        if job["kind"] == KIND and ref
+        else None
+    )
+    try:
+        moves, waits = stand_in.moves(k.live_objects("v1/nodes"), runtime)
+    except ValueError as exc:
+        return str(exc)
+    console.print(
+        "\n[bold]Simulating the cluster's controllers[/] (stand-ins writing the job's and pods' status):"
+    )
+    for move in moves:
         await asyncio.sleep(pause)
-        await k.patch(
-            f"{collection}/{job}/status",
-            json={"status": {"conditions": conditions}},
-            headers={"Content-Type": "application/merge-patch+json"},
-        )
+        await move.apply()
         try:
-            await _wait(functools.partial(_is_phase, phase, expected), timeout=10)
+            await _wait(functools.partial(_is_phase, phase, move.expect), timeout=10)
         except TimeoutError:
-            console.print(
-                f"  job -> {conditions[-1]['type']:<10} BTJ phase stayed {phase()} [red](not {expected})[/]"
-            )
-            return
-        console.print(f"  job -> {conditions[-1]['type']:<10} BTJ phase [green]{phase()}[/]")
+            console.print(f"  {move.says}\n    BTJ phase stayed {phase()} [red](not {move.expect})[/]")
+            return f"the BTJ did not follow the job to {move.expect}"
+        console.print(f"  {move.says}\n    -> BTJ phase [green]{phase()}[/]")
+    return waits
 
 
 def _is_phase(phase: Callable[[], str], expected: str) -> bool:

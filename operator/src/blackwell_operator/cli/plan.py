@@ -13,7 +13,9 @@ from rich.console import Console
 from rich.table import Table
 
 from blackwell_operator.cli import app
+from blackwell_operator.cli.backend_option import BackendOption, resolve_offline
 from blackwell_operator.cli.manifest import fail, load_manifest_or_fail
+from blackwell_operator.cli.options import DEFAULT_CALIBRATION, CalibrationOption, read_calibration
 from blackwell_operator.errors import SpecError
 from blackwell_trainer.config import MEMORY_COMPONENTS, Plan
 
@@ -103,20 +105,17 @@ def plan(
         PlanFormat, typer.Option("--output", "-o", help="table, json or yaml (json/yaml = status.plan).")
     ] = PlanFormat.TABLE,
     explain: Annotated[bool, typer.Option("--explain", help="Also print why each value was chosen.")] = False,
-    calibration: Annotated[
-        str | None, typer.Option("--calibration", help="Calibration data set (default btj-trainer).")
-    ] = None,
+    calibration: CalibrationOption = DEFAULT_CALIBRATION,
+    backend: BackendOption = None,
 ) -> None:
     """Plan a BTJ offline: the chosen configuration, memory, predicted throughput and alternatives."""
+    cal = read_calibration(calibration)
     job = load_manifest_or_fail(file)
-    from blackwell_operator.calibration import list_calibrations, load_calibration
+    spec, backend_note = resolve_offline(job.spec, backend)
     from blackwell_operator.planner import plan_job
 
-    if calibration is not None and calibration not in list_calibrations():
-        fail(f"--calibration: unknown {calibration!r}; use one of {', '.join(list_calibrations())}")
-    cal = load_calibration(calibration) if calibration else None
     try:
-        result = plan_job(job.spec, job_name=job.metadata.name, calibration=cal)
+        result = plan_job(spec, job_name=job.metadata.name, calibration=cal)
     except SpecError as exc:
         fail(exc.message)
     if output is PlanFormat.JSON:
@@ -125,6 +124,7 @@ def plan(
         typer.echo(yaml.safe_dump(json.loads(result.to_json()), sort_keys=False), nl=False)
     else:
         render_plan_tables(result, Console(width=140), explain=explain)
+    typer.echo(backend_note, err=True)
     if explain and output is not PlanFormat.TABLE:
         for line in result.explanation:
             typer.echo(f"# {line}", err=True)

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from blackwell_operator.cli import app
+from blackwell_operator.cli.backend_option import BackendOption, resolve_offline
 from blackwell_operator.cli.manifest import fail, load_manifest_or_fail
 from blackwell_operator.errors import SpecError
 from blackwell_operator.models.spec import DEFAULT_IMAGE
@@ -54,10 +55,21 @@ def render(
     file: Annotated[
         Path | None, typer.Argument(help="BlackwellTrainingJob manifest; the embedded example if omitted.")
     ] = None,
-    output: Annotated[OutputFormat, typer.Option("--output", "-o", help="yaml or json.")] = OutputFormat.YAML,
+    output: Annotated[
+        OutputFormat | None,
+        typer.Option(
+            "--output",
+            "-o",
+            help="yaml or json. Default: yaml; on a terminal, the plan and the objects' names first "
+            "(pass -o yaml for the objects themselves).",
+            show_default=False,
+        ),
+    ] = None,
+    backend: BackendOption = None,
 ) -> None:
     """Print every object the operator would create for a BTJ (plan ConfigMap and job), offline."""
     job = load_manifest_or_fail(file)
+    spec, backend_note = resolve_offline(job.spec, backend)
     name = job.metadata.name
     problem = name_problem(name)
     if problem:
@@ -70,11 +82,12 @@ def render(
     from blackwell_operator.planner import plan_job  # imported only when needed: `btj crd` stays light
 
     try:
-        plan = plan_job(job.spec, job_name=name)
+        plan = plan_job(spec, job_name=name)
     except SpecError as exc:
         fail(exc.message)
-    objects = render_children(name, namespace, job.spec, plan, labels=labels)
+    objects = render_children(name, namespace, spec, plan, labels=labels)
     typer.echo(plan_summary(plan), err=True)
+    typer.echo(backend_note, err=True)
     if job.spec.image is None:
         typer.echo(
             f"  image: {DEFAULT_IMAGE} (no spec.image: the operator runs its own default, the chart's "
@@ -85,11 +98,27 @@ def render(
         typer.echo(
             "  spec.dryRun is true: the operator writes the plan to status and creates nothing", err=True
         )
+    if output is None and _stdout_is_terminal():
+        # A person at a terminal reads the plan, not hundreds of lines of YAML scrolling it away;
+        # a pipe or a file (`btj render | kubectl apply -f -`) still gets the YAML.
+        lines = dump_documents(objects).count("\n")
+        typer.echo("objects the operator would create:")
+        for obj in objects:
+            typer.echo(f"  {obj['kind']} {namespace}/{obj['metadata']['name']}")
+        typer.echo(
+            f"`btj render -o yaml` prints them ({lines} lines of YAML), as btj render does into a pipe"
+        )
+        return
     if output == OutputFormat.JSON:
         document = {"apiVersion": "v1", "kind": "List", "items": objects}
         sys.stdout.write(json.dumps(document, indent=2) + "\n")
     else:
         sys.stdout.write(dump_documents(objects))
+
+
+def _stdout_is_terminal() -> bool:
+    """Whether standard output is a terminal (a person reading), not a pipe or a file."""
+    return sys.stdout.isatty()
 
 
 @app.command()

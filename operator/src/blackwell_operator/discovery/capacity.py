@@ -6,18 +6,16 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
+
+from kubernetes.utils import parse_quantity as _parse_quantity
 
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 HEALTH_LABEL = "sagemaker.amazonaws.com/node-health-status"
 SCHEDULABLE = "Schedulable"
 
 
-# Binary and decimal suffixes of Kubernetes quantities (apimachinery resource.Quantity).
-_SUFFIXES = {
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-    "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
-}  # fmt: skip
 # What to look at when a node's allocatable lacks what the trainer pod requests.
 _HINTS = {
     "nvidia.com/gpu": "is the NVIDIA device plugin running there?",
@@ -27,13 +25,12 @@ _HINTS = {
 }
 
 
-def parse_quantity(quantity: str | int | float) -> float:
-    """A Kubernetes quantity ("8", "5120Mi", "1.5Gi", "500m", "2e3") as a number."""
-    text = str(quantity).strip()
-    for suffix in sorted(_SUFFIXES, key=len, reverse=True):  # "Mi" before "M"
-        if text.endswith(suffix):
-            return float(text[: -len(suffix)]) * _SUFFIXES[suffix]
-    return float(text)
+def parse_quantity(quantity: str | int | float) -> Decimal:
+    """A Kubernetes quantity ("8", "5120Mi", "1.5Gi", "500m", "2e3") as an exact number, by the client's own
+    resource.Quantity parser; ValueError on text it does not know."""
+    # The client is untyped.
+    value: Decimal = _parse_quantity(quantity)  # type: ignore[no-untyped-call]
+    return value
 
 
 def shortfall(node: Mapping[str, Any], requests: Mapping[str, Any]) -> str | None:
@@ -46,7 +43,7 @@ def shortfall(node: Mapping[str, Any], requests: Mapping[str, Any]) -> str | Non
         try:
             have, need = parse_quantity(allocatable.get(resource, 0)), parse_quantity(wanted)
         except ValueError:
-            continue  # a quantity this parser does not know: not held against the node (advisory)
+            continue  # a quantity Kubernetes does not know: not held against the node (advisory)
         if have < need:
             have_text = allocatable.get(resource, 0)
             return f"{resource}: {have_text} allocatable < {wanted} requested; {_HINTS.get(resource, '')}"

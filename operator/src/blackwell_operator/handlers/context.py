@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from blackwell_operator.discovery.apis import ServedJobApis
 from blackwell_operator.discovery.capacity import NodeCapacityReader
 from blackwell_operator.handlers.api import KubeApi
 from blackwell_operator.metrics import OperatorMetrics
@@ -27,6 +28,8 @@ class OperatorContext:
     metrics: OperatorMetrics
     # The trainer image of a BTJ whose spec names none (the chart's trainerImage value).
     default_image: str = DEFAULT_IMAGE
+    # Which job kinds the cluster serves, for spec.backend auto (None: every kind counts as served).
+    served_apis: ServedJobApis | None = None
     # One reconcile at a time per BTJ: Kopf's handlers and the resync loop run in different threads and
     # must not both create (the loser's 409 would be adopted and counted).
     _recreating: dict[str, threading.Lock] = field(default_factory=dict)

@@ -14,7 +14,6 @@ from typing import Any
 
 import aiohttp
 
-from blackwell_operator.env_seconds import env_seconds
 from blackwell_operator.failures import belongs_to
 from blackwell_operator.handlers.api import ApiError
 from blackwell_operator.handlers.btjstatus import write_status
@@ -23,10 +22,10 @@ from blackwell_operator.handlers.periodic import every
 from blackwell_operator.measure import Reading, metrics_endpoint, parse_reading, tokens_per_second_per_gpu
 from blackwell_operator.models.status import Phase
 from blackwell_operator.render.labels import JOB_NAME_LABEL
+from blackwell_operator.settings import env_name, operator_environment
 from blackwell_operator.status import now_rfc3339
 
-INTERVAL_ENV = "BTJ_MEASURE_INTERVAL_S"
-DEFAULT_INTERVAL_S = 60.0
+INTERVAL_ENV = env_name("measure_interval_s")
 SCRAPE_TIMEOUT_S = 5.0
 # A reading this close to the stored one is not written (a status write per job per minute otherwise).
 UNCHANGED = 0.01
@@ -34,7 +33,7 @@ UNCHANGED = 0.01
 
 def measure_interval() -> float | None:
     """Seconds between readings (`BTJ_MEASURE_INTERVAL_S`, default 60); None when 0 (off)."""
-    return env_seconds(INTERVAL_ENV, DEFAULT_INTERVAL_S, zero_turns_off=True)
+    return operator_environment().measure_interval_s or None
 
 
 def one_pod_per_job(pods: list[Mapping[str, Any]]) -> dict[tuple[str, str], Mapping[str, Any]]:

@@ -5,16 +5,13 @@ from __future__ import annotations
 import queue
 import threading
 
-from blackwell_operator.env_seconds import env_seconds
 from blackwell_operator.errors import SpecError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner import plan_job
+from blackwell_operator.settings import env_name, operator_environment
 from blackwell_trainer.config import Plan
 
-PLAN_DEADLINE_ENV = "BTJ_PLAN_DEADLINE_S"
-# The largest job plans in milliseconds (benchmarks/results/plan_speed.json); a thousand times that is
-# still short next to the watch timeouts, and long enough for a CPU shared with other work.
-DEFAULT_PLAN_DEADLINE_S = 10.0
+PLAN_DEADLINE_ENV = env_name("plan_deadline_s")
 
 
 class PlanningTimeout(SpecError):
@@ -27,8 +24,7 @@ class PlanningTimeout(SpecError):
 
 def plan_deadline() -> float:
     """Seconds one reconcile may plan (`BTJ_PLAN_DEADLINE_S`, default 10)."""
-    seconds = env_seconds(PLAN_DEADLINE_ENV, DEFAULT_PLAN_DEADLINE_S, zero_turns_off=False)
-    return seconds or DEFAULT_PLAN_DEADLINE_S
+    return operator_environment().plan_deadline_s
 
 
 def plan_within(spec: BlackwellTrainingJobSpec, job_name: str, deadline_s: float | None = None) -> Plan:

@@ -12,6 +12,15 @@ from typing import Any, TypeVar
 import kopf
 
 from blackwell_operator.admission.job import Rejected, validate_body
+from blackwell_operator.backends import (
+    CONCRETE,
+    JOB_APIS,
+    JobApi,
+    backend_of_kind,
+    choose_backend,
+    none_served_message,
+    with_backend,
+)
 from blackwell_operator.discovery.capacity import Capacity
 from blackwell_operator.errors import SpecError
 from blackwell_operator.handlers import retrying
@@ -49,23 +58,12 @@ from blackwell_operator.status import (
 )
 from blackwell_trainer.config import Plan
 
-
-@dataclass(frozen=True)
-class ChildKind:
-    """Where a backend's job lives in the API."""
-
-    api_version: str
-    kind: str
-    plural: str
-
-
-CHILD_KINDS = {
-    Backend.PYTORCH_JOB: ChildKind("kubeflow.org/v1", "PyTorchJob", "pytorchjobs"),
-    Backend.HYPERPOD_PYTORCH_JOB: ChildKind(
-        "sagemaker.amazonaws.com/v1", "HyperPodPyTorchJob", "hyperpodpytorchjobs"
-    ),
-    Backend.TRAIN_JOB: ChildKind(trainjob.API_VERSION, trainjob.KIND, "trainjobs"),
-}
+# Where each backend's job lives in the API (backends.JOB_APIS, under the name the handlers use).
+ChildKind = JobApi
+CHILD_KINDS: dict[Backend, ChildKind] = dict(JOB_APIS)
+# spec.backend auto and the cluster serves no job API: the condition reason, and when to look again.
+NO_JOB_API = "NoJobApi"
+NO_JOB_API_RETRY_S = 60.0
 # What the child references, created before it and patched with it: the plan ConfigMap, and for a TrainJob
 # its TrainingRuntime.
 SUPPORTING_PLURALS = {"ConfigMap": "configmaps", trainjob.RUNTIME_KIND: trainjob.RUNTIME_PLURAL}
@@ -96,6 +94,7 @@ class Result:
     config_map: str | None = None
     write_plan: bool = True
     message: str = ""
+    backend: Backend | None = None  # the concrete backend (spec.backend, or what auto chose)
 
 
 def owned_by(obj: Mapping[str, Any], owner_uid: str) -> bool:
@@ -195,6 +194,8 @@ class Reconciler:
                 raise kopf.TemporaryError(
                     f"API call failed, retrying: {exc}", delay=_retry_delay(retry)
                 ) from exc
+            except kopf.TemporaryError:
+                raise
             except Exception as exc:  # a bug: counted and logged in _guarded; keep serving other BTJs
                 raise kopf.TemporaryError(
                     f"internal error, retrying: {exc!r}", delay=_retry_delay(retry + 4)
@@ -221,7 +222,7 @@ class Reconciler:
         try:
             self._guarded(body, logger, attempts=attempts)
             return True
-        except ApiError as exc:
+        except (ApiError, kopf.TemporaryError) as exc:
             logger.warning(f"Reconcile failed, the resync loop tries again: {exc}")
         except Exception as exc:  # counted and logged with its traceback in _guarded
             logger.warning(f"Reconcile failed, the resync loop tries again: {exc!r}")
@@ -239,6 +240,8 @@ class Reconciler:
             retrying.call(what, logger, lambda: self._reconcile(body, logger), attempts=attempts)
         except ApiError as exc:
             self.ctx.metrics.record_error(exc.metric_reason)
+            raise
+        except kopf.TemporaryError:  # a pass that says when to try again (no job API served yet)
             raise
         except Exception:
             self.ctx.metrics.record_error("InternalError")
@@ -310,8 +313,13 @@ class Reconciler:
         result.conditions.append((ConditionType.PLANNED, "True", "Planned", plan_summary(plan)))
         capacity = self._capacity(spec, plan, logger)
         result.conditions.append(capacity_condition(capacity, spec.cluster.nodes))
-        kind = CHILD_KINDS[spec.backend]
-        result.child_kind = kind
+        backend = self._backend(body, spec)
+        result.backend = backend
+        if backend is None and not spec.dry_run:
+            self._report_no_job_api(body, spec, result, generation)
+        if backend is not None:
+            spec = with_backend(spec, backend)
+            result.child_kind = CHILD_KINDS[backend]
 
         if spec.dry_run:
             result.phase = Phase.PLANNED
@@ -335,6 +343,7 @@ class Reconciler:
             )
             return
 
+        kind = CHILD_KINDS[spec.backend]
         config_map, *supporting, job = render_children(
             name,
             namespace,
@@ -372,6 +381,34 @@ class Reconciler:
             self._event_once(body, exc.condition, exc.reason, str(exc))
             return
         self._write(body, result, generation)
+
+    # ----- backend -----
+
+    def _backend(self, body: Mapping[str, Any], spec: BlackwellTrainingJobSpec) -> Backend | None:
+        """spec.backend, or for auto: the kind of the child it has, else the first kind the cluster serves.
+
+        A recorded child's kind wins over discovery, so that a job API installed later never gives a BTJ
+        a second child of another kind.
+        """
+        if spec.backend != Backend.AUTO:
+            return spec.backend
+        recorded = backend_of_kind(((body.get("status") or {}).get("child") or {}).get("kind"))
+        if recorded is not None:
+            return recorded
+        served = self.ctx.served_apis.served() if self.ctx.served_apis is not None else frozenset(CONCRETE)
+        return choose_backend(spec, served)
+
+    def _report_no_job_api(
+        self, body: Mapping[str, Any], spec: BlackwellTrainingJobSpec, result: Result, generation: int
+    ) -> None:
+        """auto found no job API: say so in status and an Event, and try again in a minute."""
+        message = none_served_message(spec)
+        result.phase = Phase.PENDING
+        result.conditions.append((ConditionType.CHILD_CREATED, "False", NO_JOB_API, message))
+        result.message = message
+        self._write(body, result, generation)
+        self._event_once(body, ConditionType.CHILD_CREATED, NO_JOB_API, message)
+        raise kopf.TemporaryError(message, delay=NO_JOB_API_RETRY_S)
 
     # ----- children -----
 
@@ -728,6 +765,8 @@ class Reconciler:
                     now=now,
                 )
             changes: dict[str, Any] = {"observedGeneration": generation}
+            if result.backend is not None and status.get("backend") != result.backend.value:
+                changes["backend"] = result.backend.value
             if result.plan is not None and (result.write_plan or not status.get("plan")):
                 plan = result.plan
                 document = plan_document(plan.to_json())
@@ -843,5 +882,6 @@ def capacity_condition(capacity: Capacity | None, needed: int) -> tuple[str, Con
         ConditionType.CAPACITY_AVAILABLE,
         "False",
         "InsufficientNodes",
-        f"{capacity.describe()}; {needed} needed. The job waits in the queue until enough nodes are healthy.",
+        f"{capacity.describe()}; {needed} needed. The job is created; its workers wait until enough nodes "
+        "are healthy.",
     )

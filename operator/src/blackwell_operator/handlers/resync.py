@@ -17,20 +17,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from blackwell_operator.env_seconds import env_seconds
 from blackwell_operator.handlers.btjstatus import btj_path, wants_child_back
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.periodic import every
-from blackwell_operator.handlers.reconcile import CREATE_REFUSED, PATCH_REFUSED, Reconciler
+from blackwell_operator.handlers.reconcile import CREATE_REFUSED, NO_JOB_API, PATCH_REFUSED, Reconciler
 from blackwell_operator.models.status import ConditionType, Phase
+from blackwell_operator.settings import operator_environment
 from blackwell_operator.status import get_condition
 
-# The loop's longest wait between two passes of a BTJ that has not converged.
-CHILD_RETRY_ENV = "BTJ_CHILD_RETRY_INTERVAL_S"
-DEFAULT_CHILD_RETRY_S = 60.0
 FIRST_BACKOFF_S = 1.0
 # The ChildCreated / SpecApplied reasons that mean "not there yet, try again".
-_RETRY_REASONS = frozenset({CREATE_REFUSED, PATCH_REFUSED})
+_RETRY_REASONS = frozenset({CREATE_REFUSED, PATCH_REFUSED, NO_JOB_API})
 
 
 def needs_reconcile(btj: Mapping[str, Any]) -> str | None:
@@ -128,8 +125,7 @@ class Resync:
 
 def resync_interval() -> float:
     """The resync loop's longest backoff (`BTJ_CHILD_RETRY_INTERVAL_S`, default 60)."""
-    seconds = env_seconds(CHILD_RETRY_ENV, DEFAULT_CHILD_RETRY_S, zero_turns_off=False)
-    return seconds or DEFAULT_CHILD_RETRY_S
+    return operator_environment().child_retry_interval_s
 
 
 def tick(interval_s: float) -> float:

@@ -10,6 +10,8 @@ from typing import Any
 import kopf
 from aiohttp import web
 
+from blackwell_operator.backends import JOB_RESOURCES
+from blackwell_operator.discovery.apis import ServedJobApis
 from blackwell_operator.discovery.capacity import NodeCapacityReader
 from blackwell_operator.handlers.api import KubeApi, load_api_client, resource_path
 from blackwell_operator.handlers.context import OperatorContext
@@ -19,11 +21,10 @@ from blackwell_operator.handlers.stuck import sweep_forever
 from blackwell_operator.metrics import METRICS_PORT, OperatorMetrics
 from blackwell_operator.models.spec import DEFAULT_IMAGE
 from blackwell_operator.render.labels import JOB_NAME_LABEL, MANAGED_BY_LABEL, MANAGER
+from blackwell_operator.settings import operator_environment
 from blackwell_operator.stuck_pods import stuck_pod_timeout
 
 TRAINER_POD_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGER},{JOB_NAME_LABEL}"
-# "host:port" for /metrics and /healthz; "off" disables the server (e.g. several operators in one test).
-METRICS_BIND_ENV = "BTJ_METRICS_BIND"
 # The trainer image for BTJs that name no spec.image; the chart sets it from its trainerImage value.
 DEFAULT_IMAGE_ENV = "BTJ_DEFAULT_TRAINER_IMAGE"
 
@@ -71,6 +72,7 @@ def build_context(api_client: Any | None = None) -> OperatorContext:
         capacity=NodeCapacityReader(list_nodes),
         metrics=OperatorMetrics(),
         default_image=default_trainer_image(),
+        served_apis=ServedJobApis(api.get, JOB_RESOURCES),
     )
 
 
@@ -96,7 +98,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any,
     """Kopf on.startup: settings, API client, metrics server, the stuck-pod, measure and resync loops."""
     configure(settings)
     memo.btj = build_context()
-    bind = os.environ.get(METRICS_BIND_ENV, f"0.0.0.0:{METRICS_PORT}")
+    bind = operator_environment().metrics_bind or f"0.0.0.0:{METRICS_PORT}"
     memo.btj_http = None if bind == "off" else await start_http(memo.btj, bind)
     # Operator-wide loops fed by the pod watch (not per-BTJ Kopf timers: those put Kopf's finalizer on
     # every BTJ they match). Their Events and status writes go through the API client.

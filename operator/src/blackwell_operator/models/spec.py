@@ -55,6 +55,8 @@ class Backend(StrEnum):
     PYTORCH_JOB = "PyTorchJob"
     HYPERPOD_PYTORCH_JOB = "HyperPodPyTorchJob"
     TRAIN_JOB = "TrainJob"
+    # The operator picks the first of these the cluster serves (blackwell_operator/backends.py).
+    AUTO = "auto"
 
 
 class ModelSpec(WireModel):
@@ -284,7 +286,9 @@ class BlackwellTrainingJobSpec(WireModel):
     backend: Backend = Field(
         default=Backend.PYTORCH_JOB,
         description="PyTorchJob (Kubeflow Training Operator v1), HyperPodPyTorchJob (HyperPod's training "
-        "operator) or TrainJob (Kubeflow Trainer v2, with a TrainingRuntime of the same name).",
+        "operator), TrainJob (Kubeflow Trainer v2, with a TrainingRuntime of the same name), or auto: the "
+        "first the cluster serves of TrainJob, PyTorchJob, HyperPodPyTorchJob (PyTorchJob first with "
+        "autoResume); the choice is in status.backend.",
     )
     queue_name: str | None = Field(default=None, description="Kueue LocalQueue; adds kueue.x-k8s.io labels.")
     priority_class: str | None = Field(default=None, description="Kueue WorkloadPriorityClass name.")

@@ -52,7 +52,7 @@ class ChildReference(WireModel):
     """The job the operator created for this BTJ."""
 
     api_version: str = Field(description="API version of the child.")
-    kind: str = Field(description="PyTorchJob or HyperPodPyTorchJob.")
+    kind: str = Field(description="PyTorchJob, HyperPodPyTorchJob or TrainJob.")
     name: str = Field(description="Child name (same namespace).")
     uid: str | None = Field(default=None, description="Child UID.")
     config_map: str | None = Field(default=None, description="ConfigMap carrying the plan file.")
@@ -95,6 +95,11 @@ class BlackwellTrainingJobStatus(WireModel):
     conditions: list[Condition] = Field(default_factory=list, description="metav1.Conditions.")
     plan: Plan | None = Field(default=None, description="The resolved plan.")
     child: ChildReference | None = Field(default=None, description="The child job.")
+    backend: str | None = Field(
+        default=None,
+        description="The job kind in use: spec.backend, or the one `auto` chose from the APIs the cluster "
+        "serves (PyTorchJob, HyperPodPyTorchJob or TrainJob).",
+    )
     measured: MeasuredThroughput | None = Field(default=None, description="Latest measured throughput.")
     last_failure: WorkerFailure | None = Field(
         default=None, description="The latest worker failure (non-zero exit of the trainer container)."

@@ -68,6 +68,8 @@ def render_children(
     Pure and deterministic: the same input gives byte-identical YAML. No ownerReferences: the
     handler adopts the children (kopf.adopt) before sending them.
     """
+    if spec.backend == Backend.AUTO:
+        raise ValueError("resolve spec.backend auto to a job kind first (blackwell_operator.backends)")
     if spec.image is None:
         spec = spec.model_copy(update={"image": default_image})
     common = child_labels(name, labels)

@@ -19,7 +19,7 @@ import random
 import re
 import secrets
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,7 @@ PYTORCHJOB_RESOURCE = "kubeflow.org/v1/pytorchjobs"
 HYPERPOD_RESOURCE = "sagemaker.amazonaws.com/v1/hyperpodpytorchjobs"
 TRAINJOB_RESOURCE = "trainer.kubeflow.org/v1alpha1/trainjobs"
 TRAINING_RUNTIME_RESOURCE = "trainer.kubeflow.org/v1alpha1/trainingruntimes"
+JOB_RESOURCES = (PYTORCHJOB_RESOURCE, HYPERPOD_RESOURCE, TRAINJOB_RESOURCE)
 _ALL_VERBS = {"get", "list", "watch", "create", "patch", "update", "delete"}
 
 _NAMESPACES_PATH = re.compile(r"^/api/v1/namespaces(?:/(?P<name>[^/]+)(?:/(?P<sub>status|finalize))?)?/?$")
@@ -270,8 +271,18 @@ class HardenedEmulator(kmock.KubernetesEmulator):
 
     # -- public helpers for tests and the demo --
 
-    def declare_resources(self) -> None:
-        """The built-ins of a K3s cluster plus the CRDs the operator touches."""
+    def declare_resources(self, only: Collection[str] | None = None) -> None:
+        """The built-ins of a K3s cluster plus the CRDs the operator touches; of the job CRDs (PyTorchJob,
+        HyperPodPyTorchJob, TrainJob with TrainingRuntime), `only` those named when given."""
+        self._declare_all()
+        if only is not None:
+            for resource in JOB_RESOURCES:
+                if resource not in only:
+                    del self.resources[resource]
+            if TRAINJOB_RESOURCE not in only:
+                del self.resources[TRAINING_RUNTIME_RESOURCE]
+
+    def _declare_all(self) -> None:
         self.resources.load_bundled()
         self.resources[BTJ_RESOURCE] = kmock.ResourceInfo(
             kind="BlackwellTrainingJob",

@@ -1,0 +1,1 @@
+"""Benchmarks and the calibration harness, run from the repository root (`python -m benchmarks...`)."""

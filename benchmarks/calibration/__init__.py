@@ -1,0 +1,1 @@
+"""The calibration harness: grid, worker, scheduler and its command line (harness.py)."""

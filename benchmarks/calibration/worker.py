@@ -1,0 +1,113 @@
+"""One calibration configuration in this process (or in each of torchrun's): the trainer's steps, timed.
+
+    python -m benchmarks.calibration.worker PLAN.json --result-dir DIR --warmup 2 --timed 3
+
+Every rank writes DIR/result.rank<R>.json (status ok/oom/error, step times, losses, peak memory); the exit
+code is OOM_EXIT on an out-of-memory error, so that torchrun stops the other ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from blackwell_trainer.config import Plan
+
+OOM_EXIT = 3
+
+
+def _is_oom(err: BaseException) -> bool:
+    import torch
+
+    return isinstance(err, torch.cuda.OutOfMemoryError) or "out of memory" in str(err).lower()
+
+
+def worker(plan_path: Path, result_dir: Path, warmup: int, timed: int) -> None:
+    """Run one configuration in this process; every rank writes result.rank<R>.json."""
+    # Where a configuration's wall time goes (the timed steps are a few seconds of 20-90): the next
+    # speed-up of the harness starts from these.
+    phases: dict[str, float] = {}
+    mark = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal mark
+        now = time.perf_counter()
+        phases[name] = phases.get(name, 0.0) + now - mark
+        mark = now
+
+    import torch
+
+    from blackwell_trainer.train import Runtime, Trainer, allocator_stats, init_distributed
+
+    lap("import")
+    runtime = Runtime.from_env()
+    result: dict[str, Any] = {"status": "error", "detail": "", "phases": phases}
+    code = 0
+    try:
+        plan = Plan.from_file(plan_path)
+        init_distributed(runtime)
+        trainer = Trainer(plan, runtime)
+        lap("setup")
+        gen = torch.Generator(device=runtime.device).manual_seed(1234 + runtime.rank)
+        shape = (plan.chosen.micro_batch_size, plan.sequence_length)
+        vocab = plan.architecture.vocab_size
+        batches = [
+            (
+                torch.randint(0, vocab, shape, device=runtime.device, generator=gen),
+                torch.randint(0, vocab, shape, device=runtime.device, generator=gen),
+            )
+        ]
+        times, losses = [], []
+        for i in range(warmup + timed):
+            step = trainer.step(batches)
+            losses.append(step.loss)
+            if i >= warmup:
+                times.append(step.seconds)
+            lap("warmup" if i < warmup else "timed")
+        result.update(
+            status="ok", step_times=times, losses=losses, tokens_per_step=trainer.tokens_per_micro_batch
+        )
+    except BaseException as err:  # recorded, not raised: the grid goes on
+        if _is_oom(err):
+            result.update(status="oom", detail=str(err).splitlines()[0][:300])
+            code = OOM_EXIT
+        else:
+            result.update(
+                detail=f"{type(err).__name__}: {err}"[:600] + " | " + traceback.format_exc()[-1500:]
+            )
+            code = 1
+    finally:
+        if torch.cuda.is_available():
+            stats = allocator_stats(runtime.device)
+            result["peak_allocated_bytes"] = stats.peak_allocated
+            result["peak_reserved_bytes"] = stats.peak_reserved
+            # >0 means the allocator hit the GPU's capacity and freed its cache to go on (slow steps).
+            result["alloc_retries"] = stats.retries
+        (result_dir / f"result.rank{runtime.rank}.json").write_text(json.dumps(result))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # No destroy_process_group: after an OOM a peer may sit in a collective. A non-zero exit makes
+        # torchrun stop the other ranks.
+        os._exit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("plan", type=Path)
+    parser.add_argument("--result-dir", type=Path, required=True)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--timed", type=int, default=3)
+    args = parser.parse_args(argv)
+    worker(args.plan, args.result_dir, args.warmup, args.timed)
+
+
+if __name__ == "__main__":
+    main()

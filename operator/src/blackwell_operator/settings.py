@@ -1,0 +1,76 @@
+"""The operator's environment settings (`BTJ_*`), read and checked by pydantic-settings; one line if bad.
+
+The operator reads them at start and refuses to run with a value it cannot use, naming the variable and
+the fix, rather than fall back to a default the user did not ask for.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PREFIX = "BTJ_"
+# Settings where 0 means "off" (the loop does not run) rather than "no time at all".
+OFF_AT_ZERO = frozenset({"stuck_pod_timeout_s", "measure_interval_s"})
+_PROBLEMS = {
+    "float_parsing": "not a number of seconds",
+    "float_type": "not a number of seconds",
+    "finite_number": "not a finite number of seconds",
+    "greater_than_equal": "must not be negative",
+    "greater_than": "must be positive",
+}
+
+
+class OperatorEnvironment(BaseSettings):
+    """Every `BTJ_*` variable the operator reads; unset or empty means the default."""
+
+    model_config = SettingsConfigDict(env_prefix=PREFIX, env_ignore_empty=True, extra="ignore", frozen=True)
+
+    child_retry_interval_s: float = Field(
+        60.0, gt=0, allow_inf_nan=False, description="Seconds between re-create attempts of a lost child."
+    )
+    # Past the pod's own deletion deadline (deletionTimestamp already includes its grace period): long
+    # enough for a node that only blinked to come back, short against a job idling with all its GPUs.
+    stuck_pod_timeout_s: float = Field(
+        300.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="Seconds past a pod's deletion deadline before it is force-deleted; 0: off.",
+    )
+    measure_interval_s: float = Field(
+        60.0, ge=0, allow_inf_nan=False, description="Seconds between throughput readings; 0: off."
+    )
+    # The largest job plans in milliseconds (benchmarks/results/plan_speed.json); a thousand times that is
+    # still short next to the watch timeouts, and long enough for a CPU shared with other work.
+    plan_deadline_s: float = Field(
+        10.0, gt=0, allow_inf_nan=False, description="Seconds one reconcile may plan before it is Invalid."
+    )
+    # "off" disables the server (e.g. several operators in one test).
+    metrics_bind: str | None = Field(
+        None, description="host:port of the metrics and health server, or 'off'; None: all interfaces."
+    )
+
+
+def env_name(field: str) -> str:
+    """The environment variable of a setting, e.g. BTJ_STUCK_POD_TIMEOUT_S."""
+    if field not in OperatorEnvironment.model_fields:
+        raise KeyError(f"no operator setting {field!r}")
+    return f"{PREFIX}{field.upper()}"
+
+
+def _one_line(error: dict[str, Any]) -> str:
+    field = str(error["loc"][0])
+    default = OperatorEnvironment.model_fields[field].default
+    fix = f"Fix: e.g. {default:g}" + (", or 0 for off" if field in OFF_AT_ZERO else "")
+    problem = _PROBLEMS.get(error["type"], error["msg"])
+    return f"{env_name(field)}={error['input']!r}: {problem}. {fix}"
+
+
+def operator_environment() -> OperatorEnvironment:
+    """The settings as the environment has them now; ValueError with one line for the first bad one."""
+    try:
+        return OperatorEnvironment()
+    except ValidationError as exc:
+        raise ValueError(_one_line(dict(exc.errors()[0]))) from None
