@@ -24,6 +24,7 @@ def test_every_setting_has_its_documented_variable() -> None:
         "BTJ_MEASURE_INTERVAL_S",
         "BTJ_METRICS_BIND",
         "BTJ_PLAN_DEADLINE_S",
+        "BTJ_DEFAULT_TRAINER_IMAGE",
     }
     assert set(OperatorEnvironment.model_fields) >= OFF_AT_ZERO
     with pytest.raises(KeyError, match="no operator setting"):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PREFIX = "BTJ_"
@@ -20,6 +20,12 @@ _PROBLEMS = {
     "finite_number": "not a finite number of seconds",
     "greater_than_equal": "must not be negative",
     "greater_than": "must be positive",
+    "string_pattern_mismatch": "not an image reference (it has whitespace)",
+}
+# The fix for settings whose default is not a number of seconds.
+_FIXES = {
+    "default_trainer_image": "Fix: e.g. 123456789012.dkr.ecr.us-west-2.amazonaws.com/blackwell-trainer:0.1.0 "
+    "(the chart sets it from trainerImage)",
 }
 
 
@@ -51,6 +57,19 @@ class OperatorEnvironment(BaseSettings):
     metrics_bind: str | None = Field(
         None, description="host:port of the metrics and health server, or 'off'; None: all interfaces."
     )
+    # The chart sets it from trainerImage; an image reference has no whitespace, and one that does would
+    # render every pod with an image no node can pull, so the operator refuses to start instead.
+    default_trainer_image: str | None = Field(
+        None,
+        pattern=r"^\S+$",
+        description="Trainer image for a BlackwellTrainingJob whose spec names none; None: the built-in.",
+    )
+
+    @field_validator("default_trainer_image", mode="before")
+    @classmethod
+    def _strip(cls, value: object) -> object:
+        # Surrounding whitespace (a YAML block scalar's newline) is not part of the reference.
+        return (value.strip() or None) if isinstance(value, str) else value
 
 
 def env_name(field: str) -> str:
@@ -63,7 +82,7 @@ def env_name(field: str) -> str:
 def _one_line(error: dict[str, Any]) -> str:
     field = str(error["loc"][0])
     default = OperatorEnvironment.model_fields[field].default
-    fix = f"Fix: e.g. {default:g}" + (", or 0 for off" if field in OFF_AT_ZERO else "")
+    fix = _FIXES.get(field) or f"Fix: e.g. {default:g}" + (", or 0 for off" if field in OFF_AT_ZERO else "")
     problem = _PROBLEMS.get(error["type"], error["msg"])
     return f"{env_name(field)}={error['input']!r}: {problem}. {fix}"
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from typing import Any
 
 import kopf
@@ -21,29 +20,18 @@ from blackwell_operator.handlers.stuck import sweep_forever
 from blackwell_operator.metrics import METRICS_PORT, OperatorMetrics
 from blackwell_operator.models.spec import DEFAULT_IMAGE
 from blackwell_operator.render.labels import JOB_NAME_LABEL, MANAGED_BY_LABEL, MANAGER
-from blackwell_operator.settings import operator_environment
+from blackwell_operator.settings import env_name, operator_environment
 from blackwell_operator.stuck_pods import stuck_pod_timeout
 
 TRAINER_POD_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGER},{JOB_NAME_LABEL}"
 # The trainer image for BTJs that name no spec.image; the chart sets it from its trainerImage value.
-DEFAULT_IMAGE_ENV = "BTJ_DEFAULT_TRAINER_IMAGE"
+DEFAULT_IMAGE_ENV = env_name("default_trainer_image")
 
 
 def default_trainer_image() -> str:
-    """The operator's default trainer image: the variable's, else the built-in name.
-
-    An image reference has no whitespace: one that does stops the operator at start with one line
-    instead of rendering every pod with an image no node can pull.
-    """
-    raw = os.environ.get(DEFAULT_IMAGE_ENV, "").strip()
-    if not raw:
-        return DEFAULT_IMAGE
-    if any(char.isspace() for char in raw):
-        raise ValueError(
-            f"{DEFAULT_IMAGE_ENV}={raw!r}: not an image reference. Fix: e.g. "
-            "123456789012.dkr.ecr.us-west-2.amazonaws.com/blackwell-trainer:0.1.0 (chart value trainerImage)"
-        )
-    return raw
+    """The operator's default trainer image: the setting's, else the built-in name (ValueError, one
+    line, for a value that is not an image reference)."""
+    return operator_environment().default_trainer_image or DEFAULT_IMAGE
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
