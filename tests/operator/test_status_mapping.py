@@ -103,7 +103,8 @@ def test_child_conditions_cover_all_four_types() -> None:
     )
     by_type = {c["type"]: c for c in conds}
     assert phase == Phase.QUEUED
-    assert set(by_type) == {"Admitted", "Running", "Succeeded", "Failed"}
+    # The four child conditions, and KueueManaged since the spec names a queue (test_kueue_condition.py).
+    assert set(by_type) == {"Admitted", "Running", "Succeeded", "Failed", "KueueManaged"}
     assert by_type["Admitted"]["status"] == "False" and by_type["Admitted"]["reason"] == "Suspended"
     phase, conds = child_conditions(
         conds,

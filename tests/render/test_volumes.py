@@ -132,6 +132,10 @@ def test_no_volumes_renders_as_before() -> None:
     assert "volumes" not in spec.model_dump(by_alias=True, exclude_defaults=True)
 
 
+def weighted(uri: str) -> dict[str, Any]:
+    return {"preset": "llama3.1-8b", "weights": {"uri": uri}}
+
+
 # (spec overrides, the field check_storage names or None when the spec is fine)
 STORAGE_CASES: dict[str, tuple[dict[str, Any], str | None]] = {
     "multi-node-on-fsx": (spec_of(**CHECKPOINTED), None),
@@ -199,6 +203,41 @@ STORAGE_CASES: dict[str, tuple[dict[str, Any], str | None]] = {
     "single-node-shards-in-container": (
         spec_of(cluster={"nodes": 1}, training={"dataset": {"kind": "shards", "uri": "/data/tokens"}}),
         None,
+    ),
+    "weights-on-s3": (spec_of(model=weighted("s3://bucket/models/llama")), None),
+    "weights-on-a-read-only-volume": (
+        spec_of(model=weighted("/datasets/models/llama"), volumes=[DATASETS]),
+        None,
+    ),
+    "weights-in-container": (
+        spec_of(model=weighted("/models/llama"), volumes=[FSX]),
+        "spec.model.weights.uri",
+    ),
+    "weights-on-local-nvme-multi-node": (
+        spec_of(model=weighted("/local/models/llama")),
+        "spec.model.weights.uri",
+    ),
+    "weights-on-local-nvme-single-node": (
+        spec_of(cluster={"nodes": 1}, model=weighted("/local/models/llama")),
+        None,
+    ),
+    "output-on-fsx": (spec_of(training={"output": {"uri": "/fsx/exports/job"}}, volumes=[FSX]), None),
+    "output-on-s3": (spec_of(training={"output": {"uri": "s3://bucket/exports/job/"}}), None),
+    "output-on-a-read-only-volume": (
+        spec_of(training={"output": {"uri": "/datasets/exports"}}, volumes=[DATASETS]),
+        "spec.training.output.uri",
+    ),
+    "output-in-container": (
+        spec_of(cluster={"nodes": 1}, training={"output": {"uri": "/exports/job"}}),
+        "spec.training.output.uri",
+    ),
+    "output-over-the-weights": (
+        spec_of(
+            model=weighted("/fsx/models/llama"),
+            training={"output": {"uri": "/fsx/models/llama"}},
+            volumes=[FSX],
+        ),
+        "spec.training.output.uri",
     ),
 }
 

@@ -179,3 +179,10 @@ def test_a_full_gpu_is_logged_once_per_new_burst(caplog: pytest.LogCaptureFixtur
     assert len(messages) == 2 and warned == 5
     assert "step 3: the GPU was full 2 time(s)" in messages[0]
     assert "spec.tuning.memoryHeadroom" in messages[1]
+
+
+def test_the_weights_load_time_is_exported(served: TrainerMetrics) -> None:
+    family = "btj_trainer_weights_load_seconds"
+    assert value(scrape(served.port)[family], family) == 0  # random init or resume: nothing loaded
+    served.record_weights_load(12.5)
+    assert value(scrape(served.port)[family], family) == 12.5

@@ -291,6 +291,33 @@ class DatasetConfig(WireModel):
         return self
 
 
+class WeightsSource(StrEnum):
+    """Where initial weights are read from, which sets how fast they load."""
+
+    S3 = "s3"  # downloaded to the node's NVMe cache, then read
+    VOLUME = "volume"  # a spec.volumes claim, e.g. FSx for Lustre, shared by every node
+    NODE_LOCAL = "node-local"  # the node's own NVMe (/local), staged there beforehand
+
+
+class WeightsLoad(WireModel):
+    """What the planner predicts loading the initial weights takes (not read by the trainer)."""
+
+    source: WeightsSource = Field(description="s3, volume or node-local.")
+    checkpoint_bytes: int = Field(ge=0, description="Bytes of the checkpoint's safetensors files.")
+    checkpoint_bytes_estimated: bool = Field(
+        description="True when the files were not readable where the plan was made: parameters x 2 (bf16)."
+    )
+    node_read_bytes: int = Field(ge=0, description="Bytes each node reads: the slices its ranks hold.")
+    bandwidth_bytes_per_second: float | None = Field(
+        default=None, ge=0, description="Read bandwidth assumed for the source; none where not modelled."
+    )
+    load_seconds: float | None = Field(default=None, ge=0, description="Predicted time to read the weights.")
+    host_memory_bytes: int = Field(ge=0, description="Host memory per node the load and the export need.")
+    host_memory_limit_bytes: int = Field(ge=0, description="The trainer pod's host memory on one node.")
+    node_disk_bytes: int = Field(ge=0, description="Node NVMe the weights take (the S3 cache); 0 otherwise.")
+    node_disk_limit_bytes: int = Field(ge=0, description="The node's NVMe the cache may fill.")
+
+
 class WeightsConfig(WireModel):
     """A Hugging Face-format checkpoint (config.json and *.safetensors) to start training from."""
 
@@ -298,6 +325,7 @@ class WeightsConfig(WireModel):
     size_bytes: int | None = Field(
         default=None, ge=0, description="Total bytes of its safetensors files, where the planner knew it."
     )
+    load: WeightsLoad | None = Field(default=None, description="The planner's prediction of the load.")
 
 
 class OutputConfig(WireModel):

@@ -7,6 +7,8 @@ from pydantic import Field
 from blackwell_trainer.config import Architecture, Precision, PrecisionRecipe, WireModel
 
 GIB = 1 << 30
+# Share of a node's RAM the trainer pods may request together (see InstanceSpec.pod_memory_bytes).
+POD_MEMORY_FRACTION = 0.75
 # The tensor-core format whose peak a precision's GEMMs run at (MXFP8 is FP8 with block scales).
 _TENSOR_CORE_FORMAT = {
     Precision.BF16: "bf16",
@@ -54,7 +56,18 @@ class InstanceSpec(WireModel):
     gpus_per_node: int = Field(ge=1, description="GPUs per node.")
     efa_devices: int = Field(ge=0, description="EFA network interfaces per node.")
     inter_node_bandwidth: float = Field(gt=0, description="EFA bandwidth per node per direction, bytes/s.")
+    host_memory_bytes: int = Field(gt=0, description="Host RAM of one node, bytes.")
+    local_nvme_bytes: float = Field(gt=0, description="Instance-store NVMe of one node, bytes (/local).")
     source: str = Field(min_length=1, description="Where the figures come from.")
+
+    def pod_memory_bytes(self, gpus: int) -> int:
+        """Host memory a trainer pod using `gpus` of the node's GPUs requests, in whole GiB.
+
+        Allocatable is below capacity (kubelet reserve, eviction threshold, hugepages, daemonsets) and is
+        not published for these instances, so the pod takes POD_MEMORY_FRACTION of its GPUs' share.
+        """
+        per_gpu = self.host_memory_bytes / self.gpus_per_node
+        return int(per_gpu * gpus * POD_MEMORY_FRACTION / GIB) * GIB
 
 
 class ModelPreset(WireModel):

@@ -70,6 +70,7 @@ def render_plan_tables(plan: Plan, console: Console, *, explain: bool = False) -
     memory.add_row("GPU memory", _gib(plan.gpu.memory_bytes))
     console.print(memory)
 
+    _weights_table(plan, console)
     if plan.alternatives:
         alts = Table(title="Alternatives")
         for col in ("precision", "AC", "mbs", "sharding", "cp", "tokens/s/GPU", "peak GiB", "why not"):
@@ -96,6 +97,38 @@ def render_plan_tables(plan: Plan, console: Console, *, explain: bool = False) -
             console.print(f"  - step time: {parts}")
 
 
+def _gb(n: float) -> str:
+    return f"{n / 1e9:,.1f} GB"
+
+
+def _weights_table(plan: Plan, console: Console) -> None:
+    """The initial weights (what each node reads, load time, memory and NVMe) and the export target."""
+    load = plan.weights.load if plan.weights else None
+    if plan.weights is None or load is None:
+        if plan.output is not None:
+            console.print(f"Trained weights written to {plan.output.uri} (Hugging Face format)")
+        return
+    table = Table(title=f"Initial weights: {plan.weights.uri}", show_header=False)
+    estimated = " (estimated: 2 bytes per parameter)" if load.checkpoint_bytes_estimated else ""
+    seconds = load.load_seconds
+    bandwidth = load.bandwidth_bytes_per_second
+    timing = (
+        "not modelled (node-local NVMe)"
+        if seconds is None or bandwidth is None
+        else f"{seconds:,.1f} s at {bandwidth / 1e9:.2f} GB/s ({load.source.value})"
+    )
+    for key, value in (
+        ("checkpoint", f"{_gb(load.checkpoint_bytes)}{estimated}"),
+        ("read per node", _gb(load.node_read_bytes)),
+        ("predicted load time", timing),
+        ("host memory per node", f"{_gb(load.host_memory_bytes)} of {_gb(load.host_memory_limit_bytes)}"),
+        ("node NVMe (S3 cache)", f"{_gb(load.node_disk_bytes)} of {_gb(load.node_disk_limit_bytes)}"),
+        ("trained weights to", plan.output.uri if plan.output else "(not exported)"),
+    ):
+        table.add_row(key, value)
+    console.print(table)
+
+
 @app.command()
 def plan(
     file: Annotated[
@@ -112,10 +145,11 @@ def plan(
     cal = read_calibration(calibration)
     job = load_manifest_or_fail(file)
     spec, backend_note = resolve_offline(job.spec, backend)
+    from blackwell_operator.cli.checkpoint import read_checkpoint
     from blackwell_operator.planner import plan_job
 
     try:
-        result = plan_job(spec, job_name=job.metadata.name, calibration=cal)
+        result = plan_job(spec, job_name=job.metadata.name, calibration=cal, checkpoint=read_checkpoint(spec))
     except SpecError as exc:
         fail(exc.message)
     if output is PlanFormat.JSON:

@@ -74,6 +74,7 @@ def deleted_child_changes(
             generation=generation,
             now=now,
             queue_name=(btj.get("spec") or {}).get("queueName"),
+            child_kind=kind,
         )
         changes["phase"] = status["phase"] = phase.value
     if being_deleted:
@@ -137,6 +138,7 @@ def on_child_event(
             generation=generation,
             now=now,
             queue_name=spec.get("queueName"),
+            child_kind=kind,
         )
         transition.update(old=status.get("phase"), new=phase, btj=btj)
         changes: dict[str, Any] = {

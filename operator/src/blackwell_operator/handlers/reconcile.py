@@ -806,6 +806,7 @@ class Reconciler:
                         generation=generation,
                         now=now,
                         queue_name=spec.get("queueName"),
+                        child_kind=result.child_kind.kind,
                     )
                     changes["phase"] = phase.value
                     changes["message"] = summary_message(

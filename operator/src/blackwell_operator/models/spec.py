@@ -60,7 +60,11 @@ class Backend(StrEnum):
 
 
 class ModelSpec(WireModel):
-    """The model to train: a named preset or an explicit architecture (exactly one)."""
+    """The model to train: a named preset or an explicit architecture (at most one), and initial weights.
+
+    With weights in a folder `btj plan` can read, neither is needed: it takes the architecture from the
+    checkpoint's config.json. The operator reads no checkpoint, so a BTJ it runs names one of them.
+    """
 
     preset: str | None = Field(
         default=None,
@@ -70,10 +74,15 @@ class ModelSpec(WireModel):
     architecture: Architecture | None = Field(
         default=None, description="Explicit Llama-style architecture, used when no preset is named."
     )
+    weights: WeightsSpec | None = Field(
+        default=None, description="Hugging Face checkpoint to start from; random initialisation if unset."
+    )
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ModelSpec:
-        if (self.preset is None) == (self.architecture is None):
+        if self.preset is not None and self.architecture is not None:
+            raise ValueError("set exactly one of model.preset or model.architecture")
+        if self.preset is None and self.architecture is None and self.weights is None:
             raise ValueError("set exactly one of model.preset or model.architecture")
         return self
 
@@ -104,6 +113,9 @@ class TrainingSpec(WireModel):
     dataset: DatasetConfig = Field(default_factory=DatasetConfig, description="Training data source.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpointing.")
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="AdamW settings.")
+    output: OutputSpec | None = Field(
+        default=None, description="Export of the trained weights (Hugging Face format) when training ends."
+    )
 
 
 class TuningSpec(WireModel):
@@ -184,6 +196,55 @@ def path_within(path: str, root: str) -> bool:
 def _spec_error(code: str, message: str) -> PydanticCustomError:
     """A field error whose message is shown as is (no `Value error,` prefix)."""
     return PydanticCustomError(code, message)
+
+
+# An S3 bucket name (3-63 lowercase letters, digits, '.' and '-') with an optional key prefix.
+_S3_URI = r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^/]+)*/?"
+# A checkpoint folder: an s3:// prefix, or a normalised absolute path (checked against spec.volumes).
+STORAGE_URI_PATTERN = f"^({_S3_URI}|(/{_ELEMENT})+)$"
+MAX_URI_LENGTH = 4096
+
+
+def _check_storage_uri(value: str, example: str) -> str:
+    if not re.fullmatch(STORAGE_URI_PATTERN, value):
+        raise _spec_error(
+            "storage_uri",
+            f"{value!r} is neither an s3://bucket/prefix nor a normalised absolute folder. Fix: write it "
+            f"like s3://my-bucket/{example} or /fsx/{example} (a folder: no trailing '/', '//', '.', '..')",
+        )
+    return value
+
+
+class WeightsSpec(WireModel):
+    """A Hugging Face checkpoint (config.json and *.safetensors) the job starts from."""
+
+    uri: str = Field(
+        max_length=MAX_URI_LENGTH,
+        description="s3://bucket/prefix, or a folder on a spec.volumes entry (or /local on one node), "
+        "holding config.json and *.safetensors; the job's own checkpoint takes precedence on resume.",
+        json_schema_extra={"pattern": STORAGE_URI_PATTERN},
+    )
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, value: str) -> str:
+        return _check_storage_uri(value, "models/Llama-3.1-8B")
+
+
+class OutputSpec(WireModel):
+    """Where the trainer writes the trained weights as a Hugging Face checkpoint when training ends."""
+
+    uri: str = Field(
+        max_length=MAX_URI_LENGTH,
+        description="s3://bucket/prefix, or a folder on a spec.volumes entry that is not readOnly (or /local "
+        "on one node), for safetensors, config.json and the tokenizer.",
+        json_schema_extra={"pattern": STORAGE_URI_PATTERN},
+    )
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, value: str) -> str:
+        return _check_storage_uri(value, "exports/my-job")
 
 
 class Volume(WireModel):

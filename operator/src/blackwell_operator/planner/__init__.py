@@ -15,15 +15,23 @@ from blackwell_operator.planner.memory import MemoryEstimate
 from blackwell_operator.planner.rejections import check_global_batch, no_plan, unreachable_global_batch
 from blackwell_operator.planner.search import Problem, Scored, SearchResult, run_search
 from blackwell_operator.planner.storage import check_storage
+from blackwell_operator.planner.weights import (
+    CheckpointFacts,
+    describe_load,
+    plan_weights,
+    with_checkpoint_architecture,
+)
 from blackwell_trainer.config import (
     Alternative,
     Candidate,
     GpuInfo,
+    OutputConfig,
     Plan,
     Prediction,
+    WeightsConfig,
 )
 
-__all__ = ["Evaluation", "evaluate", "plan_job"]
+__all__ = ["CheckpointFacts", "Evaluation", "evaluate", "plan_job"]
 
 ALTERNATIVES = 5
 
@@ -97,14 +105,25 @@ def evaluate(
 
 
 def plan_job(
-    spec: BlackwellTrainingJobSpec, *, job_name: str = "btj", calibration: Calibration | None = None
+    spec: BlackwellTrainingJobSpec,
+    *,
+    job_name: str = "btj",
+    calibration: Calibration | None = None,
+    checkpoint: CheckpointFacts | None = None,
 ) -> Plan:
     """Resolve a spec into the fastest plan that fits, with alternatives and reasons.
 
-    Raises PlanningError (field, problem, fix) when a pinned value is impossible or nothing fits, and
-    SpecError when the checkpoint or dataset path is on storage the job's pods cannot share (storage.py).
+    `checkpoint`: what the caller could read of spec.model.weights (`btj plan` reads a local folder's
+    config.json and file sizes; the operator reads nothing).
+
+    Raises PlanningError (field, problem, fix) when a pinned value is impossible, nothing fits or the
+    initial weights do not fit a node, and SpecError when the checkpoint, dataset or weights path is on
+    storage the job's pods cannot use (storage.py), or the model is unknown or differs from the weights'.
     """
     check_storage(spec)
+    facts = checkpoint or CheckpointFacts()
+    read_architecture = spec.model.preset is None and spec.model.architecture is None
+    spec = with_checkpoint_architecture(spec, facts)
     cal = calibration or load_calibration()
     model_name, arch = resolve_model(spec.model)
     hw = hardware_for(spec)
@@ -120,6 +139,12 @@ def plan_job(
 
     alternatives = _alternatives(best, result, problem.budget_bytes, hw, cal)
     chosen = _candidate(best, hw, cal)
+    weights = spec.model.weights
+    weights_plan = (
+        None if weights is None else plan_weights(weights.uri, arch, hw, chosen.shard_degree, facts)
+    )
+    output = spec.training.output
+    notes = _weights_notes(weights_plan, read_architecture)
     gpu = hw.gpu
     headline = (
         f"{model_name} ({problem.shapes.total_params / 1e9:.2f}B params) on {hw.world} x {gpu.name} "
@@ -148,12 +173,27 @@ def plan_job(
         predicted=_prediction(best),
         alternatives=alternatives,
         candidates_evaluated=result.evaluations,
-        explanation=[headline, *explain(best, result, problem.budget_bytes), *_batch_note(problem, best)],
+        explanation=[
+            headline,
+            *explain(best, result, problem.budget_bytes),
+            *_batch_note(problem, best),
+            *notes,
+        ],
         calibration=f"{cal.name} ({cal.status})",
         dataset=spec.training.dataset.model_copy(deep=True),
         checkpoint=spec.training.checkpoint.model_copy(deep=True),
+        weights=weights_plan,
+        output=None if output is None else OutputConfig(uri=output.uri),
         optimizer=spec.training.optimizer.model_copy(deep=True),
     )
+
+
+def _weights_notes(weights: WeightsConfig | None, read_architecture: bool) -> list[str]:
+    """Where the architecture came from, and what loading the initial weights takes."""
+    if weights is None or weights.load is None:
+        return []
+    source = [f"architecture from {weights.uri}/config.json"] if read_architecture else []
+    return [*source, describe_load(weights.uri, weights.load)]
 
 
 def _batch_note(problem: Problem, best: Scored) -> list[str]:

@@ -1,4 +1,4 @@
-"""Where the trainer reads and writes files: checkpoint and local dataset paths must be on storage that works.
+"""Where the trainer reads and writes files: checkpoint, dataset and weights paths on storage that works.
 
 The trainer container sees its image, the operator's own mounts (/etc/btj plan, /dev/shm, /local = the
 node's NVMe instance store) and the PersistentVolumeClaims of spec.volumes. torch.distributed.checkpoint
@@ -15,6 +15,8 @@ from blackwell_trainer.config import DatasetKind
 
 CHECKPOINT_FIELD = "spec.training.checkpoint.path"
 DATASET_FIELD = "spec.training.dataset.uri"
+WEIGHTS_FIELD = "spec.model.weights.uri"
+OUTPUT_FIELD = "spec.training.output.uri"
 NODE_LOCAL = OPERATOR_VOLUMES["local"]
 FSX_EXAMPLE = "spec.volumes: [{name: fsx, claimName: fsx-claim, mountPath: /fsx}]"
 
@@ -92,11 +94,51 @@ def _check_dataset(spec: BlackwellTrainingJobSpec, uri: str) -> None:
     )
 
 
+def _check_weights_folder(spec: BlackwellTrainingJobSpec, field: str, uri: str, *, writable: bool) -> None:
+    """A weights folder (in or out) must be on a volume (writable for the export), or on /local for one
+    node: anywhere else it is the container's own file system, empty at start and lost at the end."""
+    if uri.startswith("s3://"):
+        return
+    held = volume_holding(spec, uri)
+    if held is not None:
+        index, volume = held
+        if writable and volume.read_only:
+            raise SpecError(
+                field,
+                f"{uri} is on spec.volumes[{index}] ({volume.name}, mounted at {volume.mount_path}), which "
+                "is readOnly, so the trainer cannot write the trained weights",
+                f"set readOnly: false on spec.volumes[{index}], or write them to an s3:// prefix",
+            )
+        return
+    if spec.cluster.nodes == 1 and on(uri, NODE_LOCAL):
+        return  # one node: /local is the node's NVMe, where the weights were staged or stay after the job
+    what = "the trained weights would vanish with the container" if writable else "no checkpoint is there"
+    local = on(uri, NODE_LOCAL)
+    where = "one node's NVMe (/local), but the job spans several nodes" if local else "not on a volume"
+    raise SpecError(
+        field,
+        f"{uri} is {where}: {what}",
+        f"use an s3:// prefix, or a folder under the mountPath of a spec.volumes entry ({FSX_EXAMPLE})",
+    )
+
+
 def check_storage(spec: BlackwellTrainingJobSpec) -> None:
-    """Raise SpecError when the checkpoint folder or a local shard folder is where the job cannot use it."""
+    """Raise SpecError when the checkpoint folder, a local shard folder or a weights folder is where the
+    job cannot use it."""
     path = spec.training.checkpoint.path
     if path:  # None or "" disables saving
         _check_checkpoint(spec, path)
     dataset = spec.training.dataset
     if dataset.kind == DatasetKind.SHARDS and dataset.uri:
         _check_dataset(spec, dataset.uri)
+    weights, output = spec.model.weights, spec.training.output
+    if weights is not None:
+        _check_weights_folder(spec, WEIGHTS_FIELD, weights.uri, writable=False)
+    if output is not None:
+        _check_weights_folder(spec, OUTPUT_FIELD, output.uri, writable=True)
+        if weights is not None and output.uri.rstrip("/") == weights.uri.rstrip("/"):
+            raise SpecError(
+                OUTPUT_FIELD,
+                f"{output.uri} is also {WEIGHTS_FIELD}: the export would overwrite the initial weights",
+                "write the trained weights to another folder or prefix",
+            )

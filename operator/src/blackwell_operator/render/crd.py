@@ -58,7 +58,10 @@ _NEW_JOB = "create a new BlackwellTrainingJob instead"
 SPEC_RULES: dict[str, list[dict[str, str]]] = {
     "model": [
         {
-            "rule": "has(self.preset) != has(self.architecture)",
+            # Weights alone are allowed: `btj plan` reads the architecture from a local config.json; the
+            # operator, which reads no checkpoint, then reports the spec Invalid with the fix.
+            "rule": "!(has(self.preset) && has(self.architecture)) "
+            "&& (has(self.preset) || has(self.architecture) || has(self.weights))",
             "message": "set exactly one of spec.model.preset or spec.model.architecture",
         },
         _immutable("spec.model", _NEW_JOB),
@@ -137,11 +140,22 @@ def _on_a_volume(path: str, writable: bool) -> str:
     )
 
 
+def _weights_folder(uri: str, writable: bool) -> str:
+    """CEL: a weights URI is an s3:// prefix, on a volume (writable for the export), or /local on one node."""
+    return (
+        f"{uri}.startsWith('s3://') || {_on_a_volume(uri, writable=writable)} "
+        f"|| ({_NODES} <= 1 && !{uri}.matches('(^|/)[.][.](/|$)') "
+        f"&& ({uri} == '{_LOCAL}' || {uri}.startsWith('{_LOCAL}/')))"
+    )
+
+
 _NODES = "(has(self.cluster) && has(self.cluster.nodes) ? self.cluster.nodes : 1)"
 _CHECKPOINT = "self.training.checkpoint.path"
 _DATASET = "self.training.dataset"
 _LOCAL = OPERATOR_VOLUMES["local"]
 _FSX = "{name: fsx, claimName: fsx-claim, mountPath: /fsx}"
+_WEIGHTS = "self.model.weights.uri"
+_OUTPUT = "self.training.output.uri"
 
 # Storage rules across spec sections (planner/storage.py states them in Python for `btj plan` and the
 # operator): a checkpoint and a multi-node job's local shards must be where every pod can reach them.
@@ -169,6 +183,25 @@ SPEC_ROOT_RULES = [
         "message": "spec.training.dataset.uri must be an s3:// prefix or lie under the mountPath of a "
         f"spec.volumes entry (e.g. {_FSX}) when the job has more than one node: every node reads the "
         "shards",
+    },
+    {
+        "rule": f"!has(self.model.weights) || {_weights_folder(_WEIGHTS, writable=False)}",
+        "message": "spec.model.weights.uri must be an s3:// prefix or lie under the mountPath of a "
+        f"spec.volumes entry (e.g. {_FSX}), or under {_LOCAL} for a single node: elsewhere it is the "
+        "container's own file system, which holds no checkpoint",
+    },
+    {
+        "rule": f"!has(self.training) || !has(self.training.output) "
+        f"|| {_weights_folder(_OUTPUT, writable=True)}",
+        "message": "spec.training.output.uri must be an s3:// prefix or lie under the mountPath of a "
+        f"spec.volumes entry that is not readOnly (e.g. {_FSX}), or under {_LOCAL} for a single node: "
+        "elsewhere the trained weights vanish with the container",
+    },
+    {
+        "rule": f"!has(self.model.weights) || !has(self.training) || !has(self.training.output) "
+        f"|| {_OUTPUT} != {_WEIGHTS}",
+        "message": "spec.training.output.uri must not be spec.model.weights.uri: the export would overwrite "
+        "the initial weights",
     },
 ]
 

@@ -4,14 +4,8 @@ from __future__ import annotations
 
 from blackwell_operator.catalogs import get_instance
 
-# Host RAM capacity in GiB: 2048 on p5, p5e, p5en and p6-b200 (hyperpod-pytorchjob.md §2.3, from the
-# HyperPod CLI's INSTANCE_RESOURCES). Not in the instance catalog, which models what the planner needs.
-HOST_MEMORY_GIB = 2048
 # hugepages-2Mi as in the ADT nccl-tests and the SageMaker EKS docs (§2.5), for libfabric's EFA provider.
 HUGEPAGES_2MI = "5120Mi"
-# Share of the node's RAM the pod may use: allocatable is below capacity (kubelet reserve, eviction
-# threshold, hugepages, daemonsets) and is not published for these instances, so leave a wide margin.
-HOST_MEMORY_FRACTION = 0.75
 
 
 def efa_interfaces(instance_type: str) -> int:
@@ -21,5 +15,5 @@ def efa_interfaces(instance_type: str) -> int:
 
 def memory_request(instance_type: str, gpus: int) -> str:
     """Host memory for a pod that uses `gpus` of the node's GPUs, in whole GiB (a Kubernetes quantity)."""
-    per_gpu = HOST_MEMORY_GIB / get_instance(instance_type).gpus_per_node
-    return f"{int(per_gpu * gpus * HOST_MEMORY_FRACTION)}Gi"
+    # The catalog holds the rule (and the node's RAM): the planner checks the initial weights against it.
+    return f"{get_instance(instance_type).pod_memory_bytes(gpus) >> 30}Gi"

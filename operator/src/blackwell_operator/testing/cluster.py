@@ -15,7 +15,7 @@ import kmock
 
 from blackwell_operator.catalogs import get_instance
 from blackwell_operator.discovery.capacity import HEALTH_LABEL, INSTANCE_TYPE_LABEL, SCHEDULABLE
-from blackwell_operator.render.hardware import HOST_MEMORY_GIB, HUGEPAGES_2MI
+from blackwell_operator.render.hardware import HUGEPAGES_2MI
 from blackwell_operator.testing.emulator import HardenedEmulator
 
 # What an emulated kubelet keeps back from the node's RAM (system and kube reserved, eviction threshold):
@@ -30,7 +30,7 @@ def allocatable(instance_type: str) -> dict[str, str]:
         "nvidia.com/gpu": str(instance.gpus_per_node),
         "vpc.amazonaws.com/efa": str(instance.efa_devices),
         "hugepages-2Mi": HUGEPAGES_2MI,
-        "memory": f"{int(HOST_MEMORY_GIB * (1 - _RESERVED_MEMORY_FRACTION))}Gi",
+        "memory": f"{int(instance.host_memory_bytes / (1 << 30) * (1 - _RESERVED_MEMORY_FRACTION))}Gi",
         "pods": "110",
     }
 

@@ -1,0 +1,108 @@
+"""`btj plan` with initial weights in a folder it can read: config.json's architecture and the real size."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from blackwell_operator.cli import _register_commands, app
+from blackwell_trainer.config import Plan
+from tests.trainer.hf_models import architecture_of, save_hf_model
+
+_register_commands()
+runner = CliRunner()
+
+
+def job(tmp_path: Path, model: dict[str, object], **training: object) -> Path:
+    manifest = {
+        "apiVersion": "training.blackwell.dev/v1alpha1",
+        "kind": "BlackwellTrainingJob",
+        "metadata": {"name": "ft"},
+        "spec": {
+            "model": model,
+            "cluster": {"instanceType": "ml.p5en.48xlarge", "nodes": 1, "gpusPerNode": 2},
+            "training": {"sequenceLength": 128, "steps": 10, **training},
+            "volumes": [{"name": "fsx", "claimName": "fsx-claim", "mountPath": str(tmp_path)}],
+        },
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    return path
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("fsx") / "llama"
+    save_hf_model("llama3.1", folder)
+    return folder
+
+
+def test_the_architecture_and_size_come_from_the_folder(checkpoint: Path) -> None:
+    root = checkpoint.parent
+    manifest = job(root, {"weights": {"uri": str(checkpoint)}}, output={"uri": str(root / "out")})
+    result = runner.invoke(app, ["plan", str(manifest), "-o", "json"])
+    assert result.exit_code == 0, result.output
+    plan = Plan.model_validate_json(result.stdout)
+    assert plan.architecture == architecture_of(checkpoint)
+    assert plan.architecture.rope_scaling is not None and plan.architecture.rope_scaling.factor == 8.0
+    size = os.path.getsize(checkpoint / "model.safetensors")
+    assert plan.weights is not None and plan.weights.size_bytes == size
+    assert plan.weights.load is not None and not plan.weights.load.checkpoint_bytes_estimated
+    assert plan.output is not None and plan.output.uri == str(root / "out")
+    assert f"architecture from {checkpoint}/config.json" in plan.explanation
+
+    tables = runner.invoke(app, ["plan", str(manifest)])
+    assert tables.exit_code == 0, tables.output
+    assert f"Initial weights: {checkpoint}" in tables.stdout and "predicted load time" in tables.stdout
+
+
+def test_a_named_model_that_is_not_the_checkpoints_is_one_line(checkpoint: Path) -> None:
+    manifest = job(checkpoint.parent, {"preset": "llama3.2-1b", "weights": {"uri": str(checkpoint)}})
+    result = runner.invoke(app, ["plan", str(manifest)])
+    assert result.exit_code == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: spec.model.weights.uri: {checkpoint}: config.json hidden_size gives")
+    assert "Fix: name the checkpoint's model" in line
+
+
+def test_a_folder_that_is_no_checkpoint_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    result = runner.invoke(app, ["plan", str(job(tmp_path, {"weights": {"uri": str(tmp_path / "empty")}}))])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        f"error: spec.model.weights.uri: {tmp_path / 'empty'} holds no config.json. Fix: point it at a "
+        "Hugging Face checkpoint folder (config.json and *.safetensors)"
+    )
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2" / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    result = runner.invoke(app, ["plan", str(job(tmp_path, {"weights": {"uri": str(tmp_path / "gpt2")}}))])
+    assert result.exit_code == 2 and "model_type 'gpt2' is not supported" in result.stderr
+
+
+def test_weights_only_that_cannot_be_read_here_names_the_fix(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["plan", str(job(tmp_path, {"weights": {"uri": str(tmp_path / "absent")}}))])
+    assert result.exit_code == 2
+    assert "error: spec.model: neither preset nor architecture is set" in result.stderr
+    assert "Fix: set spec.model.preset or spec.model.architecture" in result.stderr
+
+
+def test_a_checkpoint_larger_than_the_pods_memory_is_refused_offline(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "config.json").write_bytes((checkpoint / "config.json").read_bytes())
+    for index in range(2):  # sparse: 2 x 900 GB on paper, nothing on the disk
+        with open(big / f"model-0000{index + 1}-of-00002.safetensors", "wb") as handle:
+            handle.truncate(900 * 10**9)
+    result = runner.invoke(app, ["plan", str(job(tmp_path, {"weights": {"uri": str(big)}}))])
+    assert result.exit_code == 2
+    (line,) = result.stderr.strip().splitlines()
+    # Two of the node's eight GPUs: the pod requests a quarter of 75% of 2 TiB.
+    assert "loading the checkpoint's 1,800.0 GB needs 1,800.0 GB of host memory per node" in line
+    assert "more than the trainer pod's 412.3 GB. Fix: shard the model" in line
