@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from blackwell_operator.handlers import planning
+from blackwell_operator.planner import plan_job
 from blackwell_operator.testing.emulator import PYTORCHJOB_RESOURCE
 from tests.operator.harness import NAMESPACE, Cluster, btj, from_operator, running_operator, wait_for
 
@@ -163,13 +165,24 @@ async def test_warnings_are_posted_once_per_cause_not_per_restart(cluster: Clust
 async def test_a_spec_that_plans_past_the_deadline_is_invalid_and_says_why(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("BTJ_PLAN_DEADLINE_S", "0.000001")
+    # The planner made slow on purpose (every real spec plans in milliseconds): the deadline, not the
+    # planner, must end the reconcile, and the worker is free for the next BTJ long before planning ends.
+    def slow_plan_job(spec: Any, job_name: str) -> Any:
+        if job_name == "slow":
+            time.sleep(2.0)
+        return plan_job(spec, job_name=job_name)
+
+    monkeypatch.setattr(planning, "plan_job", slow_plan_job)
+    monkeypatch.setenv("BTJ_PLAN_DEADLINE_S", "0.2")
     async with running_operator(cluster) as runner:
         await cluster.apply(btj("slow"))
+        await cluster.apply(btj("quick"))
         await wait_for(lambda: cluster.status("slow").get("phase") == "Invalid", what="phase Invalid")
+        await wait_for(lambda: cluster.job("quick"), what="the other BTJ served meanwhile")
     assert runner.exception is None
     planned = cluster.condition("slow", "Planned")
     assert planned["status"] == "False" and planned["reason"] == "PlanningTimeout"
-    assert "planning did not finish within 1e-06 s (BTJ_PLAN_DEADLINE_S)" in planned["message"]
+    assert "planning did not finish within 0.2 s (BTJ_PLAN_DEADLINE_S)" in planned["message"]
     assert "Fix:" in planned["message"]
     assert cluster.job("slow") is None and cluster.config_map("slow-plan") is None
+    assert reasons(cluster, "slow") == ["PlanningTimeout"]
