@@ -205,6 +205,7 @@ def _two_rank_saves(rank: int, init: str, root: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.distributed
 def test_a_failure_on_one_rank_raises_on_every_rank(tmp_path: Path) -> None:
     import torch.multiprocessing as mp
 
