@@ -42,7 +42,8 @@ def cond(type_: str, status: str = "True", message: str = "") -> dict[str, Any]:
         ([cond("Created"), cond("Restarting", "False"), cond("Running")], Phase.RUNNING),
         ([cond("Created"), cond("Running", "False"), cond("Succeeded")], Phase.SUCCEEDED),
         ([cond("Created"), cond("Running", "False"), cond("Failed")], Phase.FAILED),
-        # First match wins (hyperpod-pytorchjob.md §1.4): Failed before Succeeded before Suspended ...
+        # First match wins (docs/reference/hyperpod-pytorchjob.md §1.4): Failed before Succeeded before
+        # Suspended ...
         ([cond("Succeeded"), cond("Failed")], Phase.FAILED),
         ([cond("Suspended"), cond("Succeeded")], Phase.SUCCEEDED),
         ([cond("Running"), cond("Suspended")], Phase.QUEUED),

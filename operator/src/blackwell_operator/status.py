@@ -24,8 +24,8 @@ CHILD_CONDITIONS = (
     ConditionType.FAILED,
 )
 
-# HyperPodPyTorchJob condition names are not published (hyperpod-pytorchjob.md, open question 1): the
-# SDK speaks of "Complete", third-party code of "Completed". Both count as success.
+# HyperPodPyTorchJob condition names are not published (docs/reference/hyperpod-pytorchjob.md, open question
+# 1): the SDK speaks of "Complete", third-party code of "Completed". Both count as success.
 _SUCCESS_TYPES = ("Succeeded", "Completed", "Complete")
 
 
@@ -74,7 +74,9 @@ def _jobs_status_phase(child_status: Mapping[str, Any]) -> Phase | None:
 
 
 def child_phase(child_status: Mapping[str, Any] | None) -> Phase:
-    """Phase of a PyTorchJob/HyperPodPyTorchJob/TrainJob (hyperpod-pytorchjob.md §1.4; first match wins).
+    """Phase of a PyTorchJob/HyperPodPyTorchJob/TrainJob; first match wins.
+
+    The mapping is docs/reference/hyperpod-pytorchjob.md §1.4.
 
     A TrainJob's conditions are only Suspended, Complete and Failed (docs/backends.md); its Running and
     Restarting come from status.jobsStatus.

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from blackwell_operator import __version__
 from blackwell_operator.models.pod import (
     MAX_KEY,
     MAX_PULL_SECRETS,
@@ -40,7 +41,8 @@ AUTO: Literal["auto"] = "auto"
 Auto = Literal["auto"]
 
 DEFAULT_INSTANCE_TYPE = "ml.p6-b200.48xlarge"
-DEFAULT_IMAGE = "ghcr.io/blackwell-dev/blackwell-trainer:0.1.0"
+# The trainer image of this release: its tag is the package version.
+DEFAULT_IMAGE = f"ghcr.io/blackwell-dev/blackwell-trainer:{__version__}"
 
 
 class InstanceType(StrEnum):

@@ -29,7 +29,8 @@ NODE_HEALTH_LABEL = "sagemaker.amazonaws.com/node-health-status"
 DEEP_HEALTH_LABEL = "sagemaker.amazonaws.com/deep-health-check-status"
 HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
 
-LOCAL_NVME_HOST_PATH = "/mnt/k8s-disks/0"  # HyperPod EKS instance store (ADT examples, §2.5)
+# HyperPod EKS instance store (ADT examples, docs/reference/hyperpod-pytorchjob.md §2.5)
+LOCAL_NVME_HOST_PATH = "/mnt/k8s-disks/0"
 # Time for the trainer's SIGTERM checkpoint (preemption, Kueue eviction, auto-resume) before SIGKILL.
 TERMINATION_GRACE_SECONDS = 300
 

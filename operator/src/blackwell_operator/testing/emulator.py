@@ -1,6 +1,6 @@
 """A hardened KMock Kubernetes emulator: enough API-server semantics to run the real operator against it.
 
-Plain KMock 0.8 lacks what Kopf and the kubernetes client rely on (see shared/reference/k8s-test-harness.md):
+Plain KMock 0.8 lacks what Kopf and the kubernetes client rely on (see docs/reference/k8s-test-harness.md):
 resourceVersions, an RV-honouring watch, 201 on create, generateName, status-subresource rules, generation,
 PUT, selectors, `timeoutSeconds`, `GET /api/v1/namespaces`. This subclass adds them, plus optimistic
 concurrency (409 on a stale `metadata.resourceVersion`), owner-reference garbage collection and fault
