@@ -6,7 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from blackwell_operator.calibrate.records import RecordStatus, read_records
+
+# The two-GPU configuration is two gloo ranks under torchrun.
+pytestmark = pytest.mark.distributed
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""The import boundaries of DESIGN.md, checked on the source tree with the ast module."""
+"""The import boundaries (README, Layout), checked on the source tree with the ast module."""
 
 from __future__ import annotations
 

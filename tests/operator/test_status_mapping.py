@@ -42,7 +42,8 @@ def cond(type_: str, status: str = "True", message: str = "") -> dict[str, Any]:
         ([cond("Created"), cond("Restarting", "False"), cond("Running")], Phase.RUNNING),
         ([cond("Created"), cond("Running", "False"), cond("Succeeded")], Phase.SUCCEEDED),
         ([cond("Created"), cond("Running", "False"), cond("Failed")], Phase.FAILED),
-        # First match wins (hyperpod-pytorchjob.md §1.4): Failed before Succeeded before Suspended ...
+        # First match wins (docs/reference/hyperpod-pytorchjob.md §1.4): Failed before Succeeded before
+        # Suspended ...
         ([cond("Succeeded"), cond("Failed")], Phase.FAILED),
         ([cond("Suspended"), cond("Succeeded")], Phase.SUCCEEDED),
         ([cond("Running"), cond("Suspended")], Phase.QUEUED),
@@ -103,7 +104,8 @@ def test_child_conditions_cover_all_four_types() -> None:
     )
     by_type = {c["type"]: c for c in conds}
     assert phase == Phase.QUEUED
-    assert set(by_type) == {"Admitted", "Running", "Succeeded", "Failed"}
+    # The four child conditions, and KueueManaged since the spec names a queue (test_kueue_condition.py).
+    assert set(by_type) == {"Admitted", "Running", "Succeeded", "Failed", "KueueManaged"}
     assert by_type["Admitted"]["status"] == "False" and by_type["Admitted"]["reason"] == "Suspended"
     phase, conds = child_conditions(
         conds,

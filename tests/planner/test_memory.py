@@ -106,7 +106,8 @@ def test_precision_overhead_is_low_precision_copies_of_in_flight_weights() -> No
     delayed, mxfp8 = weight_bytes[PrecisionRecipe.DELAYED], weight_bytes[PrecisionRecipe.MXFP8_BLOCK]
     assert m_fp8.precision_overhead == pytest.approx(2 * delayed * sh.block_linear_params, abs=1)
     assert m_mx.precision_overhead == pytest.approx(2 * mxfp8 * sh.block_linear_params, abs=1)
-    # FP8-family formats barely move peak memory (tuning-anchors 2.2): under 2% even at mbs 1.
+    # FP8-family formats barely move peak memory (docs/reference/tuning-anchors.md §2.2): under 2% even at
+    # mbs 1.
     assert m_fp8.peak_reserved / m_bf16.peak_reserved - 1 < 0.02
 
 

@@ -1,4 +1,4 @@
-"""The h200-reference calibration against the measured H200 grid (shared/reference/h200-reference-grid.md).
+"""The h200-reference calibration against the measured H200 grid (docs/reference/h200-measurements.md).
 
 Predicted peak reserved memory within 10% for every run, every OOM predicted as not fitting, and the planner's
 choice (that trainer's options, one GPU, sequence 4096) within 5% of the best measured throughput per model.

@@ -16,7 +16,7 @@ REF = load_calibration("h200-reference")
 H200 = get_gpu("H200")
 BW = H200.hbm_bandwidth * BTJ.throughput.memory_bandwidth_efficiency
 
-# shared/tools/te-on-h200/README.md, 8192 tokens fwd+bwd: BF16 TFLOP/s, TE Delayed/Current/Block speedups.
+# docs/reference/h200-measurements.md, 8192 tokens fwd+bwd: BF16 TFLOP/s, TE Delayed/Current/Block speedups.
 TE_BENCH = {
     (4096, 14336): (708, 1.77, 1.58, 1.36),
     (14336, 4096): (709, 1.64, 1.46, 1.32),

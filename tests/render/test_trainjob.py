@@ -34,7 +34,7 @@ UPSTREAM_RUNTIME = SHARED_SCHEMAS / "kubeflow-trainer-v2.3.0.runtime.torch-distr
 def _crd(kind: str) -> tuple[Schema, Any]:
     path = TRAINER_CRDS[kind]
     if not path.is_file():
-        pytest.skip(f"{path} is absent: the Trainer v2 CRDs live in ../shared/schemas (not vendored)")
+        pytest.skip(f"{path} is absent: set BTJ_CRD_SCHEMAS (docs/reference/crd-schemas.md)")
     open_api = crd_open_api_schema(load_crd(path), "v1alpha1")
     return open_api, strict_validator(open_api, api_version="trainer.kubeflow.org/v1alpha1", kind=kind)
 

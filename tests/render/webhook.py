@@ -1,6 +1,7 @@
 """The Kubeflow training operator's PyTorchJob webhook rules, restated (the CRD schemas do not check them).
 
-Source: kubeflow/training-operator pkg/webhooks/pytorch/pytorchjob_webhook.go (hyperpod-pytorchjob.md §1.1).
+Source: kubeflow/training-operator pkg/webhooks/pytorch/pytorchjob_webhook.go
+(docs/reference/hyperpod-pytorchjob.md §1.1).
 """
 
 from __future__ import annotations

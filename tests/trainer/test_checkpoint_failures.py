@@ -16,10 +16,10 @@ import pytest
 from torch.distributed.checkpoint.api import CheckpointException
 
 import blackwell_trainer.checkpoint as checkpoint_module
-from blackwell_trainer.checkpoint import list_complete
+from blackwell_trainer.checkpoint import MAX_FAILED_SAVES_IN_A_ROW, list_complete
 from blackwell_trainer.config import PERMANENT_ERROR_PREFIX, Plan
 from blackwell_trainer.preemption import PreemptionGuard
-from blackwell_trainer.train import MAX_FAILED_SAVES_IN_A_ROW, Trainer, main
+from blackwell_trainer.train import Trainer, main
 from tests.ports import free_port
 
 from .conftest import tiny_plan_dict
@@ -205,6 +205,7 @@ def _two_rank_saves(rank: int, init: str, root: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.distributed
 def test_a_failure_on_one_rank_raises_on_every_rank(tmp_path: Path) -> None:
     import torch.multiprocessing as mp
 

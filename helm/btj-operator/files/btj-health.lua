@@ -4,7 +4,8 @@
 --   Progressing  until the operator has reconciled the current generation, while pending or running
 --                (like Argo CD's batch/Job check: a running job has not reached its goal yet);
 --   Degraded     for an invalid spec, a failed job, or a spec change the running job cannot take;
---   Suspended    while Kueue holds the job in its queue;
+--   Suspended    while Kueue holds the job in its queue (Progressing, saying so, when the spec names a
+--                queue and the job runs without Kueue: condition KueueManaged False);
 --   Healthy      when the job succeeded, or a dry run has its plan.
 local function progressing(message)
   return {status = "Progressing", message = message}
@@ -54,6 +55,10 @@ if phase == "Queued" then
 end
 if phase == "Planned" then
   return {status = "Healthy", message = "Planned (dry run): " .. message("Planned", "")}
+end
+if is("KueueManaged", "False") then
+  -- The spec names a queue and the job runs outside it: not a failure, but worth seeing in Argo CD.
+  return progressing("Not queued by Kueue: " .. message("KueueManaged", ""))
 end
 if phase == "Restarting" then
   return progressing("Restarting: " .. (obj.status.message or ""))

@@ -27,7 +27,7 @@ STOP_EXIT_CODES = frozenset({130, 137, 143})  # 128 + SIGINT, SIGKILL, SIGTERM
 # How long after a worker's own failure the stops of the other workers follow it: the termination grace
 # plus the training operator's reaction, with margin.
 CASCADE_WINDOW_S = TERMINATION_GRACE_SECONDS + 600.0
-# The Kubeflow training operator's pod label naming the PyTorchJob (hyperpod-pytorchjob.md §1).
+# The Kubeflow training operator's pod label naming the PyTorchJob (docs/reference/hyperpod-pytorchjob.md §1).
 KUBEFLOW_JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 # A TrainJob's pods are owned by Jobs of its JobSet, which names them by the TrainJob in this label.
 CHILD_JOB_NAME_LABELS = (KUBEFLOW_JOB_NAME_LABEL, trainjob.JOBSET_NAME_LABEL)

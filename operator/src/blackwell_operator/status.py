@@ -6,6 +6,7 @@ import datetime
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
+from blackwell_operator.kueue import kueue_condition
 from blackwell_operator.models.status import ConditionType, Phase
 
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -23,8 +24,8 @@ CHILD_CONDITIONS = (
     ConditionType.FAILED,
 )
 
-# HyperPodPyTorchJob condition names are not published (hyperpod-pytorchjob.md, open question 1): the
-# SDK speaks of "Complete", third-party code of "Completed". Both count as success.
+# HyperPodPyTorchJob condition names are not published (docs/reference/hyperpod-pytorchjob.md, open question
+# 1): the SDK speaks of "Complete", third-party code of "Completed". Both count as success.
 _SUCCESS_TYPES = ("Succeeded", "Completed", "Complete")
 
 
@@ -73,7 +74,9 @@ def _jobs_status_phase(child_status: Mapping[str, Any]) -> Phase | None:
 
 
 def child_phase(child_status: Mapping[str, Any] | None) -> Phase:
-    """Phase of a PyTorchJob/HyperPodPyTorchJob/TrainJob (hyperpod-pytorchjob.md §1.4; first match wins).
+    """Phase of a PyTorchJob/HyperPodPyTorchJob/TrainJob; first match wins.
+
+    The mapping is docs/reference/hyperpod-pytorchjob.md §1.4.
 
     A TrainJob's conditions are only Suspended, Complete and Failed (docs/backends.md); its Running and
     Restarting come from status.jobsStatus.
@@ -150,8 +153,10 @@ def child_conditions(
     generation: int | None,
     now: str,
     queue_name: str | None = None,
+    child_kind: str | None = None,
 ) -> tuple[Phase, list[dict[str, Any]]]:
-    """The BTJ phase and its Admitted/Running/Succeeded/Failed conditions from the child's status."""
+    """The BTJ phase and its Admitted/Running/Succeeded/Failed conditions from the child's status, and
+    KueueManaged while the spec names a queue (kueue.py)."""
     phase = child_phase(child_status)
     conds = condition_map((child_status or {}).get("conditions"))
     detail = child_message(child_status)
@@ -193,6 +198,10 @@ def child_conditions(
         put(ConditionType.FAILED, "True", "JobFailed", detail or "The job failed.")
     else:
         put(ConditionType.FAILED, "False", "NoFailure", "The job has not failed.")
+    if queue_name:
+        put(ConditionType.KUEUE_MANAGED, *kueue_condition(child_kind, queue_name, child_status))
+    else:
+        out = remove_condition(out, ConditionType.KUEUE_MANAGED)
     return phase, out
 
 

@@ -1,7 +1,7 @@
 """Convert measurements made before the harness existed into calibration records.
 
 - the plain-PyTorch reference grid (tests/planner/data/h200_reference_grid.yaml, from
-  shared/reference/h200-reference-grid.md) -> trainer ``h200-reference``;
+  docs/reference/h200-measurements.md) -> trainer ``h200-reference``;
 - ``benchmarks/trainer_h200.py`` output (``trainer_h200*.json``) -> trainer ``btj-trainer``.
 """
 
@@ -56,7 +56,7 @@ def from_reference_grid(path: str | Path) -> list[CalibrationRecord]:
         gpu_name="NVIDIA H200",
         date=REFERENCE_DATE,
         versions=Versions(torch=REFERENCE_TORCH),
-        command="shared/reference/h200-reference-grid.md (plain PyTorch FSDP2 reference)",
+        command="docs/reference/h200-measurements.md (plain PyTorch FSDP2 reference)",
     )
     out = []
     for run in grid["runs"]:

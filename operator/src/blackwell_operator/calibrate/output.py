@@ -13,7 +13,7 @@ from blackwell_operator.calibration import Calibration
 
 BLACKWELL_NOTE = (
     "Blackwell (compute capability 10.x) recipe constants are NOT measured: they stay derived from spec "
-    "ratios and published anchors (shared/reference/tuning-anchors.md) until a B200 is measured."
+    "ratios and published anchors (docs/reference/tuning-anchors.md) until a B200 is measured."
 )
 
 

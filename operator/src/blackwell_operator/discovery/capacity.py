@@ -1,4 +1,7 @@
-"""Node capacity: nodes of an instance type that HyperPod marks Schedulable (hyperpod-pytorchjob.md §2.1)."""
+"""Node capacity: nodes of an instance type that HyperPod marks Schedulable.
+
+The node labels are those of docs/reference/hyperpod-pytorchjob.md §2.1.
+"""
 
 from __future__ import annotations
 

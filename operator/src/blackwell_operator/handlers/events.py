@@ -50,6 +50,6 @@ def adopt_children(children: list[dict[str, Any]], owner: Mapping[str, Any]) -> 
     """Owner references (controller, blockOwnerDeletion) to `owner` on each child.
 
     Not kopf.adopt: it also copies the owner's labels, Argo CD's tracking label among them, which
-    render_children deliberately stripped (hyperpod-pytorchjob.md §3.2).
+    render_children deliberately stripped (docs/reference/hyperpod-pytorchjob.md §3.2).
     """
     kopf.append_owner_reference(children, owner=cast(Any, dict(owner)))

@@ -35,6 +35,7 @@ class ConditionType(StrEnum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     SPEC_APPLIED = "SpecApplied"
+    KUEUE_MANAGED = "KueueManaged"  # only while spec.queueName is set
 
 
 class Condition(WireModel):

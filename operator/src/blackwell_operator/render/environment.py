@@ -16,7 +16,8 @@ LOCAL_DIR = OPERATOR_VOLUMES["local"]
 # torch 2.12 on (older versions keep 30 s and ignore it).
 TORCHRUN_SHUTDOWN_SECONDS = 270
 
-# Sources: hyperpod-pytorchjob.md §2.4, from awsome-distributed-training's HyperPod EKS FSDP examples
+# Sources: docs/reference/hyperpod-pytorchjob.md §2.4, from awsome-distributed-training's HyperPod EKS FSDP
+# examples
 # (llama3_1_8b-fsdp-hpto.yaml, fsdp.yaml-template). The cheatsheet there notes several of these are
 # no-ops on current libfabric/aws-ofi-nccl; they are kept as harmless defaults for older images and
 # every one can be overridden through spec.env.
@@ -39,7 +40,8 @@ DEFAULT_ENV: dict[str, str] = {
     "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(TORCHRUN_SHUTDOWN_SECONDS),
     # Fewer allocator-fragmentation OOMs; the planner's fragmentation term assumes it.
     "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
-    # PYTHONUNBUFFERED is left to the training operator, which always injects it (§1.2).
+    # PYTHONUNBUFFERED is left to the training operator, which always injects it
+    # (docs/reference/hyperpod-pytorchjob.md §1.2).
     # The trainer also finds its plan through this variable (see blackwell_trainer's entry point).
     "BTJ_PLAN_PATH": PLAN_PATH,
     # S3 token shards are cached on the node's NVMe, shared by its ranks and kept across container

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from blackwell_operator.catalogs import get_instance
 
-# hugepages-2Mi as in the ADT nccl-tests and the SageMaker EKS docs (§2.5), for libfabric's EFA provider.
+# hugepages-2Mi as in the ADT nccl-tests and the SageMaker EKS docs (docs/reference/hyperpod-pytorchjob.md
+# §2.5), for libfabric's EFA provider.
 HUGEPAGES_2MI = "5120Mi"
 
 

@@ -14,7 +14,8 @@ KIND = "HyperPodPyTorchJob"
 REPLICA_NAME = "pods"
 # hyperpodrun's elastic agent talks to the HyperPod operator on this port (the AWS sample exposes it).
 AGENT_PORT = {"name": "hyperpod-agent", "containerPort": 8080, "protocol": "TCP"}
-# Process-level restarts before the whole job restarts, as in the AWS sample (hyperpod-pytorchjob.md §2.6).
+# Process-level restarts before the whole job restarts, as in the AWS sample
+# (docs/reference/hyperpod-pytorchjob.md §2.6).
 RESTART_POLICY = {"numRestartBeforeFullJobRestart": 3, "evalPeriodSeconds": 21600, "maxFullJobRestarts": 1}
 
 
@@ -47,7 +48,8 @@ def render_hyperpodpytorchjob(
         "restartPolicy": dict(RESTART_POLICY),
     }
     if spec.ttl_seconds_after_finished is not None:
-        run_policy["ttlSecondsAfterFinished"] = spec.ttl_seconds_after_finished  # hyperpod-pytorchjob.md §2.6
+        # docs/reference/hyperpod-pytorchjob.md §2.6
+        run_policy["ttlSecondsAfterFinished"] = spec.ttl_seconds_after_finished
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,

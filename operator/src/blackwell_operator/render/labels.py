@@ -17,11 +17,16 @@ APP_NAME = "blackwell-trainer"
 MANAGER = "blackwell-operator"
 PART_OF = "blackwell-training"
 
-# Kueue reads these from the job object (hyperpod-pytorchjob.md §2.7).
+# Kueue reads these from the job object (docs/reference/hyperpod-pytorchjob.md §2.7).
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 
-# HyperPod job auto-resume (hyperpod-pytorchjob.md §1.3 and §2.7).
+# Kueue topology-aware scheduling reads these from each pod template (a PodSet): all its pods within one
+# domain of the named node-label level (docs/reference/hyperpod-pytorchjob.md §2.7; docs/backends.md).
+KUEUE_REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
+KUEUE_PREFERRED_TOPOLOGY = "kueue.x-k8s.io/podset-preferred-topology"
+
+# HyperPod job auto-resume (docs/reference/hyperpod-pytorchjob.md §1.3 and §2.7).
 AUTO_RESUME_ANNOTATION = "sagemaker.amazonaws.com/enable-job-auto-resume"
 MAX_RETRY_ANNOTATION = "sagemaker.amazonaws.com/job-max-retry-count"
 
@@ -30,7 +35,7 @@ RENDER_HASH_ANNOTATION = f"{API_GROUP}/render-sha256"
 PLAN_HASH_ANNOTATION = f"{API_GROUP}/plan-sha256"
 
 # Argo CD tracks resources by this label in `label` tracking mode and by argocd.argoproj.io/* keys;
-# a child carrying them is reported OutOfSync or pruned (hyperpod-pytorchjob.md §3.2).
+# a child carrying them is reported OutOfSync or pruned (docs/reference/hyperpod-pytorchjob.md §3.2).
 ARGO_INSTANCE_LABEL = "app.kubernetes.io/instance"
 ARGO_PREFIX = "argocd.argoproj.io/"
 
@@ -69,6 +74,15 @@ def kueue_labels(spec: BlackwellTrainingJobSpec) -> dict[str, str]:
     if spec.priority_class:
         labels[KUEUE_PRIORITY_LABEL] = spec.priority_class
     return labels
+
+
+def topology_annotations(spec: BlackwellTrainingJobSpec) -> dict[str, str]:
+    """Kueue's podset topology annotation for the worker pod template, when spec.cluster.topology asks."""
+    topology = spec.cluster.topology
+    if topology is None:
+        return {}
+    key = KUEUE_REQUIRED_TOPOLOGY if topology.mode == "Required" else KUEUE_PREFERRED_TOPOLOGY
+    return {key: topology.level}
 
 
 def auto_resume_annotations(spec: BlackwellTrainingJobSpec) -> dict[str, str]:

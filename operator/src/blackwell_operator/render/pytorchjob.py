@@ -49,7 +49,7 @@ def render_pytorchjob(
     """A PyTorchJob whose Worker pods run torchrun on the plan; nnodes and rendezvous come from PET_* env.
 
     HyperPod installs training operator v1.7.0, which sets PET_NPROC_PER_NODE only when a Master
-    exists, so the launcher gets --nproc-per-node itself (hyperpod-pytorchjob.md §1.2).
+    exists, so the launcher gets --nproc-per-node itself (docs/reference/hyperpod-pytorchjob.md §1.2).
     """
     nodes = plan.nodes
     template = pod_template(
@@ -80,7 +80,7 @@ def render_pytorchjob(
                 "maxReplicas": nodes,
                 "maxRestarts": spec.max_retries,
             },
-            # No `suspend`: Kueue owns it (hyperpod-pytorchjob.md §2.7).
+            # No `suspend`: Kueue owns it (docs/reference/hyperpod-pytorchjob.md §2.7).
             "runPolicy": run_policy,
             "pytorchReplicaSpecs": {
                 "Worker": {"replicas": nodes, "restartPolicy": "OnFailure", "template": template},

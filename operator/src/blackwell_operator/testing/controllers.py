@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from blackwell_operator.discovery.capacity import shortfall
+from blackwell_operator.discovery.capacity import parse_quantity
 from blackwell_operator.render.labels import KUEUE_QUEUE_LABEL
 from blackwell_operator.status import now_rfc3339
 from blackwell_operator.testing.emulator import HardenedEmulator
@@ -73,6 +73,17 @@ class Placement:
         return len(self.nodes) == self.workers
 
 
+def short_resource(node: Mapping[str, Any], requests: Mapping[str, Any]) -> str | None:
+    """The first requested resource the node's allocatable cannot hold; None when all fit. A node that
+    publishes no allocatable holds nothing (the operator's capacity check is lenient there, as advice;
+    the scheduler is not)."""
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    for resource, wanted in requests.items():
+        if parse_quantity(allocatable.get(resource, 0)) < parse_quantity(wanted):
+            return str(resource)
+    return None
+
+
 def place(workers: Workers, nodes: Sequence[Mapping[str, Any]]) -> Placement:
     """One worker per node that matches the nodeSelector, is not cordoned and whose allocatable holds the
     requests; the reason, in the scheduler's words, for workers left over."""
@@ -80,16 +91,12 @@ def place(workers: Workers, nodes: Sequence[Mapping[str, Any]]) -> Placement:
     unmatched, short, fitting = 0, dict[str, int](), list[str]()
     for node in nodes:
         labels = node.get("metadata", {}).get("labels") or {}
-        if any(labels.get(key) != value for key, value in selector.items()) or (node.get("spec") or {}).get(
-            "unschedulable"
-        ):
+        cordoned = bool((node.get("spec") or {}).get("unschedulable"))
+        if cordoned or any(labels.get(key) != value for key, value in selector.items()):
             unmatched += 1
             continue
-        # A node that publishes no allocatable holds nothing (the capacity check is lenient there; the
-        # scheduler is not).
-        problem = shortfall(node, workers.requests) if (node.get("status") or {}).get("allocatable") else "-"
-        if problem:
-            resource = problem.split(":", 1)[0] if problem != "-" else "nvidia.com/gpu"
+        resource = short_resource(node, workers.requests)
+        if resource:
             short[resource] = short.get(resource, 0) + 1
         else:
             fitting.append(str(node["metadata"]["name"]))
