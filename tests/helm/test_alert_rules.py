@@ -20,6 +20,7 @@ ALERTS = {
     "BTJThroughputBelowPlan",
     "BTJTrainingStalled",
     "BTJCheckpointSavesFailing",
+    "BTJCheckpointSkipped",
     "BTJAtGPUMemoryCapacity",
 }
 

@@ -16,10 +16,10 @@ import pytest
 from torch.distributed.checkpoint.api import CheckpointException
 
 import blackwell_trainer.checkpoint as checkpoint_module
-from blackwell_trainer.checkpoint import list_complete
+from blackwell_trainer.checkpoint import MAX_FAILED_SAVES_IN_A_ROW, list_complete
 from blackwell_trainer.config import PERMANENT_ERROR_PREFIX, Plan
 from blackwell_trainer.preemption import PreemptionGuard
-from blackwell_trainer.train import MAX_FAILED_SAVES_IN_A_ROW, Trainer, main
+from blackwell_trainer.train import Trainer, main
 from tests.ports import free_port
 
 from .conftest import tiny_plan_dict

@@ -26,7 +26,7 @@ from blackwell_trainer.context_parallel import (
     merge_sequence,
     split_sequence,
 )
-from blackwell_trainer.data import build_token_source
+from blackwell_trainer.data import DataLayout, build_token_source
 from blackwell_trainer.loss import IGNORE_INDEX
 from blackwell_trainer.model import Attention, build_model
 from blackwell_trainer.parallelize import ParallelismError, build_mesh, parallelize, validate_layout
@@ -216,10 +216,14 @@ def _trainer_losses(rank: int, steps: int, **chosen: Any) -> list[float]:
     plan = tiny_plan(**chosen)
     trainer = Trainer(plan, Runtime(rank, rank, 2, 2, torch.device("cpu")))
     dp_rank, dp_world = data_parallel_rank(rank, 2, plan.chosen.context_parallel)
-    source = build_token_source(
-        plan.dataset, micro_batch_size=plan.chosen.micro_batch_size, sequence_length=plan.sequence_length,
-        vocab_size=plan.architecture.vocab_size, rank=dp_rank, world_size=dp_world,
-    )  # fmt: skip
+    layout = DataLayout(
+        micro_batch_size=plan.chosen.micro_batch_size,
+        sequence_length=plan.sequence_length,
+        vocab_size=plan.architecture.vocab_size,
+        rank=dp_rank,
+        world_size=dp_world,
+    )
+    source = build_token_source(plan.dataset, layout)
     return [trainer.step([source.next_batch()]).loss for _ in range(steps)]
 
 

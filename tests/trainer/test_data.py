@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-import blackwell_trainer.data as data_module
+import blackwell_trainer.shard_cache as cache_module
 from blackwell_trainer.config import DatasetConfig, DatasetKind
 from blackwell_trainer.data import (
     MAX_OPEN_SHARDS,
     DataError,
+    DataLayout,
     ShardTokenSource,
     TokenSource,
     build_token_source,
@@ -29,22 +30,14 @@ VOCAB = 1000
 def synthetic(rank: int = 0, world: int = 1, mbs: int = 2, seed: int = 1) -> TokenSource:
     return build_token_source(
         DatasetConfig(seed=seed),
-        micro_batch_size=mbs,
-        sequence_length=SEQ,
-        vocab_size=VOCAB,
-        rank=rank,
-        world_size=world,
+        DataLayout(micro_batch_size=mbs, sequence_length=SEQ, vocab_size=VOCAB, rank=rank, world_size=world),
     )
 
 
 def shards(uri: str, rank: int = 0, world: int = 1, mbs: int = 2, dtype: str = "uint16") -> TokenSource:
     return build_token_source(
         DatasetConfig(kind=DatasetKind.SHARDS, uri=uri, token_dtype=dtype, seed=3),
-        micro_batch_size=mbs,
-        sequence_length=SEQ,
-        vocab_size=VOCAB,
-        rank=rank,
-        world_size=world,
+        DataLayout(micro_batch_size=mbs, sequence_length=SEQ, vocab_size=VOCAB, rank=rank, world_size=world),
     )
 
 
@@ -111,7 +104,7 @@ def test_resume_refuses_another_sequence_length_or_seed() -> None:
     with pytest.raises(DataError, match="seed"):
         synthetic(seed=9).load_state_dict(state)
     other = build_token_source(
-        DatasetConfig(seed=1), micro_batch_size=2, sequence_length=16, vocab_size=VOCAB, rank=0, world_size=1
+        DatasetConfig(seed=1), DataLayout(micro_batch_size=2, sequence_length=16, vocab_size=VOCAB)
     )
     with pytest.raises(DataError, match="sequence_length"):
         other.load_state_dict(state)
@@ -281,9 +274,9 @@ def test_the_s3_cache_evicts_the_least_recently_used_shard_to_keep_the_disk_free
     for i, name in enumerate("abc"):  # three shards of 128 bytes
         client.put_object(Bucket="big", Key=f"corpus/{name}.bin", Body=np.full(64, i, np.uint16).tobytes())
     cache = tmp_path / "cache"
-    monkeypatch.setenv(data_module.CACHE_KEEP_FREE_ENV, "0.1")
+    monkeypatch.setenv(cache_module.CACHE_KEEP_FREE_ENV, "0.1")
     # 420 bytes with 10% kept free: two shards (and their small tags) fit, a third needs an eviction.
-    monkeypatch.setattr(data_module.shutil, "disk_usage", _SmallDisk(cache, 420))
+    monkeypatch.setattr(cache_module.shutil, "disk_usage", _SmallDisk(cache, 420))
     source = shards("s3://big/corpus", mbs=1)
     assert isinstance(source, ShardTokenSource)
     fetched = [source.shards[i].fetch() for i in (0, 1)]  # a, b
@@ -310,8 +303,8 @@ def test_a_shard_another_rank_holds_is_never_evicted(
     for name in "ab":
         client.put_object(Bucket="held", Key=f"corpus/{name}.bin", Body=np.zeros(64, np.uint16).tobytes())
     cache = tmp_path / "cache"
-    monkeypatch.setenv(data_module.CACHE_KEEP_FREE_ENV, "0.1")
-    monkeypatch.setattr(data_module.shutil, "disk_usage", _SmallDisk(cache, 200))  # room for one shard
+    monkeypatch.setenv(cache_module.CACHE_KEEP_FREE_ENV, "0.1")
+    monkeypatch.setattr(cache_module.shutil, "disk_usage", _SmallDisk(cache, 200))  # room for one shard
     source = shards("s3://held/corpus", mbs=1)
     assert isinstance(source, ShardTokenSource)
     first = source.shards[0].fetch()
@@ -322,6 +315,6 @@ def test_a_shard_another_rank_holds_is_never_evicted(
 
 
 def test_a_bad_keep_free_share_names_the_variable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv(data_module.CACHE_KEEP_FREE_ENV, "half")
+    monkeypatch.setenv(cache_module.CACHE_KEEP_FREE_ENV, "half")
     with pytest.raises(DataError, match=r"BTJ_CACHE_KEEP_FREE_FRACTION='half'.*Fix"):
-        data_module._make_room(tmp_path, 1, keep=tmp_path / "x.bin")
+        cache_module.make_room(tmp_path, 1, keep=tmp_path / "x.bin")

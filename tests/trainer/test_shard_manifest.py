@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from blackwell_trainer.config import DatasetConfig, DatasetKind
-from blackwell_trainer.data import DataError, TokenSource, build_token_source
+from blackwell_trainer.data import DataError, DataLayout, TokenSource, build_token_source
 from blackwell_trainer.prepare import Options, prepare
 from blackwell_trainer.shard_manifest import MANIFEST_NAME
 
@@ -44,11 +44,7 @@ def copy(prepared: Path, tmp_path: Path) -> Iterator[Path]:
 def source(uri: str, *, dtype: str = "uint16", vocab: int = 300) -> TokenSource:
     return build_token_source(
         DatasetConfig(kind=DatasetKind.SHARDS, uri=uri, token_dtype=dtype),
-        micro_batch_size=2,
-        sequence_length=SEQ,
-        vocab_size=vocab,
-        rank=0,
-        world_size=1,
+        DataLayout(micro_batch_size=2, sequence_length=SEQ, vocab_size=vocab, rank=0, world_size=1),
     )
 
 

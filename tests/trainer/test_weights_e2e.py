@@ -47,18 +47,20 @@ def _weights_plan(tmp_path: Path, hf: Path, *, steps: int, output: Path) -> Path
 def _first_synthetic_loss(reference: torch.nn.Module, plan: Path) -> float:
     """The loss of the checkpoint on the first step's batches (both ranks' micro-batches)."""
     from blackwell_trainer.config import Plan
-    from blackwell_trainer.data import build_token_source
+    from blackwell_trainer.data import DataLayout, build_token_source
 
     parsed = Plan.from_file(plan)
     losses = []
     for rank in range(2):
         source = build_token_source(
             parsed.dataset,
-            micro_batch_size=parsed.chosen.micro_batch_size,
-            sequence_length=parsed.sequence_length,
-            vocab_size=parsed.architecture.vocab_size,
-            rank=rank,
-            world_size=2,
+            DataLayout(
+                micro_batch_size=parsed.chosen.micro_batch_size,
+                sequence_length=parsed.sequence_length,
+                vocab_size=parsed.architecture.vocab_size,
+                rank=rank,
+                world_size=2,
+            ),
         )
         inputs, labels = source.next_batch()
         logits = hf_logits(reference, inputs)

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import bisect
-import fcntl
 import functools
 import hashlib
 import logging
 import os
-import shutil
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,24 +18,17 @@ import numpy as np
 import torch
 
 from blackwell_trainer.config import DatasetConfig, DatasetKind
+from blackwell_trainer.errors import DataError as DataError  # re-exported: the data source's error
+from blackwell_trainer.shard_cache import cache_dir, download_once
 from blackwell_trainer.shard_manifest import MANIFEST_NAME, ManifestMismatch, ShardManifest, check_manifest
 
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
-DEFAULT_CACHE_DIR = "/tmp/btj-cache"
-# The S3 cache lives on the node's NVMe with whatever else is there (single-node checkpoints under /local,
-# other jobs' caches): before a download it evicts least recently used shards to leave this share free.
-CACHE_KEEP_FREE_ENV = "BTJ_CACHE_KEEP_FREE_FRACTION"
-DEFAULT_CACHE_KEEP_FREE = 0.10
 # Strides of the synthetic sequences: more than one, so the next token depends on the previous two
 # (the model must attend), few enough that a tiny model learns it in a few dozen steps.
 SYNTHETIC_STRIDES = (1, 2, 3)
 MAX_OPEN_SHARDS = 8
-
-
-class DataError(ValueError):
-    """A data source that cannot be built or resumed; the message names the field and the fix."""
 
 
 class TokenSource(Protocol):
@@ -55,6 +45,21 @@ class TokenSource(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue exactly after the batch that was last returned when `state` was taken."""
         ...
+
+
+@dataclass(frozen=True)
+class DataLayout:
+    """What one data-parallel rank reads: the batch shape, the vocabulary, and its place among the ranks.
+
+    `rank` and `world_size` count data-parallel ranks (ranks that see different data): the peers of one
+    context-parallel group share a data rank.
+    """
+
+    micro_batch_size: int  # sequences per batch on this rank
+    sequence_length: int  # tokens per sequence (inputs and labels each)
+    vocab_size: int  # the model's vocabulary: shard tokens at or above it are an error
+    rank: int = 0
+    world_size: int = 1
 
 
 @dataclass
@@ -85,6 +90,10 @@ class GlobalPosition:
         self.consumed += step
         return self.epoch, list(range(start, start + self.micro_batch_size))
 
+    @classmethod
+    def start(cls, layout: DataLayout) -> GlobalPosition:
+        return cls(rank=layout.rank, world_size=layout.world_size, micro_batch_size=layout.micro_batch_size)
+
 
 def _check_state(state: dict[str, Any], *, kind: str, expected: dict[str, Any]) -> None:
     """Refuse a state from another kind of source, version, sequence length or data set."""
@@ -111,20 +120,11 @@ class SyntheticTokenSource:
     the loss falls from ln(vocab) towards zero once the model learns to attend one token back.
     """
 
-    def __init__(
-        self,
-        *,
-        seed: int,
-        micro_batch_size: int,
-        sequence_length: int,
-        vocab_size: int,
-        rank: int,
-        world_size: int,
-    ) -> None:
+    def __init__(self, *, seed: int, layout: DataLayout) -> None:
         self.seed = seed
-        self.sequence_length = sequence_length
-        self.vocab_size = vocab_size
-        self.position = GlobalPosition(rank=rank, world_size=world_size, micro_batch_size=micro_batch_size)
+        self.sequence_length = layout.sequence_length
+        self.vocab_size = layout.vocab_size
+        self.position = GlobalPosition.start(layout)
 
     def _sample(self, index: int) -> np.ndarray:
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, index]))
@@ -165,34 +165,24 @@ class ShardTokenSource:
     """
 
     def __init__(
-        self,
-        shards: Sequence[Shard],
-        *,
-        token_dtype: str,
-        seed: int,
-        micro_batch_size: int,
-        sequence_length: int,
-        vocab_size: int,
-        rank: int,
-        world_size: int,
-        uri: str,
+        self, shards: Sequence[Shard], *, token_dtype: str, seed: int, uri: str, layout: DataLayout
     ) -> None:
         self.dtype = np.dtype(token_dtype)
         self.seed = seed
-        self.sequence_length = sequence_length
-        self.vocab_size = vocab_size
+        self.sequence_length = sequence_length = layout.sequence_length
+        self.vocab_size = layout.vocab_size
         self.uri = uri
         self.shards = sorted(shards, key=lambda s: s.name)
-        self.position = GlobalPosition(rank=rank, world_size=world_size, micro_batch_size=micro_batch_size)
+        self.position = GlobalPosition.start(layout)
         # Windows step by sequence_length so each window's last label is the next window's first input.
         self._windows = [max(0, (s.num_tokens - 1) // sequence_length) for s in self.shards]
         self.samples_per_epoch = sum(self._windows)
-        needed = world_size * micro_batch_size
+        needed = layout.world_size * layout.micro_batch_size
         if self.samples_per_epoch < needed:
             raise DataError(
                 f"dataset.uri {uri} holds {self.samples_per_epoch} windows of {sequence_length + 1} tokens, "
-                f"fewer than one step needs ({world_size} ranks x {micro_batch_size}); add shards or shorten "
-                "sequenceLength"
+                f"fewer than one step needs ({layout.world_size} ranks x {layout.micro_batch_size}); add "
+                "shards or shorten sequenceLength"
             )
         digest = hashlib.sha256()
         for shard in self.shards:
@@ -325,10 +315,6 @@ def _local_shards(root: Path, itemsize: int) -> tuple[list[Shard], ShardManifest
     return shards, _parse_manifest(manifest.read_text(), str(root)) if manifest.is_file() else None
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("BTJ_CACHE_DIR", DEFAULT_CACHE_DIR))
-
-
 def _s3_shards(uri: str, itemsize: int) -> tuple[list[Shard], ShardManifest | None]:
     """List *.bin objects under an s3:// prefix (each downloaded to the cache on first use) and read the
     prefix's manifest.json, if any."""
@@ -361,113 +347,24 @@ def _s3_shards(uri: str, itemsize: int) -> tuple[list[Shard], ShardManifest | No
                 continue
             size = int(obj["Size"])
             etag = str(obj.get("ETag", "")).strip('"')
-            local = _cache_dir() / "s3" / bucket / key
+            local = cache_dir() / "s3" / bucket / key
             shards.append(
                 Shard(
                     name=key.removeprefix(prefix).lstrip("/"),
                     num_tokens=size // itemsize,
-                    fetch=functools.partial(_download_once, client, bucket, key, local, size, etag),
+                    fetch=functools.partial(download_once, client, bucket, key, local, size, etag),
                     size_bytes=size,
                 )
             )
     return shards, manifest
 
 
-def _keep_free_fraction() -> float:
-    raw = os.environ.get(CACHE_KEEP_FREE_ENV, "")
-    try:
-        value = float(raw) if raw else DEFAULT_CACHE_KEEP_FREE
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value < 1.0:
-        raise DataError(f"{CACHE_KEEP_FREE_ENV}={raw!r}: a share of the disk from 0 to 1. Fix: e.g. 0.1")
-    return value
-
-
-def _make_room(root: Path, need: int, keep: Path) -> None:
-    """Evict least recently used cached shards (never `keep`, never one another rank holds) until `need`
-    bytes fit on the cache's disk with the keep-free share left over."""
-    fraction = _keep_free_fraction()
-    usage = shutil.disk_usage(root)
-    if usage.free - need >= fraction * usage.total:
-        return
-    cached = [p for p in root.rglob("*.bin") if p != keep and p.is_file()]
-    for shard in sorted(cached, key=lambda p: p.stat().st_atime):
-        with open(shard.with_name(shard.name + ".lock"), "w") as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue  # another rank is downloading or checking it right now
-            size = shard.stat().st_size
-            shard.unlink(missing_ok=True)  # a reader that has it mapped keeps its pages until it unmaps
-            shard.with_name(shard.name + ".etag").unlink(missing_ok=True)
-        log.info("cache: evicted %s (%d bytes) to make room for %d bytes", shard, size, need)
-        usage = shutil.disk_usage(root)
-        if usage.free - need >= fraction * usage.total:
-            return
-    log.warning(
-        "cache: %s keeps less than %.0f%% of its disk free after evicting every idle shard; downloading "
-        "%d bytes anyway",
-        root,
-        100 * fraction,
-        need,
-    )
-
-
-def _download_once(client: Any, bucket: str, key: str, local: Path, size: int, etag: str) -> Path:
-    """Download one object into the cache, once per node: ranks sharing the cache wait on a file lock.
-
-    The cache outlives the container (the operator points it at the node's NVMe), so a cached copy is
-    used only while its size and the object's ETag still match: a shard replaced in S3 is fetched again;
-    and it is bounded by the disk: least recently used shards are evicted to keep a share of it free.
-    """
-    local.parent.mkdir(parents=True, exist_ok=True)
-    tag = local.with_name(local.name + ".etag")
-    with open(local.with_name(local.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        fresh = local.exists() and local.stat().st_size == size and tag.exists() and tag.read_text() == etag
-        if fresh:
-            os.utime(local, (time.time(), local.stat().st_mtime))  # recently used (atime), same content
-        else:
-            _make_room(_cache_dir(), size, keep=local)
-            partial = local.with_name(f"{local.name}.part-{os.getpid()}")
-            client.download_file(bucket, key, str(partial))
-            os.replace(partial, local)  # atomic: a reader never sees a half-written shard
-            tag.write_text(etag)  # after the data: a crash in between means one more download, no stale read
-            log.info("downloaded s3://%s/%s to %s", bucket, key, local)
-    return local
-
-
-def build_token_source(
-    dataset: DatasetConfig,
-    *,
-    micro_batch_size: int,
-    sequence_length: int,
-    vocab_size: int,
-    rank: int,
-    world_size: int,
-) -> TokenSource:
-    """The plan's data source for one data-parallel rank.
-
-    Args:
-        dataset: the plan's dataset section.
-        micro_batch_size: sequences per batch on this rank.
-        sequence_length: tokens per sequence (inputs and labels each).
-        vocab_size: the model's vocabulary; shard tokens at or above it are an error.
-        rank: this rank's index among the data-parallel ranks.
-        world_size: number of data-parallel ranks (ranks that see different data).
-    """
-    if not 0 <= rank < world_size:
-        raise DataError(f"rank {rank} is outside world size {world_size}")
+def build_token_source(dataset: DatasetConfig, layout: DataLayout) -> TokenSource:
+    """The plan's data source (its dataset section) for one data-parallel rank."""
+    if not 0 <= layout.rank < layout.world_size:
+        raise DataError(f"rank {layout.rank} is outside world size {layout.world_size}")
     if dataset.kind == DatasetKind.SYNTHETIC:
-        return SyntheticTokenSource(
-            seed=dataset.seed,
-            micro_batch_size=micro_batch_size,
-            sequence_length=sequence_length,
-            vocab_size=vocab_size,
-            rank=rank,
-            world_size=world_size,
-        )
+        return SyntheticTokenSource(seed=dataset.seed, layout=layout)
     uri = dataset.uri or ""
     itemsize = np.dtype(dataset.token_dtype).itemsize
     shards, manifest = (
@@ -480,7 +377,7 @@ def build_token_source(
                 {s.name: s.size_bytes for s in shards},
                 uri=uri,
                 token_dtype=dataset.token_dtype,
-                vocab_size=vocab_size,
+                vocab_size=layout.vocab_size,
             )
         except ManifestMismatch as err:
             raise DataError(str(err)) from err
@@ -488,13 +385,5 @@ def build_token_source(
     if not shards:
         raise DataError(f"dataset.uri {uri} holds no *.bin token shards; upload shards or fix the uri")
     return ShardTokenSource(
-        shards,
-        token_dtype=dataset.token_dtype,
-        seed=dataset.seed,
-        micro_batch_size=micro_batch_size,
-        sequence_length=sequence_length,
-        vocab_size=vocab_size,
-        rank=rank,
-        world_size=world_size,
-        uri=uri,
+        shards, token_dtype=dataset.token_dtype, seed=dataset.seed, uri=uri, layout=layout
     )

@@ -15,7 +15,6 @@ import contextlib
 import logging
 import math
 import os
-import shutil
 import socket
 import sys
 import time
@@ -36,16 +35,12 @@ from .precision import PrecisionError, PrecisionSetup, check_precision, device_c
 from .preemption import PreemptionGuard
 
 if TYPE_CHECKING:  # imported where run() needs them, not at start-up
-    from .checkpoint import Checkpointer, SaveFailed
+    from .checkpoint import Checkpointer
+    from .data import TokenSource
     from .metrics import TrainerMetrics
 
 log = logging.getLogger("blackwell_trainer")
 PLAN_ENV = "BTJ_PLAN_PATH"
-# A failed interval save (full or failing checkpoint storage) is logged and counted and training goes
-# on: the storage may recover (another job frees space, a Lustre OST drains below its threshold) and
-# the next interval tries again. Three in a row means it is not recovering: stop (exit 2) rather than
-# train on for hours or days whose work a crash or preemption would lose, and say why.
-MAX_FAILED_SAVES_IN_A_ROW = 3
 EXIT_NON_FINITE = 3
 
 
@@ -363,8 +358,7 @@ def run(plan: Plan, runtime: Runtime, guard: PreemptionGuard) -> int:
     `guard` is the SIGTERM guard main() holds (``python -m blackwell_trainer`` installs it before torch is
     imported); main() also restores it.
     """
-    from .checkpoint import Checkpointer, SaveFailed, StorageFailed
-    from .data import build_token_source
+    from .checkpoint import Checkpointer, SavePolicy
     from .metrics import TrainerMetrics
 
     init_distributed(runtime)
@@ -373,197 +367,137 @@ def run(plan: Plan, runtime: Runtime, guard: PreemptionGuard) -> int:
         if runtime.local_rank == 0:
             metrics.serve(plan.metrics_port)
         trainer = Trainer(plan, runtime)
-        # Context-parallel peers (consecutive ranks) read the same samples: index the data by dp rank.
-        dp_rank, dp_world = data_parallel_rank(runtime.rank, runtime.world_size, plan.chosen.context_parallel)
-        source = build_token_source(
-            plan.dataset,
-            micro_batch_size=plan.chosen.micro_batch_size,
-            sequence_length=plan.sequence_length,
-            vocab_size=plan.architecture.vocab_size,
-            rank=dp_rank,
-            world_size=dp_world,
-        )
+        source = _token_source(plan, runtime)
         checkpointer = Checkpointer(plan.checkpoint, rank=runtime.rank)
-        extra = checkpointer.load(
-            trainer.model, trainer.optimizer, on_skip=lambda path, reason: metrics.record_checkpoint_skipped()
-        )
-        if extra is not None:
-            trainer.step_index = int(extra["step"])
-            source.load_state_dict(extra["data"])
-            log.info("resumed at step %d", trainer.step_index)
-        elif plan.weights is not None:  # the job's own checkpoint wins; the initial weights start it
-            from .weights_load import load_pretrained
-
-            loaded = load_pretrained(trainer.model, plan.weights.uri, plan.architecture, plan.sequence_length)
-            metrics.record_weights_load(loaded.seconds)
-        accum = plan.chosen.gradient_accumulation_steps
-        interval = plan.checkpoint.interval_steps
-        retries_warned = 0
-        failed_saves = 0  # interval saves that failed in a row
+        _resume_or_start(plan, trainer, source, checkpointer, metrics)
+        policy = SavePolicy(checkpointer, steps=plan.steps, recorder=metrics)
+        report = StepReport(plan, runtime, metrics)
         started_at = trainer.step_index
+
+        def extra() -> dict[str, Any]:
+            return {"step": trainer.step_index, "data": source.state_dict()}
+
         while True:
             # Done first, without a collective: the last step's checkpoint is the last collective before
             # the process group is destroyed (a tiny all-reduce there let one gloo rank abort at exit,
             # "terminate called without an active exception", in about 1 of 10 CPU e2e runs).
             if trainer.step_index >= plan.steps:
-                if plan.output is not None:
-                    # Also after a restart at the last step: an export a crash interrupted is redone.
-                    from .weights_export import export_model
-
-                    export_model(
-                        trainer.model,
-                        plan.architecture,
-                        plan.output.uri,
-                        sequence_length=plan.sequence_length,
-                        weights_uri=plan.weights.uri if plan.weights else None,
-                        is_writer=runtime.rank == 0,
-                    )
+                _export(plan, trainer, runtime)
                 return 0
             # Every rank asks before every step it still has to take, so all stop before the same step. A
             # SIGTERM during start-up (rendezvous, model build, resume) stops here, before the first step.
             if guard.agreed():
-                return _exit_preempted(trainer, checkpointer, metrics, source.state_dict(), started_at)
-            try:
-                result = trainer.step([source.next_batch() for _ in range(accum)])
-            except NonFiniteStep as err:  # raised on every rank alike, before any save of that step
-                kept = checkpointer.last_saved_step
-                resume = f"a restart resumes from step {kept}" if kept is not None else "no checkpoint yet"
-                raise err.explained(
-                    f"stopped before saving it; {resume}. If it recurs at this step, lower "
-                    "optimizer.learningRate (spec.training) or inspect the data it reads"
-                ) from None
-            step = trainer.step_index
-            checkpointer.confirm_finite(step)  # the checkpoint before this step is now known good
-            allocated, reserved, retries = allocator_stats(runtime.device)
-            metrics.record_step(
-                tokens=result.tokens,
-                step_seconds=result.seconds,
-                loss=result.loss,
-                mfu=result.mfu,
-                peak_allocated_bytes=allocated,
-                peak_reserved_bytes=reserved,
-                alloc_retries=retries,
-            )
-            if runtime.rank == 0:
-                retries_warned = warn_at_capacity(retries, retries_warned, step)
-            if runtime.rank == 0 and (step % plan.log_every_steps == 0 or step == plan.steps):
-                log.info(
-                    "step %d/%d loss %.4f lr %.3g tokens/s/gpu %.0f mfu %.1f%% step %.3fs "
-                    "peak allocated %.1f GiB reserved %.1f GiB",
-                    step,
-                    plan.steps,
-                    result.loss,
-                    trainer.optimizer.param_groups[0]["lr"],
-                    result.tokens / result.seconds,
-                    100 * result.mfu,
-                    result.seconds,
-                    allocated / 2**30,
-                    reserved / 2**30,
-                )
-            if step == plan.steps:
-                try:
-                    _save_checkpoint(trainer, checkpointer, metrics, source.state_dict())
-                except SaveFailed as err:
-                    raise StorageFailed(
-                        f"final {describe_save_failure(err, plan, checkpointer)}: free space there and rerun "
-                        "(it resumes from the newest complete checkpoint and redoes the steps since)"
-                    ) from None
-            elif step % interval == 0:
-                try:
-                    _save_checkpoint(trainer, checkpointer, metrics, source.state_dict())
-                    failed_saves = 0
-                except SaveFailed as err:  # raised on every rank alike: all take this branch
-                    failed_saves += 1
-                    metrics.record_checkpoint_failure()
-                    line = describe_save_failure(err, plan, checkpointer)
-                    if failed_saves >= MAX_FAILED_SAVES_IN_A_ROW:
-                        raise StorageFailed(
-                            f"{failed_saves} interval checkpoints in a row not written, the last {line}; "
-                            "stopping rather than training on without checkpoints: free space there or "
-                            "fix the storage, then rerun"
-                        ) from None
-                    if runtime.rank == 0:
-                        log.error(
-                            "%s; training goes on and tries again at step %d (the run stops after %d "
-                            "failed saves in a row, this is %d)",
-                            line,
-                            min(step + interval, plan.steps),
-                            MAX_FAILED_SAVES_IN_A_ROW,
-                            failed_saves,
-                        )
+                policy.at_preemption(trainer.step_index, started_at, trainer.model, trainer.optimizer, extra)
+                return 0
+            result = _finite_step(trainer, source, checkpointer)
+            checkpointer.confirm_finite(trainer.step_index)  # the checkpoint before it is known good
+            report.step(trainer.step_index, result, lr=trainer.optimizer.param_groups[0]["lr"])
+            policy.after_step(trainer.step_index, trainer.model, trainer.optimizer, extra)
     finally:
         metrics.close()
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-def _exit_preempted(
-    trainer: Trainer,
-    checkpointer: Checkpointer,
-    metrics: TrainerMetrics,
-    data_state: dict[str, Any],
-    started_at: int,
-) -> int:
-    """The agreed stop (collective): save the steps taken since the last checkpoint, then exit 0."""
-    step = trainer.step_index
-    if step == started_at:
-        # Nothing trained in this process: the state is the resumed checkpoint's (or the initial one).
-        log.info("preempted before the first step (at step %d): nothing new to checkpoint, exiting 0", step)
-        return 0
-    if not checkpointer.enabled:
-        log.info("preempted at step %d: checkpointing is off, exiting 0", step)
-        return 0
-    from .checkpoint import SaveFailed, StorageFailed
+def _token_source(plan: Plan, runtime: Runtime) -> TokenSource:
+    from .data import DataLayout, build_token_source
 
-    try:
-        _save_checkpoint(trainer, checkpointer, metrics, data_state)  # a no-op if the interval save wrote it
-    except SaveFailed as err:
-        raise StorageFailed(
-            f"preempted at step {step}: {describe_save_failure(err, trainer.plan, checkpointer)}: the next "
-            "start resumes from the newest complete checkpoint; free space there"
-        ) from None
-    log.info("preempted: checkpoint at step %d written, exiting 0", step)
-    return 0
-
-
-def _save_checkpoint(
-    trainer: Trainer, checkpointer: Checkpointer, metrics: TrainerMetrics, data_state: dict[str, Any]
-) -> None:
-    """Checkpoint the current step (collective) and export its time when one was written."""
-    step = trainer.step_index
-    if checkpointer.save(step, trainer.model, trainer.optimizer, {"step": step, "data": data_state}):
-        metrics.record_checkpoint(time.time())
-
-
-def free_space(path: str) -> str:
-    """'X free of Y' for the file system holding `path` (or its nearest existing parent), or 'unknown'."""
-    where = os.path.abspath(path)
-    while not os.path.exists(where) and os.path.dirname(where) != where:
-        where = os.path.dirname(where)
-    try:
-        usage = shutil.disk_usage(where)
-    except OSError:
-        return "free space unknown"
-    return f"{_bytes(usage.free)} free of {_bytes(usage.total)}"
-
-
-def _bytes(n: int) -> str:
-    size, unit = float(n), "B"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            break
-        size /= 1024
-    return f"{size:.0f} B" if unit == "B" else f"{size:.1f} {unit}"
-
-
-def describe_save_failure(err: SaveFailed, plan: Plan, checkpointer: Checkpointer) -> str:
-    """One line: which step, spec.training.checkpoint.path and its free space, the error, what is kept."""
-    kept = checkpointer.last_saved_step
-    newest = f"the newest complete checkpoint is step {kept}" if kept is not None else "no checkpoint yet"
-    return (
-        f"checkpoint of step {err.step} not written to spec.training.checkpoint.path {plan.checkpoint.path} "
-        f"({free_space(str(plan.checkpoint.path))}): rank {err.failed_rank}: {err.detail}; {newest}"
+    # Context-parallel peers (consecutive ranks) read the same samples: index the data by dp rank.
+    dp_rank, dp_world = data_parallel_rank(runtime.rank, runtime.world_size, plan.chosen.context_parallel)
+    layout = DataLayout(
+        micro_batch_size=plan.chosen.micro_batch_size,
+        sequence_length=plan.sequence_length,
+        vocab_size=plan.architecture.vocab_size,
+        rank=dp_rank,
+        world_size=dp_world,
     )
+    return build_token_source(plan.dataset, layout)
+
+
+def _resume_or_start(
+    plan: Plan, trainer: Trainer, source: TokenSource, checkpointer: Checkpointer, metrics: TrainerMetrics
+) -> None:
+    """The newest good checkpoint of this job (collective), else the plan's initial weights, if any."""
+    extra = checkpointer.load(
+        trainer.model, trainer.optimizer, on_skip=lambda path, reason: metrics.record_checkpoint_skipped()
+    )
+    if extra is not None:
+        trainer.step_index = int(extra["step"])
+        source.load_state_dict(extra["data"])
+        log.info("resumed at step %d", trainer.step_index)
+    elif plan.weights is not None:  # the job's own checkpoint wins; the initial weights start it
+        from .weights_load import load_pretrained
+
+        loaded = load_pretrained(trainer.model, plan.weights.uri, plan.architecture, plan.sequence_length)
+        metrics.record_weights_load(loaded.seconds)
+
+
+def _export(plan: Plan, trainer: Trainer, runtime: Runtime) -> None:
+    """Write the trained weights where the plan asks (also after a restart at the last step: an export a
+    crash interrupted is redone)."""
+    if plan.output is None:
+        return
+    from .weights_export import export_model
+
+    export_model(
+        trainer.model,
+        plan.architecture,
+        plan.output.uri,
+        sequence_length=plan.sequence_length,
+        weights_uri=plan.weights.uri if plan.weights else None,
+        is_writer=runtime.rank == 0,
+    )
+
+
+def _finite_step(trainer: Trainer, source: TokenSource, checkpointer: Checkpointer) -> StepResult:
+    """One step; a non-finite one stops the run, saying what a restart resumes from."""
+    try:
+        accum = trainer.plan.chosen.gradient_accumulation_steps
+        return trainer.step([source.next_batch() for _ in range(accum)])
+    except NonFiniteStep as err:  # raised on every rank alike, before any save of that step
+        kept = checkpointer.last_saved_step
+        resume = f"a restart resumes from step {kept}" if kept is not None else "no checkpoint yet"
+        raise err.explained(
+            f"stopped before saving it; {resume}. If it recurs at this step, lower "
+            "optimizer.learningRate (spec.training) or inspect the data it reads"
+        ) from None
+
+
+class StepReport:
+    """Each step's metrics, rank 0's line every plan.logEverySteps, and a warning when the GPU was full."""
+
+    def __init__(self, plan: Plan, runtime: Runtime, metrics: TrainerMetrics) -> None:
+        self.plan, self.runtime, self.metrics = plan, runtime, metrics
+        self.retries_warned = 0
+
+    def step(self, step: int, result: StepResult, *, lr: float) -> None:
+        allocated, reserved, retries = allocator_stats(self.runtime.device)
+        self.metrics.record_step(
+            tokens=result.tokens,
+            step_seconds=result.seconds,
+            loss=result.loss,
+            mfu=result.mfu,
+            peak_allocated_bytes=allocated,
+            peak_reserved_bytes=reserved,
+            alloc_retries=retries,
+        )
+        if self.runtime.rank != 0:
+            return
+        self.retries_warned = warn_at_capacity(retries, self.retries_warned, step)
+        if step % self.plan.log_every_steps == 0 or step == self.plan.steps:
+            log.info(
+                "step %d/%d loss %.4f lr %.3g tokens/s/gpu %.0f mfu %.1f%% step %.3fs "
+                "peak allocated %.1f GiB reserved %.1f GiB",
+                step,
+                self.plan.steps,
+                result.loss,
+                lr,
+                result.tokens / result.seconds,
+                100 * result.mfu,
+                result.seconds,
+                allocated / 2**30,
+                reserved / 2**30,
+            )
 
 
 # Kubernetes copies this file into the pod's status when the container ends (lastState.terminated.message);

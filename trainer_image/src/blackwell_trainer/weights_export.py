@@ -134,9 +134,9 @@ class S3Destination:
 
 def destination(uri: str) -> Destination:
     if uri.startswith("s3://"):
-        from .data import _cache_dir
+        from .shard_cache import cache_dir
 
-        return S3Destination(uri, _cache_dir() / "export-staging")
+        return S3Destination(uri, cache_dir() / "export-staging")
     if "://" in uri:
         raise WeightsError(f"output.uri {uri}: give a folder on a mounted volume or an s3:// prefix")
     return FolderDestination(uri)

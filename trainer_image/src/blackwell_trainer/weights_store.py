@@ -83,11 +83,11 @@ def _local_folder(uri: str, tensors: bool) -> Path:
     # changes, least recently used token shards evicted to make room (it never evicts weights).
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from .data import _cache_dir, _download_once
+    from .shard_cache import cache_dir, download_once
 
     where = S3Prefix.parse(uri, "weights.uri")
     client = s3_client()
-    folder = _cache_dir() / "weights" / where.bucket / where.prefix
+    folder = cache_dir() / "weights" / where.bucket / where.prefix
     found = 0
     try:
         for page in client.get_paginator("list_objects_v2").paginate(
@@ -98,7 +98,7 @@ def _local_folder(uri: str, tensors: bool) -> Path:
                 if "/" in name or not _wanted(name, tensors):
                     continue
                 etag = str(obj.get("ETag", "")).strip('"')
-                _download_once(client, where.bucket, str(obj["Key"]), folder / name, int(obj["Size"]), etag)
+                download_once(client, where.bucket, str(obj["Key"]), folder / name, int(obj["Size"]), etag)
                 found += 1
     except (BotoCoreError, ClientError) as err:
         raise WeightsUnavailable(

@@ -1,4 +1,4 @@
-"""Least-squares fit of calibration constants to measured records (projected Levenberg-Marquardt, numpy).
+"""Least-squares fit of calibration constants to measured records (scipy.optimize.least_squares).
 
 Every constant is a dotted path into the calibration (``memory.act_hidden``,
 ``throughput.recipes.9.none.efficiency``). Residuals are log ratios of prediction over measurement, so
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from scipy.optimize import least_squares
 
 from blackwell_operator.calibrate import PRIOR_WEIGHT
 from blackwell_operator.calibrate.predict import Comparison, compare
@@ -113,8 +114,8 @@ def default_constants(records: Sequence[CalibrationRecord], cal: Calibration, gp
     recipes = sorted({r.candidate.precision_recipe.value for r in records})
     table = cal.throughput.recipes.get(str(gpu_major), {})
     # Eager recipes (Transformer Engine) keep the GEMM efficiency their isolated GEMM benchmark measured
-    # (shared/tools/te-on-h200): their few end-to-end runs are slow for eager reasons, which the fit
-    # explains through the eager elementwise factor instead of blaming the GEMMs.
+    # (docs/reference/h200-measurements.md): their few end-to-end runs are slow for eager reasons, which the
+    # fit explains through the eager elementwise factor instead of blaming the GEMMs.
     eager = {rc.value for rc in cal.trainer.eager_recipes}
     efficiencies = [
         f"throughput.recipes.{gpu_major}.{rc}.efficiency" for rc in recipes if rc in table and rc not in eager
@@ -221,10 +222,6 @@ class _Problem:
         v = np.clip(self.base + self.scale * x, 0.0, self.upper)
         return {n: float(val) for n, val in zip(self.names, v, strict=True)}
 
-    def project(self, x: np.ndarray) -> np.ndarray:
-        v = np.clip(self.base + self.scale * x, 0.0, self.upper)
-        return np.asarray((v - self.base) / self.scale)
-
     def calibration(self, x: np.ndarray) -> Calibration:
         return with_constants(self.cal, self.values(x)) if self.names else self.cal
 
@@ -246,34 +243,46 @@ class _Problem:
         return jac
 
 
-def _levenberg_marquardt(
-    problem: _Problem, x: np.ndarray, prior: float, max_iter: int = 60
-) -> tuple[np.ndarray, int]:
-    """Minimise |r(x)|^2 + prior |x|^2 with damping and projection onto the bounds."""
-    r = problem.residuals(x)
-    cost = float(r @ r + prior * x @ x)
-    damping = 1e-2
-    it = 0
-    for step in range(1, max_iter + 1):
-        it = step
-        jac = problem.jacobian(x, r)
-        jtj = jac.T @ jac
-        grad = jac.T @ r + prior * x
-        improved = False
-        for _ in range(8):
-            lhs = jtj + damping * np.diag(np.diag(jtj) + 1e-12) + prior * np.eye(len(x))
-            x_new = problem.project(x - np.linalg.solve(lhs, grad))
-            r_new = problem.residuals(x_new)
-            cost_new = float(r_new @ r_new + prior * x_new @ x_new)
-            if cost_new < cost:
-                improved = cost - cost_new > 1e-12 * max(cost, 1e-30)
-                x, r, cost = x_new, r_new, cost_new
-                damping = max(damping / 3.0, 1e-9)
-                break
-            damping *= 4.0
-        if not improved:
-            break
-    return x, it
+def _least_squares(problem: _Problem, prior: float, max_evaluations: int = 60) -> tuple[np.ndarray, int]:
+    """Minimise |r(x)|^2 + prior |x|^2 within the bounds (scipy's dogbox trust-region solver).
+
+    Dogbox, not the default trf: constants whose base sits on a bound (comm_interference at 0) make trf's
+    strictly-interior steps vanish, and the throughput fit stopped at its start (rms unchanged).
+
+    The prior is a weak pull towards the base values, appended to the residuals as sqrt(prior) * x. Each
+    constant is bounded to [0, its upper bound]; in the fitted variable that is [-base/scale, ...]."""
+    n = len(problem.names)
+    weight = math.sqrt(prior)
+    last: dict[bytes, np.ndarray] = {}  # the residuals at the last point, which the Jacobian starts from
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        r = problem.residuals(x)
+        last.clear()
+        last[x.tobytes()] = r
+        return np.concatenate([r, weight * x])
+
+    def jacobian(x: np.ndarray) -> np.ndarray:
+        # Our forward differences, not scipy's: its relative step is zero at x = 0 (every constant's base),
+        # and the planner's predictions do not move measurably under its fallback step of 1.5e-8.
+        r = last.get(x.tobytes())
+        r = problem.residuals(x) if r is None else r
+        return np.vstack([problem.jacobian(x, r), weight * np.eye(n)])
+
+    lower = (0.0 - problem.base) / problem.scale
+    upper = (problem.upper - problem.base) / problem.scale
+    solution = least_squares(
+        residuals,
+        np.zeros(n),
+        jac=jacobian,
+        bounds=(lower, upper),
+        method="dogbox",
+        ftol=1e-10,
+        xtol=1e-10,
+        gtol=1e-10,
+        max_nfev=max_evaluations,
+    )
+    # njev: the solver's iterations (each takes one Jacobian).
+    return np.asarray(solution.x), int(solution.njev or solution.nfev)
 
 
 def _stats(r: np.ndarray) -> tuple[float, float]:
@@ -314,9 +323,7 @@ def fit_calibration(
         points = np.sum(np.abs(jac) > 1e-6, axis=0) if group else np.zeros(0, dtype=int)
         chosen = [n for n, s in zip(group, sens, strict=True) if s > SENSITIVITY_FLOOR]
         problem = _Problem(data, cal, chosen, kind)
-        x, iters = (
-            _levenberg_marquardt(problem, np.zeros(len(chosen)), prior_weight) if chosen else (np.zeros(0), 0)
-        )
+        x, iters = _least_squares(problem, prior_weight) if chosen else (np.zeros(0), 0)
         result.iterations += iters
         fitted_values = problem.values(x)
         r1 = problem.residuals(x)
