@@ -165,9 +165,17 @@ class ShardTokenSource:
     """
 
     def __init__(
-        self, shards: Sequence[Shard], *, token_dtype: str, seed: int, uri: str, layout: DataLayout
+        self,
+        shards: Sequence[Shard],
+        *,
+        token_dtype: str,
+        seed: int,
+        uri: str,
+        layout: DataLayout,
+        manifest: ShardManifest | None = None,
     ) -> None:
         self.dtype = np.dtype(token_dtype)
+        self.manifest = manifest  # the checked manifest.json, if the data set has one
         self.seed = seed
         self.sequence_length = sequence_length = layout.sequence_length
         self.vocab_size = layout.vocab_size
@@ -385,5 +393,5 @@ def build_token_source(dataset: DatasetConfig, layout: DataLayout) -> TokenSourc
     if not shards:
         raise DataError(f"dataset.uri {uri} holds no *.bin token shards; upload shards or fix the uri")
     return ShardTokenSource(
-        shards, token_dtype=dataset.token_dtype, seed=dataset.seed, uri=uri, layout=layout
+        shards, token_dtype=dataset.token_dtype, seed=dataset.seed, uri=uri, layout=layout, manifest=manifest
     )
