@@ -60,6 +60,17 @@ class ShardManifest(WireModel):
     )
 
 
+def parse_manifest(text: str, uri: str) -> ShardManifest:
+    """The manifest.json of the data set at `uri`; ManifestMismatch when it is not one."""
+    try:
+        return ShardManifest.model_validate_json(text)
+    except ValueError as err:
+        raise ManifestMismatch(
+            f"dataset.uri {uri}: {MANIFEST_NAME} is not a shard manifest ({str(err).splitlines()[0]}); "
+            "copy the one `python -m blackwell_trainer.prepare` wrote"
+        ) from None
+
+
 def check_manifest(
     manifest: ShardManifest,
     files: Mapping[str, int],
