@@ -851,7 +851,7 @@ def plan_summary(plan: Plan) -> str:
         f"micro-batch {chosen.micro_batch_size}, AC {chosen.activation_checkpointing.value}, "
         f"{chosen.sharding.value} sharding; predicted "
         f"{predicted.tokens_per_second_per_gpu:,.0f} tokens/s/GPU, "
-        f"MFU {predicted.model_flops_utilization:.0%}, "
+        f"MFU {predicted.model_flops_utilization:.0%} of BF16 dense peak, "
         f"peak {predicted.memory.peak_reserved / 2**30:.1f} GiB/GPU"
     )
 
