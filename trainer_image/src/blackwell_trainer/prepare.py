@@ -152,6 +152,8 @@ def _run_unit(job: dict[str, Any]) -> dict[str, Any]:
     dtype = np.dtype(job["dtype"])
     eos = int(job["eos"])
     tokenizer = _WORKER["tokenizer"]
+    # The fast variant skips the character offsets, which shards do not keep (tokenizers >= 0.20.2).
+    encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
     docs = tokens = skipped = top = 0
     partial = out / f"{name}.tmp-{os.getpid()}"
     with partial.open("wb") as handle:
@@ -159,7 +161,7 @@ def _run_unit(job: dict[str, Any]) -> dict[str, Any]:
             skipped += empty
             if not batch:
                 continue
-            encoded = tokenizer.encode_batch(batch, add_special_tokens=job["add_special_tokens"])
+            encoded = encode(batch, add_special_tokens=job["add_special_tokens"])
             end = np.array([eos], dtype=np.int64)
             flat = np.concatenate(
                 [part for e in encoded for part in (np.asarray(e.ids, dtype=np.int64), end)]
