@@ -250,7 +250,7 @@ def _start_state(options: Options, settings: dict[str, str]) -> Path | None:
         return None
     if (state / SETTINGS_NAME).is_file():
         _refuse_other_settings(json.loads((state / SETTINGS_NAME).read_text()), settings, out)
-    elif out.is_dir() and any(out.iterdir()):
+    elif out.is_dir() and any(p.name != STATE_DIR for p in out.iterdir()):  # a kill before settings.json
         raise PrepareError(f"--output {out} is not empty and holds no preparation; use a new or empty folder")
     state.mkdir(parents=True, exist_ok=True)
     _write_atomic(state / SETTINGS_NAME, json.dumps(settings))

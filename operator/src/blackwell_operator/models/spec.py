@@ -42,6 +42,7 @@ Auto = Literal["auto"]
 
 DEFAULT_INSTANCE_TYPE = "ml.p6-b200.48xlarge"
 # The trainer image of this release: its tag is the package version.
+MAX_GLOBAL_BATCH_TOKENS = 2**40
 DEFAULT_IMAGE = f"ghcr.io/blackwell-dev/blackwell-trainer:{__version__}"
 
 
@@ -196,10 +197,12 @@ class TrainingSpec(WireModel):
     global_batch_tokens: int | None = Field(
         default=None,
         ge=1,
+        # 2^40 tokens: some 65,000 times the 16M-token batches of the largest public pre-training runs.
+        le=MAX_GLOBAL_BATCH_TOKENS,
         description="Tokens per optimizer step across all GPUs; the planner picks gradient accumulation "
         "to reach it. Default: one micro-batch per GPU.",
     )
-    steps: int = Field(default=1000, ge=1, description="Optimizer steps.")
+    steps: int = Field(default=1000, ge=1, le=100_000_000, description="Optimizer steps.")
     dataset: DatasetConfig = Field(default_factory=DatasetConfig, description="Training data source.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpointing.")
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="AdamW settings.")
@@ -248,7 +251,9 @@ class Toleration(WireModel):
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
         default=None, description="Taint effect; empty matches all effects."
     )
-    toleration_seconds: int | None = Field(default=None, description="For NoExecute: how long to stay.")
+    toleration_seconds: int | None = Field(
+        default=None, ge=0, le=365 * 24 * 3600, description="For NoExecute: how long to stay."
+    )
 
 
 # The volumes the operator mounts into every trainer container itself (render/pod.py): a user volume may
