@@ -74,7 +74,7 @@ BAD: dict[str, tuple[bytes, str]] = {
     "dry-run-string": ((HEAD + META + SPEC + "  dryRun: 'false'\n").encode(), "spec.dryRun"),
     "queue-outside-pattern": (
         (HEAD + META + SPEC + "  queueName: team a/queue\n").encode(),
-        "spec.queueName",
+        'spec.queueName: "team a/queue" is not a label value',
     ),
     "toleration-breaks-cel": (
         (HEAD + META + SPEC + "  tolerations: [{operator: Exists, value: ml}]\n").encode(),
