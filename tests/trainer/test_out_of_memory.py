@@ -100,9 +100,14 @@ def test_an_oom_becomes_a_permanent_error_with_its_result_line_and_a_metric(
         record(self, result)
         recorded.append(result)
         # The exporter is still serving: what Prometheus would scrape now.
-        counted = self.registry.get_sample_value("btj_trainer_gpu_out_of_memory_total", {"phase": phase.value})
+        counted = self.registry.get_sample_value(
+            "btj_trainer_gpu_out_of_memory_total", {"phase": phase.value}
+        )
         assert counted == 1.0
-        assert self.registry.get_sample_value("btj_trainer_gpu_out_of_memory_needed_bytes") == result.needed_bytes
+        assert (
+            self.registry.get_sample_value("btj_trainer_gpu_out_of_memory_needed_bytes")
+            == result.needed_bytes
+        )
 
     monkeypatch.setattr(TrainerMetrics, "record_out_of_memory", keep)
     rc = main(["--plan", str(path)])
