@@ -37,6 +37,7 @@ from blackwell_operator.planner import plan_job
 from blackwell_operator.render import render_children, trainjob
 from blackwell_operator.render.labels import RENDER_HASH_ANNOTATION
 from blackwell_operator.render.pod import resources
+from blackwell_operator.replan import REPLANNED_REASON, correction_of, replacing_child
 from blackwell_operator.status import (
     CHILD_PHASES,
     TERMINAL_PHASES,
@@ -178,14 +179,21 @@ class Reconciler:
         generation = int(meta.get("generation") or 1)
         try:
             spec = parse_spec(body)
-            plan = plan_job(spec, job_name=name)
+            # What out-of-memory runs of this spec taught (status.memoryCorrection, replan.py): also after
+            # an operator restart, the plan is the corrected one that runs.
+            correction = correction_of(body)
+            plan = plan_job(spec, job_name=name, correction=correction)
         except SpecError as exc:
             self.ctx.metrics.record_error(exc.reason)
             self._report_invalid(body, exc, generation)
             return
 
         result = Result(plan=plan)
-        result.conditions.append((ConditionType.PLANNED, "True", "Planned", plan_summary(plan)))
+        if correction is not None:  # the last explanation line says what the correction is
+            planned = (REPLANNED_REASON, f"{plan_summary(plan)}; {plan.explanation[-1]}")
+        else:
+            planned = ("Planned", plan_summary(plan))
+        result.conditions.append((ConditionType.PLANNED, "True", *planned))
         capacity = self._capacity(spec, plan, logger)
         result.conditions.append(capacity_condition(capacity, spec.cluster.nodes))
         backend = self._backend(body, spec)
@@ -329,11 +337,15 @@ class Reconciler:
                 # A child was recorded and is gone (deleted while the job ran, or while the operator was
                 # down): this is a re-creation, and the trainer resumes from the checkpoint folder.
                 self.ctx.metrics.children_recreated.inc()
+                why = "the previous one was deleted before the job finished"
+                if replacing_child(status):
+                    why = "the previous one ran out of GPU memory; re-planned: " + (
+                        plan_summary(result.plan) if result.plan else ""
+                    )
                 post_event(
                     body,
                     reason="ChildRecreated",
-                    message=f"Re-created {kind.kind} {job['metadata']['name']} (the previous one was "
-                    f"deleted before the job finished); {resume_note(spec)}",
+                    message=f"Re-created {kind.kind} {job['metadata']['name']} ({why}); {resume_note(spec)}",
                 )
             elif created:
                 post_event(
