@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from blackwell_operator.calibration import Calibration, load_calibration
 from blackwell_operator.catalogs import resolve_model
+from blackwell_operator.errors import PlanningError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.models.status import MemoryCorrection
 from blackwell_operator.planner.candidates import Pins, families
@@ -150,6 +151,14 @@ def plan_job(
     result = run_search(problem, fams, pins.micro_batch_size)
     best = result.best
     if best is None:
+        pinned = pins.micro_batch_size
+        if correction is not None and pinned is not None and all(problem.max_mbs(f) < pinned for f in fams):
+            raise PlanningError(
+                "spec.tuning.microBatchSize",
+                f"micro-batch {pinned} ran out of GPU memory on this job in every configuration the other "
+                "spec.tuning pins allow (status.planHistory)",
+                "use auto or a smaller micro-batch",
+            )
         raise unreachable_global_batch(problem, pins, result) or no_plan(spec, cal, pins, result, problem)
 
     alternatives = _alternatives(best, result, problem.budget_bytes, hw, cal)
