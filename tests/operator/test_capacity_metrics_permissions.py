@@ -97,13 +97,16 @@ def test_permissions_are_least_privilege() -> None:
     assert "*" not in verbs
     # Children go by owner-reference garbage collection. The deletes: a child whose worker ended on a
     # permanent error (its GPUs are freed instead of held by retries), and a trainer pod stuck Terminating
-    # on a lost node (stuck_pods.py).
+    # on a lost node (stuck_pods.py), and the plan ConfigMap when its job's create is refused or its
+    # finished job is gone, and a TrainJob's TrainingRuntime likewise (nothing made for a job outlives it).
     deletable = {(p.api_group, p.resource) for p in PERMISSIONS if "delete" in p.verbs}
     assert deletable == {
         ("kubeflow.org", "pytorchjobs"),
         ("sagemaker.amazonaws.com", "hyperpodpytorchjobs"),
         ("trainer.kubeflow.org", "trainjobs"),
+        ("trainer.kubeflow.org", "trainingruntimes"),
         ("", "pods"),
+        ("", "configmaps"),
     }
     assert all(p.resource != "*" and p.api_group != "*" for p in PERMISSIONS)
     assert granted("kubeflow.org", "pytorchjobs", "create")

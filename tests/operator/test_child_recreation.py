@@ -171,7 +171,7 @@ async def test_a_recreate_refused_for_a_while_is_retried_on_a_timer(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # An admission webhook refuses the re-create (422: not retryable, recreate-child gives up at once) and
-    # the BTJ then changes no more: only the retry-child timer brings the child back.
+    # the BTJ then changes no more: only the resync loop brings the child back.
     monkeypatch.setenv("BTJ_CHILD_RETRY_INTERVAL_S", "1")
     async with running_operator(cluster):
         fault = await recreated_after_refusals(cluster, "webhook", 422, times=3)
@@ -181,8 +181,10 @@ async def test_a_recreate_refused_for_a_while_is_retried_on_a_timer(
     assert cluster.status("webhook")["child"]["uid"] == child_uid(cluster, "webhook")
 
 
-def test_the_timer_leaves_a_btj_whose_recreate_is_in_progress_alone(caplog: pytest.LogCaptureFixture) -> None:
-    # The event handler and the timer run in different threads: while one re-creates, the timer's tick
+def test_the_resync_loop_leaves_a_btj_whose_reconcile_is_in_progress_alone(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Kopf's handlers and the resync loop run in different threads: while one reconciles, the loop's pass
     # does nothing (two creates would both succeed from the caller's view: a 409 is adopted).
     ctx = OperatorContext(
         api=cast(KubeApi, None), capacity=cast(NodeCapacityReader, None), metrics=OperatorMetrics()
@@ -192,7 +194,9 @@ def test_the_timer_leaves_a_btj_whose_recreate_is_in_progress_alone(caplog: pyte
     lock = ctx.recreate_lock("u-1")
     with lock, caplog.at_level(logging.DEBUG, logger="test-recreate-lock"):
         Reconciler(ctx).reconcile_now(body, logger=logger, attempts=1, wait=False)
-    assert [r.getMessage() for r in caplog.records] == ["A child re-create is already in progress"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "A reconcile of this BlackwellTrainingJob is already in progress"
+    ]
     assert ctx.recreate_lock("u-1") is lock and not lock.locked()
 
 

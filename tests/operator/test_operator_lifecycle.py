@@ -244,6 +244,8 @@ async def test_delete_removes_the_children_through_owner_references(cluster: Clu
         await wait_for(lambda: cluster.job("gone") and cluster.config_map("gone-plan"), what="children")
         await cluster.delete_btj("gone")
         await wait_for(lambda: cluster.btj("gone") is None, what="the BTJ to go")
+        # The job's final-status finalizer is released by the operator once it sees the job going.
+        await wait_for(lambda: cluster.job("gone") is None, what="the job released")
     # No finalizer was needed: the BTJ went at once, and the (emulated) garbage collector took the children.
     assert cluster.job("gone") is None and cluster.config_map("gone-plan") is None
     assert not any(

@@ -23,6 +23,7 @@ def test_every_setting_has_its_documented_variable() -> None:
         "BTJ_STUCK_POD_TIMEOUT_S",
         "BTJ_MEASURE_INTERVAL_S",
         "BTJ_METRICS_BIND",
+        "BTJ_PLAN_DEADLINE_S",
         "BTJ_DEFAULT_TRAINER_IMAGE",
     }
     assert set(OperatorEnvironment.model_fields) >= OFF_AT_ZERO

@@ -54,14 +54,16 @@ framework rules listed there. No wildcards anywhere.
   resources: ["trainjobs"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Application: the per-job TrainingRuntime a TrainJob references (created before it, patched with it;
-# removed with the BlackwellTrainingJob through its owner reference).
+# deleted when the TrainJob's create is refused or the finished TrainJob is gone, else removed with the
+# BlackwellTrainingJob through its owner reference).
 - apiGroups: ["trainer.kubeflow.org"]
   resources: ["trainingruntimes"]
-  verbs: ["get", "create", "patch"]
-# Application: the <name>-plan ConfigMap mounted into the trainer pods.
+  verbs: ["get", "create", "patch", "delete"]
+# Application: the <name>-plan ConfigMap mounted into the trainer pods (deleted when its job's create
+# is refused, or when its finished job is gone).
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "create", "patch", "delete"]
 # Application: trainer pods, watched (label-filtered) so that a failed worker's exit code and
 # termination message reach the BlackwellTrainingJob's status.lastFailure; a trainer pod stuck
 # Terminating on a gone or not-Ready node is force-deleted so that its replacement can start.

@@ -25,7 +25,8 @@ PERMISSIONS: tuple[Permission, ...] = (
     # OwnerReferencesPermissionEnforcement plugin allows only to whoever may update the owner's finalizers.
     Permission("training.blackwell.dev", "blackwelltrainingjobs/finalizers", ("update",)),
     # The operator: the child jobs and the plan ConfigMap (create-or-get, patched on a safe spec change); a
-    # child is deleted when a worker ends on a permanent error, so its GPUs are not held by retries.
+    # child is deleted when a worker ends on a permanent error, so its GPUs are not held by retries, and
+    # patched to add and release its final-status finalizer.
     Permission("kubeflow.org", "pytorchjobs", ("get", "list", "watch", "create", "patch", "delete")),
     Permission(
         "sagemaker.amazonaws.com",
@@ -34,9 +35,11 @@ PERMISSIONS: tuple[Permission, ...] = (
     ),
     Permission("trainer.kubeflow.org", "trainjobs", ("get", "list", "watch", "create", "patch", "delete")),
     # The operator: a TrainJob's per-job TrainingRuntime, created before it and patched with it like the
-    # plan ConfigMap (create-or-get; never watched or deleted: it goes with the BTJ's owner reference).
-    Permission("trainer.kubeflow.org", "trainingruntimes", ("get", "create", "patch")),
-    Permission("", "configmaps", ("get", "create", "patch")),
+    # plan ConfigMap (get-or-create; never watched; deleted, like the ConfigMap, when the TrainJob's create
+    # is refused or the finished TrainJob is gone, else it goes with the BTJ's owner reference).
+    Permission("trainer.kubeflow.org", "trainingruntimes", ("get", "create", "patch", "delete")),
+    # The plan ConfigMap is deleted when its job create is refused or its finished job is gone.
+    Permission("", "configmaps", ("get", "create", "patch", "delete")),
     # The operator: cluster capacity (nodes of the instance type and their HyperPod health label).
     Permission("", "nodes", ("list",)),
     # The operator (track-pods): watches trainer pods, filtered by label on the server, to copy a failed

@@ -48,6 +48,11 @@ class OperatorEnvironment(BaseSettings):
     measure_interval_s: float = Field(
         60.0, ge=0, allow_inf_nan=False, description="Seconds between throughput readings; 0: off."
     )
+    # The largest job plans in milliseconds (benchmarks/results/plan_speed.json); a thousand times that is
+    # still short next to the watch timeouts, and long enough for a CPU shared with other work.
+    plan_deadline_s: float = Field(
+        10.0, gt=0, allow_inf_nan=False, description="Seconds one reconcile may plan before it is Invalid."
+    )
     # "off" disables the server (e.g. several operators in one test).
     metrics_bind: str | None = Field(
         None, description="host:port of the metrics and health server, or 'off'; None: all interfaces."

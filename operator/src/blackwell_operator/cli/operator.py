@@ -147,7 +147,7 @@ async def _wait(predicate: Callable[[], Any], timeout: float = 30.0) -> Any:
 
 
 async def _demo(manifest: dict[str, Any], *, nodes: int, pause: float) -> bool:
-    from blackwell_operator.cli.plan import render_plan_tables
+    from blackwell_operator.cli.plan import DEFAULT_HEADROOM, render_plan_tables
     from blackwell_operator.testing.cluster import allocatable, emulated_cluster, hyperpod_node
     from blackwell_operator.testing.emulator import BTJ_RESOURCE
     from blackwell_operator.testing.kubeconfig import write_kubeconfig
@@ -215,7 +215,9 @@ async def _demo(manifest: dict[str, Any], *, nodes: int, pause: float) -> bool:
                     console.print(f"[red]{status.get('message')}[/]")
                     return False
                 plan = Plan.model_validate(status["plan"])
-                render_plan_tables(plan, console)
+                tuning = manifest["spec"].get("tuning") or {}
+                headroom = float(tuning.get("memoryHeadroom", DEFAULT_HEADROOM))
+                render_plan_tables(plan, console, headroom=headroom)
                 for cond in status.get("conditions", []):
                     console.print(
                         f"  condition {cond['type']:<18} {cond['status']:<7} {cond['reason']}: "

@@ -17,9 +17,12 @@ from blackwell_operator.cli.backend_option import BackendOption, resolve_offline
 from blackwell_operator.cli.manifest import fail, load_manifest_or_fail
 from blackwell_operator.cli.options import DEFAULT_CALIBRATION, CalibrationOption, read_calibration
 from blackwell_operator.errors import SpecError
+from blackwell_operator.models.spec import TuningSpec
+from blackwell_operator.planner.figures import memory_budget, tenths
 from blackwell_trainer.config import MEMORY_COMPONENTS, Plan
 
 GIB = 1 << 30
+DEFAULT_HEADROOM: float = TuningSpec.model_fields["memory_headroom"].default
 
 
 class PlanFormat(StrEnum):
@@ -34,8 +37,32 @@ def _gib(n: float) -> str:
     return f"{n / GIB:.1f}"
 
 
-def render_plan_tables(plan: Plan, console: Console, *, explain: bool = False) -> None:
-    """The plan as rich tables: chosen configuration, memory, prediction, alternatives."""
+def memory_rows(plan: Plan, headroom: float) -> list[tuple[str, str]]:
+    """The memory table's rows: the components (adding up to the peak shown), the peak, the budget."""
+    m = plan.predicted.memory
+    parts = tenths([getattr(m, key) for key in MEMORY_COMPONENTS], m.peak_reserved)
+    named = zip(MEMORY_COMPONENTS, parts, strict=True)
+    rows = [(key.replace("_", " "), f"{part:.1f}") for key, part in named]
+    budget = round(memory_budget(plan.gpu.memory_bytes, headroom) / GIB, 1)
+    peak = round(sum(parts), 1)
+    limit = f"budget: {_gib(plan.gpu.memory_bytes)} GiB GPU less {headroom * 100:g}% headroom"
+    left = "left under the budget" if budget >= peak else "[red]over the budget[/]"
+    return [
+        *rows,
+        ("[bold]= peak reserved (must fit the budget)[/]", f"{peak:.1f}"),
+        ("  of which allocated by PyTorch", _gib(m.peak_allocated)),
+        (limit, f"{budget:.1f}"),
+        (left, f"{abs(budget - peak):.1f}"),
+    ]
+
+
+def render_plan_tables(
+    plan: Plan, console: Console, *, explain: bool = False, headroom: float = DEFAULT_HEADROOM
+) -> None:
+    """The plan as rich tables: chosen configuration, memory, prediction, alternatives.
+
+    headroom: the spec's tuning.memoryHeadroom (the plan does not carry it), for the budget row.
+    """
     c, p, m = plan.chosen, plan.predicted, plan.predicted.memory
     console.print(
         f"[bold]{plan.job_name}[/]: {plan.model_name} ({plan.parameter_count / 1e9:.2f}B) on {plan.nodes} x "
@@ -53,7 +80,7 @@ def render_plan_tables(plan: Plan, console: Console, *, explain: bool = False) -
         ("context parallel", str(c.context_parallel)),
         ("compile / loss chunk", f"{c.compile} / {c.loss_chunk_tokens} tokens"),
         ("predicted tokens/s per GPU", f"{p.tokens_per_second_per_gpu:,.0f}"),
-        ("predicted MFU", f"{p.model_flops_utilization:.1%}"),
+        ("predicted MFU (of the BF16 dense peak)", f"{p.model_flops_utilization:.1%}"),
         ("predicted step time", f"{p.step_time_seconds:.3f} s"),
         ("candidates evaluated", str(plan.candidates_evaluated)),
     ):
@@ -63,11 +90,8 @@ def render_plan_tables(plan: Plan, console: Console, *, explain: bool = False) -
     memory = Table(title=f"Memory per GPU (GiB), peak in the {m.peak_phase} phase")
     memory.add_column("component")
     memory.add_column("GiB", justify="right")
-    for key in MEMORY_COMPONENTS:
-        memory.add_row(key.replace("_", " "), _gib(getattr(m, key)))
-    memory.add_row("[bold]peak allocated[/]", _gib(m.peak_allocated))
-    memory.add_row("[bold]peak reserved (must fit)[/]", _gib(m.peak_reserved))
-    memory.add_row("GPU memory", _gib(plan.gpu.memory_bytes))
+    for row in memory_rows(plan, headroom):
+        memory.add_row(*row)
     console.print(memory)
 
     _weights_table(plan, console)
@@ -157,7 +181,8 @@ def plan(
     elif output is PlanFormat.YAML:
         typer.echo(yaml.safe_dump(json.loads(result.to_json()), sort_keys=False), nl=False)
     else:
-        render_plan_tables(result, Console(width=140), explain=explain)
+        headroom = job.spec.tuning.memory_headroom
+        render_plan_tables(result, Console(width=140), explain=explain, headroom=headroom)
     typer.echo(backend_note, err=True)
     if explain and output is not PlanFormat.TABLE:
         for line in result.explanation:

@@ -15,6 +15,7 @@ from blackwell_operator.cli.backend_option import BackendOption, resolve_offline
 from blackwell_operator.cli.manifest import fail, load_manifest_or_fail
 from blackwell_operator.errors import SpecError
 from blackwell_operator.models.spec import DEFAULT_IMAGE
+from blackwell_operator.planner.figures import memory_budget
 from blackwell_operator.render import dump_documents, render_children
 from blackwell_operator.render.crd import crd_yaml
 from blackwell_operator.render.names import name_problem
@@ -31,11 +32,11 @@ class OutputFormat(StrEnum):
     JSON = "json"
 
 
-def plan_summary(plan: Plan) -> str:
+def plan_summary(plan: Plan, headroom: float) -> str:
     """A few human lines about the plan (stderr, so stdout stays valid YAML/JSON)."""
     chosen, predicted = plan.chosen, plan.predicted
     peak = predicted.memory.peak_reserved / GIB
-    capacity = plan.gpu.memory_bytes / GIB
+    budget = memory_budget(plan.gpu.memory_bytes, headroom) / GIB
     return "\n".join(
         [
             f"plan {plan.job_name}: {plan.model_name} ({plan.parameter_count / 1e9:.2f}B parameters) on "
@@ -45,7 +46,8 @@ def plan_summary(plan: Plan) -> str:
             f"{chosen.micro_batch_size} x {chosen.gradient_accumulation_steps} accumulation, sharding "
             f"{chosen.sharding.value}, context parallel {chosen.context_parallel}",
             f"  predicted: {predicted.tokens_per_second_per_gpu:,.0f} tokens/s per GPU, MFU "
-            f"{predicted.model_flops_utilization:.1%}, peak memory {peak:.1f} of {capacity:.1f} GiB per GPU",
+            f"{predicted.model_flops_utilization:.1%} of the BF16 dense peak, peak memory {peak:.1f} of "
+            f"{budget:.1f} GiB budget per GPU ({headroom * 100:g}% of the GPU's memory kept free)",
         ]
     )
 
@@ -86,7 +88,7 @@ def render(
     except SpecError as exc:
         fail(exc.message)
     objects = render_children(name, namespace, spec, plan, labels=labels)
-    typer.echo(plan_summary(plan), err=True)
+    typer.echo(plan_summary(plan, spec.tuning.memory_headroom), err=True)
     typer.echo(backend_note, err=True)
     if job.spec.image is None:
         typer.echo(

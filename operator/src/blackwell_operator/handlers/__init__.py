@@ -13,14 +13,10 @@ from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.measure import measure_interval
 from blackwell_operator.handlers.pods import on_pod_event
 from blackwell_operator.handlers.reconcile import CHILD_KINDS, Reconciler
+from blackwell_operator.handlers.resync import resync_interval
 from blackwell_operator.models.spec import API_GROUP, API_VERSION, PLURAL
 from blackwell_operator.render.labels import JOB_NAME_LABEL, MANAGED_BY_LABEL, MANAGER
-from blackwell_operator.settings import operator_environment
 from blackwell_operator.stuck_pods import stuck_pod_timeout
-
-# A BTJ still without its child after recreate-child gave up (an admission webhook refusing the create, the
-# training operator's CRD briefly gone, an outage longer than the retries) is tried again on a timer, once
-# the BTJ has been quiet this long, until the child exists or the BTJ finishes or goes.
 
 
 def _ctx(memo: kopf.Memo) -> OperatorContext:
@@ -34,12 +30,15 @@ def reconcile_btj(body: kopf.Body, memo: kopf.Memo, retry: int, logger: Any, **_
 
 
 async def track_btj(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """on.event for BTJs: keeps btj_operator_jobs{phase} current (async: no thread hop for a dict update)."""
+    """on.event for BTJs: keeps btj_operator_jobs{phase} and the resync loop's view current (async: no
+    thread hop for a dict update)."""
     uid = body.get("metadata", {}).get("uid", "")
     phase = None if type == "DELETED" else (body.get("status") or {}).get("phase") or "Pending"
     _ctx(memo).metrics.observe_job(uid, phase)
     if type == "DELETED":
-        _ctx(memo).forget_btj(uid)  # its re-create lock, kept for the BTJ's lifetime
+        _ctx(memo).forget_btj(uid)  # its lock and its place in the resync loop, kept for its lifetime
+    else:
+        _ctx(memo).note_btj(dict(body))
 
 
 def wants_child_back_filter(type: str | None, body: kopf.Body, **_: Any) -> bool:
@@ -51,25 +50,14 @@ def recreate_child(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> N
     """on.event for a BTJ whose child was deleted before the job finished: the reconcile path re-creates it.
 
     An event handler of the BTJ runs in that BTJ's Kopf worker, one event at a time with the reconcile
-    handlers, so it never races a reconcile of the same BTJ; reconcile GETs the child first (no duplicate
-    when it exists again) and honours dryRun, an invalid spec and a BTJ being deleted.
+    handlers; the resync loop takes the same per-BTJ lock. Reconcile GETs the child first (no duplicate
+    when it exists again) and honours dryRun, an invalid spec and a BTJ being deleted; what it cannot
+    finish now, the resync loop finishes.
     """
     Reconciler(_ctx(memo)).reconcile_now(body, logger=logger)
 
 
-def wants_child_back_now(body: kopf.Body, **_: Any) -> bool:
-    """Kopf `when` filter of the retry-child timer (timers get no event type)."""
-    return wants_child_back(body)
-
-
-def retry_child(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
-    """Timer for a BTJ still waiting for its child: one more reconcile (create-or-get: never a duplicate)."""
-    Reconciler(_ctx(memo)).reconcile_now(body, logger=logger, attempts=1, wait=False)
-
-
-def child_retry_interval() -> float:
-    """Seconds between child re-create attempts by the timer (`BTJ_CHILD_RETRY_INTERVAL_S`, default 60)."""
-    return operator_environment().child_retry_interval_s
+child_retry_interval = resync_interval  # the name the chart's setting was documented under
 
 
 def track_child(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
@@ -95,10 +83,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
     # A bad BTJ_STUCK_POD_TIMEOUT_S or BTJ_MEASURE_INTERVAL_S stops the operator at start, with one line.
     stuck_pod_timeout()
     measure_interval()
-    interval = child_retry_interval()
-    kopf.timer(
-        *btj, registry=registry, id="retry-child", interval=interval, idle=interval, when=wants_child_back_now
-    )(retry_child)
+    resync_interval()  # a bad BTJ_CHILD_RETRY_INTERVAL_S stops the operator at start too
     for kind in CHILD_KINDS.values():
         group, version = kind.api_version.split("/")
         # A silent event handler: it writes nothing onto the child (update handlers would add Kopf

@@ -22,6 +22,10 @@ class ApiError(Exception):
         self.status = status
         self.reason = reason
         self.message = message
+        # What the operator asked for, set by the caller (e.g. "the create of PyTorchJob x"), and whether
+        # it was on the way to creating the child: for the condition that reports a refusal.
+        self.action: str | None = None
+        self.creating = True
         super().__init__(f"HTTP {status} {reason}: {message}" if status else f"{reason}: {message}")
 
     @property

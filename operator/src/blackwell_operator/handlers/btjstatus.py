@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import time
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from blackwell_operator.handlers import retrying
 from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.models.spec import API_GROUP, API_VERSION, PLURAL
@@ -13,7 +14,7 @@ from blackwell_operator.models.status import ConditionType
 from blackwell_operator.status import TERMINAL_PHASES
 
 BTJ_API_VERSION = f"{API_GROUP}/{API_VERSION}"
-_MAX_ATTEMPTS = 8
+_LOG = logging.getLogger(__name__)
 # The ChildCreated reason the child watcher writes when it sees the recorded child deleted.
 CHILD_DELETED = "ChildDeleted"
 _TERMINAL = frozenset(phase.value for phase in TERMINAL_PHASES)
@@ -53,14 +54,18 @@ def wants_child_back(btj: Mapping[str, Any]) -> bool:
     )
 
 
-def write_status(api: KubeApi, namespace: str, name: str, update: StatusUpdate) -> dict[str, Any] | None:
-    """Apply `update` to the latest BTJ; on a concurrent write (409) re-read and recompute.
+def write_status(
+    api: KubeApi, namespace: str, name: str, update: StatusUpdate, logger: Any = None
+) -> dict[str, Any] | None:
+    """Apply `update` to the latest BTJ under the retry policy: a conflict (409) re-reads and recomputes.
 
-    Two writers share the status (the spec reconciler and the child watcher); the resourceVersion
+    Several writers share the status (the spec reconciler, the child and pod watchers); the resourceVersion
     precondition makes each write land on what its computation saw. Returns the BTJ written, or None
-    when the BTJ is gone or nothing changed.
+    when the BTJ is gone or nothing changed; raises the last ApiError when the policy gives up.
     """
-    for _ in range(_MAX_ATTEMPTS):
+    log = logger if logger is not None else _LOG
+
+    def once() -> dict[str, Any] | None:
         current = api.get(btj_path(namespace, name))
         if current is None:
             return None
@@ -71,33 +76,20 @@ def write_status(api: KubeApi, namespace: str, name: str, update: StatusUpdate) 
         if all(old_status.get(key) == value for key, value in changes.items()):
             return None
         body = {"metadata": {"resourceVersion": current["metadata"]["resourceVersion"]}, "status": changes}
-        try:
-            return api.patch(btj_path(namespace, name, "status"), body)
-        except ApiError as exc:
-            if exc.status != 409:
-                raise
-    raise ApiError(409, "Conflict", f"status of {namespace}/{name} kept changing; will retry")
+        return api.patch(btj_path(namespace, name, "status"), body)
+
+    return retrying.call(f"status of BlackwellTrainingJob {namespace}/{name}", log, once)
 
 
-def write_status_retrying(
-    ctx: OperatorContext,
-    namespace: str,
-    name: str,
-    update: StatusUpdate,
-    logger: Any,
-    *,
-    purpose: str,
-    attempts: int = 6,
+def write_status_logged(
+    ctx: OperatorContext, namespace: str, name: str, update: StatusUpdate, logger: Any, *, purpose: str
 ) -> tuple[bool, dict[str, Any] | None]:
-    """write_status for event handlers, which get no retries from Kopf: transient API errors are retried
-    here, with backoff. Returns (whether it went through or had nothing to do, the BTJ written)."""
-    for attempt in range(attempts):
-        try:
-            return True, write_status(ctx.api, namespace, name, update)
-        except ApiError as exc:
-            ctx.metrics.record_error(exc.metric_reason)
-            if not exc.retryable or attempt == attempts - 1:
-                logger.error(f"Cannot {purpose} on BlackwellTrainingJob {namespace}/{name}: {exc}")
-                return False, None
-            time.sleep(min(0.1 * 2**attempt, 5.0))
-    return False, None
+    """write_status for the watchers, which get no retries from Kopf: a write the policy gives up on is
+    counted and logged in one line (the object's next event, or the resync loop, tries again).
+    Returns (whether it went through or had nothing to do, the BTJ written)."""
+    try:
+        return True, write_status(ctx.api, namespace, name, update, logger)
+    except ApiError as exc:
+        ctx.metrics.record_error(exc.metric_reason)
+        logger.error(f"Cannot {purpose} on BlackwellTrainingJob {namespace}/{name}: {exc}")
+        return False, None

@@ -6,9 +6,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from blackwell_operator.failures import stopping_child, with_failure
-from blackwell_operator.handlers.btjstatus import CHILD_DELETED, is_finished, write_status_retrying
+from blackwell_operator.handlers import finalizer
+from blackwell_operator.handlers.api import ApiError
+from blackwell_operator.handlers.btjstatus import CHILD_DELETED, is_finished, write_status_logged
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import post_event
+from blackwell_operator.handlers.reconcile import CHILD_KINDS, drop_supporting, supporting_of
 from blackwell_operator.models.spec import KIND
 from blackwell_operator.models.status import ConditionType, Phase
 from blackwell_operator.replan import replacing_child
@@ -105,11 +108,16 @@ def on_child_event(
 ) -> None:
     """Mirror one child event onto its owner BTJ's status (a no-op when nothing changes)."""
     owner = owner_reference(child)
-    if owner is None:
-        return
     meta = child["metadata"]
+    # Deleted, or being deleted and held by our finalizer until its end is recorded: a deletion either way.
+    going = event_type == "DELETED" or bool(meta.get("deletionTimestamp"))
+    if owner is None:
+        if going and finalizer.holds(child):
+            _release(ctx, child, logger)  # nothing to record it on: never keep it from going
+        return
     namespace, child_uid, kind = meta.get("namespace"), meta.get("uid"), child.get("kind", "job")
     transition: dict[str, Any] = {}
+    ended: dict[str, Any] = {}
 
     def update(btj: Mapping[str, Any]) -> dict[str, Any] | None:
         if btj["metadata"].get("uid") != owner.get("uid"):
@@ -122,10 +130,12 @@ def on_child_event(
         # the current spec, so stamp that generation (else these conditions would keep none).
         generation = status.get("observedGeneration") or btj["metadata"].get("generation")
         now = now_rfc3339()
-        if event_type == "DELETED":
+        if going:
             # Reported here; the BTJ's own event handler (recreate-child) brings the child back when
             # wants_child_back says so. It runs in the BTJ's Kopf worker, serialised with reconcile.
-            return deleted_child_changes(btj, child, generation=generation, now=now)
+            deleted = deleted_child_changes(btj, child, generation=generation, now=now)
+            ended.update(btj=btj, finished=is_finished({**status, **deleted}))
+            return deleted
         if recorded == child_uid and stopping_child(status):
             # The worker watcher failed the BTJ, or re-planned it, and is deleting this child: its last
             # phases (Restarting, Failed while it goes) must not bring the job back to life or end it.
@@ -158,9 +168,17 @@ def on_child_event(
             changes["child"] = _reference(child)
         return changes
 
-    _, written = write_status_retrying(
+    done, written = write_status_logged(
         ctx, namespace, owner["name"], update, logger, purpose="mirror its child's status"
     )
+    if done and going and ended.get("finished"):
+        # The job had finished, so nothing will mount its plan again: what it referenced goes with it.
+        btj = ended["btj"]
+        objects = supporting_of(namespace, owner["name"], kind)
+        drop_supporting(ctx.api, namespace, objects, btj["metadata"]["uid"], logger)
+    if done and going and event_type != "DELETED" and finalizer.holds(child):
+        # Its end is on the BTJ now (or there is no BTJ to record it on): let it go.
+        _release(ctx, child, logger)
     if written is not None and transition and transition["old"] != transition["new"].value:
         reason = _EVENT_PHASES.get(transition["new"])
         if reason:
@@ -169,3 +187,14 @@ def on_child_event(
             )
             warning = transition["new"] in (Phase.FAILED, Phase.RESTARTING)
             post_event(written, reason, message, warning=warning)
+
+
+def _release(ctx: OperatorContext, child: Mapping[str, Any], logger: Any) -> None:
+    kind = next((k for k in CHILD_KINDS.values() if k.kind == child.get("kind")), None)
+    if kind is None:
+        return
+    try:
+        finalizer.release(ctx.api, child, kind.plural, logger)
+    except ApiError as exc:  # the child's next event (or the next operator start) tries again
+        ctx.metrics.record_error(exc.metric_reason)
+        logger.error(f"Cannot release {kind.kind} {child['metadata']['name']}: {exc}")

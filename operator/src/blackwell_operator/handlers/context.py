@@ -30,8 +30,8 @@ class OperatorContext:
     default_image: str = DEFAULT_IMAGE
     # Which job kinds the cluster serves, for spec.backend auto (None: every kind counts as served).
     served_apis: ServedJobApis | None = None
-    # One child re-create at a time per BTJ: the recreate-child event handler and the retry-child timer
-    # run in different threads and must not both create (the loser's 409 would be adopted and counted).
+    # One reconcile at a time per BTJ: Kopf's handlers and the resync loop run in different threads and
+    # must not both create (the loser's 409 would be adopted and counted).
     _recreating: dict[str, threading.Lock] = field(default_factory=dict)
     _guard: threading.Lock = field(default_factory=threading.Lock)
     # pod uid -> (pod, finishedAt) of the failure last recorded (or found stored) for it.
@@ -41,15 +41,30 @@ class OperatorContext:
     _terminating: dict[str, Mapping[str, Any]] = field(default_factory=dict)
     # pod uid -> the trainer pod as last seen Running with an IP: whose /metrics the measure loop reads.
     _running: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    # BTJ uid -> the BTJ as last seen by the watch: what the resync loop looks at.
+    _btjs: dict[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def recreate_lock(self, uid: str) -> threading.Lock:
         """The lock of one BTJ's child re-creates."""
         with self._guard:
             return self._recreating.setdefault(uid, threading.Lock())
 
-    def forget_btj(self, uid: str) -> None:
-        """A deleted BTJ re-creates nothing more: drop its lock (unless a re-create holds it right now)."""
+    def note_btj(self, btj: Mapping[str, Any]) -> None:
+        """Remember a BTJ as last seen (for the resync loop)."""
+        uid = str((btj.get("metadata") or {}).get("uid") or "")
+        if uid:
+            with self._guard:
+                self._btjs[uid] = btj
+
+    def known_btjs(self) -> dict[str, Mapping[str, Any]]:
+        """Every BTJ seen and not deleted, by uid, as last seen."""
         with self._guard:
+            return dict(self._btjs)
+
+    def forget_btj(self, uid: str) -> None:
+        """A deleted BTJ re-creates nothing more: drop its lock (unless a pass holds it right now)."""
+        with self._guard:
+            self._btjs.pop(uid, None)
             lock = self._recreating.get(uid)
             if lock is not None and not lock.locked():
                 del self._recreating[uid]

@@ -15,7 +15,7 @@ from blackwell_operator.failures import (
     worker_failure,
 )
 from blackwell_operator.handlers.api import ApiError, resource_path
-from blackwell_operator.handlers.btjstatus import CHILD_DELETED, write_status_retrying
+from blackwell_operator.handlers.btjstatus import CHILD_DELETED, write_status_logged
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import post_event
 from blackwell_operator.handlers.reconcile import CHILD_KINDS
@@ -49,7 +49,7 @@ def on_pod_event(ctx: OperatorContext, event_type: str | None, pod: Mapping[str,
         posted.update(event=new, btj=btj)
         return changes
 
-    done, written = write_status_retrying(
+    done, written = write_status_logged(
         ctx, namespace, name, update, logger, purpose="record a worker failure"
     )
     if not done:

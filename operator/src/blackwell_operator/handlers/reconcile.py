@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import copy
+import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import kopf
 
@@ -21,6 +23,7 @@ from blackwell_operator.backends import (
 )
 from blackwell_operator.discovery.capacity import Capacity
 from blackwell_operator.errors import SpecError
+from blackwell_operator.handlers import retrying
 from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
 from blackwell_operator.handlers.btjstatus import (
     CHILD_DELETED,
@@ -30,13 +33,14 @@ from blackwell_operator.handlers.btjstatus import (
     write_status,
 )
 from blackwell_operator.handlers.context import OperatorContext
-from blackwell_operator.handlers.events import adopt_children, post_event
+from blackwell_operator.handlers.events import adopt_children, create_event, post_event
+from blackwell_operator.handlers.finalizer import holds, release, with_finalizer
+from blackwell_operator.handlers.planning import plan_within
 from blackwell_operator.models.spec import Backend, BlackwellTrainingJobSpec
 from blackwell_operator.models.status import ConditionType, Phase
-from blackwell_operator.planner import plan_job
 from blackwell_operator.render import render_children, trainjob
 from blackwell_operator.render.labels import RENDER_HASH_ANNOTATION
-from blackwell_operator.render.pod import resources
+from blackwell_operator.render.pod import plan_config_map_name, resources
 from blackwell_operator.replan import REPLANNED_REASON, correction_of, replacing_child
 from blackwell_operator.status import (
     CHILD_PHASES,
@@ -46,6 +50,7 @@ from blackwell_operator.status import (
     child_conditions,
     child_message,
     child_phase,
+    get_condition,
     merge_patch_to,
     now_rfc3339,
     plan_document,
@@ -63,6 +68,15 @@ NO_JOB_API_RETRY_S = 60.0
 # What the child references, created before it and patched with it: the plan ConfigMap, and for a TrainJob
 # its TrainingRuntime.
 SUPPORTING_PLURALS = {"ConfigMap": "configmaps", trainjob.RUNTIME_KIND: trainjob.RUNTIME_PLURAL}
+
+
+T = TypeVar("T")
+_LOG = logging.getLogger(__name__)
+# ChildCreated / SpecApplied reasons when the API server refuses a create or a patch of a child.
+CREATE_REFUSED = "CreateRefused"
+PATCH_REFUSED = "PatchRefused"
+DRY_RUN_MESSAGE = "spec.dryRun is true: planned only, nothing created."
+RETRY_INTERVAL_HINT = "BTJ_CHILD_RETRY_INTERVAL_S, 60 s by default"
 
 
 class ChildConflict(Exception):
@@ -90,6 +104,44 @@ def owned_by(obj: Mapping[str, Any], owner_uid: str) -> bool:
     return any(ref.get("uid") == owner_uid for ref in refs)
 
 
+def supporting_of(namespace: str, btj_name: str, child_kind: str) -> list[tuple[str, str, str]]:
+    """(apiVersion, plural, name) of what a BTJ's child references: its plan ConfigMap, and for a
+    TrainJob its TrainingRuntime (named like the job)."""
+    found = [("v1", "configmaps", plan_config_map_name(btj_name))]
+    if child_kind == trainjob.KIND:
+        found.append((trainjob.API_VERSION, trainjob.RUNTIME_PLURAL, btj_name))
+    return found
+
+
+def drop_supporting(
+    api: KubeApi, namespace: str, objects: list[tuple[str, str, str]], owner_uid: str, logger: Any
+) -> None:
+    """Delete what a job referenced, when the BTJ owns it (its job is gone or was never made); a failure
+    is logged only (the next pass that wants no job tries again)."""
+    for api_version, plural, name in objects:
+        path = resource_path(api_version, plural, namespace, name)
+        try:
+            existing = api.get(path)
+            if existing is not None and owned_by(existing, owner_uid):
+                api.delete(path, uid=existing["metadata"].get("uid"))
+        except ApiError as exc:
+            logger.warning(f"Cannot delete {plural} {name}: {exc}")
+
+
+def _reference(obj: Mapping[str, Any]) -> tuple[str, str, str]:
+    """(apiVersion, plural, name) of a rendered supporting object."""
+    return (str(obj["apiVersion"]), SUPPORTING_PLURALS[obj["kind"]], obj["metadata"]["name"])
+
+
+def _named(call: Callable[[], T], what: str, *, create: bool = True) -> T:
+    """`call()`, with an ApiError marked with what was asked (for the refusal's message and condition)."""
+    try:
+        return call()
+    except ApiError as exc:
+        exc.action, exc.creating = what, create
+        raise
+
+
 def parse_spec(body: Mapping[str, Any]) -> BlackwellTrainingJobSpec:
     """The spec judged as the API server judges it (admission.job); a refusal names the first field."""
     try:
@@ -107,82 +159,155 @@ def _retry_delay(retry: int) -> float:
     return float(min(0.25 * 2**retry, 60.0))
 
 
-class Reconciler:
-    """Reconciles one BTJ's spec per call; stateless between calls (everything lives in the API)."""
+class ChildRefused(Exception):
+    """The API server refused a create or patch of a child (reported on the BTJ; the resync loop retries).
 
-    def __init__(self, ctx: OperatorContext) -> None:
+    `condition` is the one that says so: ChildCreated for a create, SpecApplied for a patch in place.
+    """
+
+    def __init__(self, message: str, *, condition: str, reason: str) -> None:
+        super().__init__(message)
+        self.condition = condition
+        self.reason = reason
+
+
+class Reconciler:
+    """Reconciles one BTJ's spec per call; stateless between calls (everything lives in the API).
+
+    `direct_events`: post Events through the API (for the resync loop, which runs outside Kopf's
+    per-object tasks and so has no Kopf event queue).
+    """
+
+    def __init__(self, ctx: OperatorContext, *, direct_events: bool = False) -> None:
         self.ctx = ctx
         self.api: KubeApi = ctx.api
+        self.direct_events = direct_events
+        self._logger: Any = None
 
-    # ----- entry point -----
+    # ----- entry points -----
 
     def reconcile(self, body: Mapping[str, Any], *, retry: int, logger: Any) -> None:
-        """One pass; raises kopf.TemporaryError for what a retry can fix."""
-        started = time.perf_counter()
-        try:
-            self._reconcile(body, logger)
-        except ApiError as exc:
-            self.ctx.metrics.record_error(exc.metric_reason)
-            if exc.retryable or exc.status == 403:
+        """Kopf's handler path: one pass; raises kopf.TemporaryError for what a later retry can fix."""
+        with self.ctx.recreate_lock(str(body.get("metadata", {}).get("uid", ""))):
+            try:
+                self._guarded(body, logger)
+            except ApiError as exc:
                 raise kopf.TemporaryError(
                     f"API call failed, retrying: {exc}", delay=_retry_delay(retry)
                 ) from exc
-            raise kopf.PermanentError(f"API call rejected: {exc}") from exc
-        except (kopf.TemporaryError, kopf.PermanentError):
-            raise
-        except Exception as exc:  # a bug: count it, keep serving other BTJs, retry later
-            self.ctx.metrics.record_error("InternalError")
-            logger.exception("Unexpected error while reconciling")
-            raise kopf.TemporaryError(
-                f"internal error, retrying: {exc!r}", delay=_retry_delay(retry + 4)
-            ) from exc
-        finally:
-            self.ctx.metrics.reconcile_duration.observe(time.perf_counter() - started)
+            except kopf.TemporaryError:
+                raise
+            except Exception as exc:  # a bug: counted and logged in _guarded; keep serving other BTJs
+                raise kopf.TemporaryError(
+                    f"internal error, retrying: {exc!r}", delay=_retry_delay(retry + 4)
+                ) from exc
 
     def reconcile_now(
-        self, body: Mapping[str, Any], *, logger: Any, attempts: int = 8, wait: bool = True
-    ) -> None:
-        """A reconcile for callers Kopf does not retry (event handlers, timers): retry here, with backoff.
+        self,
+        body: Mapping[str, Any],
+        *,
+        logger: Any,
+        attempts: int = retrying.ATTEMPTS,
+        wait: bool = True,
+    ) -> bool:
+        """A pass for callers Kopf does not retry (the recreate-child event handler, the resync loop).
 
-        One caller per BTJ at a time; with `wait=False` (the timer) a call finding another in progress
-        does nothing, since that one is already bringing the child back.
+        One pass per BTJ at a time; with `wait=False` (the loop) a call finding another in progress
+        does nothing, since that one is already at work. What the retry policy cannot fix is logged in
+        one line and left to the resync loop. Returns whether the pass ran to its end.
         """
         lock = self.ctx.recreate_lock(str(body.get("metadata", {}).get("uid", "")))
         if not lock.acquire(blocking=wait):
-            logger.debug("A child re-create is already in progress")
-            return
+            logger.debug("A reconcile of this BlackwellTrainingJob is already in progress")
+            return False
         try:
-            self._reconcile_with_retries(body, logger=logger, attempts=attempts)
+            self._guarded(body, logger, attempts=attempts)
+            return True
+        except (ApiError, kopf.TemporaryError) as exc:
+            logger.warning(f"Reconcile failed, the resync loop tries again: {exc}")
+        except Exception as exc:  # counted and logged with its traceback in _guarded
+            logger.warning(f"Reconcile failed, the resync loop tries again: {exc!r}")
         finally:
             lock.release()
+        return False
 
-    def _reconcile_with_retries(self, body: Mapping[str, Any], *, logger: Any, attempts: int) -> None:
-        for retry in range(attempts):
-            try:
-                self.reconcile(body, retry=retry, logger=logger)
-                return
-            except kopf.TemporaryError as exc:
-                if retry == attempts - 1:
-                    logger.error(
-                        f"Giving up after {attempts} attempts (the next event or timer retries): {exc}"
-                    )
-                    return
-                logger.warning(str(exc))
-                time.sleep(exc.delay if exc.delay is not None else _retry_delay(retry))
-            except kopf.PermanentError as exc:
-                logger.error(str(exc))
-                return
+    def _guarded(self, body: Mapping[str, Any], logger: Any, *, attempts: int = retrying.ATTEMPTS) -> None:
+        """One pass under the retry policy (a pass is idempotent: create-or-get, conditional writes)."""
+        started = time.perf_counter()
+        self._logger = logger
+        meta = body.get("metadata", {})
+        what = f"reconcile of BlackwellTrainingJob {meta.get('namespace')}/{meta.get('name')}"
+        try:
+            retrying.call(what, logger, lambda: self._reconcile(body, logger), attempts=attempts)
+        except ApiError as exc:
+            self.ctx.metrics.record_error(exc.metric_reason)
+            raise
+        except kopf.TemporaryError:  # a pass that says when to try again (no job API served yet)
+            raise
+        except Exception:
+            self.ctx.metrics.record_error("InternalError")
+            logger.exception("Unexpected error while reconciling")
+            raise
+        finally:
+            self.ctx.metrics.reconcile_duration.observe(time.perf_counter() - started)
+
+    def _event(self, obj: Mapping[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
+        if not self.direct_events:
+            post_event(obj, reason=reason, message=message, warning=warning)
+            return
+        try:
+            create_event(self.api, obj, reason, message, warning=warning)
+        except ApiError as exc:  # an Event is a courtesy: the condition says the same
+            self.ctx.metrics.record_error(exc.metric_reason)
+            if self._logger is not None:
+                self._logger.warning(f"Cannot post Event {reason}: {exc}")
+
+    def _event_once(
+        self,
+        obj: Mapping[str, Any],
+        condition: str,
+        reason: str,
+        message: str,
+        *,
+        warning: bool = True,
+        event: tuple[str, str] | None = None,
+    ) -> None:
+        """An Event for a condition's cause (`event`: its own reason and message, else the condition's),
+        unless the stored condition already says it (a restart, a retry, the resync loop): one Event per
+        cause, not one per pass. `obj` is the BTJ as read before this pass wrote its status."""
+        meta = obj.get("metadata") or {}
+        stored = get_condition((obj.get("status") or {}).get("conditions"), condition) or {}
+        if (
+            stored.get("reason") == reason
+            and stored.get("message") == message
+            and stored.get("observedGeneration") == int(meta.get("generation") or 1)
+        ):
+            return
+        event_reason, event_message = event or (reason, message)
+        self._event(obj, event_reason, event_message, warning=warning)
 
     def _reconcile(self, body: Mapping[str, Any], logger: Any) -> None:
         meta = body["metadata"]
         name, namespace = meta["name"], meta["namespace"]
+        # The event that triggered this pass may be stale (the BTJ changed, or was deleted meanwhile): work
+        # from the BTJ as it is now, and create nothing for one that is gone or going.
+        current = self.api.get(btj_path(namespace, name))
+        if (
+            current is None
+            or current["metadata"].get("uid") != meta["uid"]
+            or current["metadata"].get("deletionTimestamp")
+        ):
+            logger.info("The BlackwellTrainingJob is gone or going; nothing to create.")
+            return
+        body = current
+        meta = body["metadata"]
         generation = int(meta.get("generation") or 1)
         try:
             spec = parse_spec(body)
             # What out-of-memory runs of this spec taught (status.memoryCorrection, replan.py): also after
             # an operator restart, the plan is the corrected one that runs.
             correction = correction_of(body)
-            plan = plan_job(spec, job_name=name, correction=correction)
+            plan = plan_within(spec, name, correction=correction)
         except SpecError as exc:
             self.ctx.metrics.record_error(exc.reason)
             self._report_invalid(body, exc, generation)
@@ -211,25 +336,22 @@ class Reconciler:
                     ConditionType.CHILD_CREATED,
                     "False",
                     "DryRun",
-                    "spec.dryRun is true: planned only, nothing created.",
+                    DRY_RUN_MESSAGE,
                 )
             )
             result.message = f"Planned (dry run): {plan_summary(plan)}"
             self._write(body, result, generation)
-            post_event(body, reason="Planned", message=f"Dry run: {plan_summary(plan)}")
+            self._event_once(
+                body,
+                ConditionType.CHILD_CREATED,
+                "DryRun",
+                DRY_RUN_MESSAGE,
+                warning=False,
+                event=("Planned", f"Dry run: {plan_summary(plan)}"),
+            )
             return
 
         kind = CHILD_KINDS[spec.backend]
-        # The event that triggered this pass may be stale (the BTJ deleted meanwhile): check before creating
-        # children that would only be garbage-collected again.
-        current = self.api.get(btj_path(namespace, name))
-        if (
-            current is None
-            or current["metadata"].get("uid") != meta["uid"]
-            or current["metadata"].get("deletionTimestamp")
-        ):
-            logger.info("The BlackwellTrainingJob is gone or going; nothing to create.")
-            return
         config_map, *supporting, job = render_children(
             name,
             namespace,
@@ -239,9 +361,13 @@ class Reconciler:
             default_image=self.ctx.default_image,
         )
         adopt_children([config_map, *supporting, job], body)
+        # The child keeps its final status until this operator has recorded it (handlers/children.py):
+        # a finished job deleted while the operator is down (ttlSecondsAfterFinished: 0) is then still
+        # seen finished, and never run again.
+        with_finalizer(job)
         result.config_map = config_map["metadata"]["name"]
         try:
-            self._apply(body, current, spec, kind, [config_map, *supporting], job, result)
+            self._apply(body, body, spec, kind, [config_map, *supporting], job, result)
         except ChildConflict as exc:
             self.ctx.metrics.record_error("ChildNameConflict")
             result.phase = Phase.FAILED
@@ -249,7 +375,18 @@ class Reconciler:
             result.conditions.append((ConditionType.CHILD_CREATED, "False", "ChildNameConflict", str(exc)))
             result.message = str(exc)
             self._write(body, result, generation)
-            post_event(body, warning=True, reason="ChildNameConflict", message=str(exc))
+            self._event_once(body, ConditionType.CHILD_CREATED, "ChildNameConflict", str(exc))
+            return
+        except ChildRefused as exc:
+            self.ctx.metrics.record_error(exc.reason)
+            result.conditions.append((exc.condition, "False", exc.reason, str(exc)))
+            if exc.condition == ConditionType.CHILD_CREATED:
+                result.phase = Phase.PENDING
+                result.message = f"Waiting for the API server to accept the job: {exc}"
+            else:
+                result.write_plan = False  # status.plan keeps describing what actually runs
+            self._write(body, result, generation)
+            self._event_once(body, exc.condition, exc.reason, str(exc))
             return
         self._write(body, result, generation)
 
@@ -278,7 +415,7 @@ class Reconciler:
         result.conditions.append((ConditionType.CHILD_CREATED, "False", NO_JOB_API, message))
         result.message = message
         self._write(body, result, generation)
-        post_event(body, warning=True, reason=NO_JOB_API, message=message)
+        self._event_once(body, ConditionType.CHILD_CREATED, NO_JOB_API, message)
         raise kopf.TemporaryError(message, delay=NO_JOB_API_RETRY_S)
 
     # ----- children -----
@@ -293,41 +430,86 @@ class Reconciler:
         job: dict[str, Any],
         result: Result,
     ) -> None:
+        """Create or patch the children; a refusal by the API server becomes ChildRefused."""
+        try:
+            self._apply_children(body, current, spec, kind, supporting, job, result)
+        except ApiError as exc:
+            if not retrying.refused(exc):
+                raise
+            raise self._refusal(exc) from exc
+
+    def _refusal(self, exc: ApiError) -> ChildRefused:
+        what, creating = exc.action or "a call", exc.creating
+        text = (
+            f"the API server refused {what}: {exc}. Fix the cause (an admission webhook, RBAC, a quota) "
+            f"or the spec; the operator tries again with backoff (at most every "
+            f"{RETRY_INTERVAL_HINT})"
+        )
+        if creating:
+            return ChildRefused(text, condition=ConditionType.CHILD_CREATED, reason=CREATE_REFUSED)
+        return ChildRefused(text, condition=ConditionType.SPEC_APPLIED, reason=PATCH_REFUSED)
+
+    def _apply_children(
+        self,
+        body: Mapping[str, Any],
+        current: Mapping[str, Any],
+        spec: BlackwellTrainingJobSpec,
+        kind: ChildKind,
+        supporting: list[dict[str, Any]],
+        job: dict[str, Any],
+        result: Result,
+    ) -> None:
         config_map = supporting[0]
         meta = body["metadata"]
         namespace, uid = meta["namespace"], meta["uid"]
-        job_path = resource_path(kind.api_version, kind.plural, namespace, job["metadata"]["name"])
-        existing = self.api.get(job_path)
+        job_name = job["metadata"]["name"]
+        job_path = resource_path(kind.api_version, kind.plural, namespace, job_name)
+        existing = _named(lambda: self.api.get(job_path), f"the read of {kind.kind} {job_name}")
         if existing is not None and not owned_by(existing, uid):
             raise ChildConflict(
-                f"a {kind.kind} named {job['metadata']['name']} exists and is not owned by this "
+                f"a {kind.kind} named {job_name} exists and is not owned by this "
                 "BlackwellTrainingJob. Fix: delete it, or rename the BlackwellTrainingJob"
             )
         status = current.get("status") or {}
+        if existing is not None and existing["metadata"].get("deletionTimestamp"):
+            # The previous child is going (a hand deletion, a TTL): its final status is being recorded
+            # (handlers/children.py), and a new one can take the name only once it is gone. When the BTJ
+            # says so already, the watcher's release went missing: release it here.
+            recorded = deleted_child_uid(status) == existing["metadata"].get("uid") or is_finished(status)
+            if recorded and holds(existing):
+                release(self.api, existing, kind.plural, self._logger or _LOG)
+            raise ApiError(409, "Conflict", f"the previous {kind.kind} {job_name} is still being deleted")
+        if existing is None:
+            # Read the BTJ again, after the child: a watcher that recorded the child's end (finished, a
+            # permanent error) did so before it let the child go, so this read sees that record.
+            fresh = self.api.get(btj_path(namespace, meta["name"])) or {}
+            fresh_meta = fresh.get("metadata") or {}
+            if fresh_meta.get("uid") != uid or fresh_meta.get("deletionTimestamp"):
+                raise ApiError(409, "Conflict", "the BlackwellTrainingJob changed while it was reconciled")
+            status = fresh.get("status") or {}
         previous = (status.get("child") or {}).get("uid")
         if existing is None and previous and is_finished(status) and not self._new_spec(body, status):
             # The finished job's child is gone (deleted by hand, or by a TTL): running it again would
             # repeat finished training. Only a spec change does that.
+            self._drop_supporting(supporting, uid)  # left by a crash between a create and the next
             result.conditions.append(
                 (
                     ConditionType.CHILD_CREATED,
                     "False",
                     CHILD_DELETED,
-                    f"{kind.kind} {job['metadata']['name']} was deleted; the job had finished, so it is "
-                    "not re-created.",
+                    f"{kind.kind} {job_name} was deleted; the job had finished, so it is not re-created.",
                 )
             )
             return
         if existing is None:
-            self._ensure_supporting(supporting, uid)
-            created, existing = self._create_or_get(kind, job, uid)
+            created, existing = self._create_together(kind, job, supporting, uid)
             result.child = existing
             result.conditions.append(
                 (
                     ConditionType.CHILD_CREATED,
                     "True",
                     "Created" if created else "Exists",
-                    f"{kind.kind} {job['metadata']['name']} and ConfigMap {config_map['metadata']['name']}",
+                    f"{kind.kind} {job_name} and ConfigMap {config_map['metadata']['name']}",
                 )
             )
             result.conditions.append(
@@ -335,23 +517,25 @@ class Reconciler:
             )
             if created and previous and previous != existing["metadata"].get("uid"):
                 # A child was recorded and is gone (deleted while the job ran, or while the operator was
-                # down): this is a re-creation, and the trainer resumes from the checkpoint folder.
+                # down): this is a re-creation, from the current spec, and the trainer resumes from the
+                # checkpoint folder.
                 self.ctx.metrics.children_recreated.inc()
                 why = "the previous one was deleted before the job finished"
                 if replacing_child(status):
                     why = "the previous one ran out of GPU memory; re-planned: " + (
                         plan_summary(result.plan) if result.plan else ""
                     )
-                post_event(
+                self._event(
                     body,
                     reason="ChildRecreated",
-                    message=f"Re-created {kind.kind} {job['metadata']['name']} ({why}); {resume_note(spec)}",
+                    message=f"Re-created {kind.kind} {job_name} ({why}) from the current spec, generation "
+                    f"{meta.get('generation') or 1}; {resume_note(spec)}",
                 )
             elif created:
-                post_event(
+                self._event(
                     body,
                     reason="Created",
-                    message=f"Created {kind.kind} {job['metadata']['name']}: "
+                    message=f"Created {kind.kind} {job_name}: "
                     f"{plan_summary(result.plan) if result.plan else ''}",
                 )
             return
@@ -362,10 +546,14 @@ class Reconciler:
                 ConditionType.CHILD_CREATED,
                 "True",
                 "Exists",
-                f"{kind.kind} {job['metadata']['name']} and ConfigMap {config_map['metadata']['name']}",
+                f"{kind.kind} {job_name} and ConfigMap {config_map['metadata']['name']}",
             )
         )
+        if not holds(existing):  # made by an operator version without it, or by hand
+            existing = result.child = self._hold(job_path, existing)
         if render_hash(existing) == render_hash(job):
+            # Cheap (one GET), and after a crash or a hand deletion the job may be there without it.
+            self._ensure_supporting(supporting, uid)
             result.conditions.append(
                 (ConditionType.SPEC_APPLIED, "True", "Applied", "The child matches the spec.")
             )
@@ -381,7 +569,9 @@ class Reconciler:
             }
             if kind.kind != trainjob.KIND:  # a TrainJob's spec is immutable; its runtime was patched
                 patch["spec"] = job["spec"]
-            result.child = self.api.patch(job_path, patch)
+            result.child = _named(
+                lambda: self.api.patch(job_path, patch), f"the patch of {kind.kind} {job_name}", create=False
+            )
             result.conditions.append(
                 (
                     ConditionType.SPEC_APPLIED,
@@ -390,10 +580,10 @@ class Reconciler:
                     "The job had not started; it was updated in place.",
                 )
             )
-            post_event(
+            self._event(
                 body,
                 reason="Updated",
-                message=f"Updated {kind.kind} {job['metadata']['name']} to the new plan (it had not started)",
+                message=f"Updated {kind.kind} {job_name} to the new plan (it had not started)",
             )
             return
         phase = child_phase(status)
@@ -404,51 +594,84 @@ class Reconciler:
         else:
             reason = "RunningJobImmutable"
         message = (
-            f"{kind.kind} {job['metadata']['name']} is {phase.value}; its shape cannot change in place. "
+            f"{kind.kind} {job_name} is {phase.value}; its shape cannot change in place. "
             "Fix: delete and re-create the BlackwellTrainingJob (it resumes from its checkpoint) to "
             "apply this spec"
         )
         result.conditions.append((ConditionType.SPEC_APPLIED, "False", reason, message))
         result.write_plan = False  # status.plan keeps describing what actually runs
-        post_event(body, warning=True, reason=reason, message=message)
+        self._event_once(body, ConditionType.SPEC_APPLIED, reason, message)
+
+    def _hold(self, job_path: str, job: Mapping[str, Any]) -> dict[str, Any]:
+        """Add the final-status finalizer to an existing job (guarded by its resourceVersion)."""
+        meta = job["metadata"]
+        finalizers = with_finalizer(copy.deepcopy(dict(job)))["metadata"]["finalizers"]
+        patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
+        return _named(
+            lambda: self.api.patch(job_path, patch),
+            f"the finalizer patch of {job.get('kind')} {meta['name']}",
+            create=False,
+        )
 
     @staticmethod
     def _new_spec(body: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
         """Whether this spec generation has not been reconciled yet (a spec change)."""
         return int(body["metadata"].get("generation") or 1) != status.get("observedGeneration")
 
+    def _create_together(
+        self, kind: ChildKind, job: dict[str, Any], supporting: list[dict[str, Any]], owner_uid: str
+    ) -> tuple[bool, dict[str, Any]]:
+        """What the job references (the ConfigMap, a TrainingRuntime), then the job: all stay, or none.
+
+        A refused job create deletes what was made for it again (no job exists: this pass found none). A
+        crash in between leaves them alone for a moment; the next pass (resume, the resync loop) creates
+        their job or, when the BTJ wants none, removes them.
+        """
+        self._ensure_supporting(supporting, owner_uid)
+        try:
+            return self._create_or_get(kind, job, owner_uid)
+        except ApiError as exc:
+            if retrying.refused(exc):
+                self._drop_supporting(supporting, owner_uid)
+            raise
+
+    def _drop_supporting(self, supporting: list[dict[str, Any]], owner_uid: str) -> None:
+        """Delete this BTJ's supporting objects, where they exist (their job is gone or was never made)."""
+        namespace = supporting[0]["metadata"]["namespace"]
+        refs = [_reference(obj) for obj in supporting]
+        drop_supporting(self.api, namespace, refs, owner_uid, self._logger or _LOG)
+
     def _ensure_supporting(self, objects: list[dict[str, Any]], owner_uid: str) -> None:
         for obj in objects:
             self._ensure_owned(obj, owner_uid)
 
     def _ensure_owned(self, obj: dict[str, Any], owner_uid: str) -> None:
-        """Create-or-patch one object the child references (the plan ConfigMap, a TrainingRuntime)."""
+        """One object the child references (the plan ConfigMap, a TrainingRuntime) exists, is ours and
+        holds this render (GET first: a resume creates and patches nothing)."""
         kind, meta = obj["kind"], obj["metadata"]
         collection = resource_path(obj["apiVersion"], SUPPORTING_PLURALS[kind], meta["namespace"])
         path = f"{collection}/{meta['name']}"
-        try:
-            self.api.create(collection, obj)
-            return
-        except ApiError as exc:
-            if exc.status != 409:
-                raise
-        existing = self.api.get(path)
-        if existing is None:  # deleted in between: the retry creates it
-            raise ApiError(409, "Conflict", f"{kind} {meta['name']} vanished")
+        existing = _named(lambda: self.api.get(path), f"the read of {kind} {meta['name']}")
+        if existing is None:
+            try:
+                _named(lambda: self.api.create(collection, obj), f"the create of {kind} {meta['name']}")
+                return
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise
+            existing = self.api.get(path)
+            if existing is None:  # deleted in between: the retry creates it
+                raise ApiError(409, "Conflict", f"{kind} {meta['name']} vanished")
         if not owned_by(existing, owner_uid):
             raise ChildConflict(
                 f"a {kind} named {meta['name']} exists and is not owned by "
                 "this BlackwellTrainingJob. Fix: delete it, or rename the BlackwellTrainingJob"
             )
         if render_hash(existing) != render_hash(obj):
-            body = {key: value for key, value in obj.items() if key not in ("apiVersion", "kind", "metadata")}
-            self.api.patch(
-                path,
-                {
-                    "metadata": {"labels": meta.get("labels"), "annotations": meta.get("annotations")},
-                    **body,
-                },
-            )
+            fields = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
+            labels = {"labels": meta.get("labels"), "annotations": meta.get("annotations")}
+            patch = {"metadata": labels, **fields}
+            _named(lambda: self.api.patch(path, patch), f"the patch of {kind} {meta['name']}", create=False)
 
     def _create_or_get(
         self, kind: ChildKind, job: dict[str, Any], owner_uid: str
@@ -456,7 +679,11 @@ class Reconciler:
         """Create the job; on 409 (a retry, a restart, a lost answer) take the existing one if it is ours."""
         namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
         try:
-            return True, self.api.create(resource_path(kind.api_version, kind.plural, namespace), job)
+            made = _named(
+                lambda: self.api.create(resource_path(kind.api_version, kind.plural, namespace), job),
+                f"the create of {kind.kind} {name}",
+            )
+            return True, made
         except ApiError as exc:
             if exc.status != 409:
                 raise
@@ -468,6 +695,8 @@ class Reconciler:
                 f"a {kind.kind} named {name} exists and is not owned by this "
                 "BlackwellTrainingJob. Fix: delete it, or rename the BlackwellTrainingJob"
             )
+        if existing["metadata"].get("deletionTimestamp"):
+            raise ApiError(409, "Conflict", f"the previous {kind.kind} {name} is still being deleted")
         return False, existing
 
     # ----- capacity -----
@@ -521,8 +750,8 @@ class Reconciler:
             changes["conditions"] = conds
             return changes
 
-        write_status(self.api, body["metadata"]["namespace"], body["metadata"]["name"], update)
-        post_event(body, warning=True, reason=exc.reason, message=exc.message)
+        write_status(self.api, body["metadata"]["namespace"], body["metadata"]["name"], update, self._logger)
+        self._event_once(body, ConditionType.PLANNED, exc.reason, exc.message)
 
     def _write(self, body: Mapping[str, Any], result: Result, generation: int) -> None:
         meta = body["metadata"]
@@ -601,7 +830,7 @@ class Reconciler:
             changes["conditions"] = conds
             return changes
 
-        write_status(self.api, meta["namespace"], meta["name"], update)
+        write_status(self.api, meta["namespace"], meta["name"], update, self._logger)
 
 
 def resume_note(spec: BlackwellTrainingJobSpec) -> str:
@@ -634,7 +863,7 @@ def plan_summary(plan: Plan) -> str:
         f"micro-batch {chosen.micro_batch_size}, AC {chosen.activation_checkpointing.value}, "
         f"{chosen.sharding.value} sharding; predicted "
         f"{predicted.tokens_per_second_per_gpu:,.0f} tokens/s/GPU, "
-        f"MFU {predicted.model_flops_utilization:.0%}, "
+        f"MFU {predicted.model_flops_utilization:.0%} of BF16 dense peak, "
         f"peak {predicted.memory.peak_reserved / 2**30:.1f} GiB/GPU"
     )
 

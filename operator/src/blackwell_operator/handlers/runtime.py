@@ -15,6 +15,7 @@ from blackwell_operator.discovery.capacity import NodeCapacityReader
 from blackwell_operator.handlers.api import KubeApi, load_api_client, resource_path
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.measure import measure_forever, measure_interval
+from blackwell_operator.handlers.resync import resync_forever, resync_interval
 from blackwell_operator.handlers.stuck import sweep_forever
 from blackwell_operator.metrics import METRICS_PORT, OperatorMetrics
 from blackwell_operator.models.spec import DEFAULT_IMAGE
@@ -82,7 +83,7 @@ async def start_http(ctx: OperatorContext, bind: str) -> web.AppRunner:
 
 
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any) -> None:
-    """Kopf on.startup: settings, API client, metrics server, the stuck-pod and measure loops."""
+    """Kopf on.startup: settings, API client, metrics server, the stuck-pod, measure and resync loops."""
     configure(settings)
     memo.btj = build_context()
     bind = operator_environment().metrics_bind or f"0.0.0.0:{METRICS_PORT}"
@@ -96,12 +97,14 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any,
     memo.btj_measure = (
         None if interval is None else asyncio.create_task(measure_forever(memo.btj, interval, logger))
     )
+    memo.btj_resync = asyncio.create_task(resync_forever(memo.btj, resync_interval(), logger))
     logger.info(f"BlackwellTrainingJob operator started; metrics and health on {bind}")
 
 
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     """Kopf on.cleanup: stop the loops and the server, release connections."""
-    for loop in (getattr(memo, "btj_sweep", None), getattr(memo, "btj_measure", None)):
+    loops = ("btj_sweep", "btj_measure", "btj_resync")
+    for loop in (getattr(memo, name, None) for name in loops):
         if loop is not None:
             loop.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -11,12 +11,15 @@ from pydantic_core import PydanticCustomError
 
 from blackwell_operator import __version__
 from blackwell_operator.models.pod import (
+    MAX_KEY,
     MAX_PULL_SECRETS,
+    QUALIFIED_KEY,
     PodAnnotations,
     PodLabels,
     SecretReference,
     ServiceAccountName,
     distinct_secrets,
+    key_problem,
 )
 from blackwell_trainer.config import (
     ActivationCheckpointing,
@@ -89,6 +92,41 @@ class ModelSpec(WireModel):
         return self
 
 
+# The closest of the EC2 network-topology levels HyperPod labels its nodes with (docs/backends.md).
+HYPERPOD_CLOSEST_TOPOLOGY = "topology.k8s.aws/network-node-layer-3"
+TOPOLOGY_NEEDS_QUEUE = (
+    "spec.cluster.topology needs spec.queueName: Kueue's topology-aware scheduling places only the jobs it "
+    "queues. Fix: set spec.queueName to the namespace's LocalQueue, or remove spec.cluster.topology"
+)
+
+
+class TopologySpec(WireModel):
+    """All nodes of the job within one network-topology domain (Kueue topology-aware scheduling)."""
+
+    level: str = Field(
+        max_length=MAX_KEY,
+        description="Node label naming the topology domain, e.g. topology.k8s.aws/network-node-layer-3 (the "
+        "closest of HyperPod's EC2 network layers; -2 and -1 are wider), or kubernetes.io/hostname.",
+        json_schema_extra={"pattern": QUALIFIED_KEY},
+    )
+    mode: Literal["Required", "Preferred"] = Field(
+        default="Preferred",
+        description="Required: Kueue admits the job only when all its nodes fit in one domain of that level; "
+        "Preferred: it tries, and else places the job across domains.",
+    )
+
+    @field_validator("level")
+    @classmethod
+    def _level(cls, value: str) -> str:
+        if key_problem(value):
+            raise PydanticCustomError(
+                "topology_level",
+                f"{value!r} is not a node label key. Fix: name a topology label of the nodes, e.g. "
+                f"{HYPERPOD_CLOSEST_TOPOLOGY}",
+            )
+        return value
+
+
 class ClusterSpec(WireModel):
     """Where the job runs."""
 
@@ -98,6 +136,11 @@ class ClusterSpec(WireModel):
     nodes: int = Field(default=1, ge=1, le=1024, description="Number of nodes.")
     gpus_per_node: int | None = Field(
         default=None, ge=1, le=8, description="GPUs used per node; defaults to all GPUs of the instance."
+    )
+    topology: TopologySpec | None = Field(
+        default=None,
+        description="Place all nodes within one network-topology domain (Kueue's podset topology "
+        "annotations on the pod template; needs spec.queueName).",
     )
 
 
@@ -442,6 +485,12 @@ class BlackwellTrainingJobSpec(WireModel):
     def _auto_resume_backend(self) -> BlackwellTrainingJobSpec:
         if self.auto_resume and self.backend == Backend.TRAIN_JOB:
             raise _spec_error("auto_resume_backend", AUTO_RESUME_TRAINJOB)
+        return self
+
+    @model_validator(mode="after")
+    def _topology_queue(self) -> BlackwellTrainingJobSpec:
+        if self.cluster.topology is not None and not self.queue_name:
+            raise _spec_error("topology_queue", TOPOLOGY_NEEDS_QUEUE)
         return self
 
 

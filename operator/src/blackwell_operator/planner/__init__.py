@@ -199,7 +199,7 @@ def plan_job(
         candidates_evaluated=result.evaluations,
         explanation=[
             headline,
-            *explain(best, result, problem.budget_bytes),
+            *explain(best, result, problem.budget_bytes, pins),
             *_batch_note(problem, best),
             *notes,
             *([describe_correction(correction)] if correction is not None else []),

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from blackwell_operator.catalogs import GIB
+from blackwell_operator.planner.candidates import Pins
+from blackwell_operator.planner.figures import gib, over, tenths
 from blackwell_operator.planner.search import Scored, SearchResult
 from blackwell_trainer.config import ActivationCheckpointing, Precision
 
-
-def gib(n: float) -> str:
-    """Bytes as GiB with one decimal."""
-    return f"{n / GIB:.1f} GiB"
+__all__ = ["describe", "explain", "gib", "loss_reason"]
 
 
 def describe(s: Scored) -> str:
@@ -26,7 +24,7 @@ def describe(s: Scored) -> str:
 def loss_reason(winner: Scored, other: Scored, budget: float) -> str:
     """Why `other` lost to `winner`."""
     if not other.fits:
-        return f"needs {gib(other.memory.peak_reserved)} > {gib(budget)} budget"
+        return f"needs {over(other.memory.peak_reserved, budget)} budget"
     slower = 1.0 - other.tokens_per_second / winner.tokens_per_second
     if slower > 0.0005:
         return f"{slower:.1%} slower"
@@ -37,8 +35,8 @@ def _pct(a: float, b: float) -> str:
     return f"{(a / b - 1.0):+.1%}"
 
 
-def explain(winner: Scored, result: SearchResult, budget: float) -> list[str]:
-    """Short reasons for each chosen value, from the scored candidates."""
+def explain(winner: Scored, result: SearchResult, budget: float, pins: Pins) -> list[str]:
+    """Short reasons for each chosen value, from the scored candidates (`pins`: what the spec fixed)."""
     st, mem = winner.setting, winner.memory
     lines: list[str] = []
 
@@ -61,8 +59,13 @@ def explain(winner: Scored, result: SearchResult, budget: float) -> list[str]:
             f"precision {st.precision.value} ({st.recipe.value}): "
             f"{_pct(winner.tokens_per_second, bf16.tokens_per_second)} tokens/s over the best bf16 candidate"
         )
-    else:
-        lines.append(f"precision {st.precision.value} ({st.recipe.value}): pinned")
+    elif pins.precision is not None:
+        lines.append(f"precision {st.precision.value} ({st.recipe.value}): pinned by spec.tuning.precision")
+    else:  # auto, and no bf16 candidate fits: say so instead of calling the choice pinned
+        lines.append(
+            f"precision {st.precision.value} ({st.recipe.value}): the fastest that fits; bf16 does not fit "
+            "the budget at any micro-batch"
+        )
 
     tried_ac = {f.family.activation_checkpointing for f in result.families}
     for mode in ActivationCheckpointing:
@@ -85,7 +88,7 @@ def explain(winner: Scored, result: SearchResult, budget: float) -> list[str]:
     if fam.first_too_big is not None and fam.max_fitting_mbs == st.micro_batch_size:
         mbs_line += (
             f" is the largest that fits (mbs {fam.first_too_big.setting.micro_batch_size} needs "
-            f"{gib(fam.first_too_big.memory.peak_reserved)} > {gib(budget)})"
+            f"{over(fam.first_too_big.memory.peak_reserved, budget)})"
         )
     elif fam.max_fitting_mbs > st.micro_batch_size:
         mbs_line += (
@@ -112,9 +115,13 @@ def explain(winner: Scored, result: SearchResult, budget: float) -> list[str]:
         )
     if winner.gradient_accumulation_steps > 1:
         lines.append(f"gradient accumulation {winner.gradient_accumulation_steps} reaches the global batch")
+    # Reserved = what PyTorch allocated + the allocator's cached free blocks + memory outside it (CUDA
+    # context, NCCL buffers): three parts, rounded so that they add up to the peak shown.
+    outside = mem.peak_reserved - mem.peak_allocated - mem.fragmentation
+    allocated, cached, context = tenths([mem.peak_allocated, mem.fragmentation, outside], mem.peak_reserved)
     lines.append(
         f"peak {gib(mem.peak_reserved)} of {gib(budget)} budget in the {mem.peak_phase} phase "
-        f"(allocated {gib(mem.peak_allocated)}, fragmentation {gib(mem.fragmentation)})"
+        f"(allocated {allocated:.1f} + fragmentation {cached:.1f} + CUDA context and NCCL {context:.1f} GiB)"
     )
     return lines
 

@@ -6,6 +6,7 @@ from blackwell_operator.calibration import Calibration
 from blackwell_operator.catalogs import get_gpu, get_instance, resolve_model
 from blackwell_operator.errors import PlanningError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
+from blackwell_operator.planner.figures import memory_budget
 from blackwell_operator.planner.layout import Hardware
 from blackwell_operator.planner.search import Problem
 from blackwell_operator.planner.shapes import Shapes
@@ -28,7 +29,7 @@ def hardware_for(spec: BlackwellTrainingJobSpec, nodes: int | None = None) -> Ha
 def problem_for(spec: BlackwellTrainingJobSpec, cal: Calibration, hw: Hardware) -> Problem:
     """The search problem of a spec on some hardware: shapes, sequence, global batch, memory budget."""
     _, arch = resolve_model(spec.model)
-    budget = hw.gpu.memory_bytes * (1.0 - spec.tuning.memory_headroom)
+    budget = memory_budget(hw.gpu.memory_bytes, spec.tuning.memory_headroom)
     return Problem(
         Shapes.of(arch), hw, cal, spec.training.sequence_length, spec.training.global_batch_tokens, budget
     )

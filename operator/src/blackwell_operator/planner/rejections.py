@@ -9,7 +9,8 @@ from blackwell_operator.catalogs import get_instance
 from blackwell_operator.errors import PlanningError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner.candidates import CP_DEGREES, Pins, families
-from blackwell_operator.planner.explain import describe, gib
+from blackwell_operator.planner.explain import describe
+from blackwell_operator.planner.figures import limit, need
 from blackwell_operator.planner.inputs import hardware_for, problem_for
 from blackwell_operator.planner.layout import Setting
 from blackwell_operator.planner.search import GLOBAL_BATCH_TOLERANCE, Problem, SearchResult, run_search
@@ -26,11 +27,14 @@ def check_global_batch(problem: Problem, fams: list[Setting], pins: Pins) -> Non
     mbs = pins.micro_batch_size
     if mbs is not None and all(problem.max_mbs(f) < mbs for f in fams):
         least = min(problem.tokens_per_micro_step(f, mbs) for f in fams)
+        # A smaller pin that reaches the global batch exactly (whole micro-batches), if there is one.
+        smaller = max((k for f in fams for k in range(1, mbs) if problem.batch_ok(f, k)), default=0)
+        use = f"spec.tuning.microBatchSize: {smaller} or auto" if smaller else "microBatchSize auto"
         raise PlanningError(
             "spec.tuning.microBatchSize",
             f"micro-batch {mbs} puts {least:,} tokens in one micro-step over all GPUs, more than "
             f"globalBatchTokens {gbt:,}",
-            "use a smaller micro-batch, auto, or a larger globalBatchTokens",
+            f"use {use}, or spec.training.globalBatchTokens: {least:,}",
         )
     if mbs is not None and not any(problem.batch_ok(f, mbs) for f in fams):
         step = min(problem.tokens_per_micro_step(f, mbs) for f in fams)
@@ -82,8 +86,8 @@ def no_plan(
         hint = f"the largest micro-batch that fits is {largest}" if largest else "no micro-batch fits"
         return PlanningError(
             "spec.tuning.microBatchSize",
-            f"micro-batch {pins.micro_batch_size} needs {gib(smallest.memory.peak_reserved)} per GPU at best "
-            f"({describe(smallest)}) > {gib(budget)} budget",
+            f"micro-batch {pins.micro_batch_size} needs {need(smallest.memory.peak_reserved)} per GPU at "
+            f"best ({describe(smallest)}) > {limit(budget)} budget",
             f"use auto or {largest}" if largest else f"use more nodes; {hint}",
         )
     scored = [f.first_too_big for f in result.families if f.first_too_big is not None]
@@ -91,6 +95,8 @@ def no_plan(
     field = "spec.cluster.nodes"
     gpus = smallest_gpus_per_node(spec, cal, pins)
     nodes = None if gpus else smallest_node_count(spec, cal, pins)
+    if nodes == spec.cluster.nodes:  # more nodes is not what is missing
+        nodes = None
     cp_fix = None if gpus or nodes else smallest_context_parallel_layout(spec, cal, pins)
     if gpus:
         # The nodes have GPUs the spec leaves idle: sharding over them is the cheapest fix.
@@ -100,16 +106,30 @@ def no_plan(
         fix = f"use at least {nodes} nodes"
     elif cp_fix:
         cp_nodes, cp = cp_fix
+        if cp_nodes == spec.cluster.nodes:  # the nodes are enough once the sequence is split
+            field = "spec.tuning.contextParallel"
+        how = (
+            f"set spec.tuning.contextParallel: {cp}"
+            if cp_nodes == spec.cluster.nodes
+            else f"use at least {cp_nodes} nodes with spec.tuning.contextParallel: {cp}"
+        )
         fix = (
-            f"use at least {cp_nodes} nodes with spec.tuning.contextParallel: {cp} "
-            "(one sequence's activations exceed the budget unless it is split over GPUs)"
+            f"{how} (one sequence's activations exceed the budget unless it is split over GPUs; auto "
+            "does not split it with this calibration)"
         )
     elif not cal.trainer.context_parallel:
         # Sharding more widely cannot shrink per-GPU activations; only splitting the sequence could,
         # and the trainer this calibration describes cannot do that yet.
+        shorter = longest_fitting_sequence(spec, cal, pins)
+        field = "spec.training.sequenceLength"
         fix = (
-            "use a larger GPU or a shorter sequence: no node count fits, because the activations of one "
-            "sequence alone exceed the budget and this trainer has no context parallelism yet"
+            (
+                f"use spec.training.sequenceLength: {shorter} or shorter, or a GPU with more memory"
+                if shorter
+                else "use a GPU with more memory"
+            )
+            + ": no node count fits, because the activations of one sequence alone exceed the budget and "
+            "this trainer has no context parallelism yet"
         )
     else:
         fix = "use a larger GPU, a shorter sequence or fewer parameters"
@@ -119,8 +139,8 @@ def no_plan(
     using = f" ({hw.gpus_per_node} GPU{'s' if hw.gpus_per_node > 1 else ''} per node)" if part else ""
     return PlanningError(
         field,
-        f"nothing fits: the smallest candidate needs {gib(smallest_mem)} per GPU > {gib(budget)} budget on "
-        f"{hw.nodes} x {hw.instance.instance_type}{using}",
+        f"nothing fits: the smallest candidate needs {need(smallest_mem)} per GPU > {limit(budget)} budget "
+        f"on {hw.nodes} x {hw.instance.instance_type}{using}",
         fix,
     )
 
@@ -179,12 +199,28 @@ def smallest_context_parallel_layout(
     return best
 
 
+def longest_fitting_sequence(spec: BlackwellTrainingJobSpec, cal: Calibration, pins: Pins) -> int | None:
+    """The longest of sequence/2, /4, ... (at least 128) at which some candidate fits on the spec's nodes."""
+    seq = spec.training.sequence_length // 2
+    while seq >= 128:
+        shorter = spec.model_copy(
+            update={"training": spec.training.model_copy(update={"sequence_length": seq})}
+        )
+        if _some_candidate_fits(shorter, cal, pins, spec.cluster.nodes):
+            return seq
+        seq //= 2
+    return None
+
+
 def smallest_node_count(spec: BlackwellTrainingJobSpec, cal: Calibration, pins: Pins) -> int | None:
-    """Fewest nodes at which some candidate fits at micro-batch 1 (doubling, then bisection)."""
+    """Fewest nodes, from the spec's own, at which some candidate fits at micro-batch 1 (doubling, then
+    bisection)."""
 
     def fits(nodes: int) -> bool:
         return _some_candidate_fits(spec, cal, pins, nodes)
 
+    if fits(spec.cluster.nodes):  # the nodes the user has may already do (with other pins)
+        return spec.cluster.nodes
     lo, hi = spec.cluster.nodes, spec.cluster.nodes * 2
     while not fits(hi):
         lo, hi = hi, hi * 2

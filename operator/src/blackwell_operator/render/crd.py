@@ -20,6 +20,7 @@ from blackwell_operator.models.spec import (
     KIND,
     OPERATOR_VOLUMES,
     PLURAL,
+    TOPOLOGY_NEEDS_QUEUE,
     BlackwellTrainingJobSpec,
 )
 from blackwell_operator.models.status import BlackwellTrainingJobStatus
@@ -161,6 +162,11 @@ _OUTPUT = "self.training.output.uri"
 # operator): a checkpoint and a multi-node job's local shards must be where every pod can reach them.
 SPEC_ROOT_RULES = [
     {
+        "rule": "!has(self.cluster) || !has(self.cluster.topology) "
+        "|| (has(self.queueName) && size(self.queueName) > 0)",
+        "message": TOPOLOGY_NEEDS_QUEUE,
+    },
+    {
         "rule": "!has(self.autoResume) || !self.autoResume || !has(self.backend) "
         "|| self.backend != 'TrainJob'",
         "message": AUTO_RESUME_TRAINJOB,
@@ -204,7 +210,6 @@ SPEC_ROOT_RULES = [
         "the initial weights",
     },
 ]
-
 
 
 def _pod_metadata_rules(field: str, reserved: tuple[str, ...]) -> list[dict[str, str]]:

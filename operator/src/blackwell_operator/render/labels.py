@@ -21,6 +21,11 @@ PART_OF = "blackwell-training"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 
+# Kueue topology-aware scheduling reads these from each pod template (a PodSet): all its pods within one
+# domain of the named node-label level (docs/reference/hyperpod-pytorchjob.md §2.7; docs/backends.md).
+KUEUE_REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
+KUEUE_PREFERRED_TOPOLOGY = "kueue.x-k8s.io/podset-preferred-topology"
+
 # HyperPod job auto-resume (docs/reference/hyperpod-pytorchjob.md §1.3 and §2.7).
 AUTO_RESUME_ANNOTATION = "sagemaker.amazonaws.com/enable-job-auto-resume"
 MAX_RETRY_ANNOTATION = "sagemaker.amazonaws.com/job-max-retry-count"
@@ -69,6 +74,15 @@ def kueue_labels(spec: BlackwellTrainingJobSpec) -> dict[str, str]:
     if spec.priority_class:
         labels[KUEUE_PRIORITY_LABEL] = spec.priority_class
     return labels
+
+
+def topology_annotations(spec: BlackwellTrainingJobSpec) -> dict[str, str]:
+    """Kueue's podset topology annotation for the worker pod template, when spec.cluster.topology asks."""
+    topology = spec.cluster.topology
+    if topology is None:
+        return {}
+    key = KUEUE_REQUIRED_TOPOLOGY if topology.mode == "Required" else KUEUE_PREFERRED_TOPOLOGY
+    return {key: topology.level}
 
 
 def auto_resume_annotations(spec: BlackwellTrainingJobSpec) -> dict[str, str]:

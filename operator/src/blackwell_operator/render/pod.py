@@ -13,7 +13,7 @@ from blackwell_operator.models.spec import (
 )
 from blackwell_operator.render.environment import LOCAL_DIR, PLAN_DIR, container_env
 from blackwell_operator.render.hardware import HUGEPAGES_2MI, efa_interfaces, memory_request
-from blackwell_operator.render.labels import JOB_NAME_LABEL, PLAN_HASH_ANNOTATION
+from blackwell_operator.render.labels import JOB_NAME_LABEL, PLAN_HASH_ANNOTATION, topology_annotations
 from blackwell_trainer.config import Plan
 
 CONTAINER_NAME = "pytorch"  # the Kubeflow webhook requires exactly one container with this name
@@ -183,6 +183,7 @@ def pod_template(
                 sorted(
                     {
                         **(spec.pod_annotations or {}),
+                        **topology_annotations(spec),
                         "kubectl.kubernetes.io/default-container": container_name,
                         PLAN_HASH_ANNOTATION: plan_sha256,
                     }.items()

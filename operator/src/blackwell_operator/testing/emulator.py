@@ -15,11 +15,12 @@ import contextvars
 import copy
 import datetime
 import itertools
+import random
 import re
 import secrets
 import uuid
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import attrs
@@ -202,6 +203,33 @@ class Fault:
         )
 
 
+@dataclass
+class Chaos:
+    """Random faults for soak runs: each request not from KMock's own client (the test's) and not a watch
+    is delayed up to `max_delay_s` and, with probability `rate`, answered with one of `statuses`; a
+    `committed` share of those failing writes is applied first (an answer lost on the way back)."""
+
+    rate: float
+    statuses: tuple[int, ...] = (409, 500, 503, 504)
+    max_delay_s: float = 0.0
+    committed: float = 0.25
+    rng: random.Random = field(default_factory=random.Random)
+    injected: int = 0
+
+    def applies(self, request: rendering.Request) -> bool:
+        if str(request.headers.get("User-Agent", "")).startswith("kmock/"):
+            return False
+        return request.params.get("watch") not in ("true", "1")
+
+    def draw(self) -> tuple[float, int | None, bool]:
+        """(delay, the status to answer or None, whether to apply the change first)."""
+        delay = self.rng.uniform(0.0, self.max_delay_s) if self.max_delay_s > 0 else 0.0
+        if self.rng.random() >= self.rate:
+            return delay, None, False
+        self.injected += 1
+        return delay, self.rng.choice(self.statuses), self.rng.random() < self.committed
+
+
 _HANDLING: contextvars.ContextVar[rendering.Request | None] = contextvars.ContextVar("handling", default=None)
 _ERROR_REASONS = {409: "Conflict", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout"}
 
@@ -223,6 +251,7 @@ class HardenedEmulator(kmock.KubernetesEmulator):
     _last_rv: int = attrs.field(init=False, default=0)
     _write_lock: asyncio.Lock = attrs.field(init=False, factory=asyncio.Lock)
     faults: list[Fault] = attrs.field(init=False, factory=list)
+    chaos: Chaos | None = attrs.field(init=False, default=None)
     garbage_collection: bool = True
 
     def __attrs_post_init__(self) -> None:
@@ -379,9 +408,9 @@ class HardenedEmulator(kmock.KubernetesEmulator):
         if isinstance(data, list):  # JSON patch
             try:
                 new = jsonpatch.apply_patch(old, data, in_place=False)
-            except jsonpatch.JsonPatchTestFailed as exc:
-                raise _error(409, f"the object has been modified: {exc}") from exc
             except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
+                # kube-apiserver answers any JSON patch it cannot apply, a failed `test` op included, with
+                # 422 (apiserver's patch handler); Kopf relies on that for its finalizer patches.
                 raise _error(422, f"invalid JSON patch: {exc}", "Invalid") from exc
         elif isinstance(data, dict):
             wanted_rv = data.get("metadata", {}).get("resourceVersion")
@@ -482,6 +511,12 @@ class HardenedEmulator(kmock.KubernetesEmulator):
         if request.method == kmock.method.PUT and request.name:
             self._set(request, action=kmock.action.UPDATE)
         fault = next((f for f in self.faults if f.matches(request)), None)
+        if fault is None and self.chaos is not None and self.chaos.applies(request):
+            delay, status, commit = self.chaos.draw()
+            if delay:
+                await asyncio.sleep(delay)
+            if status is not None:
+                fault = Fault(request.method.value, request.resource.plural, status, commit=commit)
         if fault is not None and not fault.commit:
             fault.times -= 1
             raise _error(fault.status, f"injected fault ({fault.status})", fault.reason)
@@ -496,6 +531,13 @@ class HardenedEmulator(kmock.KubernetesEmulator):
                 uid = old["metadata"].get("uid") if old else None
                 if request.action == kmock.action.UPDATE:
                     self._prepare_update(request)
+                elif old and old["metadata"].get("finalizers") and not old["metadata"].get(
+                    "deletionTimestamp"
+                ):
+                    # KMock marks it deleted (a MODIFIED event) without a new resourceVersion; a real server
+                    # gives that change one like any other.
+                    key = (request.resource, request.namespace, str(request.name))
+                    self.objects[key].patch({"metadata": {"resourceVersion": self._next_rv()}})
             response = await super()._handle(request)
         if uid and self.garbage_collection and self._stored(request) is None:
             await self._collect_garbage(uid)

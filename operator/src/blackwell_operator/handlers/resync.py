@@ -1,0 +1,139 @@
+"""The resync loop: every BTJ that has not converged is reconciled again, with backoff, until it has.
+
+Kopf reacts to events; an event whose processing failed is not offered again (its own patches refused
+with a conflict, an outage longer than the retries), and a create the API server refused has no event to
+wait for once the cause is lifted. This loop is the level-triggered net under those: it looks at the
+BTJs the watch has shown (OperatorContext.note_btj) and reconciles each one that has not converged, once
+it has been quiet (no change seen) for its backoff, doubling from one second to the retry interval.
+One loop for the operator, not a Kopf timer per BTJ: timers add Kopf's finalizer to every object they
+match and remove it again, patches that race the operator's own status writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from blackwell_operator.handlers.btjstatus import btj_path, wants_child_back
+from blackwell_operator.handlers.context import OperatorContext
+from blackwell_operator.handlers.periodic import every
+from blackwell_operator.handlers.reconcile import CREATE_REFUSED, NO_JOB_API, PATCH_REFUSED, Reconciler
+from blackwell_operator.models.status import ConditionType, Phase
+from blackwell_operator.settings import operator_environment
+from blackwell_operator.status import get_condition
+
+FIRST_BACKOFF_S = 1.0
+# The ChildCreated / SpecApplied reasons that mean "not there yet, try again".
+_RETRY_REASONS = frozenset({CREATE_REFUSED, PATCH_REFUSED, NO_JOB_API})
+
+
+def needs_reconcile(btj: Mapping[str, Any]) -> str | None:
+    """Why this BTJ has not converged (None when it has): what the loop would reconcile it for."""
+    meta = btj.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return None
+    status = btj.get("status") or {}
+    if status.get("observedGeneration") != int(meta.get("generation") or 1):
+        return "its spec has not been reconciled"
+    if wants_child_back(btj):
+        return "its child was deleted before the job finished"
+    for type_ in (ConditionType.CHILD_CREATED, ConditionType.SPEC_APPLIED):
+        cond = get_condition(status.get("conditions"), type_) or {}
+        if cond.get("status") == "False" and cond.get("reason") in _RETRY_REASONS:
+            return f"the API server refused its child ({cond.get('reason')})"
+    created = get_condition(status.get("conditions"), ConditionType.CHILD_CREATED)
+    if created is None and status.get("phase") != Phase.INVALID.value:
+        return "no child recorded"
+    return None
+
+
+@dataclass
+class _Waiting:
+    """A BTJ that has not converged: since when it has been quiet, and how many passes it has had."""
+
+    resource_version: str
+    since: float
+    attempts: int = 0
+
+
+class Resync:
+    """The loop's state: the BTJs waiting, by uid."""
+
+    def __init__(self, ctx: OperatorContext, interval_s: float, logger: Any) -> None:
+        self.ctx = ctx
+        self.interval_s = interval_s
+        self.logger = logger
+        self._waiting: dict[str, _Waiting] = {}
+
+    def backoff(self, attempts: int) -> float:
+        """Seconds of quiet before pass number `attempts + 1`: 1 s doubling up to the interval."""
+        return float(min(self.interval_s, FIRST_BACKOFF_S * 2**attempts))
+
+    def due(self, now: float) -> list[Mapping[str, Any]]:
+        """The BTJs to reconcile now (and the bookkeeping of the others)."""
+        seen = self.ctx.known_btjs()
+        for uid in set(self._waiting) - set(seen):
+            del self._waiting[uid]
+        ready = []
+        for uid, btj in seen.items():
+            if needs_reconcile(btj) is None:
+                self._waiting.pop(uid, None)
+                continue
+            rv = str((btj.get("metadata") or {}).get("resourceVersion") or "")
+            waiting = self._waiting.get(uid)
+            if waiting is None or waiting.resource_version != rv:
+                # New, or changed since: something is at work on it (Kopf's handlers, a watcher).
+                attempts = waiting.attempts if waiting is not None else 0
+                self._waiting[uid] = _Waiting(rv, now, attempts)
+                continue
+            if now - waiting.since >= self.backoff(waiting.attempts):
+                ready.append(btj)
+        return ready
+
+    def pass_for(self, btj: Mapping[str, Any]) -> None:
+        """One reconcile of a BTJ (in a worker thread), from the BTJ as it is now."""
+        meta = btj.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        current = self.ctx.api.get(btj_path(meta["namespace"], meta["name"]))
+        if current is None or current["metadata"].get("uid") != uid:
+            return
+        self.ctx.note_btj(current)
+        why = needs_reconcile(current)
+        waiting = self._waiting.get(uid)
+        if why is None:
+            self._waiting.pop(uid, None)
+            return
+        if waiting is not None:
+            waiting.attempts += 1
+            waiting.since = time.monotonic()
+            waiting.resource_version = str(current["metadata"].get("resourceVersion") or "")
+        self.logger.info(f"Resync: reconciling {meta['namespace']}/{meta['name']}: {why}")
+        Reconciler(self.ctx, direct_events=True).reconcile_now(current, logger=self.logger, wait=False)
+
+    async def round(self) -> None:
+        """Reconcile every BTJ that is due, one at a time (a pass is short; the API is shared)."""
+        for btj in self.due(time.monotonic()):
+            try:
+                await asyncio.to_thread(self.pass_for, btj)
+            except Exception as exc:  # one BTJ's failure must not skip the others
+                self.ctx.metrics.record_error("ResyncError")
+                self.logger.warning(f"Resync of {btj['metadata'].get('name')} failed: {exc!r}")
+
+
+def resync_interval() -> float:
+    """The resync loop's longest backoff (`BTJ_CHILD_RETRY_INTERVAL_S`, default 60)."""
+    return operator_environment().child_retry_interval_s
+
+
+def tick(interval_s: float) -> float:
+    """How often the loop looks: often enough for the first backoff, never more than the interval."""
+    return min(FIRST_BACKOFF_S / 2, interval_s)
+
+
+async def resync_forever(ctx: OperatorContext, interval_s: float, logger: Any) -> None:
+    """The loop, for the operator's lifetime."""
+    resync = Resync(ctx, interval_s, logger)
+    await every(tick(interval_s), resync.round, logger, "Resync")
