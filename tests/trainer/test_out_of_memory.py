@@ -155,3 +155,38 @@ def test_the_first_step_of_a_compiled_plan_says_it_was_compiling(
 def test_a_reader_takes_the_last_result_line_of_its_version_and_ignores_the_rest() -> None:
     assert OomResult.find(None) is None
     assert OomResult.find("permanent error: x\nbtj-oom/v1 {not json}\nbtj-oom/v2 {}") is None
+
+
+@pytest.mark.usefixtures("world_of_one")
+def test_a_plan_that_ran_out_in_this_pod_is_not_run_again_by_a_restart_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write_plan(tmp_path, steps=5, interval=10)
+    fail_at(monkeypatch, 2, in_backward)
+    termination = tmp_path / "termination-log"
+    monkeypatch.setenv("BTJ_TERMINATION_LOG", str(termination))
+    assert main(["--plan", str(path)]) == 2
+    first = OomResult.find(termination.read_text())
+
+    # torchrun starts the worker again with the same plan: refused before any model is built.
+    def never(*_: Any) -> None:
+        raise AssertionError("the plan that ran out was built again")
+
+    monkeypatch.setattr(Trainer, "__init__", never)
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    assert main(["--plan", str(path)]) == 2
+    line = termination.read_text().splitlines()[0]
+    assert line.startswith(f"{PERMANENT_ERROR_PREFIX}not run again: an earlier start of this pod ran out")
+    assert OomResult.find(termination.read_text()) == first  # the operator re-plans from the same result
+
+    # Another plan (the operator's re-plan, a new container) runs.
+    raw = json.loads(path.read_text())
+    raw["chosen"]["microBatchSize"] = 4
+    path.write_text(json.dumps(raw))
+    monkeypatch.undo()
+    monkeypatch.setenv("BTJ_TERMINATION_LOG", str(termination))
+    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    assert main(["--plan", str(path)]) == 0

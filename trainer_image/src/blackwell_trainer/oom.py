@@ -86,7 +86,7 @@ def oom_result(
 class GpuOutOfMemory(RuntimeError):
     """The GPU ran out of memory: a permanent error for this plan (the same plan runs out again)."""
 
-    def __init__(self, result: OomResult) -> None:
+    def __init__(self, result: OomResult, *, earlier: bool = False) -> None:
         self.result = result
         gib = 2**30
         asked = ""
@@ -96,10 +96,27 @@ class GpuOutOfMemory(RuntimeError):
         where = f"in {result.phase.value} of step {result.step}"
         if result.phase is OomPhase.SETUP:
             where = "during setup"
+        again = (
+            "not run again: an earlier start of this pod ran out of memory with this plan, "
+            if earlier
+            else ""
+        )
         super().__init__(
-            f"CUDA out of memory {where}{first} on rank {result.rank}: {asked}"
+            f"{again}CUDA out of memory {where}{first} on rank {result.rank}: {asked}"
             f"{result.needed_bytes / gib:.1f} GiB needed at least, the plan predicted a "
             f"{result.predicted_peak_reserved_bytes / gib:.1f} GiB peak; a restart with this plan runs out "
             "again. The operator re-plans with less memory; by hand: a smaller spec.tuning.microBatchSize "
             "or a larger spec.tuning.memoryHeadroom"
         )
+
+
+def earlier_result(text: str | None, plan: Plan) -> OomResult | None:
+    """The OOM result in an earlier termination message of this pod, if it is this very plan's.
+
+    torchrun restarts its workers in place (spec.maxRetries) with the same plan; the termination file
+    outlives them, so a plan that ran out is refused at once instead of being built and run out again.
+    """
+    result = OomResult.find(text)
+    if result is None or result.candidate != plan.chosen:
+        return None
+    return result if result.predicted_peak_reserved_bytes == plan.predicted.memory.peak_reserved else None

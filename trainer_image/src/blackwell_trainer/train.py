@@ -32,7 +32,7 @@ from torch import nn
 from .config import PERMANENT_ERROR_PREFIX, OomPhase, Plan
 from .context_parallel import ContextParallel, data_parallel_rank
 from .model import Attention, Transformer, build_model, flops_per_token
-from .oom import GpuOutOfMemory, PhaseTracker, oom_result
+from .oom import GpuOutOfMemory, PhaseTracker, earlier_result, oom_result
 from .parallelize import ParallelismError, build_mesh, parallelize, validate_layout
 from .precision import PrecisionError, PrecisionSetup, check_precision, device_capability, parse_capability
 from .preemption import PreemptionGuard
@@ -557,6 +557,15 @@ def _fail(err: BaseException, code: int = 2) -> int:
     return code
 
 
+def _termination_message() -> str:
+    """What an earlier start in this container wrote to the termination file ("" when none)."""
+    try:
+        with open(os.environ.get(TERMINATION_LOG_ENV, TERMINATION_LOG)) as log:
+            return log.read(8192)
+    except OSError:
+        return ""
+
+
 def _write_termination_message(text: str) -> None:
     """Replace the pod's termination message; ranks that fail together write one after another (flock),
     so the file holds one whole message, not an interleaving of several."""
@@ -602,6 +611,9 @@ def _main(argv: Sequence[str] | None, guard: PreemptionGuard) -> int:
         validate_layout(plan.chosen, runtime.world_size, sequence_length=plan.sequence_length)
     except (PlanError, PrecisionError, ParallelismError) as err:
         return _fail(err)
+    earlier = earlier_result(_termination_message(), plan)
+    if earlier is not None:  # torchrun restarted us in place with the plan that ran out: do not run it
+        return _fail(GpuOutOfMemory(earlier, earlier=True))
     from .checkpoint import CheckpointError
     from .data import DataError
     from .weights_store import WeightsError
