@@ -233,6 +233,13 @@ class TuningSpec(WireModel):
         default=0.05, ge=0.0, le=0.5, description="Fraction of GPU memory kept free by the plan."
     )
     compile: bool = Field(default=True, description="torch.compile each transformer block.")
+    max_replans: int = Field(
+        default=2,
+        ge=0,
+        le=10,
+        description="Re-plans with less memory after the trainer runs out of GPU memory, before the job "
+        "fails; 0 fails it at the first.",
+    )
 
 
 class EnvVar(WireModel):
