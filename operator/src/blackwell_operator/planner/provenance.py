@@ -75,7 +75,7 @@ def _gpu(cov: MeasuredCoverage, cal: Calibration, hw: Hardware) -> ChoiceProvena
         return ChoiceProvenance(choice="gpu", value=gpu.name, basis=Basis.MEASURED, detail=_runs(found))
     major = gpu.compute_capability.split(".")[0]
     derived = _derived(cal, f"throughput.recipes.{major}.")
-    detail = f"no run of the {cal.name} trainer on a {gpu.name} here; its constants are modelled"
+    detail = f"nothing of trainer {cal.name} ran on a {gpu.name} here; its constants are modelled"
     if derived:
         detail += (
             f" ({len(derived)} recipe constants of compute capability {major}.x marked derived in "
@@ -234,3 +234,27 @@ def verdict(items: Sequence[ChoiceProvenance]) -> tuple[bool, str, str]:
     if measured:
         parts.append("measured: " + ", ".join(f"{c.choice} {c.value}" for c in measured))
     return False, "Unverified" if unverified else "Modelled", "; ".join(parts)
+
+
+# The BTJ condition that carries the verdict, and the Event reason per verdict reason.
+CONDITION = "PlanVerified"
+EVENT_REASONS = {
+    "Measured": "PlanMeasured",
+    "Modelled": "PlanModelled",
+    "Unverified": "UnverifiedRecipe",
+    "Unknown": "PlanProvenanceUnknown",
+}
+
+
+def plan_verified_condition(items: Sequence[ChoiceProvenance]) -> tuple[str, bool, str, str]:
+    """(condition type, verified, reason, message) of the PlanVerified condition."""
+    verified, reason, message = verdict(items)
+    return CONDITION, verified, reason, message
+
+
+def plan_event(items: Sequence[ChoiceProvenance]) -> tuple[str, str, bool]:
+    """(reason, message, warning) of the one Event a plan gets: a Warning when a part never ran on a GPU."""
+    _, reason, message = verdict(items)
+    warning = reason == "Unverified"
+    prefix = "Plan rests on an unverified recipe" if warning else "Plan provenance"
+    return EVENT_REASONS[reason], f"{prefix}: {message}", warning
