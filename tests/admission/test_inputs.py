@@ -74,7 +74,7 @@ BAD: dict[str, tuple[bytes, str]] = {
     "dry-run-string": ((HEAD + META + SPEC + "  dryRun: 'false'\n").encode(), "spec.dryRun"),
     "queue-outside-pattern": (
         (HEAD + META + SPEC + "  queueName: team a/queue\n").encode(),
-        "spec.queueName",
+        'spec.queueName: "team a/queue" is not a label value',
     ),
     "toleration-breaks-cel": (
         (HEAD + META + SPEC + "  tolerations: [{operator: Exists, value: ml}]\n").encode(),
@@ -87,6 +87,7 @@ BAD: dict[str, tuple[bytes, str]] = {
     "name-uppercase": ((HEAD + "metadata: {name: Job}\n" + SPEC).encode(), "metadata.name"),
     "namespace-invalid": ((HEAD + "metadata: {name: job, namespace: Team_A}\n" + SPEC).encode(), "namespace"),
     "unknown-field": ((HEAD + META + SPEC + "  nodes: 2\n").encode(), "spec.nodes"),
+    "control-character": ((HEAD + META + SPEC + "  image: a\x01b\n").encode(), "U+0001 at position"),
     "tabs": (b"apiVersion:\ttraining\n\tkind: x\n", "not valid YAML"),
     "empty": (b"", "found 0"),
     "a-list": (b"- 1\n- 2\n", "found 0"),

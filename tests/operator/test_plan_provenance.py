@@ -1,4 +1,4 @@
-"""Issue 15 part 1 in the operator: status.plan, condition PlanVerified and an Event say what a plan rests on."""
+"""Issue 15 part 1 in the operator: status.plan, PlanVerified and an Event say what a plan rests on."""
 
 from __future__ import annotations
 

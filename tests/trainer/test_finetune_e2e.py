@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from blackwell_trainer.config import DatasetConfig, Plan
-from blackwell_trainer.data import build_token_source
+from blackwell_trainer.config import Plan
+from blackwell_trainer.data import DataLayout, build_token_source
 from blackwell_trainer.prepare import Options, prepare
 from blackwell_trainer.shard_manifest import ShardManifest
 
@@ -80,12 +80,14 @@ def first_global_batch(plan: Plan) -> tuple[torch.Tensor, torch.Tensor]:
     """The samples both ranks train on at step 1, in rank order (what the logged loss averages)."""
     batches = [
         build_token_source(
-            DatasetConfig.model_validate(plan.dataset.model_dump()),
-            micro_batch_size=plan.chosen.micro_batch_size,
-            sequence_length=plan.sequence_length,
-            vocab_size=plan.architecture.vocab_size,
-            rank=rank,
-            world_size=plan.world_size,
+            plan.dataset,
+            DataLayout(
+                micro_batch_size=plan.chosen.micro_batch_size,
+                sequence_length=plan.sequence_length,
+                vocab_size=plan.architecture.vocab_size,
+                rank=rank,
+                world_size=plan.world_size,
+            ),
         ).next_batch()
         for rank in range(plan.world_size)
     ]

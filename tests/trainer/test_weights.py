@@ -193,10 +193,12 @@ def test_weights_from_s3_and_the_export_to_s3_round_trip(s3: Any, tmp_path: Path
     ids = tokens()
     torch.testing.assert_close(trainer_logits(model, ids), hf_logits(reference, ids), atol=ATOL, rtol=RTOL)
 
+    _upload(s3, tmp_path / "hf", "out")  # an earlier, sharded export under the same prefix
     export_model(
         model, arch, "s3://models/out", sequence_length=SEQ, weights_uri="s3://models/qwen", is_writer=True
     )
     names = _download(s3, "out", tmp_path / "out")
+    assert not [n for n in names if n.startswith("model-") or n.endswith("index.json")], names
     assert "config.json" in names and "model.safetensors" in names
     assert "generation_config.json" in names  # the input's non-weight files come along
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager").eval()

@@ -152,6 +152,8 @@ def _run_unit(job: dict[str, Any]) -> dict[str, Any]:
     dtype = np.dtype(job["dtype"])
     eos = int(job["eos"])
     tokenizer = _WORKER["tokenizer"]
+    # The fast variant skips the character offsets, which shards do not keep (tokenizers >= 0.20.2).
+    encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
     docs = tokens = skipped = top = 0
     partial = out / f"{name}.tmp-{os.getpid()}"
     with partial.open("wb") as handle:
@@ -159,7 +161,7 @@ def _run_unit(job: dict[str, Any]) -> dict[str, Any]:
             skipped += empty
             if not batch:
                 continue
-            encoded = tokenizer.encode_batch(batch, add_special_tokens=job["add_special_tokens"])
+            encoded = encode(batch, add_special_tokens=job["add_special_tokens"])
             end = np.array([eos], dtype=np.int64)
             flat = np.concatenate(
                 [part for e in encoded for part in (np.asarray(e.ids, dtype=np.int64), end)]
@@ -248,7 +250,7 @@ def _start_state(options: Options, settings: dict[str, str]) -> Path | None:
         return None
     if (state / SETTINGS_NAME).is_file():
         _refuse_other_settings(json.loads((state / SETTINGS_NAME).read_text()), settings, out)
-    elif out.is_dir() and any(out.iterdir()):
+    elif out.is_dir() and any(p.name != STATE_DIR for p in out.iterdir()):  # a kill before settings.json
         raise PrepareError(f"--output {out} is not empty and holds no preparation; use a new or empty folder")
     state.mkdir(parents=True, exist_ok=True)
     _write_atomic(state / SETTINGS_NAME, json.dumps(settings))

@@ -211,7 +211,9 @@ def write_hf(
             for extra in extra_files:
                 dest.write(extra.name, functools.partial(shutil.copyfile, extra))
             dest.write(CONFIG_FILE, _json_writer(config))  # last: a reader finds config.json only when done
-            dest.commit({*files, INDEX_FILE, CONFIG_FILE, *(p.name for p in extra_files)})
+            # A stale index of an earlier, sharded export must go too when this one is a single file.
+            written = {*files, CONFIG_FILE, *(p.name for p in extra_files)}
+            dest.commit(written | {INDEX_FILE} if len(files) > 1 else written)
     except Exception as err:
         error = f"output.uri {uri}: {' '.join(str(err).split())}"
     if error is not None:

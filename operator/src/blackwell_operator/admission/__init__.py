@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 from functools import cache
 from typing import Any
 
@@ -37,12 +38,27 @@ def _crd() -> tuple[Schema, jsonschema.Draft4Validator]:
     return open_api, build_validator(open_api)
 
 
+# Verdicts by the object's repr (which tells 1, "1" and True apart): the operator judges the same spec
+# again on every event of a generation, and evaluating the CEL rules costs tens of milliseconds.
+_VERDICTS: dict[tuple[bytes, bool], tuple[str, ...]] = {}
+_VERDICTS_KEPT = 1024
+
+
 def admission_errors(obj: Any, *, server_side: bool = False) -> list[str]:
     """Every reason the API server would refuse to create `obj` with the shipped CRD; [] when it admits it.
 
     server_side: `obj` was read back from the API server (the operator): its metadata carries server
     fields and its kind is known, so only what a user wrote is judged.
     """
+    key = (hashlib.sha256(repr(obj).encode()).digest(), server_side)
+    if key not in _VERDICTS:
+        if len(_VERDICTS) >= _VERDICTS_KEPT:
+            _VERDICTS.pop(next(iter(_VERDICTS)))  # the oldest first
+        _VERDICTS[key] = tuple(_judge(obj, server_side))
+    return list(_VERDICTS[key])
+
+
+def _judge(obj: Any, server_side: bool) -> list[str]:
     if not isinstance(obj, dict):
         return [f"manifest: must be a mapping (got {type(obj).__name__})"]
     errors: list[str] = []

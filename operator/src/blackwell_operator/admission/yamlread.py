@@ -105,14 +105,18 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
     if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
         mark = exc.problem_mark
         return f"line {mark.line + 1}, column {mark.column + 1}: {exc.problem or exc.context}"
+    if isinstance(exc, yaml.reader.ReaderError):
+        code = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        return f"character U+{code:04X} at position {exc.position} is not allowed in YAML"
     return " ".join(str(exc).split())[:200]
 
 
 def load_documents(text: str, name: str) -> list[Any]:
     """Every non-empty YAML document in `text`, or one InputError line saying what is wrong."""
-    loader = _BoundedLoader(text)
     documents: list[Any] = []
+    loader: _BoundedLoader | None = None
     try:
+        loader = _BoundedLoader(text)  # the reader already refuses control characters here
         while loader.check_node():
             node = loader.get_node()
             if node is None:
@@ -134,5 +138,6 @@ def load_documents(text: str, name: str) -> list[Any]:
     except (ValueError, TypeError, RecursionError) as exc:
         raise InputError(f"{name}: not a manifest YAML can hold ({exc})") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return documents

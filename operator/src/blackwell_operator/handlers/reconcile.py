@@ -21,6 +21,7 @@ from blackwell_operator.backends import (
     none_served_message,
     with_backend,
 )
+from blackwell_operator.discovery.aws import AwsCapacity
 from blackwell_operator.discovery.capacity import Capacity
 from blackwell_operator.errors import SpecError
 from blackwell_operator.handlers import retrying
@@ -315,7 +316,11 @@ class Reconciler:
         result.conditions.append((ConditionType.PLANNED, "True", "Planned", plan_summary(plan)))
         self._report_provenance(body, plan, result)
         capacity = self._capacity(spec, plan, logger)
-        result.conditions.append(capacity_condition(capacity, spec.cluster.nodes))
+        result.conditions.append(
+            with_aws_capacity(
+                capacity_condition(capacity, spec.cluster.nodes), self._aws_capacity(spec, logger)
+            )
+        )
         backend = self._backend(body, spec)
         result.backend = backend
         if backend is None and not spec.dry_run:
@@ -399,6 +404,18 @@ class Reconciler:
             warning=warning,
             event=(event_reason, event_message),
         )
+
+    def _aws_capacity(self, spec: BlackwellTrainingJobSpec, logger: Any) -> AwsCapacity | None:
+        """What AWS says about the named HyperPod cluster (None: no cluster named, or no reader)."""
+        reader, cluster = self.ctx.hyperpod_capacity, spec.cluster.hyperpod_cluster
+        if reader is None or cluster is None:
+            return None
+        answer = reader.read(
+            cluster, spec.cluster.instance_type.value, spec.cluster.nodes, spec.cluster.training_plan
+        )
+        if not answer.known:
+            logger.warning(answer.message)  # advisory: the job goes on
+        return answer
 
     # ----- backend -----
 
@@ -873,6 +890,20 @@ def plan_summary(plan: Plan) -> str:
         f"MFU {predicted.model_flops_utilization:.0%} of BF16 dense peak, "
         f"peak {predicted.memory.peak_reserved / 2**30:.1f} GiB/GPU"
     )
+
+
+def with_aws_capacity(
+    condition: tuple[str, ConditionStatus, str, str], aws: AwsCapacity | None
+) -> tuple[str, ConditionStatus, str, str]:
+    """CapacityAvailable with what AWS says appended; an AWS shortfall (a training plan not active yet, an
+    instance group short of running nodes) turns a True into False. Unknown AWS capacity changes no status.
+    Advisory either way: the job is created and queues."""
+    if aws is None:
+        return condition
+    type_, status, reason, message = condition
+    if aws.known and aws.short and status != "False":
+        return type_, "False", aws.reason, f"{aws.message} Kubernetes: {message}"
+    return type_, status, reason, f"{message} {aws.message}"
 
 
 def capacity_condition(capacity: Capacity | None, needed: int) -> tuple[str, ConditionStatus, str, str]:
