@@ -43,6 +43,7 @@ from blackwell_operator.planner.provenance import plan_event, plan_verified_cond
 from blackwell_operator.render import render_children, trainjob
 from blackwell_operator.render.labels import RENDER_HASH_ANNOTATION
 from blackwell_operator.render.pod import plan_config_map_name, resources
+from blackwell_operator.replan import REPLANNED_REASON, correction_of, replacing_child
 from blackwell_operator.status import (
     CHILD_PHASES,
     TERMINAL_PHASES,
@@ -306,14 +307,21 @@ class Reconciler:
         generation = int(meta.get("generation") or 1)
         try:
             spec = parse_spec(body)
-            plan = plan_within(spec, name)
+            # What out-of-memory runs of this spec taught (status.memoryCorrection, replan.py): also after
+            # an operator restart, the plan is the corrected one that runs.
+            correction = correction_of(body)
+            plan = plan_within(spec, name, correction=correction)
         except SpecError as exc:
             self.ctx.metrics.record_error(exc.reason)
             self._report_invalid(body, exc, generation)
             return
 
         result = Result(plan=plan)
-        result.conditions.append((ConditionType.PLANNED, "True", "Planned", plan_summary(plan)))
+        if correction is not None:  # the last explanation line says what the correction is
+            planned = (REPLANNED_REASON, f"{plan_summary(plan)}; {plan.explanation[-1]}")
+        else:
+            planned = ("Planned", plan_summary(plan))
+        result.conditions.append((ConditionType.PLANNED, "True", *planned))
         self._report_provenance(body, plan, result)
         capacity = self._capacity(spec, plan, logger)
         result.conditions.append(
@@ -547,12 +555,16 @@ class Reconciler:
                 # down): this is a re-creation, from the current spec, and the trainer resumes from the
                 # checkpoint folder.
                 self.ctx.metrics.children_recreated.inc()
+                why = "the previous one was deleted before the job finished"
+                if replacing_child(status):
+                    why = "the previous one ran out of GPU memory; re-planned: " + (
+                        plan_summary(result.plan) if result.plan else ""
+                    )
                 self._event(
                     body,
                     reason="ChildRecreated",
-                    message=f"Re-created {kind.kind} {job_name} (the previous one was deleted before the "
-                    f"job finished) from the current spec, generation {meta.get('generation') or 1}; "
-                    f"{resume_note(spec)}",
+                    message=f"Re-created {kind.kind} {job_name} ({why}) from the current spec, generation "
+                    f"{meta.get('generation') or 1}; {resume_note(spec)}",
                 )
             elif created:
                 self._event(

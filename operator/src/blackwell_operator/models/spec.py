@@ -238,6 +238,13 @@ class TuningSpec(WireModel):
         description="Let precision auto choose a recipe whose trainer path never ran on a GPU here (MXFP8); "
         "auto never chooses NVFP4. A pinned precision is obeyed either way, with a Warning Event.",
     )
+    max_replans: int = Field(
+        default=2,
+        ge=0,
+        le=10,
+        description="Re-plans with less memory after the trainer runs out of GPU memory, before the job "
+        "fails; 0 fails it at the first.",
+    )
 
 
 class EnvVar(WireModel):
