@@ -258,8 +258,10 @@ async def _demo(manifest: dict[str, Any], *, nodes: int, pause: float) -> bool:
                         if (e.get("involvedObject") or {}).get("name") == name
                     ]
 
-                with contextlib.suppress(TimeoutError):  # Kopf posts Events asynchronously
-                    await _wait(lambda: any(e.get("reason") == phase() for e in events()), timeout=5)
+                # Kopf posts Events asynchronously; a job that waits (Pending) gets no Event for that.
+                with contextlib.suppress(TimeoutError):
+                    if not waits:
+                        await _wait(lambda: any(e.get("reason") == phase() for e in events()), timeout=5)
                 console.print("\n[bold]Events[/] on the BTJ:")
                 for event in events():
                     kind, reason = event.get("type", ""), event.get("reason", "")
