@@ -336,12 +336,15 @@ async def soak(
                     task.cancel()
                 await run.stop()
             lines = run.log.read_text().splitlines()
-            # Kopf logs each retried request of its own at ERROR; those are counted apart.
+            # Kopf's own lines are counted apart: each retried request of its own (at ERROR), and its
+            # throttling when one of its own patches meets an injected conflict (a real API server does
+            # not answer Kopf's merge patches with 409; the resync loop covers the event it drops).
             kopf_retries = sum(1 for line in lines if "Request attempt" in line)
+            kopf_throttled = sum(1 for line in lines if "Throttling for" in line)
             errors = [
                 line[:300]
                 for line in lines
-                if ("ERROR" in line or line.startswith("Traceback")) and "Request attempt" not in line
+                if "[ERROR" in line and "Request attempt" not in line and "Throttling for" not in line
             ]
     return {
         "jobs": jobs,
@@ -362,6 +365,7 @@ async def soak(
         },
         "operator_error_lines": len(errors),
         "kopf_request_retries_logged": kopf_retries,
+        "kopf_throttled_on_injected_conflicts": kopf_throttled,
         "operator_error_samples": errors[:5],
     }
 
