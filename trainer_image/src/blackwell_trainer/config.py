@@ -510,3 +510,69 @@ class Plan(WireModel):
     def from_file(cls, path: str | Path) -> Plan:
         """Read a plan JSON file (the mounted ConfigMap)."""
         return cls.model_validate_json(Path(path).read_text())
+
+
+# The out-of-memory result (docs/trainer.md, "Out of GPU memory"): one line of the termination message is
+# OOM_RESULT_MARKER followed by an OomResult as compact JSON. The marker names the format's version; a
+# reader takes the last such line and ignores versions it does not know.
+OOM_RESULT_VERSION = 1
+OOM_RESULT_MARKER = f"btj-oom/v{OOM_RESULT_VERSION} "
+
+
+class OomPhase(StrEnum):
+    """Where in the run the GPU ran out of memory."""
+
+    SETUP = "setup"  # building, sharding or loading the model and optimizer, before the first step
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"  # gradient clipping, the optimizer step and its checks
+
+
+class OomResult(WireModel):
+    """What a CUDA out-of-memory error in the trainer measured, beside what the plan predicted (bytes)."""
+
+    phase: OomPhase = Field(description="setup, forward, backward or optimizer.")
+    step: int = Field(ge=0, description="The optimizer step that failed (1 = the first); 0 in setup.")
+    compiling: bool = Field(
+        default=False, description="The step was the first of a compiled plan (torch.compile ran in it)."
+    )
+    rank: int = Field(default=0, ge=0, description="The rank that reported it.")
+    requested_bytes: int | None = Field(
+        default=None, ge=0, description="The allocation that failed (the message's 'Tried to allocate')."
+    )
+    allocated_bytes: int = Field(ge=0, description="Bytes in live tensors when it failed.")
+    peak_allocated_bytes: int = Field(ge=0, description="The allocator's peak allocated bytes.")
+    peak_reserved_bytes: int = Field(ge=0, description="The allocator's peak reserved bytes.")
+    non_pytorch_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="The process's GPU memory outside the allocator (CUDA context, NCCL, cuBLAS), from the "
+        "message; none where it did not say.",
+    )
+    gpu_total_bytes: int | None = Field(default=None, ge=0, description="The GPU's total memory.")
+    predicted_peak_reserved_bytes: int = Field(ge=0, description="The plan's predicted peak reserved bytes.")
+    candidate: Candidate = Field(description="The plan's chosen configuration, the one that ran out.")
+
+    @property
+    def needed_bytes(self) -> int:
+        """A lower bound of what the run needed: its peak, or its live tensors plus the failed request,
+        plus the memory outside the allocator."""
+        live = self.allocated_bytes + (self.requested_bytes or 0)
+        return max(self.peak_reserved_bytes, live) + (self.non_pytorch_bytes or 0)
+
+    def to_line(self) -> str:
+        """The marker line of the termination message."""
+        return OOM_RESULT_MARKER + self.model_dump_json(by_alias=True, exclude_none=True)
+
+    @classmethod
+    def find(cls, text: str | None) -> OomResult | None:
+        """The last readable marker line of this version in `text` (a termination message), else None."""
+        for line in reversed((text or "").splitlines()):
+            head, marker, body = line.strip().partition(OOM_RESULT_MARKER.strip())
+            if not marker or head:
+                continue
+            try:
+                return cls.model_validate_json(body)
+            except ValueError:
+                continue
+        return None

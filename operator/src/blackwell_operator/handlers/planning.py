@@ -7,6 +7,7 @@ import threading
 
 from blackwell_operator.errors import SpecError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
+from blackwell_operator.models.status import MemoryCorrection
 from blackwell_operator.planner import plan_job
 from blackwell_operator.settings import env_name, operator_environment
 from blackwell_trainer.config import Plan
@@ -27,7 +28,12 @@ def plan_deadline() -> float:
     return operator_environment().plan_deadline_s
 
 
-def plan_within(spec: BlackwellTrainingJobSpec, job_name: str, deadline_s: float | None = None) -> Plan:
+def plan_within(
+    spec: BlackwellTrainingJobSpec,
+    job_name: str,
+    deadline_s: float | None = None,
+    correction: MemoryCorrection | None = None,
+) -> Plan:
     """plan_job in its own daemon thread, waited for at most `deadline_s`.
 
     A thread of its own, not a pool: a plan that overruns keeps only its own thread busy (it ends when the
@@ -38,7 +44,7 @@ def plan_within(spec: BlackwellTrainingJobSpec, job_name: str, deadline_s: float
 
     def work() -> None:
         try:
-            answer.put(plan_job(spec, job_name=job_name))
+            answer.put(plan_job(spec, job_name=job_name, correction=correction))
         except BaseException as exc:  # handed to the waiting reconcile, which raises it there
             answer.put(exc)
 

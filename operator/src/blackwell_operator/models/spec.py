@@ -101,6 +101,15 @@ TOPOLOGY_NEEDS_QUEUE = (
 )
 
 
+# SageMaker's own name patterns, or an ARN of that resource type.
+HYPERPOD_CLUSTER_PATTERN = (
+    r"^([a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}|arn:[a-z-]+:sagemaker:[a-z0-9-]+:[0-9]{12}:cluster/[a-z0-9]+)$"
+)
+TRAINING_PLAN_PATTERN = (
+    r"^([a-zA-Z0-9](-*[a-zA-Z0-9]){0,63}|arn:[a-z-]+:sagemaker:[a-z0-9-]+:[0-9]{12}:training-plan/[^/]+)$"
+)
+
+
 class TopologySpec(WireModel):
     """All nodes of the job within one network-topology domain (Kueue topology-aware scheduling)."""
 
@@ -143,6 +152,42 @@ class ClusterSpec(WireModel):
         description="Place all nodes within one network-topology domain (Kueue's podset topology "
         "annotations on the pod template; needs spec.queueName).",
     )
+    hyperpod_cluster: str | None = Field(
+        default=None,
+        max_length=256,
+        description="The SageMaker HyperPod cluster (name, or ARN for another region): the operator reads "
+        "its instance groups and running nodes from AWS into the CapacityAvailable condition (advisory).",
+        json_schema_extra={"pattern": HYPERPOD_CLUSTER_PATTERN},
+    )
+    training_plan: str | None = Field(
+        default=None,
+        max_length=256,
+        description="The Flexible Training Plan (name or ARN) that books the capacity; its status and time "
+        "window go into CapacityAvailable. Unset: the plan of the cluster's instance group, if any.",
+        json_schema_extra={"pattern": TRAINING_PLAN_PATTERN},
+    )
+
+    @field_validator("hyperpod_cluster")
+    @classmethod
+    def _cluster_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(HYPERPOD_CLUSTER_PATTERN, value):
+            raise PydanticCustomError(
+                "hyperpod_cluster",
+                f"{value!r} is not a HyperPod cluster name or ARN. Fix: use the name `aws sagemaker "
+                "list-clusters` shows, e.g. ml-cluster",
+            )
+        return value
+
+    @field_validator("training_plan")
+    @classmethod
+    def _plan_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(TRAINING_PLAN_PATTERN, value):
+            raise PydanticCustomError(
+                "training_plan",
+                f"{value!r} is not a training plan name or ARN. Fix: use the name `aws sagemaker "
+                "list-training-plans` shows",
+            )
+        return value
 
 
 class TrainingSpec(WireModel):
@@ -188,6 +233,13 @@ class TuningSpec(WireModel):
         default=0.05, ge=0.0, le=0.5, description="Fraction of GPU memory kept free by the plan."
     )
     compile: bool = Field(default=True, description="torch.compile each transformer block.")
+    max_replans: int = Field(
+        default=2,
+        ge=0,
+        le=10,
+        description="Re-plans with less memory after the trainer runs out of GPU memory, before the job "
+        "fails; 0 fails it at the first.",
+    )
 
 
 class EnvVar(WireModel):

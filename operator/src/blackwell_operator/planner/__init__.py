@@ -6,8 +6,15 @@ from dataclasses import dataclass
 
 from blackwell_operator.calibration import Calibration, load_calibration
 from blackwell_operator.catalogs import resolve_model
+from blackwell_operator.errors import PlanningError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
+from blackwell_operator.models.status import MemoryCorrection
 from blackwell_operator.planner.candidates import Pins, families
+from blackwell_operator.planner.correction import (
+    corrected_calibration,
+    describe_correction,
+    micro_batch_limits,
+)
 from blackwell_operator.planner.explain import describe, explain, loss_reason
 from blackwell_operator.planner.inputs import hardware_for, problem_for
 from blackwell_operator.planner.layout import Hardware, Layout, Setting
@@ -110,8 +117,13 @@ def plan_job(
     job_name: str = "btj",
     calibration: Calibration | None = None,
     checkpoint: CheckpointFacts | None = None,
+    correction: MemoryCorrection | None = None,
 ) -> Plan:
     """Resolve a spec into the fastest plan that fits, with alternatives and reasons.
+
+    `correction`: what out-of-memory runs of this job taught (status.memoryCorrection): activation bytes
+    scaled, a reserve added, and the configurations that ran out (and larger micro-batches of their
+    families) never chosen again.
 
     `checkpoint`: what the caller could read of spec.model.weights (`btj plan` reads a local folder's
     config.json and file sizes; the operator reads nothing).
@@ -125,9 +137,13 @@ def plan_job(
     read_architecture = spec.model.preset is None and spec.model.architecture is None
     spec = with_checkpoint_architecture(spec, facts)
     cal = calibration or load_calibration()
+    if correction is not None:
+        cal = corrected_calibration(cal, correction)
     model_name, arch = resolve_model(spec.model)
     hw = hardware_for(spec)
     problem = problem_for(spec, cal, hw)
+    if correction is not None:
+        problem.mbs_limits = micro_batch_limits(correction)
     pins = Pins.of(spec.tuning)
     seq = spec.training.sequence_length
     fams = families(pins, hw, cal, seq, spec.tuning.compile)
@@ -135,6 +151,14 @@ def plan_job(
     result = run_search(problem, fams, pins.micro_batch_size)
     best = result.best
     if best is None:
+        pinned = pins.micro_batch_size
+        if correction is not None and pinned is not None and all(problem.max_mbs(f) < pinned for f in fams):
+            raise PlanningError(
+                "spec.tuning.microBatchSize",
+                f"micro-batch {pinned} ran out of GPU memory on this job in every configuration the other "
+                "spec.tuning pins allow (status.planHistory)",
+                "use auto or a smaller micro-batch",
+            )
         raise unreachable_global_batch(problem, pins, result) or no_plan(spec, cal, pins, result, problem)
 
     alternatives = _alternatives(best, result, problem.budget_bytes, hw, cal)
@@ -178,6 +202,7 @@ def plan_job(
             *explain(best, result, problem.budget_bytes, pins),
             *_batch_note(problem, best),
             *notes,
+            *([describe_correction(correction)] if correction is not None else []),
         ],
         calibration=f"{cal.name} ({cal.status})",
         dataset=spec.training.dataset.model_copy(deep=True),

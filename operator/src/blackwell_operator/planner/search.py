@@ -70,6 +70,8 @@ class Problem:
     global_batch_tokens: int | None
     budget_bytes: float
     evaluations: int = 0
+    # Per family, the largest micro-batch allowed (below one that ran out of memory: planner.correction).
+    mbs_limits: dict[tuple[str, str, str, str, int], int] = field(default_factory=dict)
 
     def tokens_per_micro_step(self, setting: Setting, mbs: int) -> int:
         """Tokens all data-parallel ranks process in one micro-step."""
@@ -77,7 +79,7 @@ class Problem:
 
     def max_mbs(self, setting: Setting) -> int:
         """Largest micro-batch the trainer and the global batch allow."""
-        limit = self.cal.trainer.max_micro_batch_size
+        limit = min(self.cal.trainer.max_micro_batch_size, self.mbs_limits.get(setting.family, 1 << 30))
         if self.global_batch_tokens is not None:
             most = self.global_batch_tokens * (1 + GLOBAL_BATCH_TOLERANCE)
             limit = min(limit, int(most // self.tokens_per_micro_step(setting, 1)))
