@@ -39,6 +39,7 @@ from blackwell_operator.handlers.finalizer import holds, release, with_finalizer
 from blackwell_operator.handlers.planning import plan_within
 from blackwell_operator.models.spec import Backend, BlackwellTrainingJobSpec
 from blackwell_operator.models.status import ConditionType, Phase
+from blackwell_operator.planner.provenance import plan_event, plan_verified_condition
 from blackwell_operator.render import render_children, trainjob
 from blackwell_operator.render.labels import RENDER_HASH_ANNOTATION
 from blackwell_operator.render.pod import plan_config_map_name, resources
@@ -55,6 +56,7 @@ from blackwell_operator.status import (
     merge_patch_to,
     now_rfc3339,
     plan_document,
+    remove_condition,
     set_condition,
     summary_message,
 )
@@ -320,6 +322,7 @@ class Reconciler:
         else:
             planned = ("Planned", plan_summary(plan))
         result.conditions.append((ConditionType.PLANNED, "True", *planned))
+        self._report_provenance(body, plan, result)
         capacity = self._capacity(spec, plan, logger)
         result.conditions.append(
             with_aws_capacity(
@@ -394,6 +397,21 @@ class Reconciler:
             self._event_once(body, exc.condition, exc.reason, str(exc))
             return
         self._write(body, result, generation)
+
+    def _report_provenance(self, body: Mapping[str, Any], plan: Plan, result: Result) -> None:
+        """Condition PlanVerified and one Event per plan: which choices were measured here, which modelled."""
+        _, verified, reason, message = plan_verified_condition(plan.provenance)
+        status: ConditionStatus = "True" if verified else "False"
+        result.conditions.append((ConditionType.PLAN_VERIFIED, status, reason, message))
+        event_reason, event_message, warning = plan_event(plan.provenance)
+        self._event_once(
+            body,
+            ConditionType.PLAN_VERIFIED,
+            reason,
+            message,
+            warning=warning,
+            event=(event_reason, event_message),
+        )
 
     def _aws_capacity(self, spec: BlackwellTrainingJobSpec, logger: Any) -> AwsCapacity | None:
         """What AWS says about the named HyperPod cluster (None: no cluster named, or no reader)."""
@@ -764,6 +782,7 @@ class Reconciler:
                     now=now,
                 )
             else:
+                conds = remove_condition(conds, ConditionType.PLAN_VERIFIED)  # no plan: nothing to verify
                 changes.update(
                     phase=Phase.INVALID.value,
                     message=exc.message,
