@@ -139,3 +139,17 @@ def test_the_shipped_coverage_is_what_the_records_say() -> None:
     for combo in coverage.combinations:
         assert all((ROOT / s).exists() for s in combo.sources)
     assert get_instance("ml.p5en.48xlarge").gpu == "H200"
+
+
+def test_a_calibration_derived_from_a_trainers_has_its_coverage() -> None:
+    # A fit's output or a user's copy is named <trainer>-<suffix>: same trainer, same records.
+    assert load_measured("btj-trainer-h200") == load_measured("btj-trainer")
+    assert load_measured("h200-reference-fit").trainer == "h200-reference"
+    # A calibration of a trainer with no record here still plans (BF16, its own path), and says so.
+    cal = load_calibration().model_copy(update={"name": "someone-elses-trainer"})
+    plan = plan_job(make_spec(), calibration=cal)
+    assert plan.chosen.precision is Precision.BF16
+    recipe = next(c for c in plan.provenance if c.choice == "precision")
+    assert recipe.basis is Basis.UNVERIFIED
+    assert "no run of trainer someone-elses-trainer is recorded here" in recipe.detail
+    assert all(c.basis is not Basis.MEASURED for c in plan.provenance)

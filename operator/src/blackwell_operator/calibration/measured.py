@@ -60,10 +60,20 @@ class MeasuredCoverage(_Strict):
 
 
 @cache
-def load_measured(trainer: str) -> MeasuredCoverage:
-    """The shipped coverage of a trainer (empty when nothing of it ran here: every choice is modelled)."""
+def load_measured(calibration: str) -> MeasuredCoverage:
+    """The shipped coverage of the trainer a calibration describes (empty when nothing of it ran here).
+
+    A calibration named after a trainer (btj-trainer, h200-reference) has that trainer's coverage; one
+    derived from it and named `<trainer>-<suffix>` (btj-trainer-h200, h200-reference-fit: a fit's output, a
+    user's copy) describes the same trainer, so it has the same coverage.
+    """
     folder = resources.files("blackwell_operator.calibration").joinpath(MEASURED_FOLDER)
-    path = folder.joinpath(f"{trainer}.json")
-    if not path.is_file():
-        return MeasuredCoverage(trainer=trainer)
-    return MeasuredCoverage.model_validate_json(path.read_text())
+    shipped = sorted(
+        (f.name.removesuffix(".json") for f in folder.iterdir() if f.name.endswith(".json")),
+        key=len,
+        reverse=True,
+    )
+    for trainer in shipped:
+        if calibration == trainer or calibration.startswith(f"{trainer}-"):
+            return MeasuredCoverage.model_validate_json(folder.joinpath(f"{trainer}.json").read_text())
+    return MeasuredCoverage(trainer=calibration)

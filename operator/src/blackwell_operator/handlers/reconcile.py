@@ -650,8 +650,16 @@ class Reconciler:
 
     @staticmethod
     def _new_spec(body: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
-        """Whether this spec generation has not been reconciled yet (a spec change)."""
-        return int(body["metadata"].get("generation") or 1) != status.get("observedGeneration")
+        """Whether the spec changed since the recorded child was made (a finished job may then run anew).
+
+        The generation reconcile last wrote, else the one the child watcher stamped on ChildCreated when it
+        recorded the child before reconcile wrote anything (a job that finished within its first pass).
+        Without either nothing says the spec changed: a finished job is not run again on a guess.
+        """
+        seen = status.get("observedGeneration") or (
+            get_condition(status.get("conditions"), ConditionType.CHILD_CREATED) or {}
+        ).get("observedGeneration")
+        return seen is not None and int(body["metadata"].get("generation") or 1) != seen
 
     def _create_together(
         self, kind: ChildKind, job: dict[str, Any], supporting: list[dict[str, Any]], owner_uid: str

@@ -29,10 +29,14 @@ def recipe_ran(coverage: MeasuredCoverage, recipe: PrecisionRecipe) -> list[Meas
 def auto_may_choose(
     coverage: MeasuredCoverage, precision: Precision, recipe: PrecisionRecipe, allow_unverified: bool
 ) -> bool:
-    """Whether precision auto may offer a recipe: its trainer path ran on a GPU here, or the user opted in."""
+    """Whether precision auto may offer a recipe: its trainer path ran on a GPU here, or the user opted in.
+
+    BF16 (no recipe) is always offered: it is the trainer's own path, and a trainer with no record here
+    (a calibration of another trainer) still plans, its plan saying that nothing of it was verified.
+    """
     if precision in AUTO_NEVER:
         return False
-    return allow_unverified or bool(recipe_ran(coverage, recipe))
+    return recipe is PrecisionRecipe.NONE or allow_unverified or bool(recipe_ran(coverage, recipe))
 
 
 def left_out_of_auto(
@@ -102,7 +106,12 @@ def _precision(
             f"its trainer path ran ({_runs(anywhere)}); speed and memory on {hw.gpu.name} modelled{marked}"
         )
         return ChoiceProvenance(choice="precision", value=value, basis=Basis.MODELLED, detail=detail)
-    why = "pinned in spec.tuning.precision" if pinned else f"offered to auto because {OPT_IN_FIELD} is true"
+    if pinned:
+        why = "pinned in spec.tuning.precision"
+    elif s.recipe is PrecisionRecipe.NONE:
+        why = f"no run of trainer {cal.name} is recorded here"
+    else:
+        why = f"offered to auto because {OPT_IN_FIELD} is true"
     detail = f"its trainer path never ran on a GPU here: every constant modelled{marked}; {why}"
     return ChoiceProvenance(choice="precision", value=value, basis=Basis.UNVERIFIED, detail=detail)
 
