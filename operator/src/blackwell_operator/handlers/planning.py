@@ -5,6 +5,7 @@ from __future__ import annotations
 import queue
 import threading
 
+from blackwell_operator.calibration.cluster import Corrector
 from blackwell_operator.errors import SpecError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner import plan_job
@@ -27,7 +28,13 @@ def plan_deadline() -> float:
     return operator_environment().plan_deadline_s
 
 
-def plan_within(spec: BlackwellTrainingJobSpec, job_name: str, deadline_s: float | None = None) -> Plan:
+def plan_within(
+    spec: BlackwellTrainingJobSpec,
+    job_name: str,
+    deadline_s: float | None = None,
+    *,
+    cluster: Corrector | None = None,
+) -> Plan:
     """plan_job in its own daemon thread, waited for at most `deadline_s`.
 
     A thread of its own, not a pool: a plan that overruns keeps only its own thread busy (it ends when the
@@ -38,7 +45,7 @@ def plan_within(spec: BlackwellTrainingJobSpec, job_name: str, deadline_s: float
 
     def work() -> None:
         try:
-            answer.put(plan_job(spec, job_name=job_name))
+            answer.put(plan_job(spec, job_name=job_name, cluster=cluster))
         except BaseException as exc:  # handed to the waiting reconcile, which raises it there
             answer.put(exc)
 

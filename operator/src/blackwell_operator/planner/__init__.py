@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from blackwell_operator.calibration import Calibration, load_calibration
+from blackwell_operator.calibration.cluster import Corrector, describe_correction
 from blackwell_operator.catalogs import resolve_model
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner.candidates import Pins, families
@@ -110,11 +111,13 @@ def plan_job(
     job_name: str = "btj",
     calibration: Calibration | None = None,
     checkpoint: CheckpointFacts | None = None,
+    cluster: Corrector | None = None,
 ) -> Plan:
     """Resolve a spec into the fastest plan that fits, with alternatives and reasons.
 
     `checkpoint`: what the caller could read of spec.model.weights (`btj plan` reads a local folder's
-    config.json and file sizes; the operator reads nothing).
+    config.json and file sizes; the operator reads nothing). `cluster`: corrections measured on the
+    user's cluster per recipe family (calibration/cluster.py), applied to every candidate's prediction.
 
     Raises PlanningError (field, problem, fix) when a pinned value is impossible, nothing fits or the
     initial weights do not fit a node, and SpecError when the checkpoint, dataset or weights path is on
@@ -128,6 +131,7 @@ def plan_job(
     model_name, arch = resolve_model(spec.model)
     hw = hardware_for(spec)
     problem = problem_for(spec, cal, hw)
+    problem.correct = cluster
     pins = Pins.of(spec.tuning)
     seq = spec.training.sequence_length
     fams = families(pins, hw, cal, seq, spec.tuning.compile)
@@ -145,6 +149,9 @@ def plan_job(
     )
     output = spec.training.output
     notes = _weights_notes(weights_plan, read_architecture)
+    correction = cluster(best.setting.recipe, best.setting.activation_checkpointing) if cluster else None
+    if correction is not None:
+        notes.append(describe_correction(correction))
     gpu = hw.gpu
     headline = (
         f"{model_name} ({problem.shapes.total_params / 1e9:.2f}B params) on {hw.world} x {gpu.name} "
@@ -180,6 +187,7 @@ def plan_job(
             *notes,
         ],
         calibration=f"{cal.name} ({cal.status})",
+        cluster_correction=correction,
         dataset=spec.training.dataset.model_copy(deep=True),
         checkpoint=spec.training.checkpoint.model_copy(deep=True),
         weights=weights_plan,
