@@ -82,9 +82,7 @@ class ClusterCalibration(WireModel):
             return None
         tokens = _clamp(statistics.median(s.tokens_ratio for s in runs), TOKENS_BOUNDS)
         memories = [s.memory_ratio for s in runs if s.memory_ratio is not None]
-        memory = (
-            _clamp(statistics.median(memories), MEMORY_BOUNDS) if len(memories) >= MIN_RUNS else 1.0
-        )
+        memory = _clamp(statistics.median(memories), MEMORY_BOUNDS) if len(memories) >= MIN_RUNS else 1.0
         return ClusterCorrection(
             instance_type=instance_type,
             precision_recipe=recipe,
