@@ -34,6 +34,11 @@ BAD: dict[str, tuple[bytes, str]] = {
     "5000-digit-integer": ((HEAD + META + SPEC + f"  maxRetries: {'9' * 5000}\n").encode(), "5000 digits"),
     "beyond-int64": ((HEAD + META + SPEC + f"  maxRetries: {2**63}\n").encode(), "spec.maxRetries"),
     "alias-bomb": (_alias_bomb(), "aliases expand to over 3 MiB"),
+    # 1.5 million values in 3 MiB: refused after 20,000 instead of minutes of parsing.
+    "3-MiB-of-values": (
+        (HEAD + META + SPEC + "x: [" + "1," * 1_500_000 + "1]\n").encode(),
+        "more than 20,000 YAML values",
+    ),
     "over-3-MiB": ((HEAD + META + SPEC + "# " + "x" * (3 << 20) + "\n").encode(), "3 MiB request limit"),
     "50-MB-env-value": (
         (HEAD + META + SPEC + "  env: [{name: A, value: '" + "x" * 50_000_000 + "'}]\n").encode(),
@@ -74,7 +79,7 @@ BAD: dict[str, tuple[bytes, str]] = {
     "dry-run-string": ((HEAD + META + SPEC + "  dryRun: 'false'\n").encode(), "spec.dryRun"),
     "queue-outside-pattern": (
         (HEAD + META + SPEC + "  queueName: team a/queue\n").encode(),
-        "spec.queueName",
+        'spec.queueName: "team a/queue" is not a label value',
     ),
     "toleration-breaks-cel": (
         (HEAD + META + SPEC + "  tolerations: [{operator: Exists, value: ml}]\n").encode(),
@@ -95,9 +100,10 @@ BAD: dict[str, tuple[bytes, str]] = {
 
 
 def _invoke(command: str, path: Path) -> tuple[int, str, float, BaseException | None]:
-    started = time.perf_counter()
+    # CPU seconds of this process (the command runs in it): the bound holds however loaded the machine is.
+    started = time.process_time()
     result = runner.invoke(app, [command, str(path)])
-    return result.exit_code, result.stderr, time.perf_counter() - started, result.exception
+    return result.exit_code, result.stderr, time.process_time() - started, result.exception
 
 
 @pytest.mark.parametrize("case", sorted(BAD))

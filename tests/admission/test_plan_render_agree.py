@@ -26,9 +26,9 @@ SETTINGS = settings(
 def _verdicts(path: Path) -> dict[str, int]:
     codes = {}
     for command in ("plan", "render"):
-        started = time.perf_counter()
+        started = time.process_time()
         result = runner.invoke(app, [command, str(path), "-o", "json"])
-        assert time.perf_counter() - started < 10, f"{command} took too long"
+        assert time.process_time() - started < 10, f"{command} took too long"
         assert result.exit_code in (0, 2), (command, result.exception, result.output[-2000:])
         assert "Traceback" not in result.output
         if result.exit_code:

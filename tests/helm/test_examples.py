@@ -33,7 +33,7 @@ def test_the_promised_examples_exist() -> None:
     names = {p.name for p in EXAMPLES}
     assert len(names) >= 7
     backends = {documents(p)[0]["spec"].get("backend", "PyTorchJob") for p in EXAMPLES}
-    assert backends == {"PyTorchJob", "HyperPodPyTorchJob"}
+    assert backends == {"PyTorchJob", "HyperPodPyTorchJob", "TrainJob"}
     instance_types = {documents(p)[0]["spec"]["cluster"]["instanceType"] for p in EXAMPLES}
     assert {"ml.p6-b200.48xlarge", "ml.p5en.48xlarge"} <= instance_types
     specs = [documents(p)[0]["spec"] for p in EXAMPLES]

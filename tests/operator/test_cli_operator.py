@@ -34,6 +34,7 @@ def test_demo_runs_the_operator_through_a_whole_job() -> None:
         assert f"BTJ phase {phase}" in out
     assert "condition Planned True Planned" in out
     assert "binds the workers to hyperpod-i-000, hyperpod-i-001" in out
+    assert "ServiceAccount" not in out, "the example names none: the namespace's default"
     # The embedded example names no queue and asks for 1000 steps: no Kueue, and its own step count.
     assert "Kueue" not in out and "Queued" not in out
     assert "run 1000 steps (spec.training.steps" in out
@@ -66,6 +67,7 @@ def test_demo_queues_only_a_job_that_names_a_queue_and_admits_it_when_it_fits() 
     queued, admitted = out.index("BTJ phase Queued"), out.index("Kueue admits it: 2 node(s)")
     assert queued < admitted < out.index("BTJ phase Succeeded")
     assert "run 5000 steps" in out
+    assert "ServiceAccount training-s3 created for the demo" in out, "the example names one"
     code, out = demo(str(ROOT / "examples" / "llama3.1-8b-kueue.yaml"), "--nodes", "1")
     assert code == 1, out
     assert "Not run: BTJ phase Queued; Kueue keeps it suspended" in out
@@ -79,7 +81,8 @@ def test_demo_plays_kubeflow_trainer_for_a_trainjob(tmp_path: Path) -> None:
     trainjob.write_text(text.replace("steps: 1000", "steps: 77") + "  backend: TrainJob\n")
     code, out = demo(str(trainjob))
     assert code == 0, out
-    assert "Created TrainJob llama3-8b-pretrain" in out and "Kubeflow Trainer (its JobSet) creates" in out
+    assert "Created TrainJob llama3-8b-pretrain" in out
+    assert "Kubeflow Trainer (its JobSet) takes the job" in out
     assert out.index("BTJ phase Running") < out.index("run 77 steps") < out.index("BTJ phase Succeeded")
 
 

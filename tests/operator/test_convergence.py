@@ -167,10 +167,10 @@ async def test_a_spec_that_plans_past_the_deadline_is_invalid_and_says_why(
 ) -> None:
     # The planner made slow on purpose (every real spec plans in milliseconds): the deadline, not the
     # planner, must end the reconcile, and the worker is free for the next BTJ long before planning ends.
-    def slow_plan_job(spec: Any, job_name: str) -> Any:
+    def slow_plan_job(spec: Any, job_name: str, **options: Any) -> Any:
         if job_name == "slow":
             time.sleep(2.0)
-        return plan_job(spec, job_name=job_name)
+        return plan_job(spec, job_name=job_name, **options)
 
     monkeypatch.setattr(planning, "plan_job", slow_plan_job)
     monkeypatch.setenv("BTJ_PLAN_DEADLINE_S", "0.2")

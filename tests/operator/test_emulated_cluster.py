@@ -11,7 +11,7 @@ from blackwell_operator.discovery.capacity import count_capacity
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.render import render_children
 from blackwell_operator.testing.cluster import allocatable, emulated_cluster, hyperpod_node
-from blackwell_operator.testing.controllers import place, workers_of
+from blackwell_operator.testing.controllers import ControllerStandIn, place, workers_of
 from tests.operator.harness import B200, NAMESPACE
 from tests.render.plans import plan_for
 
@@ -102,3 +102,18 @@ def test_a_trainjob_without_its_runtime_is_refused_in_one_line() -> None:
 def test_another_kind_is_refused_in_one_line() -> None:
     with pytest.raises(ValueError, match="cannot play the controller of a JAXJob"):
         workers_of({"kind": "JAXJob", "spec": {}})
+
+
+async def test_a_job_whose_service_account_is_missing_gets_no_pods() -> None:
+    spec = BlackwellTrainingJobSpec.model_validate(
+        {"model": {"preset": "llama3.1-8b"}, "serviceAccountName": "training-s3"}
+    )
+    _, child = render_children("job", NAMESPACE, spec, plan_for(spec, "job"))
+    child["metadata"]["uid"] = "u"
+    async with emulated_cluster(NAMESPACE, nodes(2)) as k:
+        stand_in = ControllerStandIn(k, child, steps=10)
+        moves, waits = stand_in.moves(nodes(2))
+        assert [m.expect for m in moves] == ["Pending"]
+        assert "serviceaccount 'training-s3' does not exist in namespace" in waits
+        moves, waits = stand_in.moves(nodes(2), service_accounts={"default", "training-s3"})
+        assert waits == "" and [m.expect for m in moves] == ["Pending", "Running", "Succeeded"]

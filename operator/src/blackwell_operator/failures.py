@@ -9,6 +9,7 @@ from blackwell_operator.models.status import FAILURE_MESSAGE_LIMIT, ConditionTyp
 from blackwell_operator.render import hyperpod, pytorchjob, trainjob
 from blackwell_operator.render.labels import JOB_NAME_LABEL
 from blackwell_operator.render.pod import TERMINATION_GRACE_SECONDS, TRAINER_CONTAINER_NAMES
+from blackwell_operator.replan import oom_of, replacing_child, replan_changes
 from blackwell_operator.status import (
     TERMINAL_PHASES,
     get_condition,
@@ -16,7 +17,7 @@ from blackwell_operator.status import (
     rfc3339_seconds,
     set_condition,
 )
-from blackwell_trainer.config import PERMANENT_ERROR_PREFIX
+from blackwell_trainer.config import PERMANENT_ERROR_PREFIX, OomResult
 
 # What status.message appends while the phase is Restarting or Failed; the text before it is the summary
 # the child watcher writes, so a newer failure replaces the old suffix instead of stacking up.
@@ -79,6 +80,10 @@ def worker_failure(
         }
         if terminated.get("finishedAt"):
             failure["finishedAt"] = str(terminated["finishedAt"])
+        # The trainer's out-of-memory result: a later line of the same message (config.OomResult).
+        oom = OomResult.find(terminated.get("message"))
+        if oom is not None:
+            failure["outOfMemory"] = oom.model_dump(by_alias=True, exclude_none=True, mode="json")
         return failure
     return None
 
@@ -185,6 +190,12 @@ def is_permanent(failure: Mapping[str, Any] | None) -> bool:
     return bool(failure) and str((failure or {}).get("message") or "").startswith(PERMANENT_ERROR_PREFIX)
 
 
+def stopping_child(status: Mapping[str, Any]) -> bool:
+    """The recorded child is being deleted by the operator: the job failed on a permanent error, or a
+    re-plan replaces it. Its last phases no longer speak for the BTJ."""
+    return stopped_on_permanent_error(status) or replacing_child(status)
+
+
 def stopped_on_permanent_error(status: Mapping[str, Any]) -> bool:
     """The BTJ failed because a worker hit a permanent error (its child is, or is being, deleted)."""
     failed = get_condition(status.get("conditions"), ConditionType.FAILED)
@@ -235,6 +246,13 @@ def failure_changes(
         and status.get("phase") not in _TERMINAL
         and (status.get("child") or {}).get("name")
     ):
+        if replacing_child(status):
+            return None, False  # a re-plan already replaces this child: its other workers end too
+        oom = oom_of(failure)
+        if oom is not None and status.get("plan"):
+            # Out of GPU memory: the same plan runs out again, a smaller one may not (replan.py).
+            replanned, _ = replan_changes(btj, failure, oom, failed_reason=PERMANENT_ERROR_REASON)
+            return replanned, True
         generation = status.get("observedGeneration") or (btj.get("metadata") or {}).get("generation")
         changes.update(_permanent_stop(status, failure, generation))
         return changes, True

@@ -38,6 +38,11 @@ class OperatorMetrics:
             "finished.",
             registry=self.registry,
         )
+        self.replans = Counter(
+            "btj_operator_replans_total",
+            "BlackwellTrainingJobs re-planned with less memory after their trainer ran out of GPU memory.",
+            registry=self.registry,
+        )
         self.jobs = Gauge(
             "btj_operator_jobs", "BlackwellTrainingJobs by phase.", ["phase"], registry=self.registry
         )

@@ -83,10 +83,18 @@ class RopeScaling(WireModel):
     """Llama 3.1's RoPE frequency scaling (Hugging Face rope_type "llama3")."""
 
     rope_type: Literal["llama3"] = Field(default="llama3", description="Scaling rule; only llama3 exists.")
-    factor: float = Field(gt=0, description="How much longer than the original context the model runs.")
-    low_freq_factor: float = Field(gt=0, description="Wavelengths above original/low are fully scaled.")
-    high_freq_factor: float = Field(gt=0, description="Wavelengths below original/high are not scaled.")
-    original_max_position_embeddings: int = Field(ge=1, description="Context length of pre-training.")
+    factor: float = Field(
+        gt=0, le=1024, description="How much longer than the original context the model runs."
+    )
+    low_freq_factor: float = Field(
+        gt=0, le=1024, description="Wavelengths above original/low are fully scaled."
+    )
+    high_freq_factor: float = Field(
+        gt=0, le=1024, description="Wavelengths below original/high are not scaled."
+    )
+    original_max_position_embeddings: int = Field(
+        ge=1, le=1_048_576, description="Context length of pre-training."
+    )
 
 
 class Architecture(WireModel):
@@ -107,8 +115,8 @@ class Architecture(WireModel):
         default=None, ge=8, le=1024, description="Per-head width; defaults to hiddenSize / numAttentionHeads."
     )
     attention_bias: bool = Field(default=False, description="Bias on the Q, K and V projections (Qwen2).")
-    rope_theta: float = Field(default=500000.0, gt=0, description="RoPE base frequency.")
-    norm_eps: float = Field(default=1e-5, gt=0, description="RMSNorm epsilon.")
+    rope_theta: float = Field(default=500000.0, gt=0, le=1e12, description="RoPE base frequency.")
+    norm_eps: float = Field(default=1e-5, gt=0, le=1, description="RMSNorm epsilon.")
     rope_scaling: RopeScaling | None = Field(
         default=None, description="RoPE frequency scaling (Llama 3.1 and later); none for plain RoPE."
     )
@@ -282,7 +290,9 @@ class DatasetConfig(WireModel):
     token_dtype: str = Field(
         default="uint32", pattern="^(uint16|uint32)$", description="Element type of the shard files."
     )
-    seed: int = Field(default=1234, description="Seed for the synthetic source and shard order.")
+    seed: int = Field(
+        default=1234, ge=0, le=2**63 - 1, description="Seed for the synthetic source and shard order."
+    )
 
     @model_validator(mode="after")
     def _uri_for_shards(self) -> DatasetConfig:
@@ -323,7 +333,10 @@ class WeightsConfig(WireModel):
 
     uri: str = Field(min_length=1, description="Folder or s3://bucket/prefix holding the checkpoint.")
     size_bytes: int | None = Field(
-        default=None, ge=0, description="Total bytes of its safetensors files, where the planner knew it."
+        default=None,
+        ge=0,
+        le=2**60,
+        description="Total bytes of its safetensors files, where the planner knew it.",
     )
     load: WeightsLoad | None = Field(default=None, description="The planner's prediction of the load.")
 
@@ -341,23 +354,27 @@ class CheckpointConfig(WireModel):
         default=None,
         description="Folder for torch.distributed.checkpoint step folders; none disables saving.",
     )
-    interval_steps: int = Field(default=500, ge=1, description="Save every this many optimizer steps.")
-    keep_latest: int = Field(default=2, ge=1, description="Complete checkpoints to keep.")
+    interval_steps: int = Field(
+        default=500, ge=1, le=100_000_000, description="Save every this many optimizer steps."
+    )
+    keep_latest: int = Field(default=2, ge=1, le=1000, description="Complete checkpoints to keep.")
 
 
 class OptimizerConfig(WireModel):
     """AdamW with linear warm-up and cosine decay."""
 
-    learning_rate: float = Field(default=3e-4, gt=0, description="Peak learning rate.")
+    learning_rate: float = Field(default=3e-4, gt=0, le=10, description="Peak learning rate.")
     min_learning_rate_ratio: float = Field(
         default=0.1, ge=0, le=1, description="Final LR as a fraction of the peak."
     )
-    warmup_steps: int = Field(default=100, ge=0, description="Linear warm-up steps.")
-    weight_decay: float = Field(default=0.1, ge=0, description="Decoupled weight decay.")
+    warmup_steps: int = Field(default=100, ge=0, le=100_000_000, description="Linear warm-up steps.")
+    weight_decay: float = Field(default=0.1, ge=0, le=10, description="Decoupled weight decay.")
     beta1: float = Field(default=0.9, ge=0, lt=1, description="Adam beta1.")
     beta2: float = Field(default=0.95, ge=0, lt=1, description="Adam beta2.")
-    eps: float = Field(default=1e-8, gt=0, description="Adam epsilon.")
-    grad_clip_norm: float = Field(default=1.0, ge=0, description="Global gradient-norm clip; 0 disables.")
+    eps: float = Field(default=1e-8, gt=0, le=1, description="Adam epsilon.")
+    grad_clip_norm: float = Field(
+        default=1.0, ge=0, le=1e6, description="Global gradient-norm clip; 0 disables."
+    )
 
 
 def keeps_gathered_weights(parameter_count: int, shard_degree: int, gpu_memory_bytes: int) -> bool:
@@ -509,3 +526,69 @@ class Plan(WireModel):
     def from_file(cls, path: str | Path) -> Plan:
         """Read a plan JSON file (the mounted ConfigMap)."""
         return cls.model_validate_json(Path(path).read_text())
+
+
+# The out-of-memory result (docs/trainer.md, "Out of GPU memory"): one line of the termination message is
+# OOM_RESULT_MARKER followed by an OomResult as compact JSON. The marker names the format's version; a
+# reader takes the last such line and ignores versions it does not know.
+OOM_RESULT_VERSION = 1
+OOM_RESULT_MARKER = f"btj-oom/v{OOM_RESULT_VERSION} "
+
+
+class OomPhase(StrEnum):
+    """Where in the run the GPU ran out of memory."""
+
+    SETUP = "setup"  # building, sharding or loading the model and optimizer, before the first step
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"  # gradient clipping, the optimizer step and its checks
+
+
+class OomResult(WireModel):
+    """What a CUDA out-of-memory error in the trainer measured, beside what the plan predicted (bytes)."""
+
+    phase: OomPhase = Field(description="setup, forward, backward or optimizer.")
+    step: int = Field(ge=0, description="The optimizer step that failed (1 = the first); 0 in setup.")
+    compiling: bool = Field(
+        default=False, description="The step was the first of a compiled plan (torch.compile ran in it)."
+    )
+    rank: int = Field(default=0, ge=0, description="The rank that reported it.")
+    requested_bytes: int | None = Field(
+        default=None, ge=0, description="The allocation that failed (the message's 'Tried to allocate')."
+    )
+    allocated_bytes: int = Field(ge=0, description="Bytes in live tensors when it failed.")
+    peak_allocated_bytes: int = Field(ge=0, description="The allocator's peak allocated bytes.")
+    peak_reserved_bytes: int = Field(ge=0, description="The allocator's peak reserved bytes.")
+    non_pytorch_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="The process's GPU memory outside the allocator (CUDA context, NCCL, cuBLAS), from the "
+        "message; none where it did not say.",
+    )
+    gpu_total_bytes: int | None = Field(default=None, ge=0, description="The GPU's total memory.")
+    predicted_peak_reserved_bytes: int = Field(ge=0, description="The plan's predicted peak reserved bytes.")
+    candidate: Candidate = Field(description="The plan's chosen configuration, the one that ran out.")
+
+    @property
+    def needed_bytes(self) -> int:
+        """A lower bound of what the run needed: its peak, or its live tensors plus the failed request,
+        plus the memory outside the allocator."""
+        live = self.allocated_bytes + (self.requested_bytes or 0)
+        return max(self.peak_reserved_bytes, live) + (self.non_pytorch_bytes or 0)
+
+    def to_line(self) -> str:
+        """The marker line of the termination message."""
+        return OOM_RESULT_MARKER + self.model_dump_json(by_alias=True, exclude_none=True)
+
+    @classmethod
+    def find(cls, text: str | None) -> OomResult | None:
+        """The last readable marker line of this version in `text` (a termination message), else None."""
+        for line in reversed((text or "").splitlines()):
+            head, marker, body = line.strip().partition(OOM_RESULT_MARKER.strip())
+            if not marker or head:
+                continue
+            try:
+                return cls.model_validate_json(body)
+            except ValueError:
+                continue
+        return None

@@ -10,7 +10,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
 from blackwell_trainer import __version__
-from blackwell_trainer.config import Plan
+from blackwell_trainer.config import OomPhase, OomResult, Plan
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +144,19 @@ class TrainerMetrics:
             "started from random init or resumed from the job's own checkpoint.",
             registry=r,
         )
+        self.out_of_memory = Counter(
+            "btj_trainer_gpu_out_of_memory",
+            "CUDA out-of-memory errors that stopped this process, by phase (setup, forward, backward, "
+            "optimizer); the termination message carries the details.",
+            ["phase"],
+            registry=r,
+        )
+        self.out_of_memory_needed = Gauge(
+            "btj_trainer_gpu_out_of_memory_needed_bytes",
+            "At least this much GPU memory was needed when it ran out (peak or live tensors plus the failed "
+            "request, plus memory outside the allocator); 0 until it runs out.",
+            registry=r,
+        )
         self.build_info = Info("btj_trainer_build", "Trainer version and the plan's settings.", registry=r)
 
         # Pre-export every series (zeros where nothing is measured yet) so none goes missing.
@@ -157,6 +170,9 @@ class TrainerMetrics:
         self.predicted_mfu.set(plan.predicted.model_flops_utilization)
         self.last_checkpoint.set(0)
         self.weights_load.set(0)
+        for phase in OomPhase:
+            self.out_of_memory.labels(phase=phase.value)
+        self.out_of_memory_needed.set(0)
         self.build_info.info(build_labels(plan))
         self._lock = threading.Lock()
 
@@ -234,3 +250,9 @@ class TrainerMetrics:
     def record_weights_load(self, seconds: float) -> None:
         """Record how long loading the initial weights took."""
         self.weights_load.set(seconds)
+
+    def record_out_of_memory(self, result: OomResult) -> None:
+        """Record the out-of-memory error that stops this process."""
+        with self._lock:
+            self.out_of_memory.labels(phase=result.phase.value).inc()
+            self.out_of_memory_needed.set(result.needed_bytes)

@@ -4,7 +4,8 @@
 Exit codes: 0 done or preempted after a checkpoint, 2 a bad or impossible plan, data, initial weights or
 checkpoint storage that does not fit it, an export of the trained weights that cannot be written, a
 checkpoint that cannot be written (the final one, the preemption one, or MAX_FAILED_SAVES_IN_A_ROW
-interval saves in a row) or none that verifies and loads, 3 a step whose loss, gradient norm or
+interval saves in a row) or none that verifies and loads, or a plan that ran out of GPU memory (with an
+OOM result line, oom.py), 3 a step whose loss, gradient norm or
 parameters are not finite (nothing of it is saved).
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import logging
 import math
 import os
@@ -27,9 +29,10 @@ import torch.distributed as dist
 from pydantic import ValidationError
 from torch import nn
 
-from .config import PERMANENT_ERROR_PREFIX, Plan
+from .config import PERMANENT_ERROR_PREFIX, OomPhase, Plan
 from .context_parallel import ContextParallel, data_parallel_rank
 from .model import Attention, Transformer, build_model, flops_per_token
+from .oom import GpuOutOfMemory, PhaseTracker, earlier_result, oom_result
 from .parallelize import ParallelismError, build_mesh, parallelize, validate_layout
 from .precision import PrecisionError, PrecisionSetup, check_precision, device_capability, parse_capability
 from .preemption import PreemptionGuard
@@ -217,9 +220,12 @@ class StepResult:
 class Trainer:
     """Model, optimizer and one ``step()``; ``run()`` adds data, checkpoints, metrics and preemption."""
 
-    def __init__(self, plan: Plan, runtime: Runtime) -> None:
+    def __init__(self, plan: Plan, runtime: Runtime, tracker: PhaseTracker | None = None) -> None:
         self.plan = plan
         self.runtime = runtime
+        # Where a CUDA OOM happens (setup until the first step): the run's tracker, or a private one.
+        self.tracker = tracker or PhaseTracker()
+        self._stepped = False  # the first step of this process runs torch.compile (a compiled plan)
         chosen = plan.chosen
         self.mesh = build_mesh(chosen, runtime.world_size, runtime.device.type)
         self.model: Transformer = build_model(
@@ -253,6 +259,8 @@ class Trainer:
     def step(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> StepResult:
         """One optimizer step over ``len(batches)`` micro-batches (gradient accumulation)."""
         started = time.perf_counter()
+        step, tracker = self.step_index + 1, self.tracker
+        compiling = self.plan.chosen.compile and not self._stepped
         for group in self.optimizer.param_groups:
             group["lr"] = lr_at(self.step_index, self.plan)
         accum = len(batches)
@@ -267,12 +275,16 @@ class Trainer:
                 inputs, labels, positions = part.inputs, part.labels, self.cp.positions
             inputs = inputs.to(self.runtime.device, non_blocking=True)
             labels = labels.to(self.runtime.device, non_blocking=True)
+            tracker.mark(OomPhase.FORWARD, step, compiling=compiling)
             with self.precision.forward_context():
                 loss = self.model(inputs, labels, positions)
             if self.cp is not None:
                 loss = loss * part.loss_weight
+            tracker.mark(OomPhase.BACKWARD, step, compiling=compiling)
             (loss / accum).backward()
             loss_sum += loss.detach()
+        tracker.mark(OomPhase.OPTIMIZER, step, compiling=compiling)
+        self._stepped = True
         foreach = self.runtime.device.type == "cuda"
         clip = self.plan.optimizer.grad_clip_norm
         if clip > 0:
@@ -358,46 +370,60 @@ def run(plan: Plan, runtime: Runtime, guard: PreemptionGuard) -> int:
     `guard` is the SIGTERM guard main() holds (``python -m blackwell_trainer`` installs it before torch is
     imported); main() also restores it.
     """
-    from .checkpoint import Checkpointer, SavePolicy
     from .metrics import TrainerMetrics
 
     init_distributed(runtime)
     metrics = TrainerMetrics(plan)
+    tracker = PhaseTracker()
     try:
         if runtime.local_rank == 0:
             metrics.serve(plan.metrics_port)
-        trainer = Trainer(plan, runtime)
-        source = _token_source(plan, runtime)
-        checkpointer = Checkpointer(plan.checkpoint, rank=runtime.rank)
-        _resume_or_start(plan, trainer, source, checkpointer, metrics)
-        policy = SavePolicy(checkpointer, steps=plan.steps, recorder=metrics)
-        report = StepReport(plan, runtime, metrics)
-        started_at = trainer.step_index
-        metrics.step.set(started_at)  # a resumed job's progress shows before its first new step
-
-        def extra() -> dict[str, Any]:
-            return {"step": trainer.step_index, "data": source.state_dict()}
-
-        while True:
-            # Done first, without a collective: the last step's checkpoint is the last collective before
-            # the process group is destroyed (a tiny all-reduce there let one gloo rank abort at exit,
-            # "terminate called without an active exception", in about 1 of 10 CPU e2e runs).
-            if trainer.step_index >= plan.steps:
-                _export(plan, trainer, runtime)
-                return 0
-            # Every rank asks before every step it still has to take, so all stop before the same step. A
-            # SIGTERM during start-up (rendezvous, model build, resume) stops here, before the first step.
-            if guard.agreed():
-                policy.at_preemption(trainer.step_index, started_at, trainer.model, trainer.optimizer, extra)
-                return 0
-            result = _finite_step(trainer, source, checkpointer)
-            checkpointer.confirm_finite(trainer.step_index)  # the checkpoint before it is known good
-            report.step(trainer.step_index, result, lr=trainer.optimizer.param_groups[0]["lr"])
-            policy.after_step(trainer.step_index, trainer.model, trainer.optimizer, extra)
+        return _train(plan, runtime, guard, metrics, tracker)
+    except torch.OutOfMemoryError as err:
+        # Read the allocator's figures before the traceback (and the tensors its frames hold) goes.
+        result = oom_result(err, tracker, plan, runtime.device, runtime.rank)
+        metrics.record_out_of_memory(result)
+        raise GpuOutOfMemory(result) from None
     finally:
         metrics.close()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _train(
+    plan: Plan, runtime: Runtime, guard: PreemptionGuard, metrics: TrainerMetrics, tracker: PhaseTracker
+) -> int:
+    """run()'s body: build, resume, then step until done or preempted."""
+    from .checkpoint import Checkpointer, SavePolicy
+
+    trainer = Trainer(plan, runtime, tracker)
+    source = _token_source(plan, runtime)
+    checkpointer = Checkpointer(plan.checkpoint, rank=runtime.rank)
+    _resume_or_start(plan, trainer, source, checkpointer, metrics)
+    policy = SavePolicy(checkpointer, steps=plan.steps, recorder=metrics)
+    report = StepReport(plan, runtime, metrics)
+    started_at = trainer.step_index
+    metrics.step.set(started_at)  # a resumed job's progress shows before its first new step
+
+    def extra() -> dict[str, Any]:
+        return {"step": trainer.step_index, "data": source.state_dict()}
+
+    while True:
+        # Done first, without a collective: the last step's checkpoint is the last collective before
+        # the process group is destroyed (a tiny all-reduce there let one gloo rank abort at exit,
+        # "terminate called without an active exception", in about 1 of 10 CPU e2e runs).
+        if trainer.step_index >= plan.steps:
+            _export(plan, trainer, runtime)
+            return 0
+        # Every rank asks before every step it still has to take, so all stop before the same step. A
+        # SIGTERM during start-up (rendezvous, model build, resume) stops here, before the first step.
+        if guard.agreed():
+            policy.at_preemption(trainer.step_index, started_at, trainer.model, trainer.optimizer, extra)
+            return 0
+        result = _finite_step(trainer, source, checkpointer)
+        checkpointer.confirm_finite(trainer.step_index)  # the checkpoint before it is known good
+        report.step(trainer.step_index, result, lr=trainer.optimizer.param_groups[0]["lr"])
+        policy.after_step(trainer.step_index, trainer.model, trainer.optimizer, extra)
 
 
 def _token_source(plan: Plan, runtime: Runtime) -> TokenSource:
@@ -514,7 +540,8 @@ def _fail(err: BaseException, code: int = 2) -> int:
     The termination message says whether a restart can help: storage that failed to take saves may
     recover, and a non-finite step resumes from the last good checkpoint (both start `error: `); a
     plan, data or checkpoint that does not fit cannot (it starts PERMANENT_ERROR_PREFIX, and the
-    operator stops the job instead of retrying it).
+    operator stops the job instead of retrying it). A plan that ran out of GPU memory adds its OOM
+    result as a second line (config.OOM_RESULT_MARKER), which the operator re-plans from.
     """
     from .checkpoint import StorageFailed
 
@@ -522,12 +549,40 @@ def _fail(err: BaseException, code: int = 2) -> int:
     print(line, file=sys.stderr)
     retryable = isinstance(err, StorageFailed | NonFiniteStep)
     message = line if retryable else f"{PERMANENT_ERROR_PREFIX}{err}"
+    if isinstance(err, GpuOutOfMemory):
+        # On stderr too: the pod falls back to the log's tail when the termination file stays empty.
+        result_line = err.result.to_line()
+        print(result_line, file=sys.stderr)
+        # The first line is cut to fit the kubelet's 4096 bytes beside the result line, never the result.
+        message = f"{message[: 4000 - len(result_line)]}\n{result_line}"
+    _write_termination_message(message[:4000] + "\n")  # the kubelet keeps at most 4096 bytes
+    return code
+
+
+def _termination_message() -> str:
+    """What an earlier start in this container wrote to the termination file ("" when none)."""
+    try:
+        with open(os.environ.get(TERMINATION_LOG_ENV, TERMINATION_LOG)) as log:
+            return log.read(8192)
+    except OSError:
+        return ""
+
+
+def _write_termination_message(text: str) -> None:
+    """Replace the pod's termination message; ranks that fail together write one after another (flock),
+    so the file holds one whole message, not an interleaving of several."""
     path = os.environ.get(TERMINATION_LOG_ENV, TERMINATION_LOG)
     # Outside a pod the file does not exist (or is not ours to create): the stderr line is enough.
-    if os.path.exists(path) or TERMINATION_LOG_ENV in os.environ:
-        with contextlib.suppress(OSError), open(path, "w") as log:
-            log.write(message[:4000] + "\n")  # the kubelet keeps at most 4096 bytes
-    return code
+    if not (os.path.exists(path) or TERMINATION_LOG_ENV in os.environ):
+        return
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.ftruncate(fd, 0)
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)  # releases the lock
 
 
 def main(argv: Sequence[str] | None = None, guard: PreemptionGuard | None = None) -> int:
@@ -558,6 +613,9 @@ def _main(argv: Sequence[str] | None, guard: PreemptionGuard) -> int:
         validate_layout(plan.chosen, runtime.world_size, sequence_length=plan.sequence_length)
     except (PlanError, PrecisionError, ParallelismError) as err:
         return _fail(err)
+    earlier = earlier_result(_termination_message(), plan)
+    if earlier is not None:  # torchrun restarted us in place with the plan that ran out: do not run it
+        return _fail(GpuOutOfMemory(earlier, earlier=True))
     from .checkpoint import CheckpointError
     from .data import DataError
     from .weights_store import WeightsError
@@ -566,6 +624,8 @@ def _main(argv: Sequence[str] | None, guard: PreemptionGuard) -> int:
         return run(plan, runtime, guard)
     except NonFiniteStep as err:
         return _fail(err, code=EXIT_NON_FINITE)
+    except GpuOutOfMemory as err:
+        return _fail(err)
     except (DataError, CheckpointError, WeightsError) as err:
         # Data or checkpoint storage that does not fit the plan (no shards, another data set than the
         # checkpoint's): one line that names the field, not a traceback per rank.

@@ -4,21 +4,29 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from functools import cache
 from typing import Any
 
-import celpy
 from celpy.adapter import json_to_cel
 from celpy.evaluation import CELEvalError
 
 from blackwell_operator.admission.openapi import Schema, dotted
 
-_ENV = celpy.Environment()
 _PROGRAMS: dict[str, Any] = {}
+
+
+@cache
+def _environment() -> Any:
+    # Built on first use (half a second: it compiles the CEL grammar), not when the CLI starts.
+    import celpy
+
+    return celpy.Environment()
 
 
 def _program(rule: str) -> Any:
     if rule not in _PROGRAMS:
-        _PROGRAMS[rule] = _ENV.program(_ENV.compile(rule))
+        env = _environment()
+        _PROGRAMS[rule] = env.program(env.compile(rule))
     return _PROGRAMS[rule]
 
 

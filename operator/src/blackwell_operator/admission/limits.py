@@ -12,6 +12,12 @@ MAX_REQUEST_BYTES = 3 * 1024 * 1024
 # rejected by the schema anyway: refuse it before it can recurse.
 MAX_DEPTH = 64
 
+# Values (YAML nodes) in one document. The CRD bounds every list a BTJ has (env 128, tolerations 64, pod
+# labels 64, ...), so a real manifest holds a few thousand at most; reading 3 MiB of `[1,1,1,...]` (1.5
+# million values) in pure Python would take minutes, so the reader stops here (only a manifest with tens
+# of thousands of metadata labels, which no BTJ needs, is refused here but not by the API server).
+MAX_NODES = 20_000
+
 # The CRD's integers are int64 (the API server decodes JSON numbers to int64 or float64).
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1

@@ -11,6 +11,7 @@ import jsonschema
 from jsonschema.exceptions import ValidationError
 
 from blackwell_operator.admission.limits import INT64_MAX, INT64_MIN
+from blackwell_operator.models.pod import DNS1123_SUBDOMAIN, LABEL_VALUE, QUALIFIED_KEY
 
 Schema = dict[str, Any]
 
@@ -21,6 +22,17 @@ _KIND_WORDS = {
     "boolean": "a boolean",
     "object": "a mapping",
     "array": "a list",
+}
+
+
+# The patterns the CRD shares with Kubernetes names, in words.
+_PATTERN_WORDS = {
+    LABEL_VALUE: "a label value (empty, or at most 63 letters, digits, '-', '_' or '.', starting and ending "
+    "with a letter or digit)",
+    DNS1123_SUBDOMAIN: "a DNS-1123 subdomain (lowercase letters, digits, '-' and '.', starting and ending "
+    "with a letter or digit)",
+    QUALIFIED_KEY: "a qualified name ([prefix/]name: a DNS subdomain prefix, a name of at most 63 letters, "
+    "digits, '-', '_' or '.')",
 }
 
 
@@ -107,6 +119,9 @@ def describe(error: ValidationError) -> str:
     if kind == "enum":
         return f"{where}: must be one of {', '.join(map(str, expected))} (got {_shown(value)})"
     if kind == "pattern":
+        phrase = _PATTERN_WORDS.get(str(expected))
+        if phrase:
+            return f"{where}: {_shown(value)} is not {phrase}"
         return f"{where}: {_shown(value)} does not match the pattern {expected}"
     if kind == "maxLength":
         return f"{where}: at most {expected} characters (got {len(value)})"

@@ -8,7 +8,7 @@ import yaml
 from yaml.composer import Composer
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from blackwell_operator.admission.limits import MAX_DEPTH, MAX_INT_CHARS, MAX_REQUEST_BYTES
+from blackwell_operator.admission.limits import MAX_DEPTH, MAX_INT_CHARS, MAX_NODES, MAX_REQUEST_BYTES
 
 _MIB = 1024 * 1024
 
@@ -27,14 +27,21 @@ class _BoundedLoader(yaml.SafeLoader):
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self._depth = 0
+        self._nodes = 0
 
     def compose_node(self, parent: Node | None, index: Any) -> Node | None:
         # The composer recurses once per nesting level: bound it before Python's recursion limit does.
         self._depth += 1
         try:
-            if self._depth > MAX_DEPTH:
+            self._nodes += 1
+            if self._depth > MAX_DEPTH or self._nodes > MAX_NODES:
                 mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
-                raise InputError(f"line {mark.line + 1}: nested deeper than {MAX_DEPTH} levels")
+                if self._depth > MAX_DEPTH:
+                    raise InputError(f"line {mark.line + 1}: nested deeper than {MAX_DEPTH} levels")
+                raise InputError(
+                    f"line {mark.line + 1}: more than {MAX_NODES:,} YAML values; no BlackwellTrainingJob "
+                    "has that many (the CRD bounds its lists)"
+                )
             return Composer.compose_node(self, parent, index)
         finally:
             self._depth -= 1

@@ -94,7 +94,8 @@ class ClusterCalibration(WireModel):
 
     def corrector(self, instance_type: str) -> Corrector:
         """The correction lookup a search on `instance_type` uses."""
-        return lambda recipe, ac: self.correction(instance_type, recipe, ac)
+        instance = str(instance_type)  # the spec's enum member reads as its value
+        return lambda recipe, ac: self.correction(instance, recipe, ac)
 
 
 def frozen(correction: ClusterCorrection | None) -> Corrector:

@@ -167,6 +167,15 @@ async def _demo(manifest: dict[str, Any], *, nodes: int, pause: float) -> bool:
             f"[bold]Embedded API server[/] (KMock, hardened) at {server}: namespace {namespace}, "
             f"{nodes} Schedulable {instance_type} node(s) with the device plugins' allocatable"
         )
+        account = manifest["spec"].get("serviceAccountName")
+        if account:
+            await k.post(
+                f"/api/v1/namespaces/{namespace}/serviceaccounts", json={"metadata": {"name": account}}
+            )
+            console.print(
+                f"ServiceAccount {account} created for the demo (on a cluster you create it, bound to an "
+                "IAM role: docs/install.md)"
+            )
 
         with tempfile.TemporaryDirectory() as tmp:
             kubeconfig = write_kubeconfig(Path(tmp) / "kubeconfig", server, name="demo")
@@ -249,8 +258,10 @@ async def _demo(manifest: dict[str, Any], *, nodes: int, pause: float) -> bool:
                         if (e.get("involvedObject") or {}).get("name") == name
                     ]
 
-                with contextlib.suppress(TimeoutError):  # Kopf posts Events asynchronously
-                    await _wait(lambda: any(e.get("reason") == phase() for e in events()), timeout=5)
+                # Kopf posts Events asynchronously; a job that waits (Pending) gets no Event for that.
+                with contextlib.suppress(TimeoutError):
+                    if not waits:
+                        await _wait(lambda: any(e.get("reason") == phase() for e in events()), timeout=5)
                 console.print("\n[bold]Events[/] on the BTJ:")
                 for event in events():
                     kind, reason = event.get("type", ""), event.get("reason", "")
@@ -279,7 +290,9 @@ async def _simulate(
         else None
     )
     try:
-        moves, waits = stand_in.moves(k.live_objects("v1/nodes"), runtime)
+        found = k.live_objects("v1/serviceaccounts", namespace)
+        accounts = {"default", *(account["metadata"]["name"] for account in found)}
+        moves, waits = stand_in.moves(k.live_objects("v1/nodes"), runtime, accounts)
     except ValueError as exc:
         return str(exc)
     console.print(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from blackwell_operator.failures import stopped_on_permanent_error, with_failure
+from blackwell_operator.failures import stopping_child, with_failure
 from blackwell_operator.handlers import finalizer
 from blackwell_operator.handlers.api import ApiError
 from blackwell_operator.handlers.btjstatus import CHILD_DELETED, is_finished, write_status_logged
@@ -14,6 +14,7 @@ from blackwell_operator.handlers.events import post_event
 from blackwell_operator.handlers.reconcile import CHILD_KINDS, drop_supporting, supporting_of
 from blackwell_operator.models.spec import KIND
 from blackwell_operator.models.status import ConditionType, Phase
+from blackwell_operator.replan import replacing_child
 from blackwell_operator.status import (
     TERMINAL_PHASES,
     child_conditions,
@@ -67,7 +68,13 @@ def deleted_child_changes(
     changes: dict[str, Any] = {}
     conds: list[dict[str, Any]] = list(status.get("conditions") or [])
     being_deleted = bool(btj["metadata"].get("deletionTimestamp"))
-    if not being_deleted and not is_finished(status) and child_phase(child.get("status")) in TERMINAL_PHASES:
+    replaced = replacing_child(status)  # a re-plan deleted it: its own end is not the job's
+    if (
+        not being_deleted
+        and not replaced
+        and not is_finished(status)
+        and child_phase(child.get("status")) in TERMINAL_PHASES
+    ):
         phase, conds = child_conditions(
             conds,
             child.get("status"),
@@ -81,6 +88,8 @@ def deleted_child_changes(
         what = f"{kind} {meta['name']} was deleted"
     elif is_finished(status):
         what = f"{kind} {meta['name']} was deleted; the job had finished, so it is not re-created"
+    elif replaced:
+        what = f"{kind} {meta['name']} was deleted after running out of GPU memory; re-creating it re-planned"
     else:
         what = f"{kind} {meta['name']} was deleted; re-creating it"
     changes["conditions"] = set_condition(
@@ -127,9 +136,9 @@ def on_child_event(
             deleted = deleted_child_changes(btj, child, generation=generation, now=now)
             ended.update(btj=btj, finished=is_finished({**status, **deleted}))
             return deleted
-        if recorded == child_uid and stopped_on_permanent_error(status):
-            # The worker watcher failed the BTJ and is deleting this child: its last phases (Restarting
-            # while it goes) must not bring the job back to life.
+        if recorded == child_uid and stopping_child(status):
+            # The worker watcher failed the BTJ, or re-planned it, and is deleting this child: its last
+            # phases (Restarting, Failed while it goes) must not bring the job back to life or end it.
             return None
         spec = btj.get("spec") or {}
         phase, conds = child_conditions(

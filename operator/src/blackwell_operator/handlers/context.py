@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from blackwell_operator.discovery.apis import ServedJobApis
+from blackwell_operator.discovery.aws import HyperPodCapacityReader
 from blackwell_operator.discovery.capacity import NodeCapacityReader
 from blackwell_operator.handlers.api import KubeApi
 from blackwell_operator.metrics import OperatorMetrics
@@ -30,6 +31,8 @@ class OperatorContext:
     default_image: str = DEFAULT_IMAGE
     # Which job kinds the cluster serves, for spec.backend auto (None: every kind counts as served).
     served_apis: ServedJobApis | None = None
+    # HyperPod capacity from AWS for BTJs that name their cluster (None: not read).
+    hyperpod_capacity: HyperPodCapacityReader | None = None
     # One reconcile at a time per BTJ: Kopf's handlers and the resync loop run in different threads and
     # must not both create (the loser's 409 would be adopted and counted).
     _recreating: dict[str, threading.Lock] = field(default_factory=dict)

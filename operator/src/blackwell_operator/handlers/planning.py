@@ -8,6 +8,7 @@ import threading
 from blackwell_operator.calibration.cluster import Corrector
 from blackwell_operator.errors import SpecError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
+from blackwell_operator.models.status import MemoryCorrection
 from blackwell_operator.planner import plan_job
 from blackwell_operator.settings import env_name, operator_environment
 from blackwell_trainer.config import Plan
@@ -32,6 +33,7 @@ def plan_within(
     spec: BlackwellTrainingJobSpec,
     job_name: str,
     deadline_s: float | None = None,
+    correction: MemoryCorrection | None = None,
     *,
     cluster: Corrector | None = None,
 ) -> Plan:
@@ -45,7 +47,7 @@ def plan_within(
 
     def work() -> None:
         try:
-            answer.put(plan_job(spec, job_name=job_name, cluster=cluster))
+            answer.put(plan_job(spec, job_name=job_name, correction=correction, cluster=cluster))
         except BaseException as exc:  # handed to the waiting reconcile, which raises it there
             answer.put(exc)
 

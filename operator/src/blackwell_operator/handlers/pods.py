@@ -11,6 +11,7 @@ from blackwell_operator.failures import (
     failure_key,
     is_permanent,
     stopped_on_permanent_error,
+    stopping_child,
     worker_failure,
 )
 from blackwell_operator.handlers.api import ApiError, resource_path
@@ -19,6 +20,7 @@ from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import post_event
 from blackwell_operator.handlers.reconcile import CHILD_KINDS
 from blackwell_operator.render.labels import JOB_NAME_LABEL
+from blackwell_operator.replan import REPLANNED_REASON, replacing_child
 
 WORKER_FAILED = "WorkerFailed"
 
@@ -54,6 +56,9 @@ def on_pod_event(ctx: OperatorContext, event_type: str | None, pod: Mapping[str,
         return  # logged; the pod's next event tries again
     if written is not None and posted.get("event"):
         post_event(written, WORKER_FAILED, describe(failure), warning=True)
+        if replacing_child(written.get("status") or {}):
+            ctx.metrics.replans.inc()
+            post_event(written, REPLANNED_REASON, str(written["status"].get("message", "")), warning=True)
     btj = written or posted.get("btj")
     if btj is not None and is_permanent(failure) and not _stop_child(ctx, btj, logger):
         return  # the child is not deleted yet: the pod's next event tries again
@@ -62,15 +67,17 @@ def on_pod_event(ctx: OperatorContext, event_type: str | None, pod: Mapping[str,
 
 
 def _stop_child(ctx: OperatorContext, btj: Mapping[str, Any], logger: Any) -> bool:
-    """Delete the child of a BTJ stopped on a permanent error (its GPUs are freed); False to try again.
+    """Delete the child of a BTJ stopped on a permanent error (its GPUs are freed), or one a re-plan
+    replaces; False to try again.
 
     The status is written first, so the child's deletion reads as the end of a failed job: neither the
-    child watcher nor recreate-child brings it back, and only a spec change starts a new one.
+    child watcher nor recreate-child brings it back, and only a spec change starts a new one. After a
+    re-plan it reads as a child to re-create: recreate-child makes the new one from status.plan's plan.
     """
     status = btj.get("status") or {}
     child = status.get("child") or {}
     kind = next((k for k in CHILD_KINDS.values() if k.kind == child.get("kind")), None)
-    if not stopped_on_permanent_error(status) or kind is None or not child.get("name"):
+    if not stopping_child(status) or kind is None or not child.get("name"):
         return True
     path = resource_path(kind.api_version, kind.plural, btj["metadata"]["namespace"], child["name"])
     try:
@@ -81,7 +88,14 @@ def _stop_child(ctx: OperatorContext, btj: Mapping[str, Any], logger: Any) -> bo
             return True  # a newer child of that name (a spec change re-created it): not ours to stop
         logger.error(f"Cannot delete {kind.kind} {child['name']} after a permanent error: {exc}")
         return False
-    if deleted:
+    if deleted and not stopped_on_permanent_error(status):
+        post_event(
+            btj,
+            CHILD_DELETED,
+            f"Deleted {kind.kind} {child['name']}: it ran out of GPU memory; it is re-created with the new "
+            "plan",
+        )
+    elif deleted:
         post_event(
             btj,
             CHILD_DELETED,  # the Event says the same as the ChildCreated condition's reason

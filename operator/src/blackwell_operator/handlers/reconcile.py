@@ -22,6 +22,7 @@ from blackwell_operator.backends import (
     with_backend,
 )
 from blackwell_operator.calibration.cluster import Corrector, describe_correction, frozen
+from blackwell_operator.discovery.aws import AwsCapacity
 from blackwell_operator.discovery.capacity import Capacity
 from blackwell_operator.errors import SpecError
 from blackwell_operator.handlers import retrying
@@ -43,6 +44,7 @@ from blackwell_operator.models.status import ConditionType, Phase
 from blackwell_operator.render import render_children, trainjob
 from blackwell_operator.render.labels import RENDER_HASH_ANNOTATION
 from blackwell_operator.render.pod import plan_config_map_name, resources
+from blackwell_operator.replan import REPLANNED_REASON, correction_of, replacing_child
 from blackwell_operator.status import (
     CHILD_PHASES,
     TERMINAL_PHASES,
@@ -305,16 +307,28 @@ class Reconciler:
         generation = int(meta.get("generation") or 1)
         try:
             spec = parse_spec(body)
-            plan = plan_within(spec, name, cluster=self._cluster_corrector(body, spec, generation))
+            # What out-of-memory runs of this spec taught (status.memoryCorrection, replan.py): also after
+            # an operator restart, the plan is the corrected one that runs.
+            correction = correction_of(body)
+            cluster = self._cluster_corrector(body, spec, generation)
+            plan = plan_within(spec, name, correction=correction, cluster=cluster)
         except SpecError as exc:
             self.ctx.metrics.record_error(exc.reason)
             self._report_invalid(body, exc, generation)
             return
 
         result = Result(plan=plan)
-        result.conditions.append((ConditionType.PLANNED, "True", "Planned", plan_summary(plan)))
+        if correction is not None:  # the last explanation line says what the correction is
+            planned = (REPLANNED_REASON, f"{plan_summary(plan)}; {plan.explanation[-1]}")
+        else:
+            planned = ("Planned", plan_summary(plan))
+        result.conditions.append((ConditionType.PLANNED, "True", *planned))
         capacity = self._capacity(spec, plan, logger)
-        result.conditions.append(capacity_condition(capacity, spec.cluster.nodes))
+        result.conditions.append(
+            with_aws_capacity(
+                capacity_condition(capacity, spec.cluster.nodes), self._aws_capacity(spec, logger)
+            )
+        )
         backend = self._backend(body, spec)
         result.backend = backend
         if backend is None and not spec.dry_run:
@@ -397,6 +411,18 @@ class Reconciler:
             return frozen(ClusterCorrection.model_validate(found) if found else None)
         calibration = read_cluster_calibration(self.ctx, self._logger or _LOG)
         return calibration.corrector(spec.cluster.instance_type) if calibration else None
+
+    def _aws_capacity(self, spec: BlackwellTrainingJobSpec, logger: Any) -> AwsCapacity | None:
+        """What AWS says about the named HyperPod cluster (None: no cluster named, or no reader)."""
+        reader, cluster = self.ctx.hyperpod_capacity, spec.cluster.hyperpod_cluster
+        if reader is None or cluster is None:
+            return None
+        answer = reader.read(
+            cluster, spec.cluster.instance_type.value, spec.cluster.nodes, spec.cluster.training_plan
+        )
+        if not answer.known:
+            logger.warning(answer.message)  # advisory: the job goes on
+        return answer
 
     # ----- backend -----
 
@@ -528,12 +554,16 @@ class Reconciler:
                 # down): this is a re-creation, from the current spec, and the trainer resumes from the
                 # checkpoint folder.
                 self.ctx.metrics.children_recreated.inc()
+                why = "the previous one was deleted before the job finished"
+                if replacing_child(status):
+                    why = "the previous one ran out of GPU memory; re-planned: " + (
+                        plan_summary(result.plan) if result.plan else ""
+                    )
                 self._event(
                     body,
                     reason="ChildRecreated",
-                    message=f"Re-created {kind.kind} {job_name} (the previous one was deleted before the "
-                    f"job finished) from the current spec, generation {meta.get('generation') or 1}; "
-                    f"{resume_note(spec)}",
+                    message=f"Re-created {kind.kind} {job_name} ({why}) from the current spec, generation "
+                    f"{meta.get('generation') or 1}; {resume_note(spec)}",
                 )
             elif created:
                 self._event(
@@ -871,6 +901,20 @@ def plan_summary(plan: Plan) -> str:
         f"peak {predicted.memory.peak_reserved / 2**30:.1f} GiB/GPU"
         + (f"; {describe_correction(plan.cluster_correction)}" if plan.cluster_correction else "")
     )
+
+
+def with_aws_capacity(
+    condition: tuple[str, ConditionStatus, str, str], aws: AwsCapacity | None
+) -> tuple[str, ConditionStatus, str, str]:
+    """CapacityAvailable with what AWS says appended; an AWS shortfall (a training plan not active yet, an
+    instance group short of running nodes) turns a True into False. Unknown AWS capacity changes no status.
+    Advisory either way: the job is created and queues."""
+    if aws is None:
+        return condition
+    type_, status, reason, message = condition
+    if aws.known and aws.short and status != "False":
+        return type_, "False", aws.reason, f"{aws.message} Kubernetes: {message}"
+    return type_, status, reason, f"{message} {aws.message}"
 
 
 def capacity_condition(capacity: Capacity | None, needed: int) -> tuple[str, ConditionStatus, str, str]:

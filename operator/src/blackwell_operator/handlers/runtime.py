@@ -11,6 +11,7 @@ from aiohttp import web
 
 from blackwell_operator.backends import JOB_RESOURCES
 from blackwell_operator.discovery.apis import ServedJobApis
+from blackwell_operator.discovery.aws import HyperPodCapacityReader, boto3_client_factory
 from blackwell_operator.discovery.capacity import NodeCapacityReader
 from blackwell_operator.handlers.api import KubeApi, load_api_client, resource_path
 from blackwell_operator.handlers.context import OperatorContext
@@ -61,6 +62,7 @@ def build_context(api_client: Any | None = None) -> OperatorContext:
         metrics=OperatorMetrics(),
         default_image=default_trainer_image(),
         served_apis=ServedJobApis(api.get, JOB_RESOURCES),
+        hyperpod_capacity=HyperPodCapacityReader(boto3_client_factory()),
     )
 
 

@@ -42,6 +42,7 @@ Auto = Literal["auto"]
 
 DEFAULT_INSTANCE_TYPE = "ml.p6-b200.48xlarge"
 # The trainer image of this release: its tag is the package version.
+MAX_GLOBAL_BATCH_TOKENS = 2**40
 DEFAULT_IMAGE = f"ghcr.io/blackwell-dev/blackwell-trainer:{__version__}"
 
 
@@ -100,6 +101,15 @@ TOPOLOGY_NEEDS_QUEUE = (
 )
 
 
+# SageMaker's own name patterns, or an ARN of that resource type.
+HYPERPOD_CLUSTER_PATTERN = (
+    r"^([a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}|arn:[a-z-]+:sagemaker:[a-z0-9-]+:[0-9]{12}:cluster/[a-z0-9]+)$"
+)
+TRAINING_PLAN_PATTERN = (
+    r"^([a-zA-Z0-9](-*[a-zA-Z0-9]){0,63}|arn:[a-z-]+:sagemaker:[a-z0-9-]+:[0-9]{12}:training-plan/[^/]+)$"
+)
+
+
 class TopologySpec(WireModel):
     """All nodes of the job within one network-topology domain (Kueue topology-aware scheduling)."""
 
@@ -142,6 +152,42 @@ class ClusterSpec(WireModel):
         description="Place all nodes within one network-topology domain (Kueue's podset topology "
         "annotations on the pod template; needs spec.queueName).",
     )
+    hyperpod_cluster: str | None = Field(
+        default=None,
+        max_length=256,
+        description="The SageMaker HyperPod cluster (name, or ARN for another region): the operator reads "
+        "its instance groups and running nodes from AWS into the CapacityAvailable condition (advisory).",
+        json_schema_extra={"pattern": HYPERPOD_CLUSTER_PATTERN},
+    )
+    training_plan: str | None = Field(
+        default=None,
+        max_length=256,
+        description="The Flexible Training Plan (name or ARN) that books the capacity; its status and time "
+        "window go into CapacityAvailable. Unset: the plan of the cluster's instance group, if any.",
+        json_schema_extra={"pattern": TRAINING_PLAN_PATTERN},
+    )
+
+    @field_validator("hyperpod_cluster")
+    @classmethod
+    def _cluster_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(HYPERPOD_CLUSTER_PATTERN, value):
+            raise PydanticCustomError(
+                "hyperpod_cluster",
+                f"{value!r} is not a HyperPod cluster name or ARN. Fix: use the name `aws sagemaker "
+                "list-clusters` shows, e.g. ml-cluster",
+            )
+        return value
+
+    @field_validator("training_plan")
+    @classmethod
+    def _plan_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(TRAINING_PLAN_PATTERN, value):
+            raise PydanticCustomError(
+                "training_plan",
+                f"{value!r} is not a training plan name or ARN. Fix: use the name `aws sagemaker "
+                "list-training-plans` shows",
+            )
+        return value
 
 
 class TrainingSpec(WireModel):
@@ -151,10 +197,12 @@ class TrainingSpec(WireModel):
     global_batch_tokens: int | None = Field(
         default=None,
         ge=1,
+        # 2^40 tokens: some 65,000 times the 16M-token batches of the largest public pre-training runs.
+        le=MAX_GLOBAL_BATCH_TOKENS,
         description="Tokens per optimizer step across all GPUs; the planner picks gradient accumulation "
         "to reach it. Default: one micro-batch per GPU.",
     )
-    steps: int = Field(default=1000, ge=1, description="Optimizer steps.")
+    steps: int = Field(default=1000, ge=1, le=100_000_000, description="Optimizer steps.")
     dataset: DatasetConfig = Field(default_factory=DatasetConfig, description="Training data source.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpointing.")
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="AdamW settings.")
@@ -185,6 +233,13 @@ class TuningSpec(WireModel):
         default=0.05, ge=0.0, le=0.5, description="Fraction of GPU memory kept free by the plan."
     )
     compile: bool = Field(default=True, description="torch.compile each transformer block.")
+    max_replans: int = Field(
+        default=2,
+        ge=0,
+        le=10,
+        description="Re-plans with less memory after the trainer runs out of GPU memory, before the job "
+        "fails; 0 fails it at the first.",
+    )
 
 
 class EnvVar(WireModel):
@@ -203,7 +258,9 @@ class Toleration(WireModel):
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
         default=None, description="Taint effect; empty matches all effects."
     )
-    toleration_seconds: int | None = Field(default=None, description="For NoExecute: how long to stay.")
+    toleration_seconds: int | None = Field(
+        default=None, ge=0, le=365 * 24 * 3600, description="For NoExecute: how long to stay."
+    )
 
 
 # The volumes the operator mounts into every trainer container itself (render/pod.py): a user volume may

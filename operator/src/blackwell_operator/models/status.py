@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from blackwell_trainer.config import Plan, WireModel
+from blackwell_trainer.config import Candidate, OomResult, Plan, WireModel
 
 
 class Phase(StrEnum):
@@ -99,6 +99,48 @@ class WorkerFailure(WireModel):
         "the log's tail); may be empty.",
     )
     finished_at: str | None = Field(default=None, description="RFC 3339 time the container ended.")
+    out_of_memory: OomResult | None = Field(
+        default=None,
+        description="The trainer's out-of-memory result (its termination message's btj-oom line), if it ran "
+        "out of GPU memory.",
+    )
+
+
+# status.planHistory keeps this many re-plans, the oldest dropped first.
+PLAN_HISTORY_LIMIT = 8
+
+
+class MemoryCorrection(WireModel):
+    """What out-of-memory runs taught the planner about this job (applied to every later plan of the spec
+    generation it was learned on)."""
+
+    generation: int = Field(ge=1, description="The spec generation it was learned on.")
+    activation_scale: float = Field(
+        default=1.0, ge=1.0, description="Factor on the predicted activation, loss and recompute bytes."
+    )
+    reserve_bytes: int = Field(default=0, ge=0, description="Bytes added to every candidate's peak.")
+    excluded: list[Candidate] = Field(
+        default_factory=list,
+        description="Configurations that ran out of memory: never planned again, nor any larger micro-batch "
+        "of the same family.",
+    )
+    replans: int = Field(default=0, ge=0, description="Re-plans made for this generation.")
+
+
+class PlanChange(WireModel):
+    """One re-plan: the plan that failed, the plan that replaced it, and why."""
+
+    at: str = Field(description="RFC 3339 time of the re-plan.")
+    generation: int = Field(ge=1, description="The spec generation.")
+    reason: str = Field(description="Why: OutOfMemory.")
+    message: str = Field(default="", description="What was measured and what the correction is.")
+    failed: Candidate = Field(description="The configuration that failed.")
+    failed_summary: str = Field(default="", description="The failed plan in one line.")
+    failed_child_uid: str | None = Field(default=None, description="UID of the child that ran it.")
+    replacement: Candidate | None = Field(
+        default=None, description="The configuration planned instead; none when nothing fits any more."
+    )
+    replacement_summary: str = Field(default="", description="The new plan in one line.")
 
 
 class BlackwellTrainingJobStatus(WireModel):
@@ -119,6 +161,14 @@ class BlackwellTrainingJobStatus(WireModel):
     progress: JobProgress | None = Field(default=None, description="Step, percent and time left.")
     last_failure: WorkerFailure | None = Field(
         default=None, description="The latest worker failure (non-zero exit of the trainer container)."
+    )
+    memory_correction: MemoryCorrection | None = Field(
+        default=None, description="Learned from out-of-memory runs; the planner applies it (docs/replan.md)."
+    )
+    plan_history: list[PlanChange] = Field(
+        default_factory=list,
+        max_length=PLAN_HISTORY_LIMIT,
+        description=f"The latest re-plans (at most {PLAN_HISTORY_LIMIT}), oldest first.",
     )
     # Short copies for printer columns (JSONPath cannot reach into status.plan comfortably and
     # `kubectl get` should stay readable).

@@ -5,10 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from blackwell_operator.calibration import Calibration, load_calibration
-from blackwell_operator.calibration.cluster import Corrector, describe_correction
+from blackwell_operator.calibration.cluster import Corrector
+from blackwell_operator.calibration.cluster import describe_correction as describe_cluster_correction
 from blackwell_operator.catalogs import resolve_model
+from blackwell_operator.errors import PlanningError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
+from blackwell_operator.models.status import MemoryCorrection
 from blackwell_operator.planner.candidates import Pins, families
+from blackwell_operator.planner.correction import (
+    corrected_calibration,
+    describe_correction,
+    micro_batch_limits,
+)
 from blackwell_operator.planner.explain import describe, explain, loss_reason
 from blackwell_operator.planner.inputs import hardware_for, problem_for
 from blackwell_operator.planner.layout import Hardware, Layout, Setting
@@ -111,9 +119,14 @@ def plan_job(
     job_name: str = "btj",
     calibration: Calibration | None = None,
     checkpoint: CheckpointFacts | None = None,
+    correction: MemoryCorrection | None = None,
     cluster: Corrector | None = None,
 ) -> Plan:
     """Resolve a spec into the fastest plan that fits, with alternatives and reasons.
+
+    `correction`: what out-of-memory runs of this job taught (status.memoryCorrection): activation bytes
+    scaled, a reserve added, and the configurations that ran out (and larger micro-batches of their
+    families) never chosen again.
 
     `checkpoint`: what the caller could read of spec.model.weights (`btj plan` reads a local folder's
     config.json and file sizes; the operator reads nothing). `cluster`: corrections measured on the
@@ -128,10 +141,14 @@ def plan_job(
     read_architecture = spec.model.preset is None and spec.model.architecture is None
     spec = with_checkpoint_architecture(spec, facts)
     cal = calibration or load_calibration()
+    if correction is not None:
+        cal = corrected_calibration(cal, correction)
     model_name, arch = resolve_model(spec.model)
     hw = hardware_for(spec)
     problem = problem_for(spec, cal, hw)
     problem.correct = cluster
+    if correction is not None:
+        problem.mbs_limits = micro_batch_limits(correction)
     pins = Pins.of(spec.tuning)
     seq = spec.training.sequence_length
     fams = families(pins, hw, cal, seq, spec.tuning.compile)
@@ -139,6 +156,14 @@ def plan_job(
     result = run_search(problem, fams, pins.micro_batch_size)
     best = result.best
     if best is None:
+        pinned = pins.micro_batch_size
+        if correction is not None and pinned is not None and all(problem.max_mbs(f) < pinned for f in fams):
+            raise PlanningError(
+                "spec.tuning.microBatchSize",
+                f"micro-batch {pinned} ran out of GPU memory on this job in every configuration the other "
+                "spec.tuning pins allow (status.planHistory)",
+                "use auto or a smaller micro-batch",
+            )
         raise unreachable_global_batch(problem, pins, result) or no_plan(spec, cal, pins, result, problem)
 
     alternatives = _alternatives(best, result, problem.budget_bytes, hw, cal)
@@ -149,9 +174,9 @@ def plan_job(
     )
     output = spec.training.output
     notes = _weights_notes(weights_plan, read_architecture)
-    correction = cluster(best.setting.recipe, best.setting.activation_checkpointing) if cluster else None
-    if correction is not None:
-        notes.append(describe_correction(correction))
+    measured = cluster(best.setting.recipe, best.setting.activation_checkpointing) if cluster else None
+    if measured is not None:
+        notes.append(describe_cluster_correction(measured))
     gpu = hw.gpu
     headline = (
         f"{model_name} ({problem.shapes.total_params / 1e9:.2f}B params) on {hw.world} x {gpu.name} "
@@ -185,9 +210,10 @@ def plan_job(
             *explain(best, result, problem.budget_bytes, pins),
             *_batch_note(problem, best),
             *notes,
+            *([describe_correction(correction)] if correction is not None else []),
         ],
         calibration=f"{cal.name} ({cal.status})",
-        cluster_correction=correction,
+        cluster_correction=measured,
         dataset=spec.training.dataset.model_copy(deep=True),
         checkpoint=spec.training.checkpoint.model_copy(deep=True),
         weights=weights_plan,

@@ -73,6 +73,8 @@ class Problem:
     evaluations: int = 0
     # Factors learned on the user's cluster, per recipe family (calibration/cluster.py); None: the model.
     correct: Corrector | None = None
+    # Per family, the largest micro-batch allowed (below one that ran out of memory: planner.correction).
+    mbs_limits: dict[tuple[str, str, str, str, int], int] = field(default_factory=dict)
 
     def tokens_per_micro_step(self, setting: Setting, mbs: int) -> int:
         """Tokens all data-parallel ranks process in one micro-step."""
@@ -80,7 +82,7 @@ class Problem:
 
     def max_mbs(self, setting: Setting) -> int:
         """Largest micro-batch the trainer and the global batch allow."""
-        limit = self.cal.trainer.max_micro_batch_size
+        limit = min(self.cal.trainer.max_micro_batch_size, self.mbs_limits.get(setting.family, 1 << 30))
         if self.global_batch_tokens is not None:
             most = self.global_batch_tokens * (1 + GLOBAL_BATCH_TOLERANCE)
             limit = min(limit, int(most // self.tokens_per_micro_step(setting, 1)))
@@ -214,24 +216,57 @@ def sizes_to_time(problem: Problem, family: Setting, max_fit: int) -> list[int]:
 
     Without a global batch the time per token never rises with the micro-batch, so the largest fitting
     size is the family's best and the only one timed. With one, the sizes that reach it within the
-    tolerance, fewest accumulation steps first (those amortise the per-micro-batch costs best).
+    tolerance, fewest accumulation steps first (those amortise the per-micro-batch costs best): walking
+    the accumulation steps a = a0, a0 + 1, ... and taking the floor, then the ceil, of the exact
+    micro-batch G / (a * p) at each, until SIZES_PER_FAMILY are found or it falls below 0.5.
+
+    That walk is solved, not stepped (a huge global batch makes it 2^30 steps and more): the step at
+    which each size first appears has a closed form, so the work is bounded by the sizes (at most the
+    trainer's largest micro-batch), never by the accumulation count.
     """
     if max_fit < 1:
         return []
     if problem.global_batch_tokens is None:
         return [max_fit]
     per_sequence = problem.tokens_per_micro_step(family, 1)
+    tokens = problem.global_batch_tokens
+    start = max(1, tokens // (max_fit * per_sequence))
+    firsts: list[tuple[int, int, int]] = []  # (step it first appears at, 0 floor / 1 ceil, size)
+    for mbs in range(1, max_fit + 1):
+        found = first_step(tokens, per_sequence, start, mbs)
+        if found is not None and problem.batch_ok(family, mbs):
+            firsts.append((*found, mbs))
     sizes: list[int] = []
-    accumulation = max(1, problem.global_batch_tokens // (max_fit * per_sequence))
-    while len(sizes) < SIZES_PER_FAMILY:
-        exact = problem.global_batch_tokens / (accumulation * per_sequence)
-        if exact < 0.5:
+    last_step = None
+    for step, _, mbs in sorted(firsts):
+        # The walk checks its count before each step, so one step may add its floor and ceil both.
+        if len(sizes) >= SIZES_PER_FAMILY and step != last_step:
             break
-        for mbs in (math.floor(exact), math.ceil(exact)):
-            if 1 <= mbs <= max_fit and mbs not in sizes and problem.batch_ok(family, mbs):
-                sizes.append(mbs)
-        accumulation += 1
+        sizes.append(mbs)
+        last_step = step
     return sizes
+
+
+def first_step(tokens: int, per_sequence: int, start: int, mbs: int) -> tuple[int, int] | None:
+    """The first accumulation step a >= start at which `mbs` is the floor (0) or else the ceil (1) of the
+    exact micro-batch tokens / (a * per_sequence) while that is at least 0.5; None when there is none.
+
+    `mbs` is floor or ceil exactly while mbs - 1 < tokens / (a p) < mbs + 1: one run of steps, the first
+    of which is the integer just above tokens / ((mbs + 1) p). The float arithmetic of the step-by-step
+    walk can shift a run's edge by one step, so the first few candidates are checked with it.
+    """
+    step = max(start, tokens // ((mbs + 1) * per_sequence) + 1)
+    if step > start:
+        step -= 1  # the float walk may already round onto the run one step early
+    for candidate in range(step, step + 4):
+        exact = tokens / (candidate * per_sequence)
+        if exact < 0.5 or exact < mbs - 1:
+            return None  # past the run, or the walk ended: later steps only give smaller micro-batches
+        if math.floor(exact) == mbs:
+            return candidate, 0
+        if math.ceil(exact) == mbs:
+            return candidate, 1
+    return None
 
 
 def run_search(problem: Problem, families: list[Setting], pinned_mbs: int | None = None) -> SearchResult:

@@ -13,7 +13,7 @@ status.jobsStatus, as Trainer v2 reports its JobSet's Jobs.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -247,10 +247,13 @@ class ControllerStandIn:
             await self._send("PATCH", f"{pods}/{self._pod_name(workers, index)}/status", {"status": status})
 
     def moves(
-        self, nodes: Sequence[Mapping[str, Any]], runtime: Mapping[str, Any] | None = None
+        self,
+        nodes: Sequence[Mapping[str, Any]],
+        runtime: Mapping[str, Any] | None = None,
+        service_accounts: Collection[str] = ("default",),
     ) -> tuple[list[Move], str]:
         """What happens to the job on these nodes, in order, and, when it cannot run, why it waits
-        (`runtime`: a TrainJob's TrainingRuntime)."""
+        (`runtime`: a TrainJob's TrainingRuntime; `service_accounts`: those of the job's namespace)."""
         workers = workers_of(self.job, runtime)
         placement = place(workers, nodes)
         kind, qualified = self.job["kind"], f"{self._namespace}/{self._name}"
@@ -287,7 +290,16 @@ class ControllerStandIn:
             )
         else:
             maker = "Kubeflow Trainer (its JobSet)" if self._trainjob else "the training operator"
-            moves.append(Move(f"{maker} creates the {workers.count} worker pod(s)", "Pending", created))
+            moves.append(Move(f"{maker} takes the job: {workers.count} worker pod(s)", "Pending", created))
+
+        account = str(workers.template["spec"].get("serviceAccountName") or "default")
+        if account not in service_accounts:
+            # The API server refuses a pod whose ServiceAccount does not exist, so no pod is created and
+            # the job stays Pending (the training operator records the error in its Events).
+            return moves, (
+                f"no worker pod can be created: serviceaccount {account!r} does not exist in namespace "
+                f"{self._namespace} (create it first, with its IAM role: docs/install.md)"
+            )
 
         if not placement.complete:
 

@@ -1,0 +1,187 @@
+"""Pure re-planning after an out-of-memory run: learn the correction, plan again or fail, as status keys."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from blackwell_operator.admission.job import Rejected, validate_body
+from blackwell_operator.calibration.cluster import frozen
+from blackwell_operator.errors import SpecError
+from blackwell_operator.models.status import (
+    FAILURE_MESSAGE_LIMIT,
+    PLAN_HISTORY_LIMIT,
+    ConditionType,
+    MemoryCorrection,
+    Phase,
+    PlanChange,
+)
+from blackwell_operator.planner import plan_job
+from blackwell_operator.planner.correction import learn
+from blackwell_operator.status import merge_patch_to, now_rfc3339, plan_document, set_condition
+from blackwell_trainer.config import Candidate, OomResult, Plan
+
+# The Planned condition's reason while a re-planned job replaces its child.
+REPLANNED_REASON = "Replanned"
+OUT_OF_MEMORY = "OutOfMemory"
+GIB = 2**30
+# What a user can change when re-planning is spent or nothing fits any more.
+WHAT_TO_CHANGE = (
+    "pin a smaller spec.tuning.microBatchSize, set spec.tuning.activationCheckpointing to full, raise "
+    "spec.tuning.memoryHeadroom, or add nodes (spec.cluster.nodes); a spec change starts a new job"
+)
+
+
+def candidate_line(candidate: Candidate, peak_reserved: int | None = None) -> str:
+    """One configuration in a few words (and its predicted peak)."""
+    text = (
+        f"{candidate.precision.value}, micro-batch {candidate.micro_batch_size}, AC "
+        f"{candidate.activation_checkpointing.value}, {candidate.sharding.value} sharding"
+    )
+    if candidate.context_parallel > 1:
+        text += f", context parallel {candidate.context_parallel}"
+    return f"{text} (predicted {peak_reserved / GIB:.1f} GiB)" if peak_reserved is not None else text
+
+
+def generation_of(btj: Mapping[str, Any]) -> int:
+    """The spec generation the status describes."""
+    status = btj.get("status") or {}
+    return int(status.get("observedGeneration") or (btj.get("metadata") or {}).get("generation") or 1)
+
+
+def correction_of(btj: Mapping[str, Any]) -> MemoryCorrection | None:
+    """status.memoryCorrection when it belongs to the BTJ's current spec generation (else None)."""
+    raw = (btj.get("status") or {}).get("memoryCorrection")
+    if not raw:
+        return None
+    try:
+        correction = MemoryCorrection.model_validate(raw)
+    except ValueError:
+        return None  # written by another version, or by hand: plan without it rather than fail
+    generation = int((btj.get("metadata") or {}).get("generation") or 1)
+    return correction if correction.generation == generation else None
+
+
+def replacing_child(status: Mapping[str, Any]) -> bool:
+    """Whether the recorded child is one a re-plan is replacing (its phases no longer speak for the BTJ)."""
+    history = status.get("planHistory") or []
+    child_uid = (status.get("child") or {}).get("uid")
+    if not history or not child_uid:
+        return False
+    last = history[-1]
+    return bool(last.get("replacement")) and last.get("failedChildUid") == child_uid
+
+
+def oom_of(failure: Mapping[str, Any] | None) -> OomResult | None:
+    """The out-of-memory result of a recorded worker failure, if it has one."""
+    raw = (failure or {}).get("outOfMemory")
+    if not raw:
+        return None
+    try:
+        return OomResult.model_validate(raw)
+    except ValueError:
+        return None
+
+
+def _measured(result: OomResult) -> str:
+    where = "setup" if result.step == 0 else f"{result.phase.value} of step {result.step}"
+    return (
+        f"CUDA out of memory in {where}: at least {result.needed_bytes / GIB:.1f} GiB needed, "
+        f"{result.predicted_peak_reserved_bytes / GIB:.1f} GiB predicted"
+    )
+
+
+def replan_changes(
+    btj: Mapping[str, Any], failure: Mapping[str, Any], result: OomResult, *, failed_reason: str
+) -> tuple[dict[str, Any], PlanChange]:
+    """The BTJ status keys after its worker ran out of GPU memory, and the history entry they add.
+
+    With re-plans left and a plan that fits the corrected memory model: the new plan, the correction and
+    the history, phase Restarting (the caller deletes the child and the reconcile path re-creates it from
+    this plan). Otherwise: phase Failed, its condition's reason `failed_reason`, naming what to change.
+    """
+    status = btj.get("status") or {}
+    name = (btj.get("metadata") or {}).get("name", "btj")
+    generation = generation_of(btj)
+    failed = Plan.model_validate(status["plan"])
+    correction = learn(correction_of(btj), result, failed, generation=generation)
+    child = status.get("child") or {}
+    entry = PlanChange(
+        at=now_rfc3339(),
+        generation=generation,
+        reason=OUT_OF_MEMORY,
+        message=_measured(result),
+        failed=failed.chosen,
+        failed_summary=candidate_line(failed.chosen, failed.predicted.memory.peak_reserved),
+        failed_child_uid=child.get("uid"),
+    )
+    plan: Plan | None = None
+    why = ""
+    try:
+        spec = validate_body(btj)
+        limit = spec.tuning.max_replans
+        if correction.replans > limit:
+            why = (
+                f"it ran out of GPU memory after {limit} re-plan{'s' if limit != 1 else ''} "
+                f"(spec.tuning.maxReplans {limit})"
+            )
+        else:
+            # The cluster's measured factors the failed plan was made with stay (calibration/cluster.py).
+            same_cluster = frozen(failed.cluster_correction)
+            plan = plan_job(spec, job_name=name, correction=correction, cluster=same_cluster)
+    except Rejected as exc:
+        why = f"the spec no longer passes admission ({exc.lines[0]})"
+    except SpecError as exc:
+        why = f"no configuration fits the corrected memory model: {exc.message}"
+    history = [*(status.get("planHistory") or []), None][-PLAN_HISTORY_LIMIT:]
+    now = entry.at
+    changes: dict[str, Any] = {
+        "lastFailure": dict(failure),
+        "memoryCorrection": correction.model_dump(by_alias=True, exclude_none=True, mode="json"),
+    }
+    if plan is None:
+        history[-1] = entry.model_dump(by_alias=True, exclude_none=True, mode="json")
+        message = (
+            f"{_measured(result)} with {entry.failed_summary}, and {why}. Fix: {WHAT_TO_CHANGE}"
+        )
+        conds = set_condition(
+            status.get("conditions") or [],
+            ConditionType.FAILED,
+            "True",
+            failed_reason,
+            message[: FAILURE_MESSAGE_LIMIT * 2],
+            generation=generation,
+            now=now,
+        )
+        changes.update(
+            phase=Phase.FAILED.value, conditions=conds, message=f"Failed: {message}", planHistory=history
+        )
+        return changes, entry
+    entry.replacement = plan.chosen
+    entry.replacement_summary = candidate_line(plan.chosen, plan.predicted.memory.peak_reserved)
+    history[-1] = entry.model_dump(by_alias=True, exclude_none=True, mode="json")
+    what = f"{child.get('kind', 'job')} {child.get('name', name)}"
+    message = (
+        f"Re-planning ({correction.replans} of {spec.tuning.max_replans}): {_measured(result)} with "
+        f"{entry.failed_summary}; the new plan is {entry.replacement_summary}; {what} is re-created with it"
+    )
+    conds = set_condition(
+        status.get("conditions") or [],
+        ConditionType.PLANNED,
+        "True",
+        REPLANNED_REASON,
+        message,
+        generation=generation,
+        now=now,
+    )
+    changes.update(
+        phase=Phase.RESTARTING.value,
+        conditions=conds,
+        message=message,
+        plan=merge_patch_to(status.get("plan"), plan_document(plan.to_json())),
+        planHistory=history,
+        precision=plan.chosen.precision.value,
+        microBatchSize=plan.chosen.micro_batch_size,
+        activationCheckpointing=plan.chosen.activation_checkpointing.value,
+    )
+    return changes, entry

@@ -1,0 +1,232 @@
+"""A trainer pod that ran out of GPU memory gets its BTJ re-planned with a learned correction and a new
+child, never the same plan again; after spec.tuning.maxReplans re-plans the BTJ fails naming what to
+change. The real operator under KopfRunner against the KMock API server, for every backend."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from blackwell_operator.failures import PERMANENT_ERROR_REASON, worker_failure
+from blackwell_operator.models.status import PLAN_HISTORY_LIMIT
+from blackwell_operator.planner.correction import family_key
+from blackwell_operator.replan import WHAT_TO_CHANGE, correction_of, replan_changes
+from blackwell_operator.testing.emulator import HYPERPOD_RESOURCE, PYTORCHJOB_RESOURCE, TRAINJOB_RESOURCE
+from blackwell_trainer.config import PERMANENT_ERROR_PREFIX, Candidate, OomPhase, OomResult, Plan
+from tests.operator.harness import Cluster, btj, running_operator, wait_for
+from tests.operator.pods import T1, T2, T3, container, pod, pod_status, terminated
+from tests.operator.test_trainjob_lifecycle import node_job, trainer_pod
+
+GIB = 2**30
+RESOURCES = {
+    "PyTorchJob": PYTORCHJOB_RESOURCE,
+    "HyperPodPyTorchJob": HYPERPOD_RESOURCE,
+    "TrainJob": TRAINJOB_RESOURCE,
+}
+
+
+def oom_message(plan: Plan, *, over: int = 6 * GIB, step: int = 3) -> str:
+    """What the trainer writes when `plan` needed `over` bytes more than predicted in backward."""
+    peak = plan.predicted.memory.peak_reserved + over - GIB
+    result = OomResult(
+        phase=OomPhase.BACKWARD,
+        step=step,
+        requested_bytes=GIB,
+        allocated_bytes=peak,
+        peak_allocated_bytes=peak,
+        peak_reserved_bytes=peak,
+        gpu_total_bytes=plan.gpu.memory_bytes,
+        predicted_peak_reserved_bytes=plan.predicted.memory.peak_reserved,
+        candidate=plan.chosen,
+    )
+    first = f"{PERMANENT_ERROR_PREFIX}CUDA out of memory in backward of step {step} on rank 0: ..."
+    return f"{first}\n{result.to_line()}"
+
+
+def _plan(cluster: Cluster, name: str = "w") -> Plan:
+    return Plan.model_validate(cluster.status(name)["plan"])
+
+
+def _events(cluster: Cluster, reason: str, name: str = "w") -> list[dict[str, Any]]:
+    return [e for e in cluster.events(name) if e.get("reason") == reason]
+
+
+async def _oom_pod(cluster: Cluster, backend: str, name: str, pod_name: str, finished: str) -> None:
+    """A worker of the current child whose trainer container ended on the OOM result of the current plan."""
+    message = oom_message(_plan(cluster, name))
+    if backend == "TrainJob":
+        ended = container(state={"terminated": terminated(1, "Error", finished, message)}, name="node")
+        owner = await node_job(cluster, f"{name}-{pod_name}")
+        manifest = trainer_pod(pod_name, name, name, owner)
+    else:
+        ended = container(state={"terminated": terminated(1, "Error", finished, message)})
+        manifest = pod(pod_name, name, owner=cluster.job(name, RESOURCES[backend]))
+    await cluster.add_pod(manifest, pod_status(ended))
+
+
+async def _new_child(cluster: Cluster, backend: str, old_uid: str, name: str = "w") -> dict[str, Any]:
+    def created() -> dict[str, Any] | None:
+        job = cluster.job(name, RESOURCES[backend])
+        return job if job is not None and job["metadata"]["uid"] != old_uid else None
+
+    child: dict[str, Any] = await wait_for(created, what=f"a new {backend}")
+    await wait_for(lambda: (cluster.status(name).get("child") or {}).get("uid") == child["metadata"]["uid"])
+    return child
+
+
+def _chosen_in_config_map(cluster: Cluster, name: str = "w") -> Candidate:
+    config_map = cluster.config_map(f"{name}-plan")
+    assert config_map is not None
+    (text,) = config_map["data"].values()
+    return Plan.model_validate_json(text).chosen
+
+
+# ----- the pure part ---------------------------------------------------------------------------------------
+
+
+def test_the_oom_result_line_is_read_from_the_whole_termination_message() -> None:
+    from blackwell_operator.models.spec import BlackwellTrainingJobSpec
+    from blackwell_operator.planner import plan_job
+
+    plan = plan_job(BlackwellTrainingJobSpec.model_validate(btj("w")["spec"]))
+    message = oom_message(plan)
+    ended = container(state={"terminated": terminated(1, "Error", T1, message)})
+    failure = worker_failure({**pod("w-worker-0"), "status": pod_status(ended)})
+    assert failure is not None
+    assert failure["message"] == message.splitlines()[0]  # lastFailure.message stays the first line
+    assert OomResult.model_validate(failure["outOfMemory"]) == OomResult.find(message)
+
+
+def test_the_history_is_bounded_and_the_correction_belongs_to_its_generation() -> None:
+    from blackwell_operator.models.spec import BlackwellTrainingJobSpec
+    from blackwell_operator.planner import plan_job
+
+    body = btj("w", tuning={"maxReplans": 10})
+    body["metadata"].update(uid="u-btj", generation=4)
+    plan = plan_job(BlackwellTrainingJobSpec.model_validate(body["spec"]))
+    old = {"at": T1, "generation": 1, "reason": "OutOfMemory", "failed": plan.chosen.model_dump(mode="json")}
+    body["status"] = {
+        "phase": "Running",
+        "observedGeneration": 4,
+        "plan": plan.model_dump(by_alias=True, mode="json"),
+        "child": {"kind": "PyTorchJob", "name": "w", "uid": "u-job"},
+        "planHistory": [old] * PLAN_HISTORY_LIMIT,
+    }
+    result = OomResult.find(oom_message(plan))
+    assert result is not None
+    changes, entry = replan_changes(body, {"pod": "w-worker-0"}, result, failed_reason=PERMANENT_ERROR_REASON)
+    assert len(changes["planHistory"]) == PLAN_HISTORY_LIMIT
+    assert changes["planHistory"][-1]["failedChildUid"] == "u-job" and entry.replacement is not None
+    assert changes["memoryCorrection"]["generation"] == 4
+    assert correction_of({**body, "status": changes}) is not None
+    body["metadata"]["generation"] = 5  # a spec change: the correction no longer applies
+    assert correction_of({**body, "status": changes}) is None
+
+
+# ----- the real operator -----------------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+async def test_oom_re_plans_twice_with_new_children_then_fails_naming_what_to_change(
+    cluster: Cluster,
+) -> None:
+    async with running_operator(cluster):
+        await cluster.apply(btj("w"))
+        first_child = await wait_for(lambda: cluster.job("w"), what="the PyTorchJob")
+        await wait_for(lambda: cluster.condition("w", "ChildCreated"), what="ChildCreated")
+        first = _plan(cluster)
+
+        # 1: the first plan runs out of memory -> a smaller plan, a new child, the history, the Events.
+        await _oom_pod(cluster, "PyTorchJob", "w", "w-worker-0", T1)
+        second_child = await _new_child(cluster, "PyTorchJob", first_child["metadata"]["uid"])
+        status = cluster.status("w")
+        second = _plan(cluster)
+        assert second.chosen != first.chosen
+        if family_key(second.chosen) == family_key(first.chosen):
+            assert second.chosen.micro_batch_size < first.chosen.micro_batch_size
+        assert _chosen_in_config_map(cluster) == second.chosen  # the new child mounts the new plan
+        (change,) = status["planHistory"]
+        assert change["reason"] == "OutOfMemory"
+        assert Candidate.model_validate(change["failed"]) == first.chosen
+        assert Candidate.model_validate(change["replacement"]) == second.chosen
+        assert change["failedChildUid"] == first_child["metadata"]["uid"]
+        assert status["memoryCorrection"]["replans"] == 1
+        assert status["memoryCorrection"]["activationScale"] > 1.0
+        assert "lastFailure" not in status, "the old child's failure is not the new one's"
+        assert cluster.condition("w", "Planned")["reason"] == "Replanned"
+        assert "memory corrected after 1 out-of-memory run" in cluster.condition("w", "Planned")["message"]
+        (replanned,) = await wait_for(lambda: _events(cluster, "Replanned"), what="the Replanned Event")
+        assert (
+            replanned["type"] == "Warning"
+            and "Re-planning (1 of 2): CUDA out of memory" in replanned["message"]
+        )
+        (recreated,) = await wait_for(lambda: _events(cluster, "ChildRecreated"), what="ChildRecreated")
+        assert "ran out of GPU memory; re-planned" in recreated["message"]
+
+        # 2: the second plan runs out too -> a third plan, neither of the failed ones.
+        await _oom_pod(cluster, "PyTorchJob", "w", "w-worker-1", T2)
+        third_child = await _new_child(cluster, "PyTorchJob", second_child["metadata"]["uid"])
+        third = _plan(cluster)
+        assert third.chosen not in (first.chosen, second.chosen)
+        status = cluster.status("w")
+        assert [Candidate.model_validate(c["failed"]) for c in status["planHistory"]] == [
+            first.chosen,
+            second.chosen,
+        ]
+        assert status["memoryCorrection"]["replans"] == 2
+        assert len(status["memoryCorrection"]["excluded"]) == 2
+
+        # 3: re-plans spent (maxReplans 2) -> Failed, naming what to change; the child is deleted.
+        await _oom_pod(cluster, "PyTorchJob", "w", "w-worker-0", T3)
+        await wait_for(lambda: cluster.status("w").get("phase") == "Failed", what="phase Failed")
+        await wait_for(lambda: cluster.job("w") is None, what="the third child deleted")
+        failed = cluster.condition("w", "Failed")
+        assert failed is not None and failed["reason"] == PERMANENT_ERROR_REASON
+        assert "after 2 re-plans (spec.tuning.maxReplans 2)" in failed["message"]
+        assert WHAT_TO_CHANGE in failed["message"]
+        assert len(cluster.status("w")["planHistory"]) == 3
+        assert cluster.status("w")["planHistory"][-1].get("replacement") is None
+        await cluster.settle("w")
+        assert cluster.job("w") is None and cluster.status("w")["phase"] == "Failed"
+        assert third_child["metadata"]["uid"] != first_child["metadata"]["uid"]
+    assert cluster.creates("pytorchjobs") == 3
+    assert len(_events(cluster, "Replanned")) == 2
+
+
+@pytest.mark.integration
+async def test_the_correction_survives_an_operator_restart(cluster: Cluster) -> None:
+    async with running_operator(cluster):
+        await cluster.apply(btj("w"))
+        child = await wait_for(lambda: cluster.job("w"), what="the PyTorchJob")
+        await wait_for(lambda: cluster.condition("w", "ChildCreated"), what="ChildCreated")
+        await _oom_pod(cluster, "PyTorchJob", "w", "w-worker-0", T1)
+        replaced = await _new_child(cluster, "PyTorchJob", child["metadata"]["uid"])
+        await cluster.settle("w")
+        replanned = _plan(cluster).chosen
+    # A new operator process resumes the BTJ: it plans with the stored correction, so the child it finds
+    # matches (no SpecApplied False, no patch), and the plan stays the corrected one.
+    async with running_operator(cluster):
+        await cluster.settle("w")
+        await wait_for(lambda: cluster.condition("w", "SpecApplied"), what="SpecApplied")
+        assert cluster.condition("w", "SpecApplied")["status"] == "True"
+        assert _plan(cluster).chosen == replanned
+        job = cluster.job("w")
+        assert job is not None and job["metadata"]["uid"] == replaced["metadata"]["uid"]
+    assert cluster.creates("pytorchjobs") == 2
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("backend", ["HyperPodPyTorchJob", "TrainJob"])
+async def test_every_backend_gets_a_re_planned_child(cluster: Cluster, backend: str) -> None:
+    async with running_operator(cluster):
+        await cluster.apply(btj("w", backend=backend))
+        child = await wait_for(lambda: cluster.job("w", RESOURCES[backend]), what=f"the {backend}")
+        await wait_for(lambda: cluster.condition("w", "ChildCreated"), what="ChildCreated")
+        first = _plan(cluster)
+        await _oom_pod(cluster, backend, "w", "w-worker-0", T1)
+        await _new_child(cluster, backend, child["metadata"]["uid"])
+        assert _plan(cluster).chosen != first.chosen
+        assert _chosen_in_config_map(cluster) == _plan(cluster).chosen
+        assert cluster.status("w")["planHistory"][0]["failedChildUid"] == child["metadata"]["uid"]
+        await wait_for(lambda: _events(cluster, "Replanned"), what="the Replanned Event")
