@@ -24,7 +24,9 @@ from blackwell_operator.handlers.measure import INTERVAL_ENV
 from blackwell_operator.testing.kubeconfig import write_kubeconfig
 from blackwell_trainer.config import ActivationCheckpointing, PrecisionRecipe
 from blackwell_trainer.metrics import TrainerMetrics
-from tests.operator.harness import NAMESPACE, Cluster, btj, running_operator, wait_for
+from tests.helm.conftest import NAMESPACE as RELEASE_NAMESPACE
+from tests.helm.conftest import by_kind, helm, render
+from tests.operator.harness import NAMESPACE, Cluster, btj, from_operator, running_operator, verb_of, wait_for
 from tests.operator.pods import container, job_condition, pod, pod_status
 from tests.trainer.conftest import tiny_plan
 
@@ -104,17 +106,36 @@ async def _running_job(cluster: Cluster, name: str, trainer: PacedTrainer) -> di
     return plan
 
 
+# The operator keeps its calibration in its own namespace (the chart's release namespace), not the jobs'.
+HOME = RELEASE_NAMESPACE
+__all__ = ["helm"]  # the real helm binary (a fixture), for the chart's Role
+
+
 def _stored(cluster: Cluster) -> ClusterCalibration | None:
-    found = cluster.config_map(store.NAME)
+    found = cluster.k.get_object("v1/configmaps", HOME, store.NAME)
     return None if found is None else store.parse(found)
+
+
+def _allowed(rules: list[dict[str, Any]], verb: str, name: str | None) -> bool:
+    """Whether a Role's rules allow `verb` on ConfigMap `name` (None: a create, which has no name)."""
+    return any(
+        "configmaps" in rule["resources"]
+        and verb in rule["verbs"]
+        and (not rule.get("resourceNames") or name in rule["resourceNames"])
+        for rule in rules
+    )
 
 
 @pytest.mark.integration
 async def test_slow_runs_correct_the_next_plan_and_the_exported_copy_offline(
-    cluster: Cluster, trainers: dict[str, PacedTrainer], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    cluster: Cluster,
+    trainers: dict[str, PacedTrainer],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    helm: str,
 ) -> None:
     monkeypatch.setenv(INTERVAL_ENV, "0.3")
-    monkeypatch.setenv(store.NAMESPACE_ENV, NAMESPACE)
+    monkeypatch.setenv(store.NAMESPACE_ENV, HOME)
     async with running_operator(cluster):
         plans = [await _running_job(cluster, name, trainers[name]) for name in JOBS]
         # Each job is one run however often it is read; every ratio is the pacing's.
@@ -129,6 +150,15 @@ async def test_slow_runs_correct_the_next_plan_and_the_exported_copy_offline(
         await cluster.apply(btj("next", tuning=FAMILY))
         await wait_for(lambda: cluster.status("next").get("plan"), what="the next plan")
         planned = cluster.condition("next", "Planned")
+    # Every call the operator made in its own namespace is one the chart's calibration Role allows.
+    home_calls = {
+        (verb_of(r), r.name)
+        for r in cluster.k.requests
+        if from_operator(r) and r.namespace == HOME and r.resource is not None
+    }
+    (role,) = [r for r in by_kind(render(helm), "Role") if r["metadata"]["name"].endswith("-calibration")]
+    assert {verb for verb, _ in home_calls} == {"get", "create", "patch"}
+    assert all(_allowed(role["rules"], verb, name) for verb, name in home_calls), home_calls
     for s in calibration.samples:
         assert s.tokens_ratio == pytest.approx(SLOW, rel=0.15) and s.memory_ratio == pytest.approx(
             HEAVY, rel=0.01
@@ -148,11 +178,11 @@ async def test_slow_runs_correct_the_next_plan_and_the_exported_copy_offline(
     monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "kubeconfig", cluster.url)))
     exported = tmp_path / "cluster.json"
     result = await asyncio.to_thread(
-        runner.invoke, app, ["calibrate", "cluster", "export", str(exported), "-n", NAMESPACE]
+        runner.invoke, app, ["calibrate", "cluster", "export", str(exported), "-n", HOME]
     )
     assert result.exit_code == 0, result.output
     assert ClusterCalibration.model_validate(json.loads(exported.read_text())) == _stored(cluster)
-    shown = await asyncio.to_thread(runner.invoke, app, ["calibrate", "cluster", "show", "-n", NAMESPACE])
+    shown = await asyncio.to_thread(runner.invoke, app, ["calibrate", "cluster", "show", "-n", HOME])
     assert shown.exit_code == 0 and "3" in shown.output and "x0." in shown.output, shown.output
     pinned = tmp_path / "job.yaml"
     pinned.write_text(json.dumps(btj("offline", tuning=FAMILY)))
@@ -163,9 +193,9 @@ async def test_slow_runs_correct_the_next_plan_and_the_exported_copy_offline(
     assert "corrected from" not in plain.output
 
     reset = await asyncio.to_thread(
-        runner.invoke, app, ["calibrate", "cluster", "reset", "-n", NAMESPACE, "--yes"]
+        runner.invoke, app, ["calibrate", "cluster", "reset", "-n", HOME, "--yes"]
     )
-    assert reset.exit_code == 0 and cluster.config_map(store.NAME) is None, reset.output
+    assert reset.exit_code == 0 and _stored(cluster) is None, reset.output
 
 
 # ----- the store on its own --------------------------------------------------------------------------------
@@ -194,7 +224,7 @@ async def test_concurrent_writers_lose_no_sample(cluster: Cluster, tmp_path: Pat
     await asyncio.gather(
         *(
             asyncio.to_thread(
-                lambda a=api, i=i: [store.record(a, NAMESPACE, _sample(f"w{i}-{k}")) for k in range(3)]
+                lambda a=api, i=i: [store.record(a, HOME, _sample(f"w{i}-{k}")) for k in range(3)]
             )
             for i, api in enumerate(apis)
         )
@@ -211,14 +241,14 @@ async def test_a_stale_resource_version_is_refused_not_overwritten(cluster: Clus
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "kubeconfig", cluster.url)))
         api = KubeApi(load_api_client())
-    await asyncio.to_thread(store.record, api, NAMESPACE, _sample("first"))
-    old = cluster.config_map(store.NAME)
+    await asyncio.to_thread(store.record, api, HOME, _sample("first"))
+    old = cluster.k.get_object("v1/configmaps", HOME, store.NAME)
     assert old is not None
-    await asyncio.to_thread(store.record, api, NAMESPACE, _sample("second"))
-    stale = store.body_of(ClusterCalibration(), NAMESPACE)
+    await asyncio.to_thread(store.record, api, HOME, _sample("second"))
+    stale = store.body_of(ClusterCalibration(), HOME)
     stale["metadata"] = {"resourceVersion": old["metadata"]["resourceVersion"]}
     with pytest.raises(ApiError) as refused:
-        await asyncio.to_thread(api.patch, store.path(NAMESPACE), stale)
+        await asyncio.to_thread(api.patch, store.path(HOME), stale)
     assert refused.value.status == 409
     stored = _stored(cluster)
     assert stored is not None and [s.uid for s in stored.samples] == ["first", "second"]
