@@ -21,6 +21,8 @@ from typing import NamedTuple
 
 import yaml
 
+from blackwell_operator.calibrate.measured import build_coverage
+from blackwell_operator.calibration.measured import MEASURED_FOLDER
 from blackwell_operator.render.crd import crd_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,6 +75,11 @@ def generators() -> list[Generated]:
         Generated(f"helm/btj-operator/crds/{CRD}", lambda _: crd),
         Generated(ARGOCD_SNIPPET, _with_lua),
     ]
+    # What each trainer ran on a GPU here, from the records: the planner's measured/modelled provenance.
+    for trainer, coverage in build_coverage(ROOT).items():
+        text = coverage.to_json()
+        path = f"operator/src/blackwell_operator/calibration/{MEASURED_FOLDER}/{trainer}.json"
+        out.append(Generated(path, lambda _, t=text: t))
     for path in sorted((ROOT / "examples").glob("*.yaml")):
         if refresh.MARK in path.read_text():
             out.append(
@@ -112,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         if new != old:
             stale.append(gen.path)
             if not args.check:
+                target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_text(new)
     if args.check:
         for path in stale:

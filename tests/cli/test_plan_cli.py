@@ -118,3 +118,31 @@ def test_presets_lists_the_catalog() -> None:
     assert result.exit_code == 0
     for name in ("llama3.2-1b", "llama3.1-70b", "qwen2.5-72b", "mistral-7b", "8,030,261,248"):
         assert name in result.stdout
+
+
+PINNED_NVFP4 = """apiVersion: training.blackwell.dev/v1alpha1
+kind: BlackwellTrainingJob
+metadata: {name: fp4}
+spec:
+  model: {preset: qwen2.5-32b}
+  cluster: {instanceType: ml.p6-b200.48xlarge, nodes: 4}
+  training: {sequenceLength: 32768}
+  tuning: {precision: nvfp4}
+"""
+
+
+def test_plan_table_says_what_each_choice_rests_on(tmp_path: Path) -> None:
+    # The embedded example runs on B200: every choice is modelled, none unverified.
+    result = runner.invoke(app, ["plan"])
+    assert result.exit_code == 0, result.output
+    assert "What the plan rests on: modelled" in result.stdout
+    for choice in ("gpu", "precision", "activationCheckpointing", "communication", "contextParallel"):
+        assert choice in result.stdout
+    assert "unverified" not in result.stdout
+    job = str(_write(tmp_path, PINNED_NVFP4))
+    pinned = runner.invoke(app, ["plan", job, "--explain"])
+    assert pinned.exit_code == 0, pinned.output
+    assert "What the plan rests on: unverified" in pinned.stdout
+    assert "provenance: unverified (trainer path never ran on a GPU here): precision nvfp4/nvfp4-block" in (
+        " ".join(pinned.stdout.split())
+    )

@@ -186,3 +186,30 @@ async def test_a_spec_that_plans_past_the_deadline_is_invalid_and_says_why(
     assert "Fix:" in planned["message"]
     assert cluster.job("slow") is None and cluster.config_map("slow-plan") is None
     assert reasons(cluster, "slow") == ["PlanningTimeout"]
+
+
+async def test_a_job_that_finished_before_its_first_status_write_is_not_run_again(cluster: Cluster) -> None:
+    # The child succeeded and went before reconcile wrote anything: only the child watcher's record is
+    # there (no observedGeneration yet). That is no spec change: the finished job must not run again.
+    await cluster.apply(btj("quick"))
+    await cluster.set_btj_status(
+        "quick",
+        {
+            "phase": "Succeeded",
+            "child": {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "quick", "uid": "gone"},
+            "conditions": [
+                {
+                    "type": "ChildCreated",
+                    "status": "False",
+                    "reason": "ChildDeleted",
+                    "message": "PyTorchJob quick was deleted; the job had finished, so it is not re-created.",
+                    "observedGeneration": 1,
+                    "lastTransitionTime": "2026-12-01T00:00:00Z",
+                }
+            ],
+        },
+    )
+    async with running_operator(cluster):
+        await wait_for(lambda: cluster.status("quick").get("observedGeneration") == 1, what="reconciled")
+        await cluster.settle("quick")
+    assert cluster.creates("pytorchjobs") == 0 and cluster.status("quick")["phase"] == "Succeeded"

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from blackwell_operator.failures import PERMANENT_ERROR_REASON, worker_failure
 from blackwell_operator.models.status import PLAN_HISTORY_LIMIT
@@ -17,6 +19,7 @@ from blackwell_trainer.config import PERMANENT_ERROR_PREFIX, Candidate, OomPhase
 from tests.operator.harness import Cluster, btj, running_operator, wait_for
 from tests.operator.pods import T1, T2, T3, container, pod, pod_status, terminated
 from tests.operator.test_trainjob_lifecycle import node_job, trainer_pod
+from tests.ports import free_port
 
 GIB = 2**30
 RESOURCES = {
@@ -218,8 +221,12 @@ async def test_the_correction_survives_an_operator_restart(cluster: Cluster) -> 
 
 @pytest.mark.integration
 @pytest.mark.parametrize("backend", ["HyperPodPyTorchJob", "TrainJob"])
-async def test_every_backend_gets_a_re_planned_child(cluster: Cluster, backend: str) -> None:
-    async with running_operator(cluster):
+async def test_every_backend_gets_a_re_planned_child(
+    cluster: Cluster, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = free_port()
+    monkeypatch.setenv("BTJ_METRICS_BIND", f"127.0.0.1:{port}")
+    async with running_operator(cluster), aiohttp.ClientSession() as http:
         await cluster.apply(btj("w", backend=backend))
         child = await wait_for(lambda: cluster.job("w", RESOURCES[backend]), what=f"the {backend}")
         await wait_for(lambda: cluster.condition("w", "ChildCreated"), what="ChildCreated")
@@ -230,3 +237,7 @@ async def test_every_backend_gets_a_re_planned_child(cluster: Cluster, backend: 
         assert _chosen_in_config_map(cluster) == _plan(cluster).chosen
         assert cluster.status("w")["planHistory"][0]["failedChildUid"] == child["metadata"]["uid"]
         await wait_for(lambda: _events(cluster, "Replanned"), what="the Replanned Event")
+        async with http.get(f"http://127.0.0.1:{port}/metrics") as response:
+            text = await response.text()
+        (family,) = [f for f in text_string_to_metric_families(text) if f.name == "btj_operator_replans"]
+        assert [s.value for s in family.samples if s.name == "btj_operator_replans_total"] == [1.0]

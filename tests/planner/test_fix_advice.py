@@ -190,13 +190,8 @@ CASES: dict[str, tuple[Spec, str | None, str, Follow]] = {
             _set(s, "tuning.memoryHeadroom", _float(fix, r"memoryHeadroom: ([\d.]+)")),
         ],
     ),
-    # Issue 16: Llama-3.1-70B at 128K on 8 B200 nodes was told "9 nodes"; pinning CP on its 8 plans.
-    "context-parallel-on-the-nodes-it-has": (
-        spec(preset="llama3.1-70b", nodes=8, seq=131072),
-        None,
-        "spec.tuning.contextParallel",
-        lambda s, fix: [_set(s, "tuning.contextParallel", _number(fix, r"contextParallel: (\d+)"))],
-    ),
+    # Issue 16's Llama-3.1-70B at 128K on 8 B200 nodes, refused under auto until issue 15 (advice: pin
+    # contextParallel), now plans under auto: test_auto_splits_a_sequence_nothing_else_fits below.
     "context-parallel-and-more-nodes": (
         spec(preset="llama3.1-70b", nodes=1, seq=131072),
         None,
@@ -303,3 +298,18 @@ def test_no_message_calls_an_auto_field_pinned() -> None:
 def test_min_tokens_per_rank_is_what_the_message_says() -> None:
     with pytest.raises(PlanningError, match=f"fewer than {MIN_TOKENS_PER_CP_RANK}"):
         _plan(spec(nodes=8, seq=4096, contextParallel=64), None)
+
+
+def test_auto_splits_a_sequence_nothing_else_fits() -> None:
+    # Issue 15: where no plan without context parallelism fits, auto chooses a (modelled) CP degree rather
+    # than refuse, and the plan says CP is modelled and why auto chose it; pinning that degree plans too.
+    s = spec(preset="llama3.1-70b", nodes=8, seq=131072)
+    plan = plan_job(BlackwellTrainingJobSpec.model_validate(s))
+    assert plan.chosen.context_parallel > 1
+    cp = next(c for c in plan.provenance if c.choice == "contextParallel")
+    assert cp.basis.value == "modelled"
+    assert "no plan without context parallelism fits" in cp.detail
+    cp_pinned = _set(s, "tuning.contextParallel", plan.chosen.context_parallel)
+    pinned = plan_job(BlackwellTrainingJobSpec.model_validate(cp_pinned))
+    assert pinned.chosen.context_parallel == plan.chosen.context_parallel
+    assert "no plan without context parallelism fits" not in " ".join(c.detail for c in pinned.provenance)

@@ -8,6 +8,7 @@ autograd hook in backward, the optimizer's step), worded as PyTorch's caching al
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -190,3 +191,55 @@ def test_a_plan_that_ran_out_in_this_pod_is_not_run_again_by_a_restart_in_place(
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     assert main(["--plan", str(path)]) == 0
+
+
+# --- two ranks of one pod run out together: one whole message in their shared termination file
+
+
+def _two_ranks_out_of_memory(rank: int, plan: str, port: int, folder: str) -> None:
+    """One rank of a 2-rank main() run in which both ranks run out in the optimizer step of step 2."""
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE="2",
+        LOCAL_WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        BTJ_TERMINATION_LOG=f"{folder}/termination-log",  # one pod: one file for both ranks
+    )
+
+    def step(self: Trainer, batches: Any) -> Any:
+        if self.step_index + 1 == 2:
+            in_optimizer(self)
+        return REAL_STEP(self, batches)
+
+    Trainer.step = step  # type: ignore[method-assign]
+    Path(folder, f"rc-{rank}").write_text(str(main(["--plan", plan])))
+
+
+@pytest.mark.distributed
+def test_two_ranks_that_run_out_together_leave_one_whole_message(tmp_path: Path) -> None:
+    import torch.multiprocessing as mp
+
+    from .conftest import tiny_plan_dict
+
+    raw = tiny_plan_dict()
+    raw.update(steps=5, metricsPort=free_port(), logEverySteps=1)
+    raw["parameterCount"] = Plan.model_validate(raw).architecture.parameter_count()
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(json.dumps(raw))
+    context = mp.start_processes(
+        _two_ranks_out_of_memory,
+        args=(str(plan_path), free_port(), str(tmp_path)),
+        nprocs=2,
+        join=False,
+        start_method="spawn",
+    )
+    while not context.join(timeout=300):  # a safety net only
+        pass
+    assert [(tmp_path / f"rc-{r}").read_text() for r in (0, 1)] == ["2", "2"]
+    first, second = (tmp_path / "termination-log").read_text().splitlines()
+    result = OomResult.find(second)
+    assert result is not None and result.phase is OomPhase.OPTIMIZER and result.step == 2
+    assert first.startswith(f"{PERMANENT_ERROR_PREFIX}CUDA out of memory in optimizer of step 2 on rank ")
+    assert f"on rank {result.rank}:" in first  # both lines are the same rank's

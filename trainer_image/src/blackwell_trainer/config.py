@@ -477,6 +477,29 @@ class Alternative(WireModel):
     reason: str = Field(description="Why this candidate was not chosen.")
 
 
+class Basis(StrEnum):
+    """What one choice of a plan rests on."""
+
+    # This project ran this combination on this GPU and recorded its speed and memory.
+    MEASURED = "measured"
+    # Predicted from modelled constants; the trainer's code path for it ran on a GPU here (another GPU, or
+    # numerics only), its speed and memory on this hardware did not.
+    MODELLED = "modelled"
+    # The trainer's code path for it never ran on a GPU here (e.g. MXFP8 and NVFP4, Blackwell-only).
+    UNVERIFIED = "unverified"
+
+
+class ChoiceProvenance(WireModel):
+    """Whether one choice of the plan (GPU, recipe, AC, communication, CP) was measured or is modelled."""
+
+    choice: str = Field(
+        description="gpu, precision, activationCheckpointing, communication or contextParallel."
+    )
+    value: str = Field(description="What the plan chose, e.g. B200, fp8/current, full sharding on 16 GPUs.")
+    basis: Basis = Field(description="measured, modelled or unverified.")
+    detail: str = Field(default="", description="Where it was measured, or what the model rests on.")
+
+
 class Plan(WireModel):
     """Everything the trainer needs to run, and what the planner predicted (status.plan, the ConfigMap)."""
 
@@ -503,6 +526,10 @@ class Plan(WireModel):
         description="Correction from runs measured on this cluster, applied to the chosen family; the "
         "prediction includes its tokens factor (divide by it for the model's own figure).",
     )
+    provenance: list[ChoiceProvenance] = Field(
+        default_factory=list,
+        description="Per choice: measured here (and where) or modelled; empty in plans made before it.",
+    )
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     weights: WeightsConfig | None = Field(
@@ -512,6 +539,11 @@ class Plan(WireModel):
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     metrics_port: int = Field(default=DEFAULT_METRICS_PORT, ge=1, le=65535, description="Prometheus port.")
     log_every_steps: int = Field(default=10, ge=1, description="Log one line every this many steps.")
+
+    @property
+    def modelled_choices(self) -> list[ChoiceProvenance]:
+        """The choices that were not measured here (modelled or unverified)."""
+        return [c for c in self.provenance if c.basis is not Basis.MEASURED]
 
     @property
     def world_size(self) -> int:

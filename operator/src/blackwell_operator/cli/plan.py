@@ -26,6 +26,7 @@ from blackwell_operator.cli.options import (
 from blackwell_operator.errors import SpecError
 from blackwell_operator.models.spec import TuningSpec
 from blackwell_operator.planner.figures import memory_budget, tenths
+from blackwell_operator.planner.provenance import verdict
 from blackwell_trainer.config import MEMORY_COMPONENTS, Plan
 
 GIB = 1 << 30
@@ -95,6 +96,7 @@ def render_plan_tables(
     if plan.cluster_correction is not None:
         chosen.add_row("cluster correction", describe_correction(plan.cluster_correction))
     console.print(chosen)
+    _provenance_table(plan, console)
 
     memory = Table(title=f"Memory per GPU (GiB), peak in the {m.peak_phase} phase")
     memory.add_column("component")
@@ -128,6 +130,22 @@ def render_plan_tables(
         if p.time_breakdown_seconds:
             parts = ", ".join(f"{k} {v:.3f}s" for k, v in p.time_breakdown_seconds.items() if v > 0)
             console.print(f"  - step time: {parts}")
+
+
+def _provenance_table(plan: Plan, console: Console) -> None:
+    """Per choice: measured here (and where), modelled, or never run on a GPU here."""
+    if not plan.provenance:
+        console.print("What the plan rests on: not recorded (a plan made before provenance existed)")
+        return
+    _, reason, _ = verdict(plan.provenance)
+    table = Table(title=f"What the plan rests on: {reason.lower()}")
+    for col in ("choice", "value", "basis", "where measured / what it rests on"):
+        table.add_column(col)
+    styles = {"measured": "green", "modelled": "yellow", "unverified": "bold red"}
+    for item in plan.provenance:
+        basis = item.basis.value
+        table.add_row(item.choice, item.value, f"[{styles[basis]}]{basis}[/]", item.detail)
+    console.print(table)
 
 
 def _gb(n: float) -> str:

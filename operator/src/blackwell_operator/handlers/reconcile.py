@@ -41,6 +41,7 @@ from blackwell_operator.handlers.finalizer import holds, release, with_finalizer
 from blackwell_operator.handlers.planning import plan_within
 from blackwell_operator.models.spec import Backend, BlackwellTrainingJobSpec
 from blackwell_operator.models.status import ConditionType, Phase
+from blackwell_operator.planner.provenance import plan_event, plan_verified_condition
 from blackwell_operator.render import render_children, trainjob
 from blackwell_operator.render.labels import RENDER_HASH_ANNOTATION
 from blackwell_operator.render.pod import plan_config_map_name, resources
@@ -57,6 +58,7 @@ from blackwell_operator.status import (
     merge_patch_to,
     now_rfc3339,
     plan_document,
+    remove_condition,
     set_condition,
     summary_message,
 )
@@ -323,6 +325,7 @@ class Reconciler:
         else:
             planned = ("Planned", plan_summary(plan))
         result.conditions.append((ConditionType.PLANNED, "True", *planned))
+        self._report_provenance(body, plan, result)
         capacity = self._capacity(spec, plan, logger)
         result.conditions.append(
             with_aws_capacity(
@@ -411,6 +414,21 @@ class Reconciler:
             return frozen(ClusterCorrection.model_validate(found) if found else None)
         calibration = read_cluster_calibration(self.ctx, self._logger or _LOG)
         return calibration.corrector(spec.cluster.instance_type) if calibration else None
+
+    def _report_provenance(self, body: Mapping[str, Any], plan: Plan, result: Result) -> None:
+        """Condition PlanVerified and one Event per plan: which choices were measured here, which modelled."""
+        _, verified, reason, message = plan_verified_condition(plan.provenance)
+        status: ConditionStatus = "True" if verified else "False"
+        result.conditions.append((ConditionType.PLAN_VERIFIED, status, reason, message))
+        event_reason, event_message, warning = plan_event(plan.provenance)
+        self._event_once(
+            body,
+            ConditionType.PLAN_VERIFIED,
+            reason,
+            message,
+            warning=warning,
+            event=(event_reason, event_message),
+        )
 
     def _aws_capacity(self, spec: BlackwellTrainingJobSpec, logger: Any) -> AwsCapacity | None:
         """What AWS says about the named HyperPod cluster (None: no cluster named, or no reader)."""
@@ -649,8 +667,16 @@ class Reconciler:
 
     @staticmethod
     def _new_spec(body: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
-        """Whether this spec generation has not been reconciled yet (a spec change)."""
-        return int(body["metadata"].get("generation") or 1) != status.get("observedGeneration")
+        """Whether the spec changed since the recorded child was made (a finished job may then run anew).
+
+        The generation reconcile last wrote, else the one the child watcher stamped on ChildCreated when it
+        recorded the child before reconcile wrote anything (a job that finished within its first pass).
+        Without either nothing says the spec changed: a finished job is not run again on a guess.
+        """
+        seen = status.get("observedGeneration") or (
+            get_condition(status.get("conditions"), ConditionType.CHILD_CREATED) or {}
+        ).get("observedGeneration")
+        return seen is not None and int(body["metadata"].get("generation") or 1) != seen
 
     def _create_together(
         self, kind: ChildKind, job: dict[str, Any], supporting: list[dict[str, Any]], owner_uid: str
@@ -773,6 +799,7 @@ class Reconciler:
                     now=now,
                 )
             else:
+                conds = remove_condition(conds, ConditionType.PLAN_VERIFIED)  # no plan: nothing to verify
                 changes.update(
                     phase=Phase.INVALID.value,
                     message=exc.message,

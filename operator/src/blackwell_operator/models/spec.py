@@ -233,6 +233,11 @@ class TuningSpec(WireModel):
         default=0.05, ge=0.0, le=0.5, description="Fraction of GPU memory kept free by the plan."
     )
     compile: bool = Field(default=True, description="torch.compile each transformer block.")
+    allow_unverified_recipes: bool = Field(
+        default=False,
+        description="Let precision auto choose a recipe whose trainer path never ran on a GPU here (MXFP8); "
+        "auto never chooses NVFP4. A pinned precision is obeyed either way, with a Warning Event.",
+    )
     max_replans: int = Field(
         default=2,
         ge=0,

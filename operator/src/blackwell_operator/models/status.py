@@ -28,6 +28,7 @@ class ConditionType(StrEnum):
     """Condition types the operator maintains."""
 
     PLANNED = "Planned"
+    PLAN_VERIFIED = "PlanVerified"  # whether every choice of the plan was measured here (provenance)
     CHILD_CREATED = "ChildCreated"
     CAPACITY_AVAILABLE = "CapacityAvailable"
     ADMITTED = "Admitted"

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from blackwell_operator.calibration import Calibration, load_calibration
 from blackwell_operator.calibration.cluster import Corrector
 from blackwell_operator.calibration.cluster import describe_correction as describe_cluster_correction
+from blackwell_operator.calibration.measured import load_measured
 from blackwell_operator.catalogs import resolve_model
 from blackwell_operator.errors import PlanningError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
@@ -21,7 +22,14 @@ from blackwell_operator.planner.explain import describe, explain, loss_reason
 from blackwell_operator.planner.inputs import hardware_for, problem_for
 from blackwell_operator.planner.layout import Hardware, Layout, Setting
 from blackwell_operator.planner.memory import MemoryEstimate
-from blackwell_operator.planner.rejections import check_global_batch, no_plan, unreachable_global_batch
+from blackwell_operator.planner.provenance import left_out_of_auto, plan_provenance, verdict
+from blackwell_operator.planner.rejections import (
+    check_global_batch,
+    no_plan,
+    smallest_gpus_per_node,
+    smallest_node_count,
+    unreachable_global_batch,
+)
 from blackwell_operator.planner.search import Problem, Scored, SearchResult, run_search
 from blackwell_operator.planner.storage import check_storage
 from blackwell_operator.planner.weights import (
@@ -33,6 +41,7 @@ from blackwell_operator.planner.weights import (
 from blackwell_trainer.config import (
     Alternative,
     Candidate,
+    ChoiceProvenance,
     GpuInfo,
     OutputConfig,
     Plan,
@@ -155,6 +164,7 @@ def plan_job(
     check_global_batch(problem, fams, pins)
     result = run_search(problem, fams, pins.micro_batch_size)
     best = result.best
+    cp_fallback = False
     if best is None:
         pinned = pins.micro_batch_size
         if correction is not None and pinned is not None and all(problem.max_mbs(f) < pinned for f in fams):
@@ -164,7 +174,13 @@ def plan_job(
                 "spec.tuning pins allow (status.planHistory)",
                 "use auto or a smaller micro-batch",
             )
-        raise unreachable_global_batch(problem, pins, result) or no_plan(spec, cal, pins, result, problem)
+        unreachable = unreachable_global_batch(problem, pins, result)
+        if unreachable is not None:  # memory is not what is missing: splitting sequences would not help
+            raise unreachable
+        fallback = _with_context_parallel(spec, problem, pins, hw, cal)
+        if fallback is None or fallback.best is None:
+            raise no_plan(spec, cal, pins, result, problem)
+        result, best, cp_fallback = fallback, fallback.best, True
 
     alternatives = _alternatives(best, result, problem.budget_bytes, hw, cal)
     chosen = _candidate(best, hw, cal)
@@ -174,9 +190,17 @@ def plan_job(
     )
     output = spec.training.output
     notes = _weights_notes(weights_plan, read_architecture)
-    measured = cluster(best.setting.recipe, best.setting.activation_checkpointing) if cluster else None
-    if measured is not None:
-        notes.append(describe_cluster_correction(measured))
+    from_cluster = cluster(best.setting.recipe, best.setting.activation_checkpointing) if cluster else None
+    if from_cluster is not None:
+        notes.append(describe_cluster_correction(from_cluster))
+    provenance = plan_provenance(
+        load_measured(cal.name),
+        cal,
+        hw,
+        best.setting,
+        precision_pinned=pins.precision is not None,
+        cp_fallback=cp_fallback,
+    )
     gpu = hw.gpu
     headline = (
         f"{model_name} ({problem.shapes.total_params / 1e9:.2f}B params) on {hw.world} x {gpu.name} "
@@ -208,18 +232,57 @@ def plan_job(
         explanation=[
             headline,
             *explain(best, result, problem.budget_bytes, pins),
+            *_left_out(pins, hw, cal),
+            provenance_line(provenance),
             *_batch_note(problem, best),
             *notes,
             *([describe_correction(correction)] if correction is not None else []),
         ],
         calibration=f"{cal.name} ({cal.status})",
-        cluster_correction=measured,
+        cluster_correction=from_cluster,
+        provenance=provenance,
         dataset=spec.training.dataset.model_copy(deep=True),
         checkpoint=spec.training.checkpoint.model_copy(deep=True),
         weights=weights_plan,
         output=None if output is None else OutputConfig(uri=output.uri),
         optimizer=spec.training.optimizer.model_copy(deep=True),
     )
+
+
+def _with_context_parallel(
+    spec: BlackwellTrainingJobSpec, problem: Problem, pins: Pins, hw: Hardware, cal: Calibration
+) -> SearchResult | None:
+    """The search again with context parallelism offered, where one sequence's activations exceed a GPU.
+
+    Only where CP is left to auto, the trainer can split sequences, the calibration keeps CP out of the
+    ordinary search (its speed is unmeasured), and no number of GPUs or nodes would fit without it (more
+    GPUs are the fix the planner advises otherwise): a modelled plan beats a refusal, and the plan says so.
+    """
+    if pins.context_parallel is not None or cal.trainer.offers_auto_context_parallel:
+        return None
+    if not cal.trainer.context_parallel:
+        return None
+    seq = spec.training.sequence_length
+    offered = families(pins, hw, cal, seq, spec.tuning.compile, auto_cp=True)
+    fams = [f for f in offered if f.context_parallel > 1]
+    if not fams:
+        return None
+    if smallest_gpus_per_node(spec, cal, pins) or smallest_node_count(spec, cal, pins):
+        return None
+    return run_search(problem, fams, pins.micro_batch_size)
+
+
+def _left_out(pins: Pins, hw: Hardware, cal: Calibration) -> list[str]:
+    """Under precision auto: the recipes it did not consider, and why."""
+    if pins.precision is not None:
+        return []
+    line = left_out_of_auto(load_measured(cal.name), cal, hw, pins.allow_unverified_recipes)
+    return [line] if line else []
+
+
+def provenance_line(items: list[ChoiceProvenance]) -> str:
+    """The explanation's line on what the plan rests on."""
+    return f"provenance: {verdict(items)[2]}"
 
 
 def _weights_notes(weights: WeightsConfig | None, read_architecture: bool) -> list[str]:

@@ -9,9 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from blackwell_operator.calibration import Calibration
+from blackwell_operator.calibration.measured import load_measured
 from blackwell_operator.errors import PlanningError
 from blackwell_operator.models.spec import AUTO, TuningSpec
 from blackwell_operator.planner.layout import Hardware, Setting
+from blackwell_operator.planner.provenance import auto_may_choose
 from blackwell_trainer.config import ActivationCheckpointing, Precision, PrecisionRecipe, Sharding
 
 # Context-parallel ranks keep at least this many tokens of a sequence (ring-attention chunks below this are
@@ -29,6 +31,7 @@ class Pins:
     micro_batch_size: int | None = None
     sharding: Sharding | None = None
     context_parallel: int | None = None
+    allow_unverified_recipes: bool = False
 
     @classmethod
     def of(cls, tuning: TuningSpec) -> Pins:
@@ -41,6 +44,7 @@ class Pins:
             micro_batch_size=None if tuning.micro_batch_size == AUTO else int(tuning.micro_batch_size),
             sharding=None if tuning.sharding == AUTO else Sharding(tuning.sharding),
             context_parallel=None if tuning.context_parallel == AUTO else int(tuning.context_parallel),
+            allow_unverified_recipes=tuning.allow_unverified_recipes,
         )
 
 
@@ -93,8 +97,14 @@ def _sharding(pins: Pins, hw: Hardware, cal: Calibration) -> list[Sharding]:
     return [s for s in cal.trainer.sharding if not (s is Sharding.HYBRID and hw.nodes == 1)]
 
 
-def context_parallel_degrees(pins: Pins, hw: Hardware, cal: Calibration, sequence_length: int) -> list[int]:
-    """Context-parallel degrees worth scoring for this sequence length."""
+def context_parallel_degrees(
+    pins: Pins, hw: Hardware, cal: Calibration, sequence_length: int, auto_cp: bool | None = None
+) -> list[int]:
+    """Context-parallel degrees worth scoring for this sequence length.
+
+    `auto_cp` overrides whether auto scores CP degrees above 1 (default: the calibration's choice); the
+    planner sets it when nothing without CP fits and the trainer can split sequences.
+    """
     if pins.context_parallel is not None:
         cp = pins.context_parallel
         if cp > 1 and not cal.trainer.context_parallel:
@@ -117,7 +127,10 @@ def context_parallel_degrees(pins: Pins, hw: Hardware, cal: Calibration, sequenc
             )
         return [cp]
     degrees = [1]
-    if cal.trainer.offers_auto_context_parallel:
+    offers = cal.trainer.offers_auto_context_parallel
+    if auto_cp is not None:
+        offers = auto_cp and cal.trainer.context_parallel
+    if offers:
         degrees += [
             c
             for c in CP_DEGREES
@@ -130,9 +143,19 @@ def context_parallel_degrees(pins: Pins, hw: Hardware, cal: Calibration, sequenc
 
 
 def families(
-    pins: Pins, hw: Hardware, cal: Calibration, sequence_length: int, compile_blocks: bool = True
+    pins: Pins,
+    hw: Hardware,
+    cal: Calibration,
+    sequence_length: int,
+    compile_blocks: bool = True,
+    auto_cp: bool | None = None,
 ) -> list[Setting]:
-    """Every candidate family (micro-batch size 1 as a placeholder)."""
+    """Every candidate family (micro-batch size 1 as a placeholder).
+
+    Under precision auto only recipes whose trainer path ran on a GPU here are offered (any recipe with
+    spec.tuning.allowUnverifiedRecipes), never NVFP4; a pinned precision offers all of its recipes.
+    """
+    coverage = load_measured(cal.name)
 
     def eager_or(recipe: PrecisionRecipe) -> bool:
         # The plan says what runs: recipes the trainer keeps eager (TE) are planned uncompiled.
@@ -141,9 +164,13 @@ def families(
     out: list[Setting] = []
     for precision in _precisions(pins, hw, cal):
         recipes = [r for r in cal.trainer.precisions[precision] if r in hw.gpu.precisions[precision]]
+        if pins.precision is None:
+            recipes = [
+                r for r in recipes if auto_may_choose(coverage, precision, r, pins.allow_unverified_recipes)
+            ]
         for recipe in recipes:
             for ac in _checkpointing(pins, cal):
                 for sharding in _sharding(pins, hw, cal):
-                    for cp in context_parallel_degrees(pins, hw, cal, sequence_length):
+                    for cp in context_parallel_degrees(pins, hw, cal, sequence_length, auto_cp):
                         out.append(Setting(precision, recipe, ac, 1, sharding, cp, eager_or(recipe)))
     return out

@@ -221,13 +221,22 @@ class Chaos:
             return False
         return request.params.get("watch") not in ("true", "1")
 
-    def draw(self) -> tuple[float, int | None, bool]:
-        """(delay, the status to answer or None, whether to apply the change first)."""
+    def draw(self, request: rendering.Request) -> tuple[float, int | None, bool]:
+        """(delay, the status to answer or None, whether to apply the change first).
+
+        A conflict only where a real server can answer one: a create (the name is taken) or a write that
+        names the resourceVersion it read; elsewhere a drawn 409 becomes a 500.
+        """
         delay = self.rng.uniform(0.0, self.max_delay_s) if self.max_delay_s > 0 else 0.0
         if self.rng.random() >= self.rate:
             return delay, None, False
         self.injected += 1
-        return delay, self.rng.choice(self.statuses), self.rng.random() < self.committed
+        status = self.rng.choice(self.statuses)
+        data = request.data if isinstance(request.data, dict) else {}
+        guarded = bool((data.get("metadata") or {}).get("resourceVersion"))
+        if status == 409 and not (request.method == kmock.method.POST or guarded):
+            status = 500
+        return delay, status, self.rng.random() < self.committed
 
 
 _HANDLING: contextvars.ContextVar[rendering.Request | None] = contextvars.ContextVar("handling", default=None)
@@ -512,7 +521,7 @@ class HardenedEmulator(kmock.KubernetesEmulator):
             self._set(request, action=kmock.action.UPDATE)
         fault = next((f for f in self.faults if f.matches(request)), None)
         if fault is None and self.chaos is not None and self.chaos.applies(request):
-            delay, status, commit = self.chaos.draw()
+            delay, status, commit = self.chaos.draw(request)
             if delay:
                 await asyncio.sleep(delay)
             if status is not None:

@@ -1,0 +1,155 @@
+"""Issue 15 part 1: every plan says what it rests on, and precision auto never picks an unverified recipe."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from blackwell_operator.calibration import load_calibration
+from blackwell_operator.calibration.measured import load_measured
+from blackwell_operator.catalogs import get_instance, list_instances, list_presets
+from blackwell_operator.errors import SpecError
+from blackwell_operator.planner import plan_job
+from blackwell_operator.planner.provenance import recipe_ran, verdict
+from blackwell_trainer.config import Basis, Plan, Precision
+from tests.planner.conftest import make_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+B200 = "ml.p6-b200.48xlarge"
+CHOICES = ["gpu", "precision", "activationCheckpointing", "communication", "contextParallel"]
+GRID = [
+    (preset.name, instance.instance_type, nodes, seq)
+    for preset in list_presets()
+    for instance in list_instances()
+    for nodes in (1, 4, 16)
+    for seq in (4096, 32768, 131072)
+]
+
+
+@cache
+def _grid_plans(**tuning: object) -> dict[tuple[str, str, int, int], Plan]:
+    """Every preset x instance type x node count x sequence that plans (the rest are refused)."""
+    out = {}
+    for preset, instance, nodes, seq in GRID:
+        try:
+            out[(preset, instance, nodes, seq)] = plan_job(
+                make_spec(preset=preset, instance=instance, nodes=nodes, seq=seq, **tuning)
+            )
+        except SpecError:
+            continue
+    return out
+
+
+def test_auto_never_chooses_nvfp4_or_a_recipe_whose_path_never_ran() -> None:
+    plans = _grid_plans()
+    coverage = load_measured(load_calibration().name)
+    # Before issue 15, auto chose NVFP4 for 18 of these (e.g. qwen2.5-32b at 32K on 1, 4 and 16 B200 nodes).
+    assert len(plans) > 200
+    for key, plan in plans.items():
+        assert plan.chosen.precision is not Precision.NVFP4, key
+        assert recipe_ran(coverage, plan.chosen.precision_recipe), key
+        assert [c.choice for c in plan.provenance] == CHOICES, key
+        assert all(c.basis is not Basis.UNVERIFIED and c.detail for c in plan.provenance), key
+        _, reason, message = verdict(plan.provenance)
+        assert reason in {"Measured", "Modelled"}, key
+        assert any(line.startswith("provenance: ") and message in line for line in plan.explanation), key
+
+
+def test_every_blackwell_plan_says_its_gpu_and_recipe_are_modelled() -> None:
+    b200 = {k: p for k, p in _grid_plans().items() if k[1] == B200}
+    assert b200
+    for key, plan in b200.items():
+        by = {c.choice: c for c in plan.provenance}
+        assert by["gpu"].basis is Basis.MODELLED, key
+        assert "marked derived" in by["gpu"].detail, key
+        assert by["precision"].basis is Basis.MODELLED, key
+        # Where the recipe's trainer path ran: the H200 records.
+        assert "H200 (benchmarks/calibration/records/" in by["precision"].detail, key
+        assert verdict(plan.provenance)[:2] == (False, "Modelled"), key
+    qwen = b200[("qwen2.5-32b", B200, 4, 32768)]
+    assert qwen.chosen.precision is Precision.FP8
+    left_out = "precision auto left out mxfp8/mxfp8-block, nvfp4"
+    assert any(line.startswith(left_out) for line in qwen.explanation)
+
+
+def test_a_plan_on_what_the_h200_grid_measured_is_verified() -> None:
+    # One H200, Llama-3.2-1B at 4K: the issue-6 grid ran exactly this (bf16 and fp8, every AC mode).
+    plan = plan_job(make_spec(preset="llama3.2-1b", instance="ml.p5en.48xlarge", gpus_per_node=1))
+    verified, reason, message = verdict(plan.provenance)
+    assert (verified, reason) == (True, "Measured"), message
+    gpu = plan.provenance[0]
+    assert "benchmarks/calibration/records/h200-issue6" in gpu.detail
+    # Eight GPUs of the same node: the records have one or two, so the collectives are modelled.
+    eight = plan_job(make_spec(preset="llama3.2-1b", instance="ml.p5en.48xlarge"))
+    assert [c.choice for c in eight.modelled_choices] == ["communication"]
+    assert "1 x 1, 1 x 2" in eight.modelled_choices[0].detail
+
+
+@pytest.mark.parametrize("precision", ["nvfp4", "mxfp8"])
+def test_a_pinned_unverified_recipe_is_obeyed_and_the_plan_says_so(precision: str) -> None:
+    plan = plan_job(make_spec(preset="qwen2.5-32b", nodes=4, seq=32768, precision=precision))
+    assert plan.chosen.precision.value == precision
+    recipe = next(c for c in plan.provenance if c.choice == "precision")
+    assert recipe.basis is Basis.UNVERIFIED
+    assert "never ran on a GPU here" in recipe.detail and "pinned in spec.tuning.precision" in recipe.detail
+    verified, reason, message = verdict(plan.provenance)
+    assert (verified, reason) == (False, "Unverified")
+    assert message.startswith(f"unverified (trainer path never ran on a GPU here): precision {precision}/")
+
+
+def test_the_opt_in_lets_auto_choose_mxfp8_but_never_nvfp4() -> None:
+    opted = _grid_plans(allowUnverifiedRecipes=True)
+    chosen = {k: p for k, p in opted.items() if p.chosen.precision is Precision.MXFP8}
+    assert chosen, "with the opt-in, auto should find MXFP8 fastest somewhere on B200"
+    assert all(p.chosen.precision is not Precision.NVFP4 for p in opted.values())
+    for key, plan in chosen.items():
+        recipe = next(c for c in plan.provenance if c.choice == "precision")
+        assert recipe.basis is Basis.UNVERIFIED, key
+        assert "spec.tuning.allowUnverifiedRecipes is true" in recipe.detail, key
+
+
+def test_an_old_plan_without_provenance_still_loads() -> None:
+    plan = plan_job(make_spec())
+    old = json.loads(plan.to_json())
+    del old["provenance"]
+    loaded = Plan.model_validate(old)
+    assert loaded.provenance == []
+    assert verdict(loaded.provenance) == (
+        False,
+        "Unknown",
+        "the plan does not say what it rests on (made by an older planner)",
+    )
+
+
+def test_the_shipped_coverage_is_what_the_records_say() -> None:
+    # Generated by scripts/generate.sh (tests/repo/test_generated_files.py checks it is current); here:
+    # what it says about the recipes the issue names.
+    coverage = load_measured("btj-trainer")
+    ran = {c.recipe.value for c in coverage.combinations}
+    assert {"none", "torchao-tensorwise", "current", "block"} <= ran
+    assert not ran & {"mxfp8-block", "nvfp4-block"}
+    assert {c.gpu for c in coverage.combinations} == {"H200"}
+    assert all(c.nodes == 1 for c in coverage.combinations)
+    cp = [p for p in coverage.path_checks if p.feature == "context_parallel"]
+    assert [(p.degree, p.gpu, p.gpus) for p in cp] == [(2, "H200", 2)]
+    assert (ROOT / cp[0].source).is_file()
+    for combo in coverage.combinations:
+        assert all((ROOT / s).exists() for s in combo.sources)
+    assert get_instance("ml.p5en.48xlarge").gpu == "H200"
+
+
+def test_a_calibration_derived_from_a_trainers_has_its_coverage() -> None:
+    # A fit's output or a user's copy is named <trainer>-<suffix>: same trainer, same records.
+    assert load_measured("btj-trainer-h200") == load_measured("btj-trainer")
+    assert load_measured("h200-reference-fit").trainer == "h200-reference"
+    # A calibration of a trainer with no record here still plans (BF16, its own path), and says so.
+    cal = load_calibration().model_copy(update={"name": "someone-elses-trainer"})
+    plan = plan_job(make_spec(), calibration=cal)
+    assert plan.chosen.precision is Precision.BF16
+    recipe = next(c for c in plan.provenance if c.choice == "precision")
+    assert recipe.basis is Basis.UNVERIFIED
+    assert "no run of trainer someone-elses-trainer is recorded here" in recipe.detail
+    assert all(c.basis is not Basis.MEASURED for c in plan.provenance)
