@@ -341,11 +341,14 @@ async def soak(
             # not answer Kopf's merge patches with 409; the resync loop covers the event it drops).
             kopf_retries = sum(1 for line in lines if "Request attempt" in line)
             kopf_throttled = sum(1 for line in lines if "Throttling for" in line)
+            # A handler that raised kopf.TemporaryError (an API error the policy gave up on, a previous
+            # child still going): Kopf says so in one ERROR line, no traceback, and retries it.
+            kopf_temporary = sum(1 for line in lines if "failed temporarily" in line)
+            kopf_own = ("Request attempt", "Throttling for", "failed temporarily")
             errors = [
-                line[:300]
-                for line in lines
-                if "[ERROR" in line and "Request attempt" not in line and "Throttling for" not in line
+                line[:300] for line in lines if "[ERROR" in line and not any(k in line for k in kopf_own)
             ]
+            tracebacks = sum(1 for line in lines if line.startswith("Traceback"))
     return {
         "jobs": jobs,
         "chaos_seconds": chaos_s,
@@ -366,6 +369,8 @@ async def soak(
         "operator_error_lines": len(errors),
         "kopf_request_retries_logged": kopf_retries,
         "kopf_throttled_on_injected_conflicts": kopf_throttled,
+        "kopf_temporary_failures_logged": kopf_temporary,
+        "tracebacks_logged": tracebacks,
         "operator_error_samples": errors[:5],
     }
 

@@ -104,5 +104,19 @@ def test_a_checkpoint_larger_than_the_pods_memory_is_refused_offline(
     assert result.exit_code == 2
     (line,) = result.stderr.strip().splitlines()
     # Two of the node's eight GPUs: the pod requests a quarter of 75% of 2 TiB.
-    assert "loading the checkpoint's 1,800.0 GB needs 1,800.0 GB of host memory per node" in line
+    # Plus the export's buffer: one 2 GiB file (the tiny model's tensors are far smaller).
+    assert "loading the checkpoint's 1,800.0 GB needs 1,802.1 GB of host memory per node" in line
     assert "more than the trainer pod's 412.3 GB. Fix: shard the model" in line
+
+
+def test_the_checkpoints_dtype_is_the_one_the_export_budget_uses(checkpoint: Path, tmp_path: Path) -> None:
+    from blackwell_operator.cli.checkpoint import read_checkpoint
+    from blackwell_operator.models.spec import BlackwellTrainingJobSpec
+
+    spec = BlackwellTrainingJobSpec.model_validate(
+        yaml.safe_load(job(checkpoint.parent, {"weights": {"uri": str(checkpoint)}}).read_text())["spec"]
+    )
+    facts = read_checkpoint(spec)
+    assert facts is not None and facts.export_dtype == "float32"  # saved by transformers in float32
+    config = json.loads((checkpoint / "config.json").read_text())
+    assert config.get("dtype", config.get("torch_dtype")) == "float32"

@@ -13,6 +13,10 @@ OPERATOR = ROOT / "operator" / "src" / "blackwell_operator"
 TRAINER = ROOT / "trainer_image" / "src" / "blackwell_trainer"
 PURE_PACKAGES = ("planner", "render", "models", "catalogs", "calibration", "calibrate")
 CLUSTER_CLIENTS = {"kopf", "kubernetes", "boto3", "botocore", "aiohttp"}
+# The trainer's wire contracts, the only trainer modules the operator may import: the plan (config) and
+# the prepared data's manifest (shard_manifest, which `btj plan` checks as the trainer does). Both are pure
+# pydantic, so the operator image, which has no torch, can import them.
+OPERATOR_VISIBLE = {"blackwell_trainer.config", "blackwell_trainer.shard_manifest"}
 
 
 def imported_modules(path: Path) -> Iterator[str]:
@@ -52,11 +56,32 @@ def test_trainer_never_imports_the_operator() -> None:
     assert not offenders, sorted(offenders)
 
 
-def test_operator_imports_only_the_trainers_config_module() -> None:
+def test_operator_imports_only_the_trainers_wire_contracts() -> None:
     offenders = {
         f"{path.relative_to(ROOT)} imports {mod}"
         for path in sorted(OPERATOR.rglob("*.py"))
         for mod in imported_modules(path)
-        if top(mod) == "blackwell_trainer" and mod != "blackwell_trainer.config"
+        if top(mod) == "blackwell_trainer" and mod not in OPERATOR_VISIBLE
     }
     assert not offenders, sorted(offenders)
+
+
+@pytest.mark.parametrize("module", sorted(OPERATOR_VISIBLE))
+def test_the_wire_contracts_import_only_pydantic_and_each_other(module: str) -> None:
+    import sys
+
+    path = TRAINER / f"{module.rsplit('.', 1)[1]}.py"
+    tree = ast.parse(path.read_text(), filename=str(path))
+    relative = {
+        f"blackwell_trainer.{node.module}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module
+    }
+    outside = {
+        mod
+        for mod in {*imported_modules(path), *relative}
+        if top(mod) not in sys.stdlib_module_names
+        and top(mod) not in {"__future__", "pydantic"}
+        and mod not in OPERATOR_VISIBLE
+    }
+    assert not outside, f"{module} imports {sorted(outside)}: the operator image could not import it"

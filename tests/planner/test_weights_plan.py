@@ -15,7 +15,7 @@ from blackwell_operator.planner.weights import (
     VOLUME_BYTES_PER_SECOND,
     largest_tensor_elements,
 )
-from blackwell_trainer.config import Plan, WeightsSource
+from blackwell_trainer.config import EXPORT_FILE_BYTES, Plan, WeightsSource
 
 FSX = {"name": "fsx", "claimName": "fsx-claim", "mountPath": "/fsx"}
 LLAMA_8B = get_preset("llama3.1-8b")
@@ -69,7 +69,22 @@ def test_s3_weights_download_whole_to_each_nodes_nvme() -> None:
     # Hybrid sharding within each node: every node holds, so reads, the whole checkpoint once.
     assert (plan.chosen.sharding.value, plan.chosen.shard_degree) == ("hybrid", 8)
     assert load.node_read_bytes == size
-    assert load.host_memory_bytes == size + 4 * largest_tensor_elements(LLAMA_8B.architecture)
+    # Plus the export's buffer: one 2 GiB file, more than the largest tensor (the 1.05 GB bf16 embedding).
+    assert 2 * largest_tensor_elements(LLAMA_8B.architecture) < EXPORT_FILE_BYTES
+    assert load.host_memory_bytes == size + 2 * 2**30
+
+
+@pytest.mark.parametrize(("dtype", "itemsize"), [("bfloat16", 2), ("float32", 4)])
+def test_the_export_buffer_is_the_exporters_rule_in_the_checkpoints_dtype(dtype: str, itemsize: int) -> None:
+    # A vocabulary of 262,144 at width 8,192: the embedding (2.1 G elements) is larger than one export file.
+    arch = LLAMA_8B.architecture.model_copy(update={"hidden_size": 8192, "vocab_size": 262144})
+    facts = CheckpointFacts(architecture=arch, size_bytes=40 * 10**9, export_dtype=dtype)
+    plan = plan_job(spec("/fsx/models/wide", model={"preset": None}, sharding="full"), checkpoint=facts)
+    assert plan.weights is not None and plan.weights.load is not None
+    load = plan.weights.load
+    embedding = itemsize * 262144 * 8192
+    assert largest_tensor_elements(arch) == 262144 * 8192 and embedding > EXPORT_FILE_BYTES
+    assert load.host_memory_bytes == load.node_read_bytes + embedding
 
 
 def test_full_sharding_over_nodes_splits_what_each_node_reads() -> None:

@@ -10,6 +10,7 @@ torch.distributed.checkpoint step, not through the export.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -22,7 +23,8 @@ import torch
 from blackwell_trainer.config import Plan
 from blackwell_trainer.data import DataLayout, build_token_source
 from blackwell_trainer.prepare import Options, prepare
-from blackwell_trainer.shard_manifest import ShardManifest
+from blackwell_trainer.shard_manifest import ShardManifest, tokenizer_sha256
+from blackwell_trainer.weights_load import check_data_tokenizer
 
 from .hf_models import architecture_of, empty_trainer_model, hf_logits, save_hf_model, trainer_logits
 from .test_train_e2e import RUN_TIMEOUT_S, complete_steps, edit_plan, run_to_end, write_plan
@@ -176,3 +178,65 @@ def test_a_manifest_that_does_not_match_the_plan_is_one_permanent_error(
     assert errors == [f"error: {expected}"], refused.stderr[-3000:]
     assert termination.read_text() == f"permanent error: {expected}\n"
     assert "Traceback" not in refused.stderr
+
+
+def other_tokenizer_checkpoint(prepared: Prepared, folder: Path, *, tokenizer: bool = True) -> Path:
+    """The same weights with another tokenizer.json beside them (or none): what a mixed-up upload holds."""
+    copy = folder / "Llama-tiny-other"
+    copy.mkdir()
+    for f in prepared.checkpoint.iterdir():
+        if not f.name.startswith("tokenizer"):
+            (copy / f.name).write_bytes(f.read_bytes())
+    if tokenizer:
+        save_tokenizer(copy, vocab_size=280)
+    return copy
+
+
+def test_shards_of_another_tokenizer_are_one_permanent_error_before_the_load(
+    prepared: Prepared, tmp_path: Path
+) -> None:
+    plan = finetune_plan(tmp_path, prepared, nproc=1)
+    other = other_tokenizer_checkpoint(prepared, tmp_path)
+    edit_plan(plan, lambda p: p.update(weights={"uri": str(other)}))
+    termination = tmp_path / "termination-log"
+    refused = subprocess.run(
+        [sys.executable, "-m", "blackwell_trainer", "--plan", str(plan)],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        env={**os.environ, "BTJ_TERMINATION_LOG": str(termination)},
+    )
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    ours, theirs = prepared.manifest.tokenizer_sha256, tokenizer_sha256(other / "tokenizer.json")
+    assert ours != theirs
+    expected = (
+        f"dataset.uri {prepared.shards} was tokenized with another tokenizer than weights.uri {other}: "
+        f"manifest.json tokenizerSha256 {ours}, the checkpoint's tokenizer.json {theirs}; prepare the data "
+        f"again with the checkpoint's tokenizer (python -m blackwell_trainer.prepare ... --tokenizer {other})"
+    )
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [f"error: {expected}"], refused.stderr[-3000:]
+    assert termination.read_text() == f"permanent error: {expected}\n"
+    # Refused before the weights were read and before any step.
+    assert "loaded " not in refused.stderr and "step 1/" not in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
+def test_the_tokenizer_check_passes_the_checkpoints_own_and_says_what_it_cannot_check(
+    prepared: Prepared, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="blackwell_trainer.weights_load")
+    uri = str(prepared.shards)
+    check_data_tokenizer(str(prepared.checkpoint), uri, prepared.manifest)
+    assert f"was prepared with weights.uri {prepared.checkpoint}'s tokenizer.json" in caplog.text
+    # A checkpoint without tokenizer.json, or shards without a manifest: a warning, and training goes on.
+    bare = other_tokenizer_checkpoint(prepared, tmp_path, tokenizer=False)
+    check_data_tokenizer(str(bare), uri, prepared.manifest)
+    check_data_tokenizer(str(prepared.checkpoint), uri, None)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        f"weights.uri {bare} has no tokenizer.json: the tokenizer dataset.uri {uri} was prepared with "
+        f"(sha256 {prepared.manifest.tokenizer_sha256}) is not checked against it",
+        f"dataset.uri {uri} has no manifest.json: its tokenizer is not checked against weights.uri "
+        f"{prepared.checkpoint}",
+    ]

@@ -342,3 +342,36 @@ def test_the_export_command_refuses_a_folder_without_a_checkpoint(
     rc = export_main(["--plan", str(tmp_path / "plan.json"), "--checkpoint", str(tmp_path), "--output", "x"])
     assert rc == 2
     assert "no complete checkpoint there" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_export_holds_at_most_the_rule_the_planner_budgets(
+    dtype: torch.dtype, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from blackwell_trainer import weights_export
+    from blackwell_trainer.config import export_host_bytes
+
+    # Tensors of 1, 3, 2 and 7 thousand elements against files of at most 5,000 elements' bytes: the
+    # writer's buffer is one file's worth, except the tensor larger than a file, which is held alone.
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    sizes = [1000, 3000, 2000, 7000]
+    tensors = [
+        weights_export.ExportTensor(f"t{i}", (n,), lambda n=n: torch.ones(n)) for i, n in enumerate(sizes)
+    ]
+    held: list[int] = []
+    save = weights_export._save_safetensors
+
+    def recording(buffer: dict[str, torch.Tensor], path: Path) -> None:
+        held.append(sum(t.numel() * t.element_size() for t in buffer.values()))
+        save(buffer, path)
+
+    monkeypatch.setattr(weights_export, "_save_safetensors", recording)
+    limit = 5000 * itemsize
+    error = weights_export.write_hf(
+        tensors, str(tmp_path / "out"), config={}, dtype=dtype, max_shard_bytes=limit
+    )
+    assert error is None
+    assert sum(held) == sum(sizes) * itemsize and len(held) == 3
+    assert max(held) == 7000 * itemsize == export_host_bytes(7000 * itemsize, limit)
+    assert all(h <= export_host_bytes(max(sizes) * itemsize, limit) for h in held)
+    assert export_host_bytes(1000 * itemsize, limit) == limit  # small tensors: one file's worth

@@ -20,6 +20,14 @@ DEFAULT_METRICS_PORT = 9400
 # data or a checkpoint that does not match the plan): the operator then fails the BlackwellTrainingJob at
 # once and deletes its child instead of letting torchrun and the pods retry it.
 PERMANENT_ERROR_PREFIX = "permanent error: "
+# The weights export (weights_export) writes safetensors files of at most this many bytes; its writing rank
+# buffers one file's worth in host memory before writing it, and a tensor larger than that gets a file of
+# its own. The planner budgets the node's memory by the same rule (export_host_bytes).
+EXPORT_FILE_BYTES = 2 * 2**30
+# The dtypes an export can be written in (config.json's `dtype`, `torch_dtype` before transformers 5), bytes
+# per element; without one named there the export is bfloat16, what Llama 3.x, Qwen2.5 and Mistral ship.
+EXPORT_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DEFAULT_EXPORT_DTYPE = "bfloat16"
 
 
 class WireModel(BaseModel):
@@ -212,6 +220,18 @@ def hf_sliding_window(config: Mapping[str, Any]) -> int | None:
     if config.get("model_type") == "qwen2" and not config.get("use_sliding_window", False):
         return None
     return int(window)
+
+
+def export_dtype_name(hf_config: Mapping[str, Any] | None) -> str:
+    """The dtype the export writes: the one the input checkpoint's config.json names, else bfloat16."""
+    value = str(hf_config.get("dtype", hf_config.get("torch_dtype"))) if hf_config else None
+    return value if value in EXPORT_DTYPE_BYTES else DEFAULT_EXPORT_DTYPE
+
+
+def export_host_bytes(largest_tensor_bytes: int, file_bytes: int = EXPORT_FILE_BYTES) -> int:
+    """The most host memory the export's writing rank holds: one output file's worth, or the largest
+    tensor (in the export dtype) when that is larger."""
+    return max(file_bytes, largest_tensor_bytes)
 
 
 def architecture_from_hf_config(

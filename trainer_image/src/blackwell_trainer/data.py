@@ -20,7 +20,13 @@ import torch
 from blackwell_trainer.config import DatasetConfig, DatasetKind
 from blackwell_trainer.errors import DataError as DataError  # re-exported: the data source's error
 from blackwell_trainer.shard_cache import cache_dir, download_once
-from blackwell_trainer.shard_manifest import MANIFEST_NAME, ManifestMismatch, ShardManifest, check_manifest
+from blackwell_trainer.shard_manifest import (
+    MANIFEST_NAME,
+    ManifestMismatch,
+    ShardManifest,
+    check_manifest,
+    parse_manifest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -165,9 +171,17 @@ class ShardTokenSource:
     """
 
     def __init__(
-        self, shards: Sequence[Shard], *, token_dtype: str, seed: int, uri: str, layout: DataLayout
+        self,
+        shards: Sequence[Shard],
+        *,
+        token_dtype: str,
+        seed: int,
+        uri: str,
+        layout: DataLayout,
+        manifest: ShardManifest | None = None,
     ) -> None:
         self.dtype = np.dtype(token_dtype)
+        self.manifest = manifest  # the checked manifest.json, if the data set has one
         self.seed = seed
         self.sequence_length = sequence_length = layout.sequence_length
         self.vocab_size = layout.vocab_size
@@ -290,12 +304,9 @@ def _quietly(fetch: Callable[[], Path]) -> None:
 
 def _parse_manifest(text: str, uri: str) -> ShardManifest:
     try:
-        return ShardManifest.model_validate_json(text)
-    except ValueError as err:
-        raise DataError(
-            f"dataset.uri {uri}: {MANIFEST_NAME} is not a shard manifest ({str(err).splitlines()[0]}); "
-            "copy the one `python -m blackwell_trainer.prepare` wrote"
-        ) from err
+        return parse_manifest(text, uri)
+    except ManifestMismatch as err:
+        raise DataError(str(err)) from None
 
 
 def _local_shards(root: Path, itemsize: int) -> tuple[list[Shard], ShardManifest | None]:
@@ -385,5 +396,5 @@ def build_token_source(dataset: DatasetConfig, layout: DataLayout) -> TokenSourc
     if not shards:
         raise DataError(f"dataset.uri {uri} holds no *.bin token shards; upload shards or fix the uri")
     return ShardTokenSource(
-        shards, token_dtype=dataset.token_dtype, seed=dataset.seed, uri=uri, layout=layout
+        shards, token_dtype=dataset.token_dtype, seed=dataset.seed, uri=uri, layout=layout, manifest=manifest
     )

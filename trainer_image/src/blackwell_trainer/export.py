@@ -20,7 +20,7 @@ import torch
 
 from .checkpoint import CheckpointError, list_complete, read_complete
 from .config import Plan
-from .hf_layout import config_dtype, export_config, hf_name
+from .hf_layout import export_config, export_dtype, hf_name
 from .model import build_model
 from .weights_export import DEFAULT_MAX_SHARD_BYTES, ExportTensor, input_checkpoint, write_hf
 from .weights_store import WeightsError
@@ -90,11 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         step_dir = resolve_step(Path(args.checkpoint))
         weights_uri = args.weights or (plan.weights.uri if plan.weights else None)
         base, tokenizer = input_checkpoint(weights_uri)
-        dtype = (
-            getattr(torch, args.dtype)
-            if args.dtype
-            else (config_dtype(base) if base else None) or torch.bfloat16
-        )
+        dtype = getattr(torch, args.dtype) if args.dtype else export_dtype(base)
         config = export_config(plan.architecture, dtype=dtype, max_positions=plan.sequence_length, base=base)
         error = write_hf(
             checkpoint_tensors(step_dir, plan),

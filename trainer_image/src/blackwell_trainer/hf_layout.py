@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .config import Architecture
+from .config import Architecture, export_dtype_name
 
 CONFIG_FILE = "config.json"
 INDEX_FILE = "model.safetensors.index.json"
@@ -84,11 +84,9 @@ def our_name(name: str) -> str | None:
     return None
 
 
-def config_dtype(config: dict[str, Any]) -> torch.dtype | None:
-    """The dtype a config.json says its tensors are stored in (`dtype` in transformers 5, `torch_dtype`
-    before), or None when it names none the trainer writes."""
-    value = config.get("dtype", config.get("torch_dtype"))
-    return DTYPES.get(str(value)) if value is not None else None
+def export_dtype(config: dict[str, Any] | None) -> torch.dtype:
+    """The dtype an export of a checkpoint with this config.json (None: random init) is written in."""
+    return DTYPES[export_dtype_name(config)]
 
 
 def dtype_name(dtype: torch.dtype) -> str:

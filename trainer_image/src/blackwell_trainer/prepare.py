@@ -25,7 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from blackwell_trainer.shard_manifest import ITEMSIZE, MANIFEST_NAME, ShardEntry, ShardManifest
+from blackwell_trainer.shard_manifest import (
+    ITEMSIZE,
+    MANIFEST_NAME,
+    ShardEntry,
+    ShardManifest,
+    tokenizer_sha256,
+)
 from blackwell_trainer.text_inputs import InputError, Unit, documents, expand_inputs, input_format, plan_units
 
 log = logging.getLogger("blackwell_trainer.prepare")
@@ -103,7 +109,7 @@ def load_tokenizer_info(path: Path, eos_token: str | None) -> TokenizerInfo:
     vocab = tokenizer.get_vocab_size(with_added_tokens=True)
     if not 0 <= eos_id < vocab:
         raise PrepareError(f"EOS id {eos_id} is outside the tokenizer's vocabulary of {vocab}")
-    return TokenizerInfo(file, hashlib.sha256(file.read_bytes()).hexdigest(), vocab, eos_id)
+    return TokenizerInfo(file, tokenizer_sha256(file), vocab, eos_id)
 
 
 def choose_dtype(requested: str, vocab_size: int) -> str:

@@ -1,8 +1,14 @@
-"""The manifest.json beside prepared token shards, and the trainer's check of it against the plan."""
+"""The manifest.json beside prepared token shards, and the checks of it against the plan and the weights.
+
+Pure (pydantic and the standard library): the trainer checks a data set with it before the first step, and
+`btj plan` checks a folder it can read with the same code, so both refuse with the same line.
+"""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
@@ -14,6 +20,7 @@ MANIFEST_FORMAT: Literal["btj-token-shards"] = "btj-token-shards"
 MANIFEST_VERSION: Literal[1] = 1
 TOKEN_DTYPES = ("uint16", "uint32")
 ITEMSIZE = {"uint16": 2, "uint32": 4}
+TOKENIZER_FILE = "tokenizer.json"
 
 
 class ManifestMismatch(ValueError):
@@ -51,6 +58,17 @@ class ShardManifest(WireModel):
     settings: dict[str, str] = Field(
         default_factory=dict, description="The inputs and options of the run, to refuse a mismatched resume."
     )
+
+
+def parse_manifest(text: str, uri: str) -> ShardManifest:
+    """The manifest.json of the data set at `uri`; ManifestMismatch when it is not one."""
+    try:
+        return ShardManifest.model_validate_json(text)
+    except ValueError as err:
+        raise ManifestMismatch(
+            f"dataset.uri {uri}: {MANIFEST_NAME} is not a shard manifest ({str(err).splitlines()[0]}); "
+            "copy the one `python -m blackwell_trainer.prepare` wrote"
+        ) from None
 
 
 def check_manifest(
@@ -94,4 +112,23 @@ def check_manifest(
         raise ManifestMismatch(
             f"{where} holds {strays[0]}, which {MANIFEST_NAME} does not list ({len(strays)} such file(s)); "
             "remove files of other data sets from the folder or prepare them together"
+        )
+
+
+def tokenizer_sha256(path: Path) -> str:
+    """SHA-256 of a tokenizer.json's bytes: what the manifest records and the weights' copy is compared by."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def check_tokenizer(manifest: ShardManifest, weights_sha256: str, *, uri: str, weights_uri: str) -> None:
+    """Raise ManifestMismatch when the shards at `uri` were tokenized with another tokenizer.json than the
+    one of the initial weights at `weights_uri` (their ids would mean other tokens to the model)."""
+    if manifest.tokenizer_sha256 != weights_sha256:
+        # prepare reads a local tokenizer: for S3 weights, a downloaded copy of the folder.
+        folder = "<a local copy of it>" if weights_uri.startswith("s3://") else weights_uri
+        raise ManifestMismatch(
+            f"dataset.uri {uri} was tokenized with another tokenizer than weights.uri {weights_uri}: "
+            f"{MANIFEST_NAME} tokenizerSha256 {manifest.tokenizer_sha256}, the checkpoint's {TOKENIZER_FILE} "
+            f"{weights_sha256}; prepare the data again with the checkpoint's tokenizer "
+            f"(python -m blackwell_trainer.prepare ... --tokenizer {folder})"
         )

@@ -453,8 +453,12 @@ def _resume_or_start(
         source.load_state_dict(extra["data"])
         log.info("resumed at step %d", trainer.step_index)
     elif plan.weights is not None:  # the job's own checkpoint wins; the initial weights start it
-        from .weights_load import load_pretrained
+        from .data import ShardTokenSource
+        from .weights_load import check_data_tokenizer, load_pretrained
 
+        # Before the (long) load: shards of another tokenizer would train the model on the wrong ids.
+        if isinstance(source, ShardTokenSource):  # synthetic tokens belong to no tokenizer
+            check_data_tokenizer(plan.weights.uri, source.uri, source.manifest)
         loaded = load_pretrained(trainer.model, plan.weights.uri, plan.architecture, plan.sequence_length)
         metrics.record_weights_load(loaded.seconds)
 

@@ -24,14 +24,14 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from .checkpoint import StorageFailed
-from .config import Architecture
-from .hf_layout import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, clean_fqn, config_dtype, export_config, hf_name
+from .config import EXPORT_FILE_BYTES, Architecture
+from .hf_layout import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, clean_fqn, export_config, export_dtype, hf_name
 from .weights_store import S3Prefix, WeightsError, open_checkpoint, s3_client
 
 log = logging.getLogger(__name__)
 
 # At most this many bytes per safetensors file (the writer's buffer); Hugging Face's default is 5 GB.
-DEFAULT_MAX_SHARD_BYTES = 2 * 2**30
+DEFAULT_MAX_SHARD_BYTES = EXPORT_FILE_BYTES
 SHARD_FILE = "model-{index:05d}-of-{total:05d}.safetensors"
 
 
@@ -268,7 +268,7 @@ def export_model(
 
     started = time.perf_counter()
     base, tokenizer = input_checkpoint(weights_uri)  # on every rank: an error there is raised by all
-    dtype = (config_dtype(base) if base else None) or torch.bfloat16
+    dtype = export_dtype(base)
     config = export_config(arch, dtype=dtype, max_positions=sequence_length, base=base)
     error = write_hf(
         model_tensors(model, dtype),

@@ -14,7 +14,9 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from .config import Architecture, HfConfigError, architecture_from_hf_config, architecture_mismatch
+from .data import DataError
 from .hf_layout import IGNORED_HF_SUFFIXES, clean_fqn, hf_name
+from .shard_manifest import TOKENIZER_FILE, ManifestMismatch, ShardManifest, check_tokenizer, tokenizer_sha256
 from .weights_store import HfCheckpoint, WeightsError, open_checkpoint
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,47 @@ def check_architecture(checkpoint: HfCheckpoint, arch: Architecture, sequence_le
             f"weights.uri {checkpoint.uri}: {mismatch}; plan with the checkpoint's architecture "
             "(btj plan reads it from a local folder) or point weights.uri at the right checkpoint"
         )
+
+
+def check_data_tokenizer(weights_uri: str, dataset_uri: str, manifest: ShardManifest | None) -> None:
+    """Refuse token shards prepared with another tokenizer.json than the initial weights' (DataError).
+
+    Where either side has no tokenizer to compare (shards without a manifest, a checkpoint without a
+    tokenizer.json), nothing can be checked: one warning says so and training goes on.
+    """
+    if manifest is None:
+        log.warning(
+            "dataset.uri %s has no manifest.json: its tokenizer is not checked against weights.uri %s",
+            dataset_uri,
+            weights_uri,
+        )
+        return
+    # config.json and the tokenizer files only (on S3: these small files, not the tensors).
+    theirs = next(
+        (f for f in open_checkpoint(weights_uri, tensors=False).tokenizer_files if f.name == TOKENIZER_FILE),
+        None,
+    )
+    if theirs is None:
+        log.warning(
+            "weights.uri %s has no %s: the tokenizer dataset.uri %s was prepared with (sha256 %s) is not "
+            "checked against it",
+            weights_uri,
+            TOKENIZER_FILE,
+            dataset_uri,
+            manifest.tokenizer_sha256,
+        )
+        return
+    try:
+        check_tokenizer(manifest, tokenizer_sha256(theirs), uri=dataset_uri, weights_uri=weights_uri)
+    except ManifestMismatch as err:
+        raise DataError(str(err)) from None
+    log.info(
+        "dataset.uri %s was prepared with weights.uri %s's %s (sha256 %s)",
+        dataset_uri,
+        weights_uri,
+        TOKENIZER_FILE,
+        manifest.tokenizer_sha256,
+    )
 
 
 def local_region(tensor: torch.Tensor) -> tuple[slice, ...]:

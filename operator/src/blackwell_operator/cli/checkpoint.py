@@ -9,7 +9,7 @@ from blackwell_operator.errors import SpecError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner import CheckpointFacts
 from blackwell_operator.planner.storage import WEIGHTS_FIELD
-from blackwell_trainer.config import HfConfigError, architecture_from_hf_config
+from blackwell_trainer.config import HfConfigError, architecture_from_hf_config, export_dtype_name
 
 CONFIG_FILE = "config.json"
 HF_FOLDER = "a Hugging Face checkpoint folder (config.json and *.safetensors)"
@@ -51,4 +51,8 @@ def read_checkpoint(spec: BlackwellTrainingJobSpec) -> CheckpointFacts | None:
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise SpecError(WEIGHTS_FIELD, f"{folder} holds no *.safetensors files", f"point it at {HF_FOLDER}")
-    return CheckpointFacts(architecture=architecture, size_bytes=sum(f.stat().st_size for f in files))
+    return CheckpointFacts(
+        architecture=architecture,
+        size_bytes=sum(f.stat().st_size for f in files),
+        export_dtype=export_dtype_name(config),
+    )

@@ -199,7 +199,9 @@ def plan(
     job = load_manifest_or_fail(file)
     spec, backend_note = resolve_offline(job.spec, backend)
     from blackwell_operator.cli.checkpoint import read_checkpoint
+    from blackwell_operator.cli.dataset import check_local_dataset
     from blackwell_operator.planner import plan_job
+    from blackwell_trainer.shard_manifest import ManifestMismatch
 
     try:
         result = plan_job(
@@ -209,8 +211,12 @@ def plan(
             checkpoint=read_checkpoint(spec),
             cluster=cluster.corrector(spec.cluster.instance_type) if cluster else None,
         )
+        # Prepared data readable here is checked as the trainer will check it, in the trainer's words.
+        check_local_dataset(result)
     except SpecError as exc:
         fail(exc.message)
+    except ManifestMismatch as exc:
+        fail(str(exc))
     if output is PlanFormat.JSON:
         typer.echo(result.to_json())
     elif output is PlanFormat.YAML:

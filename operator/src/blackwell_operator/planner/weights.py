@@ -8,7 +8,8 @@ spread over all the files). The export streams one tensor at a time through the 
 - it reads the union of its ranks' slices: the whole checkpoint when a shard group fits in the node
   (hybrid or no sharding), else gpus_per_node / shard_degree of it;
 - host memory holds those pages while they are read (the page cache is charged to the pod's memory cgroup),
-  plus one full tensor in fp32 on the export's writer: the largest tensor;
+  plus what the export's writer buffers, by the exporter's own rule (config.export_host_bytes): one
+  output file's worth (2 GiB), or the largest tensor in the export dtype when that is larger;
 - NVMe holds the whole checkpoint when it comes from S3, nothing otherwise.
 
 Bandwidths (docs/fine-tuning.md has the sources):
@@ -32,18 +33,20 @@ from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner.layout import Hardware
 from blackwell_operator.planner.storage import NODE_LOCAL, WEIGHTS_FIELD, on
 from blackwell_trainer.config import (
+    DEFAULT_EXPORT_DTYPE,
+    EXPORT_DTYPE_BYTES,
     Architecture,
     WeightsConfig,
     WeightsLoad,
     WeightsSource,
     architecture_mismatch,
+    export_host_bytes,
 )
 
 S3_BYTES_PER_SECOND_PER_NODE = 10 * 5e9 / 8
 VOLUME_BYTES_PER_SECOND = 1.2 * 250e6
 # A bf16 checkpoint (what Llama 3.x, Qwen2.5 and Mistral ship) holds two bytes per parameter.
 ESTIMATED_BYTES_PER_PARAMETER = 2
-FP32_BYTES = 4
 # The trainer's S3 shard cache keeps this share of the node's NVMe free (data.DEFAULT_CACHE_KEEP_FREE).
 CACHE_KEEP_FREE_FRACTION = 0.10
 GB = 1e9
@@ -51,10 +54,12 @@ GB = 1e9
 
 @dataclass(frozen=True)
 class CheckpointFacts:
-    """What the plan's maker could read of the checkpoint: its architecture and its size."""
+    """What the plan's maker could read of the checkpoint: its architecture, its size and the dtype its
+    config.json names (which the export writes; bfloat16 where it names none or was not read)."""
 
     architecture: Architecture | None = None
     size_bytes: int | None = None
+    export_dtype: str = DEFAULT_EXPORT_DTYPE
 
 
 def with_checkpoint_architecture(
@@ -93,6 +98,11 @@ def largest_tensor_elements(arch: Architecture) -> int:
     return max(arch.vocab_size * h, h * arch.intermediate_size, h * arch.num_attention_heads * d)
 
 
+def export_buffer_bytes(arch: Architecture, facts: CheckpointFacts) -> int:
+    """Host memory the export's writing rank holds at most (the exporter's own rule)."""
+    return export_host_bytes(EXPORT_DTYPE_BYTES[facts.export_dtype] * largest_tensor_elements(arch))
+
+
 def source_of(uri: str) -> WeightsSource:
     """Where a weights URI reads from."""
     if uri.startswith("s3://"):
@@ -123,7 +133,7 @@ def predict_load(
         node_read_bytes=node_read,
         bandwidth_bytes_per_second=bandwidth,
         load_seconds=None if seconds is None else round(seconds, 1),
-        host_memory_bytes=node_read + FP32_BYTES * largest_tensor_elements(arch),
+        host_memory_bytes=node_read + export_buffer_bytes(arch, facts),
         host_memory_limit_bytes=hw.instance.pod_memory_bytes(hw.gpus_per_node),
         node_disk_bytes=checkpoint if source is WeightsSource.S3 else 0,
         node_disk_limit_bytes=int(hw.instance.local_nvme_bytes * (1 - CACHE_KEEP_FREE_FRACTION)),
@@ -145,7 +155,7 @@ def check_load(load: WeightsLoad, hw: Hardware) -> None:
         raise PlanningError(
             WEIGHTS_FIELD,
             f"loading {size} needs {load.host_memory_bytes / GB:,.1f} GB of host memory per node (the "
-            f"{load.node_read_bytes / GB:,.1f} GB its ranks read, plus the largest tensor in fp32), more "
+            f"{load.node_read_bytes / GB:,.1f} GB its ranks read, plus the export's buffer), more "
             f"than the trainer pod's {load.host_memory_limit_bytes / GB:,.1f} GB",
             "shard the model over more GPUs (spec.tuning.sharding: full, or more spec.cluster.nodes)",
         )

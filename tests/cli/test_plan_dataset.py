@@ -1,0 +1,120 @@
+"""`btj plan` checks a prepared data set it can read as the trainer will, refusing in the trainer's words."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from blackwell_operator.cli import _register_commands, app
+from blackwell_trainer.config import DatasetConfig, DatasetKind
+from blackwell_trainer.data import DataError, DataLayout, build_token_source
+from blackwell_trainer.prepare import Options, prepare
+from blackwell_trainer.weights_load import check_data_tokenizer
+from tests.cli.test_plan_weights import job
+from tests.trainer.hf_models import save_hf_model
+from tests.trainer.text_data import make_documents, save_tokenizer
+
+_register_commands()
+runner = CliRunner()
+VOCAB = 320  # the model's rows; the tokenizer uses 300 of them
+
+
+@pytest.fixture(scope="module")
+def fsx(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A mounted volume holding a checkpoint with its tokenizer and text prepared with that tokenizer."""
+    root = tmp_path_factory.mktemp("fsx")
+    save_hf_model("llama3.1", root / "llama", vocab_size=VOCAB)
+    save_tokenizer(root / "llama")
+    corpus = root / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in make_documents(200)))
+    prepare(Options(inputs=[str(corpus)], output=root / "shards", tokenizer=root / "llama", chunk_bytes=4096))
+    return root
+
+
+def plan(weights: Path, shards: Path, dtype: str = "uint16") -> tuple[int, str]:
+    """`btj plan` of a job mounting one volume that holds both (pytest's temporary root)."""
+    volume = Path(os.path.commonpath([weights, shards]))
+    dataset = {"kind": "shards", "uri": str(shards), "tokenDtype": dtype}
+    result = runner.invoke(
+        app, ["plan", str(job(volume, {"weights": {"uri": str(weights)}}, dataset=dataset))]
+    )
+    return result.exit_code, result.stderr.strip()
+
+
+def trainers_line(shards: Path, dtype: str = "uint16", vocab: int = VOCAB) -> str:
+    """What the trainer says of the same data set at start (its stderr line)."""
+    with pytest.raises(DataError) as caught:
+        build_token_source(
+            DatasetConfig(kind=DatasetKind.SHARDS, uri=str(shards), token_dtype=dtype),
+            DataLayout(micro_batch_size=1, sequence_length=16, vocab_size=vocab),
+        )
+    return f"error: {caught.value}"
+
+
+def test_data_prepared_with_the_checkpoints_tokenizer_plans(fsx: Path) -> None:
+    code, err = plan(fsx / "llama", fsx / "shards")
+    assert code == 0, err
+
+
+def test_another_token_dtype_is_refused_in_the_trainers_words(fsx: Path) -> None:
+    code, err = plan(fsx / "llama", fsx / "shards", dtype="uint32")
+    assert code == 2
+    assert err == trainers_line(fsx / "shards", dtype="uint32")
+    assert err.endswith("set spec.training.dataset.tokenDtype: uint16")
+
+
+def test_a_vocabulary_larger_than_the_models_is_refused_in_the_trainers_words(
+    fsx: Path, tmp_path: Path
+) -> None:
+    small = tmp_path / "small"
+    save_hf_model("llama3.1", small, vocab_size=256)  # no tokenizer: only the vocabulary can be compared
+    shutil.copytree(fsx / "shards", tmp_path / "shards")
+    code, err = plan(small, tmp_path / "shards")
+    assert code == 2
+    assert err == trainers_line(tmp_path / "shards", vocab=256)
+    assert "larger than the model's vocabSize 256" in err
+
+
+def test_a_missing_shard_is_refused_in_the_trainers_words(fsx: Path, tmp_path: Path) -> None:
+    shards = tmp_path / "shards"
+    shutil.copytree(fsx / "shards", shards)
+    next(iter(sorted(shards.glob("*.bin")))).unlink()
+    code, err = plan(fsx / "llama", shards)
+    assert code == 2 and err == trainers_line(shards)
+
+
+def test_another_tokenizer_than_the_weights_is_refused_in_the_trainers_words(
+    fsx: Path, tmp_path: Path
+) -> None:
+    other = tmp_path / "other"
+    shutil.copytree(fsx / "llama", other)
+    save_tokenizer(other, vocab_size=280)  # same weights, another tokenizer.json
+    shutil.copytree(fsx / "shards", tmp_path / "shards")
+    code, err = plan(other, tmp_path / "shards")
+    assert code == 2
+    manifest = build_token_source(
+        DatasetConfig(kind=DatasetKind.SHARDS, uri=str(tmp_path / "shards"), token_dtype="uint16"),
+        DataLayout(micro_batch_size=1, sequence_length=16, vocab_size=VOCAB),
+    ).manifest  # type: ignore[attr-defined]
+    with pytest.raises(DataError) as caught:
+        check_data_tokenizer(str(other), str(tmp_path / "shards"), manifest)
+    assert err == f"error: {caught.value}"
+    assert "was tokenized with another tokenizer than weights.uri" in err
+
+
+def test_a_broken_manifest_is_refused_in_the_trainers_words(fsx: Path, tmp_path: Path) -> None:
+    shards = tmp_path / "shards"
+    shutil.copytree(fsx / "shards", shards)
+    (shards / "manifest.json").write_text('{"format": "something else"}')
+    code, err = plan(fsx / "llama", shards)
+    assert code == 2 and err == trainers_line(shards)
+
+
+def test_data_this_machine_cannot_read_is_left_to_the_trainer(fsx: Path) -> None:
+    code, err = plan(fsx / "llama", fsx / "not-here", dtype="uint32")
+    assert code == 0, err
