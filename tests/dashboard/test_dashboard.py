@@ -200,6 +200,8 @@ def test_the_promised_panels_are_there() -> None:
         "btj_trainer_gpu_alloc_retries_total",
         "btj_operator_children_recreated_total",
         "btj_trainer_checkpoint_failures_total",
+        "btj_trainer_step",
+        "btj_trainer_planned_steps",
     ):
         assert metric in used, f"no panel queries {metric}"
     expressions = " ".join(expr for _, expr in queries())

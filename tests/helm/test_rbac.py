@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.helm.conftest import CHART, VALUES_CASES, by_kind, render, values_id
+from tests.helm.conftest import CHART, NAMESPACE, VALUES_CASES, by_kind, render, values_id
 
 Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
 
@@ -29,6 +29,13 @@ FRAMEWORK: set[Grant] = {
     ("training.blackwell.dev", "blackwelltrainingjobs/status", "patch"),
 }
 CLUSTER_SCOPED = {"nodes", "namespaces", "customresourcedefinitions"}
+# The Role for the cluster calibration's ConfigMap in the release namespace (in both modes).
+CALIBRATION_ROLE_SUFFIX = "-calibration"
+
+
+def watch_roles(objects: list[dict[str, Any]], kind: str = "Role") -> list[dict[str, Any]]:
+    """The Roles (or RoleBindings) of namespaced mode: one per watched namespace."""
+    return [r for r in by_kind(objects, kind) if not r["metadata"]["name"].endswith(CALIBRATION_ROLE_SUFFIX)]
 
 
 def grants(rules: Iterable[dict[str, Any]]) -> set[Grant]:
@@ -77,7 +84,7 @@ def test_chart_grants_exactly_what_the_operator_declares(helm: str, values: Path
     declared = declared_permissions()
     objects = render(helm, values)
     granted = chart_grants(objects)
-    if not by_kind(objects, "Role"):
+    if not watch_roles(objects):
         # Cluster-wide, Kopf never lists or watches namespaces (it does so only to match --namespace
         # patterns: kopf/_core/reactor/observation.py), so that grant of PERMISSIONS is not needed.
         declared -= {("", "namespaces", "list"), ("", "namespaces", "watch")}
@@ -106,9 +113,9 @@ def test_namespaced_mode_uses_roles_in_each_watched_namespace(helm: str) -> None
     (cluster_role,) = by_kind(objects, "ClusterRole")
     cluster_resources = {resource for _, resource, _ in grants(cluster_role["rules"])}
     assert cluster_resources == CLUSTER_SCOPED
-    roles = by_kind(objects, "Role")
+    roles = watch_roles(objects)
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["hyperpod-ns-team-a", "hyperpod-ns-team-b"]
-    bindings = by_kind(objects, "RoleBinding")
+    bindings = watch_roles(objects, "RoleBinding")
     assert sorted(b["metadata"]["namespace"] for b in bindings) == [
         "hyperpod-ns-team-a",
         "hyperpod-ns-team-b",
@@ -134,3 +141,38 @@ def test_every_rule_says_whether_kopf_or_the_operator_needs_it() -> None:
         assert any(re.search(r"# (Framework|Application)", line) for line in comment_block), text[
             start : start + 80
         ]
+
+
+@pytest.mark.parametrize("values", VALUES_CASES, ids=values_id)
+def test_the_cluster_calibration_role_is_one_config_map_in_the_release_namespace(
+    helm: str, values: Path | None
+) -> None:
+    objects = render(helm, values)
+    (role,) = [r for r in by_kind(objects, "Role") if r["metadata"]["name"].endswith(CALIBRATION_ROLE_SUFFIX)]
+    assert role["metadata"]["namespace"] == NAMESPACE
+    named = [r for r in role["rules"] if r.get("resourceNames")]
+    assert grants(named) == {("", "configmaps", "get"), ("", "configmaps", "patch")}
+    assert all(r["resourceNames"] == ["btj-cluster-calibration"] for r in named)
+    # Create cannot be limited to a name; nothing else is granted without one.
+    assert grants(r for r in role["rules"] if not r.get("resourceNames")) == {("", "configmaps", "create")}
+    (binding,) = [
+        b for b in by_kind(objects, "RoleBinding") if b["metadata"]["name"].endswith(CALIBRATION_ROLE_SUFFIX)
+    ]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    (deployment,) = by_kind(objects, "Deployment")
+    env = {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert (
+        env["BTJ_CLUSTER_CALIBRATION_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    )
+
+
+def test_without_the_cluster_calibration_there_is_no_role_and_no_namespace(helm: str, tmp_path: Path) -> None:
+    values = tmp_path / "off.yaml"
+    values.write_text("operator:\n  watchNamespaces: []\n  verbose: false\n  clusterCalibration: false\n")
+    objects = render(helm, values)
+    assert not [
+        r for r in by_kind(objects, "Role") if r["metadata"]["name"].endswith(CALIBRATION_ROLE_SUFFIX)
+    ]
+    (deployment,) = by_kind(objects, "Deployment")
+    names = {e["name"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "BTJ_CLUSTER_CALIBRATION_NAMESPACE" not in names

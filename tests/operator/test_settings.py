@@ -25,6 +25,7 @@ def test_every_setting_has_its_documented_variable() -> None:
         "BTJ_METRICS_BIND",
         "BTJ_PLAN_DEADLINE_S",
         "BTJ_DEFAULT_TRAINER_IMAGE",
+        "BTJ_CLUSTER_CALIBRATION_NAMESPACE",
     }
     assert set(OperatorEnvironment.model_fields) >= OFF_AT_ZERO
     with pytest.raises(KeyError, match="no operator setting"):
@@ -42,6 +43,9 @@ def test_every_setting_has_its_documented_variable() -> None:
         ("BTJ_MEASURE_INTERVAL_S", "nan", "BTJ_MEASURE_INTERVAL_S='nan': not a finite number of seconds. "
          "Fix: e.g. 60, or 0 for off"),
         ("BTJ_CHILD_RETRY_INTERVAL_S", "0", "BTJ_CHILD_RETRY_INTERVAL_S='0': must be positive. Fix: e.g. 60"),
+        ("BTJ_CLUSTER_CALIBRATION_NAMESPACE", "BTJ System",
+         "BTJ_CLUSTER_CALIBRATION_NAMESPACE='BTJ System': not a namespace name (lowercase letters, digits "
+         "and '-'). Fix: e.g. btj-system (the chart sets it to the release's namespace)"),
     ],
 )  # fmt: skip
 def test_a_bad_value_is_one_line_naming_the_variable_and_the_fix(

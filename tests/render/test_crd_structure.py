@@ -61,6 +61,12 @@ def test_printer_columns() -> None:
     assert default == ["Phase", "Model", "Instance", "Nodes", "Precision", "MBS", "AC", "Age"]
     assert columns["Tok/s/GPU"]["priority"] == 1
     assert columns["Child"]["priority"] == 1
+    assert {name: columns[name]["jsonPath"] for name in ("Step", "Progress", "Left")} == {
+        "Step": ".status.progress.step",
+        "Progress": ".status.progress.percent",
+        "Left": ".status.progress.remaining",
+    }
+    assert all(columns[name]["priority"] == 1 for name in ("Step", "Progress", "Left"))
     assert columns["Age"]["type"] == "date"
     schema = crd_open_api_schema(generate_crd(), "v1alpha1")
     for column in version["additionalPrinterColumns"]:

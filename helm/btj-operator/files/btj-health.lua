@@ -2,7 +2,8 @@
 -- Install under argocd-cm key resource.customizations.health.training.blackwell.dev_BlackwellTrainingJob
 -- (examples/argocd/argocd-cm-health.yaml). Reads only status, which the operator writes:
 --   Progressing  until the operator has reconciled the current generation, while pending or running
---                (like Argo CD's batch/Job check: a running job has not reached its goal yet);
+--                (like Argo CD's batch/Job check: a running job has not reached its goal yet; a running
+--                job's message leads with its step, percent, time left and measured tokens/s);
 --   Degraded     for an invalid spec, a failed job, or a spec change the running job cannot take;
 --   Suspended    while Kueue holds the job in its queue (Progressing, saying so, when the spec names a
 --                queue and the job runs without Kueue: condition KueueManaged False);
@@ -37,6 +38,28 @@ local function message(kind, fallback)
   return fallback
 end
 
+-- "step 120/1000 (12%), 3h04m left (ETA ...), 21034.5 tokens/s/GPU measured" from status.progress and
+-- status.measured (the operator's measure loop); nil before the first reading.
+local function progress_text(progress, measured)
+  if progress == nil or progress.step == nil or progress.totalSteps == nil then
+    return nil
+  end
+  local text = "step " .. tostring(progress.step) .. "/" .. tostring(progress.totalSteps)
+  if progress.percent ~= nil then
+    text = text .. " (" .. tostring(progress.percent) .. "%)"
+  end
+  if progress.remaining ~= nil then
+    text = text .. ", " .. progress.remaining .. " left"
+    if progress.eta ~= nil then
+      text = text .. " (ETA " .. progress.eta .. ")"
+    end
+  end
+  if measured ~= nil and measured.tokensPerSecondPerGpu ~= nil then
+    text = text .. ", " .. tostring(measured.tokensPerSecondPerGpu) .. " tokens/s/GPU measured"
+  end
+  return text
+end
+
 local phase = obj.status.phase or ""
 if phase == "Invalid" then
   return {status = "Degraded", message = "Invalid spec: " .. message("Planned", "see the Planned condition")}
@@ -64,6 +87,10 @@ if phase == "Restarting" then
   return progressing("Restarting: " .. (obj.status.message or ""))
 end
 if phase == "Running" then
+  local progress = progress_text(obj.status.progress, obj.status.measured)
+  if progress ~= nil then
+    return progressing("Running: " .. progress .. "; " .. (obj.status.message or ""))
+  end
   return progressing(obj.status.message or "Running")
 end
 if is("CapacityAvailable", "False") then

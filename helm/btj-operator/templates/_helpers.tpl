@@ -119,3 +119,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- fail "serviceAccount.name must name an existing ServiceAccount when serviceAccount.create is false" }}
 {{- end }}
 {{- end }}
+
+{{/* The cluster calibration's Role and RoleBinding: the role name, shortened so that the suffix fits 63. */}}
+{{- define "btj-operator.calibrationRoleName" -}}
+{{- include "btj-operator.roleName" . | trunc 51 | trimSuffix "-" }}-calibration
+{{- end }}

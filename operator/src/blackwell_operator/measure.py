@@ -1,7 +1,8 @@
-"""Measured throughput, read back from a running trainer pod's /metrics: status.measured beside the plan.
+"""Measured throughput and progress, read back from a running trainer pod's /metrics, beside the plan.
 
-The trainer exports cumulative counters (btj_trainer_tokens_total for the pod's GPUs, btj_trainer_gpus)
-and the last step's MFU; tokens/s per GPU is the change of the token counter between two readings.
+The trainer exports cumulative counters (btj_trainer_tokens_total for the pod's GPUs, btj_trainer_gpus),
+the last step's MFU, the job's step and planned steps, and the peak reserved GPU memory; tokens/s per GPU
+and the step time are the changes between two readings.
 """
 
 from __future__ import annotations
@@ -11,8 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+from pydantic import ValidationError
 
+from blackwell_operator.calibration.cluster import Sample
+from blackwell_operator.models.status import Phase
 from blackwell_operator.render.pod import METRICS_PORT_NAME, TRAINER_CONTAINER_NAMES
+from blackwell_trainer.config import Plan
 
 
 @dataclass(frozen=True)
@@ -23,6 +28,10 @@ class Reading:
     tokens: float  # tokens the pod's GPUs have trained since the pod started
     gpus: int
     mfu: float | None
+    step: int | None = None  # the job's last completed step (None: a trainer without the gauge)
+    planned_steps: int | None = None
+    pod_steps: int = 0  # steps this container ran since it started (its warm-up comes first)
+    reserved_bytes: int = 0  # peak reserved GPU memory of local rank 0 (0 on CPU)
 
 
 def parse_reading(text: str, at: float) -> Reading | None:
@@ -30,12 +39,23 @@ def parse_reading(text: str, at: float) -> Reading | None:
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            values[sample.name] = sample.value
+            kind = sample.labels.get("kind")
+            values[f"{sample.name}:{kind}" if kind else sample.name] = sample.value
     if "btj_trainer_tokens_total" not in values:
         return None
     gpus = int(values.get("btj_trainer_gpus") or 1)
     mfu = values.get("btj_trainer_model_flops_utilization_ratio")
-    return Reading(at, values["btj_trainer_tokens_total"], max(gpus, 1), mfu if mfu else None)
+    step, planned = values.get("btj_trainer_step"), values.get("btj_trainer_planned_steps")
+    return Reading(
+        at,
+        values["btj_trainer_tokens_total"],
+        max(gpus, 1),
+        mfu if mfu else None,
+        step=None if step is None else int(step),
+        planned_steps=int(planned) if planned else None,
+        pod_steps=int(values.get("btj_trainer_steps_total") or 0),
+        reserved_bytes=int(values.get("btj_trainer_gpu_memory_peak_bytes:reserved") or 0),
+    )
 
 
 def tokens_per_second_per_gpu(earlier: Reading, later: Reading) -> float | None:
@@ -61,3 +81,41 @@ def metrics_endpoint(pod: Mapping[str, Any]) -> str | None:
                 host = f"[{ip}]" if ":" in str(ip) else ip  # IPv6 pod addresses
                 return f"http://{host}:{port['containerPort']}/metrics"
     return None
+
+
+# Readings before this many steps of a container include torch.compile and allocator warm-up: not what
+# the plan predicts, so they teach the cluster calibration nothing.
+WARMUP_STEPS = 3
+
+
+def sample_of(
+    btj: Mapping[str, Any], earlier: Reading, later: Reading, tokens_per_s: float, now: str
+) -> Sample | None:
+    """The job's measured over modelled figures for the cluster calibration, once past its warm-up.
+
+    The plan's prediction already carries any correction it was planned with; the ratio is taken against
+    the model's own figure (prediction over the plan's tokens factor), so the calibration never chases
+    its own corrections.
+    """
+    meta, status = btj.get("metadata") or {}, btj.get("status") or {}
+    if status.get("phase") != Phase.RUNNING.value or earlier.pod_steps < WARMUP_STEPS or tokens_per_s <= 0:
+        return None
+    try:
+        plan = Plan.model_validate(status.get("plan"))
+    except ValidationError:
+        return None
+    factor = plan.cluster_correction.tokens_factor if plan.cluster_correction else 1.0
+    modelled = plan.predicted.tokens_per_second_per_gpu / factor
+    if modelled <= 0:
+        return None
+    peak = plan.predicted.memory.peak_reserved
+    return Sample(
+        job=f"{meta.get('namespace')}/{meta.get('name')}",
+        uid=str(meta.get("uid")),
+        instance_type=plan.instance_type,
+        precision_recipe=plan.chosen.precision_recipe,
+        activation_checkpointing=plan.chosen.activation_checkpointing,
+        tokens_ratio=round(tokens_per_s / modelled, 4),
+        memory_ratio=round(later.reserved_bytes / peak, 4) if later.reserved_bytes and peak else None,
+        observed_at=now,
+    )

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from blackwell_operator.admission.job import Rejected, validate_body
+from blackwell_operator.calibration.cluster import frozen
 from blackwell_operator.errors import SpecError
 from blackwell_operator.models.status import (
     FAILURE_MESSAGE_LIMIT,
@@ -125,7 +126,9 @@ def replan_changes(
                 f"(spec.tuning.maxReplans {limit})"
             )
         else:
-            plan = plan_job(spec, job_name=name, correction=correction)
+            # The cluster's measured factors the failed plan was made with stay (calibration/cluster.py).
+            same_cluster = frozen(failed.cluster_correction)
+            plan = plan_job(spec, job_name=name, correction=correction, cluster=same_cluster)
     except Rejected as exc:
         why = f"the spec no longer passes admission ({exc.lines[0]})"
     except SpecError as exc:

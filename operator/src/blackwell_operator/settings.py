@@ -26,6 +26,11 @@ _PROBLEMS = {
 _FIXES = {
     "default_trainer_image": "Fix: e.g. 123456789012.dkr.ecr.us-west-2.amazonaws.com/blackwell-trainer:0.1.0 "
     "(the chart sets it from trainerImage)",
+    "cluster_calibration_namespace": "Fix: e.g. btj-system (the chart sets it to the release's namespace)",
+}
+# Problems that depend on the setting, not only on the kind of error.
+_FIELD_PROBLEMS = {
+    "cluster_calibration_namespace": "not a namespace name (lowercase letters, digits and '-')",
 }
 
 
@@ -52,6 +57,12 @@ class OperatorEnvironment(BaseSettings):
     # still short next to the watch timeouts, and long enough for a CPU shared with other work.
     plan_deadline_s: float = Field(
         10.0, gt=0, allow_inf_nan=False, description="Seconds one reconcile may plan before it is Invalid."
+    )
+    # The chart sets it to the release's namespace; unset, no cluster calibration is kept or applied.
+    cluster_calibration_namespace: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="Namespace of the cluster-calibration ConfigMap; None: measured runs teach nothing.",
     )
     # "off" disables the server (e.g. several operators in one test).
     metrics_bind: str | None = Field(
@@ -83,7 +94,7 @@ def _one_line(error: dict[str, Any]) -> str:
     field = str(error["loc"][0])
     default = OperatorEnvironment.model_fields[field].default
     fix = _FIXES.get(field) or f"Fix: e.g. {default:g}" + (", or 0 for off" if field in OFF_AT_ZERO else "")
-    problem = _PROBLEMS.get(error["type"], error["msg"])
+    problem = _FIELD_PROBLEMS.get(field) or _PROBLEMS.get(error["type"], error["msg"])
     return f"{env_name(field)}={error['input']!r}: {problem}. {fix}"
 
 

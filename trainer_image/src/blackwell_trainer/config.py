@@ -460,6 +460,17 @@ class Prediction(WireModel):
     )
 
 
+class ClusterCorrection(WireModel):
+    """The factors a plan took from runs measured on the user's cluster (the operator's calibration)."""
+
+    instance_type: str = Field(description="Instance type the runs were measured on.")
+    precision_recipe: PrecisionRecipe = Field(description="Recipe of the runs (part of the family key).")
+    activation_checkpointing: ActivationCheckpointing = Field(description="AC mode of the runs.")
+    runs: int = Field(ge=1, description="Distinct jobs the factors come from.")
+    tokens_factor: float = Field(gt=0, description="Measured over modelled tokens/s (median, clamped).")
+    memory_factor: float = Field(gt=0, description="Measured over modelled peak reserved (median, clamped).")
+
+
 class Candidate(WireModel):
     """The tunable part of a plan: one point of the planner's search."""
 
@@ -530,6 +541,11 @@ class Plan(WireModel):
     candidates_evaluated: int = Field(default=0, ge=0, description="Configurations the search scored.")
     explanation: list[str] = Field(default_factory=list, description="Why the chosen values won.")
     calibration: str = Field(default="", description="Calibration data set used, with provenance.")
+    cluster_correction: ClusterCorrection | None = Field(
+        default=None,
+        description="Correction from runs measured on this cluster, applied to the chosen family; the "
+        "prediction includes its tokens factor (divide by it for the model's own figure).",
+    )
     provenance: list[ChoiceProvenance] = Field(
         default_factory=list,
         description="Per choice: measured here (and where) or modelled; empty in plans made before it.",

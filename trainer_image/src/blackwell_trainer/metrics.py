@@ -71,6 +71,13 @@ class TrainerMetrics:
             "btj_trainer_tokens", "Training tokens processed by this pod's GPUs.", registry=r
         )
         self.steps = Counter("btj_trainer_steps", "Optimizer steps completed.", registry=r)
+        # The counter restarts with the pod; progress needs the job's own step (resumed checkpoints count).
+        self.step = Gauge(
+            "btj_trainer_step",
+            "The job's last completed optimizer step (1-based, across resumes).",
+            registry=r,
+        )
+        self.steps_planned = Gauge("btj_trainer_planned_steps", "Optimizer steps the plan runs.", registry=r)
         self.step_duration = Histogram(
             "btj_trainer_step_duration_seconds",
             "Wall time of one optimizer step (all micro-batches).",
@@ -154,6 +161,8 @@ class TrainerMetrics:
 
         # Pre-export every series (zeros where nothing is measured yet) so none goes missing.
         self.gpus_gauge.set(self.gpus)
+        self.step.set(0)
+        self.steps_planned.set(plan.steps)
         for kind in MEMORY_KINDS:
             self.memory_peak.labels(kind=kind).set(0)
         self.predicted_tokens.set(plan.predicted.tokens_per_second_per_gpu)
@@ -197,6 +206,7 @@ class TrainerMetrics:
         peak_allocated_bytes: int,
         peak_reserved_bytes: int,
         alloc_retries: int = 0,
+        step: int | None = None,
     ) -> None:
         """Record one optimizer step.
 
@@ -209,6 +219,7 @@ class TrainerMetrics:
             peak_allocated_bytes: torch.cuda.max_memory_allocated() (0 on CPU).
             peak_reserved_bytes: torch.cuda.max_memory_reserved() (0 on CPU).
             alloc_retries: the allocator's cumulative num_alloc_retries since start (0 on CPU).
+            step: the job's step number just completed (counting steps before a resume).
         """
         with self._lock:
             self.tokens.inc(tokens * self.gpus)
@@ -216,6 +227,8 @@ class TrainerMetrics:
             self.step_duration.observe(step_seconds)
             self.loss.set(loss)
             self.mfu.set(mfu)
+            if step is not None:
+                self.step.set(step)
             self.memory_peak.labels(kind="allocated").set(peak_allocated_bytes)
             self.memory_peak.labels(kind="reserved").set(peak_reserved_bytes)
             if alloc_retries > self._alloc_retries_seen:

@@ -403,6 +403,7 @@ def _train(
     policy = SavePolicy(checkpointer, steps=plan.steps, recorder=metrics)
     report = StepReport(plan, runtime, metrics)
     started_at = trainer.step_index
+    metrics.step.set(started_at)  # a resumed job's progress shows before its first new step
 
     def extra() -> dict[str, Any]:
         return {"step": trainer.step_index, "data": source.state_dict()}
@@ -510,6 +511,7 @@ class StepReport:
             peak_allocated_bytes=allocated,
             peak_reserved_bytes=reserved,
             alloc_retries=retries,
+            step=step,
         )
         if self.runtime.rank != 0:
             return

@@ -39,6 +39,7 @@ def _register_commands() -> None:
     # Each command lives in its own module; importing it registers it on `app`.
     from blackwell_operator.cli import (
         calibrate,  # noqa: F401
+        cluster,  # noqa: F401
         manifest,  # noqa: F401
         operator,  # noqa: F401
         plan,  # noqa: F401

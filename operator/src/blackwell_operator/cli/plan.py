@@ -12,10 +12,17 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from blackwell_operator.calibration.cluster import describe_correction
 from blackwell_operator.cli import app
 from blackwell_operator.cli.backend_option import BackendOption, resolve_offline
 from blackwell_operator.cli.manifest import fail, load_manifest_or_fail
-from blackwell_operator.cli.options import DEFAULT_CALIBRATION, CalibrationOption, read_calibration
+from blackwell_operator.cli.options import (
+    DEFAULT_CALIBRATION,
+    CalibrationOption,
+    ClusterCalibrationOption,
+    read_calibration,
+    read_cluster_calibration,
+)
 from blackwell_operator.errors import SpecError
 from blackwell_operator.models.spec import TuningSpec
 from blackwell_operator.planner.figures import memory_budget, tenths
@@ -86,6 +93,8 @@ def render_plan_tables(
         ("candidates evaluated", str(plan.candidates_evaluated)),
     ):
         chosen.add_row(key, value)
+    if plan.cluster_correction is not None:
+        chosen.add_row("cluster correction", describe_correction(plan.cluster_correction))
     console.print(chosen)
     _provenance_table(plan, console)
 
@@ -182,9 +191,11 @@ def plan(
     explain: Annotated[bool, typer.Option("--explain", help="Also print why each value was chosen.")] = False,
     calibration: CalibrationOption = DEFAULT_CALIBRATION,
     backend: BackendOption = None,
+    cluster_calibration: ClusterCalibrationOption = None,
 ) -> None:
     """Plan a BTJ offline: the chosen configuration, memory, predicted throughput and alternatives."""
     cal = read_calibration(calibration)
+    cluster = None if cluster_calibration is None else read_cluster_calibration(cluster_calibration)
     job = load_manifest_or_fail(file)
     spec, backend_note = resolve_offline(job.spec, backend)
     from blackwell_operator.cli.checkpoint import read_checkpoint
@@ -193,7 +204,13 @@ def plan(
     from blackwell_trainer.shard_manifest import ManifestMismatch
 
     try:
-        result = plan_job(spec, job_name=job.metadata.name, calibration=cal, checkpoint=read_checkpoint(spec))
+        result = plan_job(
+            spec,
+            job_name=job.metadata.name,
+            calibration=cal,
+            checkpoint=read_checkpoint(spec),
+            cluster=cluster.corrector(spec.cluster.instance_type) if cluster else None,
+        )
         # Prepared data readable here is checked as the trainer will check it, in the trainer's words.
         check_local_dataset(result)
     except SpecError as exc:

@@ -1,4 +1,7 @@
-"""The measure loop: each running BTJ's throughput, read from one trainer pod's /metrics into status.measured.
+"""The measure loop: each running BTJ's throughput and progress, read from one trainer pod's /metrics.
+
+Writes status.measured and status.progress, and gives each job's measured-over-modelled figures to the
+cluster calibration (handlers/cluster_calibration.py), which later plans on the instance type apply.
 
 One loop for the operator, fed by the pod watch (OperatorContext.running_pods). Workers of a job step in
 lockstep, so one pod per job tells its tokens/s per GPU. The operator must reach the pods' metrics port
@@ -8,19 +11,29 @@ lockstep, so one pod per job tells its tokens/s per GPU. The operator must reach
 from __future__ import annotations
 
 import asyncio
+import datetime
 import time
 from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
 
+from blackwell_operator.calibration.cluster import Sample
 from blackwell_operator.failures import belongs_to
+from blackwell_operator.handlers import cluster_calibration
 from blackwell_operator.handlers.api import ApiError
 from blackwell_operator.handlers.btjstatus import write_status
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.periodic import every
-from blackwell_operator.measure import Reading, metrics_endpoint, parse_reading, tokens_per_second_per_gpu
+from blackwell_operator.measure import (
+    Reading,
+    metrics_endpoint,
+    parse_reading,
+    sample_of,
+    tokens_per_second_per_gpu,
+)
 from blackwell_operator.models.status import Phase
+from blackwell_operator.progress import progress_of
 from blackwell_operator.render.labels import JOB_NAME_LABEL
 from blackwell_operator.settings import env_name, operator_environment
 from blackwell_operator.status import now_rfc3339
@@ -29,6 +42,9 @@ INTERVAL_ENV = env_name("measure_interval_s")
 SCRAPE_TIMEOUT_S = 5.0
 # A reading this close to the stored one is not written (a status write per job per minute otherwise).
 UNCHANGED = 0.01
+# A job's calibration sample is rewritten only when its ratio moved this much (one ConfigMap write per job,
+# not one per minute).
+SAMPLE_MOVED = 0.02
 
 
 def measure_interval() -> float | None:
@@ -58,18 +74,27 @@ def _close(stored: Mapping[str, Any], tokens_per_s: float, mfu: float | None) ->
 
 
 def measured_changes(
-    btj: Mapping[str, Any], pod: Mapping[str, Any], tokens_per_s: float, mfu: float | None, now: str
+    btj: Mapping[str, Any],
+    pod: Mapping[str, Any],
+    tokens_per_s: float | None,
+    mfu: float | None,
+    now: str,
+    progress: Mapping[str, Any] | None = None,
 ) -> dict[str, Any] | None:
-    """status.measured from a reading of `pod`, when it is this BTJ's running worker and the value moved."""
+    """status.measured (when it moved) and status.progress (when it changed) from a reading of `pod`, when
+    it is this BTJ's running worker."""
     status = btj.get("status") or {}
     if status.get("phase") != Phase.RUNNING.value or not belongs_to(pod, btj):
         return None
-    if _close(status.get("measured") or {}, tokens_per_s, mfu):
-        return None
-    measured: dict[str, Any] = {"tokensPerSecondPerGpu": round(tokens_per_s, 1), "observedAt": now}
-    if mfu is not None:
-        measured["modelFlopsUtilization"] = round(mfu, 4)
-    return {"measured": measured}
+    changes: dict[str, Any] = {}
+    if progress is not None and status.get("progress") != progress:
+        changes["progress"] = dict(progress)
+    if tokens_per_s is not None and not _close(status.get("measured") or {}, tokens_per_s, mfu):
+        measured: dict[str, Any] = {"tokensPerSecondPerGpu": round(tokens_per_s, 1), "observedAt": now}
+        if mfu is not None:
+            measured["modelFlopsUtilization"] = round(mfu, 4)
+        changes["measured"] = measured
+    return changes or None
 
 
 class Measurer:
@@ -78,6 +103,7 @@ class Measurer:
     def __init__(self, ctx: OperatorContext, logger: Any) -> None:
         self.ctx, self.logger = ctx, logger
         self.previous: dict[str, Reading] = {}
+        self.sampled: dict[str, float] = {}  # BTJ uid -> the tokens ratio last given to the calibration
 
     async def read(self, session: aiohttp.ClientSession, url: str) -> Reading | None:
         try:
@@ -94,6 +120,8 @@ class Measurer:
         chosen = one_pod_per_job(self.ctx.running_pods())
         live = {str(p["metadata"].get("uid")) for p in chosen.values()}
         self.previous = {uid: r for uid, r in self.previous.items() if uid in live}
+        known = self.ctx.known_btjs()
+        self.sampled = {uid: r for uid, r in self.sampled.items() if uid in known}
         written = 0
         for (namespace, name), pod in chosen.items():
             url, uid = metrics_endpoint(pod), str(pod["metadata"].get("uid"))
@@ -102,20 +130,32 @@ class Measurer:
                 continue
             earlier, self.previous[uid] = self.previous.get(uid), reading
             rate = tokens_per_second_per_gpu(earlier, reading) if earlier else None
-            if rate is None:
+            progress = progress_of(earlier, reading, datetime.datetime.now(datetime.UTC))
+            if rate is None and progress is None:
                 continue
-            if await asyncio.to_thread(self._write, namespace, name, pod, rate, reading.mfu):
+            if await asyncio.to_thread(self._write, namespace, name, pod, rate, reading, progress):
                 written += 1
+            if earlier is not None and rate is not None:
+                await asyncio.to_thread(self._teach, namespace, name, earlier, reading, rate)
         return written
 
     def _write(
-        self, namespace: str, name: str, pod: Mapping[str, Any], rate: float, mfu: float | None
+        self,
+        namespace: str,
+        name: str,
+        pod: Mapping[str, Any],
+        rate: float | None,
+        reading: Reading,
+        progress: Mapping[str, Any] | None,
     ) -> bool:
         now = now_rfc3339()
         try:
             return (
                 write_status(
-                    self.ctx.api, namespace, name, lambda b: measured_changes(b, pod, rate, mfu, now)
+                    self.ctx.api,
+                    namespace,
+                    name,
+                    lambda b: measured_changes(b, pod, rate, reading.mfu, now, progress),
                 )
                 is not None
             )
@@ -123,6 +163,35 @@ class Measurer:
             self.ctx.metrics.record_error(exc.metric_reason)
             self.logger.warning(f"Cannot write the measured throughput of {namespace}/{name}: {exc}")
             return False
+
+    def _teach(self, namespace: str, name: str, earlier: Reading, later: Reading, rate: float) -> None:
+        """Give the job's figures to the cluster calibration, when one is kept and they moved."""
+        where = cluster_calibration.calibration_namespace()
+        btj = self.ctx.known_btjs().get(self._uid_of(namespace, name) or "")
+        if where is None or btj is None:
+            return
+        sample = sample_of(btj, earlier, later, rate, now_rfc3339())
+        if sample is None or not self._moved(sample):
+            return
+        try:
+            cluster_calibration.record(self.ctx.api, where, sample, self.logger)
+            self.sampled[sample.uid] = sample.tokens_ratio
+        except ApiError as exc:
+            self.ctx.metrics.record_error(exc.metric_reason)
+            self.logger.warning(f"Cannot record {namespace}/{name} in the cluster calibration: {exc}")
+        except cluster_calibration.UnreadableCalibration as exc:
+            self.logger.warning(f"Not recording {namespace}/{name}: {exc}")
+
+    def _moved(self, sample: Sample) -> bool:
+        before = self.sampled.get(sample.uid)
+        return before is None or abs(sample.tokens_ratio - before) > SAMPLE_MOVED * before
+
+    def _uid_of(self, namespace: str, name: str) -> str | None:
+        for uid, btj in self.ctx.known_btjs().items():
+            meta = btj.get("metadata") or {}
+            if meta.get("namespace") == namespace and meta.get("name") == name:
+                return uid
+        return None
 
 
 async def measure_forever(ctx: OperatorContext, interval_s: float, logger: Any) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import queue
 import threading
 
+from blackwell_operator.calibration.cluster import Corrector
 from blackwell_operator.errors import SpecError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.models.status import MemoryCorrection
@@ -33,6 +34,8 @@ def plan_within(
     job_name: str,
     deadline_s: float | None = None,
     correction: MemoryCorrection | None = None,
+    *,
+    cluster: Corrector | None = None,
 ) -> Plan:
     """plan_job in its own daemon thread, waited for at most `deadline_s`.
 
@@ -44,7 +47,7 @@ def plan_within(
 
     def work() -> None:
         try:
-            answer.put(plan_job(spec, job_name=job_name, correction=correction))
+            answer.put(plan_job(spec, job_name=job_name, correction=correction, cluster=cluster))
         except BaseException as exc:  # handed to the waiting reconcile, which raises it there
             answer.put(exc)
 

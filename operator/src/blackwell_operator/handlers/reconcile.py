@@ -21,6 +21,7 @@ from blackwell_operator.backends import (
     none_served_message,
     with_backend,
 )
+from blackwell_operator.calibration.cluster import Corrector, describe_correction, frozen
 from blackwell_operator.discovery.aws import AwsCapacity
 from blackwell_operator.discovery.capacity import Capacity
 from blackwell_operator.errors import SpecError
@@ -33,6 +34,7 @@ from blackwell_operator.handlers.btjstatus import (
     is_finished,
     write_status,
 )
+from blackwell_operator.handlers.cluster_calibration import read_cluster_calibration
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import adopt_children, create_event, post_event
 from blackwell_operator.handlers.finalizer import holds, release, with_finalizer
@@ -60,7 +62,7 @@ from blackwell_operator.status import (
     set_condition,
     summary_message,
 )
-from blackwell_trainer.config import Plan
+from blackwell_trainer.config import ClusterCorrection, Plan
 
 # Where each backend's job lives in the API (backends.JOB_APIS, under the name the handlers use).
 ChildKind = JobApi
@@ -310,7 +312,8 @@ class Reconciler:
             # What out-of-memory runs of this spec taught (status.memoryCorrection, replan.py): also after
             # an operator restart, the plan is the corrected one that runs.
             correction = correction_of(body)
-            plan = plan_within(spec, name, correction=correction)
+            cluster = self._cluster_corrector(body, spec, generation)
+            plan = plan_within(spec, name, correction=correction, cluster=cluster)
         except SpecError as exc:
             self.ctx.metrics.record_error(exc.reason)
             self._report_invalid(body, exc, generation)
@@ -397,6 +400,20 @@ class Reconciler:
             self._event_once(body, exc.condition, exc.reason, str(exc))
             return
         self._write(body, result, generation)
+
+    def _cluster_corrector(
+        self, body: Mapping[str, Any], spec: BlackwellTrainingJobSpec, generation: int
+    ) -> Corrector | None:
+        """What this cluster measured, for the plan: the factors already planned with when this generation
+        was planned before (a resync or a re-created child never re-plans a running job differently), else
+        the operator's cluster calibration now."""
+        status = body.get("status") or {}
+        stored = status.get("plan")
+        if stored and status.get("observedGeneration") == generation:
+            found = stored.get("clusterCorrection")
+            return frozen(ClusterCorrection.model_validate(found) if found else None)
+        calibration = read_cluster_calibration(self.ctx, self._logger or _LOG)
+        return calibration.corrector(spec.cluster.instance_type) if calibration else None
 
     def _report_provenance(self, body: Mapping[str, Any], plan: Plan, result: Result) -> None:
         """Condition PlanVerified and one Event per plan: which choices were measured here, which modelled."""
@@ -909,6 +926,7 @@ def plan_summary(plan: Plan) -> str:
         f"{predicted.tokens_per_second_per_gpu:,.0f} tokens/s/GPU, "
         f"MFU {predicted.model_flops_utilization:.0%} of BF16 dense peak, "
         f"peak {predicted.memory.peak_reserved / 2**30:.1f} GiB/GPU"
+        + (f"; {describe_correction(plan.cluster_correction)}" if plan.cluster_correction else "")
     )
 
 

@@ -68,6 +68,20 @@ class MeasuredThroughput(WireModel):
     observed_at: str = Field(description="RFC 3339 time of the reading.")
 
 
+class JobProgress(WireModel):
+    """How far the running job is and how long it has left, from the trainer's step and its step time."""
+
+    step: int = Field(ge=0, description="The job's last completed optimizer step (resumes included).")
+    total_steps: int = Field(ge=1, description="Steps the plan runs (spec.training.steps).")
+    percent: float = Field(ge=0, le=100, description="step / totalSteps, in percent.")
+    step_time_seconds: float | None = Field(
+        default=None, ge=0, description="Measured seconds per step between the last two readings."
+    )
+    remaining_seconds: int | None = Field(default=None, ge=0, description="Steps left times the step time.")
+    remaining: str | None = Field(default=None, description="The same, short (e.g. 3h04m; printer column).")
+    eta: str | None = Field(default=None, description="RFC 3339 time the last step should end.")
+
+
 # status.lastFailure.message is cut to this many characters (the CRD's maxLength).
 FAILURE_MESSAGE_LIMIT = 512
 
@@ -145,6 +159,7 @@ class BlackwellTrainingJobStatus(WireModel):
         "serves (PyTorchJob, HyperPodPyTorchJob or TrainJob).",
     )
     measured: MeasuredThroughput | None = Field(default=None, description="Latest measured throughput.")
+    progress: JobProgress | None = Field(default=None, description="Step, percent and time left.")
     last_failure: WorkerFailure | None = Field(
         default=None, description="The latest worker failure (non-zero exit of the trainer container)."
     )

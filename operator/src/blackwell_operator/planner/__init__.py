@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from blackwell_operator.calibration import Calibration, load_calibration
+from blackwell_operator.calibration.cluster import Corrector
+from blackwell_operator.calibration.cluster import describe_correction as describe_cluster_correction
 from blackwell_operator.calibration.measured import load_measured
 from blackwell_operator.catalogs import resolve_model
 from blackwell_operator.errors import PlanningError
@@ -127,6 +129,7 @@ def plan_job(
     calibration: Calibration | None = None,
     checkpoint: CheckpointFacts | None = None,
     correction: MemoryCorrection | None = None,
+    cluster: Corrector | None = None,
 ) -> Plan:
     """Resolve a spec into the fastest plan that fits, with alternatives and reasons.
 
@@ -135,7 +138,8 @@ def plan_job(
     families) never chosen again.
 
     `checkpoint`: what the caller could read of spec.model.weights (`btj plan` reads a local folder's
-    config.json and file sizes; the operator reads nothing).
+    config.json and file sizes; the operator reads nothing). `cluster`: corrections measured on the
+    user's cluster per recipe family (calibration/cluster.py), applied to every candidate's prediction.
 
     Raises PlanningError (field, problem, fix) when a pinned value is impossible, nothing fits or the
     initial weights do not fit a node, and SpecError when the checkpoint, dataset or weights path is on
@@ -151,6 +155,7 @@ def plan_job(
     model_name, arch = resolve_model(spec.model)
     hw = hardware_for(spec)
     problem = problem_for(spec, cal, hw)
+    problem.correct = cluster
     if correction is not None:
         problem.mbs_limits = micro_batch_limits(correction)
     pins = Pins.of(spec.tuning)
@@ -185,6 +190,9 @@ def plan_job(
     )
     output = spec.training.output
     notes = _weights_notes(weights_plan, read_architecture)
+    from_cluster = cluster(best.setting.recipe, best.setting.activation_checkpointing) if cluster else None
+    if from_cluster is not None:
+        notes.append(describe_cluster_correction(from_cluster))
     provenance = plan_provenance(
         load_measured(cal.name),
         cal,
@@ -231,6 +239,7 @@ def plan_job(
             *([describe_correction(correction)] if correction is not None else []),
         ],
         calibration=f"{cal.name} ({cal.status})",
+        cluster_correction=from_cluster,
         provenance=provenance,
         dataset=spec.training.dataset.model_copy(deep=True),
         checkpoint=spec.training.checkpoint.model_copy(deep=True),

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from blackwell_operator.calibration import Calibration
+from blackwell_operator.calibration.cluster import Corrector
 from blackwell_operator.planner.layout import Hardware, Layout, Setting
 from blackwell_operator.planner.memory import MemoryEstimate, estimate_memory
 from blackwell_operator.planner.shapes import Shapes
@@ -70,6 +71,8 @@ class Problem:
     global_batch_tokens: int | None
     budget_bytes: float
     evaluations: int = 0
+    # Factors learned on the user's cluster, per recipe family (calibration/cluster.py); None: the model.
+    correct: Corrector | None = None
     # Per family, the largest micro-batch allowed (below one that ran out of memory: planner.correction).
     mbs_limits: dict[tuple[str, str, str, str, int], int] = field(default_factory=dict)
 
@@ -127,6 +130,15 @@ class Problem:
             cached = self._memo[setting] = (mem, ga)
         return cached
 
+    def factors(self, setting: Setting) -> tuple[float, float]:
+        """(tokens/s, peak memory) factors of the setting's family on this cluster; (1, 1) without any."""
+        found = self.correct(setting.recipe, setting.activation_checkpointing) if self.correct else None
+        return (found.tokens_factor, found.memory_factor) if found else (1.0, 1.0)
+
+    def within_budget(self, setting: Setting, mem: MemoryEstimate) -> bool:
+        """Whether a predicted peak, corrected for what this cluster measured, fits the budget."""
+        return mem.peak_reserved * self.factors(setting)[1] <= self.budget_bytes
+
     def score(self, setting: Setting, accumulation: int | None = None) -> Scored:
         """Memory and time of a setting (with the accumulation that reaches the global batch, or as given)."""
         if accumulation is None:
@@ -137,15 +149,23 @@ class Problem:
             mem = estimate_memory(
                 self.shapes, self.cal, setting, layout, self.sequence_length, ga, self.hw.gpu.memory_bytes
             )
-        fits = mem.peak_reserved <= self.budget_bytes
+        fits = self.within_budget(setting, mem)
         layout = self.layout(setting)
         time = estimate_time(self.shapes, self.cal, self.hw, setting, layout, self.sequence_length, ga)
+        tokens_factor = self.factors(setting)[0]
+        if tokens_factor != 1.0:  # the cluster runs this family at another speed than the model says
+            time = TimeEstimate(
+                time.step_time_seconds / tokens_factor,
+                time.tokens_per_second_per_gpu * tokens_factor,
+                time.model_flops_utilization * tokens_factor,
+                {k: v / tokens_factor for k, v in time.breakdown.items()},
+            )
         return Scored(setting, ga, mem, time, fits)
 
     def fits(self, setting: Setting) -> bool:
         """Whether a setting's predicted peak fits the budget."""
         mem, _ = self.memory(setting)
-        return mem.peak_reserved <= self.budget_bytes
+        return self.within_budget(setting, mem)
 
 
 def largest_fitting(problem: Problem, family: Setting, upper: int) -> int:

@@ -294,6 +294,9 @@ def printer_columns() -> list[dict[str, Any]]:
         column(
             "Measured", "number", ".status.measured.tokensPerSecondPerGpu", "Measured tokens/s per GPU.", 1
         ),
+        column("Step", "integer", ".status.progress.step", "Last completed optimizer step.", 1),
+        column("Progress", "number", ".status.progress.percent", "Steps done, in percent.", 1),
+        column("Left", "string", ".status.progress.remaining", "Time left at the measured step time.", 1),
         column("Child", "string", ".status.child.name", "The child job.", 1),
         column("Message", "string", ".status.message", "Current state in one line.", 1),
     ]

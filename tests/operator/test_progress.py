@@ -1,0 +1,129 @@
+"""status.progress (step, percent, time left) and the cluster-calibration sample, from two readings."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import pytest
+
+from blackwell_operator.handlers.measure import measured_changes
+from blackwell_operator.measure import WARMUP_STEPS, Reading, sample_of
+from blackwell_operator.models.status import JobProgress
+from blackwell_operator.progress import progress_of, short_duration
+from blackwell_trainer.config import ClusterCorrection
+from tests.operator.harness import btj
+from tests.operator.pods import container, pod, pod_status
+from tests.planner.conftest import make_spec
+
+NOW = datetime.datetime(2026, 12, 1, 10, 0, 0, tzinfo=datetime.UTC)
+
+
+def reading(at: float, step: int, *, planned: int = 1000, pod_steps: int = 50, reserved: int = 0) -> Reading:
+    return Reading(at, 1e6 * step, 8, 0.4, step, planned, pod_steps, reserved)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"), [(0, "0s"), (45.4, "45s"), (720, "12m"), (11_040, "3h04m"), (93_600, "1d2h")]
+)
+def test_time_left_reads_short(seconds: float, text: str) -> None:
+    assert short_duration(seconds) == text
+
+
+def test_progress_and_eta_from_the_measured_step_time() -> None:
+    got = progress_of(reading(100.0, 100), reading(160.0, 120), NOW)
+    # 20 steps in 60 s: 3 s a step, 880 steps left.
+    assert got == {
+        "step": 120,
+        "totalSteps": 1000,
+        "percent": 12.0,
+        "stepTimeSeconds": 3.0,
+        "remainingSeconds": 2640,
+        "remaining": "44m",
+        "eta": "2026-12-01T10:44:00Z",
+    }
+    JobProgress.model_validate(got)  # the status model (and so the CRD) takes it as written
+
+
+def test_without_a_moving_pair_only_the_step_is_told() -> None:
+    first = {"step": 120, "totalSteps": 1000, "percent": 12.0}
+    assert progress_of(None, reading(160.0, 120), NOW) == first
+    assert progress_of(reading(100.0, 120), reading(160.0, 120), NOW) == first  # stalled: no ETA
+    assert progress_of(reading(100.0, 130), reading(160.0, 120), NOW) == first  # a restart went back
+
+
+def test_no_progress_from_a_trainer_without_the_step_gauge() -> None:
+    old = Reading(160.0, 1e6, 8, 0.4)
+    assert progress_of(None, old, NOW) is None
+
+
+def test_the_last_step_is_complete_not_past_it() -> None:
+    done = progress_of(reading(100.0, 990, planned=1000), reading(160.0, 1000, planned=1000), NOW)
+    assert done is not None and done["percent"] == 100.0 and done["remaining"] == "0s"
+
+
+def _running_btj(plan: dict[str, Any] | None = None) -> dict[str, Any]:
+    body = btj("w")
+    body["metadata"]["uid"] = "uid-w"
+    body["status"] = {"phase": "Running", **({"plan": plan} if plan else {})}
+    return body
+
+
+def test_progress_is_written_beside_measured_only_when_it_changes() -> None:
+    worker = pod("w-worker-0")
+    worker["status"] = pod_status(container(), podIP="127.0.0.1")
+    progress = {"step": 120, "totalSteps": 1000, "percent": 12.0}
+    now = "2026-12-01T10:00:00Z"
+    assert measured_changes(_running_btj(), worker, None, None, now, progress) == {"progress": progress}
+    same = _running_btj()
+    same["status"]["progress"] = progress
+    assert measured_changes(same, worker, None, None, now, progress) is None
+
+
+def _plan(correction: ClusterCorrection | None = None) -> dict[str, Any]:
+    from blackwell_operator.planner import plan_job
+
+    plan = plan_job(make_spec(nodes=2, seq=8192, precision="bf16", activationCheckpointing="selective"))
+    if correction is not None:
+        plan.cluster_correction = correction
+        plan.predicted.tokens_per_second_per_gpu *= correction.tokens_factor
+    return dict(plan.model_dump(mode="json", by_alias=True))
+
+
+def test_a_sample_is_measured_over_the_model_s_own_figure() -> None:
+    plan = _plan()
+    modelled = plan["predicted"]["tokensPerSecondPerGpu"]
+    peak = plan["predicted"]["memory"]["peakReserved"]
+    later = reading(160.0, 120, reserved=int(peak * 1.1))
+    got = sample_of(_running_btj(plan), reading(100.0, 100), later, 0.6 * modelled, "t")
+    assert got is not None and got.tokens_ratio == pytest.approx(0.6, abs=1e-4)
+    assert got.memory_ratio == pytest.approx(1.1, abs=1e-4)
+    assert (got.job, got.uid, got.precision_recipe.value) == ("hyperpod-ns-team-a/w", "uid-w", "none")
+
+
+def test_a_corrected_plan_teaches_against_the_uncorrected_model() -> None:
+    correction = ClusterCorrection(
+        instance_type="ml.p6-b200.48xlarge",
+        precision_recipe="none",
+        activation_checkpointing="selective",
+        runs=3,
+        tokens_factor=0.6,
+        memory_factor=1.0,
+    )
+    plan = _plan(correction)
+    corrected = plan["predicted"]["tokensPerSecondPerGpu"]
+    # Running exactly as the corrected plan said is 0.6 of the model: the correction holds, not drifts to 1.
+    got = sample_of(_running_btj(plan), reading(100.0, 100), reading(160.0, 120), corrected, "t")
+    assert got is not None and got.tokens_ratio == pytest.approx(0.6, abs=1e-3)
+    assert got.memory_ratio is None  # no memory reading (CPU, or 0 reserved)
+
+
+def test_warm_up_and_jobs_not_running_teach_nothing() -> None:
+    plan = _plan()
+    rate = plan["predicted"]["tokensPerSecondPerGpu"]
+    warming = reading(100.0, 1, pod_steps=WARMUP_STEPS - 1)
+    assert sample_of(_running_btj(plan), warming, reading(160.0, 20), rate, "t") is None
+    restarting = _running_btj(plan)
+    restarting["status"]["phase"] = "Restarting"
+    assert sample_of(restarting, reading(100.0, 100), reading(160.0, 120), rate, "t") is None
+    assert sample_of(_running_btj(None), reading(100.0, 100), reading(160.0, 120), rate, "t") is None
