@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from blackwell_trainer.config import Plan
 from blackwell_trainer.metrics import TrainerMetrics
+from blackwell_trainer.train import Trainer
 from tests.ports import free_port
 
 TINY_ARCHITECTURE: dict[str, Any] = {
@@ -113,6 +115,42 @@ def world_of_one(monkeypatch: pytest.MonkeyPatch) -> None:
         "MASTER_PORT": str(free_port()),
     }.items():
         monkeypatch.setenv(name, value)
+
+
+REAL_STEP = Trainer.step
+
+
+def before_step(monkeypatch: pytest.MonkeyPatch, step: int, hook: Callable[[Trainer], None]) -> None:
+    """Run `hook` on this rank's trainer just before it takes `step` (1-based)."""
+
+    def step_after_hook(self: Trainer, batches: Any) -> Any:
+        if self.step_index + 1 == step:
+            hook(self)
+        return REAL_STEP(self, batches)
+
+    monkeypatch.setattr(Trainer, "step", step_after_hook)
+
+
+def join_two_rank_world(rank: int, port: int, termination_log: str) -> None:
+    """This spawned process's environment as one rank of a 2-rank loopback world, as torchrun sets it."""
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE="2",
+        LOCAL_WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        BTJ_TERMINATION_LOG=termination_log,
+    )
+
+
+def spawn_two_ranks(target: Callable[..., None], args: tuple[Any, ...]) -> None:
+    """Run target(rank, *args) in two spawned processes and wait for both."""
+    import torch.multiprocessing as mp
+
+    context = mp.start_processes(target, args=args, nprocs=2, join=False, start_method="spawn")
+    while not context.join(timeout=300):  # a safety net only; a hang fails on gloo's own timeout
+        pass
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from blackwell_trainer.preemption import PreemptionGuard
 from blackwell_trainer.train import Trainer, main
 from tests.ports import free_port
 
-from .conftest import tiny_plan_dict
+from .conftest import spawn_two_ranks, tiny_plan_dict
 
 ENOSPC = "No space left on device"
 
@@ -207,16 +207,9 @@ def _two_rank_saves(rank: int, init: str, root: str) -> None:
 
 @pytest.mark.distributed
 def test_a_failure_on_one_rank_raises_on_every_rank(tmp_path: Path) -> None:
-    import torch.multiprocessing as mp
-
     root = tmp_path / "ckpt"
     root.mkdir()
-    init = f"file://{tmp_path / 'rendezvous'}"
-    context = mp.start_processes(
-        _two_rank_saves, args=(init, str(root)), nprocs=2, join=False, start_method="spawn"
-    )
-    while not context.join(timeout=300):  # a safety net only; a hang fails on gloo's 60 s timeout
-        pass
+    spawn_two_ranks(_two_rank_saves, (f"file://{tmp_path / 'rendezvous'}", str(root)))
     outcomes = [json.loads((root / f"outcome-{rank}.json").read_text()) for rank in (0, 1)]
     assert outcomes[0] == outcomes[1]
     assert outcomes[0]["2"] == f"rank 1: [Errno 28] {ENOSPC}"

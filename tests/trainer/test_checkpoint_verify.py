@@ -14,6 +14,7 @@ import torch
 from blackwell_trainer.checkpoint import MARKER, Checkpointer, NoUsableCheckpoint, list_complete
 from blackwell_trainer.config import CheckpointConfig
 
+from .conftest import spawn_two_ranks
 from .test_checkpoint import make, params, train_step
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
@@ -271,19 +272,9 @@ def _two_rank_resume(rank: int, init: str, root: str) -> None:
 
 @pytest.mark.distributed
 def test_two_ranks_agree_to_skip_a_checkpoint_only_one_rank_found_damaged(tmp_path: Path) -> None:
-    import torch.multiprocessing as mp
-
     root = tmp_path / "ckpt"
     root.mkdir()
-    context = mp.start_processes(
-        _two_rank_resume,
-        args=(f"file://{tmp_path / 'rendezvous'}", str(root)),
-        nprocs=2,
-        join=False,
-        start_method="spawn",
-    )
-    while not context.join(timeout=300):  # a safety net only; a hang fails on gloo's 60 s timeout
-        pass
+    spawn_two_ranks(_two_rank_resume, (f"file://{tmp_path / 'rendezvous'}", str(root)))
     outcomes = [json.loads((root / f"outcome-{rank}.json").read_text()) for rank in (0, 1)]
     assert [o["loaded"] for o in outcomes] == [{"step": 1, "rank": 0}, {"step": 1, "rank": 1}]
     assert [o["same_as_step_1"] for o in outcomes] == [True, True]

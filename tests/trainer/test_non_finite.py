@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +17,7 @@ from blackwell_trainer.checkpoint import list_complete
 from blackwell_trainer.train import EXIT_NON_FINITE, Trainer, main
 from tests.ports import free_port
 
+from .conftest import REAL_STEP, before_step, join_two_rank_world, spawn_two_ranks
 from .test_checkpoint_resume import error_lines, train, write_plan
 
 
@@ -34,20 +33,6 @@ def poison_second_moments(trainer: Trainer) -> None:
         state["exp_avg_sq"].to_local().fill_(-1.0)
 
 
-REAL_STEP = Trainer.step
-
-
-def poison_before(monkeypatch: pytest.MonkeyPatch, step: int, poison: Callable[[Trainer], None]) -> None:
-    """Run `poison` on this rank's trainer just before it takes `step` (1-based)."""
-
-    def step_with_poison(self: Trainer, batches: Any) -> Any:
-        if self.step_index + 1 == step:
-            poison(self)
-        return REAL_STEP(self, batches)
-
-    monkeypatch.setattr(Trainer, "step", step_with_poison)
-
-
 @pytest.mark.usefixtures("world_of_one")
 def test_a_nan_loss_stops_the_run_without_writing_or_pruning_checkpoints(
     tmp_path: Path,
@@ -58,7 +43,7 @@ def test_a_nan_loss_stops_the_run_without_writing_or_pruning_checkpoints(
 ) -> None:
     # keepLatest 1: the step-4 save alone would prune step 2 if step 4 counted as good before step 5.
     plan = write_plan(tmp_path, steps=20, interval=2, keep=1)
-    poison_before(monkeypatch, 5, poison_norm_weight)
+    before_step(monkeypatch, 5, poison_norm_weight)
     termination = tmp_path / "termination-log"
     monkeypatch.setenv("BTJ_TERMINATION_LOG", str(termination))
     rc, losses = train(plan, monkeypatch, caplog)
@@ -95,7 +80,7 @@ def test_non_finite_parameters_after_a_finite_step_are_never_saved(
 ) -> None:
     # Step 4 is a save step: its loss and gradients are finite, its update is not.
     plan = write_plan(tmp_path, steps=20, interval=2, keep=1)
-    poison_before(monkeypatch, 4, poison_second_moments)
+    before_step(monkeypatch, 4, poison_second_moments)
     with caplog.at_level(logging.INFO):
         rc, losses = train(plan, monkeypatch, caplog)
     assert rc == 3 and sorted(losses) == [1, 2, 3]
@@ -110,15 +95,7 @@ def test_non_finite_parameters_after_a_finite_step_are_never_saved(
 
 def _two_ranks_poisoned(rank: int, plan: str, port: int, folder: str) -> None:
     """One rank of a 2-rank main() run whose rank 1 corrupts its optimizer shard before step 4."""
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE="2",
-        LOCAL_WORLD_SIZE="2",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        BTJ_TERMINATION_LOG=f"{folder}/termination-{rank}",
-    )
+    join_two_rank_world(rank, port, f"{folder}/termination-{rank}")
 
     def step(self: Trainer, batches: Any) -> Any:
         if rank == 1 and self.step_index + 1 == 4:
@@ -131,8 +108,6 @@ def _two_ranks_poisoned(rank: int, plan: str, port: int, folder: str) -> None:
 
 @pytest.mark.distributed
 def test_two_ranks_stop_together_naming_the_rank_whose_parameters_went_bad(tmp_path: Path) -> None:
-    import torch.multiprocessing as mp
-
     from .conftest import tiny_plan_dict
 
     raw = tiny_plan_dict()
@@ -146,15 +121,7 @@ def test_two_ranks_stop_together_naming_the_rank_whose_parameters_went_bad(tmp_p
         parameterCount=one["parameterCount"],
     )
     plan_path.write_text(json.dumps(raw))  # the 2-rank tiny plan, checkpointing as above
-    context = mp.start_processes(
-        _two_ranks_poisoned,
-        args=(str(plan_path), free_port(), str(tmp_path)),
-        nprocs=2,
-        join=False,
-        start_method="spawn",
-    )
-    while not context.join(timeout=300):  # a safety net only; a hang fails on gloo's timeout
-        pass
+    spawn_two_ranks(_two_ranks_poisoned, (str(plan_path), free_port(), str(tmp_path)))
     assert [(tmp_path / f"rc-{r}").read_text() for r in (0, 1)] == ["3", "3"]
     messages = [(tmp_path / f"termination-{r}").read_text() for r in (0, 1)]
     assert messages[0] == messages[1]  # both ranks say the same, one line

@@ -8,7 +8,6 @@ autograd hook in backward, the optimizer's step), worded as PyTorch's caching al
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from blackwell_trainer.oom import parse_message
 from blackwell_trainer.train import Trainer, main
 from tests.ports import free_port
 
+from .conftest import REAL_STEP, before_step, join_two_rank_world, spawn_two_ranks
 from .test_checkpoint_resume import error_lines, write_plan
 
 GIB = 2**30
@@ -54,18 +54,6 @@ def in_optimizer(trainer: Trainer) -> None:
     trainer.optimizer.register_step_pre_hook(_raise)
 
 
-REAL_STEP = Trainer.step
-
-
-def fail_at(monkeypatch: pytest.MonkeyPatch, step: int, install: Callable[[Trainer], None]) -> None:
-    def step_then_fail(self: Trainer, batches: Any) -> Any:
-        if self.step_index + 1 == step:
-            install(self)
-        return REAL_STEP(self, batches)
-
-    monkeypatch.setattr(Trainer, "step", step_then_fail)
-
-
 def test_the_allocator_s_message_is_read_for_its_sizes() -> None:
     sizes = parse_message(MESSAGE)
     assert sizes["requested"] == 2 * GIB
@@ -90,7 +78,7 @@ def test_an_oom_becomes_a_permanent_error_with_its_result_line_and_a_metric(
 ) -> None:
     path = write_plan(tmp_path, steps=5, interval=10)
     plan = Plan.from_file(path)
-    fail_at(monkeypatch, 2, install)
+    before_step(monkeypatch, 2, install)
     termination = tmp_path / "termination-log"
     monkeypatch.setenv("BTJ_TERMINATION_LOG", str(termination))
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
@@ -144,7 +132,7 @@ def test_the_first_step_of_a_compiled_plan_says_it_was_compiling(
     raw = json.loads(path.read_text())
     raw["chosen"]["compile"] = True
     path.write_text(json.dumps(raw))
-    fail_at(monkeypatch, 1, in_forward)
+    before_step(monkeypatch, 1, in_forward)
     termination = tmp_path / "termination-log"
     monkeypatch.setenv("BTJ_TERMINATION_LOG", str(termination))
     assert main(["--plan", str(path)]) == 2
@@ -163,7 +151,7 @@ def test_a_plan_that_ran_out_in_this_pod_is_not_run_again_by_a_restart_in_place(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = write_plan(tmp_path, steps=5, interval=10)
-    fail_at(monkeypatch, 2, in_backward)
+    before_step(monkeypatch, 2, in_backward)
     termination = tmp_path / "termination-log"
     monkeypatch.setenv("BTJ_TERMINATION_LOG", str(termination))
     assert main(["--plan", str(path)]) == 2
@@ -198,15 +186,7 @@ def test_a_plan_that_ran_out_in_this_pod_is_not_run_again_by_a_restart_in_place(
 
 def _two_ranks_out_of_memory(rank: int, plan: str, port: int, folder: str) -> None:
     """One rank of a 2-rank main() run in which both ranks run out in the optimizer step of step 2."""
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE="2",
-        LOCAL_WORLD_SIZE="2",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        BTJ_TERMINATION_LOG=f"{folder}/termination-log",  # one pod: one file for both ranks
-    )
+    join_two_rank_world(rank, port, f"{folder}/termination-log")  # one pod: one file for both ranks
 
     def step(self: Trainer, batches: Any) -> Any:
         if self.step_index + 1 == 2:
@@ -219,8 +199,6 @@ def _two_ranks_out_of_memory(rank: int, plan: str, port: int, folder: str) -> No
 
 @pytest.mark.distributed
 def test_two_ranks_that_run_out_together_leave_one_whole_message(tmp_path: Path) -> None:
-    import torch.multiprocessing as mp
-
     from .conftest import tiny_plan_dict
 
     raw = tiny_plan_dict()
@@ -228,15 +206,7 @@ def test_two_ranks_that_run_out_together_leave_one_whole_message(tmp_path: Path)
     raw["parameterCount"] = Plan.model_validate(raw).architecture.parameter_count()
     plan_path = tmp_path / "plan.json"
     plan_path.write_text(json.dumps(raw))
-    context = mp.start_processes(
-        _two_ranks_out_of_memory,
-        args=(str(plan_path), free_port(), str(tmp_path)),
-        nprocs=2,
-        join=False,
-        start_method="spawn",
-    )
-    while not context.join(timeout=300):  # a safety net only
-        pass
+    spawn_two_ranks(_two_ranks_out_of_memory, (str(plan_path), free_port(), str(tmp_path)))
     assert [(tmp_path / f"rc-{r}").read_text() for r in (0, 1)] == ["2", "2"]
     first, second = (tmp_path / "termination-log").read_text().splitlines()
     result = OomResult.find(second)
