@@ -26,11 +26,10 @@ from blackwell_trainer.context_parallel import (
     merge_sequence,
     split_sequence,
 )
-from blackwell_trainer.data import DataLayout, build_token_source
 from blackwell_trainer.loss import IGNORE_INDEX
 from blackwell_trainer.model import Attention, build_model
 from blackwell_trainer.parallelize import ParallelismError, build_mesh, parallelize, validate_layout
-from blackwell_trainer.train import Runtime, Trainer
+from blackwell_trainer.train import Runtime, Trainer, _token_source
 from tests.ports import free_port
 
 from .conftest import tiny_plan
@@ -214,16 +213,9 @@ def _check_collectives(ac: str, cp: ContextParallel) -> None:
 def _trainer_losses(rank: int, steps: int, **chosen: Any) -> list[float]:
     """Losses of the real Trainer on the tiny plan, fed as train.run feeds it (data by dp rank)."""
     plan = tiny_plan(**chosen)
-    trainer = Trainer(plan, Runtime(rank, rank, 2, 2, torch.device("cpu")))
-    dp_rank, dp_world = data_parallel_rank(rank, 2, plan.chosen.context_parallel)
-    layout = DataLayout(
-        micro_batch_size=plan.chosen.micro_batch_size,
-        sequence_length=plan.sequence_length,
-        vocab_size=plan.architecture.vocab_size,
-        rank=dp_rank,
-        world_size=dp_world,
-    )
-    source = build_token_source(plan.dataset, layout)
+    runtime = Runtime(rank, rank, 2, 2, torch.device("cpu"))
+    trainer = Trainer(plan, runtime)
+    source = _token_source(plan, runtime)
     return [trainer.step([source.next_batch()]).loss for _ in range(steps)]
 
 

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,13 +18,19 @@ import pytest
 import torch
 
 from blackwell_trainer.config import Plan
-from blackwell_trainer.data import DataLayout, build_token_source
 from blackwell_trainer.prepare import Options, prepare
 from blackwell_trainer.shard_manifest import ShardManifest, tokenizer_sha256
 from blackwell_trainer.weights_load import check_data_tokenizer
 
 from .hf_models import architecture_of, empty_trainer_model, hf_logits, save_hf_model, trainer_logits
-from .test_train_e2e import RUN_TIMEOUT_S, complete_steps, edit_plan, run_to_end, write_plan
+from .test_train_e2e import (
+    complete_steps,
+    edit_plan,
+    first_step_batches,
+    run_one_process,
+    run_to_end,
+    write_plan,
+)
 from .text_data import make_documents, read_documents, save_tokenizer
 
 pytest.importorskip("transformers")
@@ -80,19 +83,7 @@ def finetune_plan(folder: Path, prepared: Prepared, *, nproc: int = 2, **dataset
 
 def first_global_batch(plan: Plan) -> tuple[torch.Tensor, torch.Tensor]:
     """The samples both ranks train on at step 1, in rank order (what the logged loss averages)."""
-    batches = [
-        build_token_source(
-            plan.dataset,
-            DataLayout(
-                micro_batch_size=plan.chosen.micro_batch_size,
-                sequence_length=plan.sequence_length,
-                vocab_size=plan.architecture.vocab_size,
-                rank=rank,
-                world_size=plan.world_size,
-            ),
-        ).next_batch()
-        for rank in range(plan.world_size)
-    ]
+    batches = first_step_batches(plan)
     return torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
 
 
@@ -162,13 +153,7 @@ def test_a_manifest_that_does_not_match_the_plan_is_one_permanent_error(
     # One process (no torchrun) is enough: the trainer checks the manifest while it builds the data source.
     plan = finetune_plan(tmp_path, prepared, nproc=1, tokenDtype="uint32")
     termination = tmp_path / "termination-log"
-    refused = subprocess.run(
-        [sys.executable, "-m", "blackwell_trainer", "--plan", str(plan)],
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        env={**os.environ, "BTJ_TERMINATION_LOG": str(termination)},
-    )
+    refused = run_one_process(plan, termination)
     assert refused.returncode == 2, refused.stderr[-3000:]
     errors = [line for line in refused.stderr.splitlines() if line.startswith("error: ")]
     expected = (
@@ -199,13 +184,7 @@ def test_shards_of_another_tokenizer_are_one_permanent_error_before_the_load(
     other = other_tokenizer_checkpoint(prepared, tmp_path)
     edit_plan(plan, lambda p: p.update(weights={"uri": str(other)}))
     termination = tmp_path / "termination-log"
-    refused = subprocess.run(
-        [sys.executable, "-m", "blackwell_trainer", "--plan", str(plan)],
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        env={**os.environ, "BTJ_TERMINATION_LOG": str(termination)},
-    )
+    refused = run_one_process(plan, termination)
     assert refused.returncode == 2, refused.stderr[-3000:]
     ours, theirs = prepared.manifest.tokenizer_sha256, tokenizer_sha256(other / "tokenizer.json")
     assert ours != theirs

@@ -28,9 +28,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from blackwell_trainer.train import main
+from blackwell_trainer.config import Plan
+from blackwell_trainer.train import Runtime, _token_source, main
 from tests.ports import free_port
 
 from .conftest import tiny_plan, tiny_plan_dict
@@ -195,6 +197,23 @@ def run_to_end(plan: Path, env: dict[str, str] | None = None, nproc: int = 2) ->
         trainer.kill()
     assert rc == 0, trainer.output[-4000:]
     return trainer
+
+
+def first_step_batches(plan: Plan) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each rank's (inputs, labels) of step 1, in rank order: the batches the first logged loss averages."""
+    world, cpu = plan.world_size, torch.device("cpu")
+    return [_token_source(plan, Runtime(rank, rank, world, world, cpu)).next_batch() for rank in range(world)]
+
+
+def run_one_process(plan: Path, termination: Path) -> subprocess.CompletedProcess[str]:
+    """The entry point as one process (no torchrun), its termination message going to `termination`."""
+    return subprocess.run(
+        [sys.executable, "-m", "blackwell_trainer", "--plan", str(plan)],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        env={**os.environ, "BTJ_TERMINATION_LOG": str(termination)},
+    )
 
 
 def complete_steps(root: Path) -> list[int]:

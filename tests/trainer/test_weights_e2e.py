@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +19,7 @@ import torch.nn.functional as F
 from blackwell_trainer.export import main as export_main
 
 from .hf_models import architecture_of, hf_logits, save_hf_model, tokens
-from .test_train_e2e import RUN_TIMEOUT_S, STEP_LINE, edit_plan, run_to_end, write_plan
+from .test_train_e2e import STEP_LINE, edit_plan, first_step_batches, run_one_process, run_to_end, write_plan
 
 pytest.importorskip("transformers")
 SEQ = 32  # the tiny plan's sequence length
@@ -47,22 +45,11 @@ def _weights_plan(tmp_path: Path, hf: Path, *, steps: int, output: Path) -> Path
 def _first_synthetic_loss(reference: torch.nn.Module, plan: Path) -> float:
     """The loss of the checkpoint on the first step's batches (both ranks' micro-batches)."""
     from blackwell_trainer.config import Plan
-    from blackwell_trainer.data import DataLayout, build_token_source
 
     parsed = Plan.from_file(plan)
+    assert parsed.world_size == 2
     losses = []
-    for rank in range(2):
-        source = build_token_source(
-            parsed.dataset,
-            DataLayout(
-                micro_batch_size=parsed.chosen.micro_batch_size,
-                sequence_length=parsed.sequence_length,
-                vocab_size=parsed.architecture.vocab_size,
-                rank=rank,
-                world_size=2,
-            ),
-        )
-        inputs, labels = source.next_batch()
+    for inputs, labels in first_step_batches(parsed):
         logits = hf_logits(reference, inputs)
         losses.append(float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))))
     return sum(losses) / 2
@@ -113,13 +100,7 @@ def test_weights_of_another_architecture_stop_the_run_with_one_permanent_line(tm
     config["num_key_value_heads"] = 4
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     termination = tmp_path / "termination-log"
-    refused = subprocess.run(
-        [sys.executable, "-m", "blackwell_trainer", "--plan", str(plan)],
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        env={**__import__("os").environ, "BTJ_TERMINATION_LOG": str(termination)},
-    )
+    refused = run_one_process(plan, termination)
     assert refused.returncode == 2
     errors = [line for line in refused.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "num_key_value_heads" in errors[0], refused.stderr[-3000:]
