@@ -22,7 +22,15 @@ from blackwell_trainer.prepare import Options, prepare
 from blackwell_trainer.shard_manifest import ShardManifest, tokenizer_sha256
 from blackwell_trainer.weights_load import check_data_tokenizer
 
-from .hf_models import architecture_of, empty_trainer_model, hf_logits, save_hf_model, trainer_logits
+from .hf_models import (
+    ATOL,
+    RTOL,
+    architecture_of,
+    empty_trainer_model,
+    hf_logits,
+    save_hf_model,
+    trainer_logits,
+)
 from .test_train_e2e import (
     complete_steps,
     edit_plan,
@@ -36,7 +44,6 @@ from .text_data import make_documents, read_documents, save_tokenizer
 pytest.importorskip("transformers")
 STEPS = 3
 VOCAB = 320  # the model's rows; the tokenizer uses 300 of them (as Qwen2.5's 151,936 hold 151,665)
-ATOL = RTOL = 2e-5
 
 
 @dataclass

@@ -16,7 +16,9 @@ from blackwell_trainer.model import RMSNorm, rope_tables
 from blackwell_trainer.weights_load import load_pretrained
 
 from .hf_models import (
+    ATOL,
     FAMILIES,
+    RTOL,
     SEQ,
     architecture_of,
     empty_trainer_model,
@@ -27,8 +29,6 @@ from .hf_models import (
 )
 
 pytest.importorskip("transformers")
-# float32 on both sides; the differences are summation order only (measured ~1e-6).
-ATOL = RTOL = 2e-5
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

@@ -23,6 +23,8 @@ from blackwell_trainer.weights_store import WeightsError
 
 from .conftest import tiny_plan_dict
 from .hf_models import (
+    ATOL,
+    RTOL,
     SEQ,
     architecture_of,
     empty_trainer_model,
@@ -33,7 +35,6 @@ from .hf_models import (
 )
 
 pytest.importorskip("transformers")
-ATOL = RTOL = 2e-5
 _ARCH = architecture_from_hf_config(
     {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
      "intermediate_size": 128, "vocab_size": 256}
