@@ -18,13 +18,10 @@ from hypothesis import strategies as st
 from blackwell_operator.admission import load_documents
 from blackwell_operator.admission.job import Rejected, validate_manifest
 from blackwell_operator.cli.manifest import read_manifest_text
-from tests.render.k8s_schema import ROOT, admit, crd_open_api_schema, load_crd, strict_validator
+from tests.render.k8s_schema import ROOT, admit, btj_schema_and_validator, load_crd
 
 CRD = load_crd(ROOT / "crds" / "training.blackwell.dev_blackwelltrainingjobs.yaml")
-SCHEMA = crd_open_api_schema(CRD, "v1alpha1")
-VALIDATOR = strict_validator(
-    SCHEMA, api_version="training.blackwell.dev/v1alpha1", kind="BlackwellTrainingJob"
-)
+SCHEMA, VALIDATOR = btj_schema_and_validator(CRD)
 BASE = yaml.safe_load(read_manifest_text(None)[0])
 
 # Any YAML scalar or small collection, within int64 (the reference does not model int64 decoding).

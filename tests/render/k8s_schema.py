@@ -103,6 +103,14 @@ def strict_validator(open_api: Schema, *, api_version: str, kind: str) -> jsonsc
     return jsonschema.Draft4Validator(schema)
 
 
+def btj_schema_and_validator(crd: dict[str, Any]) -> tuple[Schema, jsonschema.Draft4Validator]:
+    """A BlackwellTrainingJob CRD's v1alpha1 schema and a strict validator of whole BTJ objects."""
+    schema = crd_open_api_schema(crd, "v1alpha1")
+    return schema, strict_validator(
+        schema, api_version="training.blackwell.dev/v1alpha1", kind="BlackwellTrainingJob"
+    )
+
+
 def schema_errors(validator: jsonschema.Draft4Validator, obj: Any) -> list[str]:
     """Every schema error as `path: message`."""
     return sorted(

@@ -12,13 +12,10 @@ from pydantic import ValidationError
 
 from blackwell_operator.models import BlackwellTrainingJob
 from blackwell_operator.render.crd import generate_crd
-from tests.render.k8s_schema import admit, crd_open_api_schema, strict_validator
+from tests.render.k8s_schema import admit, btj_schema_and_validator
 from tests.render.manifests import bad_manifests, good_manifests
 
-SCHEMA = crd_open_api_schema(generate_crd(), "v1alpha1")
-VALIDATOR = strict_validator(
-    SCHEMA, api_version="training.blackwell.dev/v1alpha1", kind="BlackwellTrainingJob"
-)
+SCHEMA, VALIDATOR = btj_schema_and_validator(generate_crd())
 GOOD = good_manifests()
 BAD = bad_manifests()
 

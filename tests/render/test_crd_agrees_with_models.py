@@ -12,14 +12,11 @@ from pydantic import ValidationError
 
 from blackwell_operator.models import BlackwellTrainingJob, BlackwellTrainingJobSpec
 from blackwell_operator.render.crd import generate_crd
-from tests.render.k8s_schema import admit, apply_defaults, crd_open_api_schema, strict_validator
+from tests.render.k8s_schema import admit, apply_defaults, btj_schema_and_validator
 from tests.render.manifests import good_manifests
 
-SCHEMA = crd_open_api_schema(generate_crd(), "v1alpha1")
+SCHEMA, VALIDATOR = btj_schema_and_validator(generate_crd())
 SPEC_SCHEMA = SCHEMA["properties"]["spec"]
-VALIDATOR = strict_validator(
-    SCHEMA, api_version="training.blackwell.dev/v1alpha1", kind="BlackwellTrainingJob"
-)
 GOOD = good_manifests()
 
 

@@ -27,6 +27,7 @@ from blackwell_operator.render.pod import PLAN_HASH_ANNOTATION
 from tests.render.k8s_schema import (
     PYTORCHJOB_CRDS,
     admit,
+    btj_schema_and_validator,
     crd_open_api_schema,
     kubernetes_errors,
     load_crd,
@@ -35,10 +36,7 @@ from tests.render.k8s_schema import (
 )
 from tests.render.plans import plan_for
 
-SCHEMA = crd_open_api_schema(generate_crd(), "v1alpha1")
-VALIDATOR = strict_validator(
-    SCHEMA, api_version="training.blackwell.dev/v1alpha1", kind="BlackwellTrainingJob"
-)
+SCHEMA, VALIDATOR = btj_schema_and_validator(generate_crd())
 NAMESPACE = "hyperpod-ns-team-a"
 IDENTITY: dict[str, Any] = {
     "serviceAccountName": "training-s3",

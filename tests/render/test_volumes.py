@@ -21,6 +21,7 @@ from blackwell_operator.render.crd import generate_crd
 from tests.render.k8s_schema import (
     PYTORCHJOB_CRDS,
     admit,
+    btj_schema_and_validator,
     crd_open_api_schema,
     kubernetes_errors,
     load_crd,
@@ -31,10 +32,7 @@ from tests.render.manifests import bad_manifests
 from tests.render.plans import plan_for
 
 NAMESPACE = "hyperpod-ns-team-a"
-SCHEMA = crd_open_api_schema(generate_crd(), "v1alpha1")
-VALIDATOR = strict_validator(
-    SCHEMA, api_version="training.blackwell.dev/v1alpha1", kind="BlackwellTrainingJob"
-)
+SCHEMA, VALIDATOR = btj_schema_and_validator(generate_crd())
 FSX = {"name": "fsx", "claimName": "fsx-claim", "mountPath": "/fsx"}
 DATASETS = {
     "name": "datasets",
