@@ -1,4 +1,4 @@
-"""`btj plan --cluster-calibration FILE`: an export or ConfigMap copy corrects the plan; bad files: one line."""
+"""btj plan --cluster-calibration: an export or a ConfigMap copy corrects plans; a bad file is one line."""
 
 from __future__ import annotations
 
