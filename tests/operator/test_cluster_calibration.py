@@ -150,6 +150,16 @@ async def test_slow_runs_correct_the_next_plan_and_the_exported_copy_offline(
         await cluster.apply(btj("next", tuning=FAMILY))
         await wait_for(lambda: cluster.status("next").get("plan"), what="the next plan")
         planned = cluster.condition("next", "Planned")
+        # The job ends well: its progress shows every step done, not the last reading's.
+        done = [job_condition("Created"), job_condition("Running", "False"), job_condition("Succeeded")]
+        await cluster.set_child_status("b", {"conditions": done})
+        await wait_for(lambda: cluster.status("b").get("phase") == "Succeeded", what="b Succeeded")
+        finished_progress = await wait_for(
+            lambda: (
+                cluster.status("b")["progress"].get("percent") == 100.0 and cluster.status("b")["progress"]
+            ),
+            what="b's progress at 100%",
+        )
     # Every call the operator made in its own namespace is one the chart's calibration Role allows.
     home_calls = {
         (verb_of(r), r.name)
@@ -173,6 +183,14 @@ async def test_slow_runs_correct_the_next_plan_and_the_exported_copy_offline(
     assert all(p.get("clusterCorrection") is None for p in plans)  # the first jobs had nothing to go on
     assert planned is not None and f"corrected from {len(JOBS)} runs on this cluster" in planned["message"]
     assert progress and cluster.status("a")["progress"]["totalSteps"] == tiny_plan().steps
+    steps = plans[1]["steps"]
+    assert finished_progress == {
+        "step": steps,
+        "totalSteps": steps,
+        "percent": 100.0,
+        "remainingSeconds": 0,
+        "remaining": "0s",
+    }
 
     # Export from the cluster, then plan offline from the copy: the same correction, said in --explain.
     monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "kubeconfig", cluster.url)))

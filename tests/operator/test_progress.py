@@ -10,7 +10,7 @@ import pytest
 from blackwell_operator.handlers.measure import measured_changes
 from blackwell_operator.measure import WARMUP_STEPS, Reading, sample_of
 from blackwell_operator.models.status import JobProgress
-from blackwell_operator.progress import progress_of, short_duration
+from blackwell_operator.progress import finished, progress_of, short_duration
 from blackwell_trainer.config import ClusterCorrection
 from tests.operator.harness import btj
 from tests.operator.pods import container, pod, pod_status
@@ -62,6 +62,11 @@ def test_the_last_step_is_complete_not_past_it() -> None:
     assert done is not None and done["percent"] == 100.0 and done["remaining"] == "0s"
 
 
+def test_a_finished_job_shows_every_step_done() -> None:
+    done = finished(1000)
+    assert JobProgress.model_validate(done).percent == 100.0 and done["remaining"] == "0s"
+
+
 def _running_btj(plan: dict[str, Any] | None = None) -> dict[str, Any]:
     body = btj("w")
     body["metadata"]["uid"] = "uid-w"
@@ -74,7 +79,11 @@ def test_progress_is_written_beside_measured_only_when_it_changes() -> None:
     worker["status"] = pod_status(container(), podIP="127.0.0.1")
     progress = {"step": 120, "totalSteps": 1000, "percent": 12.0}
     now = "2026-12-01T10:00:00Z"
-    assert measured_changes(_running_btj(), worker, None, None, now, progress) == {"progress": progress}
+    # Keys the reading lacks are removed (null in the merge patch): no time left from an earlier reading.
+    nulls = {"stepTimeSeconds": None, "remainingSeconds": None, "remaining": None, "eta": None}
+    assert measured_changes(_running_btj(), worker, None, None, now, progress) == {
+        "progress": {**progress, **nulls}
+    }
     same = _running_btj()
     same["status"]["progress"] = progress
     assert measured_changes(same, worker, None, None, now, progress) is None

@@ -78,6 +78,7 @@ def test_a_failed_interval_save_is_counted_and_the_next_one_is_complete(
     root = tmp_path / "ckpt"
     assert scraped["btj_trainer_steps_total"] == 12  # training reached plan.steps
     assert scraped["btj_trainer_checkpoint_failures_total"] == 1
+    assert scraped["btj_trainer_step"] == scraped["btj_trainer_planned_steps"] == 12  # the job's progress
     assert [c.step for c in list_complete(root)] == [4, 12]
     assert sorted(p.name for p in root.iterdir()) == ["step-000004", "step-000012"]  # no temporary left
     (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
@@ -93,6 +94,8 @@ def test_a_failed_interval_save_is_counted_and_the_next_one_is_complete(
         assert main(["--plan", str(plan)]) == 0
     assert "resumed at step 12" in caplog.messages
     assert scraped["btj_trainer_steps_total"] == 2
+    # This container ran 2 steps; the job's step counts the 12 before the resume (status.progress).
+    assert scraped["btj_trainer_step"] == scraped["btj_trainer_planned_steps"] == 14
     assert [c.step for c in list_complete(root)] == [12, 14]
 
 

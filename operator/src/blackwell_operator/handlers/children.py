@@ -14,6 +14,7 @@ from blackwell_operator.handlers.events import post_event
 from blackwell_operator.handlers.reconcile import CHILD_KINDS, drop_supporting, supporting_of
 from blackwell_operator.models.spec import KIND
 from blackwell_operator.models.status import ConditionType, Phase
+from blackwell_operator.progress import as_patch, finished
 from blackwell_operator.replan import replacing_child
 from blackwell_operator.status import (
     TERMINAL_PHASES,
@@ -161,6 +162,10 @@ def on_child_event(
                 since=(get_condition(conds, ConditionType.RUNNING) or {}).get("lastTransitionTime"),
             ),
         }
+        steps = ((status.get("plan") or {}).get("steps")) or 0
+        if phase == Phase.SUCCEEDED and steps and status.get("progress") != finished(int(steps)):
+            # The last reading was up to a minute before the end: a finished job shows all its steps done.
+            changes["progress"] = as_patch(finished(int(steps)))
         if not recorded:
             # The child can report before the reconcile that created it has written status.child. Record
             # which child this phase came from, so that reconcile sees it as known and does not replace

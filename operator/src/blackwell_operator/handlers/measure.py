@@ -33,7 +33,7 @@ from blackwell_operator.measure import (
     tokens_per_second_per_gpu,
 )
 from blackwell_operator.models.status import Phase
-from blackwell_operator.progress import progress_of
+from blackwell_operator.progress import as_patch, progress_of
 from blackwell_operator.render.labels import JOB_NAME_LABEL
 from blackwell_operator.settings import env_name, operator_environment
 from blackwell_operator.status import now_rfc3339
@@ -88,7 +88,7 @@ def measured_changes(
         return None
     changes: dict[str, Any] = {}
     if progress is not None and status.get("progress") != progress:
-        changes["progress"] = dict(progress)
+        changes["progress"] = as_patch(dict(progress))
     if tokens_per_s is not None and not _close(status.get("measured") or {}, tokens_per_s, mfu):
         measured: dict[str, Any] = {"tokensPerSecondPerGpu": round(tokens_per_s, 1), "observedAt": now}
         if mfu is not None:
