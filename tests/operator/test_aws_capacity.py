@@ -258,9 +258,7 @@ def test_the_condition_is_advisory() -> None:
 
 
 @pytest.mark.integration
-async def test_the_operator_reports_aws_capacity(
-    cluster: Cluster, moto_sagemaker: Any
-) -> None:
+async def test_the_operator_reports_aws_capacity(cluster: Cluster, moto_sagemaker: Any) -> None:
     async with running_operator(cluster):
         await cluster.apply(
             btj("p5", cluster={"instanceType": P5, "nodes": 2, "hyperpodCluster": "ml-cluster"})

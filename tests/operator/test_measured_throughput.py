@@ -51,7 +51,13 @@ def test_a_reading_of_the_trainer_s_own_exposition(trainer_metrics: TrainerMetri
     reading = parse_reading(generate_latest(trainer_metrics.registry).decode(), at=10.0)
     planned = tiny_plan().steps
     assert reading == Reading(
-        at=10.0, tokens=8192.0, gpus=2, mfu=0.41, step=7, planned_steps=planned, pod_steps=1,
+        at=10.0,
+        tokens=8192.0,
+        gpus=2,
+        mfu=0.41,
+        step=7,
+        planned_steps=planned,
+        pod_steps=1,
         reserved_bytes=3 << 30,
     )
     assert parse_reading("# not a trainer\nup 1\n", at=0.0) is None

@@ -55,9 +55,11 @@ async def test_metrics_and_health_are_served(cluster: Cluster, monkeypatch: pyte
         # every figure asserted below, since each lands a moment after the status the test waited on.
         samples = await wait_for_async(
             scrape,
-            lambda s: s["btj_operator_jobs"].get("Invalid") == 1
-            and s["btj_operator_jobs"].get("Pending") == 1
-            and s.get("btj_operator_reconcile_duration_seconds_count", {}).get("", 0) >= 2,
+            lambda s: (
+                s["btj_operator_jobs"].get("Invalid") == 1
+                and s["btj_operator_jobs"].get("Pending") == 1
+                and s.get("btj_operator_reconcile_duration_seconds_count", {}).get("", 0) >= 2
+            ),
         )
         async with http.get(f"http://127.0.0.1:{port}/healthz") as response:
             assert response.status == 200 and (await response.json()) == {"status": "ok"}

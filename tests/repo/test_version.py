@@ -31,4 +31,3 @@ def test_the_chart_app_version_and_the_default_image_tag_are_the_package_version
     chart = yaml.safe_load((ROOT / "helm" / "btj-operator" / "Chart.yaml").read_text())
     assert chart["appVersion"] == VERSION, "bump helm/btj-operator/Chart.yaml appVersion with the package"
     assert DEFAULT_IMAGE.rsplit(":", 1)[1] == VERSION
-

@@ -141,9 +141,7 @@ def replan_changes(
     }
     if plan is None:
         history[-1] = entry.model_dump(by_alias=True, exclude_none=True, mode="json")
-        message = (
-            f"{_measured(result)} with {entry.failed_summary}, and {why}. Fix: {WHAT_TO_CHANGE}"
-        )
+        message = f"{_measured(result)} with {entry.failed_summary}, and {why}. Fix: {WHAT_TO_CHANGE}"
         conds = set_condition(
             status.get("conditions") or [],
             ConditionType.FAILED,

@@ -462,9 +462,7 @@ class Checkpointer:
                 )
             # Same layout: each rank its own extra. Another layout: rank 0's (its data position is global).
             source_rank = rank if written_by_ranks == world_size else 0
-            extra = torch.load(
-                candidate.path / EXTRA_DIR / f"rank-{source_rank:05d}.pt", weights_only=True
-            )
+            extra = torch.load(candidate.path / EXTRA_DIR / f"rank-{source_rank:05d}.pt", weights_only=True)
             if not isinstance(extra, dict):
                 raise TypeError(f"{EXTRA_DIR}/rank-{source_rank:05d}.pt holds a {type(extra).__name__}")
         except (torch.OutOfMemoryError, dist.DistError):

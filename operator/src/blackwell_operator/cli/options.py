@@ -49,8 +49,6 @@ def read_calibration(value: str, option: str = "--calibration") -> Calibration:
         fail(f"{option}: {path} is not a calibration file ({where}: {first['msg']})")
 
 
-
-
 CLUSTER_CALIBRATION_HELP = (
     "A cluster calibration file (`btj calibrate cluster export` wrote it; a `kubectl get cm "
     "btj-cluster-calibration -o yaml` copy works too): plan with the corrections measured on that cluster."

@@ -540,8 +540,8 @@ class HardenedEmulator(kmock.KubernetesEmulator):
                 uid = old["metadata"].get("uid") if old else None
                 if request.action == kmock.action.UPDATE:
                     self._prepare_update(request)
-                elif old and old["metadata"].get("finalizers") and not old["metadata"].get(
-                    "deletionTimestamp"
+                elif (
+                    old and old["metadata"].get("finalizers") and not old["metadata"].get("deletionTimestamp")
                 ):
                     # KMock marks it deleted (a MODIFIED event) without a new resourceVersion; a real server
                     # gives that change one like any other.
