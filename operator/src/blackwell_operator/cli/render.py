@@ -48,8 +48,20 @@ def plan_summary(plan: Plan, headroom: float) -> str:
             f"  predicted: {predicted.tokens_per_second_per_gpu:,.0f} tokens/s per GPU, MFU "
             f"{predicted.model_flops_utilization:.1%} of the BF16 dense peak, peak memory {peak:.1f} of "
             f"{budget:.1f} GiB budget per GPU ({headroom * 100:g}% of the GPU's memory kept free)",
+            *_rests_on(plan),
         ]
     )
+
+
+def _rests_on(plan: Plan) -> list[str]:
+    """One line naming the choices this project did not measure (B200 plans are modelled throughout)."""
+    if not plan.provenance:
+        return []
+    unmeasured = plan.modelled_choices
+    if not unmeasured:
+        return ["  rests on: measured in this project's GPU runs (btj plan shows where)"]
+    named = ", ".join(f"{c.choice} {c.basis.value}" for c in unmeasured)
+    return [f"  rests on: {named} (not measured here; btj plan shows what each rests on)"]
 
 
 @app.command()
