@@ -34,7 +34,7 @@ def test_render_embedded_example_offline() -> None:
     assert documents[1]["metadata"]["namespace"] == "hyperpod-ns-team-a"
     assert "predicted" in result.stderr and "llama3.1-8b" in result.stderr
     # A B200 plan is modelled, and the first thing a user reads says so.
-    assert "rests on: gpu modelled" in result.stderr
+    assert "rests on: modelled, not measured: gpu B200" in result.stderr
 
 
 def test_render_json_is_a_kubernetes_list() -> None:

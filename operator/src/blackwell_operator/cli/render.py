@@ -54,14 +54,12 @@ def plan_summary(plan: Plan, headroom: float) -> str:
 
 
 def _rests_on(plan: Plan) -> list[str]:
-    """One line naming the choices this project did not measure (B200 plans are modelled throughout)."""
+    """The PlanVerified condition's line: which choices are measured here and which modelled."""
+    from blackwell_operator.planner.provenance import verdict  # with the planner: `btj crd` stays light
+
     if not plan.provenance:
         return []
-    unmeasured = plan.modelled_choices
-    if not unmeasured:
-        return ["  rests on: measured in this project's GPU runs (btj plan shows where)"]
-    named = ", ".join(f"{c.choice} {c.basis.value}" for c in unmeasured)
-    return [f"  rests on: {named} (not measured here; btj plan shows what each rests on)"]
+    return [f"  rests on: {verdict(plan.provenance)[2]} (btj plan shows what each rests on)"]
 
 
 @app.command()
