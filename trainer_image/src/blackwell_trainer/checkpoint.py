@@ -114,8 +114,8 @@ def _agree(step: int, root: Path, error: BaseException | None, key: str) -> None
     A rank that raised alone would leave the others waiting in the next barrier until a timeout. The
     verdict goes through the job's c10d store and the phase ends with the same barrier as before this
     agreement existed: on the success path the process group sees exactly the collectives it saw then
-    (a small all-gather as a final save's last collective let one gloo rank abort at exit,
-    "terminate called without an active exception", in 3 of about 60 CPU e2e launches). `key` is
+    (a small all-gather as a final save's last collective made the gloo abort at exit that
+    process_exit.py explains likelier: 3 of about 60 CPU e2e launches). `key` is
     unique to this save attempt and phase.
     """
     rank, world_size = _world()

@@ -35,6 +35,9 @@ STATE_VERSION = 1
 # (the model must attend), few enough that a tiny model learns it in a few dozen steps.
 SYNTHETIC_STRIDES = (1, 2, 3)
 MAX_OPEN_SHARDS = 8
+# How long close() waits for a background shard download before it leaves it behind (a download is
+# written beside the shard and renamed into place, so one cut short leaves no half-written shard).
+PREFETCH_JOIN_TIMEOUT_S = 60.0
 
 
 class TokenSource(Protocol):
@@ -50,6 +53,10 @@ class TokenSource(Protocol):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue exactly after the batch that was last returned when `state` was taken."""
+        ...
+
+    def close(self) -> None:
+        """Stop and join this source's background work (the trainer calls it before it tears down)."""
         ...
 
 
@@ -152,6 +159,9 @@ class SyntheticTokenSource:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         _restore_position(state, DatasetKind.SYNTHETIC, self._identity(), self.position)
 
+    def close(self) -> None:
+        """Nothing runs in the background."""
+
 
 @dataclass
 class Shard:
@@ -206,6 +216,7 @@ class ShardTokenSource:
         # Each open memmap holds a file descriptor; windows are read shard by shard, so a few suffice
         # even for data sets of many thousands of shards.
         self._open: OrderedDict[int, np.memmap[Any, np.dtype[Any]]] = OrderedDict()
+        self._prefetch: threading.Thread | None = None  # the one background fetch, joined by close()
 
     def _epoch_layout(self, epoch: int) -> tuple[list[int], list[int]]:
         """Shard order and cumulative window counts (ends) of an epoch."""
@@ -231,10 +242,33 @@ class ShardTokenSource:
         if len(self._open) > MAX_OPEN_SHARDS:
             self._open.popitem(last=False)
         if following is not None:
-            # Fetch the epoch's next shard in the background so a remote download overlaps training;
-            # an error there is raised again by the foreground fetch when the shard is needed.
-            threading.Thread(target=_quietly, args=(self.shards[following].fetch,), daemon=True).start()
+            self._fetch_in_background(following)
         return self._open[shard]
+
+    def _fetch_in_background(self, shard: int) -> None:
+        """Fetch the epoch's next shard while this one trains, so a remote download overlaps training;
+        an error there is raised again by the foreground fetch when the shard is needed. One at a time, so
+        close() has one thread to join: while one still runs, the foreground fetches the next itself."""
+        if self._prefetch is not None and self._prefetch.is_alive():
+            return
+        self._prefetch = threading.Thread(
+            target=_quietly, args=(self.shards[shard].fetch,), name="btj-shard-prefetch", daemon=True
+        )
+        self._prefetch.start()
+
+    def close(self) -> None:
+        """Join the background fetch, if one runs: no thread of the data source outlives the run."""
+        prefetch, self._prefetch = self._prefetch, None
+        if prefetch is None:
+            return
+        prefetch.join(PREFETCH_JOIN_TIMEOUT_S)
+        if prefetch.is_alive():
+            # Daemon, so a download stuck on the network cannot hold the exit; cut short, it leaves a
+            # partial file beside the shard, never a shard that looks complete.
+            log.warning(
+                "a background shard download is still running after %.0f s; exiting without it",
+                PREFETCH_JOIN_TIMEOUT_S,
+            )
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         epoch, indices = self.position.take(self.samples_per_epoch)

@@ -63,6 +63,7 @@ class TrainerMetrics:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         self.port: int | None = None
         self._server: Any = None
+        self._thread: threading.Thread | None = None  # the server's, joined by close()
         # Ranks of one pod step in lockstep on equal batches, so the pod's tokens are one rank's
         # tokens times the GPUs it serves (LOCAL_WORLD_SIZE under torchrun).
         self.gpus = int(os.environ.get("LOCAL_WORLD_SIZE", plan.gpus_per_node))
@@ -181,7 +182,7 @@ class TrainerMetrics:
         if not is_local_rank_zero():
             return
         try:
-            self._server, _ = start_http_server(port, registry=self.registry)
+            self._server, self._thread = start_http_server(port, registry=self.registry)
         except OSError as err:
             raise RuntimeError(
                 f"cannot serve metrics on port {port}: {err}; set metricsPort in the plan to a free port"
@@ -190,11 +191,14 @@ class TrainerMetrics:
         log.info("serving Prometheus metrics on :%d/metrics", self.port)
 
     def close(self) -> None:
-        """Stop the HTTP server, if serving."""
+        """Stop the HTTP server, if serving, and join its thread (none of ours outlives the run)."""
         if self._server is not None:
-            self._server.shutdown()
+            self._server.shutdown()  # returns once serve_forever() has: the thread ends right after
             self._server.server_close()
             self._server = None
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
 
     def record_step(
         self,

@@ -393,11 +393,26 @@ def run(plan: Plan, runtime: Runtime, guard: PreemptionGuard) -> int:
 def _train(
     plan: Plan, runtime: Runtime, guard: PreemptionGuard, metrics: TrainerMetrics, tracker: PhaseTracker
 ) -> int:
-    """run()'s body: build, resume, then step until done or preempted."""
-    from .checkpoint import Checkpointer, SavePolicy
-
+    """run()'s body: build, then train (_loop); the data source is closed however it ends."""
     trainer = Trainer(plan, runtime, tracker)
     source = _token_source(plan, runtime)
+    try:
+        return _loop(plan, runtime, guard, metrics, trainer, source)
+    finally:
+        source.close()  # its background fetch is joined before run() destroys the process group
+
+
+def _loop(
+    plan: Plan,
+    runtime: Runtime,
+    guard: PreemptionGuard,
+    metrics: TrainerMetrics,
+    trainer: Trainer,
+    source: TokenSource,
+) -> int:
+    """Resume, then step until done or preempted; 0 either way."""
+    from .checkpoint import Checkpointer, SavePolicy
+
     checkpointer = Checkpointer(plan.checkpoint, rank=runtime.rank)
     _resume_or_start(plan, trainer, source, checkpointer, metrics)
     policy = SavePolicy(checkpointer, steps=plan.steps, recorder=metrics)
@@ -410,8 +425,8 @@ def _train(
 
     while True:
         # Done first, without a collective: the last step's checkpoint is the last collective before
-        # the process group is destroyed (a tiny all-reduce there let one gloo rank abort at exit,
-        # "terminate called without an active exception", in about 1 of 10 CPU e2e runs).
+        # the process group is destroyed. (A tiny all-reduce there made the gloo abort at exit that
+        # process_exit.py explains far more likely; the exit path now rules it out.)
         if trainer.step_index >= plan.steps:
             _export(plan, trainer, runtime)
             return 0
