@@ -4,7 +4,7 @@ Usage: python -m tests.trainer.exit_hazard RANK PORT MODE CODE
 MODE `trainer` ends through blackwell_trainer.process_exit, as ``python -m blackwell_trainer`` does;
 MODE `plain` ends with ``SystemExit(CODE)`` and Python's normal finalization.
 
-Rank 0 stages, deterministically, what the trainer met by chance (about once in a hundred CPU runs): its
+Rank 0 stages, deterministically, what the trainer met rarely, by chance: its
 last collective completes on a gloo worker after its tensor's Python object is gone, so the worker must
 take the GIL to free it, while the main thread is on its way out and does not hand the GIL over until the
 interpreter is finalizing. Rank 1 only takes part in that collective and leaves with os._exit.

@@ -8,14 +8,14 @@ collective's tensors after the collective completed, and when the tensor's Pytho
 takes the GIL to free it. A worker that asks for the GIL just before the interpreter finalizes and gets it
 during finalization is ended by CPython with ``pthread_exit``, whose unwinding crosses a ``noexcept`` C++
 destructor: ``std::terminate``, "terminate called without an active exception", SIGABRT (exit -6) after a
-run that had finished and recorded everything. (CPython 3.14 parks such threads instead; the trainer
-image runs 3.11.) The same worker is ended harmlessly by ``os._exit``.
+run that had finished and recorded everything (CPython before 3.14 does this; CI runs 3.11). The
+same worker is ended harmlessly by ``os._exit``.
 
 So ``python -m blackwell_trainer`` ends with ``os._exit(code)`` from the last atexit handler: non-daemon
 threads are joined and every other atexit handler (logging's flush, torch's) has run by then, with the
 interpreter fully alive; what is skipped is the module teardown and garbage collection that would follow,
-which the trainer does not need: its checkpoints, export and termination message are written and synced
-before main() returns.
+which the trainer does not need: its checkpoints, export and termination message are written (their files
+closed) before main() returns, and os._exit loses only what is buffered in Python, which stdio no longer is.
 """
 
 from __future__ import annotations
