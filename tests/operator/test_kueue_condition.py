@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from blackwell_operator.kueue import kueue_condition
-from blackwell_operator.status import child_conditions, get_condition
+from blackwell_operator.lifecycle.conditions import get_condition
+from blackwell_operator.lifecycle.kueue import kueue_condition
+from blackwell_operator.lifecycle.phase import child_conditions
 from blackwell_operator.testing.emulator import HYPERPOD_RESOURCE, TRAINJOB_RESOURCE
 from tests.operator.harness import HYPERPODJOBS, TRAINJOBS, Cluster, btj, running_operator, wait_for
 

@@ -1,6 +1,6 @@
 """status.measured: the operator reads a running trainer pod's /metrics (real HTTP) beside the plan.
 
-Pure tests of blackwell_operator.measure and the status change, then the real operator under KopfRunner
+Pure tests of lifecycle.measure and the status change, then the real operator under KopfRunner
 scraping the trainer's own metrics exporter (blackwell_trainer.metrics) over HTTP.
 """
 
@@ -14,7 +14,12 @@ import pytest
 from prometheus_client import generate_latest
 
 from blackwell_operator.handlers.measure import INTERVAL_ENV, measure_interval, measured_changes
-from blackwell_operator.measure import Reading, metrics_endpoint, parse_reading, tokens_per_second_per_gpu
+from blackwell_operator.lifecycle.measure import (
+    Reading,
+    metrics_endpoint,
+    parse_reading,
+    tokens_per_second_per_gpu,
+)
 from blackwell_trainer.metrics import TrainerMetrics
 from tests.operator.harness import Cluster, btj, running_operator, wait_for
 from tests.operator.pods import container, job_condition, pod, pod_status

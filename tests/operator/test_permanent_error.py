@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from blackwell_operator.failures import (
+from blackwell_operator.lifecycle.failures import (
     PERMANENT_ERROR_REASON,
     failure_changes,
     is_permanent,
@@ -19,6 +19,9 @@ from blackwell_operator.failures import (
 from tests.operator.harness import Cluster, btj, running_operator, wait_for
 from tests.operator.pods import PERMANENT_TRAINER_ERROR as PERMANENT
 from tests.operator.pods import RESTARTING, T1, T2, container, pod, pod_status, terminated
+
+# metav1.Time the pure functions stamp their conditions and history with (the clock is passed in).
+NOW = "2026-12-01T12:00:00Z"
 
 STORAGE = "error: 3 interval checkpoints in a row not written, the last checkpoint of step 600: No space left"
 
@@ -63,7 +66,7 @@ def test_only_the_trainer_s_marked_messages_are_permanent() -> None:
 
 
 def test_a_permanent_error_fails_a_running_btj() -> None:
-    changes, new = failure_changes(_btj("Restarting"), _worker(), _failure(PERMANENT))
+    changes, new = failure_changes(_btj("Restarting"), _worker(), _failure(PERMANENT), now=NOW)
     assert changes is not None and new
     assert changes["phase"] == "Failed" and changes["lastFailure"]["message"] == PERMANENT
     assert changes["message"].startswith("Failed: a worker ended on a permanent error, which no restart")
@@ -75,12 +78,12 @@ def test_a_permanent_error_fails_a_running_btj() -> None:
 
 @pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
 def test_a_finished_btj_is_not_failed_again(phase: str) -> None:
-    changes, _ = failure_changes(_btj(phase), _worker(), _failure(PERMANENT))
+    changes, _ = failure_changes(_btj(phase), _worker(), _failure(PERMANENT), now=NOW)
     assert changes is None or "phase" not in changes
 
 
 def test_a_storage_failure_is_recorded_but_the_job_goes_on() -> None:
-    changes, new = failure_changes(_btj("Restarting"), _worker(), _failure(STORAGE))
+    changes, new = failure_changes(_btj("Restarting"), _worker(), _failure(STORAGE), now=NOW)
     assert changes is not None and new and "phase" not in changes
     assert not stopped_on_permanent_error({**_btj("Restarting")["status"], **changes})
 

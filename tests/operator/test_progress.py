@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from blackwell_operator.handlers.measure import measured_changes
-from blackwell_operator.measure import WARMUP_STEPS, Reading, sample_of
+from blackwell_operator.lifecycle.measure import WARMUP_STEPS, Reading, sample_of
+from blackwell_operator.lifecycle.progress import finished, progress_of, short_duration
 from blackwell_operator.models.status import JobProgress
-from blackwell_operator.progress import finished, progress_of, short_duration
 from blackwell_trainer.config import ClusterCorrection
 from tests.operator.harness import btj
 from tests.operator.pods import container, pod, pod_status

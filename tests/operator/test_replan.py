@@ -10,16 +10,19 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from blackwell_operator.failures import PERMANENT_ERROR_REASON, worker_failure
+from blackwell_operator.lifecycle.failures import PERMANENT_ERROR_REASON, worker_failure
+from blackwell_operator.lifecycle.replan import WHAT_TO_CHANGE, correction_of, replan_changes
 from blackwell_operator.models.status import PLAN_HISTORY_LIMIT
 from blackwell_operator.planner.correction import family_key
-from blackwell_operator.replan import WHAT_TO_CHANGE, correction_of, replan_changes
 from blackwell_operator.testing.emulator import HYPERPOD_RESOURCE, PYTORCHJOB_RESOURCE, TRAINJOB_RESOURCE
 from blackwell_trainer.config import PERMANENT_ERROR_PREFIX, Candidate, OomPhase, OomResult, Plan
 from tests.operator.harness import Cluster, btj, running_operator, wait_for
 from tests.operator.pods import T1, T2, T3, container, pod, pod_status, terminated
 from tests.operator.test_trainjob_lifecycle import node_job, trainer_pod
 from tests.ports import free_port
+
+# metav1.Time the pure functions stamp their conditions and history with (the clock is passed in).
+NOW = "2026-12-01T12:00:00Z"
 
 GIB = 2**30
 RESOURCES = {
@@ -118,7 +121,9 @@ def test_the_history_is_bounded_and_the_correction_belongs_to_its_generation() -
     }
     result = OomResult.find(oom_message(plan))
     assert result is not None
-    changes, entry = replan_changes(body, {"pod": "w-worker-0"}, result, failed_reason=PERMANENT_ERROR_REASON)
+    changes, entry = replan_changes(
+        body, {"pod": "w-worker-0"}, result, failed_reason=PERMANENT_ERROR_REASON, now=NOW
+    )
     assert len(changes["planHistory"]) == PLAN_HISTORY_LIMIT
     assert changes["planHistory"][-1]["failedChildUid"] == "u-job" and entry.replacement is not None
     assert changes["memoryCorrection"]["generation"] == 4

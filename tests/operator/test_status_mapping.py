@@ -6,16 +6,15 @@ from typing import Any
 
 import pytest
 
-from blackwell_operator.models.status import Condition, Phase
-from blackwell_operator.status import (
+from blackwell_operator.lifecycle.conditions import set_condition
+from blackwell_operator.lifecycle.patch import merge_patch_to, plan_document
+from blackwell_operator.lifecycle.phase import (
     can_patch_in_place,
     child_conditions,
     child_message,
     child_phase,
-    merge_patch_to,
-    plan_document,
-    set_condition,
 )
+from blackwell_operator.models.status import Condition, Phase
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 

@@ -1,6 +1,6 @@
 """A failed trainer container reaches the BTJ: status.lastFailure, the message, one WorkerFailed Event.
 
-Pure tests of blackwell_operator.failures, then the real operator under KopfRunner against the emulator,
+Pure tests of lifecycle.failures, then the real operator under KopfRunner against the emulator,
 with pods written the way the training operator (create) and the kubelet (/status) write them.
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from blackwell_operator.failures import (
+from blackwell_operator.lifecycle.failures import (
     FAILURE_SEPARATOR,
     belongs_to,
     describe,
@@ -25,6 +25,9 @@ from blackwell_operator.models.status import WorkerFailure
 from blackwell_operator.render.labels import JOB_NAME_LABEL
 from tests.operator.harness import NAMESPACE, Cluster, from_operator, running_operator, wait_for
 from tests.operator.pods import RESTARTING, T1, T2, T3, container, job_condition, pod, pod_status, terminated
+
+# metav1.Time the pure functions stamp their conditions and history with (the clock is passed in).
+NOW = "2026-12-01T12:00:00Z"
 
 TRAINER_ERROR = (
     "error: btj-trainer: spec.tuning.microBatchSize=12: permanent error: the plan needs 181.2 GiB per GPU "
@@ -171,16 +174,19 @@ def test_nothing_is_written_onto_a_btj_being_deleted_or_succeeded() -> None:
     body = pod("w-worker-0", owner=CHILD)
     failure = {"pod": "w-worker-0", "container": "pytorch", "exitCode": 1, "reason": "Error", "message": "m"}
     restarting = {"phase": "Restarting", "message": "PyTorchJob w is Restarting"}
-    changes, new = failure_changes(_btj(restarting), body, failure)
+    changes, new = failure_changes(_btj(restarting), body, failure, now=NOW)
     assert new and changes == {
         "lastFailure": failure,
         "message": f"PyTorchJob w is Restarting{FAILURE_SEPARATOR}pod w-worker-0 exit 1 (Error): m",
     }
-    assert failure_changes(_btj({**restarting, "lastFailure": failure}), body, failure) == (None, False)
+    assert failure_changes(_btj({**restarting, "lastFailure": failure}), body, failure, now=NOW) == (
+        None,
+        False,
+    )
     deleting = _btj(restarting, deletionTimestamp=T2)
-    assert failure_changes(deleting, body, failure) == (None, False)
-    assert failure_changes(_btj({"phase": "Succeeded"}), body, failure) == (None, False)
-    running, new = failure_changes(_btj({"phase": "Running", "message": "m"}), body, failure)
+    assert failure_changes(deleting, body, failure, now=NOW) == (None, False)
+    assert failure_changes(_btj({"phase": "Succeeded"}), body, failure, now=NOW) == (None, False)
+    running, new = failure_changes(_btj({"phase": "Running", "message": "m"}), body, failure, now=NOW)
     assert new and running == {"lastFailure": failure}, "recorded, not folded, while running"
 
 

@@ -45,7 +45,7 @@ PERMISSIONS: tuple[Permission, ...] = (
     # The operator (track-pods): watches trainer pods, filtered by label on the server, to copy a failed
     # trainer container's exit code, reason and termination message onto the BTJ (status.lastFailure).
     # Nothing is fetched by name: the pod comes with each event. The stuck-pod sweep lists a running BTJ's
-    # trainer pods and force-deletes one stuck Terminating on a gone or not-Ready node (stuck_pods.py).
+    # trainer pods and force-deletes one stuck Terminating on a gone or not-Ready node (lifecycle.stuck_pods).
     Permission("", "pods", ("list", "watch", "delete")),
     # Kopf and the operator: Events on BTJs.
     Permission("", "events", ("create",)),

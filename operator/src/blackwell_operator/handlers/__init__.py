@@ -14,9 +14,9 @@ from blackwell_operator.handlers.measure import measure_interval
 from blackwell_operator.handlers.pods import on_pod_event
 from blackwell_operator.handlers.reconcile import CHILD_KINDS, Reconciler
 from blackwell_operator.handlers.resync import resync_interval
+from blackwell_operator.handlers.stuck import stuck_pod_timeout
 from blackwell_operator.models.spec import API_GROUP, API_VERSION, PLURAL
 from blackwell_operator.render.labels import JOB_NAME_LABEL, MANAGED_BY_LABEL, MANAGER
-from blackwell_operator.stuck_pods import stuck_pod_timeout
 
 
 def _ctx(memo: kopf.Memo) -> OperatorContext:

@@ -9,9 +9,9 @@ from typing import Any
 from blackwell_operator.handlers import retrying
 from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
 from blackwell_operator.handlers.context import OperatorContext
+from blackwell_operator.lifecycle.phase import TERMINAL_PHASES
 from blackwell_operator.models.spec import API_GROUP, API_VERSION, PLURAL
 from blackwell_operator.models.status import ConditionType
-from blackwell_operator.status import TERMINAL_PHASES
 
 BTJ_API_VERSION = f"{API_GROUP}/{API_VERSION}"
 _LOG = logging.getLogger(__name__)

@@ -5,27 +5,26 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from blackwell_operator.failures import stopping_child, with_failure
 from blackwell_operator.handlers import finalizer
 from blackwell_operator.handlers.api import ApiError
 from blackwell_operator.handlers.btjstatus import CHILD_DELETED, is_finished, write_status_logged
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import post_event
 from blackwell_operator.handlers.reconcile import CHILD_KINDS, drop_supporting, supporting_of
-from blackwell_operator.models.spec import KIND
-from blackwell_operator.models.status import ConditionType, Phase
-from blackwell_operator.progress import as_patch, finished
-from blackwell_operator.replan import replacing_child
-from blackwell_operator.status import (
+from blackwell_operator.lifecycle.conditions import get_condition, set_condition
+from blackwell_operator.lifecycle.failures import stopping_child, with_failure
+from blackwell_operator.lifecycle.phase import (
     TERMINAL_PHASES,
     child_conditions,
     child_message,
     child_phase,
-    get_condition,
-    now_rfc3339,
-    set_condition,
     summary_message,
 )
+from blackwell_operator.lifecycle.progress import as_patch, finished
+from blackwell_operator.lifecycle.replan import replacing_child
+from blackwell_operator.models.spec import KIND
+from blackwell_operator.models.status import ConditionType, Phase
+from blackwell_operator.timefmt import now_rfc3339
 
 # Phases worth an Event on the BTJ when the child enters them.
 _EVENT_PHASES = {

@@ -19,24 +19,24 @@ from typing import Any
 import aiohttp
 
 from blackwell_operator.calibration.cluster import Sample
-from blackwell_operator.failures import belongs_to
 from blackwell_operator.handlers import cluster_calibration
 from blackwell_operator.handlers.api import ApiError
 from blackwell_operator.handlers.btjstatus import write_status
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.periodic import every
-from blackwell_operator.measure import (
+from blackwell_operator.lifecycle.failures import belongs_to
+from blackwell_operator.lifecycle.measure import (
     Reading,
     metrics_endpoint,
     parse_reading,
     sample_of,
     tokens_per_second_per_gpu,
 )
+from blackwell_operator.lifecycle.progress import as_patch, progress_of
 from blackwell_operator.models.status import Phase
-from blackwell_operator.progress import as_patch, progress_of
 from blackwell_operator.render.labels import JOB_NAME_LABEL
 from blackwell_operator.settings import env_name, operator_environment
-from blackwell_operator.status import now_rfc3339
+from blackwell_operator.timefmt import now_rfc3339
 
 INTERVAL_ENV = env_name("measure_interval_s")
 SCRAPE_TIMEOUT_S = 5.0

@@ -5,7 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from blackwell_operator.failures import (
+from blackwell_operator.handlers.api import ApiError, resource_path
+from blackwell_operator.handlers.btjstatus import CHILD_DELETED, write_status_logged
+from blackwell_operator.handlers.context import OperatorContext
+from blackwell_operator.handlers.events import post_event
+from blackwell_operator.handlers.reconcile import CHILD_KINDS
+from blackwell_operator.lifecycle.failures import (
     describe,
     failure_changes,
     failure_key,
@@ -14,13 +19,9 @@ from blackwell_operator.failures import (
     stopping_child,
     worker_failure,
 )
-from blackwell_operator.handlers.api import ApiError, resource_path
-from blackwell_operator.handlers.btjstatus import CHILD_DELETED, write_status_logged
-from blackwell_operator.handlers.context import OperatorContext
-from blackwell_operator.handlers.events import post_event
-from blackwell_operator.handlers.reconcile import CHILD_KINDS
+from blackwell_operator.lifecycle.replan import REPLANNED_REASON, replacing_child
 from blackwell_operator.render.labels import JOB_NAME_LABEL
-from blackwell_operator.replan import REPLANNED_REASON, replacing_child
+from blackwell_operator.timefmt import now_rfc3339
 
 WORKER_FAILED = "WorkerFailed"
 
@@ -45,7 +46,7 @@ def on_pod_event(ctx: OperatorContext, event_type: str | None, pod: Mapping[str,
     posted: dict[str, Any] = {}
 
     def update(btj: Mapping[str, Any]) -> dict[str, Any] | None:
-        changes, new = failure_changes(btj, pod, failure)
+        changes, new = failure_changes(btj, pod, failure, now=now_rfc3339())
         posted.update(event=new, btj=btj)
         return changes
 

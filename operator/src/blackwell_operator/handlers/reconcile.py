@@ -12,15 +12,6 @@ from typing import Any, TypeVar
 import kopf
 
 from blackwell_operator.admission.job import Rejected, validate_body
-from blackwell_operator.backends import (
-    CONCRETE,
-    JOB_APIS,
-    JobApi,
-    backend_of_kind,
-    choose_backend,
-    none_served_message,
-    with_backend,
-)
 from blackwell_operator.calibration.cluster import Corrector, describe_correction, frozen
 from blackwell_operator.discovery.aws import AwsCapacity
 from blackwell_operator.discovery.capacity import Capacity
@@ -39,29 +30,39 @@ from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import adopt_children, create_event, post_event
 from blackwell_operator.handlers.finalizer import holds, release, with_finalizer
 from blackwell_operator.handlers.planning import plan_within
+from blackwell_operator.lifecycle.backends import (
+    CONCRETE,
+    JOB_APIS,
+    JobApi,
+    backend_of_kind,
+    choose_backend,
+    none_served_message,
+    with_backend,
+)
+from blackwell_operator.lifecycle.conditions import (
+    ConditionStatus,
+    get_condition,
+    remove_condition,
+    set_condition,
+)
+from blackwell_operator.lifecycle.patch import merge_patch_to, plan_document
+from blackwell_operator.lifecycle.phase import (
+    CHILD_PHASES,
+    TERMINAL_PHASES,
+    can_patch_in_place,
+    child_conditions,
+    child_message,
+    child_phase,
+    summary_message,
+)
+from blackwell_operator.lifecycle.replan import REPLANNED_REASON, correction_of, replacing_child
 from blackwell_operator.models.spec import Backend, BlackwellTrainingJobSpec
 from blackwell_operator.models.status import ConditionType, Phase
 from blackwell_operator.planner.provenance import plan_event, plan_verified_condition
 from blackwell_operator.render import render_children, trainjob
 from blackwell_operator.render.labels import RENDER_HASH_ANNOTATION
 from blackwell_operator.render.pod import plan_config_map_name, resources
-from blackwell_operator.replan import REPLANNED_REASON, correction_of, replacing_child
-from blackwell_operator.status import (
-    CHILD_PHASES,
-    TERMINAL_PHASES,
-    ConditionStatus,
-    can_patch_in_place,
-    child_conditions,
-    child_message,
-    child_phase,
-    get_condition,
-    merge_patch_to,
-    now_rfc3339,
-    plan_document,
-    remove_condition,
-    set_condition,
-    summary_message,
-)
+from blackwell_operator.timefmt import now_rfc3339
 from blackwell_trainer.config import ClusterCorrection, Plan
 
 # Where each backend's job lives in the API (backends.JOB_APIS, under the name the handlers use).
@@ -309,8 +310,8 @@ class Reconciler:
         generation = int(meta.get("generation") or 1)
         try:
             spec = parse_spec(body)
-            # What out-of-memory runs of this spec taught (status.memoryCorrection, replan.py): also after
-            # an operator restart, the plan is the corrected one that runs.
+            # What out-of-memory runs of this spec taught (status.memoryCorrection, lifecycle/replan.py):
+            # also after an operator restart, the plan is the corrected one that runs.
             correction = correction_of(body)
             cluster = self._cluster_corrector(body, spec, generation)
             plan = plan_within(spec, name, correction=correction, cluster=cluster)

@@ -21,9 +21,9 @@ from blackwell_operator.handlers.btjstatus import btj_path, wants_child_back
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.periodic import every
 from blackwell_operator.handlers.reconcile import CREATE_REFUSED, NO_JOB_API, PATCH_REFUSED, Reconciler
+from blackwell_operator.lifecycle.conditions import get_condition
 from blackwell_operator.models.status import ConditionType, Phase
 from blackwell_operator.settings import operator_environment
-from blackwell_operator.status import get_condition
 
 FIRST_BACKOFF_S = 1.0
 # The ChildCreated / SpecApplied reasons that mean "not there yet, try again".

@@ -61,7 +61,7 @@ class Backend(StrEnum):
     PYTORCH_JOB = "PyTorchJob"
     HYPERPOD_PYTORCH_JOB = "HyperPodPyTorchJob"
     TRAIN_JOB = "TrainJob"
-    # The operator picks the first of these the cluster serves (blackwell_operator/backends.py).
+    # The operator picks the first of these the cluster serves (lifecycle/backends.py).
     AUTO = "auto"
 
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from blackwell_operator.discovery.capacity import parse_quantity
 from blackwell_operator.render.labels import KUEUE_QUEUE_LABEL
-from blackwell_operator.status import now_rfc3339
 from blackwell_operator.testing.emulator import HardenedEmulator
+from blackwell_operator.timefmt import now_rfc3339
 
 MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
 

@@ -5,18 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from blackwell_operator.lifecycle.conditions import get_condition, set_condition
+from blackwell_operator.lifecycle.phase import TERMINAL_PHASES
+from blackwell_operator.lifecycle.replan import oom_of, replacing_child, replan_changes
 from blackwell_operator.models.status import FAILURE_MESSAGE_LIMIT, ConditionType, Phase
 from blackwell_operator.render import hyperpod, pytorchjob, trainjob
 from blackwell_operator.render.labels import JOB_NAME_LABEL
 from blackwell_operator.render.pod import TERMINATION_GRACE_SECONDS, TRAINER_CONTAINER_NAMES
-from blackwell_operator.replan import oom_of, replacing_child, replan_changes
-from blackwell_operator.status import (
-    TERMINAL_PHASES,
-    get_condition,
-    now_rfc3339,
-    rfc3339_seconds,
-    set_condition,
-)
+from blackwell_operator.timefmt import rfc3339_seconds
 from blackwell_trainer.config import PERMANENT_ERROR_PREFIX, OomResult
 
 # What status.message appends while the phase is Restarting or Failed; the text before it is the summary
@@ -206,7 +202,9 @@ def stopped_on_permanent_error(status: Mapping[str, Any]) -> bool:
     )
 
 
-def _permanent_stop(status: Mapping[str, Any], failure: Mapping[str, Any], generation: Any) -> dict[str, Any]:
+def _permanent_stop(
+    status: Mapping[str, Any], failure: Mapping[str, Any], generation: Any, now: str
+) -> dict[str, Any]:
     """The status keys that fail the BTJ on a worker's permanent error."""
     child = status.get("child") or {}
     what = f"{child.get('kind', 'job')} {child.get('name', '')}".strip()
@@ -222,16 +220,16 @@ def _permanent_stop(status: Mapping[str, Any], failure: Mapping[str, Any], gener
         PERMANENT_ERROR_REASON,
         reason[: FAILURE_MESSAGE_LIMIT * 2],
         generation=generation,
-        now=now_rfc3339(),
+        now=now,
     )
     return {"phase": Phase.FAILED.value, "conditions": conds, "message": f"Failed: {reason}"}
 
 
 def failure_changes(
-    btj: Mapping[str, Any], pod: Mapping[str, Any], failure: Mapping[str, Any]
+    btj: Mapping[str, Any], pod: Mapping[str, Any], failure: Mapping[str, Any], *, now: str
 ) -> tuple[dict[str, Any] | None, bool]:
     """The BTJ status keys that record `failure` of `pod` (None: nothing to write), and whether it is a
-    failure not recorded before (worth one Event)."""
+    failure not recorded before (worth one Event). `now` (metav1.Time) stamps a condition it sets."""
     if (btj.get("metadata") or {}).get("deletionTimestamp") or not belongs_to(pod, btj):
         return None, False
     status = btj.get("status") or {}
@@ -251,10 +249,10 @@ def failure_changes(
         oom = oom_of(failure)
         if oom is not None and status.get("plan"):
             # Out of GPU memory: the same plan runs out again, a smaller one may not (replan.py).
-            replanned, _ = replan_changes(btj, failure, oom, failed_reason=PERMANENT_ERROR_REASON)
+            replanned, _ = replan_changes(btj, failure, oom, failed_reason=PERMANENT_ERROR_REASON, now=now)
             return replanned, True
         generation = status.get("observedGeneration") or (btj.get("metadata") or {}).get("generation")
-        changes.update(_permanent_stop(status, failure, generation))
+        changes.update(_permanent_stop(status, failure, generation, now))
         return changes, True
     message = with_failure(str(status.get("message") or ""), status.get("phase"), failure)
     if message != (status.get("message") or ""):

@@ -8,6 +8,8 @@ from typing import Any
 from blackwell_operator.admission.job import Rejected, validate_body
 from blackwell_operator.calibration.cluster import frozen
 from blackwell_operator.errors import SpecError
+from blackwell_operator.lifecycle.conditions import set_condition
+from blackwell_operator.lifecycle.patch import merge_patch_to, plan_document
 from blackwell_operator.models.status import (
     FAILURE_MESSAGE_LIMIT,
     PLAN_HISTORY_LIMIT,
@@ -18,7 +20,6 @@ from blackwell_operator.models.status import (
 )
 from blackwell_operator.planner import plan_job
 from blackwell_operator.planner.correction import learn
-from blackwell_operator.status import merge_patch_to, now_rfc3339, plan_document, set_condition
 from blackwell_trainer.config import Candidate, OomResult, Plan
 
 # The Planned condition's reason while a re-planned job replaces its child.
@@ -92,13 +93,14 @@ def _measured(result: OomResult) -> str:
 
 
 def replan_changes(
-    btj: Mapping[str, Any], failure: Mapping[str, Any], result: OomResult, *, failed_reason: str
+    btj: Mapping[str, Any], failure: Mapping[str, Any], result: OomResult, *, failed_reason: str, now: str
 ) -> tuple[dict[str, Any], PlanChange]:
     """The BTJ status keys after its worker ran out of GPU memory, and the history entry they add.
 
     With re-plans left and a plan that fits the corrected memory model: the new plan, the correction and
     the history, phase Restarting (the caller deletes the child and the reconcile path re-creates it from
     this plan). Otherwise: phase Failed, its condition's reason `failed_reason`, naming what to change.
+    `now` (metav1.Time) stamps the history entry and the conditions.
     """
     status = btj.get("status") or {}
     name = (btj.get("metadata") or {}).get("name", "btj")
@@ -107,7 +109,7 @@ def replan_changes(
     correction = learn(correction_of(btj), result, failed, generation=generation)
     child = status.get("child") or {}
     entry = PlanChange(
-        at=now_rfc3339(),
+        at=now,
         generation=generation,
         reason=OUT_OF_MEMORY,
         message=_measured(result),
@@ -134,7 +136,6 @@ def replan_changes(
     except SpecError as exc:
         why = f"no configuration fits the corrected memory model: {exc.message}"
     history = [*(status.get("planHistory") or []), None][-PLAN_HISTORY_LIMIT:]
-    now = entry.at
     changes: dict[str, Any] = {
         "lastFailure": dict(failure),
         "memoryCorrection": correction.model_dump(by_alias=True, exclude_none=True, mode="json"),

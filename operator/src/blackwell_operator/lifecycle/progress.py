@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from blackwell_operator.measure import Reading
+from blackwell_operator.lifecycle.measure import Reading
 
 
 def short_duration(seconds: float) -> str:
