@@ -32,8 +32,9 @@ from blackwell_operator.lifecycle.measure import (
     sample_of,
     tokens_per_second_per_gpu,
 )
-from blackwell_operator.lifecycle.progress import as_patch, progress_of
-from blackwell_operator.models.status import Phase
+from blackwell_operator.lifecycle.progress import progress_of
+from blackwell_operator.lifecycle.writers import MEASURE_LOOP
+from blackwell_operator.models.status import JobProgress, MeasuredThroughput, Phase, StatusChange
 from blackwell_operator.render.labels import JOB_NAME_LABEL
 from blackwell_operator.settings import env_name, operator_environment
 from blackwell_operator.timefmt import now_rfc3339
@@ -80,21 +81,22 @@ def measured_changes(
     mfu: float | None,
     now: str,
     progress: Mapping[str, Any] | None = None,
-) -> dict[str, Any] | None:
+) -> StatusChange | None:
     """status.measured (when it moved) and status.progress (when it changed) from a reading of `pod`, when
-    it is this BTJ's running worker."""
+    it is this BTJ's running worker. The progress replaces the stored one whole: a time left from before a
+    restart is never shown beside a newer step."""
     status = btj.get("status") or {}
     if status.get("phase") != Phase.RUNNING.value or not belongs_to(pod, btj):
         return None
-    changes: dict[str, Any] = {}
+    change = StatusChange()
     if progress is not None and status.get("progress") != progress:
-        changes["progress"] = as_patch(dict(progress))
+        change.progress = JobProgress.model_validate(progress)
     if tokens_per_s is not None and not _close(status.get("measured") or {}, tokens_per_s, mfu):
-        measured: dict[str, Any] = {"tokensPerSecondPerGpu": round(tokens_per_s, 1), "observedAt": now}
+        measured = MeasuredThroughput(tokens_per_second_per_gpu=round(tokens_per_s, 1), observed_at=now)
         if mfu is not None:
-            measured["modelFlopsUtilization"] = round(mfu, 4)
-        changes["measured"] = measured
-    return changes or None
+            measured.model_flops_utilization = round(mfu, 4)
+        change.measured = measured
+    return change if change.model_fields_set else None
 
 
 class Measurer:
@@ -156,6 +158,7 @@ class Measurer:
                     namespace,
                     name,
                     lambda b: measured_changes(b, pod, rate, reading.mfu, now, progress),
+                    MEASURE_LOOP,
                 )
                 is not None
             )

@@ -11,7 +11,6 @@ from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import post_event
 from blackwell_operator.handlers.reconcile import CHILD_KINDS
 from blackwell_operator.lifecycle.failures import (
-    describe,
     failure_changes,
     failure_key,
     is_permanent,
@@ -19,7 +18,10 @@ from blackwell_operator.lifecycle.failures import (
     stopping_child,
     worker_failure,
 )
+from blackwell_operator.lifecycle.message import describe
 from blackwell_operator.lifecycle.replan import REPLANNED_REASON, replacing_child
+from blackwell_operator.lifecycle.writers import POD_WATCHER
+from blackwell_operator.models.status import StatusChange
 from blackwell_operator.render.labels import JOB_NAME_LABEL
 from blackwell_operator.timefmt import now_rfc3339
 
@@ -45,13 +47,13 @@ def on_pod_event(ctx: OperatorContext, event_type: str | None, pod: Mapping[str,
         return
     posted: dict[str, Any] = {}
 
-    def update(btj: Mapping[str, Any]) -> dict[str, Any] | None:
+    def update(btj: Mapping[str, Any]) -> StatusChange | None:
         changes, new = failure_changes(btj, pod, failure, now=now_rfc3339())
         posted.update(event=new, btj=btj)
         return changes
 
     done, written = write_status_logged(
-        ctx, namespace, name, update, logger, purpose="record a worker failure"
+        ctx, namespace, name, update, POD_WATCHER, logger, purpose="record a worker failure"
     )
     if not done:
         return  # logged; the pod's next event tries again

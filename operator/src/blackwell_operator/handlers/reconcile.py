@@ -40,12 +40,15 @@ from blackwell_operator.lifecycle.backends import (
     with_backend,
 )
 from blackwell_operator.lifecycle.conditions import (
+    ConditionChange,
     ConditionStatus,
     get_condition,
     remove_condition,
     set_condition,
+    set_conditions,
 )
-from blackwell_operator.lifecycle.patch import merge_patch_to, plan_document
+from blackwell_operator.lifecycle.message import summary_message
+from blackwell_operator.lifecycle.patch import plan_document
 from blackwell_operator.lifecycle.phase import (
     CHILD_PHASES,
     TERMINAL_PHASES,
@@ -53,11 +56,12 @@ from blackwell_operator.lifecycle.phase import (
     child_conditions,
     child_message,
     child_phase,
-    summary_message,
 )
 from blackwell_operator.lifecycle.replan import REPLANNED_REASON, correction_of, replacing_child
+from blackwell_operator.lifecycle.status_read import read_status
+from blackwell_operator.lifecycle.writers import RECONCILE
 from blackwell_operator.models.spec import Backend, BlackwellTrainingJobSpec
-from blackwell_operator.models.status import ConditionType, Phase
+from blackwell_operator.models.status import ChildReference, ConditionType, Phase, StatusChange
 from blackwell_operator.planner.provenance import plan_event, plan_verified_condition
 from blackwell_operator.render import render_children, trainjob
 from blackwell_operator.render.labels import RENDER_HASH_ANNOTATION
@@ -775,11 +779,11 @@ class Reconciler:
     # ----- status -----
 
     def _report_invalid(self, body: Mapping[str, Any], exc: SpecError, generation: int) -> None:
-        def update(current: Mapping[str, Any]) -> dict[str, Any]:
+        def update(current: Mapping[str, Any]) -> StatusChange:
             status = dict(current.get("status") or {})
             now = now_rfc3339()
             conds = set_condition(
-                status.get("conditions") or [],
+                read_status(status).status.conditions,
                 ConditionType.PLANNED,
                 "False",
                 exc.reason,
@@ -788,7 +792,7 @@ class Reconciler:
                 now=now,
             )
             has_child = bool((status.get("child") or {}).get("uid")) and status.get("phase") in CHILD_PHASES
-            changes: dict[str, Any] = {"observedGeneration": generation}
+            change = StatusChange(observed_generation=generation)
             if has_child:  # the running job is untouched; say why the new spec is not applied
                 conds = set_condition(
                     conds,
@@ -801,75 +805,64 @@ class Reconciler:
                 )
             else:
                 conds = remove_condition(conds, ConditionType.PLAN_VERIFIED)  # no plan: nothing to verify
-                changes.update(
-                    phase=Phase.INVALID.value,
-                    message=exc.message,
-                    plan=None,
-                    precision=None,
-                    microBatchSize=None,
-                    activationCheckpointing=None,
-                )
-            changes["conditions"] = conds
-            return changes
+                change.phase, change.message, change.headline = Phase.INVALID, exc.message, exc.message
+                change.plan = change.precision = change.micro_batch_size = None
+                change.activation_checkpointing = None
+            change.conditions = conds
+            return change
 
-        write_status(self.api, body["metadata"]["namespace"], body["metadata"]["name"], update, self._logger)
+        meta = body["metadata"]
+        write_status(self.api, meta["namespace"], meta["name"], update, RECONCILE, self._logger)
         self._event_once(body, ConditionType.PLANNED, exc.reason, exc.message)
 
     def _write(self, body: Mapping[str, Any], result: Result, generation: int) -> None:
         meta = body["metadata"]
 
-        def update(current: Mapping[str, Any]) -> dict[str, Any]:
+        def update(current: Mapping[str, Any]) -> StatusChange:
             status = dict(current.get("status") or {})
             now = now_rfc3339()
-            conds: list[dict[str, Any]] = list(status.get("conditions") or [])
             # The child watcher saw the very child this pass found or created deleted, after this pass saw it
             # (a race with a hand deletion): keep its report, so that recreate-child brings the child back.
             result_uid = (result.child or {}).get("metadata", {}).get("uid")
             known_gone = result_uid is not None and deleted_child_uid(status) == result_uid
-            for type_, cond_status, reason, message in result.conditions:
-                if known_gone and type_ == ConditionType.CHILD_CREATED:
-                    continue
-                conds = set_condition(
-                    conds,
-                    type_,
-                    cond_status,
-                    reason,
-                    message,  # type: ignore[arg-type]
-                    generation=generation,
-                    now=now,
-                )
-            changes: dict[str, Any] = {"observedGeneration": generation}
+            conds = set_conditions(
+                read_status(status).status.conditions,
+                (
+                    ConditionChange(*cond)
+                    for cond in result.conditions
+                    if not (known_gone and cond[0] == ConditionType.CHILD_CREATED)
+                ),
+                generation=generation,
+                now=now,
+            )
+            change = StatusChange(observed_generation=generation)
             if result.backend is not None and status.get("backend") != result.backend.value:
-                changes["backend"] = result.backend.value
+                change.backend = result.backend.value
             if result.plan is not None and (result.write_plan or not status.get("plan")):
                 plan = result.plan
-                document = plan_document(plan.to_json())
-                if status.get("plan") != document:
-                    changes["plan"] = merge_patch_to(status.get("plan"), document)
-                changes.update(
-                    precision=plan.chosen.precision.value,
-                    microBatchSize=plan.chosen.micro_batch_size,
-                    activationCheckpointing=plan.chosen.activation_checkpointing.value,
-                )
+                if status.get("plan") != plan_document(plan.to_json()):
+                    change.plan = plan  # written as the merge patch from the stored one
+                change.precision = plan.chosen.precision.value
+                change.micro_batch_size = plan.chosen.micro_batch_size
+                change.activation_checkpointing = plan.chosen.activation_checkpointing.value
             if result.phase is not None:
-                changes["phase"] = result.phase.value
-                changes["message"] = result.message
+                change.phase, change.message, change.headline = result.phase, result.message, result.message
             if result.child is not None and result.child_kind is not None:
                 child_meta = result.child["metadata"]
                 child_uid = child_meta.get("uid")
-                changes["child"] = {
-                    "apiVersion": result.child_kind.api_version,
-                    "kind": result.child_kind.kind,
-                    "name": child_meta["name"],
-                    "uid": child_uid,
-                    "configMap": result.config_map,
-                }
+                change.child = ChildReference(
+                    api_version=result.child_kind.api_version,
+                    kind=result.child_kind.kind,
+                    name=child_meta["name"],
+                    uid=child_uid,
+                    config_map=result.config_map,
+                )
                 recorded_uid = (status.get("child") or {}).get("uid")
                 same_child = recorded_uid == child_uid
                 if recorded_uid and not same_child and status.get("lastFailure"):
                     # A new child (a spec change after a failure, a re-create): the previous child's worker
                     # failure would read as this one's in the message and the Event trail.
-                    changes["lastFailure"] = None
+                    change.last_failure = None
                 if not (same_child and status.get("phase") in CHILD_PHASES):
                     # First sight of this child: derive phase from it. Afterwards the child watcher owns
                     # phase and the child conditions (it sees every change; this pass may hold an older copy).
@@ -882,17 +875,17 @@ class Reconciler:
                         queue_name=spec.get("queueName"),
                         child_kind=result.child_kind.kind,
                     )
-                    changes["phase"] = phase.value
-                    changes["message"] = summary_message(
+                    headline = summary_message(
                         phase,
                         result.child_kind.kind,
                         child_meta["name"],
                         child_message(result.child.get("status")),
                     )
-            changes["conditions"] = conds
-            return changes
+                    change.phase, change.message, change.headline = phase, headline, headline
+            change.conditions = conds
+            return change
 
-        write_status(self.api, meta["namespace"], meta["name"], update, self._logger)
+        write_status(self.api, meta["namespace"], meta["name"], update, RECONCILE, self._logger)
 
 
 def resume_note(spec: BlackwellTrainingJobSpec) -> str:

@@ -1,11 +1,22 @@
-"""metav1.Condition bookkeeping: read, upsert and remove conditions in a status's list."""
+"""metav1.Condition bookkeeping: read raw condition lists, upsert and remove typed Conditions."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
+
+from blackwell_operator.models.status import Condition
 
 ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+class ConditionChange(NamedTuple):
+    """One condition a writer sets: type, status, reason and message (the time and generation come later)."""
+
+    type: str
+    status: ConditionStatus
+    reason: str
+    message: str
 
 
 def condition_map(conditions: Iterable[Mapping[str, Any]] | None) -> dict[str, Mapping[str, Any]]:
@@ -27,7 +38,7 @@ def first_true(conds: Mapping[str, Mapping[str, Any]], *types: str) -> Mapping[s
 
 
 def set_condition(
-    conditions: Sequence[Mapping[str, Any]],
+    conditions: Sequence[Condition],
     type_: str,
     status: ConditionStatus,
     reason: str,
@@ -35,35 +46,45 @@ def set_condition(
     *,
     generation: int | None,
     now: str,
-) -> list[dict[str, Any]]:
-    """A new list with one condition upserted; lastTransitionTime moves only when status flips."""
-    result = [dict(c) for c in conditions]
-    for cond in result:
-        if cond.get("type") == type_:
-            if cond.get("status") != status:
-                cond["lastTransitionTime"] = now
-            cond.update(status=status, reason=reason, message=message)
-            if generation is not None:
-                cond["observedGeneration"] = generation
-            return result
-    new: dict[str, Any] = {
-        "type": type_,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": now,
-    }
+) -> list[Condition]:
+    """A new list with one condition upserted; lastTransitionTime moves only when status flips.
+
+    Without a generation the condition keeps the one it had (a new one gets none).
+    """
+    result = list(conditions)
+    fields: dict[str, Any] = {"type": str(type_), "status": status, "reason": reason, "message": message}
     if generation is not None:
-        new["observedGeneration"] = generation
-    result.append(new)
+        fields["observedGeneration"] = generation
+    for index, cond in enumerate(result):
+        if cond.type == type_:
+            stored = cond.model_dump(by_alias=True, exclude_unset=True)
+            when = now if cond.status != status else cond.last_transition_time
+            result[index] = Condition.model_validate({**stored, **fields, "lastTransitionTime": when})
+            return result
+    result.append(Condition.model_validate({**fields, "lastTransitionTime": now}))
     return result
 
 
-def remove_condition(conditions: Sequence[Mapping[str, Any]], type_: str) -> list[dict[str, Any]]:
+def set_conditions(
+    conditions: Sequence[Condition], changes: Iterable[ConditionChange], *, generation: int | None, now: str
+) -> list[Condition]:
+    """set_condition for each change, in order."""
+    result = list(conditions)
+    for change in changes:
+        result = set_condition(result, *change, generation=generation, now=now)
+    return result
+
+
+def remove_condition(conditions: Sequence[Condition], type_: str) -> list[Condition]:
     """A new list without conditions of that type."""
-    return [dict(c) for c in conditions if c.get("type") != type_]
+    return [c for c in conditions if c.type != type_]
+
+
+def find_condition(conditions: Iterable[Condition], type_: str) -> Condition | None:
+    """The typed condition of that type, or None."""
+    return next((c for c in conditions if c.type == type_), None)
 
 
 def get_condition(conditions: Iterable[Mapping[str, Any]] | None, type_: str) -> Mapping[str, Any] | None:
-    """The condition of that type, or None."""
+    """The condition of that type in a raw (stored or foreign) list, or None."""
     return condition_map(conditions).get(type_)

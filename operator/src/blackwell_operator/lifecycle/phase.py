@@ -1,5 +1,4 @@
-"""A child job's status as the BTJ's phase, child conditions and summary line (PyTorchJob, HyperPodPyTorchJob,
-TrainJob)."""
+"""A child job's status as the BTJ's phase and child conditions (PyTorchJob, HyperPodPyTorchJob, TrainJob)."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from blackwell_operator.lifecycle.conditions import (
     set_condition,
 )
 from blackwell_operator.lifecycle.kueue import kueue_condition
-from blackwell_operator.models.status import ConditionType, Phase
+from blackwell_operator.models.status import Condition, ConditionType, Phase
 
 # Phases the child job decides; the operator sets the others (Planning, Planned, Invalid) itself.
 CHILD_PHASES = frozenset(
@@ -84,20 +83,20 @@ def child_message(child_status: Mapping[str, Any] | None) -> str:
 
 
 def child_conditions(
-    conditions: Sequence[Mapping[str, Any]],
+    conditions: Sequence[Condition],
     child_status: Mapping[str, Any] | None,
     *,
     generation: int | None,
     now: str,
     queue_name: str | None = None,
     child_kind: str | None = None,
-) -> tuple[Phase, list[dict[str, Any]]]:
+) -> tuple[Phase, list[Condition]]:
     """The BTJ phase and its Admitted/Running/Succeeded/Failed conditions from the child's status, and
     KueueManaged while the spec names a queue (kueue.py)."""
     phase = child_phase(child_status)
     conds = condition_map((child_status or {}).get("conditions"))
     detail = child_message(child_status)
-    out: list[dict[str, Any]] = [dict(c) for c in conditions]
+    out = list(conditions)
 
     def put(kind: str, status: ConditionStatus, reason: str, message: str) -> None:
         nonlocal out
@@ -140,14 +139,6 @@ def child_conditions(
     else:
         out = remove_condition(out, ConditionType.KUEUE_MANAGED)
     return phase, out
-
-
-def summary_message(phase: Phase, child_kind: str | None, child_name: str | None, detail: str = "") -> str:
-    """One line for status.message."""
-    if child_kind and child_name:
-        base = f"{child_kind} {child_name} is {phase.value}"
-        return f"{base}: {detail}" if detail else base
-    return detail or phase.value
 
 
 def can_patch_in_place(child_status: Mapping[str, Any] | None) -> bool:

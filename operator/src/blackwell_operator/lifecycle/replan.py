@@ -1,4 +1,4 @@
-"""Pure re-planning after an out-of-memory run: learn the correction, plan again or fail, as status keys."""
+"""Pure re-planning after an out-of-memory run: learn the correction, plan again or fail (a status change)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from blackwell_operator.admission.job import Rejected, validate_body
 from blackwell_operator.calibration.cluster import frozen
 from blackwell_operator.errors import SpecError
 from blackwell_operator.lifecycle.conditions import set_condition
-from blackwell_operator.lifecycle.patch import merge_patch_to, plan_document
+from blackwell_operator.lifecycle.status_read import read_status
 from blackwell_operator.models.status import (
     FAILURE_MESSAGE_LIMIT,
     PLAN_HISTORY_LIMIT,
@@ -17,6 +17,8 @@ from blackwell_operator.models.status import (
     MemoryCorrection,
     Phase,
     PlanChange,
+    StatusChange,
+    WorkerFailure,
 )
 from blackwell_operator.planner import plan_job
 from blackwell_operator.planner.correction import learn
@@ -65,9 +67,9 @@ def correction_of(btj: Mapping[str, Any]) -> MemoryCorrection | None:
 
 def replacing_child(status: Mapping[str, Any]) -> bool:
     """Whether the recorded child is one a re-plan is replacing (its phases no longer speak for the BTJ)."""
-    history = status.get("planHistory") or []
-    child_uid = (status.get("child") or {}).get("uid")
-    if not history or not child_uid:
+    history, child = status.get("planHistory"), status.get("child")
+    child_uid = child.get("uid") if isinstance(child, Mapping) else None
+    if not isinstance(history, list) or not history or not child_uid or not isinstance(history[-1], Mapping):
         return False
     last = history[-1]
     return bool(last.get("replacement")) and last.get("failedChildUid") == child_uid
@@ -94,18 +96,22 @@ def _measured(result: OomResult) -> str:
 
 def replan_changes(
     btj: Mapping[str, Any], failure: Mapping[str, Any], result: OomResult, *, failed_reason: str, now: str
-) -> tuple[dict[str, Any], PlanChange]:
-    """The BTJ status keys after its worker ran out of GPU memory, and the history entry they add.
+) -> tuple[StatusChange, PlanChange]:
+    """The BTJ status change after its worker ran out of GPU memory, and the history entry it adds.
 
     With re-plans left and a plan that fits the corrected memory model: the new plan, the correction and
     the history, phase Restarting (the caller deletes the child and the reconcile path re-creates it from
     this plan). Otherwise: phase Failed, its condition's reason `failed_reason`, naming what to change.
-    `now` (metav1.Time) stamps the history entry and the conditions.
+    `now` (metav1.Time) stamps the history entry and the conditions. The caller checks that status.plan
+    reads (a ValueError otherwise).
     """
     status = btj.get("status") or {}
+    stored = read_status(status).status
     name = (btj.get("metadata") or {}).get("name", "btj")
     generation = generation_of(btj)
-    failed = Plan.model_validate(status["plan"])
+    if stored.plan is None:
+        raise ValueError("status.plan is missing or unreadable: nothing to re-plan from")
+    failed = stored.plan
     correction = learn(correction_of(btj), result, failed, generation=generation)
     child = status.get("child") or {}
     entry = PlanChange(
@@ -135,16 +141,15 @@ def replan_changes(
         why = f"the spec no longer passes admission ({exc.lines[0]})"
     except SpecError as exc:
         why = f"no configuration fits the corrected memory model: {exc.message}"
-    history = [*(status.get("planHistory") or []), None][-PLAN_HISTORY_LIMIT:]
-    changes: dict[str, Any] = {
-        "lastFailure": dict(failure),
-        "memoryCorrection": correction.model_dump(by_alias=True, exclude_none=True, mode="json"),
-    }
+    change = StatusChange(
+        last_failure=WorkerFailure.model_validate(failure),
+        memory_correction=correction,
+    )
+    history = stored.plan_history  # the entry goes last once it is complete
     if plan is None:
-        history[-1] = entry.model_dump(by_alias=True, exclude_none=True, mode="json")
         message = f"{_measured(result)} with {entry.failed_summary}, and {why}. Fix: {WHAT_TO_CHANGE}"
         conds = set_condition(
-            status.get("conditions") or [],
+            stored.conditions,
             ConditionType.FAILED,
             "True",
             failed_reason,
@@ -152,20 +157,19 @@ def replan_changes(
             generation=generation,
             now=now,
         )
-        changes.update(
-            phase=Phase.FAILED.value, conditions=conds, message=f"Failed: {message}", planHistory=history
-        )
-        return changes, entry
+        change.phase, change.conditions = Phase.FAILED, conds
+        change.plan_history = [*history, entry][-PLAN_HISTORY_LIMIT:]
+        change.message = change.headline = f"Failed: {message}"
+        return change, entry
     entry.replacement = plan.chosen
     entry.replacement_summary = candidate_line(plan.chosen, plan.predicted.memory.peak_reserved)
-    history[-1] = entry.model_dump(by_alias=True, exclude_none=True, mode="json")
     what = f"{child.get('kind', 'job')} {child.get('name', name)}"
     message = (
         f"Re-planning ({correction.replans} of {spec.tuning.max_replans}): {_measured(result)} with "
         f"{entry.failed_summary}; the new plan is {entry.replacement_summary}; {what} is re-created with it"
     )
     conds = set_condition(
-        status.get("conditions") or [],
+        stored.conditions,
         ConditionType.PLANNED,
         "True",
         REPLANNED_REASON,
@@ -173,14 +177,11 @@ def replan_changes(
         generation=generation,
         now=now,
     )
-    changes.update(
-        phase=Phase.RESTARTING.value,
-        conditions=conds,
-        message=message,
-        plan=merge_patch_to(status.get("plan"), plan_document(plan.to_json())),
-        planHistory=history,
-        precision=plan.chosen.precision.value,
-        microBatchSize=plan.chosen.micro_batch_size,
-        activationCheckpointing=plan.chosen.activation_checkpointing.value,
-    )
-    return changes, entry
+    change.phase, change.conditions = Phase.RESTARTING, conds
+    change.message = change.headline = message
+    change.plan_history = [*history, entry][-PLAN_HISTORY_LIMIT:]
+    change.plan = plan  # written as the merge patch from the failed one (lifecycle/status_patch.py)
+    change.precision = plan.chosen.precision.value
+    change.micro_batch_size = plan.chosen.micro_batch_size
+    change.activation_checkpointing = plan.chosen.activation_checkpointing.value
+    return change, entry
