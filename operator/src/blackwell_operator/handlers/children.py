@@ -13,7 +13,7 @@ from blackwell_operator.handlers.events import post_event
 from blackwell_operator.handlers.reconcile import CHILD_KINDS, drop_supporting, supporting_of
 from blackwell_operator.lifecycle.conditions import find_condition, set_condition
 from blackwell_operator.lifecycle.failures import stopping_child
-from blackwell_operator.lifecycle.message import status_message, summary_message
+from blackwell_operator.lifecycle.message import set_message, summary_message
 from blackwell_operator.lifecycle.phase import TERMINAL_PHASES, child_conditions, child_message, child_phase
 from blackwell_operator.lifecycle.progress import finished
 from blackwell_operator.lifecycle.replan import replacing_child
@@ -93,8 +93,7 @@ def deleted_child_changes(
     change.conditions = set_condition(
         conds, ConditionType.CHILD_CREATED, "False", CHILD_DELETED, f"{what}.", generation=generation, now=now
     )
-    change.headline = what
-    change.message = status_message(what, status.get("phase"), stored.last_failure)
+    set_message(change, what, status.get("phase"), stored.last_failure)
     if not (status.get("child") or {}).get("uid"):
         # Name the deleted child, so that a reconcile that created it and writes status only now sees it
         # is gone and keeps this report (reconcile._write) instead of claiming it exists.
@@ -154,18 +153,10 @@ def on_child_event(
         transition.update(old=status.get("phase"), new=phase, btj=btj)
         headline = summary_message(phase, kind, meta["name"], child_message(child.get("status")))
         running = find_condition(conds, ConditionType.RUNNING)
-        change = StatusChange(
-            phase=phase,
-            conditions=conds,
-            headline=headline,
-            # The worker watcher's lastFailure stays in the message while the job restarts or has failed.
-            message=status_message(
-                headline,
-                phase.value,
-                stored.last_failure,
-                since=running.last_transition_time if running is not None else None,
-            ),
-        )
+        change = StatusChange(phase=phase, conditions=conds)
+        # The worker watcher's lastFailure stays in the message while the job restarts or has failed.
+        since = running.last_transition_time if running is not None else None
+        set_message(change, headline, phase, stored.last_failure, since=since)
         steps = ((status.get("plan") or {}).get("steps")) or 0
         if phase == Phase.SUCCEEDED and steps and status.get("progress") != finished(int(steps)):
             # The last reading was up to a minute before the end: a finished job shows all its steps done.

@@ -47,7 +47,7 @@ from blackwell_operator.lifecycle.conditions import (
     set_condition,
     set_conditions,
 )
-from blackwell_operator.lifecycle.message import summary_message
+from blackwell_operator.lifecycle.message import set_message, summary_message
 from blackwell_operator.lifecycle.patch import plan_document
 from blackwell_operator.lifecycle.phase import (
     CHILD_PHASES,
@@ -67,7 +67,7 @@ from blackwell_operator.render import render_children, trainjob
 from blackwell_operator.render.labels import RENDER_HASH_ANNOTATION
 from blackwell_operator.render.pod import plan_config_map_name, resources
 from blackwell_operator.timefmt import now_rfc3339
-from blackwell_trainer.config import ClusterCorrection, Plan
+from blackwell_trainer.config import Plan
 
 # Where each backend's job lives in the API (backends.JOB_APIS, under the name the handlers use).
 ChildKind = JobApi
@@ -413,10 +413,10 @@ class Reconciler:
         was planned before (a resync or a re-created child never re-plans a running job differently), else
         the operator's cluster calibration now."""
         status = body.get("status") or {}
-        stored = status.get("plan")
-        if stored and status.get("observedGeneration") == generation:
-            found = stored.get("clusterCorrection")
-            return frozen(ClusterCorrection.model_validate(found) if found else None)
+        # An unreadable stored plan (lifecycle/status_read.py) is planned anew, with the calibration now.
+        stored = read_status(status).status.plan
+        if stored is not None and status.get("observedGeneration") == generation:
+            return frozen(stored.cluster_correction)
         calibration = read_cluster_calibration(self.ctx, self._logger or _LOG)
         return calibration.corrector(spec.cluster.instance_type) if calibration else None
 
@@ -805,7 +805,8 @@ class Reconciler:
                 )
             else:
                 conds = remove_condition(conds, ConditionType.PLAN_VERIFIED)  # no plan: nothing to verify
-                change.phase, change.message, change.headline = Phase.INVALID, exc.message, exc.message
+                change.phase = Phase.INVALID
+                set_message(change, exc.message, change.phase)
                 change.plan = change.precision = change.micro_batch_size = None
                 change.activation_checkpointing = None
             change.conditions = conds
@@ -846,7 +847,8 @@ class Reconciler:
                 change.micro_batch_size = plan.chosen.micro_batch_size
                 change.activation_checkpointing = plan.chosen.activation_checkpointing.value
             if result.phase is not None:
-                change.phase, change.message, change.headline = result.phase, result.message, result.message
+                change.phase = result.phase
+                set_message(change, result.message, change.phase)  # no worker failure: its own phases
             if result.child is not None and result.child_kind is not None:
                 child_meta = result.child["metadata"]
                 child_uid = child_meta.get("uid")
@@ -881,7 +883,9 @@ class Reconciler:
                         child_meta["name"],
                         child_message(result.child.get("status")),
                     )
-                    change.phase, change.message, change.headline = phase, headline, headline
+                    change.phase = phase
+                    # First sight: the message is the child's alone (its lastFailure is the child watcher's).
+                    set_message(change, headline, phase)
             change.conditions = conds
             return change
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from blackwell_operator.lifecycle.conditions import get_condition, set_condition
-from blackwell_operator.lifecycle.message import CASCADE_WINDOW_S, describe, status_message
+from blackwell_operator.lifecycle.message import CASCADE_WINDOW_S, describe, set_message, status_message
 from blackwell_operator.lifecycle.phase import TERMINAL_PHASES
 from blackwell_operator.lifecycle.replan import oom_of, replacing_child, replan_changes
 from blackwell_operator.lifecycle.status_read import read_status
@@ -193,8 +193,7 @@ def _permanent_stop(
         generation=generation,
         now=now,
     )
-    headline = f"Failed: {reason}"
-    return StatusChange(phase=Phase.FAILED, conditions=conds, headline=headline, message=headline)
+    return set_message(StatusChange(phase=Phase.FAILED, conditions=conds), f"Failed: {reason}", Phase.FAILED)
 
 
 def _child_of(status: Mapping[str, Any]) -> Mapping[str, Any]:

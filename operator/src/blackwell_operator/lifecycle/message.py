@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from blackwell_operator.models.status import Phase, WorkerFailure
+from blackwell_operator.models.status import Phase, StatusChange, WorkerFailure
 from blackwell_operator.render.pod import TERMINATION_GRACE_SECONDS
 from blackwell_operator.timefmt import rfc3339_seconds
 
@@ -70,3 +70,18 @@ def status_message(
     if ended is not None and entered is not None and entered - ended > CASCADE_WINDOW_S:
         return headline
     return f"{headline}{FAILURE_SEPARATOR}{describe(failure)}"
+
+
+def set_message(
+    change: StatusChange,
+    headline: str,
+    phase: str | None,
+    failure: WorkerFailure | Mapping[str, Any] | None = None,
+    *,
+    since: str | None = None,
+) -> StatusChange:
+    """`change` with its headline and the status.message composed from it for `phase` (the BTJ's phase
+    after the change): the two keys are always written together."""
+    change.headline = headline
+    change.message = status_message(headline, phase, failure, since=since)
+    return change

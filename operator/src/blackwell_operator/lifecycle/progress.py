@@ -55,13 +55,3 @@ def finished(total_steps: int) -> dict[str, Any]:
         "remainingSeconds": 0,
         "remaining": "0s",
     }
-
-
-# Every key of status.progress; those a reading does not give are removed (null in the merge patch), so
-# that a time left from before a restart is never shown beside a newer step.
-PROGRESS_KEYS = ("step", "totalSteps", "percent", "stepTimeSeconds", "remainingSeconds", "remaining", "eta")
-
-
-def as_patch(progress: dict[str, Any]) -> dict[str, Any]:
-    """`progress` as a JSON merge patch of status.progress: keys it lacks set to null (removed)."""
-    return {key: progress.get(key) for key in PROGRESS_KEYS}

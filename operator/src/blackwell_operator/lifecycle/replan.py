@@ -9,6 +9,7 @@ from blackwell_operator.admission.job import Rejected, validate_body
 from blackwell_operator.calibration.cluster import frozen
 from blackwell_operator.errors import SpecError
 from blackwell_operator.lifecycle.conditions import set_condition
+from blackwell_operator.lifecycle.message import set_message
 from blackwell_operator.lifecycle.status_read import read_status
 from blackwell_operator.models.status import (
     FAILURE_MESSAGE_LIMIT,
@@ -159,7 +160,7 @@ def replan_changes(
         )
         change.phase, change.conditions = Phase.FAILED, conds
         change.plan_history = [*history, entry][-PLAN_HISTORY_LIMIT:]
-        change.message = change.headline = f"Failed: {message}"
+        set_message(change, f"Failed: {message}", Phase.FAILED)  # the failure is in the headline already
         return change, entry
     entry.replacement = plan.chosen
     entry.replacement_summary = candidate_line(plan.chosen, plan.predicted.memory.peak_reserved)
@@ -178,7 +179,7 @@ def replan_changes(
         now=now,
     )
     change.phase, change.conditions = Phase.RESTARTING, conds
-    change.message = change.headline = message
+    set_message(change, message, Phase.RESTARTING)  # the failure is in the headline already
     change.plan_history = [*history, entry][-PLAN_HISTORY_LIMIT:]
     change.plan = plan  # written as the merge patch from the failed one (lifecycle/status_patch.py)
     change.precision = plan.chosen.precision.value
