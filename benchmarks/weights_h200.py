@@ -251,7 +251,11 @@ def run_trainer(plan: Any, work: Path, name: str, out: Path, timeout: float) -> 
     plan_path = work / f"{name}.json"
     plan_path.write_text(plan.to_json())
     started = time.perf_counter()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "BTJ_TERMINATION_LOG": str(work / f"{name}.termination")}
+    termination = work / f"{name}.termination"
+    # The trainer reads its pod's last termination message and refuses a plan that ran out of memory
+    # before (train.py): each run here is a new pod, not a restart of an earlier one.
+    termination.unlink(missing_ok=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "BTJ_TERMINATION_LOG": str(termination)}
     proc = subprocess.run(
         [sys.executable, "-m", "blackwell_trainer", "--plan", str(plan_path)],
         capture_output=True,
