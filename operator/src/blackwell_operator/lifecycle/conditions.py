@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 from blackwell_operator.models.status import Condition
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 
 
-class ConditionChange(NamedTuple):
-    """One condition a writer sets: type, status, reason and message (the time and generation come later)."""
-
-    type: str
-    status: ConditionStatus
-    reason: str
-    message: str
+# One condition a writer sets: type, status, reason and message (set_conditions adds the time and the
+# generation).
+ConditionChange = tuple[str, ConditionStatus, str, str]
 
 
 def condition_map(conditions: Iterable[Mapping[str, Any]] | None) -> dict[str, Mapping[str, Any]]:
