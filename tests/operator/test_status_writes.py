@@ -302,6 +302,8 @@ async def test_a_btj_with_an_unreadable_status_is_still_mirrored_and_logged_once
     cluster: Cluster, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING)
+    # Kopf's per-object logger, which the watchers log with (`btj demo` raises the `kopf` level in-process).
+    caplog.set_level(logging.WARNING, logger="kopf.objects")
     async with running_operator(cluster):
         await cluster.apply(btj("w"))
         await wait_for(lambda: cluster.job("w"), what="the PyTorchJob")
