@@ -62,6 +62,7 @@ from blackwell_operator.render.kinds import JOB_KINDS, SUPPORTING_KINDS, ChildKi
 from blackwell_operator.render.labels import RENDER_HASH_ANNOTATION
 from blackwell_operator.render.pod import plan_config_map_name, resources
 from blackwell_operator.timefmt import now_rfc3339
+from blackwell_operator.units import GIB
 from blackwell_trainer.config import ClusterCorrection, Plan
 
 # Where each backend's job lives in the API (render.kinds.JOB_KINDS, under the name the handlers use).
@@ -924,7 +925,7 @@ def plan_summary(plan: Plan) -> str:
         f"{chosen.sharding.value} sharding; predicted "
         f"{predicted.tokens_per_second_per_gpu:,.0f} tokens/s/GPU, "
         f"MFU {predicted.model_flops_utilization:.0%} of BF16 dense peak, "
-        f"peak {predicted.memory.peak_reserved / 2**30:.1f} GiB/GPU"
+        f"peak {predicted.memory.peak_reserved / GIB:.1f} GiB/GPU"
         + (f"; {describe_correction(plan.cluster_correction)}" if plan.cluster_correction else "")
     )
 
