@@ -9,15 +9,13 @@ from typing import Any
 from blackwell_operator.handlers import retrying
 from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
 from blackwell_operator.handlers.context import OperatorContext
-from blackwell_operator.lifecycle.phase import TERMINAL_PHASES
+from blackwell_operator.lifecycle.child_record import CHILD_DELETED as CHILD_DELETED
+from blackwell_operator.lifecycle.child_record import deleted_child_uid as deleted_child_uid
+from blackwell_operator.lifecycle.child_record import is_finished as is_finished
 from blackwell_operator.models.spec import API_GROUP, API_VERSION, PLURAL
-from blackwell_operator.models.status import ConditionType
 
 BTJ_API_VERSION = f"{API_GROUP}/{API_VERSION}"
 _LOG = logging.getLogger(__name__)
-# The ChildCreated reason the child watcher writes when it sees the recorded child deleted.
-CHILD_DELETED = "ChildDeleted"
-_TERMINAL = frozenset(phase.value for phase in TERMINAL_PHASES)
 
 # Given the BTJ as it is now, the new status (full replacement of the keys it names; None deletes a key),
 # or None when nothing needs writing.
@@ -27,21 +25,6 @@ StatusUpdate = Callable[[Mapping[str, Any]], dict[str, Any] | None]
 def btj_path(namespace: str, name: str, subresource: str | None = None) -> str:
     """API path of one BTJ."""
     return resource_path(BTJ_API_VERSION, PLURAL, namespace, name, subresource)
-
-
-def deleted_child_uid(status: Mapping[str, Any]) -> str | None:
-    """The recorded child's uid when the child watcher saw it deleted (ChildCreated False, ChildDeleted)."""
-    for cond in status.get("conditions") or []:
-        if cond.get("type") == ConditionType.CHILD_CREATED:
-            if cond.get("status") == "False" and cond.get("reason") == CHILD_DELETED:
-                return (status.get("child") or {}).get("uid") or None
-            return None
-    return None
-
-
-def is_finished(status: Mapping[str, Any]) -> bool:
-    """Whether the BTJ's phase is Succeeded or Failed."""
-    return status.get("phase") in _TERMINAL
 
 
 def wants_child_back(btj: Mapping[str, Any]) -> bool:

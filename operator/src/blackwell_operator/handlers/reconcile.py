@@ -18,17 +18,11 @@ from blackwell_operator.discovery.capacity import Capacity
 from blackwell_operator.errors import SpecError
 from blackwell_operator.handlers import retrying
 from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
-from blackwell_operator.handlers.btjstatus import (
-    CHILD_DELETED,
-    btj_path,
-    deleted_child_uid,
-    is_finished,
-    write_status,
-)
+from blackwell_operator.handlers.btjstatus import btj_path, deleted_child_uid, write_status
 from blackwell_operator.handlers.cluster_calibration import read_cluster_calibration
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import adopt_children, create_event, post_event
-from blackwell_operator.handlers.finalizer import holds, release, with_finalizer
+from blackwell_operator.handlers.finalizer import release, with_finalizer
 from blackwell_operator.handlers.planning import plan_within
 from blackwell_operator.lifecycle.backends import (
     CONCRETE,
@@ -39,6 +33,23 @@ from blackwell_operator.lifecycle.backends import (
     none_served_message,
     with_backend,
 )
+from blackwell_operator.lifecycle.child_apply import (
+    CannotChange,
+    Create,
+    Effects,
+    FinishedChildGone,
+    NameConflict,
+    PatchInPlace,
+    PreviousDeleting,
+    UpToDate,
+    Wanted,
+    conflict_message,
+    decide,
+    resume_note,
+    still_deleting,
+    supporting_patch,
+)
+from blackwell_operator.lifecycle.child_record import owned_by
 from blackwell_operator.lifecycle.conditions import (
     ConditionStatus,
     get_condition,
@@ -46,21 +57,12 @@ from blackwell_operator.lifecycle.conditions import (
     set_condition,
 )
 from blackwell_operator.lifecycle.patch import merge_patch_to, plan_document
-from blackwell_operator.lifecycle.phase import (
-    CHILD_PHASES,
-    TERMINAL_PHASES,
-    can_patch_in_place,
-    child_conditions,
-    child_message,
-    child_phase,
-    summary_message,
-)
-from blackwell_operator.lifecycle.replan import REPLANNED_REASON, correction_of, replacing_child
+from blackwell_operator.lifecycle.phase import CHILD_PHASES, child_conditions, child_message, summary_message
+from blackwell_operator.lifecycle.replan import REPLANNED_REASON, correction_of
 from blackwell_operator.models.spec import Backend, BlackwellTrainingJobSpec
 from blackwell_operator.models.status import ConditionType, Phase
 from blackwell_operator.planner.provenance import plan_event, plan_verified_condition
 from blackwell_operator.render import render_children, trainjob
-from blackwell_operator.render.labels import RENDER_HASH_ANNOTATION
 from blackwell_operator.render.pod import plan_config_map_name, resources
 from blackwell_operator.timefmt import now_rfc3339
 from blackwell_trainer.config import ClusterCorrection, Plan
@@ -102,12 +104,6 @@ class Result:
     write_plan: bool = True
     message: str = ""
     backend: Backend | None = None  # the concrete backend (spec.backend, or what auto chose)
-
-
-def owned_by(obj: Mapping[str, Any], owner_uid: str) -> bool:
-    """Whether `obj` carries an ownerReference to `owner_uid`."""
-    refs = obj.get("metadata", {}).get("ownerReferences") or []
-    return any(ref.get("uid") == owner_uid for ref in refs)
 
 
 def supporting_of(namespace: str, btj_name: str, child_kind: str) -> list[tuple[str, str, str]]:
@@ -512,26 +508,14 @@ class Reconciler:
         job: dict[str, Any],
         result: Result,
     ) -> None:
-        config_map = supporting[0]
+        """Read the child (and, when it is gone, the BTJ again), decide (lifecycle/child_apply.py), make the
+        outcome's calls and record its effects in `result`."""
         meta = body["metadata"]
         namespace, uid = meta["namespace"], meta["uid"]
         job_name = job["metadata"]["name"]
         job_path = resource_path(kind.api_version, kind.plural, namespace, job_name)
         existing = _named(lambda: self.api.get(job_path), f"the read of {kind.kind} {job_name}")
-        if existing is not None and not owned_by(existing, uid):
-            raise ChildConflict(
-                f"a {kind.kind} named {job_name} exists and is not owned by this "
-                "BlackwellTrainingJob. Fix: delete it, or rename the BlackwellTrainingJob"
-            )
         status = current.get("status") or {}
-        if existing is not None and existing["metadata"].get("deletionTimestamp"):
-            # The previous child is going (a hand deletion, a TTL): its final status is being recorded
-            # (handlers/children.py), and a new one can take the name only once it is gone. When the BTJ
-            # says so already, the watcher's release went missing: release it here.
-            recorded = deleted_child_uid(status) == existing["metadata"].get("uid") or is_finished(status)
-            if recorded and holds(existing):
-                release(self.api, existing, kind.plural, self._logger or _LOG)
-            raise ApiError(409, "Conflict", f"the previous {kind.kind} {job_name} is still being deleted")
         if existing is None:
             # Read the BTJ again, after the child: a watcher that recorded the child's end (finished, a
             # permanent error) did so before it let the child go, so this read sees that record.
@@ -540,120 +524,59 @@ class Reconciler:
             if fresh_meta.get("uid") != uid or fresh_meta.get("deletionTimestamp"):
                 raise ApiError(409, "Conflict", "the BlackwellTrainingJob changed while it was reconciled")
             status = fresh.get("status") or {}
-        previous = (status.get("child") or {}).get("uid")
-        if existing is None and previous and is_finished(status) and not self._new_spec(body, status):
-            # The finished job's child is gone (deleted by hand, or by a TTL): running it again would
-            # repeat finished training. Only a spec change does that.
-            self._drop_supporting(supporting, uid)  # left by a crash between a create and the next
-            result.conditions.append(
-                (
-                    ConditionType.CHILD_CREATED,
-                    "False",
-                    CHILD_DELETED,
-                    f"{kind.kind} {job_name} was deleted; the job had finished, so it is not re-created.",
-                )
-            )
-            return
-        if existing is None:
-            created, existing = self._create_together(kind, job, supporting, uid)
-            result.child = existing
-            result.conditions.append(
-                (
-                    ConditionType.CHILD_CREATED,
-                    "True",
-                    "Created" if created else "Exists",
-                    f"{kind.kind} {job_name} and ConfigMap {config_map['metadata']['name']}",
-                )
-            )
-            result.conditions.append(
-                (ConditionType.SPEC_APPLIED, "True", "Applied", "The child matches the spec.")
-            )
-            if created and previous and previous != existing["metadata"].get("uid"):
-                # A child was recorded and is gone (deleted while the job ran, or while the operator was
-                # down): this is a re-creation, from the current spec, and the trainer resumes from the
-                # checkpoint folder.
-                self.ctx.metrics.children_recreated.inc()
-                why = "the previous one was deleted before the job finished"
-                if replacing_child(status):
-                    why = "the previous one ran out of GPU memory; re-planned: " + (
-                        plan_summary(result.plan) if result.plan else ""
+        wanted = Wanted(
+            kind=kind,
+            job=job,
+            config_map=supporting[0]["metadata"]["name"],
+            owner_uid=uid,
+            generation=int(meta.get("generation") or 1),
+            plan_summary=plan_summary(result.plan) if result.plan else "",
+            resume_note=resume_note(spec.training.checkpoint.path),
+        )
+        outcome = decide(wanted, existing, status)
+        match outcome:
+            case NameConflict():
+                raise ChildConflict(outcome.message)
+            case PreviousDeleting():
+                if outcome.release and existing is not None:
+                    release(self.api, existing, kind.plural, self._logger or _LOG)
+                raise ApiError(409, "Conflict", outcome.message)
+            case FinishedChildGone():
+                self._drop_supporting(supporting, uid)
+                self._record(body, outcome.effects, result)
+            case Create():
+                created, child = self._create_together(kind, job, supporting, uid)
+                result.child = child
+                self._record(body, outcome.made(created, child["metadata"].get("uid")), result)
+            case UpToDate() | PatchInPlace() | CannotChange():
+                assert existing is not None  # a Found outcome is decided from the child read
+                result.child = existing
+                result.conditions.append(outcome.found)
+                if outcome.hold:
+                    result.child = self._hold(job_path, existing)
+                if isinstance(outcome, UpToDate | PatchInPlace):
+                    self._ensure_supporting(supporting, uid)
+                if isinstance(outcome, PatchInPlace):
+                    patch = outcome.patch
+                    result.child = _named(
+                        lambda: self.api.patch(job_path, patch),
+                        f"the patch of {kind.kind} {job_name}",
+                        create=False,
                     )
-                self._event(
-                    body,
-                    reason="ChildRecreated",
-                    message=f"Re-created {kind.kind} {job_name} ({why}) from the current spec, generation "
-                    f"{meta.get('generation') or 1}; {resume_note(spec)}",
-                )
-            elif created:
-                self._event(
-                    body,
-                    reason="Created",
-                    message=f"Created {kind.kind} {job_name}: "
-                    f"{plan_summary(result.plan) if result.plan else ''}",
-                )
-            return
+                self._record(body, outcome.effects, result)
 
-        result.child = existing
-        result.conditions.append(
-            (
-                ConditionType.CHILD_CREATED,
-                "True",
-                "Exists",
-                f"{kind.kind} {job_name} and ConfigMap {config_map['metadata']['name']}",
-            )
-        )
-        if not holds(existing):  # made by an operator version without it, or by hand
-            existing = result.child = self._hold(job_path, existing)
-        if render_hash(existing) == render_hash(job):
-            # Cheap (one GET), and after a crash or a hand deletion the job may be there without it.
-            self._ensure_supporting(supporting, uid)
-            result.conditions.append(
-                (ConditionType.SPEC_APPLIED, "True", "Applied", "The child matches the spec.")
-            )
-            return
-        status = existing.get("status") or {}
-        if can_patch_in_place(status) and not immutable_change(kind, existing, job):
-            self._ensure_supporting(supporting, uid)
-            patch: dict[str, Any] = {
-                "metadata": {
-                    "labels": job["metadata"].get("labels"),
-                    "annotations": job["metadata"].get("annotations"),
-                },
-            }
-            if kind.kind != trainjob.KIND:  # a TrainJob's spec is immutable; its runtime was patched
-                patch["spec"] = job["spec"]
-            result.child = _named(
-                lambda: self.api.patch(job_path, patch), f"the patch of {kind.kind} {job_name}", create=False
-            )
-            result.conditions.append(
-                (
-                    ConditionType.SPEC_APPLIED,
-                    "True",
-                    "Patched",
-                    "The job had not started; it was updated in place.",
-                )
-            )
-            self._event(
-                body,
-                reason="Updated",
-                message=f"Updated {kind.kind} {job_name} to the new plan (it had not started)",
-            )
-            return
-        phase = child_phase(status)
-        if phase in TERMINAL_PHASES:
-            reason = "JobFinished"
-        elif can_patch_in_place(status):
-            reason = "TrainJobImmutable"  # not started, but its node or process count changed
-        else:
-            reason = "RunningJobImmutable"
-        message = (
-            f"{kind.kind} {job_name} is {phase.value}; its shape cannot change in place. "
-            "Fix: delete and re-create the BlackwellTrainingJob (it resumes from its checkpoint) to "
-            "apply this spec"
-        )
-        result.conditions.append((ConditionType.SPEC_APPLIED, "False", reason, message))
-        result.write_plan = False  # status.plan keeps describing what actually runs
-        self._event_once(body, ConditionType.SPEC_APPLIED, reason, message)
+    def _record(self, body: Mapping[str, Any], effects: Effects, result: Result) -> None:
+        """An outcome's effects, once its calls went through: its conditions into `result`, its Events."""
+        result.conditions.extend(effects.conditions)
+        if not effects.write_plan:
+            result.write_plan = False
+        if effects.recreated:
+            self.ctx.metrics.children_recreated.inc()
+        for notice in effects.events:
+            if notice.once is None:
+                self._event(body, notice.reason, notice.message, warning=notice.warning)
+            else:
+                self._event_once(body, notice.once, notice.reason, notice.message, warning=notice.warning)
 
     def _hold(self, job_path: str, job: Mapping[str, Any]) -> dict[str, Any]:
         """Add the final-status finalizer to an existing job (guarded by its resourceVersion)."""
@@ -665,19 +588,6 @@ class Reconciler:
             f"the finalizer patch of {job.get('kind')} {meta['name']}",
             create=False,
         )
-
-    @staticmethod
-    def _new_spec(body: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
-        """Whether the spec changed since the recorded child was made (a finished job may then run anew).
-
-        The generation reconcile last wrote, else the one the child watcher stamped on ChildCreated when it
-        recorded the child before reconcile wrote anything (a job that finished within its first pass).
-        Without either nothing says the spec changed: a finished job is not run again on a guess.
-        """
-        seen = status.get("observedGeneration") or (
-            get_condition(status.get("conditions"), ConditionType.CHILD_CREATED) or {}
-        ).get("observedGeneration")
-        return seen is not None and int(body["metadata"].get("generation") or 1) != seen
 
     def _create_together(
         self, kind: ChildKind, job: dict[str, Any], supporting: list[dict[str, Any]], owner_uid: str
@@ -724,14 +634,9 @@ class Reconciler:
             if existing is None:  # deleted in between: the retry creates it
                 raise ApiError(409, "Conflict", f"{kind} {meta['name']} vanished")
         if not owned_by(existing, owner_uid):
-            raise ChildConflict(
-                f"a {kind} named {meta['name']} exists and is not owned by "
-                "this BlackwellTrainingJob. Fix: delete it, or rename the BlackwellTrainingJob"
-            )
-        if render_hash(existing) != render_hash(obj):
-            fields = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
-            labels = {"labels": meta.get("labels"), "annotations": meta.get("annotations")}
-            patch = {"metadata": labels, **fields}
+            raise ChildConflict(conflict_message(kind, meta["name"]))
+        patch = supporting_patch(existing, obj)
+        if patch is not None:
             _named(lambda: self.api.patch(path, patch), f"the patch of {kind} {meta['name']}", create=False)
 
     def _create_or_get(
@@ -752,12 +657,9 @@ class Reconciler:
         if existing is None:
             raise ApiError(409, "Conflict", f"{kind.kind} {name} vanished after a conflict")
         if not owned_by(existing, owner_uid):
-            raise ChildConflict(
-                f"a {kind.kind} named {name} exists and is not owned by this "
-                "BlackwellTrainingJob. Fix: delete it, or rename the BlackwellTrainingJob"
-            )
+            raise ChildConflict(conflict_message(kind.kind, name))
         if existing["metadata"].get("deletionTimestamp"):
-            raise ApiError(409, "Conflict", f"the previous {kind.kind} {name} is still being deleted")
+            raise ApiError(409, "Conflict", still_deleting(kind.kind, name))
         return False, existing
 
     # ----- capacity -----
@@ -893,28 +795,6 @@ class Reconciler:
             return changes
 
         write_status(self.api, meta["namespace"], meta["name"], update, self._logger)
-
-
-def resume_note(spec: BlackwellTrainingJobSpec) -> str:
-    """Where the re-created job's training continues from."""
-    path = spec.training.checkpoint.path
-    if path:
-        return f"training resumes from its last checkpoint in {path}"
-    return "spec.training.checkpoint.path is not set, so training starts again from step 0"
-
-
-def immutable_change(kind: ChildKind, existing: Mapping[str, Any], job: Mapping[str, Any]) -> bool:
-    """Whether the new render changes a field of the child the API server never lets change (a TrainJob's
-    runtimeRef and trainer: node and process counts)."""
-    if kind.kind != trainjob.KIND:
-        return False
-    old, new = existing.get("spec") or {}, job.get("spec") or {}
-    return any(old.get(key) != new.get(key) for key in ("runtimeRef", "trainer"))
-
-
-def render_hash(obj: Mapping[str, Any]) -> str | None:
-    """The render hash annotation the renderer stamps on every child."""
-    return (obj.get("metadata", {}).get("annotations") or {}).get(RENDER_HASH_ANNOTATION)
 
 
 def plan_summary(plan: Plan) -> str:
