@@ -13,6 +13,7 @@ import pytest
 
 from tests.helm.conftest import CHART, VALUES_CASES, by_kind, render, values_id
 
+
 def hook(objects: list[dict[str, Any]]) -> dict[str, Any]:
     (job,) = by_kind(objects, "Job")
     return job
