@@ -351,8 +351,15 @@ def identity_check(source: Path, exported: Path) -> dict[str, Any]:
     for name in sorted(set(ours) & set(theirs)):
         with safe_open(str(ours[name]), "pt") as a, safe_open(str(theirs[name]), "pt") as b:
             x, y = a.get_tensor(name), b.get_tensor(name)
-        if x.dtype != y.dtype or x.shape != y.shape or not torch.equal(x, y):
+        if x.dtype != y.dtype or x.shape != y.shape:
             differ.append(f"{name}: {x.dtype}{tuple(x.shape)} vs {y.dtype}{tuple(y.shape)}")
+        elif not torch.equal(x, y):
+            changed = x != y
+            step = ((x.float() - y.float()).abs() / x.float().abs().clamp_min(1e-30))[changed]
+            differ.append(
+                f"{name}: {int(changed.sum())} of {x.numel()} elements differ, relative change up to "
+                f"{float(step.max()):.2e} (median {float(step.median()):.2e})"
+            )
     record.update(
         compared=len(set(ours) & set(theirs)),
         differ=differ[:20],
