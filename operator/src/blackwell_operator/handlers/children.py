@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from blackwell_operator.handlers import finalizer
@@ -10,7 +10,7 @@ from blackwell_operator.handlers.api import ApiError
 from blackwell_operator.handlers.btjstatus import CHILD_DELETED, is_finished, write_status_logged
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import post_event
-from blackwell_operator.handlers.reconcile import CHILD_KINDS, drop_supporting, supporting_of
+from blackwell_operator.handlers.reconcile import drop_supporting, supporting_of
 from blackwell_operator.lifecycle.conditions import find_condition, set_condition
 from blackwell_operator.lifecycle.failures import stopping_child
 from blackwell_operator.lifecycle.message import set_message, summary_message
@@ -21,6 +21,7 @@ from blackwell_operator.lifecycle.status_read import read_status
 from blackwell_operator.lifecycle.writers import CHILD_WATCHER
 from blackwell_operator.models.spec import KIND
 from blackwell_operator.models.status import ChildReference, ConditionType, JobProgress, Phase, StatusChange
+from blackwell_operator.render.kinds import job_kind
 from blackwell_operator.timefmt import now_rfc3339
 
 # Phases worth an Event on the BTJ when the child enters them.
@@ -101,10 +102,24 @@ def deleted_child_changes(
     return change
 
 
+# Posts an Event about an object: (obj, reason, message, warning=...). Kopf's queue in the handlers; the
+# API for callers outside Kopf (`btj release-children`).
+EventPoster = Callable[..., None]
+
+
 def on_child_event(
-    ctx: OperatorContext, event_type: str | None, child: Mapping[str, Any], logger: Any
-) -> None:
-    """Mirror one child event onto its owner BTJ's status (a no-op when nothing changes)."""
+    ctx: OperatorContext,
+    event_type: str | None,
+    child: Mapping[str, Any],
+    logger: Any,
+    *,
+    post: EventPoster = post_event,
+) -> bool:
+    """Mirror one child event onto its owner BTJ's status (a no-op when nothing changes).
+
+    Returns whether that went through (or there was nothing to record, or nowhere to record it): False
+    when the status write failed, and the child's end may not be on its BTJ yet.
+    """
     owner = owner_reference(child)
     meta = child["metadata"]
     # Deleted, or being deleted and held by our finalizer until its end is recorded: a deletion either way.
@@ -112,7 +127,7 @@ def on_child_event(
     if owner is None:
         if going and finalizer.holds(child):
             _release(ctx, child, logger)  # nothing to record it on: never keep it from going
-        return
+        return True
     namespace, child_uid, kind = meta.get("namespace"), meta.get("uid"), child.get("kind", "job")
     transition: dict[str, Any] = {}
     ended: dict[str, Any] = {}
@@ -186,11 +201,12 @@ def on_child_event(
                 transition["new"], kind, meta["name"], child_message(child.get("status"))
             )
             warning = transition["new"] in (Phase.FAILED, Phase.RESTARTING)
-            post_event(written, reason, message, warning=warning)
+            post(written, reason, message, warning=warning)
+    return done
 
 
 def _release(ctx: OperatorContext, child: Mapping[str, Any], logger: Any) -> None:
-    kind = next((k for k in CHILD_KINDS.values() if k.kind == child.get("kind")), None)
+    kind = job_kind(child.get("kind"))
     if kind is None:
         return
     try:

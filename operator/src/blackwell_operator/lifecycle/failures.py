@@ -18,7 +18,8 @@ from blackwell_operator.models.status import (
     StatusChange,
     WorkerFailure,
 )
-from blackwell_operator.render import hyperpod, pytorchjob, trainjob
+from blackwell_operator.render import trainjob
+from blackwell_operator.render.kinds import JOB_KINDS
 from blackwell_operator.render.labels import JOB_NAME_LABEL
 from blackwell_operator.render.pod import TRAINER_CONTAINER_NAMES
 from blackwell_operator.timefmt import rfc3339_seconds
@@ -29,7 +30,7 @@ STOP_EXIT_CODES = frozenset({130, 137, 143})  # 128 + SIGINT, SIGKILL, SIGTERM
 KUBEFLOW_JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 # A TrainJob's pods are owned by Jobs of its JobSet, which names them by the TrainJob in this label.
 CHILD_JOB_NAME_LABELS = (KUBEFLOW_JOB_NAME_LABEL, trainjob.JOBSET_NAME_LABEL)
-CHILD_KINDS = frozenset({pytorchjob.KIND, hyperpod.KIND, trainjob.KIND})
+CHILD_KINDS = frozenset(row.kind for row in JOB_KINDS.values())
 # The Failed condition's reason when a worker ended on an error no restart can fix; the operator then
 # deletes the child (its GPUs are freed) instead of letting torchrun and the pods retry it.
 PERMANENT_ERROR_REASON = "PermanentError"
