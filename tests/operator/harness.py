@@ -22,6 +22,8 @@ from blackwell_operator.testing.cluster import hyperpod_node
 from blackwell_operator.testing.emulator import BTJ_RESOURCE, PYTORCHJOB_RESOURCE, HardenedEmulator
 
 NAMESPACE = "hyperpod-ns-team-a"
+# The collections spelled out on purpose, not from render.kinds: they are the wire paths the operator must
+# call, so a wrong row in the table fails the tests instead of moving with them.
 BTJS = f"/apis/training.blackwell.dev/v1alpha1/namespaces/{NAMESPACE}/blackwelltrainingjobs"
 PYTORCHJOBS = f"/apis/kubeflow.org/v1/namespaces/{NAMESPACE}/pytorchjobs"
 HYPERPODJOBS = f"/apis/sagemaker.amazonaws.com/v1/namespaces/{NAMESPACE}/hyperpodpytorchjobs"

@@ -27,8 +27,6 @@ from blackwell_operator.handlers.planning import plan_within
 from blackwell_operator.handlers.preflight import check_references
 from blackwell_operator.lifecycle.backends import (
     CONCRETE,
-    JOB_APIS,
-    JobApi,
     backend_of_kind,
     choose_backend,
     none_served_message,
@@ -65,19 +63,20 @@ from blackwell_operator.models.spec import Backend, BlackwellTrainingJobSpec
 from blackwell_operator.models.status import ConditionType, Phase
 from blackwell_operator.planner.provenance import plan_event, plan_verified_condition
 from blackwell_operator.render import render_children, trainjob
+from blackwell_operator.render.kinds import JOB_KINDS, SUPPORTING_KINDS, ChildKind
 from blackwell_operator.render.pod import plan_config_map_name, resources
 from blackwell_operator.timefmt import now_rfc3339
+from blackwell_operator.units import GIB
 from blackwell_trainer.config import ClusterCorrection, Plan
 
-# Where each backend's job lives in the API (backends.JOB_APIS, under the name the handlers use).
-ChildKind = JobApi
-CHILD_KINDS: dict[Backend, ChildKind] = dict(JOB_APIS)
+# Where each backend's job lives in the API (render.kinds.JOB_KINDS, under the name the handlers use).
+CHILD_KINDS: dict[Backend, ChildKind] = JOB_KINDS
 # spec.backend auto and the cluster serves no job API: the condition reason, and when to look again.
 NO_JOB_API = "NoJobApi"
 NO_JOB_API_RETRY_S = 60.0
 # What the child references, created before it and patched with it: the plan ConfigMap, and for a TrainJob
 # its TrainingRuntime.
-SUPPORTING_PLURALS = {"ConfigMap": "configmaps", trainjob.RUNTIME_KIND: trainjob.RUNTIME_PLURAL}
+SUPPORTING_PLURALS = {kind: row.plural for kind, row in SUPPORTING_KINDS.items()}
 
 
 T = TypeVar("T")
@@ -827,7 +826,7 @@ def plan_summary(plan: Plan) -> str:
         f"{chosen.sharding.value} sharding; predicted "
         f"{predicted.tokens_per_second_per_gpu:,.0f} tokens/s/GPU, "
         f"MFU {predicted.model_flops_utilization:.0%} of BF16 dense peak, "
-        f"peak {predicted.memory.peak_reserved / 2**30:.1f} GiB/GPU"
+        f"peak {predicted.memory.peak_reserved / GIB:.1f} GiB/GPU"
         + (f"; {describe_correction(plan.cluster_correction)}" if plan.cluster_correction else "")
     )
 
