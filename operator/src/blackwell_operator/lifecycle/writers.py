@@ -34,7 +34,9 @@ _PLAN_KEYS = frozenset({"plan", "precision", "microBatchSize", "activationCheckp
 RECONCILE = StatusWriter(
     "reconcile",
     _CHILD_KEYS | _PLAN_KEYS | {"observedGeneration", "backend", "lastFailure"},
-    _CHILD_CONDITIONS | {C.PLANNED, C.PLAN_VERIFIED, C.CAPACITY_AVAILABLE, C.CHILD_CREATED, C.SPEC_APPLIED},
+    _CHILD_CONDITIONS
+    | {C.PLANNED, C.PLAN_VERIFIED, C.CAPACITY_AVAILABLE, C.CHILD_CREATED, C.SPEC_APPLIED}
+    | {C.IMAGE_PULL_SECRETS_FOUND},
 )
 CHILD_WATCHER = StatusWriter(
     "child watcher", _CHILD_KEYS | {"progress"}, _CHILD_CONDITIONS | {C.CHILD_CREATED}
