@@ -158,6 +158,21 @@ class Cluster:
 
         await wait_for(handled, what=f"the operator to handle every event of {name}")
 
+    async def add_service_account(self, name: str) -> None:
+        """Create a ServiceAccount in the namespace, as `kubectl create serviceaccount NAME` does."""
+        await self._json(
+            "POST", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts", {"metadata": {"name": name}}
+        )
+
+    async def add_secret(self, name: str) -> None:
+        """Create a docker-registry Secret in the namespace (its content is never read)."""
+        body = {
+            "metadata": {"name": name},
+            "type": "kubernetes.io/dockerconfigjson",
+            "data": {".dockerconfigjson": "e30="},
+        }
+        await self._json("POST", f"/api/v1/namespaces/{NAMESPACE}/secrets", body)
+
     async def add_node(self, manifest: Mapping[str, Any]) -> None:
         await self._json("POST", "/api/v1/nodes", dict(manifest))
 

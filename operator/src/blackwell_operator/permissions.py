@@ -46,9 +46,17 @@ PERMISSIONS: tuple[Permission, ...] = (
     # Nothing is fetched by name: the pod comes with each event. The stuck-pod sweep lists a running BTJ's
     # trainer pods and force-deletes one stuck Terminating on a gone or not-Ready node (lifecycle.stuck_pods).
     Permission("", "pods", ("list", "watch", "delete")),
+    # The operator: before it creates a child, it reads the ServiceAccount its pods name (by name, never
+    # listed); a missing one holds the create (handlers/preflight.py).
+    Permission("", "serviceaccounts", ("get",)),
     # Kopf and the operator: Events on BTJs.
     Permission("", "events", ("create",)),
 )
+
+# Granted only when the chart's operator.checkImagePullSecrets is on (BTJ_CHECK_IMAGE_PULL_SECRETS): the
+# pull Secrets a spec names are read by name to warn when one is missing. Off by default, since RBAC cannot
+# limit `get secrets` to those names.
+OPT_IN: tuple[Permission, ...] = (Permission("", "secrets", ("get",)),)
 
 
 # Grants that no API call uses: they are checked by admission plugins when the operator creates children.
@@ -57,6 +65,7 @@ ADMISSION_ONLY: frozenset[tuple[str, str, str]] = frozenset(
 )
 
 
-def granted(api_group: str, resource: str, verb: str) -> bool:
-    """Whether PERMISSIONS covers one call."""
-    return any(p.api_group == api_group and p.resource == resource and verb in p.verbs for p in PERMISSIONS)
+def granted(api_group: str, resource: str, verb: str, *, opt_in: bool = False) -> bool:
+    """Whether PERMISSIONS (with `opt_in`, OPT_IN too) covers one call."""
+    rules = PERMISSIONS + OPT_IN if opt_in else PERMISSIONS
+    return any(p.api_group == api_group and p.resource == resource and verb in p.verbs for p in rules)

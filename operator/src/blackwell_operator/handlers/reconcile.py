@@ -24,6 +24,7 @@ from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import adopt_children, create_event, post_event
 from blackwell_operator.handlers.finalizer import release, with_finalizer
 from blackwell_operator.handlers.planning import plan_within
+from blackwell_operator.handlers.preflight import check_references
 from blackwell_operator.lifecycle.backends import (
     CONCRETE,
     backend_of_kind,
@@ -56,6 +57,7 @@ from blackwell_operator.lifecycle.conditions import (
 )
 from blackwell_operator.lifecycle.patch import merge_patch_to, plan_document
 from blackwell_operator.lifecycle.phase import CHILD_PHASES, child_conditions, child_message, summary_message
+from blackwell_operator.lifecycle.references import SERVICE_ACCOUNT_MISSING
 from blackwell_operator.lifecycle.replan import REPLANNED_REASON, correction_of
 from blackwell_operator.models.spec import Backend, BlackwellTrainingJobSpec
 from blackwell_operator.models.status import ConditionType, Phase
@@ -372,6 +374,25 @@ class Reconciler:
         # a finished job deleted while the operator is down (ttlSecondsAfterFinished: 0) is then still
         # seen finished, and never run again.
         with_finalizer(job)
+        # What the pods name must exist before anything is made (handlers/preflight.py): a missing
+        # ServiceAccount holds the create, and the resync loop looks again; a missing pull Secret warns.
+        job_path = resource_path(kind.api_version, kind.plural, namespace, job["metadata"]["name"])
+        preflight = check_references(self.api, body, spec, job_path, logger)
+        result.conditions.extend(preflight.conditions)
+        for type_, cond_status, reason, message in preflight.conditions:
+            if cond_status == "False":
+                self._event_once(body, type_, reason, message)
+        if preflight.blocked is not None:
+            result.phase, result.message = (
+                Phase.PENDING,
+                f"Waiting for its ServiceAccount: {preflight.blocked}",
+            )
+            result.conditions.append(
+                (ConditionType.CHILD_CREATED, "False", SERVICE_ACCOUNT_MISSING, preflight.blocked)
+            )
+            self._write(body, result, generation)
+            self._event_once(body, ConditionType.CHILD_CREATED, SERVICE_ACCOUNT_MISSING, preflight.blocked)
+            return
         result.config_map = config_map["metadata"]["name"]
         try:
             self._apply(body, body, spec, kind, [config_map, *supporting], job, result)
