@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from blackwell_operator.lifecycle.stuck_pods import TIMEOUT_ENV
+from blackwell_operator.handlers.stuck import TIMEOUT_ENV
 from blackwell_operator.permissions import ADMISSION_ONLY, PERMISSIONS
 from blackwell_operator.testing.emulator import HYPERPOD_RESOURCE, TRAINJOB_RESOURCE
 from tests.operator.harness import (
