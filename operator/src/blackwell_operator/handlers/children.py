@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from blackwell_operator.handlers import finalizer
@@ -103,10 +103,24 @@ def deleted_child_changes(
     return changes
 
 
+# Posts an Event about an object: (obj, reason, message, warning=...). Kopf's queue in the handlers; the
+# API for callers outside Kopf (`btj release-children`).
+EventPoster = Callable[..., None]
+
+
 def on_child_event(
-    ctx: OperatorContext, event_type: str | None, child: Mapping[str, Any], logger: Any
-) -> None:
-    """Mirror one child event onto its owner BTJ's status (a no-op when nothing changes)."""
+    ctx: OperatorContext,
+    event_type: str | None,
+    child: Mapping[str, Any],
+    logger: Any,
+    *,
+    post: EventPoster = post_event,
+) -> bool:
+    """Mirror one child event onto its owner BTJ's status (a no-op when nothing changes).
+
+    Returns whether that went through (or there was nothing to record, or nowhere to record it): False
+    when the status write failed, and the child's end may not be on its BTJ yet.
+    """
     owner = owner_reference(child)
     meta = child["metadata"]
     # Deleted, or being deleted and held by our finalizer until its end is recorded: a deletion either way.
@@ -114,7 +128,7 @@ def on_child_event(
     if owner is None:
         if going and finalizer.holds(child):
             _release(ctx, child, logger)  # nothing to record it on: never keep it from going
-        return
+        return True
     namespace, child_uid, kind = meta.get("namespace"), meta.get("uid"), child.get("kind", "job")
     transition: dict[str, Any] = {}
     ended: dict[str, Any] = {}
@@ -190,7 +204,8 @@ def on_child_event(
                 transition["new"], kind, meta["name"], child_message(child.get("status"))
             )
             warning = transition["new"] in (Phase.FAILED, Phase.RESTARTING)
-            post_event(written, reason, message, warning=warning)
+            post(written, reason, message, warning=warning)
+    return done
 
 
 def _release(ctx: OperatorContext, child: Mapping[str, Any], logger: Any) -> None:
