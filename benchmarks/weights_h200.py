@@ -383,6 +383,7 @@ def main() -> int:
     parser.add_argument("--timeout-s", type=float, default=240)
     parser.add_argument("--precision", choices=sorted(PRECISIONS), default="bf16")
     parser.add_argument("--identity", action="store_true", help="also the bit-for-bit export check")
+    parser.add_argument("--identity-only", action="store_true", help="only the bit-for-bit export check")
     args = parser.parse_args()
     import torch
 
@@ -423,11 +424,14 @@ def main() -> int:
     common = dict(
         steps=args.steps, device=args.device, compile_=not args.no_compile, seq=seq, precision=args.precision
     )
-    record["from_checkpoint"] = run_trainer(
-        make_plan(arch, weights=str(source), output=str(exported), **common),  # type: ignore[arg-type]
-        args.work, "from_checkpoint", args.out, args.timeout_s,
-    )  # fmt: skip
-    save()
+    if args.identity_only:
+        args.identity = True
+    else:
+        record["from_checkpoint"] = run_trainer(
+            make_plan(arch, weights=str(source), output=str(exported), **common),  # type: ignore[arg-type]
+            args.work, "from_checkpoint", args.out, args.timeout_s,
+        )  # fmt: skip
+        save()
     if args.identity:
         same = args.work / "out-identity"
         shutil.rmtree(same, ignore_errors=True)
@@ -439,6 +443,9 @@ def main() -> int:
         if (same / "config.json").is_file():
             record["identity"] = identity_check(source, same)
         save()
+    if args.identity_only:
+        print(f"identity: {record.get('identity')} (rc {record['identity_run']['rc']})")
+        return 0
     record["from_random_init"] = run_trainer(
         make_plan(arch, weights=None, output=None, **common),  # type: ignore[arg-type]
         args.work, "from_random_init", args.out, args.timeout_s,

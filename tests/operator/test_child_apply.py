@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from blackwell_operator.lifecycle.backends import JOB_APIS, JobApi
 from blackwell_operator.lifecycle.child_apply import (
     APPLIED,
     CannotChange,
@@ -30,16 +29,17 @@ from blackwell_operator.lifecycle.child_apply import (
 from blackwell_operator.lifecycle.child_record import FINAL_STATUS_FINALIZER, spec_changed
 from blackwell_operator.models.spec import Backend
 from blackwell_operator.models.status import ConditionType
+from blackwell_operator.render.kinds import JOB_KINDS, ChildKind
 from blackwell_operator.render.labels import RENDER_HASH_ANNOTATION
 
 OWNER, OTHER, OLD, NEW = "btj-uid", "someone-else", "old-child-uid", "new-child-uid"
-PYTORCH, TRAINJOB = JOB_APIS[Backend.PYTORCH_JOB], JOB_APIS[Backend.TRAIN_JOB]
+PYTORCH, TRAINJOB = JOB_KINDS[Backend.PYTORCH_JOB], JOB_KINDS[Backend.TRAIN_JOB]
 SUMMARY = "llama on 2x8 B200: bf16, micro-batch 2"
 NOTE = resume_note("s3://bucket/ckpt")
 T0 = "2026-01-01T00:00:00Z"
 
 
-def rendered(kind: JobApi, digest: str = "h1", trainer: int = 2) -> dict[str, Any]:
+def rendered(kind: ChildKind, digest: str = "h1", trainer: int = 2) -> dict[str, Any]:
     """A rendered job as the renderer stamps it (hash annotation, labels, the finalizer added)."""
     return {
         "apiVersion": kind.api_version,
@@ -76,7 +76,7 @@ def in_cluster(
     return found
 
 
-def wanted(kind: JobApi = PYTORCH, **job: Any) -> Wanted:
+def wanted(kind: ChildKind = PYTORCH, **job: Any) -> Wanted:
     return Wanted(
         kind=kind,
         job=rendered(kind, **job),

@@ -10,7 +10,7 @@ from blackwell_operator.handlers.api import ApiError
 from blackwell_operator.handlers.btjstatus import CHILD_DELETED, is_finished, write_status_logged
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import post_event
-from blackwell_operator.handlers.reconcile import CHILD_KINDS, drop_supporting, supporting_of
+from blackwell_operator.handlers.reconcile import drop_supporting, supporting_of
 from blackwell_operator.lifecycle.conditions import get_condition, set_condition
 from blackwell_operator.lifecycle.failures import stopping_child, with_failure
 from blackwell_operator.lifecycle.phase import (
@@ -24,6 +24,7 @@ from blackwell_operator.lifecycle.progress import as_patch, finished
 from blackwell_operator.lifecycle.replan import replacing_child
 from blackwell_operator.models.spec import KIND
 from blackwell_operator.models.status import ConditionType, Phase
+from blackwell_operator.render.kinds import job_kind
 from blackwell_operator.timefmt import now_rfc3339
 
 # Phases worth an Event on the BTJ when the child enters them.
@@ -209,7 +210,7 @@ def on_child_event(
 
 
 def _release(ctx: OperatorContext, child: Mapping[str, Any], logger: Any) -> None:
-    kind = next((k for k in CHILD_KINDS.values() if k.kind == child.get("kind")), None)
+    kind = job_kind(child.get("kind"))
     if kind is None:
         return
     try:

@@ -9,7 +9,6 @@ from blackwell_operator.handlers.api import ApiError, resource_path
 from blackwell_operator.handlers.btjstatus import CHILD_DELETED, write_status_logged
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import post_event
-from blackwell_operator.handlers.reconcile import CHILD_KINDS
 from blackwell_operator.lifecycle.failures import (
     describe,
     failure_changes,
@@ -20,6 +19,7 @@ from blackwell_operator.lifecycle.failures import (
     worker_failure,
 )
 from blackwell_operator.lifecycle.replan import REPLANNED_REASON, replacing_child
+from blackwell_operator.render.kinds import job_kind
 from blackwell_operator.render.labels import JOB_NAME_LABEL
 from blackwell_operator.timefmt import now_rfc3339
 
@@ -77,7 +77,7 @@ def _stop_child(ctx: OperatorContext, btj: Mapping[str, Any], logger: Any) -> bo
     """
     status = btj.get("status") or {}
     child = status.get("child") or {}
-    kind = next((k for k in CHILD_KINDS.values() if k.kind == child.get("kind")), None)
+    kind = job_kind(child.get("kind"))
     if not stopping_child(status) or kind is None or not child.get("name"):
         return True
     path = resource_path(kind.api_version, kind.plural, btj["metadata"]["namespace"], child["name"])

@@ -24,10 +24,9 @@ from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import adopt_children, create_event, post_event
 from blackwell_operator.handlers.finalizer import release, with_finalizer
 from blackwell_operator.handlers.planning import plan_within
+from blackwell_operator.handlers.preflight import check_references
 from blackwell_operator.lifecycle.backends import (
     CONCRETE,
-    JOB_APIS,
-    JobApi,
     backend_of_kind,
     choose_backend,
     none_served_message,
@@ -59,24 +58,26 @@ from blackwell_operator.lifecycle.conditions import (
 )
 from blackwell_operator.lifecycle.patch import merge_patch_to, plan_document
 from blackwell_operator.lifecycle.phase import CHILD_PHASES, child_conditions, child_message, summary_message
+from blackwell_operator.lifecycle.references import SERVICE_ACCOUNT_MISSING
 from blackwell_operator.lifecycle.replan import REPLANNED_REASON, correction_of
 from blackwell_operator.models.spec import Backend, BlackwellTrainingJobSpec
 from blackwell_operator.models.status import ConditionType, Phase
 from blackwell_operator.planner.provenance import plan_event, plan_verified_condition
 from blackwell_operator.render import render_children, trainjob
+from blackwell_operator.render.kinds import JOB_KINDS, SUPPORTING_KINDS, ChildKind
 from blackwell_operator.render.pod import plan_config_map_name, resources
 from blackwell_operator.timefmt import now_rfc3339
+from blackwell_operator.units import GIB
 from blackwell_trainer.config import ClusterCorrection, Plan
 
-# Where each backend's job lives in the API (backends.JOB_APIS, under the name the handlers use).
-ChildKind = JobApi
-CHILD_KINDS: dict[Backend, ChildKind] = dict(JOB_APIS)
+# Where each backend's job lives in the API (render.kinds.JOB_KINDS, under the name the handlers use).
+CHILD_KINDS: dict[Backend, ChildKind] = JOB_KINDS
 # spec.backend auto and the cluster serves no job API: the condition reason, and when to look again.
 NO_JOB_API = "NoJobApi"
 NO_JOB_API_RETRY_S = 60.0
 # What the child references, created before it and patched with it: the plan ConfigMap, and for a TrainJob
 # its TrainingRuntime.
-SUPPORTING_PLURALS = {"ConfigMap": "configmaps", trainjob.RUNTIME_KIND: trainjob.RUNTIME_PLURAL}
+SUPPORTING_PLURALS = {kind: row.plural for kind, row in SUPPORTING_KINDS.items()}
 
 
 T = TypeVar("T")
@@ -370,6 +371,25 @@ class Reconciler:
         # a finished job deleted while the operator is down (ttlSecondsAfterFinished: 0) is then still
         # seen finished, and never run again.
         with_finalizer(job)
+        # What the pods name must exist before anything is made (handlers/preflight.py): a missing
+        # ServiceAccount holds the create, and the resync loop looks again; a missing pull Secret warns.
+        job_path = resource_path(kind.api_version, kind.plural, namespace, job["metadata"]["name"])
+        preflight = check_references(self.api, body, spec, job_path, logger)
+        result.conditions.extend(preflight.conditions)
+        for type_, cond_status, reason, message in preflight.conditions:
+            if cond_status == "False":
+                self._event_once(body, type_, reason, message)
+        if preflight.blocked is not None:
+            result.phase, result.message = (
+                Phase.PENDING,
+                f"Waiting for its ServiceAccount: {preflight.blocked}",
+            )
+            result.conditions.append(
+                (ConditionType.CHILD_CREATED, "False", SERVICE_ACCOUNT_MISSING, preflight.blocked)
+            )
+            self._write(body, result, generation)
+            self._event_once(body, ConditionType.CHILD_CREATED, SERVICE_ACCOUNT_MISSING, preflight.blocked)
+            return
         result.config_map = config_map["metadata"]["name"]
         try:
             self._apply(body, body, spec, kind, [config_map, *supporting], job, result)
@@ -796,7 +816,7 @@ def plan_summary(plan: Plan) -> str:
         f"{chosen.sharding.value} sharding; predicted "
         f"{predicted.tokens_per_second_per_gpu:,.0f} tokens/s/GPU, "
         f"MFU {predicted.model_flops_utilization:.0%} of BF16 dense peak, "
-        f"peak {predicted.memory.peak_reserved / 2**30:.1f} GiB/GPU"
+        f"peak {predicted.memory.peak_reserved / GIB:.1f} GiB/GPU"
         + (f"; {describe_correction(plan.cluster_correction)}" if plan.cluster_correction else "")
     )
 

@@ -19,8 +19,8 @@ from blackwell_operator.handlers.btjstatus import btj_path
 from blackwell_operator.handlers.children import on_child_event, owner_reference
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import create_event
-from blackwell_operator.handlers.reconcile import CHILD_KINDS, ChildKind
 from blackwell_operator.lifecycle.phase import child_phase
+from blackwell_operator.render.kinds import JOB_KINDS, ChildKind
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ def held_children(
 ) -> Iterator[tuple[ChildKind, dict[str, Any]]]:
     """Every child job (of the three kinds) that carries the final-status finalizer, in `namespaces` (None:
     all). A kind whose CRD the cluster does not serve (404) has none."""
-    for kind in CHILD_KINDS.values():
+    for kind in JOB_KINDS.values():
         where: Sequence[str | None] = list(namespaces) if namespaces else [None]
         for namespace in where:
             try:

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from blackwell_operator.lifecycle.backends import JobApi
 from blackwell_operator.lifecycle.child_record import (
     CHILD_DELETED,
     deleted_child_uid,
@@ -23,6 +22,7 @@ from blackwell_operator.lifecycle.phase import TERMINAL_PHASES, can_patch_in_pla
 from blackwell_operator.lifecycle.replan import replacing_child
 from blackwell_operator.models.status import ConditionType
 from blackwell_operator.render import trainjob
+from blackwell_operator.render.kinds import ChildKind
 
 # A condition as a pass records it: type, status, reason, message.
 ConditionChange = tuple[str, ConditionStatus, str, str]
@@ -63,7 +63,7 @@ class Effects:
 class Wanted:
     """What this pass rendered, and for whom."""
 
-    kind: JobApi
+    kind: ChildKind
     job: Mapping[str, Any]  # the rendered job, its finalizer added
     config_map: str  # the plan ConfigMap's name
     owner_uid: str  # the BTJ's uid
@@ -224,7 +224,7 @@ def refusal(what: str, creating: bool, error: str) -> ConditionChange:
     return ConditionType.SPEC_APPLIED, "False", PATCH_REFUSED, message
 
 
-def immutable_change(kind: JobApi, existing: Mapping[str, Any], job: Mapping[str, Any]) -> bool:
+def immutable_change(kind: ChildKind, existing: Mapping[str, Any], job: Mapping[str, Any]) -> bool:
     """Whether the new render changes a field of the child the API server never lets change (a TrainJob's
     runtimeRef and trainer: node and process counts)."""
     if kind.kind != trainjob.KIND:
@@ -240,7 +240,7 @@ def resume_note(checkpoint_path: str | None) -> str:
     return "spec.training.checkpoint.path is not set, so training starts again from step 0"
 
 
-def in_place_patch(kind: JobApi, job: Mapping[str, Any]) -> dict[str, Any]:
+def in_place_patch(kind: ChildKind, job: Mapping[str, Any]) -> dict[str, Any]:
     """The merge patch that brings a child that has not started to the render `job`."""
     patch: dict[str, Any] = {
         "metadata": {

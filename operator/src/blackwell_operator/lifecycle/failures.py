@@ -9,7 +9,8 @@ from blackwell_operator.lifecycle.conditions import get_condition, set_condition
 from blackwell_operator.lifecycle.phase import TERMINAL_PHASES
 from blackwell_operator.lifecycle.replan import oom_of, replacing_child, replan_changes
 from blackwell_operator.models.status import FAILURE_MESSAGE_LIMIT, ConditionType, Phase
-from blackwell_operator.render import hyperpod, pytorchjob, trainjob
+from blackwell_operator.render import trainjob
+from blackwell_operator.render.kinds import JOB_KINDS
 from blackwell_operator.render.labels import JOB_NAME_LABEL
 from blackwell_operator.render.pod import TERMINATION_GRACE_SECONDS, TRAINER_CONTAINER_NAMES
 from blackwell_operator.timefmt import rfc3339_seconds
@@ -28,7 +29,7 @@ CASCADE_WINDOW_S = TERMINATION_GRACE_SECONDS + 600.0
 KUBEFLOW_JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 # A TrainJob's pods are owned by Jobs of its JobSet, which names them by the TrainJob in this label.
 CHILD_JOB_NAME_LABELS = (KUBEFLOW_JOB_NAME_LABEL, trainjob.JOBSET_NAME_LABEL)
-CHILD_KINDS = frozenset({pytorchjob.KIND, hyperpod.KIND, trainjob.KIND})
+CHILD_KINDS = frozenset(row.kind for row in JOB_KINDS.values())
 # The Failed condition's reason when a worker ended on an error no restart can fix; the operator then
 # deletes the child (its GPUs are freed) instead of letting torchrun and the pods retry it.
 PERMANENT_ERROR_REASON = "PermanentError"

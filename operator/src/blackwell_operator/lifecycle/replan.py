@@ -20,12 +20,12 @@ from blackwell_operator.models.status import (
 )
 from blackwell_operator.planner import plan_job
 from blackwell_operator.planner.correction import learn
+from blackwell_operator.units import GIB
 from blackwell_trainer.config import Candidate, OomResult, Plan
 
 # The Planned condition's reason while a re-planned job replaces its child.
 REPLANNED_REASON = "Replanned"
 OUT_OF_MEMORY = "OutOfMemory"
-GIB = 2**30
 # What a user can change when re-planning is spent or nothing fits any more.
 WHAT_TO_CHANGE = (
     "pin a smaller spec.tuning.microBatchSize, set spec.tuning.activationCheckpointing to full, raise "

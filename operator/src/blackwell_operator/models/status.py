@@ -37,6 +37,8 @@ class ConditionType(StrEnum):
     FAILED = "Failed"
     SPEC_APPLIED = "SpecApplied"
     KUEUE_MANAGED = "KueueManaged"  # only while spec.queueName is set
+    # Only with BTJ_CHECK_IMAGE_PULL_SECRETS (reading Secrets is opt-in: lifecycle/references.py).
+    IMAGE_PULL_SECRETS_FOUND = "ImagePullSecretsFound"
 
 
 class Condition(WireModel):
