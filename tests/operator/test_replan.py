@@ -15,6 +15,7 @@ from blackwell_operator.lifecycle.replan import WHAT_TO_CHANGE, correction_of, r
 from blackwell_operator.models.status import PLAN_HISTORY_LIMIT
 from blackwell_operator.planner.correction import family_key
 from blackwell_operator.testing.emulator import HYPERPOD_RESOURCE, PYTORCHJOB_RESOURCE, TRAINJOB_RESOURCE
+from blackwell_operator.units import GIB
 from blackwell_trainer.config import PERMANENT_ERROR_PREFIX, Candidate, OomPhase, OomResult, Plan
 from tests.operator.harness import Cluster, btj, running_operator, wait_for
 from tests.operator.pods import T1, T2, T3, container, pod, pod_status, terminated
@@ -24,7 +25,6 @@ from tests.ports import free_port
 # metav1.Time the pure functions stamp their conditions and history with (the clock is passed in).
 NOW = "2026-12-01T12:00:00Z"
 
-GIB = 2**30
 RESOURCES = {
     "PyTorchJob": PYTORCHJOB_RESOURCE,
     "HyperPodPyTorchJob": HYPERPOD_RESOURCE,
