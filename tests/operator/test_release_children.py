@@ -137,6 +137,7 @@ async def test_a_child_whose_end_cannot_be_recorded_keeps_its_finalizer(cluster:
     assert f"PyTorchJob {NAMESPACE}/kept: not released: its state (Succeeded) could not be written" in (
         " ".join(result.output.split())
     )
+    assert f"could not be written on BlackwellTrainingJob {NAMESPACE}/kept" in " ".join(result.output.split())
     assert "0 child job(s) released, 1 not." in result.output
     assert held(cluster, "kept", PYTORCHJOB_RESOURCE), "losing its end is worse than waiting"
     cluster.k.faults.clear()
