@@ -11,6 +11,11 @@ from blackwell_operator.lifecycle.references import (
     service_account_missing,
     would_create,
 )
+from blackwell_operator.testing.emulator import (
+    HYPERPOD_RESOURCE,
+    TRAINING_RUNTIME_RESOURCE,
+    TRAINJOB_RESOURCE,
+)
 from tests.operator.harness import NAMESPACE, Cluster, btj, from_operator, running_operator, verb_of, wait_for
 
 pytestmark = pytest.mark.integration
@@ -70,6 +75,24 @@ async def test_a_missing_service_account_holds_the_create_until_it_exists(cluste
     )
     assert cluster.config_map("s3-plan") is not None
     assert cluster.creates("pytorchjobs") == 1
+
+
+@pytest.mark.parametrize(
+    ("backend", "resource"), [("HyperPodPyTorchJob", HYPERPOD_RESOURCE), ("TrainJob", TRAINJOB_RESOURCE)]
+)
+async def test_no_kind_of_child_is_half_made_without_its_account(
+    cluster: Cluster, backend: str, resource: str
+) -> None:
+    async with running_operator(cluster) as runner:
+        await cluster.apply(btj("other", backend=backend, serviceAccountName="training-s3"))
+        created = await wait_for(lambda: cluster.condition("other", "ChildCreated"), what="ChildCreated")
+        assert created["reason"] == SERVICE_ACCOUNT_MISSING
+        # Neither the job nor what it references (the plan ConfigMap, a TrainJob's TrainingRuntime).
+        assert cluster.job("other", resource) is None and cluster.config_map("other-plan") is None
+        assert cluster.job("other", TRAINING_RUNTIME_RESOURCE) is None
+        await cluster.add_service_account("training-s3")
+        await wait_for(lambda: cluster.job("other", resource), what=f"the {backend}")
+    assert runner.exception is None
 
 
 async def test_a_refused_service_account_read_is_advisory(cluster: Cluster) -> None:

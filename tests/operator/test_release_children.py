@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,9 +20,11 @@ from tests.operator.harness import (
     TRAINJOBS,
     Cluster,
     btj,
+    emulated_cluster,
     from_operator,
     running_operator,
     wait_for,
+    write_kubeconfig,
 )
 
 pytestmark = pytest.mark.integration
@@ -134,6 +137,7 @@ async def test_a_child_whose_end_cannot_be_recorded_keeps_its_finalizer(cluster:
     assert f"PyTorchJob {NAMESPACE}/kept: not released: its state (Succeeded) could not be written" in (
         " ".join(result.output.split())
     )
+    assert f"could not be written on BlackwellTrainingJob {NAMESPACE}/kept" in " ".join(result.output.split())
     assert "0 child job(s) released, 1 not." in result.output
     assert held(cluster, "kept", PYTORCHJOB_RESOURCE), "losing its end is worse than waiting"
     cluster.k.faults.clear()
@@ -142,7 +146,7 @@ async def test_a_child_whose_end_cannot_be_recorded_keeps_its_finalizer(cluster:
     assert not held(cluster, "kept", PYTORCHJOB_RESOURCE)
 
 
-async def test_other_namespaces_and_absent_job_kinds_are_left_alone(cluster: Cluster) -> None:
+async def test_other_namespaces_are_left_alone(cluster: Cluster) -> None:
     async with running_operator(cluster):
         await cluster.apply(btj("mine"))
         await wait_for(lambda: cluster.condition("mine", "ChildCreated"), what="the PyTorchJob recorded")
@@ -150,6 +154,29 @@ async def test_other_namespaces_and_absent_job_kinds_are_left_alone(cluster: Clu
     assert result.exit_code == 0, result.output
     assert "No child job in another-team carries" in result.output
     assert held(cluster, "mine", PYTORCHJOB_RESOURCE)
+
+
+async def test_job_kinds_the_cluster_does_not_serve_are_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Only Kubeflow's PyTorchJob CRD is installed: listing the other two kinds answers 404.
+    async with emulated_cluster(job_resources=(PYTORCHJOB_RESOURCE,)) as only_pytorch:
+        monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "kubeconfig", only_pytorch.url)))
+        monkeypatch.setenv("BTJ_METRICS_BIND", "off")
+        async with running_operator(only_pytorch):
+            await only_pytorch.apply(btj("lone"))
+            await wait_for(lambda: only_pytorch.condition("lone", "ChildCreated"), what="the PyTorchJob")
+        await only_pytorch.delete_child("lone")
+        result = await release("-A")
+        assert result.exit_code == 0, result.output
+        assert only_pytorch.job("lone") is None, "released: it went"
+        assert "1 child job(s) released, 0 not." in result.output
+        listed = {
+            r.resource.plural
+            for r in only_pytorch.k.requests
+            if from_operator(r) and r.resource is not None and r.method.value == "GET" and not r.name
+        }
+        assert {"hyperpodpytorchjobs", "trainjobs"} <= listed, "asked, and took the 404 for none"
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ from blackwell_operator.lifecycle.writers import POD_WATCHER
 from blackwell_operator.models.status import PLAN_HISTORY_LIMIT
 from blackwell_operator.planner.correction import family_key
 from blackwell_operator.testing.emulator import HYPERPOD_RESOURCE, PYTORCHJOB_RESOURCE, TRAINJOB_RESOURCE
+from blackwell_operator.units import GIB
 from blackwell_trainer.config import PERMANENT_ERROR_PREFIX, Candidate, OomPhase, OomResult, Plan
 from tests.operator.harness import Cluster, btj, running_operator, wait_for
 from tests.operator.pods import T1, T2, T3, container, pod, pod_status, terminated
@@ -26,7 +27,6 @@ from tests.ports import free_port
 # metav1.Time the pure functions stamp their conditions and history with (the clock is passed in).
 NOW = "2026-12-01T12:00:00Z"
 
-GIB = 2**30
 RESOURCES = {
     "PyTorchJob": PYTORCHJOB_RESOURCE,
     "HyperPodPyTorchJob": HYPERPOD_RESOURCE,

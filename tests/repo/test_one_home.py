@@ -131,6 +131,11 @@ def test_the_trainer_has_one_home_for_byte_units() -> None:
     assert not found, "\n".join(found)
 
 
+def test_the_tests_take_byte_units_from_the_packages() -> None:
+    found = _package_findings(ROOT / "tests", check_kinds=False)
+    assert not found, "\n".join(found)
+
+
 @pytest.mark.parametrize(
     ("source", "what"),
     [

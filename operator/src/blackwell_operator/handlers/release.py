@@ -77,6 +77,12 @@ def _owner_btj(api: KubeApi, child: Mapping[str, Any]) -> str | None:
     return f"{namespace}/{owner['name']}"
 
 
+def _owner_name(child: Mapping[str, Any]) -> str:
+    """namespace/name of the BTJ the child's owner reference names."""
+    owner = owner_reference(child) or {}
+    return f"{child['metadata'].get('namespace')}/{owner.get('name')}"
+
+
 def _api_poster(ctx: OperatorContext, logger: Any) -> Any:
     """Events through the API (no Kopf event queue here); a refused Event is logged, not fatal."""
 
@@ -112,8 +118,8 @@ def release_child(
             namespace,
             name,
             False,
-            f"not released: its state ({state}) could not be written on BlackwellTrainingJob {btj} "
-            "(see the log line above); run the command again",
+            f"not released: its state ({state}) could not be written on BlackwellTrainingJob "
+            f"{btj or _owner_name(child)} (see the log line above); run the command again",
         )
     try:
         finalizer.release(ctx.api, child, kind.plural, logger)
