@@ -22,6 +22,7 @@ from blackwell_operator.lifecycle.child_apply import (
     UpToDate,
     Wanted,
     decide,
+    refusal,
     resume_note,
     supporting_patch,
 )
@@ -424,3 +425,24 @@ def test_a_supporting_object_is_patched_only_when_its_render_changed() -> None:
         "metadata": {"labels": {"a": "b"}, "annotations": {RENDER_HASH_ANNOTATION: "h2"}},
         "data": {"plan.json": "{}"},
     }
+
+
+@pytest.mark.parametrize(
+    ("creating", "condition", "reason"),
+    [
+        (True, ConditionType.CHILD_CREATED, "CreateRefused"),
+        (False, ConditionType.SPEC_APPLIED, "PatchRefused"),
+    ],
+)
+def test_a_refusal_names_the_call_the_server_s_words_and_the_fix(
+    creating: bool, condition: str, reason: str
+) -> None:
+    error = "422 Invalid: admission webhook denied the request"
+    assert refusal("the create of PyTorchJob llama", creating, error) == (
+        condition,
+        "False",
+        reason,
+        f"the API server refused the create of PyTorchJob llama: {error}. Fix the cause (an admission "
+        "webhook, RBAC, a quota) or the spec; the operator tries again with backoff (at most every "
+        "BTJ_CHILD_RETRY_INTERVAL_S, 60 s by default)",
+    )

@@ -44,6 +44,7 @@ from blackwell_operator.lifecycle.child_apply import (
     Wanted,
     conflict_message,
     decide,
+    refusal,
     resume_note,
     still_deleting,
     supporting_patch,
@@ -81,11 +82,7 @@ SUPPORTING_PLURALS = {kind: row.plural for kind, row in SUPPORTING_KINDS.items()
 
 T = TypeVar("T")
 _LOG = logging.getLogger(__name__)
-# ChildCreated / SpecApplied reasons when the API server refuses a create or a patch of a child.
-CREATE_REFUSED = "CreateRefused"
-PATCH_REFUSED = "PatchRefused"
 DRY_RUN_MESSAGE = "spec.dryRun is true: planned only, nothing created."
-RETRY_INTERVAL_HINT = "BTJ_CHILD_RETRY_INTERVAL_S, 60 s by default"
 
 
 class ChildConflict(Exception):
@@ -508,15 +505,8 @@ class Reconciler:
             raise self._refusal(exc) from exc
 
     def _refusal(self, exc: ApiError) -> ChildRefused:
-        what, creating = exc.action or "a call", exc.creating
-        text = (
-            f"the API server refused {what}: {exc}. Fix the cause (an admission webhook, RBAC, a quota) "
-            f"or the spec; the operator tries again with backoff (at most every "
-            f"{RETRY_INTERVAL_HINT})"
-        )
-        if creating:
-            return ChildRefused(text, condition=ConditionType.CHILD_CREATED, reason=CREATE_REFUSED)
-        return ChildRefused(text, condition=ConditionType.SPEC_APPLIED, reason=PATCH_REFUSED)
+        condition, _, reason, message = refusal(exc.action or "a call", exc.creating, str(exc))
+        return ChildRefused(message, condition=condition, reason=reason)
 
     def _apply_children(
         self,

@@ -20,7 +20,8 @@ from typing import Any
 from blackwell_operator.handlers.btjstatus import btj_path, wants_child_back
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.periodic import every
-from blackwell_operator.handlers.reconcile import CREATE_REFUSED, NO_JOB_API, PATCH_REFUSED, Reconciler
+from blackwell_operator.handlers.reconcile import NO_JOB_API, Reconciler
+from blackwell_operator.lifecycle.child_apply import CREATE_REFUSED, PATCH_REFUSED
 from blackwell_operator.lifecycle.conditions import get_condition
 from blackwell_operator.lifecycle.references import SERVICE_ACCOUNT_MISSING
 from blackwell_operator.models.status import ConditionType, Phase

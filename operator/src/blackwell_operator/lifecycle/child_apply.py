@@ -27,6 +27,11 @@ from blackwell_operator.render.kinds import ChildKind
 # A condition as a pass records it: type, status, reason, message.
 ConditionChange = tuple[str, ConditionStatus, str, str]
 APPLIED: ConditionChange = (ConditionType.SPEC_APPLIED, "True", "Applied", "The child matches the spec.")
+# ChildCreated / SpecApplied reasons when the API server refuses a create or a patch of a child.
+CREATE_REFUSED = "CreateRefused"
+PATCH_REFUSED = "PatchRefused"
+# How often the resync loop tries a refused child again (handlers/resync.py), as a refusal's message says.
+RETRY_INTERVAL_HINT = "BTJ_CHILD_RETRY_INTERVAL_S, 60 s by default"
 
 
 @dataclass(frozen=True)
@@ -205,6 +210,18 @@ def conflict_message(kind: str, name: str) -> str:
 def still_deleting(kind: str, name: str) -> str:
     """The conflict's text while the previous child is Terminating."""
     return f"the previous {kind} {name} is still being deleted"
+
+
+def refusal(what: str, creating: bool, error: str) -> ConditionChange:
+    """The condition that says the API server refused `what` (a call of this pass) with `error`: ChildCreated
+    for a create, SpecApplied for a patch of what exists."""
+    message = (
+        f"the API server refused {what}: {error}. Fix the cause (an admission webhook, RBAC, a quota) "
+        f"or the spec; the operator tries again with backoff (at most every {RETRY_INTERVAL_HINT})"
+    )
+    if creating:
+        return ConditionType.CHILD_CREATED, "False", CREATE_REFUSED, message
+    return ConditionType.SPEC_APPLIED, "False", PATCH_REFUSED, message
 
 
 def immutable_change(kind: ChildKind, existing: Mapping[str, Any], job: Mapping[str, Any]) -> bool:
