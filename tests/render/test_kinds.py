@@ -20,8 +20,8 @@ from blackwell_operator.render.kinds import (
 from tests.render.k8s_schema import PYTORCHJOB_CRDS, SHARED_SCHEMAS, load_crd
 from tests.render.plans import plan_for
 
-# The CRD each row is checked against (HyperPod's own HyperPodPyTorchJob CRD is not published with a
-# schema we hold, so its row is checked against the renderer only).
+# The CRD each row is checked against. HyperPod publishes no HyperPodPyTorchJob CRD
+# (docs/reference/crd-schemas.md), so that row is checked against the renderer only.
 UPSTREAM_CRDS: dict[ChildKind, Path] = {
     JOB_KINDS[Backend.PYTORCH_JOB]: PYTORCHJOB_CRDS["kubeflow-release-1.9"],
     JOB_KINDS[Backend.TRAIN_JOB]: SHARED_SCHEMAS

@@ -27,7 +27,7 @@ import jsonpatch
 import kmock
 from kmock._internal import aiobus, parsing, rendering
 
-from blackwell_operator.models.spec import API_GROUP, API_VERSION, PLURAL, Backend
+from blackwell_operator.models.spec import API_GROUP, API_VERSION, KIND, PLURAL, Backend
 from blackwell_operator.render.kinds import JOB_KINDS, TRAINING_RUNTIME
 from blackwell_operator.timefmt import now_rfc3339
 
@@ -295,8 +295,8 @@ class HardenedEmulator(kmock.KubernetesEmulator):
     def _declare_all(self) -> None:
         self.resources.load_bundled()
         self.resources[BTJ_RESOURCE] = kmock.ResourceInfo(
-            kind="BlackwellTrainingJob",
-            singular="blackwelltrainingjob",
+            kind=KIND,
+            singular=KIND.lower(),
             namespaced=True,
             verbs=_ALL_VERBS,
             shortnames={"btj"},
