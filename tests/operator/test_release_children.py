@@ -201,3 +201,27 @@ def test_no_cluster_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     _register_commands()
     result = CliRunner().invoke(app, ["release-children", "-A"])
     assert result.exit_code == 2 and result.stderr.startswith("error: no cluster credentials")
+
+
+async def test_after_release_a_deletion_is_immediate_and_a_reinstall_runs_nothing_again(
+    cluster: Cluster,
+) -> None:
+    async with running_operator(cluster):
+        await cluster.apply(btj("finished"))
+        await cluster.apply(btj("running"))
+        for name in ("finished", "running"):
+            await wait_for(lambda n=name: cluster.condition(n, "ChildCreated"), what=f"{name} recorded")
+    # Uninstalled: one job finishes and the hook's command records it.
+    await cluster.set_child_status("finished", SUCCEEDED)
+    assert (await release("-A")).exit_code == 0
+    # ttlSecondsAfterFinished (or a hand) deletes it with no operator: it goes at once, nothing holds it.
+    await cluster.delete_child("finished")
+    assert cluster.job("finished") is None
+    creates = cluster.creates("pytorchjobs")
+    # Installed again: the finished job is not run again; the running one is held by the finalizer again.
+    async with running_operator(cluster) as runner:
+        await wait_for(lambda: held(cluster, "running", PYTORCHJOB_RESOURCE), what="the finalizer back on")
+        await cluster.settle("finished")
+    assert runner.exception is None
+    assert cluster.status("finished")["phase"] == "Succeeded"
+    assert cluster.job("finished") is None and cluster.creates("pytorchjobs") == creates
