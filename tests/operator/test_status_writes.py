@@ -16,7 +16,12 @@ import pytest
 
 from blackwell_operator.lifecycle.conditions import set_condition
 from blackwell_operator.lifecycle.failures import PERMANENT_ERROR_REASON, failure_changes, worker_failure
-from blackwell_operator.lifecycle.message import FAILURE_SEPARATOR, status_message, summary_message
+from blackwell_operator.lifecycle.message import (
+    FAILURE_SEPARATOR,
+    set_message,
+    status_message,
+    summary_message,
+)
 from blackwell_operator.lifecycle.patch import apply_merge_patch, plan_document
 from blackwell_operator.lifecycle.status_patch import OwnershipError, changes_nothing, status_patch
 from blackwell_operator.lifecycle.status_read import read_status
@@ -59,9 +64,9 @@ def _plan(**tuning: Any) -> Plan:
 def test_unset_leaves_a_key_alone_and_none_deletes_it() -> None:
     stored = {"phase": "Running", "message": "PyTorchJob w is Running", "precision": "bf16"}
     assert status_patch(StatusChange(), stored, RECONCILE) == {}
-    patch = status_patch(StatusChange(message="m", precision=None), stored, RECONCILE)
-    assert patch == {"message": "m", "precision": None}
-    assert apply_merge_patch(stored, patch) == {"phase": "Running", "message": "m"}
+    patch = status_patch(StatusChange(message="m", headline="m", precision=None), stored, RECONCILE)
+    assert patch == {"message": "m", "headline": "m", "precision": None}
+    assert apply_merge_patch(stored, patch) == {"phase": "Running", "message": "m", "headline": "m"}
     phase = status_patch(StatusChange(phase=Phase.RESTARTING), stored, RECONCILE)
     assert phase == {"phase": "Restarting"}, "enums as their wire value"
 
@@ -164,6 +169,19 @@ def test_a_writer_may_not_change_a_key_it_does_not_own() -> None:
         status_patch(StatusChange(last_failure=None), {}, CHILD_WATCHER)
     with pytest.raises(OwnershipError, match=r"observedGeneration"):
         status_patch(StatusChange(observed_generation=2), {}, POD_WATCHER)
+
+
+def test_message_and_headline_are_written_together() -> None:
+    with pytest.raises(OwnershipError, match=r"one of message and headline without the other"):
+        status_patch(StatusChange(message="m"), {}, RECONCILE)
+    with pytest.raises(OwnershipError, match=r"set_message"):
+        status_patch(StatusChange(headline="h"), {}, CHILD_WATCHER)
+    change = set_message(StatusChange(phase=Phase.FAILED), "Failed: x", Phase.FAILED)
+    assert status_patch(change, {}, POD_WATCHER) == {
+        "phase": "Failed",
+        "headline": "Failed: x",
+        "message": "Failed: x",
+    }
 
 
 def test_a_writer_may_pass_through_conditions_it_does_not_own_but_not_change_them() -> None:

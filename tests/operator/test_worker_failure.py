@@ -196,6 +196,7 @@ def test_nothing_is_written_onto_a_btj_being_deleted_or_succeeded() -> None:
     assert new and _patch(changes, folded) == {
         "lastFailure": later,
         "message": f"PyTorchJob w is Restarting{FAILURE_SEPARATOR}pod w-worker-0 exit 1 (Error): again",
+        "headline": "PyTorchJob w is Restarting",  # written with the message, always
     }
     assert failure_changes(_btj({**restarting, "lastFailure": failure}), body, failure, now=NOW) == (
         None,

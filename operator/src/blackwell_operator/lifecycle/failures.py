@@ -238,9 +238,6 @@ def failure_changes(
     change = StatusChange(last_failure=recorded)
     # The headline the phase's writer stored; a status from before headlines were stored has its message.
     headline = read.headline if read.headline is not None else (read.message or "")
-    message = status_message(headline, status.get("phase"), failure)
-    if message != (status.get("message") or ""):
-        change.message = message
-        if read.headline != headline:
-            change.headline = headline
+    if status_message(headline, status.get("phase"), failure) != (status.get("message") or ""):
+        set_message(change, headline, status.get("phase"), failure)
     return change, failure_key(stored) != failure_key(failure)

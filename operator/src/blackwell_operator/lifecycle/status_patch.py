@@ -8,7 +8,8 @@ Rules, for every writer alike:
 - `conditions` is the writer's whole list; a stored condition the models cannot read, of a type the
   writer does not set, is kept as it was (status_read.py);
 - the writer must own every key it changes and every condition type whose content it changes
-  (lifecycle/writers.py): anything else is a bug, and raises OwnershipError.
+  (lifecycle/writers.py), and writes `message` and `headline` together (lifecycle/message.set_message):
+  anything else is a bug, and raises OwnershipError.
 """
 
 from __future__ import annotations
@@ -63,6 +64,11 @@ def check_ownership(change: StatusChange, stored: StoredStatus, writer: StatusWr
     if "conditions" in change.model_fields_set:
         touched = changed_condition_types(stored, change.conditions)
         foreign += sorted(f"condition {kind}" for kind in touched - writer.conditions)
+    if ("message" in keys) != ("headline" in keys):
+        raise OwnershipError(
+            f"the {writer.name} changed one of message and headline without the other. Fix: set both with "
+            "lifecycle/message.set_message"
+        )
     if foreign:
         raise OwnershipError(
             f"the {writer.name} changed {', '.join(foreign)}, which it does not own. Fix: leave it to its "
