@@ -3,6 +3,13 @@
 Usage (on the GPU machine, from the repository root, trainer_image/src on PYTHONPATH):
 
     python benchmarks/weights_h200.py --out $OUT --work /tmp/btj-weights --steps 12
+    python benchmarks/weights_h200.py --out $OUT --steps 12 --precision fp8-tensorwise --identity
+
+``--precision fp8-tensorwise`` (or ``fp8-rowwise``) trains through torchao's Float8Linear (torchao on
+PYTHONPATH). ``--identity`` adds a third run from the checkpoint at a learning rate of 1e-30 and no weight
+decay: every update is far below a bf16 ulp, so its export must equal the source checkpoint bit for bit,
+tensor by tensor (names, shapes, dtypes, values). It shows that loading into the trainer's model (with
+the FP8 layers swapped in) and exporting out of it lose or rename nothing.
 
 1. Writes a synthetic checkpoint of Llama-3.1-8B's shape to local disk: random bf16 tensors under the
    Hugging Face names, ~5 GB safetensors files with model.safetensors.index.json, and Llama-3.1-8B's
@@ -15,7 +22,8 @@ Usage (on the GPU machine, from the repository root, trainer_image/src on PYTHON
 4. Reloads the export twice, with the trainer's loader and with transformers (both float32), and
    compares their logits on 64 tokens (relative error, argmax agreement).
 
-Writes ``OUT/weights_h200.json`` after every phase; prints a short table last. ``--shape tiny
+Writes ``OUT/weights_h200.json`` (``weights_h200_<precision>.json`` for FP8) after every phase; prints a
+short table last. ``--shape tiny
 --device cpu --no-compile`` runs the same plumbing on a CPU machine in seconds.
 """
 
@@ -74,6 +82,10 @@ LLAMA31_8B: dict[str, Any] = {
 }
 TINY = {**LLAMA31_8B, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1024}  # fmt: skip
+# ~100M parameters: enough weights (about 10 exact zeros of torch.randn) to exercise the identity check's
+# zero allowance on a CPU.
+SMALL = {**LLAMA31_8B, "hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 4,
+         "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 32000}  # fmt: skip
 
 
 def hf_tensors(config: dict[str, Any]) -> list[tuple[str, tuple[int, ...]]]:
@@ -162,8 +174,18 @@ def drop_page_cache(folder: Path) -> str:
     return "posix_fadvise(DONTNEED) per file (drop_caches refused)"
 
 
+# --precision -> the plan's (precision, precisionRecipe).
+PRECISIONS = {
+    "bf16": ("bf16", "none"),
+    "fp8-tensorwise": ("fp8", "torchao-tensorwise"),
+    "fp8-rowwise": ("fp8", "torchao-rowwise"),
+}
+IDENTITY_LR = 1e-30  # far below a bf16 ulp of any weight: the exported weights must equal the loaded ones
+
+
 def make_plan(arch: Any, *, steps: int, device: str, compile_: bool, seq: int, weights: str | None,
-              output: str | None) -> Any:  # fmt: skip
+              output: str | None, precision: str = "bf16", learning_rate: float = 1e-5,
+              weight_decay: float = 0.1) -> Any:  # fmt: skip
     from blackwell_trainer.config import (
         Candidate,
         GpuInfo,
@@ -198,8 +220,8 @@ def make_plan(arch: Any, *, steps: int, device: str, compile_: bool, seq: int, w
         global_batch_tokens=mbs * seq,
         steps=steps,
         chosen=Candidate(
-            precision="bf16",
-            precision_recipe="none",
+            precision=PRECISIONS[precision][0],
+            precision_recipe=PRECISIONS[precision][1],
             activation_checkpointing="full",
             micro_batch_size=mbs,
             gradient_accumulation_steps=1,
@@ -215,7 +237,7 @@ def make_plan(arch: Any, *, steps: int, device: str, compile_: bool, seq: int, w
             model_flops_utilization=0,
             memory=MemoryBreakdown(peak_phase="backward", **zero),
         ),
-        optimizer=OptimizerConfig(warmup_steps=2, learning_rate=1e-5),
+        optimizer=OptimizerConfig(warmup_steps=2, learning_rate=learning_rate, weight_decay=weight_decay),
         weights=WeightsConfig(uri=weights) if weights else None,
         output=OutputConfig(uri=output) if output else None,
         log_every_steps=1,
@@ -233,7 +255,11 @@ def run_trainer(plan: Any, work: Path, name: str, out: Path, timeout: float) -> 
     plan_path = work / f"{name}.json"
     plan_path.write_text(plan.to_json())
     started = time.perf_counter()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "BTJ_TERMINATION_LOG": str(work / f"{name}.termination")}
+    termination = work / f"{name}.termination"
+    # The trainer reads its pod's last termination message and refuses a plan that ran out of memory
+    # before (train.py): each run here is a new pod, not a restart of an earlier one.
+    termination.unlink(missing_ok=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "BTJ_TERMINATION_LOG": str(termination)}
     proc = subprocess.run(
         [sys.executable, "-m", "blackwell_trainer", "--plan", str(plan_path)],
         capture_output=True,
@@ -300,7 +326,70 @@ def logits_check(folder: Path, arch: Any, device: str) -> dict[str, Any]:
     record["transformers_version"] = transformers.__version__
     record["relative_error"] = float((ours - theirs).norm() / theirs.norm())
     record["max_abs_error"] = float((ours - theirs).abs().max())
+    del hf
+    if device == "cuda":  # this process's cache would shrink a later trainer run's GPU
+        torch.cuda.empty_cache()
     record["argmax_agreement"] = float((ours.argmax(-1) == theirs.argmax(-1)).float().mean())
+    return record
+
+
+# Adam moves a weight by at most about lr x (1 - beta1) / sqrt(1 - beta2) per step (3.2 x lr at the trainer's
+# betas); a weight that was exactly 0.0 shows even a 1e-30 update, since bf16 represents it.
+ADAM_STEP_BOUND = 4.0
+
+
+def identity_check(source: Path, exported: Path, *, steps: int = 0, lr: float = 0.0) -> dict[str, Any]:
+    """Whether the export holds exactly the source checkpoint's tensors: names, shapes, dtypes, bits.
+
+    The one allowed difference: a weight that was exactly 0.0 in the source (torch.randn's Box-Muller
+    gives exact zeros about once in 10^7 draws) moved by no more than `steps` Adam steps of `lr` can move
+    it. Anything else is a difference.
+    """
+    from safetensors import safe_open
+
+    def tensors(folder: Path) -> dict[str, Path]:
+        index = folder / "model.safetensors.index.json"
+        if index.is_file():
+            return {name: folder / file for name, file in json.loads(index.read_text())["weight_map"].items()}
+        with safe_open(str(folder / "model.safetensors"), "pt") as single:  # small exports: one file
+            return dict.fromkeys(single.keys(), folder / "model.safetensors")
+
+    started = time.perf_counter()
+    bound = steps * lr * ADAM_STEP_BOUND
+    ours, theirs = tensors(source), tensors(exported)
+    record: dict[str, Any] = {
+        "missing_in_export": sorted(set(ours) - set(theirs)),
+        "extra_in_export": sorted(set(theirs) - set(ours)),
+        "zero_bound": bound,
+    }
+    differ: list[str] = []
+    zeros_moved = 0
+    for name in sorted(set(ours) & set(theirs)):
+        with safe_open(str(ours[name]), "pt") as a, safe_open(str(theirs[name]), "pt") as b:
+            x, y = a.get_tensor(name), b.get_tensor(name)
+        if x.dtype != y.dtype or x.shape != y.shape:
+            differ.append(f"{name}: {x.dtype}{tuple(x.shape)} vs {y.dtype}{tuple(y.shape)}")
+            continue
+        changed = x != y
+        if not bool(changed.any()):
+            continue
+        zero_moved = changed & (x == 0) & (y.float().abs() <= bound)
+        zeros_moved += int(zero_moved.sum())
+        other = changed & ~zero_moved
+        if bool(other.any()):
+            step = ((x.float() - y.float()).abs() / x.float().abs().clamp_min(1e-30))[other]
+            differ.append(
+                f"{name}: {int(other.sum())} of {x.numel()} elements differ, relative change up to "
+                f"{float(step.max()):.2e} (median {float(step.median()):.2e})"
+            )
+    record.update(
+        compared=len(set(ours) & set(theirs)),
+        source_zeros_moved_within_bound=zeros_moved,
+        differ=differ[:20],
+        differ_count=len(differ),
+        identical=not differ and not record["missing_in_export"] and not record["extra_in_export"],
+        seconds=round(time.perf_counter() - started, 1),
+    )
     return record
 
 
@@ -311,10 +400,13 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--work", type=Path, default=Path("/tmp/btj-weights"))
     parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--shape", choices=("8b", "tiny"), default="8b")
+    parser.add_argument("--shape", choices=("8b", "small", "tiny"), default="8b")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--timeout-s", type=float, default=240)
+    parser.add_argument("--precision", choices=sorted(PRECISIONS), default="bf16")
+    parser.add_argument("--identity", action="store_true", help="also the bit-for-bit export check")
+    parser.add_argument("--identity-only", action="store_true", help="only the bit-for-bit export check")
     args = parser.parse_args()
     import torch
 
@@ -322,7 +414,7 @@ def main() -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
-    config = LLAMA31_8B if args.shape == "8b" else TINY
+    config = {"8b": LLAMA31_8B, "small": SMALL, "tiny": TINY}[args.shape]
     seq = SEQ if args.shape == "8b" else 128
     arch = architecture_from_hf_config(config, sequence_length=seq)
     record: dict[str, Any] = {
@@ -333,11 +425,16 @@ def main() -> int:
         "shape": args.shape,
         "parameters": arch.parameter_count(),
         "sequence_length": seq,
-        "plan": "1 GPU, bf16, full activation checkpointing, micro-batch 2, compile "
+        "plan": f"1 GPU, {args.precision}, full activation checkpointing, micro-batch 2, compile "
         + ("off" if args.no_compile else "on"),
         "disk_free_bytes": shutil.disk_usage(args.work).free,
     }
-    result = args.out / "weights_h200.json"
+    if args.precision != "bf16":
+        import torchao
+
+        record["versions"]["torchao"] = torchao.__version__
+    suffix = "" if args.precision == "bf16" else f"_{args.precision.replace('-', '_')}"
+    result = args.out / f"weights_h200{suffix}.json"
 
     def save() -> None:
         result.write_text(json.dumps(record, indent=2) + "\n")
@@ -347,12 +444,31 @@ def main() -> int:
     save()
     # Only on the GPU machine (a lone lease): dropping a shared machine's page cache slows its other users.
     record["page_cache"] = drop_page_cache(source) if args.device == "cuda" else "kept (cpu dry run)"
-    common = dict(steps=args.steps, device=args.device, compile_=not args.no_compile, seq=seq)
-    record["from_checkpoint"] = run_trainer(
-        make_plan(arch, weights=str(source), output=str(exported), **common),  # type: ignore[arg-type]
-        args.work, "from_checkpoint", args.out, args.timeout_s,
-    )  # fmt: skip
-    save()
+    common = dict(
+        steps=args.steps, device=args.device, compile_=not args.no_compile, seq=seq, precision=args.precision
+    )
+    if args.identity_only:
+        args.identity = True
+    else:
+        record["from_checkpoint"] = run_trainer(
+            make_plan(arch, weights=str(source), output=str(exported), **common),  # type: ignore[arg-type]
+            args.work, "from_checkpoint", args.out, args.timeout_s,
+        )  # fmt: skip
+        save()
+    if args.identity:
+        same = args.work / "out-identity"
+        shutil.rmtree(same, ignore_errors=True)
+        plan = make_plan(
+            arch, weights=str(source), output=str(same), learning_rate=IDENTITY_LR, weight_decay=0.0, **common
+        )  # type: ignore[arg-type]
+        record["identity_run"] = run_trainer(plan, args.work, "identity", args.out, args.timeout_s)
+        save()
+        if (same / "config.json").is_file():
+            record["identity"] = identity_check(source, same, steps=args.steps, lr=IDENTITY_LR)
+        save()
+    if args.identity_only:
+        print(f"identity: {record.get('identity')} (rc {record['identity_run']['rc']})")
+        return 0
     record["from_random_init"] = run_trainer(
         make_plan(arch, weights=None, output=None, **common),  # type: ignore[arg-type]
         args.work, "from_random_init", args.out, args.timeout_s,
@@ -365,7 +481,6 @@ def main() -> int:
         record["export_bytes"] = sum(p.stat().st_size for p in exported.iterdir())
         record["reload"] = logits_check(exported, arch, args.device)
     save()
-
     load = record["from_checkpoint"].get("load", {})
     print(f"checkpoint written: {record['checkpoint']}")
     print(f"page cache: {record['page_cache']}")
@@ -373,6 +488,8 @@ def main() -> int:
     print(f"tokens/s from checkpoint {a}, from random init {b}, ratio {record['tokens_per_s_ratio']}")
     print(f"export: {record['from_checkpoint'].get('export')}")
     print(f"reload: {record.get('reload')}")
+    if args.identity:
+        print(f"identity: {record.get('identity')} (rc {record['identity_run']['rc']})")
     return 0
 
 

@@ -7,9 +7,8 @@ from blackwell_operator.calibrate.fit import _residuals
 from blackwell_operator.calibrate.predict import compare
 from blackwell_operator.calibrate.records import CalibrationRecord, RecordStatus
 from blackwell_operator.calibration import Calibration
+from blackwell_operator.units import GIB
 from tests.calibration.conftest import candidate, record
-
-GIB = 1 << 30
 
 
 def _ran(

@@ -21,6 +21,7 @@ COMMANDS = [
     ["plot"],
     ["demo"],
     ["run"],
+    ["release-children"],
     ["crd"],
     ["presets"],
     ["calibrate"],

@@ -176,3 +176,25 @@ def test_without_the_cluster_calibration_there_is_no_role_and_no_namespace(helm:
     (deployment,) = by_kind(objects, "Deployment")
     names = {e["name"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert "BTJ_CLUSTER_CALIBRATION_NAMESPACE" not in names
+
+
+def test_reading_secrets_is_opt_in_and_sets_the_operators_check(helm: str) -> None:
+    """`get secrets` cannot be limited to names: off by default; operator.checkImagePullSecrets grants exactly
+    permissions.OPT_IN and turns the operator's check on, in both modes."""
+    from blackwell_operator import permissions
+
+    opt_in = {(p.api_group, p.resource, verb) for p in permissions.OPT_IN for verb in p.verbs}
+    assert opt_in == {("", "secrets", "get")}
+    for values in (None, CHART / "ci" / "namespaced-values.yaml"):
+        off = render(helm, values)
+        on = render(helm, values, sets=("operator.checkImagePullSecrets=true",))
+        assert not chart_grants(off) & opt_in, "nothing reads Secrets by default"
+        assert chart_grants(on) - chart_grants(off) == opt_in
+        (deployment,) = by_kind(on, "Deployment")
+        env = {
+            e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        }
+        assert env["BTJ_CHECK_IMAGE_PULL_SECRETS"] == "true"
+        (deployment,) = by_kind(off, "Deployment")
+        names = {e["name"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert "BTJ_CHECK_IMAGE_PULL_SECRETS" not in names

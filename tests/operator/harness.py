@@ -22,6 +22,8 @@ from blackwell_operator.testing.cluster import hyperpod_node
 from blackwell_operator.testing.emulator import BTJ_RESOURCE, PYTORCHJOB_RESOURCE, HardenedEmulator
 
 NAMESPACE = "hyperpod-ns-team-a"
+# The collections spelled out on purpose, not from render.kinds: they are the wire paths the operator must
+# call, so a wrong row in the table fails the tests instead of moving with them.
 BTJS = f"/apis/training.blackwell.dev/v1alpha1/namespaces/{NAMESPACE}/blackwelltrainingjobs"
 PYTORCHJOBS = f"/apis/kubeflow.org/v1/namespaces/{NAMESPACE}/pytorchjobs"
 HYPERPODJOBS = f"/apis/sagemaker.amazonaws.com/v1/namespaces/{NAMESPACE}/hyperpodpytorchjobs"
@@ -155,6 +157,21 @@ class Cluster:
             return bool(stored.get("metadata", {}).get("labels", {}).get("btj-test-settle") == token)
 
         await wait_for(handled, what=f"the operator to handle every event of {name}")
+
+    async def add_service_account(self, name: str) -> None:
+        """Create a ServiceAccount in the namespace, as `kubectl create serviceaccount NAME` does."""
+        await self._json(
+            "POST", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts", {"metadata": {"name": name}}
+        )
+
+    async def add_secret(self, name: str) -> None:
+        """Create a docker-registry Secret in the namespace (its content is never read)."""
+        body = {
+            "metadata": {"name": name},
+            "type": "kubernetes.io/dockerconfigjson",
+            "data": {".dockerconfigjson": "e30="},
+        }
+        await self._json("POST", f"/api/v1/namespaces/{NAMESPACE}/secrets", body)
 
     async def add_node(self, manifest: Mapping[str, Any]) -> None:
         await self._json("POST", "/api/v1/nodes", dict(manifest))

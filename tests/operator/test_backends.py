@@ -10,9 +10,14 @@ from typing import Any
 
 import pytest
 
-from blackwell_operator.backends import AUTO_ORDER, JOB_RESOURCES, choose_backend, none_served_message
 from blackwell_operator.discovery.apis import ServedJobApis, serves
 from blackwell_operator.handlers.api import KubeApi, load_api_client
+from blackwell_operator.lifecycle.backends import (
+    AUTO_ORDER,
+    JOB_RESOURCES,
+    choose_backend,
+    none_served_message,
+)
 from blackwell_operator.models.spec import Backend, BlackwellTrainingJobSpec
 from blackwell_operator.testing.emulator import HYPERPOD_RESOURCE, PYTORCHJOB_RESOURCE, TRAINJOB_RESOURCE
 from tests.operator.harness import (

@@ -97,8 +97,9 @@ def test_permissions_are_least_privilege() -> None:
     assert "*" not in verbs
     # Children go by owner-reference garbage collection. The deletes: a child whose worker ended on a
     # permanent error (its GPUs are freed instead of held by retries), and a trainer pod stuck Terminating
-    # on a lost node (stuck_pods.py), and the plan ConfigMap when its job's create is refused or its
+    # on a lost node (lifecycle/stuck_pods.py), and the plan ConfigMap when its job's create is refused or its
     # finished job is gone, and a TrainJob's TrainingRuntime likewise (nothing made for a job outlives it).
+    # The RBAC rules spelled out on purpose (the chart grants these names), not from render.kinds.
     deletable = {(p.api_group, p.resource) for p in PERMISSIONS if "delete" in p.verbs}
     assert deletable == {
         ("kubeflow.org", "pytorchjobs"),

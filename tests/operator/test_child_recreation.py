@@ -16,6 +16,8 @@ from blackwell_operator.handlers.btjstatus import wants_child_back
 from blackwell_operator.handlers.children import deleted_child_changes
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.reconcile import Reconciler
+from blackwell_operator.lifecycle.status_patch import status_patch
+from blackwell_operator.lifecycle.writers import CHILD_WATCHER
 from blackwell_operator.metrics import OperatorMetrics
 from blackwell_operator.testing.emulator import (
     HYPERPOD_RESOURCE,
@@ -466,7 +468,8 @@ def test_a_child_deleted_with_its_final_status_finishes_the_btj(
         "status": {"phase": "Running", "child": {"uid": "u1"}, "observedGeneration": 1},
     }
     child = {"kind": "PyTorchJob", "metadata": {"name": "x", "uid": "u1"}, "status": child_status}
-    changes = deleted_child_changes(btj_object, child, generation=1, now="2026-11-30T00:00:00Z")
+    change = deleted_child_changes(btj_object, child, generation=1, now="2026-11-30T00:00:00Z")
+    changes = status_patch(change, btj_object["status"], CHILD_WATCHER)
     after = {**btj_object, "status": {**btj_object["status"], **changes}}
     assert after["status"]["phase"] == phase
     assert wants_child_back(after) is wanted

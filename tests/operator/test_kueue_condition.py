@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from blackwell_operator.kueue import kueue_condition
-from blackwell_operator.status import child_conditions, get_condition
+from blackwell_operator.lifecycle.conditions import find_condition
+from blackwell_operator.lifecycle.kueue import kueue_condition
+from blackwell_operator.lifecycle.phase import child_conditions
 from blackwell_operator.testing.emulator import HYPERPOD_RESOURCE, TRAINJOB_RESOURCE
 from tests.operator.harness import HYPERPODJOBS, TRAINJOBS, Cluster, btj, running_operator, wait_for
 
@@ -58,15 +59,16 @@ def test_the_pytorchjob_message_says_why_and_what_to_do() -> None:
 
 def test_no_queue_no_condition_and_a_removed_queue_removes_it() -> None:
     _, conds = child_conditions([], None, generation=1, now="2026-12-01T00:00:00Z", child_kind="PyTorchJob")
-    assert get_condition(conds, "KueueManaged") is None
+    assert find_condition(conds, "KueueManaged") is None
     _, queued = child_conditions(
         [], None, generation=1, now="2026-12-01T00:00:00Z", queue_name=QUEUE, child_kind="PyTorchJob"
     )
-    assert get_condition(queued, "KueueManaged")["status"] == "Unknown"
+    managed = find_condition(queued, "KueueManaged")
+    assert managed is not None and managed.status == "Unknown"
     _, dropped = child_conditions(
         queued, None, generation=2, now="2026-12-01T00:00:00Z", child_kind="PyTorchJob"
     )
-    assert get_condition(dropped, "KueueManaged") is None
+    assert find_condition(dropped, "KueueManaged") is None
 
 
 @pytest.mark.integration

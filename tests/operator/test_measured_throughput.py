@@ -1,6 +1,6 @@
 """status.measured: the operator reads a running trainer pod's /metrics (real HTTP) beside the plan.
 
-Pure tests of blackwell_operator.measure and the status change, then the real operator under KopfRunner
+Pure tests of lifecycle.measure and the status change, then the real operator under KopfRunner
 scraping the trainer's own metrics exporter (blackwell_trainer.metrics) over HTTP.
 """
 
@@ -14,7 +14,14 @@ import pytest
 from prometheus_client import generate_latest
 
 from blackwell_operator.handlers.measure import INTERVAL_ENV, measure_interval, measured_changes
-from blackwell_operator.measure import Reading, metrics_endpoint, parse_reading, tokens_per_second_per_gpu
+from blackwell_operator.lifecycle.measure import (
+    Reading,
+    metrics_endpoint,
+    parse_reading,
+    tokens_per_second_per_gpu,
+)
+from blackwell_operator.lifecycle.status_patch import status_patch
+from blackwell_operator.lifecycle.writers import MEASURE_LOOP
 from blackwell_trainer.metrics import TrainerMetrics
 from tests.operator.harness import Cluster, btj, running_operator, wait_for
 from tests.operator.pods import container, job_condition, pod, pod_status
@@ -91,7 +98,8 @@ def _btj(phase: str, measured: dict[str, Any] | None = None) -> dict[str, Any]:
 def test_status_measured_is_written_when_running_and_moved() -> None:
     worker = _running("w-worker-0", 9400)
     now = "2026-11-30T08:00:00Z"
-    assert measured_changes(_btj("Running"), worker, 2048.04, 0.41234, now) == {
+    change = measured_changes(_btj("Running"), worker, 2048.04, 0.41234, now)
+    assert change is not None and status_patch(change, {}, MEASURE_LOOP) == {
         "measured": {"tokensPerSecondPerGpu": 2048.0, "modelFlopsUtilization": 0.4123, "observedAt": now}
     }
     stored = {"tokensPerSecondPerGpu": 2048.0, "modelFlopsUtilization": 0.41, "observedAt": now}

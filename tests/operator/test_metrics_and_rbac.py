@@ -11,8 +11,8 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from blackwell_operator.handlers.stuck import TIMEOUT_ENV
 from blackwell_operator.permissions import ADMISSION_ONLY, PERMISSIONS
-from blackwell_operator.stuck_pods import TIMEOUT_ENV
 from blackwell_operator.testing.emulator import HYPERPOD_RESOURCE, TRAINJOB_RESOURCE
 from tests.operator.harness import (
     NAMESPACE,
@@ -94,7 +94,10 @@ async def test_every_call_is_granted_and_every_grant_is_used(
         await cluster.apply(btj("hp", backend="HyperPodPyTorchJob"))
         await cluster.apply(btj("tj", backend="TrainJob"))
         await cluster.apply(btj("bad", model={"preset": "gpt-7"}))
+        # Its pods' ServiceAccount is missing: read (get), so the create waits.
+        await cluster.apply(btj("sa", serviceAccountName="not-yet"))
         await wait_for(lambda: cluster.status("a").get("observedGeneration") == 1, what="a reconciled")
+        await wait_for(lambda: cluster.condition("sa", "ChildCreated"), what="sa's ServiceAccount checked")
         await cluster.patch_spec("a", {"training": {"sequenceLength": 4096, "steps": 10}})
         await wait_for(lambda: cluster.status("a").get("observedGeneration") == 2, what="a re-planned")
         await cluster.set_child_status(

@@ -10,15 +10,20 @@ from typing import Any
 
 import pytest
 
-from blackwell_operator.failures import (
+from blackwell_operator.lifecycle.failures import (
     PERMANENT_ERROR_REASON,
     failure_changes,
     is_permanent,
     stopped_on_permanent_error,
 )
+from blackwell_operator.lifecycle.status_patch import status_patch
+from blackwell_operator.lifecycle.writers import POD_WATCHER
 from tests.operator.harness import Cluster, btj, running_operator, wait_for
 from tests.operator.pods import PERMANENT_TRAINER_ERROR as PERMANENT
 from tests.operator.pods import RESTARTING, T1, T2, container, pod, pod_status, terminated
+
+# metav1.Time the pure functions stamp their conditions and history with (the clock is passed in).
+NOW = "2026-12-01T12:00:00Z"
 
 STORAGE = "error: 3 interval checkpoints in a row not written, the last checkpoint of step 600: No space left"
 
@@ -63,8 +68,10 @@ def test_only_the_trainer_s_marked_messages_are_permanent() -> None:
 
 
 def test_a_permanent_error_fails_a_running_btj() -> None:
-    changes, new = failure_changes(_btj("Restarting"), _worker(), _failure(PERMANENT))
-    assert changes is not None and new
+    body = _btj("Restarting")
+    change, new = failure_changes(body, _worker(), _failure(PERMANENT), now=NOW)
+    assert change is not None and new
+    changes = status_patch(change, body["status"], POD_WATCHER)
     assert changes["phase"] == "Failed" and changes["lastFailure"]["message"] == PERMANENT
     assert changes["message"].startswith("Failed: a worker ended on a permanent error, which no restart")
     assert "PyTorchJob w is deleted to free its GPUs" in changes["message"]
@@ -75,14 +82,18 @@ def test_a_permanent_error_fails_a_running_btj() -> None:
 
 @pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
 def test_a_finished_btj_is_not_failed_again(phase: str) -> None:
-    changes, _ = failure_changes(_btj(phase), _worker(), _failure(PERMANENT))
-    assert changes is None or "phase" not in changes
+    body = _btj(phase)
+    change, _ = failure_changes(body, _worker(), _failure(PERMANENT), now=NOW)
+    assert change is None or "phase" not in status_patch(change, body["status"], POD_WATCHER)
 
 
 def test_a_storage_failure_is_recorded_but_the_job_goes_on() -> None:
-    changes, new = failure_changes(_btj("Restarting"), _worker(), _failure(STORAGE))
-    assert changes is not None and new and "phase" not in changes
-    assert not stopped_on_permanent_error({**_btj("Restarting")["status"], **changes})
+    body = _btj("Restarting")
+    change, new = failure_changes(body, _worker(), _failure(STORAGE), now=NOW)
+    assert change is not None and new
+    changes = status_patch(change, body["status"], POD_WATCHER)
+    assert "phase" not in changes
+    assert not stopped_on_permanent_error({**body["status"], **changes})
 
 
 # ----- the real operator -----------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ async def test_a_btj_without_an_image_runs_the_operators_default(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(DEFAULT_IMAGE_ENV, ECR_IMAGE)
+    await cluster.add_service_account("training-s3")
     async with running_operator(cluster) as runner:
         await cluster.apply(btj("plain", image=None))
         await cluster.apply(

@@ -8,9 +8,11 @@ from typing import Any
 import pytest
 
 from blackwell_operator.handlers.measure import measured_changes
-from blackwell_operator.measure import WARMUP_STEPS, Reading, sample_of
+from blackwell_operator.lifecycle.measure import WARMUP_STEPS, Reading, sample_of
+from blackwell_operator.lifecycle.progress import finished, progress_of, short_duration
+from blackwell_operator.lifecycle.status_patch import status_patch
+from blackwell_operator.lifecycle.writers import MEASURE_LOOP
 from blackwell_operator.models.status import JobProgress
-from blackwell_operator.progress import finished, progress_of, short_duration
 from blackwell_trainer.config import ClusterCorrection
 from tests.operator.harness import btj
 from tests.operator.pods import container, pod, pod_status
@@ -81,9 +83,21 @@ def test_progress_is_written_beside_measured_only_when_it_changes() -> None:
     now = "2026-12-01T10:00:00Z"
     # Keys the reading lacks are removed (null in the merge patch): no time left from an earlier reading.
     nulls = {"stepTimeSeconds": None, "remainingSeconds": None, "remaining": None, "eta": None}
-    assert measured_changes(_running_btj(), worker, None, None, now, progress) == {
-        "progress": {**progress, **nulls}
+    earlier = _running_btj()
+    earlier["status"]["progress"] = {
+        "step": 100,
+        "totalSteps": 1000,
+        "percent": 10.0,
+        "stepTimeSeconds": 2.0,
+        "remainingSeconds": 1800,
+        "remaining": "30m",
+        "eta": "2026-12-01T10:30:00Z",
     }
+    change = measured_changes(earlier, worker, None, None, now, progress)
+    assert change is not None
+    assert status_patch(change, earlier["status"], MEASURE_LOOP) == {"progress": {**progress, **nulls}}
+    first = measured_changes(_running_btj(), worker, None, None, now, progress)
+    assert first is not None and status_patch(first, {}, MEASURE_LOOP) == {"progress": progress}
     same = _running_btj()
     same["status"]["progress"] = progress
     assert measured_changes(same, worker, None, None, now, progress) is None

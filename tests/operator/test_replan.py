@@ -10,18 +10,23 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from blackwell_operator.failures import PERMANENT_ERROR_REASON, worker_failure
+from blackwell_operator.lifecycle.failures import PERMANENT_ERROR_REASON, worker_failure
+from blackwell_operator.lifecycle.replan import WHAT_TO_CHANGE, correction_of, replan_changes
+from blackwell_operator.lifecycle.status_patch import status_patch
+from blackwell_operator.lifecycle.writers import POD_WATCHER
 from blackwell_operator.models.status import PLAN_HISTORY_LIMIT
 from blackwell_operator.planner.correction import family_key
-from blackwell_operator.replan import WHAT_TO_CHANGE, correction_of, replan_changes
 from blackwell_operator.testing.emulator import HYPERPOD_RESOURCE, PYTORCHJOB_RESOURCE, TRAINJOB_RESOURCE
+from blackwell_operator.units import GIB
 from blackwell_trainer.config import PERMANENT_ERROR_PREFIX, Candidate, OomPhase, OomResult, Plan
 from tests.operator.harness import Cluster, btj, running_operator, wait_for
 from tests.operator.pods import T1, T2, T3, container, pod, pod_status, terminated
 from tests.operator.test_trainjob_lifecycle import node_job, trainer_pod
 from tests.ports import free_port
 
-GIB = 2**30
+# metav1.Time the pure functions stamp their conditions and history with (the clock is passed in).
+NOW = "2026-12-01T12:00:00Z"
+
 RESOURCES = {
     "PyTorchJob": PYTORCHJOB_RESOURCE,
     "HyperPodPyTorchJob": HYPERPOD_RESOURCE,
@@ -101,6 +106,10 @@ def test_the_oom_result_line_is_read_from_the_whole_termination_message() -> Non
     assert OomResult.model_validate(failure["outOfMemory"]) == OomResult.find(message)
 
 
+# status.lastFailure of an out-of-memory worker (its outOfMemory part is what `result` says).
+_WORKER_FAILURE = {"pod": "w-worker-0", "container": "pytorch", "exitCode": 1, "reason": "Error"}
+
+
 def test_the_history_is_bounded_and_the_correction_belongs_to_its_generation() -> None:
     from blackwell_operator.models.spec import BlackwellTrainingJobSpec
     from blackwell_operator.planner import plan_job
@@ -118,7 +127,10 @@ def test_the_history_is_bounded_and_the_correction_belongs_to_its_generation() -
     }
     result = OomResult.find(oom_message(plan))
     assert result is not None
-    changes, entry = replan_changes(body, {"pod": "w-worker-0"}, result, failed_reason=PERMANENT_ERROR_REASON)
+    change, entry = replan_changes(
+        body, _WORKER_FAILURE, result, failed_reason=PERMANENT_ERROR_REASON, now=NOW
+    )
+    changes = status_patch(change, body["status"], POD_WATCHER)
     assert len(changes["planHistory"]) == PLAN_HISTORY_LIMIT
     assert changes["planHistory"][-1]["failedChildUid"] == "u-job" and entry.replacement is not None
     assert changes["memoryCorrection"]["generation"] == 4

@@ -26,6 +26,7 @@ def test_every_setting_has_its_documented_variable() -> None:
         "BTJ_PLAN_DEADLINE_S",
         "BTJ_DEFAULT_TRAINER_IMAGE",
         "BTJ_CLUSTER_CALIBRATION_NAMESPACE",
+        "BTJ_CHECK_IMAGE_PULL_SECRETS",
     }
     assert set(OperatorEnvironment.model_fields) >= OFF_AT_ZERO
     with pytest.raises(KeyError, match="no operator setting"):
@@ -46,6 +47,8 @@ def test_every_setting_has_its_documented_variable() -> None:
         ("BTJ_CLUSTER_CALIBRATION_NAMESPACE", "BTJ System",
          "BTJ_CLUSTER_CALIBRATION_NAMESPACE='BTJ System': not a namespace name (lowercase letters, digits "
          "and '-'). Fix: e.g. btj-system (the chart sets it to the release's namespace)"),
+        ("BTJ_CHECK_IMAGE_PULL_SECRETS", "maybe", "BTJ_CHECK_IMAGE_PULL_SECRETS='maybe': not true or false. "
+         "Fix: true or false (the chart sets it from operator.checkImagePullSecrets)"),
     ],
 )  # fmt: skip
 def test_a_bad_value_is_one_line_naming_the_variable_and_the_fix(

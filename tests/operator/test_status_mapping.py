@@ -6,18 +6,22 @@ from typing import Any
 
 import pytest
 
-from blackwell_operator.models.status import Condition, Phase
-from blackwell_operator.status import (
+from blackwell_operator.lifecycle.conditions import set_condition
+from blackwell_operator.lifecycle.patch import merge_patch_to, plan_document
+from blackwell_operator.lifecycle.phase import (
     can_patch_in_place,
     child_conditions,
     child_message,
     child_phase,
-    merge_patch_to,
-    plan_document,
-    set_condition,
 )
+from blackwell_operator.models.status import Condition, Phase
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
+
+
+def _raw(conds: list[Condition]) -> list[dict[str, Any]]:
+    """Typed conditions as the status carries them."""
+    return [c.model_dump(by_alias=True, exclude_unset=True) for c in conds]
 
 
 def cond(type_: str, status: str = "True", message: str = "") -> dict[str, Any]:
@@ -78,7 +82,7 @@ def test_child_message_is_the_latest_true_condition() -> None:
 
 def test_set_condition_moves_transition_time_only_on_a_flip() -> None:
     conds = set_condition([], "Running", "False", "Pending", "not yet", generation=1, now=T0)
-    assert conds == [
+    assert _raw(conds) == [
         {
             "type": "Running",
             "status": "False",
@@ -89,12 +93,12 @@ def test_set_condition_moves_transition_time_only_on_a_flip() -> None:
         }
     ]
     same = set_condition(conds, "Running", "False", "Suspended", "queued", generation=2, now=T1)
-    assert same[0]["lastTransitionTime"] == T0 and same[0]["reason"] == "Suspended"
-    assert same[0]["observedGeneration"] == 2
+    assert same[0].last_transition_time == T0 and same[0].reason == "Suspended"
+    assert same[0].observed_generation == 2
     flipped = set_condition(same, "Running", "True", "Running", "go", generation=2, now=T1)
-    assert flipped[0]["lastTransitionTime"] == T1
-    assert conds[0]["status"] == "False", "the input list is not mutated"
-    for item in flipped:
+    assert flipped[0].last_transition_time == T1
+    assert conds[0].status == "False", "the input list is not mutated"
+    for item in _raw(flipped):
         Condition.model_validate(item)  # the metav1.Condition shape of the status model
 
 
@@ -102,7 +106,7 @@ def test_child_conditions_cover_all_four_types() -> None:
     phase, conds = child_conditions(
         [], {"conditions": [cond("Created"), cond("Suspended")]}, generation=3, now=T0, queue_name="q"
     )
-    by_type = {c["type"]: c for c in conds}
+    by_type = {c["type"]: c for c in _raw(conds)}
     assert phase == Phase.QUEUED
     # The four child conditions, and KueueManaged since the spec names a queue (test_kueue_condition.py).
     assert set(by_type) == {"Admitted", "Running", "Succeeded", "Failed", "KueueManaged"}
@@ -114,19 +118,19 @@ def test_child_conditions_cover_all_four_types() -> None:
         now=T1,
         queue_name="q",
     )
-    by_type = {c["type"]: c for c in conds}
+    by_type = {c["type"]: c for c in _raw(conds)}
     assert phase == Phase.RUNNING
     assert by_type["Admitted"] == {**by_type["Admitted"], "status": "True", "lastTransitionTime": T1}
     assert "queue q" in by_type["Admitted"]["message"]
     assert by_type["Running"]["message"] == "up"
     assert by_type["Succeeded"]["lastTransitionTime"] == T0, "unchanged conditions keep their time"
-    assert all(c["observedGeneration"] == 3 for c in conds)
+    assert all(c["observedGeneration"] == 3 for c in _raw(conds))
 
 
 def test_without_any_report_admission_is_unknown() -> None:
     phase, conds = child_conditions([], {}, generation=1, now=T0)
     assert phase == Phase.PENDING
-    assert {c["type"]: c["status"] for c in conds}["Admitted"] == "Unknown"
+    assert {c["type"]: c["status"] for c in _raw(conds)}["Admitted"] == "Unknown"
 
 
 @pytest.mark.parametrize(

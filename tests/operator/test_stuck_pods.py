@@ -1,6 +1,6 @@
 """Trainer pods stuck Terminating on a lost node are force-deleted; nothing else is touched.
 
-Pure tests of blackwell_operator.stuck_pods, then the real operator under KopfRunner against the emulator.
+Pure tests of lifecycle.stuck_pods, then the real operator under KopfRunner against the emulator.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from blackwell_operator.stuck_pods import TIMEOUT_ENV, node_ready_status, stuck_pod_timeout, stuck_pods
+from blackwell_operator.handlers.stuck import TIMEOUT_ENV, stuck_pod_timeout
+from blackwell_operator.lifecycle.stuck_pods import node_ready_status, stuck_pods
 from tests.operator.harness import Cluster, btj, from_operator, node, running_operator, wait_for
 from tests.operator.pods import pod
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from blackwell_operator.measure import metrics_endpoint
+from blackwell_operator.lifecycle.measure import metrics_endpoint
 from blackwell_operator.render.labels import own_labels
 from blackwell_operator.testing.emulator import TRAINING_RUNTIME_RESOURCE, TRAINJOB_RESOURCE
 from blackwell_trainer.config import PERMANENT_ERROR_PREFIX

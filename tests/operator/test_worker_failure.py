@@ -1,6 +1,6 @@
 """A failed trainer container reaches the BTJ: status.lastFailure, the message, one WorkerFailed Event.
 
-Pure tests of blackwell_operator.failures, then the real operator under KopfRunner against the emulator,
+Pure tests of lifecycle.failures, then the real operator under KopfRunner against the emulator,
 with pods written the way the training operator (create) and the kubelet (/status) write them.
 """
 
@@ -11,20 +11,23 @@ from typing import Any
 
 import pytest
 
-from blackwell_operator.failures import (
-    FAILURE_SEPARATOR,
+from blackwell_operator.lifecycle.failures import (
     belongs_to,
-    describe,
     failure_changes,
     first_line,
     supersedes,
-    with_failure,
     worker_failure,
 )
-from blackwell_operator.models.status import WorkerFailure
+from blackwell_operator.lifecycle.message import FAILURE_SEPARATOR, describe, status_message
+from blackwell_operator.lifecycle.status_patch import status_patch
+from blackwell_operator.lifecycle.writers import POD_WATCHER
+from blackwell_operator.models.status import StatusChange, WorkerFailure
 from blackwell_operator.render.labels import JOB_NAME_LABEL
 from tests.operator.harness import NAMESPACE, Cluster, from_operator, running_operator, wait_for
 from tests.operator.pods import RESTARTING, T1, T2, T3, container, job_condition, pod, pod_status, terminated
+
+# metav1.Time the pure functions stamp their conditions and history with (the clock is passed in).
+NOW = "2026-12-01T12:00:00Z"
 
 TRAINER_ERROR = (
     "error: btj-trainer: spec.tuning.microBatchSize=12: permanent error: the plan needs 181.2 GiB per GPU "
@@ -110,20 +113,23 @@ def test_an_oom_kill_reads_as_host_memory() -> None:
 def test_the_failure_is_folded_into_the_message_while_restarting_or_failed() -> None:
     failure = {"pod": "p", "exitCode": 1, "reason": "Error", "message": "boom"}
     base = "PyTorchJob w is Restarting"
-    folded = with_failure(base, "Restarting", failure)
+    folded = status_message(base, "Restarting", failure)
     assert folded == f"{base}{FAILURE_SEPARATOR}pod p exit 1 (Error): boom"
-    assert with_failure(folded, "Failed", {**failure, "message": "new"}).endswith("(Error): new"), "replaced"
-    assert with_failure(folded, "Running", failure) == base, "a running job shows no old failure"
-    assert with_failure(base, "Restarting", None) == base
+    newer = status_message(base, "Failed", {**failure, "message": "new"})
+    assert newer == f"{base}{FAILURE_SEPARATOR}pod p exit 1 (Error): new", "replaced, not stacked"
+    assert status_message(base, "Running", failure) == base, "a running job shows no old failure"
+    assert status_message(base, "Restarting", None) == base
+    typed = WorkerFailure.model_validate({**failure, "container": "pytorch"})
+    assert status_message(base, "Restarting", typed) == folded, "the typed status.lastFailure reads the same"
 
 
 def test_a_restart_long_after_the_last_failure_is_not_blamed_on_it() -> None:
     # A node lost at 09:00 restarts the job; the worker failure of 08:00 (T1) is not its cause.
     failure = {"pod": "p", "exitCode": 1, "reason": "Error", "message": "boom", "finishedAt": T1}
     base = "PyTorchJob w is Restarting"
-    assert with_failure(base, "Restarting", failure, since=T3) == base
+    assert status_message(base, "Restarting", failure, since=T3) == base
     # The training operator marks the job Restarting seconds after the failure: that one is the cause.
-    assert with_failure(base, "Restarting", failure, since=T2).endswith("(Error): boom")
+    assert status_message(base, "Restarting", failure, since=T2).endswith("(Error): boom")
 
 
 def test_a_later_failure_replaces_the_stored_one_and_a_cascade_stop_does_not() -> None:
@@ -141,6 +147,12 @@ def test_a_later_failure_replaces_the_stored_one_and_a_cascade_stop_does_not() -
     assert supersedes({**stopped, "exitCode": 137, "reason": "OOMKilled"}, first), "an OOM kill is a cause"
     assert supersedes({**stopped, "finishedAt": T3}, first)
     assert supersedes({**first, "pod": "c", "finishedAt": T3}, stopped)
+
+
+def _patch(change: StatusChange | None, stored: dict[str, Any]) -> dict[str, Any]:
+    """The pod watcher's change as the merge patch it sends."""
+    assert change is not None
+    return status_patch(change, stored, POD_WATCHER)
 
 
 def _btj(status: dict[str, Any] | None = None, **meta: Any) -> dict[str, Any]:
@@ -171,17 +183,33 @@ def test_nothing_is_written_onto_a_btj_being_deleted_or_succeeded() -> None:
     body = pod("w-worker-0", owner=CHILD)
     failure = {"pod": "w-worker-0", "container": "pytorch", "exitCode": 1, "reason": "Error", "message": "m"}
     restarting = {"phase": "Restarting", "message": "PyTorchJob w is Restarting"}
-    changes, new = failure_changes(_btj(restarting), body, failure)
-    assert new and changes == {
+    changes, new = failure_changes(_btj(restarting), body, failure, now=NOW)
+    assert new and _patch(changes, restarting) == {
         "lastFailure": failure,
         "message": f"PyTorchJob w is Restarting{FAILURE_SEPARATOR}pod w-worker-0 exit 1 (Error): m",
+        "headline": "PyTorchJob w is Restarting",  # a status from before headlines: its message was it
     }
-    assert failure_changes(_btj({**restarting, "lastFailure": failure}), body, failure) == (None, False)
+    # A newer failure replaces the one in the message: composed from the stored headline, never parsed.
+    folded = {**restarting, **_patch(changes, restarting)}
+    later = {**failure, "message": "again", "finishedAt": T2}
+    changes, new = failure_changes(_btj(folded), body, later, now=NOW)
+    assert new and _patch(changes, folded) == {
+        "lastFailure": later,
+        "message": f"PyTorchJob w is Restarting{FAILURE_SEPARATOR}pod w-worker-0 exit 1 (Error): again",
+        "headline": "PyTorchJob w is Restarting",  # written with the message, always
+    }
+    assert failure_changes(_btj({**restarting, "lastFailure": failure}), body, failure, now=NOW) == (
+        None,
+        False,
+    )
     deleting = _btj(restarting, deletionTimestamp=T2)
-    assert failure_changes(deleting, body, failure) == (None, False)
-    assert failure_changes(_btj({"phase": "Succeeded"}), body, failure) == (None, False)
-    running, new = failure_changes(_btj({"phase": "Running", "message": "m"}), body, failure)
-    assert new and running == {"lastFailure": failure}, "recorded, not folded, while running"
+    assert failure_changes(deleting, body, failure, now=NOW) == (None, False)
+    assert failure_changes(_btj({"phase": "Succeeded"}), body, failure, now=NOW) == (None, False)
+    running, new = failure_changes(_btj({"phase": "Running", "message": "m"}), body, failure, now=NOW)
+    assert new and running is not None
+    assert _patch(running, {"phase": "Running"}) == {"lastFailure": failure}, (
+        "recorded, not folded, while running"
+    )
 
 
 # ----- the running operator --------------------------------------------------------------------------------

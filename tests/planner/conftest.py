@@ -10,8 +10,6 @@ from blackwell_operator.planner.layout import Hardware, Layout, Setting
 from blackwell_operator.planner.shapes import Shapes
 from blackwell_trainer.config import ActivationCheckpointing, Precision, PrecisionRecipe, Sharding
 
-GIB = 1 << 30
-
 
 def make_spec(
     preset: str = "llama3.1-8b",

@@ -12,7 +12,8 @@ from typing import Any
 from blackwell_operator.catalogs import list_presets
 from blackwell_operator.errors import PlanningError
 from blackwell_operator.planner import plan_job
-from tests.planner.conftest import GIB, make_spec
+from blackwell_operator.units import GIB
+from tests.planner.conftest import make_spec
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "plans.json"
 INSTANCES = ("ml.p6-b200.48xlarge", "ml.p5en.48xlarge")

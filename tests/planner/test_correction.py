@@ -19,9 +19,8 @@ from blackwell_operator.planner.correction import (
     learn,
     overshoot_bytes,
 )
+from blackwell_operator.units import GIB
 from blackwell_trainer.config import OomPhase, OomResult, Plan
-
-GIB = 2**30
 
 
 def _spec(**tuning: Any) -> BlackwellTrainingJobSpec:

@@ -11,9 +11,10 @@ from blackwell_operator.planner.memory import (
     estimate_memory,
     loss_bytes,
 )
+from blackwell_operator.units import GIB
 from blackwell_trainer.config import ActivationCheckpointing as AC
 from blackwell_trainer.config import PrecisionRecipe
-from tests.planner.conftest import GIB, hardware, layout, setting, shapes
+from tests.planner.conftest import hardware, layout, setting, shapes
 
 BTJ = load_calibration("btj-trainer")
 REF = load_calibration("h200-reference")

@@ -12,8 +12,9 @@ from blackwell_operator.cli.manifest import load_manifest
 from blackwell_operator.errors import PlanningError, SpecError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner import evaluate, plan_job
+from blackwell_operator.units import GIB
 from blackwell_trainer.config import ActivationCheckpointing, Plan, Precision, Sharding
-from tests.planner.conftest import GIB, make_spec
+from tests.planner.conftest import make_spec
 
 
 @pytest.fixture(scope="module")

@@ -131,6 +131,7 @@ def test_gpu_and_efa_requests_equal_limits(instance: str, efa: int) -> None:
     assert resources["requests"]["vpc.amazonaws.com/efa"] == efa
     assert resources["requests"]["nvidia.com/gpu"] == 8
     assert resources["requests"]["hugepages-2Mi"] == "5120Mi"
+    # The label keys spelled out on purpose (what HyperPod puts on its nodes), not from nodelabels.
     assert worker_template(job)["spec"]["nodeSelector"] == {
         "node.kubernetes.io/instance-type": instance,
         "sagemaker.amazonaws.com/node-health-status": "Schedulable",

@@ -19,12 +19,12 @@ from blackwell_trainer.config import PERMANENT_ERROR_PREFIX, OomPhase, OomResult
 from blackwell_trainer.metrics import TrainerMetrics
 from blackwell_trainer.oom import parse_message
 from blackwell_trainer.train import Trainer, main
+from blackwell_trainer.units import GIB
 from tests.ports import free_port
 
 from .conftest import REAL_STEP, before_step, join_two_rank_world, spawn_two_ranks
 from .test_checkpoint_resume import error_lines, write_plan
 
-GIB = 2**30
 # What the caching allocator says (c10/cuda/CUDACachingAllocator.cpp), figures of an H200.
 MESSAGE = (
     "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.81 GiB of which "

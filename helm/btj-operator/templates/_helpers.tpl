@@ -124,3 +124,19 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "btj-operator.calibrationRoleName" -}}
 {{- include "btj-operator.roleName" . | trunc 51 | trimSuffix "-" }}-calibration
 {{- end }}
+
+{{/* The pre-delete hook Job (`btj release-children`): its own component, so that neither the operator's
+Deployment, its Service nor its monitors select the hook's pod. */}}
+{{- define "btj-operator.releaseChildrenName" -}}
+{{- printf "%s-release-children" (include "btj-operator.fullname" . | trunc 45 | trimSuffix "-") }}
+{{- end }}
+
+{{- define "btj-operator.releaseChildrenLabels" -}}
+helm.sh/chart: {{ include "btj-operator.chart" . }}
+app.kubernetes.io/name: {{ include "btj-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/component: release-children
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: blackwell-training-operator
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}

@@ -70,6 +70,18 @@ framework rules listed there. No wildcards anywhere.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch", "delete"]
+# Application: the ServiceAccount a BlackwellTrainingJob's pods run as, read by name before its child
+# is created (a missing one holds the create and says so in the BlackwellTrainingJob's status).
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
+  verbs: ["get"]
+{{- if .Values.operator.checkImagePullSecrets }}
+# Application (opt-in, operator.checkImagePullSecrets): the pull Secrets a spec names, read by name to
+# warn when one is missing. RBAC cannot limit this to those names, so it is off by default.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
+{{- end }}
 # Framework and application: Kopf posts handler progress/errors as Events; the operator posts
 # planning and admission Events on the BlackwellTrainingJob.
 - apiGroups: [""]

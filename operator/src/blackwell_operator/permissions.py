@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from blackwell_operator.render.kinds import CONFIG_MAP, JOB_KINDS, TRAINING_RUNTIME
+
 
 class Permission(NamedTuple):
     """One RBAC rule: API group ("" for core), resource (optionally /subresource), verbs."""
@@ -27,29 +29,34 @@ PERMISSIONS: tuple[Permission, ...] = (
     # The operator: the child jobs and the plan ConfigMap (create-or-get, patched on a safe spec change); a
     # child is deleted when a worker ends on a permanent error, so its GPUs are not held by retries, and
     # patched to add and release its final-status finalizer.
-    Permission("kubeflow.org", "pytorchjobs", ("get", "list", "watch", "create", "patch", "delete")),
-    Permission(
-        "sagemaker.amazonaws.com",
-        "hyperpodpytorchjobs",
-        ("get", "list", "watch", "create", "patch", "delete"),
+    *(
+        Permission(row.group, row.plural, ("get", "list", "watch", "create", "patch", "delete"))
+        for row in JOB_KINDS.values()
     ),
-    Permission("trainer.kubeflow.org", "trainjobs", ("get", "list", "watch", "create", "patch", "delete")),
     # The operator: a TrainJob's per-job TrainingRuntime, created before it and patched with it like the
     # plan ConfigMap (get-or-create; never watched; deleted, like the ConfigMap, when the TrainJob's create
     # is refused or the finished TrainJob is gone, else it goes with the BTJ's owner reference).
-    Permission("trainer.kubeflow.org", "trainingruntimes", ("get", "create", "patch", "delete")),
+    Permission(TRAINING_RUNTIME.group, TRAINING_RUNTIME.plural, ("get", "create", "patch", "delete")),
     # The plan ConfigMap is deleted when its job create is refused or its finished job is gone.
-    Permission("", "configmaps", ("get", "create", "patch", "delete")),
+    Permission(CONFIG_MAP.group, CONFIG_MAP.plural, ("get", "create", "patch", "delete")),
     # The operator: cluster capacity (nodes of the instance type and their HyperPod health label).
     Permission("", "nodes", ("list",)),
     # The operator (track-pods): watches trainer pods, filtered by label on the server, to copy a failed
     # trainer container's exit code, reason and termination message onto the BTJ (status.lastFailure).
     # Nothing is fetched by name: the pod comes with each event. The stuck-pod sweep lists a running BTJ's
-    # trainer pods and force-deletes one stuck Terminating on a gone or not-Ready node (stuck_pods.py).
+    # trainer pods and force-deletes one stuck Terminating on a gone or not-Ready node (lifecycle.stuck_pods).
     Permission("", "pods", ("list", "watch", "delete")),
+    # The operator: before it creates a child, it reads the ServiceAccount its pods name (by name, never
+    # listed); a missing one holds the create (handlers/preflight.py).
+    Permission("", "serviceaccounts", ("get",)),
     # Kopf and the operator: Events on BTJs.
     Permission("", "events", ("create",)),
 )
+
+# Granted only when the chart's operator.checkImagePullSecrets is on (BTJ_CHECK_IMAGE_PULL_SECRETS): the
+# pull Secrets a spec names are read by name to warn when one is missing. Off by default, since RBAC cannot
+# limit `get secrets` to those names.
+OPT_IN: tuple[Permission, ...] = (Permission("", "secrets", ("get",)),)
 
 
 # Grants that no API call uses: they are checked by admission plugins when the operator creates children.
@@ -58,6 +65,7 @@ ADMISSION_ONLY: frozenset[tuple[str, str, str]] = frozenset(
 )
 
 
-def granted(api_group: str, resource: str, verb: str) -> bool:
-    """Whether PERMISSIONS covers one call."""
-    return any(p.api_group == api_group and p.resource == resource and verb in p.verbs for p in PERMISSIONS)
+def granted(api_group: str, resource: str, verb: str, *, opt_in: bool = False) -> bool:
+    """Whether PERMISSIONS (with `opt_in`, OPT_IN too) covers one call."""
+    rules = PERMISSIONS + OPT_IN if opt_in else PERMISSIONS
+    return any(p.api_group == api_group and p.resource == resource and verb in p.verbs for p in rules)

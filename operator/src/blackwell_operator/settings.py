@@ -21,12 +21,14 @@ _PROBLEMS = {
     "greater_than_equal": "must not be negative",
     "greater_than": "must be positive",
     "string_pattern_mismatch": "not an image reference (it has whitespace)",
+    "bool_parsing": "not true or false",
 }
 # The fix for settings whose default is not a number of seconds.
 _FIXES = {
     "default_trainer_image": "Fix: e.g. 123456789012.dkr.ecr.us-west-2.amazonaws.com/blackwell-trainer:0.1.0 "
     "(the chart sets it from trainerImage)",
     "cluster_calibration_namespace": "Fix: e.g. btj-system (the chart sets it to the release's namespace)",
+    "check_image_pull_secrets": "Fix: true or false (the chart sets it from operator.checkImagePullSecrets)",
 }
 # Problems that depend on the setting, not only on the kind of error.
 _FIELD_PROBLEMS = {
@@ -65,6 +67,11 @@ class OperatorEnvironment(BaseSettings):
         description="Namespace of the cluster-calibration ConfigMap; None: measured runs teach nothing.",
     )
     # "off" disables the server (e.g. several operators in one test).
+    # Reading Secrets is a broad grant (RBAC cannot limit it to their names), so the check is opt-in: the
+    # chart grants `get secrets` and sets this only with operator.checkImagePullSecrets.
+    check_image_pull_secrets: bool = Field(
+        False, description="Check that spec.imagePullSecrets name Secrets of the namespace (advisory)."
+    )
     metrics_bind: str | None = Field(
         None, description="host:port of the metrics and health server, or 'off'; None: all interfaces."
     )

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .units import MIB
+
 # The completion record, written last; its presence makes a step folder a checkpoint.
 MARKER = "COMPLETE.json"
 # 1: sizes only (before checksums). 2: size, CRC32 and the writing rank of every file.
@@ -18,7 +20,7 @@ MARKER_VERSION = 2
 # 2^-32, and zlib computes it about twice as fast as hashlib's sha256 (2.8 vs 1.5 GiB/s on the build
 # machine) and releases the GIL while doing so. Each rank checksums only the files it wrote.
 CHECKSUM = "crc32"
-_CHUNK = 8 << 20
+_CHUNK = 8 * MIB
 
 
 class ManifestError(ValueError):

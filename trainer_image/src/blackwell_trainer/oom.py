@@ -7,13 +7,14 @@ import re
 import torch
 
 from .config import OomPhase, OomResult, Plan
+from .units import GIB, KIB, MIB, TIB
 
 # PyTorch's caching allocator words its error (c10/cuda/CUDACachingAllocator.cpp) as "CUDA out of memory.
 # Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.81 GiB of which 1.23 GiB is free.
 # Including non-PyTorch memory, this process has 138.57 GiB memory in use. Of the allocated memory 135.20
 # GiB is allocated by PyTorch, and 2.10 GiB is reserved by PyTorch but unallocated. ..."
 _SIZE = r"([0-9]+(?:\.[0-9]+)?) ?(B|bytes|KiB|MiB|GiB|TiB)"
-_UNITS = {"B": 1, "bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+_UNITS = {"B": 1, "bytes": 1, "KiB": KIB, "MiB": MIB, "GiB": GIB, "TiB": TIB}
 _REQUESTED = re.compile(r"Tried to allocate " + _SIZE)
 _TOTAL = re.compile(r"total capacity of " + _SIZE)
 _IN_USE = re.compile(r"this process has " + _SIZE + " memory in use")
@@ -88,10 +89,9 @@ class GpuOutOfMemory(RuntimeError):
 
     def __init__(self, result: OomResult, *, earlier: bool = False) -> None:
         self.result = result
-        gib = 2**30
         asked = ""
         if result.requested_bytes:
-            asked = f"tried to allocate {result.requested_bytes / gib:.2f} GiB, "
+            asked = f"tried to allocate {result.requested_bytes / GIB:.2f} GiB, "
         first = " (the first step, with torch.compile)" if result.compiling else ""
         where = f"in {result.phase.value} of step {result.step}"
         if result.phase is OomPhase.SETUP:
@@ -103,8 +103,8 @@ class GpuOutOfMemory(RuntimeError):
         )
         super().__init__(
             f"{again}CUDA out of memory {where}{first} on rank {result.rank}: {asked}"
-            f"{result.needed_bytes / gib:.1f} GiB needed at least, the plan predicted a "
-            f"{result.predicted_peak_reserved_bytes / gib:.1f} GiB peak; a restart with this plan runs out "
+            f"{result.needed_bytes / GIB:.1f} GiB needed at least, the plan predicted a "
+            f"{result.predicted_peak_reserved_bytes / GIB:.1f} GiB peak; a restart with this plan runs out "
             "again. The operator re-plans with less memory; by hand: a smaller spec.tuning.microBatchSize "
             "or a larger spec.tuning.memoryHeadroom"
         )

@@ -33,12 +33,13 @@ from blackwell_trainer.shard_manifest import (
     tokenizer_sha256,
 )
 from blackwell_trainer.text_inputs import InputError, Unit, documents, expand_inputs, input_format, plan_units
+from blackwell_trainer.units import MIB
 
 log = logging.getLogger("blackwell_trainer.prepare")
 
 STATE_DIR = ".prepare"  # per-unit records of a run in progress; removed once manifest.json is written
 SETTINGS_NAME = "settings.json"
-DEFAULT_CHUNK_BYTES = 256 << 20  # ~64M tokens of English per shard: few files, little tail lost per shard
+DEFAULT_CHUNK_BYTES = 256 * MIB  # ~64M tokens of English per shard: few files, little tail lost per shard
 ENCODE_BATCH = 512  # documents per encode_batch call
 UINT16_LIMIT = 1 << 16
 

@@ -36,6 +36,7 @@ from .oom import GpuOutOfMemory, PhaseTracker, earlier_result, oom_result
 from .parallelize import ParallelismError, build_mesh, parallelize, validate_layout
 from .precision import PrecisionError, PrecisionSetup, check_precision, device_capability, parse_capability
 from .preemption import PreemptionGuard
+from .units import GIB
 
 if TYPE_CHECKING:  # imported where run() needs them, not at start-up
     from .checkpoint import Checkpointer
@@ -542,8 +543,8 @@ class StepReport:
                 result.tokens / result.seconds,
                 100 * result.mfu,
                 result.seconds,
-                allocated / 2**30,
-                reserved / 2**30,
+                allocated / GIB,
+                reserved / GIB,
             )
 
 

@@ -17,6 +17,7 @@ from .config import Architecture, HfConfigError, architecture_from_hf_config, ar
 from .data import DataError
 from .hf_layout import IGNORED_HF_SUFFIXES, clean_fqn, hf_name
 from .shard_manifest import TOKENIZER_FILE, ManifestMismatch, ShardManifest, check_tokenizer, tokenizer_sha256
+from .units import GIB
 from .weights_store import HfCheckpoint, WeightsError, open_checkpoint
 
 log = logging.getLogger(__name__)
@@ -192,7 +193,7 @@ def load_pretrained(model: nn.Module, uri: str, arch: Architecture, sequence_len
     log.info(
         "loaded %d tensors (%.2f GiB of this rank's slices) from %s in %.1f s",
         tensors,
-        read / 2**30,
+        read / GIB,
         uri,
         seconds,
     )

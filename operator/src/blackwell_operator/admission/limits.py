@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from blackwell_operator.units import MIB
+
 # kube-apiserver refuses a request body over 3 MiB (k8s.io/apiserver, server/config.go,
 # `MaxRequestBodyBytes = 3 * 1024 * 1024`), and kubectl sends a YAML manifest as JSON. So a file
 # over 3 MiB, or one whose aliases expand to more than 3 MiB of JSON, can never be applied.
-MAX_REQUEST_BYTES = 3 * 1024 * 1024
+MAX_REQUEST_BYTES = 3 * MIB
 
 # The API server's JSON decoder stops at 10000 levels of nesting (Go's encoding/json limit); Python's
 # recursion limit is lower, and the CRD's deepest field is under 10 levels, so anything past 64 is

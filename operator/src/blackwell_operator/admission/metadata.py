@@ -6,13 +6,15 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from blackwell_operator.units import KIB
+
 # k8s.io/apimachinery/pkg/util/validation: DNS-1123 label and subdomain, qualified names, label values.
 _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _QUALIFIED_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 _LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 # apimachinery's TotalAnnotationSizeLimitB: keys and values together.
-_ANNOTATIONS_LIMIT = 256 * 1024
+_ANNOTATIONS_LIMIT = 256 * KIB
 
 # ObjectMeta's fields (meta/v1); strict field validation rejects any other.
 _FIELDS: dict[str, type | tuple[type, ...]] = {

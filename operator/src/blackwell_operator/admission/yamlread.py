@@ -9,8 +9,7 @@ from yaml.composer import Composer
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from blackwell_operator.admission.limits import MAX_DEPTH, MAX_INT_CHARS, MAX_NODES, MAX_REQUEST_BYTES
-
-_MIB = 1024 * 1024
+from blackwell_operator.units import MIB
 
 
 class InputError(ValueError):
@@ -93,7 +92,7 @@ def decode(data: bytes, name: str) -> str:
     """The manifest's text: UTF-8 (what kubectl and the API server read), within the request limit."""
     if len(data) > MAX_REQUEST_BYTES:
         raise InputError(
-            f"{name}: {len(data) / _MIB:.1f} MiB is over the API server's {MAX_REQUEST_BYTES // _MIB} MiB "
+            f"{name}: {len(data) / MIB:.1f} MiB is over the API server's {MAX_REQUEST_BYTES // MIB} MiB "
             "request limit"
         )
     if b"\x00" in data:
@@ -131,7 +130,7 @@ def load_documents(text: str, name: str) -> list[Any]:
             expanded = _expanded_bytes(node, {})
             if expanded > MAX_REQUEST_BYTES:
                 raise InputError(
-                    f"{name}: its aliases expand to over {MAX_REQUEST_BYTES // _MIB} MiB (the API server's "
+                    f"{name}: its aliases expand to over {MAX_REQUEST_BYTES // MIB} MiB (the API server's "
                     "request limit); write the values out instead of repeating anchors"
                 )
             document = loader.construct_document(node)

@@ -8,6 +8,7 @@ from typing import Any
 from blackwell_operator.calibration.profile import Calibration
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner import evaluate
+from blackwell_operator.units import GIB
 from blackwell_trainer.config import (
     ActivationCheckpointing,
     Candidate,
@@ -15,8 +16,6 @@ from blackwell_trainer.config import (
     PrecisionRecipe,
     Sharding,
 )
-
-GIB = 1 << 30
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from blackwell_operator.calibrate.grid import grid_candidate
 from blackwell_operator.calibrate.records import CalibrationRecord, RecordStatus, Versions
 from blackwell_operator.catalogs import resolve_model
 from blackwell_operator.models.spec import ModelSpec
+from blackwell_operator.units import GIB
 from blackwell_trainer.config import (
     ActivationCheckpointing,
     Candidate,
@@ -25,7 +26,6 @@ from blackwell_trainer.config import (
     Sharding,
 )
 
-GIB = 1 << 30
 H200_INSTANCE = "ml.p5en.48xlarge"
 REFERENCE_DATE = "2026-11-29"
 REFERENCE_TORCH = "2.11.0+cu130"

@@ -13,9 +13,8 @@ from blackwell_operator.calibration import Calibration
 from blackwell_operator.errors import PlanningError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner import evaluate, plan_job
+from blackwell_operator.units import GIB
 from blackwell_trainer.config import MEMORY_COMPONENTS, Candidate, Precision, PrecisionRecipe, Sharding
-
-GIB = 1 << 30
 
 
 def _pyplot() -> Any:

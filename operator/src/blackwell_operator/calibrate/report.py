@@ -12,8 +12,7 @@ from blackwell_operator.calibrate.plots import plot_scenario
 from blackwell_operator.calibrate.predict import Comparison
 from blackwell_operator.calibrate.records import CalibrationRecord, Scenario, config_key, family_key
 from blackwell_operator.calibration import Calibration
-
-GIB = 1 << 30
+from blackwell_operator.units import GIB
 
 
 def _pct(x: float | None) -> str:

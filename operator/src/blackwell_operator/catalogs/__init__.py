@@ -8,13 +8,12 @@ from typing import Any
 
 import yaml
 
-from blackwell_operator.catalogs.models import GIB, GpuSpec, InstanceSpec, ModelPreset
+from blackwell_operator.catalogs.models import GpuSpec, InstanceSpec, ModelPreset
 from blackwell_operator.errors import SpecError
 from blackwell_operator.models.spec import ModelSpec
 from blackwell_trainer.config import Architecture
 
 __all__ = [
-    "GIB",
     "GpuSpec",
     "InstanceSpec",
     "ModelPreset",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from blackwell_operator.units import GIB
 from blackwell_trainer.config import Architecture, Precision, PrecisionRecipe, WireModel
 
-GIB = 1 << 30
 # Share of a node's RAM the trainer pods may request together (see InstanceSpec.pod_memory_bytes).
 POD_MEMORY_FRACTION = 0.75
 # The tensor-core format whose peak a precision's GEMMs run at (MXFP8 is FP8 with block scales).

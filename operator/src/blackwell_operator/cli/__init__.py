@@ -44,6 +44,7 @@ def _register_commands() -> None:
         operator,  # noqa: F401
         plan,  # noqa: F401
         plot,  # noqa: F401
+        release,  # noqa: F401
         render,  # noqa: F401
     )
 

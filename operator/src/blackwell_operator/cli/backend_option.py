@@ -7,8 +7,8 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from blackwell_operator.backends import CONCRETE, auto_order, choose_backend, with_backend
 from blackwell_operator.cli.manifest import fail, format_validation_error
+from blackwell_operator.lifecycle.backends import CONCRETE, auto_order, choose_backend, with_backend
 from blackwell_operator.models.spec import Backend, BlackwellTrainingJobSpec
 
 BackendOption = Annotated[

@@ -148,6 +148,8 @@ async def _wait(predicate: Callable[[], Any], timeout: float = 30.0) -> Any:
 
 async def _demo(manifest: dict[str, Any], *, nodes: int, pause: float) -> bool:
     from blackwell_operator.cli.plan import DEFAULT_HEADROOM, render_plan_tables
+    from blackwell_operator.models.spec import PLURAL
+    from blackwell_operator.render.kinds import job_kind
     from blackwell_operator.testing.cluster import allocatable, emulated_cluster, hyperpod_node
     from blackwell_operator.testing.emulator import BTJ_RESOURCE
     from blackwell_operator.testing.kubeconfig import write_kubeconfig
@@ -194,7 +196,7 @@ async def _demo(manifest: dict[str, Any], *, nodes: int, pause: float) -> bool:
                         lambda: any(
                             r.params.get("watch") == "true"
                             and r.resource is not None
-                            and r.resource.plural == "blackwelltrainingjobs"
+                            and r.resource.plural == PLURAL
                             for r in k.requests
                         )
                     )
@@ -236,9 +238,8 @@ async def _demo(manifest: dict[str, Any], *, nodes: int, pause: float) -> bool:
                 if not child:
                     console.print("Dry run: the plan is in status, nothing was created.")
                     return True
-                job = k.get_object(
-                    f"{child['apiVersion']}/{child['kind'].lower()}s", namespace, child["name"]
-                )
+                row = job_kind(child["kind"])
+                job = None if row is None else k.get_object(row.resource, namespace, child["name"])
                 if job is None:
                     console.print(f"[red]The {child['kind']} {child['name']} is gone.[/]")
                     return False
@@ -279,14 +280,15 @@ async def _simulate(
 ) -> str:
     """Play the controllers on the emulated nodes and show the BTJ following; returns why the job waits
     ("" when it ran to the end)."""
-    from blackwell_operator.render.trainjob import API_VERSION, KIND, RUNTIME_PLURAL
+    from blackwell_operator.render import trainjob
+    from blackwell_operator.render.kinds import TRAINING_RUNTIME
     from blackwell_operator.testing.controllers import ControllerStandIn
 
     stand_in = ControllerStandIn(k, job, steps=steps)
     ref, namespace = job["spec"].get("runtimeRef") or {}, job["metadata"]["namespace"]
     runtime = (
-        k.get_object(f"{API_VERSION}/{RUNTIME_PLURAL}", namespace, ref["name"])
-        if job["kind"] == KIND and ref
+        k.get_object(TRAINING_RUNTIME.resource, namespace, ref["name"])
+        if job["kind"] == trainjob.KIND and ref
         else None
     )
     try:

@@ -27,9 +27,9 @@ from blackwell_operator.errors import SpecError
 from blackwell_operator.models.spec import TuningSpec
 from blackwell_operator.planner.figures import memory_budget, tenths
 from blackwell_operator.planner.provenance import verdict
+from blackwell_operator.units import GB, GIB
 from blackwell_trainer.config import MEMORY_COMPONENTS, Plan
 
-GIB = 1 << 30
 DEFAULT_HEADROOM: float = TuningSpec.model_fields["memory_headroom"].default
 
 
@@ -149,7 +149,7 @@ def _provenance_table(plan: Plan, console: Console) -> None:
 
 
 def _gb(n: float) -> str:
-    return f"{n / 1e9:,.1f} GB"
+    return f"{n / GB:,.1f} GB"
 
 
 def _weights_table(plan: Plan, console: Console) -> None:
@@ -166,7 +166,7 @@ def _weights_table(plan: Plan, console: Console) -> None:
     timing = (
         "not modelled (node-local NVMe)"
         if seconds is None or bandwidth is None
-        else f"{seconds:,.1f} s at {bandwidth / 1e9:.2f} GB/s ({load.source.value})"
+        else f"{seconds:,.1f} s at {bandwidth / GB:.2f} GB/s ({load.source.value})"
     )
     for key, value in (
         ("checkpoint", f"{_gb(load.checkpoint_bytes)}{estimated}"),

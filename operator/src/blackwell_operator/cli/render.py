@@ -19,10 +19,10 @@ from blackwell_operator.planner.figures import memory_budget
 from blackwell_operator.render import dump_documents, render_children
 from blackwell_operator.render.crd import crd_yaml
 from blackwell_operator.render.names import name_problem
+from blackwell_operator.units import GIB
 from blackwell_trainer.config import Plan
 
 DEFAULT_NAMESPACE = "default"
-GIB = 1024**3
 
 
 class OutputFormat(StrEnum):

@@ -11,7 +11,7 @@ from blackwell_operator.models.spec import Backend
 
 # GET of a discovery document (/apis/<group>/<version>): the APIResourceList, or None when not served.
 DiscoveryGetter = Callable[[str], Mapping[str, Any] | None]
-# backend -> (apiVersion, plural) of its job kind (blackwell_operator.backends.JOB_APIS).
+# backend -> (apiVersion, plural) of its job kind (lifecycle.backends.JOB_RESOURCES, from render.kinds).
 JobResources = Mapping[Backend, tuple[str, str]]
 # A CRD installed or removed shows within this long; a burst of BTJs asks the API server once.
 DEFAULT_TTL_S = 60.0

@@ -20,6 +20,8 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from blackwell_operator.timefmt import format_rfc3339
+
 # The IAM actions these reads need; the chart's NOTES and docs/backends.md print the policy.
 IAM_ACTIONS = ("sagemaker:DescribeCluster", "sagemaker:ListClusterNodes", "sagemaker:DescribeTrainingPlan")
 DEFAULT_TTL_S = 60.0
@@ -74,7 +76,7 @@ def split_name(name_or_arn: str) -> tuple[str, str | None]:
 def _time(value: Any) -> str:
     """An AWS timestamp (datetime) as RFC 3339, UTC."""
     if isinstance(value, datetime.datetime):
-        return value.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return format_rfc3339(value)
     return str(value or "?")
 
 

@@ -1,7 +1,4 @@
-"""Node capacity: nodes of an instance type that HyperPod marks Schedulable.
-
-The node labels are those of docs/reference/hyperpod-pytorchjob.md §2.1.
-"""
+"""Node capacity: nodes of an instance type that HyperPod marks Schedulable (labels: nodelabels.py)."""
 
 from __future__ import annotations
 
@@ -14,10 +11,7 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity as _parse_quantity
 
-INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
-HEALTH_LABEL = "sagemaker.amazonaws.com/node-health-status"
-SCHEDULABLE = "Schedulable"
-
+from blackwell_operator.nodelabels import INSTANCE_TYPE_LABEL, NODE_HEALTH_LABEL, SCHEDULABLE
 
 # What to look at when a node's allocatable lacks what the trainer pod requests.
 _HINTS = {
@@ -79,7 +73,7 @@ class Capacity:
 def _is_schedulable(node: Mapping[str, Any]) -> bool:
     labels = node.get("metadata", {}).get("labels") or {}
     cordoned = bool((node.get("spec") or {}).get("unschedulable"))
-    return labels.get(HEALTH_LABEL) == SCHEDULABLE and not cordoned
+    return labels.get(NODE_HEALTH_LABEL) == SCHEDULABLE and not cordoned
 
 
 def count_capacity(

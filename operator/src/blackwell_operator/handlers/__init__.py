@@ -12,11 +12,12 @@ from blackwell_operator.handlers.children import on_child_event
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.measure import measure_interval
 from blackwell_operator.handlers.pods import on_pod_event
-from blackwell_operator.handlers.reconcile import CHILD_KINDS, Reconciler
+from blackwell_operator.handlers.reconcile import Reconciler
 from blackwell_operator.handlers.resync import resync_interval
+from blackwell_operator.handlers.stuck import stuck_pod_timeout
 from blackwell_operator.models.spec import API_GROUP, API_VERSION, PLURAL
+from blackwell_operator.render.kinds import JOB_KINDS
 from blackwell_operator.render.labels import JOB_NAME_LABEL, MANAGED_BY_LABEL, MANAGER
-from blackwell_operator.stuck_pods import stuck_pod_timeout
 
 
 def _ctx(memo: kopf.Memo) -> OperatorContext:
@@ -84,13 +85,12 @@ def register(registry: kopf.OperatorRegistry) -> None:
     stuck_pod_timeout()
     measure_interval()
     resync_interval()  # a bad BTJ_CHILD_RETRY_INTERVAL_S stops the operator at start too
-    for kind in CHILD_KINDS.values():
-        group, version = kind.api_version.split("/")
+    for kind in JOB_KINDS.values():
         # A silent event handler: it writes nothing onto the child (update handlers would add Kopf
         # annotations to the training operator's objects).
         kopf.on.event(
-            group,
-            version,
+            kind.group,
+            kind.version,
             kind.plural,
             labels={MANAGED_BY_LABEL: MANAGER},
             registry=registry,

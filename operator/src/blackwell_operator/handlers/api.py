@@ -95,10 +95,7 @@ class KubeApi:
         if content_type:
             headers["Content-Type"] = content_type
         try:
-            if hasattr(self._client, "param_serialize"):  # kubernetes >= 34 (new generator)
-                status, reason, data = self._call_new(method, path, body, query or [], headers)
-            else:
-                status, reason, data = self._call_old(method, path, body, query or [], headers)
+            status, reason, data = self._send(method, path, body, query or [], headers)
         except kubernetes.client.exceptions.ApiException as exc:
             raise _api_error(int(exc.status or 0), str(exc.reason or "Error"), exc.body) from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
@@ -107,9 +104,11 @@ class KubeApi:
             raise _api_error(status, reason, data)
         return dict(json.loads(data)) if data else {}
 
-    def _call_new(
+    def _send(
         self, method: str, path: str, body: Any, query: list[tuple[str, str]], headers: dict[str, str]
     ) -> tuple[int, str, bytes]:
+        """One request through the client's generator API (kubernetes 37's ApiClient: serialize, then call;
+        the range pyproject.toml pins, so there is one code path)."""
         serialized = self._client.param_serialize(
             method=method,
             resource_path=path,
@@ -123,22 +122,6 @@ class KubeApi:
             method_, url, header_params=headers_, body=body_, post_params=post, _request_timeout=self._timeout
         )
         response.read()
-        return int(response.status), str(response.reason or ""), bytes(response.data or b"")
-
-    def _call_old(
-        self, method: str, path: str, body: Any, query: list[tuple[str, str]], headers: dict[str, str]
-    ) -> tuple[int, str, bytes]:
-        response = self._client.call_api(
-            path,
-            method,
-            query_params=query,
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _return_http_data_only=True,
-            _request_timeout=self._timeout,
-        )
         return int(response.status), str(response.reason or ""), bytes(response.data or b"")
 
     def get(self, path: str) -> dict[str, Any] | None:

@@ -9,39 +9,29 @@ from typing import Any
 from blackwell_operator.handlers import retrying
 from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
 from blackwell_operator.handlers.context import OperatorContext
+from blackwell_operator.lifecycle.child_record import CHILD_DELETED as CHILD_DELETED
+from blackwell_operator.lifecycle.child_record import deleted_child_uid as deleted_child_uid
+from blackwell_operator.lifecycle.child_record import is_finished as is_finished
+from blackwell_operator.lifecycle.status_patch import changes_nothing, status_patch
+from blackwell_operator.lifecycle.status_read import read_status
+from blackwell_operator.lifecycle.writers import StatusWriter
 from blackwell_operator.models.spec import API_GROUP, API_VERSION, PLURAL
-from blackwell_operator.models.status import ConditionType
-from blackwell_operator.status import TERMINAL_PHASES
+from blackwell_operator.models.status import StatusChange
 
 BTJ_API_VERSION = f"{API_GROUP}/{API_VERSION}"
 _LOG = logging.getLogger(__name__)
-# The ChildCreated reason the child watcher writes when it sees the recorded child deleted.
-CHILD_DELETED = "ChildDeleted"
-_TERMINAL = frozenset(phase.value for phase in TERMINAL_PHASES)
 
-# Given the BTJ as it is now, the new status (full replacement of the keys it names; None deletes a key),
-# or None when nothing needs writing.
-StatusUpdate = Callable[[Mapping[str, Any]], dict[str, Any] | None]
+# Given the BTJ as it is now, what its status becomes (lifecycle/status_patch.py says how a StatusChange is
+# written), or None when nothing needs writing.
+StatusUpdate = Callable[[Mapping[str, Any]], StatusChange | None]
+# (BTJ uid, problem) pairs already logged: an unreadable stored status is said once, not on every write.
+_REPORTED: set[tuple[str, str]] = set()
+_REPORTED_LIMIT = 10_000
 
 
 def btj_path(namespace: str, name: str, subresource: str | None = None) -> str:
     """API path of one BTJ."""
     return resource_path(BTJ_API_VERSION, PLURAL, namespace, name, subresource)
-
-
-def deleted_child_uid(status: Mapping[str, Any]) -> str | None:
-    """The recorded child's uid when the child watcher saw it deleted (ChildCreated False, ChildDeleted)."""
-    for cond in status.get("conditions") or []:
-        if cond.get("type") == ConditionType.CHILD_CREATED:
-            if cond.get("status") == "False" and cond.get("reason") == CHILD_DELETED:
-                return (status.get("child") or {}).get("uid") or None
-            return None
-    return None
-
-
-def is_finished(status: Mapping[str, Any]) -> bool:
-    """Whether the BTJ's phase is Succeeded or Failed."""
-    return status.get("phase") in _TERMINAL
 
 
 def wants_child_back(btj: Mapping[str, Any]) -> bool:
@@ -54,14 +44,33 @@ def wants_child_back(btj: Mapping[str, Any]) -> bool:
     )
 
 
+def report_unreadable(btj: Mapping[str, Any], logger: Any) -> None:
+    """Log, once per BTJ and problem, each part of its stored status the models cannot read (the writers
+    work from the rest; lifecycle/status_read.py)."""
+    uid = str((btj.get("metadata") or {}).get("uid") or "")
+    for problem in read_status(btj.get("status")).problems:
+        if (uid, problem) in _REPORTED:
+            continue
+        if len(_REPORTED) >= _REPORTED_LIMIT:
+            _REPORTED.clear()
+        _REPORTED.add((uid, problem))
+        logger.warning(f"Unreadable status, left as it is: {problem}")
+
+
 def write_status(
-    api: KubeApi, namespace: str, name: str, update: StatusUpdate, logger: Any = None
+    api: KubeApi,
+    namespace: str,
+    name: str,
+    update: StatusUpdate,
+    writer: StatusWriter,
+    logger: Any = None,
 ) -> dict[str, Any] | None:
     """Apply `update` to the latest BTJ under the retry policy: a conflict (409) re-reads and recomputes.
 
-    Several writers share the status (the spec reconciler, the child and pod watchers); the resourceVersion
-    precondition makes each write land on what its computation saw. Returns the BTJ written, or None
-    when the BTJ is gone or nothing changed; raises the last ApiError when the policy gives up.
+    Several writers share the status (the spec reconciler, the child, pod and measure watchers), each
+    owning its keys (lifecycle/writers.py); the resourceVersion precondition makes each write land on what
+    its computation saw. Returns the BTJ written, or None when the BTJ is gone or nothing changed; raises
+    the last ApiError when the policy gives up.
     """
     log = logger if logger is not None else _LOG
 
@@ -69,26 +78,35 @@ def write_status(
         current = api.get(btj_path(namespace, name))
         if current is None:
             return None
-        changes = update(current)
-        if not changes:
+        report_unreadable(current, log)
+        change = update(current)
+        if change is None:
             return None
-        old_status = current.get("status") or {}
-        if all(old_status.get(key) == value for key, value in changes.items()):
+        stored = current.get("status") or {}
+        patch = status_patch(change, stored, writer)
+        if changes_nothing(patch, stored):
             return None
-        body = {"metadata": {"resourceVersion": current["metadata"]["resourceVersion"]}, "status": changes}
+        body = {"metadata": {"resourceVersion": current["metadata"]["resourceVersion"]}, "status": patch}
         return api.patch(btj_path(namespace, name, "status"), body)
 
     return retrying.call(f"status of BlackwellTrainingJob {namespace}/{name}", log, once)
 
 
 def write_status_logged(
-    ctx: OperatorContext, namespace: str, name: str, update: StatusUpdate, logger: Any, *, purpose: str
+    ctx: OperatorContext,
+    namespace: str,
+    name: str,
+    update: StatusUpdate,
+    writer: StatusWriter,
+    logger: Any,
+    *,
+    purpose: str,
 ) -> tuple[bool, dict[str, Any] | None]:
     """write_status for the watchers, which get no retries from Kopf: a write the policy gives up on is
     counted and logged in one line (the object's next event, or the resync loop, tries again).
     Returns (whether it went through or had nothing to do, the BTJ written)."""
     try:
-        return True, write_status(ctx.api, namespace, name, update, logger)
+        return True, write_status(ctx.api, namespace, name, update, writer, logger)
     except ApiError as exc:
         ctx.metrics.record_error(exc.metric_reason)
         logger.error(f"Cannot {purpose} on BlackwellTrainingJob {namespace}/{name}: {exc}")

@@ -2,30 +2,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from blackwell_operator.failures import stopping_child, with_failure
 from blackwell_operator.handlers import finalizer
 from blackwell_operator.handlers.api import ApiError
 from blackwell_operator.handlers.btjstatus import CHILD_DELETED, is_finished, write_status_logged
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import post_event
-from blackwell_operator.handlers.reconcile import CHILD_KINDS, drop_supporting, supporting_of
+from blackwell_operator.handlers.reconcile import drop_supporting, supporting_of
+from blackwell_operator.lifecycle.conditions import find_condition, set_condition
+from blackwell_operator.lifecycle.failures import stopping_child
+from blackwell_operator.lifecycle.message import set_message, summary_message
+from blackwell_operator.lifecycle.phase import TERMINAL_PHASES, child_conditions, child_message, child_phase
+from blackwell_operator.lifecycle.progress import finished
+from blackwell_operator.lifecycle.replan import replacing_child
+from blackwell_operator.lifecycle.status_read import read_status
+from blackwell_operator.lifecycle.writers import CHILD_WATCHER
 from blackwell_operator.models.spec import KIND
-from blackwell_operator.models.status import ConditionType, Phase
-from blackwell_operator.progress import as_patch, finished
-from blackwell_operator.replan import replacing_child
-from blackwell_operator.status import (
-    TERMINAL_PHASES,
-    child_conditions,
-    child_message,
-    child_phase,
-    get_condition,
-    now_rfc3339,
-    set_condition,
-    summary_message,
-)
+from blackwell_operator.models.status import ChildReference, ConditionType, JobProgress, Phase, StatusChange
+from blackwell_operator.render.kinds import job_kind
+from blackwell_operator.timefmt import now_rfc3339
 
 # Phases worth an Event on the BTJ when the child enters them.
 _EVENT_PHASES = {
@@ -45,19 +42,19 @@ def owner_reference(child: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
-def _reference(child: Mapping[str, Any]) -> dict[str, Any]:
+def _reference(child: Mapping[str, Any]) -> ChildReference:
     meta = child["metadata"]
-    return {
-        "apiVersion": child.get("apiVersion"),
-        "kind": child.get("kind", "job"),
-        "name": meta["name"],
-        "uid": meta.get("uid"),
-    }
+    return ChildReference(
+        api_version=str(child.get("apiVersion") or ""),
+        kind=str(child.get("kind", "job")),
+        name=str(meta["name"]),
+        uid=meta.get("uid"),
+    )
 
 
 def deleted_child_changes(
     btj: Mapping[str, Any], child: Mapping[str, Any], *, generation: Any, now: str
-) -> dict[str, Any]:
+) -> StatusChange:
     """The BTJ status keys that report its child's deletion (ChildCreated False, reason ChildDeleted).
 
     A child deleted right after it finished (ttlSecondsAfterFinished: 0, or a quick hand) may reach us
@@ -66,8 +63,9 @@ def deleted_child_changes(
     """
     meta, kind = child["metadata"], child.get("kind", "job")
     status = dict(btj.get("status") or {})
-    changes: dict[str, Any] = {}
-    conds: list[dict[str, Any]] = list(status.get("conditions") or [])
+    change = StatusChange()
+    stored = read_status(status).status
+    conds = stored.conditions
     being_deleted = bool(btj["metadata"].get("deletionTimestamp"))
     replaced = replacing_child(status)  # a re-plan deleted it: its own end is not the job's
     if (
@@ -84,7 +82,7 @@ def deleted_child_changes(
             queue_name=(btj.get("spec") or {}).get("queueName"),
             child_kind=kind,
         )
-        changes["phase"] = status["phase"] = phase.value
+        change.phase, status["phase"] = phase, phase.value
     if being_deleted:
         what = f"{kind} {meta['name']} was deleted"
     elif is_finished(status):
@@ -93,21 +91,35 @@ def deleted_child_changes(
         what = f"{kind} {meta['name']} was deleted after running out of GPU memory; re-creating it re-planned"
     else:
         what = f"{kind} {meta['name']} was deleted; re-creating it"
-    changes["conditions"] = set_condition(
+    change.conditions = set_condition(
         conds, ConditionType.CHILD_CREATED, "False", CHILD_DELETED, f"{what}.", generation=generation, now=now
     )
-    changes["message"] = with_failure(what, status.get("phase"), status.get("lastFailure"))
+    set_message(change, what, status.get("phase"), stored.last_failure)
     if not (status.get("child") or {}).get("uid"):
         # Name the deleted child, so that a reconcile that created it and writes status only now sees it
         # is gone and keeps this report (reconcile._write) instead of claiming it exists.
-        changes["child"] = _reference(child)
-    return changes
+        change.child = _reference(child)
+    return change
+
+
+# Posts an Event about an object: (obj, reason, message, warning=...). Kopf's queue in the handlers; the
+# API for callers outside Kopf (`btj release-children`).
+EventPoster = Callable[..., None]
 
 
 def on_child_event(
-    ctx: OperatorContext, event_type: str | None, child: Mapping[str, Any], logger: Any
-) -> None:
-    """Mirror one child event onto its owner BTJ's status (a no-op when nothing changes)."""
+    ctx: OperatorContext,
+    event_type: str | None,
+    child: Mapping[str, Any],
+    logger: Any,
+    *,
+    post: EventPoster = post_event,
+) -> bool:
+    """Mirror one child event onto its owner BTJ's status (a no-op when nothing changes).
+
+    Returns whether that went through (or there was nothing to record, or nowhere to record it): False
+    when the status write failed, and the child's end may not be on its BTJ yet.
+    """
     owner = owner_reference(child)
     meta = child["metadata"]
     # Deleted, or being deleted and held by our finalizer until its end is recorded: a deletion either way.
@@ -115,12 +127,12 @@ def on_child_event(
     if owner is None:
         if going and finalizer.holds(child):
             _release(ctx, child, logger)  # nothing to record it on: never keep it from going
-        return
+        return True
     namespace, child_uid, kind = meta.get("namespace"), meta.get("uid"), child.get("kind", "job")
     transition: dict[str, Any] = {}
     ended: dict[str, Any] = {}
 
-    def update(btj: Mapping[str, Any]) -> dict[str, Any] | None:
+    def update(btj: Mapping[str, Any]) -> StatusChange | None:
         if btj["metadata"].get("uid") != owner.get("uid"):
             return None  # a new BTJ with the old name: this child belongs to its deleted predecessor
         status = dict(btj.get("status") or {})
@@ -135,15 +147,18 @@ def on_child_event(
             # Reported here; the BTJ's own event handler (recreate-child) brings the child back when
             # wants_child_back says so. It runs in the BTJ's Kopf worker, serialised with reconcile.
             deleted = deleted_child_changes(btj, child, generation=generation, now=now)
-            ended.update(btj=btj, finished=is_finished({**status, **deleted}))
+            ended.update(
+                btj=btj, finished=is_finished({**status, "phase": deleted.phase or status.get("phase")})
+            )
             return deleted
         if recorded == child_uid and stopping_child(status):
             # The worker watcher failed the BTJ, or re-planned it, and is deleting this child: its last
             # phases (Restarting, Failed while it goes) must not bring the job back to life or end it.
             return None
         spec = btj.get("spec") or {}
+        stored = read_status(status).status
         phase, conds = child_conditions(
-            status.get("conditions") or [],
+            stored.conditions,
             child.get("status"),
             generation=generation,
             now=now,
@@ -151,30 +166,25 @@ def on_child_event(
             child_kind=kind,
         )
         transition.update(old=status.get("phase"), new=phase, btj=btj)
-        changes: dict[str, Any] = {
-            "phase": phase.value,
-            "conditions": conds,
-            # The worker watcher's lastFailure stays in the message while the job restarts or has failed.
-            "message": with_failure(
-                summary_message(phase, kind, meta["name"], child_message(child.get("status"))),
-                phase.value,
-                status.get("lastFailure"),
-                since=(get_condition(conds, ConditionType.RUNNING) or {}).get("lastTransitionTime"),
-            ),
-        }
+        headline = summary_message(phase, kind, meta["name"], child_message(child.get("status")))
+        running = find_condition(conds, ConditionType.RUNNING)
+        change = StatusChange(phase=phase, conditions=conds)
+        # The worker watcher's lastFailure stays in the message while the job restarts or has failed.
+        since = running.last_transition_time if running is not None else None
+        set_message(change, headline, phase, stored.last_failure, since=since)
         steps = ((status.get("plan") or {}).get("steps")) or 0
         if phase == Phase.SUCCEEDED and steps and status.get("progress") != finished(int(steps)):
             # The last reading was up to a minute before the end: a finished job shows all its steps done.
-            changes["progress"] = as_patch(finished(int(steps)))
+            change.progress = JobProgress.model_validate(finished(int(steps)))
         if not recorded:
             # The child can report before the reconcile that created it has written status.child. Record
             # which child this phase came from, so that reconcile sees it as known and does not replace
             # this newer phase with the one derived from its creation-time copy of the child.
-            changes["child"] = _reference(child)
-        return changes
+            change.child = _reference(child)
+        return change
 
     done, written = write_status_logged(
-        ctx, namespace, owner["name"], update, logger, purpose="mirror its child's status"
+        ctx, namespace, owner["name"], update, CHILD_WATCHER, logger, purpose="mirror its child's status"
     )
     if done and going and ended.get("finished"):
         # The job had finished, so nothing will mount its plan again: what it referenced goes with it.
@@ -191,11 +201,12 @@ def on_child_event(
                 transition["new"], kind, meta["name"], child_message(child.get("status"))
             )
             warning = transition["new"] in (Phase.FAILED, Phase.RESTARTING)
-            post_event(written, reason, message, warning=warning)
+            post(written, reason, message, warning=warning)
+    return done
 
 
 def _release(ctx: OperatorContext, child: Mapping[str, Any], logger: Any) -> None:
-    kind = next((k for k in CHILD_KINDS.values() if k.kind == child.get("kind")), None)
+    kind = job_kind(child.get("kind"))
     if kind is None:
         return
     try:

@@ -9,7 +9,7 @@ import kopf
 
 from blackwell_operator.handlers.api import KubeApi, resource_path
 from blackwell_operator.render.labels import MANAGER
-from blackwell_operator.status import now_rfc3339
+from blackwell_operator.timefmt import now_rfc3339
 
 
 def post_event(obj: Mapping[str, Any], reason: str, message: str, *, warning: bool = False) -> None:

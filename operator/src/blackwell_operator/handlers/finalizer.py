@@ -8,24 +8,10 @@ from typing import Any
 from blackwell_operator.handlers import retrying
 from blackwell_operator.handlers.api import KubeApi, resource_path
 
-# A child deleted while no operator runs (by hand, or by the training operator's ttlSecondsAfterFinished)
-# would take its final status with it: a restarted operator would see a running BTJ without its child
-# and run the job again. With this finalizer the deleted child stays, Terminating, until the child
-# watcher has written what it saw onto the BTJ; then the watcher releases it.
-FINAL_STATUS_FINALIZER = "training.blackwell.dev/final-status"
-
-
-def holds(child: Mapping[str, Any]) -> bool:
-    """Whether the child carries the finalizer."""
-    return FINAL_STATUS_FINALIZER in ((child.get("metadata") or {}).get("finalizers") or [])
-
-
-def with_finalizer(job: dict[str, Any]) -> dict[str, Any]:
-    """`job` (a rendered child) with the finalizer added, in place."""
-    meta = job.setdefault("metadata", {})
-    if FINAL_STATUS_FINALIZER not in (meta.get("finalizers") or []):
-        meta["finalizers"] = [*(meta.get("finalizers") or []), FINAL_STATUS_FINALIZER]
-    return job
+# The finalizer's name and the pure checks live with the rest of what a child records (lifecycle).
+from blackwell_operator.lifecycle.child_record import FINAL_STATUS_FINALIZER as FINAL_STATUS_FINALIZER
+from blackwell_operator.lifecycle.child_record import holds as holds
+from blackwell_operator.lifecycle.child_record import with_finalizer as with_finalizer
 
 
 def release(api: KubeApi, child: Mapping[str, Any], plural: str, logger: Any) -> None:

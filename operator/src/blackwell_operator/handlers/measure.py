@@ -19,24 +19,25 @@ from typing import Any
 import aiohttp
 
 from blackwell_operator.calibration.cluster import Sample
-from blackwell_operator.failures import belongs_to
 from blackwell_operator.handlers import cluster_calibration
 from blackwell_operator.handlers.api import ApiError
 from blackwell_operator.handlers.btjstatus import write_status
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.periodic import every
-from blackwell_operator.measure import (
+from blackwell_operator.lifecycle.failures import belongs_to
+from blackwell_operator.lifecycle.measure import (
     Reading,
     metrics_endpoint,
     parse_reading,
     sample_of,
     tokens_per_second_per_gpu,
 )
-from blackwell_operator.models.status import Phase
-from blackwell_operator.progress import as_patch, progress_of
+from blackwell_operator.lifecycle.progress import progress_of
+from blackwell_operator.lifecycle.writers import MEASURE_LOOP
+from blackwell_operator.models.status import JobProgress, MeasuredThroughput, Phase, StatusChange
 from blackwell_operator.render.labels import JOB_NAME_LABEL
 from blackwell_operator.settings import env_name, operator_environment
-from blackwell_operator.status import now_rfc3339
+from blackwell_operator.timefmt import now_rfc3339
 
 INTERVAL_ENV = env_name("measure_interval_s")
 SCRAPE_TIMEOUT_S = 5.0
@@ -80,21 +81,22 @@ def measured_changes(
     mfu: float | None,
     now: str,
     progress: Mapping[str, Any] | None = None,
-) -> dict[str, Any] | None:
+) -> StatusChange | None:
     """status.measured (when it moved) and status.progress (when it changed) from a reading of `pod`, when
-    it is this BTJ's running worker."""
+    it is this BTJ's running worker. The progress replaces the stored one whole: a time left from before a
+    restart is never shown beside a newer step."""
     status = btj.get("status") or {}
     if status.get("phase") != Phase.RUNNING.value or not belongs_to(pod, btj):
         return None
-    changes: dict[str, Any] = {}
+    change = StatusChange()
     if progress is not None and status.get("progress") != progress:
-        changes["progress"] = as_patch(dict(progress))
+        change.progress = JobProgress.model_validate(progress)
     if tokens_per_s is not None and not _close(status.get("measured") or {}, tokens_per_s, mfu):
-        measured: dict[str, Any] = {"tokensPerSecondPerGpu": round(tokens_per_s, 1), "observedAt": now}
+        measured = MeasuredThroughput(tokens_per_second_per_gpu=round(tokens_per_s, 1), observed_at=now)
         if mfu is not None:
-            measured["modelFlopsUtilization"] = round(mfu, 4)
-        changes["measured"] = measured
-    return changes or None
+            measured.model_flops_utilization = round(mfu, 4)
+        change.measured = measured
+    return change if change.model_fields_set else None
 
 
 class Measurer:
@@ -156,6 +158,7 @@ class Measurer:
                     namespace,
                     name,
                     lambda b: measured_changes(b, pod, rate, reading.mfu, now, progress),
+                    MEASURE_LOOP,
                 )
                 is not None
             )

@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from blackwell_operator.failures import (
-    describe,
+from blackwell_operator.handlers.api import ApiError, resource_path
+from blackwell_operator.handlers.btjstatus import CHILD_DELETED, write_status_logged
+from blackwell_operator.handlers.context import OperatorContext
+from blackwell_operator.handlers.events import post_event
+from blackwell_operator.lifecycle.failures import (
     failure_changes,
     failure_key,
     is_permanent,
@@ -14,13 +17,13 @@ from blackwell_operator.failures import (
     stopping_child,
     worker_failure,
 )
-from blackwell_operator.handlers.api import ApiError, resource_path
-from blackwell_operator.handlers.btjstatus import CHILD_DELETED, write_status_logged
-from blackwell_operator.handlers.context import OperatorContext
-from blackwell_operator.handlers.events import post_event
-from blackwell_operator.handlers.reconcile import CHILD_KINDS
+from blackwell_operator.lifecycle.message import describe
+from blackwell_operator.lifecycle.replan import REPLANNED_REASON, replacing_child
+from blackwell_operator.lifecycle.writers import POD_WATCHER
+from blackwell_operator.models.status import StatusChange
+from blackwell_operator.render.kinds import job_kind
 from blackwell_operator.render.labels import JOB_NAME_LABEL
-from blackwell_operator.replan import REPLANNED_REASON, replacing_child
+from blackwell_operator.timefmt import now_rfc3339
 
 WORKER_FAILED = "WorkerFailed"
 
@@ -44,13 +47,13 @@ def on_pod_event(ctx: OperatorContext, event_type: str | None, pod: Mapping[str,
         return
     posted: dict[str, Any] = {}
 
-    def update(btj: Mapping[str, Any]) -> dict[str, Any] | None:
-        changes, new = failure_changes(btj, pod, failure)
+    def update(btj: Mapping[str, Any]) -> StatusChange | None:
+        changes, new = failure_changes(btj, pod, failure, now=now_rfc3339())
         posted.update(event=new, btj=btj)
         return changes
 
     done, written = write_status_logged(
-        ctx, namespace, name, update, logger, purpose="record a worker failure"
+        ctx, namespace, name, update, POD_WATCHER, logger, purpose="record a worker failure"
     )
     if not done:
         return  # logged; the pod's next event tries again
@@ -76,7 +79,7 @@ def _stop_child(ctx: OperatorContext, btj: Mapping[str, Any], logger: Any) -> bo
     """
     status = btj.get("status") or {}
     child = status.get("child") or {}
-    kind = next((k for k in CHILD_KINDS.values() if k.kind == child.get("kind")), None)
+    kind = job_kind(child.get("kind"))
     if not stopping_child(status) or kind is None or not child.get("name"):
         return True
     path = resource_path(kind.api_version, kind.plural, btj["metadata"]["namespace"], child["name"])

@@ -12,76 +12,82 @@ from typing import Any, TypeVar
 import kopf
 
 from blackwell_operator.admission.job import Rejected, validate_body
-from blackwell_operator.backends import (
-    CONCRETE,
-    JOB_APIS,
-    JobApi,
-    backend_of_kind,
-    choose_backend,
-    none_served_message,
-    with_backend,
-)
 from blackwell_operator.calibration.cluster import Corrector, describe_correction, frozen
 from blackwell_operator.discovery.aws import AwsCapacity
 from blackwell_operator.discovery.capacity import Capacity
 from blackwell_operator.errors import SpecError
 from blackwell_operator.handlers import retrying
 from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
-from blackwell_operator.handlers.btjstatus import (
-    CHILD_DELETED,
-    btj_path,
-    deleted_child_uid,
-    is_finished,
-    write_status,
-)
+from blackwell_operator.handlers.btjstatus import btj_path, deleted_child_uid, write_status
 from blackwell_operator.handlers.cluster_calibration import read_cluster_calibration
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import adopt_children, create_event, post_event
-from blackwell_operator.handlers.finalizer import holds, release, with_finalizer
+from blackwell_operator.handlers.finalizer import release, with_finalizer
 from blackwell_operator.handlers.planning import plan_within
-from blackwell_operator.models.spec import Backend, BlackwellTrainingJobSpec
-from blackwell_operator.models.status import ConditionType, Phase
-from blackwell_operator.planner.provenance import plan_event, plan_verified_condition
-from blackwell_operator.render import render_children, trainjob
-from blackwell_operator.render.labels import RENDER_HASH_ANNOTATION
-from blackwell_operator.render.pod import plan_config_map_name, resources
-from blackwell_operator.replan import REPLANNED_REASON, correction_of, replacing_child
-from blackwell_operator.status import (
-    CHILD_PHASES,
-    TERMINAL_PHASES,
+from blackwell_operator.handlers.preflight import check_references
+from blackwell_operator.lifecycle.backends import (
+    CONCRETE,
+    backend_of_kind,
+    choose_backend,
+    none_served_message,
+    with_backend,
+)
+from blackwell_operator.lifecycle.child_apply import (
+    CannotChange,
+    Create,
+    Effects,
+    FinishedChildGone,
+    NameConflict,
+    PatchInPlace,
+    PreviousDeleting,
+    UpToDate,
+    Wanted,
+    conflict_message,
+    decide,
+    refusal,
+    resume_note,
+    still_deleting,
+    supporting_patch,
+)
+from blackwell_operator.lifecycle.child_record import owned_by
+from blackwell_operator.lifecycle.conditions import (
+    ConditionChange,
     ConditionStatus,
-    can_patch_in_place,
-    child_conditions,
-    child_message,
-    child_phase,
     get_condition,
-    merge_patch_to,
-    now_rfc3339,
-    plan_document,
     remove_condition,
     set_condition,
-    summary_message,
+    set_conditions,
 )
-from blackwell_trainer.config import ClusterCorrection, Plan
+from blackwell_operator.lifecycle.message import set_message, summary_message
+from blackwell_operator.lifecycle.patch import plan_document
+from blackwell_operator.lifecycle.phase import CHILD_PHASES, child_conditions, child_message
+from blackwell_operator.lifecycle.references import SERVICE_ACCOUNT_MISSING
+from blackwell_operator.lifecycle.replan import REPLANNED_REASON, correction_of
+from blackwell_operator.lifecycle.status_read import read_status
+from blackwell_operator.lifecycle.writers import RECONCILE
+from blackwell_operator.models.spec import Backend, BlackwellTrainingJobSpec
+from blackwell_operator.models.status import ChildReference, ConditionType, Phase, StatusChange
+from blackwell_operator.planner.provenance import plan_event, plan_verified_condition
+from blackwell_operator.render import render_children, trainjob
+from blackwell_operator.render.kinds import JOB_KINDS, SUPPORTING_KINDS, ChildKind
+from blackwell_operator.render.pod import plan_config_map_name, resources
+from blackwell_operator.timefmt import now_rfc3339
+from blackwell_operator.units import GIB
+from blackwell_trainer.config import Plan
 
-# Where each backend's job lives in the API (backends.JOB_APIS, under the name the handlers use).
-ChildKind = JobApi
-CHILD_KINDS: dict[Backend, ChildKind] = dict(JOB_APIS)
+# Where each backend's job lives in the API (render.kinds.JOB_KINDS, under the name the handlers use).
+CHILD_KINDS: dict[Backend, ChildKind] = JOB_KINDS
 # spec.backend auto and the cluster serves no job API: the condition reason, and when to look again.
 NO_JOB_API = "NoJobApi"
 NO_JOB_API_RETRY_S = 60.0
 # What the child references, created before it and patched with it: the plan ConfigMap, and for a TrainJob
 # its TrainingRuntime.
-SUPPORTING_PLURALS = {"ConfigMap": "configmaps", trainjob.RUNTIME_KIND: trainjob.RUNTIME_PLURAL}
+SUPPORTING_PLURALS = {kind: row.plural for kind, row in SUPPORTING_KINDS.items()}
 
 
 T = TypeVar("T")
 _LOG = logging.getLogger(__name__)
-# ChildCreated / SpecApplied reasons when the API server refuses a create or a patch of a child.
-CREATE_REFUSED = "CreateRefused"
-PATCH_REFUSED = "PatchRefused"
 DRY_RUN_MESSAGE = "spec.dryRun is true: planned only, nothing created."
-RETRY_INTERVAL_HINT = "BTJ_CHILD_RETRY_INTERVAL_S, 60 s by default"
 
 
 class ChildConflict(Exception):
@@ -94,19 +100,13 @@ class Result:
 
     plan: Plan | None = None
     phase: Phase | None = None  # set for operator-decided phases (Invalid, Planned, Failed on conflict)
-    conditions: list[tuple[str, ConditionStatus, str, str]] = field(default_factory=list)
+    conditions: list[ConditionChange] = field(default_factory=list)
     child: dict[str, Any] | None = None  # the child object as last seen
     child_kind: ChildKind | None = None
     config_map: str | None = None
     write_plan: bool = True
     message: str = ""
     backend: Backend | None = None  # the concrete backend (spec.backend, or what auto chose)
-
-
-def owned_by(obj: Mapping[str, Any], owner_uid: str) -> bool:
-    """Whether `obj` carries an ownerReference to `owner_uid`."""
-    refs = obj.get("metadata", {}).get("ownerReferences") or []
-    return any(ref.get("uid") == owner_uid for ref in refs)
 
 
 def supporting_of(namespace: str, btj_name: str, child_kind: str) -> list[tuple[str, str, str]]:
@@ -309,8 +309,8 @@ class Reconciler:
         generation = int(meta.get("generation") or 1)
         try:
             spec = parse_spec(body)
-            # What out-of-memory runs of this spec taught (status.memoryCorrection, replan.py): also after
-            # an operator restart, the plan is the corrected one that runs.
+            # What out-of-memory runs of this spec taught (status.memoryCorrection, lifecycle/replan.py):
+            # also after an operator restart, the plan is the corrected one that runs.
             correction = correction_of(body)
             cluster = self._cluster_corrector(body, spec, generation)
             plan = plan_within(spec, name, correction=correction, cluster=cluster)
@@ -376,6 +376,25 @@ class Reconciler:
         # a finished job deleted while the operator is down (ttlSecondsAfterFinished: 0) is then still
         # seen finished, and never run again.
         with_finalizer(job)
+        # What the pods name must exist before anything is made (handlers/preflight.py): a missing
+        # ServiceAccount holds the create, and the resync loop looks again; a missing pull Secret warns.
+        job_path = resource_path(kind.api_version, kind.plural, namespace, job["metadata"]["name"])
+        preflight = check_references(self.api, body, spec, job_path, logger)
+        result.conditions.extend(preflight.conditions)
+        for type_, cond_status, reason, message in preflight.conditions:
+            if cond_status == "False":
+                self._event_once(body, type_, reason, message)
+        if preflight.blocked is not None:
+            result.phase, result.message = (
+                Phase.PENDING,
+                f"Waiting for its ServiceAccount: {preflight.blocked}",
+            )
+            result.conditions.append(
+                (ConditionType.CHILD_CREATED, "False", SERVICE_ACCOUNT_MISSING, preflight.blocked)
+            )
+            self._write(body, result, generation)
+            self._event_once(body, ConditionType.CHILD_CREATED, SERVICE_ACCOUNT_MISSING, preflight.blocked)
+            return
         result.config_map = config_map["metadata"]["name"]
         try:
             self._apply(body, body, spec, kind, [config_map, *supporting], job, result)
@@ -408,10 +427,10 @@ class Reconciler:
         was planned before (a resync or a re-created child never re-plans a running job differently), else
         the operator's cluster calibration now."""
         status = body.get("status") or {}
-        stored = status.get("plan")
-        if stored and status.get("observedGeneration") == generation:
-            found = stored.get("clusterCorrection")
-            return frozen(ClusterCorrection.model_validate(found) if found else None)
+        # An unreadable stored plan (lifecycle/status_read.py) is planned anew, with the calibration now.
+        stored = read_status(status).status.plan
+        if stored is not None and status.get("observedGeneration") == generation:
+            return frozen(stored.cluster_correction)
         calibration = read_cluster_calibration(self.ctx, self._logger or _LOG)
         return calibration.corrector(spec.cluster.instance_type) if calibration else None
 
@@ -491,15 +510,8 @@ class Reconciler:
             raise self._refusal(exc) from exc
 
     def _refusal(self, exc: ApiError) -> ChildRefused:
-        what, creating = exc.action or "a call", exc.creating
-        text = (
-            f"the API server refused {what}: {exc}. Fix the cause (an admission webhook, RBAC, a quota) "
-            f"or the spec; the operator tries again with backoff (at most every "
-            f"{RETRY_INTERVAL_HINT})"
-        )
-        if creating:
-            return ChildRefused(text, condition=ConditionType.CHILD_CREATED, reason=CREATE_REFUSED)
-        return ChildRefused(text, condition=ConditionType.SPEC_APPLIED, reason=PATCH_REFUSED)
+        condition, _, reason, message = refusal(exc.action or "a call", exc.creating, str(exc))
+        return ChildRefused(message, condition=condition, reason=reason)
 
     def _apply_children(
         self,
@@ -511,26 +523,14 @@ class Reconciler:
         job: dict[str, Any],
         result: Result,
     ) -> None:
-        config_map = supporting[0]
+        """Read the child (and, when it is gone, the BTJ again), decide (lifecycle/child_apply.py), make the
+        outcome's calls and record its effects in `result`."""
         meta = body["metadata"]
         namespace, uid = meta["namespace"], meta["uid"]
         job_name = job["metadata"]["name"]
         job_path = resource_path(kind.api_version, kind.plural, namespace, job_name)
         existing = _named(lambda: self.api.get(job_path), f"the read of {kind.kind} {job_name}")
-        if existing is not None and not owned_by(existing, uid):
-            raise ChildConflict(
-                f"a {kind.kind} named {job_name} exists and is not owned by this "
-                "BlackwellTrainingJob. Fix: delete it, or rename the BlackwellTrainingJob"
-            )
         status = current.get("status") or {}
-        if existing is not None and existing["metadata"].get("deletionTimestamp"):
-            # The previous child is going (a hand deletion, a TTL): its final status is being recorded
-            # (handlers/children.py), and a new one can take the name only once it is gone. When the BTJ
-            # says so already, the watcher's release went missing: release it here.
-            recorded = deleted_child_uid(status) == existing["metadata"].get("uid") or is_finished(status)
-            if recorded and holds(existing):
-                release(self.api, existing, kind.plural, self._logger or _LOG)
-            raise ApiError(409, "Conflict", f"the previous {kind.kind} {job_name} is still being deleted")
         if existing is None:
             # Read the BTJ again, after the child: a watcher that recorded the child's end (finished, a
             # permanent error) did so before it let the child go, so this read sees that record.
@@ -539,120 +539,59 @@ class Reconciler:
             if fresh_meta.get("uid") != uid or fresh_meta.get("deletionTimestamp"):
                 raise ApiError(409, "Conflict", "the BlackwellTrainingJob changed while it was reconciled")
             status = fresh.get("status") or {}
-        previous = (status.get("child") or {}).get("uid")
-        if existing is None and previous and is_finished(status) and not self._new_spec(body, status):
-            # The finished job's child is gone (deleted by hand, or by a TTL): running it again would
-            # repeat finished training. Only a spec change does that.
-            self._drop_supporting(supporting, uid)  # left by a crash between a create and the next
-            result.conditions.append(
-                (
-                    ConditionType.CHILD_CREATED,
-                    "False",
-                    CHILD_DELETED,
-                    f"{kind.kind} {job_name} was deleted; the job had finished, so it is not re-created.",
-                )
-            )
-            return
-        if existing is None:
-            created, existing = self._create_together(kind, job, supporting, uid)
-            result.child = existing
-            result.conditions.append(
-                (
-                    ConditionType.CHILD_CREATED,
-                    "True",
-                    "Created" if created else "Exists",
-                    f"{kind.kind} {job_name} and ConfigMap {config_map['metadata']['name']}",
-                )
-            )
-            result.conditions.append(
-                (ConditionType.SPEC_APPLIED, "True", "Applied", "The child matches the spec.")
-            )
-            if created and previous and previous != existing["metadata"].get("uid"):
-                # A child was recorded and is gone (deleted while the job ran, or while the operator was
-                # down): this is a re-creation, from the current spec, and the trainer resumes from the
-                # checkpoint folder.
-                self.ctx.metrics.children_recreated.inc()
-                why = "the previous one was deleted before the job finished"
-                if replacing_child(status):
-                    why = "the previous one ran out of GPU memory; re-planned: " + (
-                        plan_summary(result.plan) if result.plan else ""
+        wanted = Wanted(
+            kind=kind,
+            job=job,
+            config_map=supporting[0]["metadata"]["name"],
+            owner_uid=uid,
+            generation=int(meta.get("generation") or 1),
+            plan_summary=plan_summary(result.plan) if result.plan else "",
+            resume_note=resume_note(spec.training.checkpoint.path),
+        )
+        outcome = decide(wanted, existing, status)
+        match outcome:
+            case NameConflict():
+                raise ChildConflict(outcome.message)
+            case PreviousDeleting():
+                if outcome.release and existing is not None:
+                    release(self.api, existing, kind.plural, self._logger or _LOG)
+                raise ApiError(409, "Conflict", outcome.message)
+            case FinishedChildGone():
+                self._drop_supporting(supporting, uid)
+                self._record(body, outcome.effects, result)
+            case Create():
+                created, child = self._create_together(kind, job, supporting, uid)
+                result.child = child
+                self._record(body, outcome.made(created, child["metadata"].get("uid")), result)
+            case UpToDate() | PatchInPlace() | CannotChange():
+                assert existing is not None  # a Found outcome is decided from the child read
+                result.child = existing
+                result.conditions.append(outcome.found)
+                if outcome.hold:
+                    result.child = self._hold(job_path, existing)
+                if isinstance(outcome, UpToDate | PatchInPlace):
+                    self._ensure_supporting(supporting, uid)
+                if isinstance(outcome, PatchInPlace):
+                    patch = outcome.patch
+                    result.child = _named(
+                        lambda: self.api.patch(job_path, patch),
+                        f"the patch of {kind.kind} {job_name}",
+                        create=False,
                     )
-                self._event(
-                    body,
-                    reason="ChildRecreated",
-                    message=f"Re-created {kind.kind} {job_name} ({why}) from the current spec, generation "
-                    f"{meta.get('generation') or 1}; {resume_note(spec)}",
-                )
-            elif created:
-                self._event(
-                    body,
-                    reason="Created",
-                    message=f"Created {kind.kind} {job_name}: "
-                    f"{plan_summary(result.plan) if result.plan else ''}",
-                )
-            return
+                self._record(body, outcome.effects, result)
 
-        result.child = existing
-        result.conditions.append(
-            (
-                ConditionType.CHILD_CREATED,
-                "True",
-                "Exists",
-                f"{kind.kind} {job_name} and ConfigMap {config_map['metadata']['name']}",
-            )
-        )
-        if not holds(existing):  # made by an operator version without it, or by hand
-            existing = result.child = self._hold(job_path, existing)
-        if render_hash(existing) == render_hash(job):
-            # Cheap (one GET), and after a crash or a hand deletion the job may be there without it.
-            self._ensure_supporting(supporting, uid)
-            result.conditions.append(
-                (ConditionType.SPEC_APPLIED, "True", "Applied", "The child matches the spec.")
-            )
-            return
-        status = existing.get("status") or {}
-        if can_patch_in_place(status) and not immutable_change(kind, existing, job):
-            self._ensure_supporting(supporting, uid)
-            patch: dict[str, Any] = {
-                "metadata": {
-                    "labels": job["metadata"].get("labels"),
-                    "annotations": job["metadata"].get("annotations"),
-                },
-            }
-            if kind.kind != trainjob.KIND:  # a TrainJob's spec is immutable; its runtime was patched
-                patch["spec"] = job["spec"]
-            result.child = _named(
-                lambda: self.api.patch(job_path, patch), f"the patch of {kind.kind} {job_name}", create=False
-            )
-            result.conditions.append(
-                (
-                    ConditionType.SPEC_APPLIED,
-                    "True",
-                    "Patched",
-                    "The job had not started; it was updated in place.",
-                )
-            )
-            self._event(
-                body,
-                reason="Updated",
-                message=f"Updated {kind.kind} {job_name} to the new plan (it had not started)",
-            )
-            return
-        phase = child_phase(status)
-        if phase in TERMINAL_PHASES:
-            reason = "JobFinished"
-        elif can_patch_in_place(status):
-            reason = "TrainJobImmutable"  # not started, but its node or process count changed
-        else:
-            reason = "RunningJobImmutable"
-        message = (
-            f"{kind.kind} {job_name} is {phase.value}; its shape cannot change in place. "
-            "Fix: delete and re-create the BlackwellTrainingJob (it resumes from its checkpoint) to "
-            "apply this spec"
-        )
-        result.conditions.append((ConditionType.SPEC_APPLIED, "False", reason, message))
-        result.write_plan = False  # status.plan keeps describing what actually runs
-        self._event_once(body, ConditionType.SPEC_APPLIED, reason, message)
+    def _record(self, body: Mapping[str, Any], effects: Effects, result: Result) -> None:
+        """An outcome's effects, once its calls went through: its conditions into `result`, its Events."""
+        result.conditions.extend(effects.conditions)
+        if not effects.write_plan:
+            result.write_plan = False
+        if effects.recreated:
+            self.ctx.metrics.children_recreated.inc()
+        for notice in effects.events:
+            if notice.once is None:
+                self._event(body, notice.reason, notice.message, warning=notice.warning)
+            else:
+                self._event_once(body, notice.once, notice.reason, notice.message, warning=notice.warning)
 
     def _hold(self, job_path: str, job: Mapping[str, Any]) -> dict[str, Any]:
         """Add the final-status finalizer to an existing job (guarded by its resourceVersion)."""
@@ -664,19 +603,6 @@ class Reconciler:
             f"the finalizer patch of {job.get('kind')} {meta['name']}",
             create=False,
         )
-
-    @staticmethod
-    def _new_spec(body: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
-        """Whether the spec changed since the recorded child was made (a finished job may then run anew).
-
-        The generation reconcile last wrote, else the one the child watcher stamped on ChildCreated when it
-        recorded the child before reconcile wrote anything (a job that finished within its first pass).
-        Without either nothing says the spec changed: a finished job is not run again on a guess.
-        """
-        seen = status.get("observedGeneration") or (
-            get_condition(status.get("conditions"), ConditionType.CHILD_CREATED) or {}
-        ).get("observedGeneration")
-        return seen is not None and int(body["metadata"].get("generation") or 1) != seen
 
     def _create_together(
         self, kind: ChildKind, job: dict[str, Any], supporting: list[dict[str, Any]], owner_uid: str
@@ -723,14 +649,9 @@ class Reconciler:
             if existing is None:  # deleted in between: the retry creates it
                 raise ApiError(409, "Conflict", f"{kind} {meta['name']} vanished")
         if not owned_by(existing, owner_uid):
-            raise ChildConflict(
-                f"a {kind} named {meta['name']} exists and is not owned by "
-                "this BlackwellTrainingJob. Fix: delete it, or rename the BlackwellTrainingJob"
-            )
-        if render_hash(existing) != render_hash(obj):
-            fields = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
-            labels = {"labels": meta.get("labels"), "annotations": meta.get("annotations")}
-            patch = {"metadata": labels, **fields}
+            raise ChildConflict(conflict_message(kind, meta["name"]))
+        patch = supporting_patch(existing, obj)
+        if patch is not None:
             _named(lambda: self.api.patch(path, patch), f"the patch of {kind} {meta['name']}", create=False)
 
     def _create_or_get(
@@ -751,12 +672,9 @@ class Reconciler:
         if existing is None:
             raise ApiError(409, "Conflict", f"{kind.kind} {name} vanished after a conflict")
         if not owned_by(existing, owner_uid):
-            raise ChildConflict(
-                f"a {kind.kind} named {name} exists and is not owned by this "
-                "BlackwellTrainingJob. Fix: delete it, or rename the BlackwellTrainingJob"
-            )
+            raise ChildConflict(conflict_message(kind.kind, name))
         if existing["metadata"].get("deletionTimestamp"):
-            raise ApiError(409, "Conflict", f"the previous {kind.kind} {name} is still being deleted")
+            raise ApiError(409, "Conflict", still_deleting(kind.kind, name))
         return False, existing
 
     # ----- capacity -----
@@ -774,11 +692,11 @@ class Reconciler:
     # ----- status -----
 
     def _report_invalid(self, body: Mapping[str, Any], exc: SpecError, generation: int) -> None:
-        def update(current: Mapping[str, Any]) -> dict[str, Any]:
+        def update(current: Mapping[str, Any]) -> StatusChange:
             status = dict(current.get("status") or {})
             now = now_rfc3339()
             conds = set_condition(
-                status.get("conditions") or [],
+                read_status(status).status.conditions,
                 ConditionType.PLANNED,
                 "False",
                 exc.reason,
@@ -787,7 +705,7 @@ class Reconciler:
                 now=now,
             )
             has_child = bool((status.get("child") or {}).get("uid")) and status.get("phase") in CHILD_PHASES
-            changes: dict[str, Any] = {"observedGeneration": generation}
+            change = StatusChange(observed_generation=generation)
             if has_child:  # the running job is untouched; say why the new spec is not applied
                 conds = set_condition(
                     conds,
@@ -800,75 +718,66 @@ class Reconciler:
                 )
             else:
                 conds = remove_condition(conds, ConditionType.PLAN_VERIFIED)  # no plan: nothing to verify
-                changes.update(
-                    phase=Phase.INVALID.value,
-                    message=exc.message,
-                    plan=None,
-                    precision=None,
-                    microBatchSize=None,
-                    activationCheckpointing=None,
-                )
-            changes["conditions"] = conds
-            return changes
+                change.phase = Phase.INVALID
+                set_message(change, exc.message, change.phase)
+                change.plan = change.precision = change.micro_batch_size = None
+                change.activation_checkpointing = None
+            change.conditions = conds
+            return change
 
-        write_status(self.api, body["metadata"]["namespace"], body["metadata"]["name"], update, self._logger)
+        meta = body["metadata"]
+        write_status(self.api, meta["namespace"], meta["name"], update, RECONCILE, self._logger)
         self._event_once(body, ConditionType.PLANNED, exc.reason, exc.message)
 
     def _write(self, body: Mapping[str, Any], result: Result, generation: int) -> None:
         meta = body["metadata"]
 
-        def update(current: Mapping[str, Any]) -> dict[str, Any]:
+        def update(current: Mapping[str, Any]) -> StatusChange:
             status = dict(current.get("status") or {})
             now = now_rfc3339()
-            conds: list[dict[str, Any]] = list(status.get("conditions") or [])
             # The child watcher saw the very child this pass found or created deleted, after this pass saw it
             # (a race with a hand deletion): keep its report, so that recreate-child brings the child back.
             result_uid = (result.child or {}).get("metadata", {}).get("uid")
             known_gone = result_uid is not None and deleted_child_uid(status) == result_uid
-            for type_, cond_status, reason, message in result.conditions:
-                if known_gone and type_ == ConditionType.CHILD_CREATED:
-                    continue
-                conds = set_condition(
-                    conds,
-                    type_,
-                    cond_status,
-                    reason,
-                    message,  # type: ignore[arg-type]
-                    generation=generation,
-                    now=now,
-                )
-            changes: dict[str, Any] = {"observedGeneration": generation}
+            conds = set_conditions(
+                read_status(status).status.conditions,
+                (
+                    cond
+                    for cond in result.conditions
+                    if not (known_gone and cond[0] == ConditionType.CHILD_CREATED)
+                ),
+                generation=generation,
+                now=now,
+            )
+            change = StatusChange(observed_generation=generation)
             if result.backend is not None and status.get("backend") != result.backend.value:
-                changes["backend"] = result.backend.value
+                change.backend = result.backend.value
             if result.plan is not None and (result.write_plan or not status.get("plan")):
                 plan = result.plan
-                document = plan_document(plan.to_json())
-                if status.get("plan") != document:
-                    changes["plan"] = merge_patch_to(status.get("plan"), document)
-                changes.update(
-                    precision=plan.chosen.precision.value,
-                    microBatchSize=plan.chosen.micro_batch_size,
-                    activationCheckpointing=plan.chosen.activation_checkpointing.value,
-                )
+                if status.get("plan") != plan_document(plan.to_json()):
+                    change.plan = plan  # written as the merge patch from the stored one
+                change.precision = plan.chosen.precision.value
+                change.micro_batch_size = plan.chosen.micro_batch_size
+                change.activation_checkpointing = plan.chosen.activation_checkpointing.value
             if result.phase is not None:
-                changes["phase"] = result.phase.value
-                changes["message"] = result.message
+                change.phase = result.phase
+                set_message(change, result.message, change.phase)  # no worker failure: its own phases
             if result.child is not None and result.child_kind is not None:
                 child_meta = result.child["metadata"]
                 child_uid = child_meta.get("uid")
-                changes["child"] = {
-                    "apiVersion": result.child_kind.api_version,
-                    "kind": result.child_kind.kind,
-                    "name": child_meta["name"],
-                    "uid": child_uid,
-                    "configMap": result.config_map,
-                }
+                change.child = ChildReference(
+                    api_version=result.child_kind.api_version,
+                    kind=result.child_kind.kind,
+                    name=child_meta["name"],
+                    uid=child_uid,
+                    config_map=result.config_map,
+                )
                 recorded_uid = (status.get("child") or {}).get("uid")
                 same_child = recorded_uid == child_uid
                 if recorded_uid and not same_child and status.get("lastFailure"):
                     # A new child (a spec change after a failure, a re-create): the previous child's worker
                     # failure would read as this one's in the message and the Event trail.
-                    changes["lastFailure"] = None
+                    change.last_failure = None
                 if not (same_child and status.get("phase") in CHILD_PHASES):
                     # First sight of this child: derive phase from it. Afterwards the child watcher owns
                     # phase and the child conditions (it sees every change; this pass may hold an older copy).
@@ -881,39 +790,19 @@ class Reconciler:
                         queue_name=spec.get("queueName"),
                         child_kind=result.child_kind.kind,
                     )
-                    changes["phase"] = phase.value
-                    changes["message"] = summary_message(
+                    headline = summary_message(
                         phase,
                         result.child_kind.kind,
                         child_meta["name"],
                         child_message(result.child.get("status")),
                     )
-            changes["conditions"] = conds
-            return changes
+                    change.phase = phase
+                    # First sight: the message is the child's alone (its lastFailure is the child watcher's).
+                    set_message(change, headline, phase)
+            change.conditions = conds
+            return change
 
-        write_status(self.api, meta["namespace"], meta["name"], update, self._logger)
-
-
-def resume_note(spec: BlackwellTrainingJobSpec) -> str:
-    """Where the re-created job's training continues from."""
-    path = spec.training.checkpoint.path
-    if path:
-        return f"training resumes from its last checkpoint in {path}"
-    return "spec.training.checkpoint.path is not set, so training starts again from step 0"
-
-
-def immutable_change(kind: ChildKind, existing: Mapping[str, Any], job: Mapping[str, Any]) -> bool:
-    """Whether the new render changes a field of the child the API server never lets change (a TrainJob's
-    runtimeRef and trainer: node and process counts)."""
-    if kind.kind != trainjob.KIND:
-        return False
-    old, new = existing.get("spec") or {}, job.get("spec") or {}
-    return any(old.get(key) != new.get(key) for key in ("runtimeRef", "trainer"))
-
-
-def render_hash(obj: Mapping[str, Any]) -> str | None:
-    """The render hash annotation the renderer stamps on every child."""
-    return (obj.get("metadata", {}).get("annotations") or {}).get(RENDER_HASH_ANNOTATION)
+        write_status(self.api, meta["namespace"], meta["name"], update, RECONCILE, self._logger)
 
 
 def plan_summary(plan: Plan) -> str:
@@ -925,7 +814,7 @@ def plan_summary(plan: Plan) -> str:
         f"{chosen.sharding.value} sharding; predicted "
         f"{predicted.tokens_per_second_per_gpu:,.0f} tokens/s/GPU, "
         f"MFU {predicted.model_flops_utilization:.0%} of BF16 dense peak, "
-        f"peak {predicted.memory.peak_reserved / 2**30:.1f} GiB/GPU"
+        f"peak {predicted.memory.peak_reserved / GIB:.1f} GiB/GPU"
         + (f"; {describe_correction(plan.cluster_correction)}" if plan.cluster_correction else "")
     )
 

@@ -20,14 +20,17 @@ from typing import Any
 from blackwell_operator.handlers.btjstatus import btj_path, wants_child_back
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.periodic import every
-from blackwell_operator.handlers.reconcile import CREATE_REFUSED, NO_JOB_API, PATCH_REFUSED, Reconciler
+from blackwell_operator.handlers.reconcile import NO_JOB_API, Reconciler
+from blackwell_operator.lifecycle.child_apply import CREATE_REFUSED, PATCH_REFUSED
+from blackwell_operator.lifecycle.conditions import get_condition
+from blackwell_operator.lifecycle.references import SERVICE_ACCOUNT_MISSING
 from blackwell_operator.models.status import ConditionType, Phase
 from blackwell_operator.settings import operator_environment
-from blackwell_operator.status import get_condition
 
 FIRST_BACKOFF_S = 1.0
-# The ChildCreated / SpecApplied reasons that mean "not there yet, try again".
-_RETRY_REASONS = frozenset({CREATE_REFUSED, PATCH_REFUSED, NO_JOB_API})
+# The ChildCreated / SpecApplied reasons that mean "not there yet, try again" (no watch on ServiceAccounts:
+# the loop looks for a missing one with its backoff).
+_RETRY_REASONS = frozenset({CREATE_REFUSED, PATCH_REFUSED, NO_JOB_API, SERVICE_ACCOUNT_MISSING})
 
 
 def needs_reconcile(btj: Mapping[str, Any]) -> str | None:

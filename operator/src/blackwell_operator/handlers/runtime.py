@@ -9,7 +9,6 @@ from typing import Any
 import kopf
 from aiohttp import web
 
-from blackwell_operator.backends import JOB_RESOURCES
 from blackwell_operator.discovery.apis import ServedJobApis
 from blackwell_operator.discovery.aws import HyperPodCapacityReader, boto3_client_factory
 from blackwell_operator.discovery.capacity import NodeCapacityReader
@@ -17,12 +16,12 @@ from blackwell_operator.handlers.api import KubeApi, load_api_client, resource_p
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.measure import measure_forever, measure_interval
 from blackwell_operator.handlers.resync import resync_forever, resync_interval
-from blackwell_operator.handlers.stuck import sweep_forever
+from blackwell_operator.handlers.stuck import stuck_pod_timeout, sweep_forever
+from blackwell_operator.lifecycle.backends import JOB_RESOURCES
 from blackwell_operator.metrics import METRICS_PORT, OperatorMetrics
 from blackwell_operator.models.spec import DEFAULT_IMAGE
 from blackwell_operator.render.labels import JOB_NAME_LABEL, MANAGED_BY_LABEL, MANAGER
 from blackwell_operator.settings import env_name, operator_environment
-from blackwell_operator.stuck_pods import stuck_pod_timeout
 
 TRAINER_POD_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGER},{JOB_NAME_LABEL}"
 # The trainer image for BTJs that name no spec.image; the chart sets it from its trainerImage value.

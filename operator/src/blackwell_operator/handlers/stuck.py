@@ -17,10 +17,18 @@ from blackwell_operator.handlers.btjstatus import btj_path
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import create_event
 from blackwell_operator.handlers.periodic import every
+from blackwell_operator.lifecycle.stuck_pods import StuckPod, stuck_pods, terminating_overdue
 from blackwell_operator.render.labels import JOB_NAME_LABEL
-from blackwell_operator.stuck_pods import StuckPod, stuck_pods, terminating_overdue
+from blackwell_operator.settings import env_name, operator_environment
 
 STUCK_POD_RELEASED = "StuckPodReleased"
+TIMEOUT_ENV = env_name("stuck_pod_timeout_s")
+
+
+def stuck_pod_timeout() -> float | None:
+    """Seconds past a pod's deletion deadline before it is force-deleted (`BTJ_STUCK_POD_TIMEOUT_S`,
+    default 300); None when set to 0 (off)."""
+    return operator_environment().stuck_pod_timeout_s or None
 
 
 def release_stuck_pods(ctx: OperatorContext, timeout_s: float, logger: Any, now: float | None = None) -> int:

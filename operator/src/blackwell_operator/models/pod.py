@@ -9,6 +9,7 @@ from pydantic import AfterValidator, Field
 from pydantic.config import JsonDict
 from pydantic_core import PydanticCustomError
 
+from blackwell_operator.units import KIB
 from blackwell_trainer.config import WireModel
 
 DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -33,7 +34,7 @@ MAX_PULL_SECRETS = 16
 # own two annotations, so a spec the CRD admits never becomes a child the API server refuses.
 MAX_POD_ANNOTATIONS = 24
 MAX_ANNOTATION_VALUE = 8192
-TOTAL_ANNOTATION_LIMIT = 256 * 1024
+TOTAL_ANNOTATION_LIMIT = 256 * KIB
 
 # Keys the operator sets on every trainer pod itself: its job-name label selects the pods (the
 # anti-affinity rule, the operator's pod watch) and the app.kubernetes.io ones mark them as the

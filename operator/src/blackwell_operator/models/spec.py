@@ -21,6 +21,7 @@ from blackwell_operator.models.pod import (
     distinct_secrets,
     key_problem,
 )
+from blackwell_operator.nodelabels import HYPERPOD_CLOSEST_TOPOLOGY
 from blackwell_trainer.config import (
     ActivationCheckpointing,
     Architecture,
@@ -61,7 +62,7 @@ class Backend(StrEnum):
     PYTORCH_JOB = "PyTorchJob"
     HYPERPOD_PYTORCH_JOB = "HyperPodPyTorchJob"
     TRAIN_JOB = "TrainJob"
-    # The operator picks the first of these the cluster serves (blackwell_operator/backends.py).
+    # The operator picks the first of these the cluster serves (lifecycle/backends.py).
     AUTO = "auto"
 
 
@@ -93,8 +94,6 @@ class ModelSpec(WireModel):
         return self
 
 
-# The closest of the EC2 network-topology levels HyperPod labels its nodes with (docs/backends.md).
-HYPERPOD_CLOSEST_TOPOLOGY = "topology.k8s.aws/network-node-layer-3"
 TOPOLOGY_NEEDS_QUEUE = (
     "spec.cluster.topology needs spec.queueName: Kueue's topology-aware scheduling places only the jobs it "
     "queues. Fix: set spec.queueName to the namespace's LocalQueue, or remove spec.cluster.topology"

@@ -37,6 +37,8 @@ class ConditionType(StrEnum):
     FAILED = "Failed"
     SPEC_APPLIED = "SpecApplied"
     KUEUE_MANAGED = "KueueManaged"  # only while spec.queueName is set
+    # Only with BTJ_CHECK_IMAGE_PULL_SECRETS (reading Secrets is opt-in: lifecycle/references.py).
+    IMAGE_PULL_SECRETS_FOUND = "ImagePullSecretsFound"
 
 
 class Condition(WireModel):
@@ -150,6 +152,11 @@ class BlackwellTrainingJobStatus(WireModel):
     phase: Phase | None = Field(default=None, description="Lifecycle phase.")
     observed_generation: int | None = Field(default=None, description="Last generation fully reconciled.")
     message: str | None = Field(default=None, description="One-line summary of the current state.")
+    headline: str | None = Field(
+        default=None,
+        description="status.message without the latest worker failure the operator folds into it while the "
+        "job restarts or has failed (what the phase's writer said).",
+    )
     conditions: list[Condition] = Field(default_factory=list, description="metav1.Conditions.")
     plan: Plan | None = Field(default=None, description="The resolved plan.")
     child: ChildReference | None = Field(default=None, description="The child job.")
@@ -176,3 +183,29 @@ class BlackwellTrainingJobStatus(WireModel):
     precision: str | None = Field(default=None, description="Chosen precision (printer column).")
     micro_batch_size: int | None = Field(default=None, description="Chosen micro-batch (printer column).")
     activation_checkpointing: str | None = Field(default=None, description="Chosen AC mode (printer column).")
+
+
+class StatusChange(WireModel):
+    """What one writer changes in a BTJ's status: a field left unset leaves its key alone, an explicit None
+    deletes the key, anything else replaces it (lifecycle/status_patch.py turns it into the merge patch).
+
+    Every field of BlackwellTrainingJobStatus, all optional; `conditions` is the whole list after the
+    writer's upserts (the API server replaces lists in a merge patch).
+    """
+
+    phase: Phase | None = None
+    observed_generation: int | None = None
+    message: str | None = None
+    headline: str | None = None
+    conditions: list[Condition] | None = None
+    plan: Plan | None = None
+    child: ChildReference | None = None
+    backend: str | None = None
+    measured: MeasuredThroughput | None = None
+    progress: JobProgress | None = None
+    last_failure: WorkerFailure | None = None
+    memory_correction: MemoryCorrection | None = None
+    plan_history: list[PlanChange] | None = Field(default=None, max_length=PLAN_HISTORY_LIMIT)
+    precision: str | None = None
+    micro_batch_size: int | None = None
+    activation_checkpointing: str | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from blackwell_operator.calibration import Calibration
 from blackwell_operator.models.status import MemoryCorrection
+from blackwell_operator.units import GIB
 from blackwell_trainer.config import Candidate, OomPhase, OomResult, Plan
 
 # The correction covers the measured overshoot and this much more: the measurement is a lower bound (the
@@ -31,7 +32,6 @@ ACTIVATION_CONSTANTS = (
     "loss_bytes_per_logit",
     "chunked_loss_bytes_per_logit",
 )
-GIB = 2**30
 
 
 def overshoot_bytes(result: OomResult, failed: Plan) -> int:

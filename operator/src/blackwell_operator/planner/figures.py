@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from blackwell_operator.catalogs import GIB
+from blackwell_operator.units import GIB
 
 _STEP = 10  # tenths of a GiB
 

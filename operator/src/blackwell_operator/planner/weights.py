@@ -32,6 +32,7 @@ from blackwell_operator.errors import PlanningError, SpecError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner.layout import Hardware
 from blackwell_operator.planner.storage import NODE_LOCAL, WEIGHTS_FIELD, on
+from blackwell_operator.units import GB
 from blackwell_trainer.config import (
     DEFAULT_EXPORT_DTYPE,
     EXPORT_DTYPE_BYTES,
@@ -49,7 +50,6 @@ VOLUME_BYTES_PER_SECOND = 1.2 * 250e6
 ESTIMATED_BYTES_PER_PARAMETER = 2
 # The trainer's S3 shard cache keeps this share of the node's NVMe free (data.DEFAULT_CACHE_KEEP_FREE).
 CACHE_KEEP_FREE_FRACTION = 0.10
-GB = 1e9
 
 
 @dataclass(frozen=True)

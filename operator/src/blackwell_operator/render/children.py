@@ -69,7 +69,9 @@ def render_children(
     handler adopts the children (kopf.adopt) before sending them.
     """
     if spec.backend == Backend.AUTO:
-        raise ValueError("resolve spec.backend auto to a job kind first (blackwell_operator.backends)")
+        raise ValueError(
+            "resolve spec.backend auto to a job kind first (blackwell_operator.lifecycle.backends)"
+        )
     if spec.image is None:
         spec = spec.model_copy(update={"image": default_image})
     common = child_labels(name, labels)

@@ -11,6 +11,7 @@ from blackwell_trainer.config import Plan
 
 API_VERSION = "sagemaker.amazonaws.com/v1"
 KIND = "HyperPodPyTorchJob"
+PLURAL = "hyperpodpytorchjobs"
 REPLICA_NAME = "pods"
 # hyperpodrun's elastic agent talks to the HyperPod operator on this port (the AWS sample exposes it).
 AGENT_PORT = {"name": "hyperpod-agent", "containerPort": 8080, "protocol": "TCP"}

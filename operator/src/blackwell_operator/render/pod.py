@@ -11,6 +11,14 @@ from blackwell_operator.models.spec import (
     Toleration,
     Volume,
 )
+from blackwell_operator.nodelabels import (
+    DEEP_HEALTH_LABEL,
+    DEEP_HEALTH_PASSED,
+    HOSTNAME_TOPOLOGY,
+    INSTANCE_TYPE_LABEL,
+    NODE_HEALTH_LABEL,
+    SCHEDULABLE,
+)
 from blackwell_operator.render.environment import LOCAL_DIR, PLAN_DIR, container_env
 from blackwell_operator.render.hardware import HUGEPAGES_2MI, efa_interfaces, memory_request
 from blackwell_operator.render.labels import JOB_NAME_LABEL, PLAN_HASH_ANNOTATION, topology_annotations
@@ -23,11 +31,6 @@ TRAINER_CONTAINER_NAMES = frozenset({CONTAINER_NAME, TRAINJOB_CONTAINER_NAME})
 METRICS_PORT_NAME = "metrics"
 GPU_RESOURCE = "nvidia.com/gpu"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
-
-INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
-NODE_HEALTH_LABEL = "sagemaker.amazonaws.com/node-health-status"
-DEEP_HEALTH_LABEL = "sagemaker.amazonaws.com/deep-health-check-status"
-HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
 
 # HyperPod EKS instance store (ADT examples, docs/reference/hyperpod-pytorchjob.md §2.5)
 LOCAL_NVME_HOST_PATH = "/mnt/k8s-disks/0"
@@ -57,7 +60,7 @@ def affinity(name: str) -> dict[str, Any]:
                     "weight": 100,
                     "preference": {
                         "matchExpressions": [
-                            {"key": DEEP_HEALTH_LABEL, "operator": "In", "values": ["Passed"]}
+                            {"key": DEEP_HEALTH_LABEL, "operator": "In", "values": [DEEP_HEALTH_PASSED]}
                         ]
                     },
                 }
@@ -158,7 +161,7 @@ def pod_template(
     pod_spec: dict[str, Any] = {
         "nodeSelector": {
             INSTANCE_TYPE_LABEL: spec.cluster.instance_type.value,
-            NODE_HEALTH_LABEL: "Schedulable",
+            NODE_HEALTH_LABEL: SCHEDULABLE,
         },
         "affinity": affinity(name),
         "containers": [container(spec, plan, command, extra_ports or [], container_name)],

@@ -11,6 +11,7 @@ from blackwell_trainer.config import Plan
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
+PLURAL = "pytorchjobs"
 # The training operator's defaulter adds this port to the `pytorch` container when it is missing; we
 # render it ourselves so the stored object equals what we send (no diff, no churn).
 RENDEZVOUS_PORT = {"name": "pytorchjob-port", "containerPort": 23456, "protocol": "TCP"}

@@ -21,6 +21,7 @@ from blackwell_trainer.config import Plan
 GROUP = "trainer.kubeflow.org"
 API_VERSION = f"{GROUP}/v1alpha1"
 KIND = "TrainJob"
+PLURAL = "trainjobs"
 RUNTIME_KIND = "TrainingRuntime"
 RUNTIME_PLURAL = "trainingruntimes"
 # The replicated job and the ancestor label by which Trainer v2 finds the trainer pods' template, and the

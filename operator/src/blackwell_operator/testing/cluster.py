@@ -14,9 +14,11 @@ from typing import Any
 import kmock
 
 from blackwell_operator.catalogs import get_instance
-from blackwell_operator.discovery.capacity import HEALTH_LABEL, INSTANCE_TYPE_LABEL, SCHEDULABLE
+from blackwell_operator.nodelabels import INSTANCE_TYPE_LABEL, NODE_HEALTH_LABEL, SCHEDULABLE
 from blackwell_operator.render.hardware import HUGEPAGES_2MI
+from blackwell_operator.render.pod import EFA_RESOURCE, GPU_RESOURCE
 from blackwell_operator.testing.emulator import HardenedEmulator
+from blackwell_operator.units import GIB
 
 # What an emulated kubelet keeps back from the node's RAM (system and kube reserved, eviction threshold):
 # a round 5%, enough that the trainer pod's request (75% of the RAM) fits as it does on the real nodes.
@@ -27,10 +29,10 @@ def allocatable(instance_type: str) -> dict[str, str]:
     """What a node of `instance_type` publishes as allocatable with both device plugins running."""
     instance = get_instance(instance_type)
     return {
-        "nvidia.com/gpu": str(instance.gpus_per_node),
-        "vpc.amazonaws.com/efa": str(instance.efa_devices),
+        GPU_RESOURCE: str(instance.gpus_per_node),
+        EFA_RESOURCE: str(instance.efa_devices),
         "hugepages-2Mi": HUGEPAGES_2MI,
-        "memory": f"{int(instance.host_memory_bytes / (1 << 30) * (1 - _RESERVED_MEMORY_FRACTION))}Gi",
+        "memory": f"{int(instance.host_memory_bytes / GIB * (1 - _RESERVED_MEMORY_FRACTION))}Gi",
         "pods": "110",
     }
 
@@ -47,7 +49,7 @@ def hyperpod_node(
     node: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": name, "labels": {INSTANCE_TYPE_LABEL: instance_type, HEALTH_LABEL: health}},
+        "metadata": {"name": name, "labels": {INSTANCE_TYPE_LABEL: instance_type, NODE_HEALTH_LABEL: health}},
     }
     if resources is not None:
         node["status"] = {"allocatable": dict(resources), "capacity": dict(resources)}

@@ -18,9 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from blackwell_operator.discovery.capacity import parse_quantity
+from blackwell_operator.render import hyperpod, pytorchjob, trainjob
+from blackwell_operator.render.kinds import job_kind
 from blackwell_operator.render.labels import KUEUE_QUEUE_LABEL
-from blackwell_operator.status import now_rfc3339
 from blackwell_operator.testing.emulator import HardenedEmulator
+from blackwell_operator.timefmt import now_rfc3339
 
 MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
 
@@ -44,16 +46,16 @@ def workers_of(job: Mapping[str, Any], runtime: Mapping[str, Any] | None = None)
     """The worker replicas of a PyTorchJob, HyperPodPyTorchJob or TrainJob (whose pod template is in its
     TrainingRuntime, `runtime`); ValueError for another kind."""
     spec = job["spec"]
-    if job["kind"] == "TrainJob":
+    if job["kind"] == trainjob.KIND:
         if runtime is None:
             raise ValueError(f"the TrainingRuntime of TrainJob {job['metadata']['name']} is missing")
         (replicated,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
         template = replicated["template"]["spec"]["template"]
         return Workers(str(replicated["name"]), int(spec["trainer"]["numNodes"]), template)
-    if job["kind"] == "PyTorchJob":
+    if job["kind"] == pytorchjob.KIND:
         worker = spec["pytorchReplicaSpecs"]["Worker"]
         return Workers("Worker", int(worker["replicas"]), worker["template"])
-    if job["kind"] == "HyperPodPyTorchJob":
+    if job["kind"] == hyperpod.KIND:
         (replica,) = spec["replicaSpecs"]
         return Workers(str(replica["name"]), int(replica["replicas"]), replica["template"])
     raise ValueError(f"the demo cannot play the controller of a {job['kind']}")
@@ -140,8 +142,10 @@ class ControllerStandIn:
         return str(self.job["metadata"]["namespace"])
 
     def _collection(self) -> str:
-        kind = str(self.job["kind"])
-        return f"/apis/{self.job['apiVersion']}/namespaces/{self._namespace}/{kind.lower()}s"
+        row = job_kind(self.job["kind"])
+        if row is None:
+            raise ValueError(f"the demo cannot play the controller of a {self.job['kind']}")
+        return f"/apis/{row.api_version}/namespaces/{self._namespace}/{row.plural}"
 
     def _condition(self, kind: str, status: str, reason: str, message: str) -> None:
         now = now_rfc3339()
@@ -170,7 +174,7 @@ class ControllerStandIn:
 
     @property
     def _trainjob(self) -> bool:
-        return bool(self.job["kind"] == "TrainJob")
+        return bool(self.job["kind"] == trainjob.KIND)
 
     def _pod_name(self, workers: Workers, index: int) -> str:
         if self._trainjob:  # JobSet: <jobset>-<replicated job>-<job index>-<pod index>

@@ -13,7 +13,6 @@ import asyncio
 import collections
 import contextvars
 import copy
-import datetime
 import itertools
 import random
 import re
@@ -28,12 +27,18 @@ import jsonpatch
 import kmock
 from kmock._internal import aiobus, parsing, rendering
 
-BTJ_RESOURCE = "training.blackwell.dev/v1alpha1/blackwelltrainingjobs"
-PYTORCHJOB_RESOURCE = "kubeflow.org/v1/pytorchjobs"
-HYPERPOD_RESOURCE = "sagemaker.amazonaws.com/v1/hyperpodpytorchjobs"
-TRAINJOB_RESOURCE = "trainer.kubeflow.org/v1alpha1/trainjobs"
-TRAINING_RUNTIME_RESOURCE = "trainer.kubeflow.org/v1alpha1/trainingruntimes"
-JOB_RESOURCES = (PYTORCHJOB_RESOURCE, HYPERPOD_RESOURCE, TRAINJOB_RESOURCE)
+from blackwell_operator.models.spec import API_GROUP, API_VERSION, KIND, PLURAL, Backend
+from blackwell_operator.render.kinds import JOB_KINDS, TRAINING_RUNTIME
+from blackwell_operator.timefmt import now_rfc3339
+
+BTJ_RESOURCE = f"{API_GROUP}/{API_VERSION}/{PLURAL}"
+PYTORCHJOB_RESOURCE = JOB_KINDS[Backend.PYTORCH_JOB].resource
+HYPERPOD_RESOURCE = JOB_KINDS[Backend.HYPERPOD_PYTORCH_JOB].resource
+TRAINJOB_RESOURCE = JOB_KINDS[Backend.TRAIN_JOB].resource
+TRAINING_RUNTIME_RESOURCE = TRAINING_RUNTIME.resource
+JOB_RESOURCES = tuple(row.resource for row in JOB_KINDS.values())
+# The subresources each job CRD serves (a PyTorchJob's scale too).
+_JOB_SUBRESOURCES = {Backend.PYTORCH_JOB: {"status", "scale"}}
 _ALL_VERBS = {"get", "list", "watch", "create", "patch", "update", "delete"}
 
 _NAMESPACES_PATH = re.compile(r"^/api/v1/namespaces(?:/(?P<name>[^/]+)(?:/(?P<sub>status|finalize))?)?/?$")
@@ -61,10 +66,6 @@ def _remove_parse_fix() -> None:
     _parse_fix_users -= 1
     if _parse_fix_users <= 0:
         parsing.parse_path = _original_parse_path
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _rv_of(obj: Mapping[str, Any]) -> int:
@@ -294,37 +295,24 @@ class HardenedEmulator(kmock.KubernetesEmulator):
     def _declare_all(self) -> None:
         self.resources.load_bundled()
         self.resources[BTJ_RESOURCE] = kmock.ResourceInfo(
-            kind="BlackwellTrainingJob",
-            singular="blackwelltrainingjob",
+            kind=KIND,
+            singular=KIND.lower(),
             namespaced=True,
             verbs=_ALL_VERBS,
             shortnames={"btj"},
             categories={"ml"},
             subresources={"status"},
         )
-        self.resources[PYTORCHJOB_RESOURCE] = kmock.ResourceInfo(
-            kind="PyTorchJob",
-            singular="pytorchjob",
-            namespaced=True,
-            verbs=_ALL_VERBS,
-            subresources={"status", "scale"},
-        )
-        self.resources[HYPERPOD_RESOURCE] = kmock.ResourceInfo(
-            kind="HyperPodPyTorchJob",
-            singular="hyperpodpytorchjob",
-            namespaced=True,
-            verbs=_ALL_VERBS,
-            subresources={"status"},
-        )
-        self.resources[TRAINJOB_RESOURCE] = kmock.ResourceInfo(
-            kind="TrainJob",
-            singular="trainjob",
-            namespaced=True,
-            verbs=_ALL_VERBS,
-            subresources={"status"},
-        )
+        for backend, row in JOB_KINDS.items():
+            self.resources[row.resource] = kmock.ResourceInfo(
+                kind=row.kind,
+                singular=row.singular,
+                namespaced=True,
+                verbs=_ALL_VERBS,
+                subresources=_JOB_SUBRESOURCES.get(backend, {"status"}),
+            )
         self.resources[TRAINING_RUNTIME_RESOURCE] = kmock.ResourceInfo(
-            kind="TrainingRuntime", singular="trainingruntime", namespaced=True, verbs=_ALL_VERBS
+            kind=TRAINING_RUNTIME.kind, singular=TRAINING_RUNTIME.singular, namespaced=True, verbs=_ALL_VERBS
         )
 
     def inject_fault(
@@ -401,7 +389,7 @@ class HardenedEmulator(kmock.KubernetesEmulator):
         if request.namespace:
             meta["namespace"] = request.namespace
         meta["uid"] = str(uuid.uuid4())
-        meta["creationTimestamp"] = _now()
+        meta["creationTimestamp"] = now_rfc3339()
         meta["generation"] = 1
         meta["resourceVersion"] = self._next_rv()
         meta.pop("deletionTimestamp", None)
@@ -466,7 +454,9 @@ class HardenedEmulator(kmock.KubernetesEmulator):
                 if not any(ref.get("uid") == owner_uid for ref in refs):
                     continue
                 if obj.get("metadata", {}).get("finalizers"):
-                    obj.patch({"metadata": {"deletionTimestamp": _now(), "resourceVersion": self._next_rv()}})
+                    obj.patch(
+                        {"metadata": {"deletionTimestamp": now_rfc3339(), "resourceVersion": self._next_rv()}}
+                    )
                     await self._buses[key[0]].put({"type": "MODIFIED", "object": obj.raw})
                 else:
                     raw = obj.raw

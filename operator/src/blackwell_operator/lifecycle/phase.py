@@ -1,21 +1,29 @@
-"""Pure status logic: child job status -> BTJ phase, and metav1.Condition bookkeeping."""
+"""A child job's status as the BTJ's phase and child conditions (PyTorchJob, HyperPodPyTorchJob, TrainJob)."""
 
 from __future__ import annotations
 
-import datetime
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from blackwell_operator.kueue import kueue_condition
-from blackwell_operator.models.status import ConditionType, Phase
-
-ConditionStatus = Literal["True", "False", "Unknown"]
+from blackwell_operator.lifecycle.conditions import (
+    ConditionStatus,
+    condition_map,
+    first_true,
+    remove_condition,
+    set_condition,
+)
+from blackwell_operator.lifecycle.kueue import kueue_condition
+from blackwell_operator.models.status import Condition, ConditionType, Phase
 
 # Phases the child job decides; the operator sets the others (Planning, Planned, Invalid) itself.
 CHILD_PHASES = frozenset(
     {Phase.PENDING, Phase.QUEUED, Phase.RUNNING, Phase.RESTARTING, Phase.SUCCEEDED, Phase.FAILED}
 )
+
+
 TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED})
+
+
 # Conditions derived from the child; the spec reconciler owns the rest (Planned, ChildCreated, ...).
 CHILD_CONDITIONS = (
     ConditionType.ADMITTED,
@@ -24,39 +32,10 @@ CHILD_CONDITIONS = (
     ConditionType.FAILED,
 )
 
+
 # HyperPodPyTorchJob condition names are not published (docs/reference/hyperpod-pytorchjob.md, open question
 # 1): the SDK speaks of "Complete", third-party code of "Completed". Both count as success.
 _SUCCESS_TYPES = ("Succeeded", "Completed", "Complete")
-
-
-def now_rfc3339() -> str:
-    """The current time as metav1.Time (second precision, UTC)."""
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def rfc3339_seconds(timestamp: Any) -> float | None:
-    """A metav1.Time (or any RFC 3339 time) as Unix seconds; None when absent or unreadable."""
-    try:
-        return datetime.datetime.fromisoformat(str(timestamp).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def condition_map(conditions: Iterable[Mapping[str, Any]] | None) -> dict[str, Mapping[str, Any]]:
-    """type -> the latest condition of that type (the training operator re-appends changed ones)."""
-    result: dict[str, Mapping[str, Any]] = {}
-    for cond in conditions or ():
-        if isinstance(cond, Mapping) and "type" in cond:
-            result[str(cond["type"])] = cond
-    return result
-
-
-def _is_true(conds: Mapping[str, Mapping[str, Any]], *types: str) -> Mapping[str, Any] | None:
-    for kind in types:
-        cond = conds.get(kind)
-        if cond is not None and cond.get("status") == "True":
-            return cond
-    return None
 
 
 def _jobs_status_phase(child_status: Mapping[str, Any]) -> Phase | None:
@@ -82,15 +61,15 @@ def child_phase(child_status: Mapping[str, Any] | None) -> Phase:
     Restarting come from status.jobsStatus.
     """
     conds = condition_map((child_status or {}).get("conditions"))
-    if _is_true(conds, "Failed"):
+    if first_true(conds, "Failed"):
         return Phase.FAILED
-    if _is_true(conds, *_SUCCESS_TYPES):
+    if first_true(conds, *_SUCCESS_TYPES):
         return Phase.SUCCEEDED
-    if _is_true(conds, "Suspended"):
+    if first_true(conds, "Suspended"):
         return Phase.QUEUED
-    if _is_true(conds, "Restarting"):
+    if first_true(conds, "Restarting"):
         return Phase.RESTARTING
-    if _is_true(conds, "Running"):
+    if first_true(conds, "Running"):
         return Phase.RUNNING
     return _jobs_status_phase(child_status or {}) or Phase.PENDING
 
@@ -103,64 +82,21 @@ def child_message(child_status: Mapping[str, Any] | None) -> str:
     return ""
 
 
-def set_condition(
-    conditions: Sequence[Mapping[str, Any]],
-    type_: str,
-    status: ConditionStatus,
-    reason: str,
-    message: str,
-    *,
-    generation: int | None,
-    now: str,
-) -> list[dict[str, Any]]:
-    """A new list with one condition upserted; lastTransitionTime moves only when status flips."""
-    result = [dict(c) for c in conditions]
-    for cond in result:
-        if cond.get("type") == type_:
-            if cond.get("status") != status:
-                cond["lastTransitionTime"] = now
-            cond.update(status=status, reason=reason, message=message)
-            if generation is not None:
-                cond["observedGeneration"] = generation
-            return result
-    new: dict[str, Any] = {
-        "type": type_,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": now,
-    }
-    if generation is not None:
-        new["observedGeneration"] = generation
-    result.append(new)
-    return result
-
-
-def remove_condition(conditions: Sequence[Mapping[str, Any]], type_: str) -> list[dict[str, Any]]:
-    """A new list without conditions of that type."""
-    return [dict(c) for c in conditions if c.get("type") != type_]
-
-
-def get_condition(conditions: Iterable[Mapping[str, Any]] | None, type_: str) -> Mapping[str, Any] | None:
-    """The condition of that type, or None."""
-    return condition_map(conditions).get(type_)
-
-
 def child_conditions(
-    conditions: Sequence[Mapping[str, Any]],
+    conditions: Sequence[Condition],
     child_status: Mapping[str, Any] | None,
     *,
     generation: int | None,
     now: str,
     queue_name: str | None = None,
     child_kind: str | None = None,
-) -> tuple[Phase, list[dict[str, Any]]]:
+) -> tuple[Phase, list[Condition]]:
     """The BTJ phase and its Admitted/Running/Succeeded/Failed conditions from the child's status, and
     KueueManaged while the spec names a queue (kueue.py)."""
     phase = child_phase(child_status)
     conds = condition_map((child_status or {}).get("conditions"))
     detail = child_message(child_status)
-    out: list[dict[str, Any]] = [dict(c) for c in conditions]
+    out = list(conditions)
 
     def put(kind: str, status: ConditionStatus, reason: str, message: str) -> None:
         nonlocal out
@@ -171,7 +107,7 @@ def child_conditions(
         put(ConditionType.ADMITTED, "False", "Suspended", detail or f"The job is suspended{queue} (Kueue).")
     elif (
         phase != Phase.PENDING
-        or _is_true(conds, "Created")
+        or first_true(conds, "Created")
         or conds.get("Suspended")
         or (child_status or {}).get("jobsStatus")
     ):
@@ -205,14 +141,6 @@ def child_conditions(
     return phase, out
 
 
-def summary_message(phase: Phase, child_kind: str | None, child_name: str | None, detail: str = "") -> str:
-    """One line for status.message."""
-    if child_kind and child_name:
-        base = f"{child_kind} {child_name} is {phase.value}"
-        return f"{base}: {detail}" if detail else base
-    return detail or phase.value
-
-
 def can_patch_in_place(child_status: Mapping[str, Any] | None) -> bool:
     """A job's shape may change only before its pods exist: no status yet, or suspended in a queue."""
     conds = condition_map((child_status or {}).get("conditions"))
@@ -221,7 +149,7 @@ def can_patch_in_place(child_status: Mapping[str, Any] | None) -> bool:
         return True
     return (
         phase == Phase.PENDING
-        and not _is_true(conds, "Created")
+        and not first_true(conds, "Created")
         and not (child_status or {}).get("startTime")
         and not any(
             int(e.get("active") or 0) or int(e.get("ready") or 0)
@@ -229,28 +157,3 @@ def can_patch_in_place(child_status: Mapping[str, Any] | None) -> bool:
             if isinstance(e, Mapping)
         )
     )
-
-
-def merge_patch_to(old: Any, new: Any) -> Any:
-    """The JSON merge patch (RFC 7386) that turns `old` into `new`: removed keys become None."""
-    if not isinstance(new, Mapping) or not isinstance(old, Mapping):
-        return new
-    patch: dict[str, Any] = {key: None for key in old if key not in new}
-    for key, value in new.items():
-        if key not in old or old[key] != value:
-            patch[key] = merge_patch_to(old.get(key), value)
-    return patch
-
-
-def plan_document(plan_json: str) -> dict[str, Any]:
-    """status.plan: the plan file's JSON without nulls (a merge patch cannot carry null values)."""
-    import json
-
-    def prune(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: prune(v) for k, v in value.items() if v is not None}
-        if isinstance(value, list):
-            return [prune(v) for v in value]
-        return value
-
-    return dict(prune(json.loads(plan_json)))

@@ -3,29 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
 
 from blackwell_operator.models.spec import Backend, BlackwellTrainingJobSpec
-from blackwell_operator.render import hyperpod, pytorchjob, trainjob
+from blackwell_operator.render.kinds import JOB_KINDS
 
-
-@dataclass(frozen=True)
-class JobApi:
-    """Where a backend's job kind lives in the API."""
-
-    api_version: str
-    kind: str
-    plural: str
-
-
-JOB_APIS: dict[Backend, JobApi] = {
-    Backend.PYTORCH_JOB: JobApi(pytorchjob.API_VERSION, pytorchjob.KIND, "pytorchjobs"),
-    Backend.HYPERPOD_PYTORCH_JOB: JobApi(hyperpod.API_VERSION, hyperpod.KIND, "hyperpodpytorchjobs"),
-    Backend.TRAIN_JOB: JobApi(trainjob.API_VERSION, trainjob.KIND, "trainjobs"),
-}
-CONCRETE = tuple(JOB_APIS)
+CONCRETE = tuple(JOB_KINDS)
 # What API discovery looks for (discovery.apis.ServedJobApis).
-JOB_RESOURCES = {backend: (api.api_version, api.plural) for backend, api in JOB_APIS.items()}
+JOB_RESOURCES = {backend: (row.api_version, row.plural) for backend, row in JOB_KINDS.items()}
 
 # The order `auto` tries (docs/backends.md): Kubeflow Trainer v2 first, where Kubeflow is going and what
 # Kueue v0.19 still manages by default (it no longer manages PyTorchJob by default, kubernetes-sigs/kueue
@@ -50,12 +34,12 @@ def choose_backend(spec: BlackwellTrainingJobSpec, served: Collection[Backend]) 
 
 def backend_of_kind(kind: str | None) -> Backend | None:
     """The backend whose job kind is `kind` (a recorded child's), if any."""
-    return next((backend for backend, api in JOB_APIS.items() if api.kind == kind), None)
+    return next((backend for backend, row in JOB_KINDS.items() if row.kind == kind), None)
 
 
 def none_served_message(spec: BlackwellTrainingJobSpec) -> str:
     """Why `auto` found nothing to create, and what to do."""
-    wanted = ", ".join(f"{JOB_APIS[b].kind} ({JOB_APIS[b].api_version})" for b in auto_order(spec))
+    wanted = ", ".join(f"{JOB_KINDS[b].kind} ({JOB_KINDS[b].api_version})" for b in auto_order(spec))
     return (
         f"spec.backend is auto and the cluster serves none of {wanted}. Fix: install Kubeflow Trainer v2 "
         "(TrainJob) or the Kubeflow Training Operator (PyTorchJob, which HyperPod EKS clusters have), or "

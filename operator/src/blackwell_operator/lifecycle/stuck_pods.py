@@ -12,10 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from blackwell_operator.settings import env_name, operator_environment
-from blackwell_operator.status import rfc3339_seconds
-
-TIMEOUT_ENV = env_name("stuck_pod_timeout_s")
+from blackwell_operator.timefmt import rfc3339_seconds
 
 
 @dataclass(frozen=True)
@@ -39,12 +36,6 @@ class StuckPod:
             f"pod {self.name} was stuck Terminating {self.overdue_s:.0f} s past its deadline and {where}: "
             "force-deleted so that the training operator can start its replacement"
         )
-
-
-def stuck_pod_timeout() -> float | None:
-    """Seconds past a pod's deletion deadline before it is force-deleted (`BTJ_STUCK_POD_TIMEOUT_S`,
-    default 300); None when set to 0 (off)."""
-    return operator_environment().stuck_pod_timeout_s or None
 
 
 def node_ready_status(node: Mapping[str, Any]) -> str:

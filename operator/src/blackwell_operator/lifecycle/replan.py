@@ -1,4 +1,4 @@
-"""Pure re-planning after an out-of-memory run: learn the correction, plan again or fail, as status keys."""
+"""Pure re-planning after an out-of-memory run: learn the correction, plan again or fail (a status change)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ from typing import Any
 from blackwell_operator.admission.job import Rejected, validate_body
 from blackwell_operator.calibration.cluster import frozen
 from blackwell_operator.errors import SpecError
+from blackwell_operator.lifecycle.conditions import set_condition
+from blackwell_operator.lifecycle.message import set_message
+from blackwell_operator.lifecycle.status_read import read_status
 from blackwell_operator.models.status import (
     FAILURE_MESSAGE_LIMIT,
     PLAN_HISTORY_LIMIT,
@@ -15,16 +18,17 @@ from blackwell_operator.models.status import (
     MemoryCorrection,
     Phase,
     PlanChange,
+    StatusChange,
+    WorkerFailure,
 )
 from blackwell_operator.planner import plan_job
 from blackwell_operator.planner.correction import learn
-from blackwell_operator.status import merge_patch_to, now_rfc3339, plan_document, set_condition
+from blackwell_operator.units import GIB
 from blackwell_trainer.config import Candidate, OomResult, Plan
 
 # The Planned condition's reason while a re-planned job replaces its child.
 REPLANNED_REASON = "Replanned"
 OUT_OF_MEMORY = "OutOfMemory"
-GIB = 2**30
 # What a user can change when re-planning is spent or nothing fits any more.
 WHAT_TO_CHANGE = (
     "pin a smaller spec.tuning.microBatchSize, set spec.tuning.activationCheckpointing to full, raise "
@@ -64,9 +68,9 @@ def correction_of(btj: Mapping[str, Any]) -> MemoryCorrection | None:
 
 def replacing_child(status: Mapping[str, Any]) -> bool:
     """Whether the recorded child is one a re-plan is replacing (its phases no longer speak for the BTJ)."""
-    history = status.get("planHistory") or []
-    child_uid = (status.get("child") or {}).get("uid")
-    if not history or not child_uid:
+    history, child = status.get("planHistory"), status.get("child")
+    child_uid = child.get("uid") if isinstance(child, Mapping) else None
+    if not isinstance(history, list) or not history or not child_uid or not isinstance(history[-1], Mapping):
         return False
     last = history[-1]
     return bool(last.get("replacement")) and last.get("failedChildUid") == child_uid
@@ -92,22 +96,27 @@ def _measured(result: OomResult) -> str:
 
 
 def replan_changes(
-    btj: Mapping[str, Any], failure: Mapping[str, Any], result: OomResult, *, failed_reason: str
-) -> tuple[dict[str, Any], PlanChange]:
-    """The BTJ status keys after its worker ran out of GPU memory, and the history entry they add.
+    btj: Mapping[str, Any], failure: Mapping[str, Any], result: OomResult, *, failed_reason: str, now: str
+) -> tuple[StatusChange, PlanChange]:
+    """The BTJ status change after its worker ran out of GPU memory, and the history entry it adds.
 
     With re-plans left and a plan that fits the corrected memory model: the new plan, the correction and
     the history, phase Restarting (the caller deletes the child and the reconcile path re-creates it from
     this plan). Otherwise: phase Failed, its condition's reason `failed_reason`, naming what to change.
+    `now` (metav1.Time) stamps the history entry and the conditions. The caller checks that status.plan
+    reads (a ValueError otherwise).
     """
     status = btj.get("status") or {}
+    stored = read_status(status).status
     name = (btj.get("metadata") or {}).get("name", "btj")
     generation = generation_of(btj)
-    failed = Plan.model_validate(status["plan"])
+    if stored.plan is None:
+        raise ValueError("status.plan is missing or unreadable: nothing to re-plan from")
+    failed = stored.plan
     correction = learn(correction_of(btj), result, failed, generation=generation)
     child = status.get("child") or {}
     entry = PlanChange(
-        at=now_rfc3339(),
+        at=now,
         generation=generation,
         reason=OUT_OF_MEMORY,
         message=_measured(result),
@@ -133,17 +142,15 @@ def replan_changes(
         why = f"the spec no longer passes admission ({exc.lines[0]})"
     except SpecError as exc:
         why = f"no configuration fits the corrected memory model: {exc.message}"
-    history = [*(status.get("planHistory") or []), None][-PLAN_HISTORY_LIMIT:]
-    now = entry.at
-    changes: dict[str, Any] = {
-        "lastFailure": dict(failure),
-        "memoryCorrection": correction.model_dump(by_alias=True, exclude_none=True, mode="json"),
-    }
+    change = StatusChange(
+        last_failure=WorkerFailure.model_validate(failure),
+        memory_correction=correction,
+    )
+    history = stored.plan_history  # the entry goes last once it is complete
     if plan is None:
-        history[-1] = entry.model_dump(by_alias=True, exclude_none=True, mode="json")
         message = f"{_measured(result)} with {entry.failed_summary}, and {why}. Fix: {WHAT_TO_CHANGE}"
         conds = set_condition(
-            status.get("conditions") or [],
+            stored.conditions,
             ConditionType.FAILED,
             "True",
             failed_reason,
@@ -151,20 +158,19 @@ def replan_changes(
             generation=generation,
             now=now,
         )
-        changes.update(
-            phase=Phase.FAILED.value, conditions=conds, message=f"Failed: {message}", planHistory=history
-        )
-        return changes, entry
+        change.phase, change.conditions = Phase.FAILED, conds
+        change.plan_history = [*history, entry][-PLAN_HISTORY_LIMIT:]
+        set_message(change, f"Failed: {message}", Phase.FAILED)  # the failure is in the headline already
+        return change, entry
     entry.replacement = plan.chosen
     entry.replacement_summary = candidate_line(plan.chosen, plan.predicted.memory.peak_reserved)
-    history[-1] = entry.model_dump(by_alias=True, exclude_none=True, mode="json")
     what = f"{child.get('kind', 'job')} {child.get('name', name)}"
     message = (
         f"Re-planning ({correction.replans} of {spec.tuning.max_replans}): {_measured(result)} with "
         f"{entry.failed_summary}; the new plan is {entry.replacement_summary}; {what} is re-created with it"
     )
     conds = set_condition(
-        status.get("conditions") or [],
+        stored.conditions,
         ConditionType.PLANNED,
         "True",
         REPLANNED_REASON,
@@ -172,14 +178,11 @@ def replan_changes(
         generation=generation,
         now=now,
     )
-    changes.update(
-        phase=Phase.RESTARTING.value,
-        conditions=conds,
-        message=message,
-        plan=merge_patch_to(status.get("plan"), plan_document(plan.to_json())),
-        planHistory=history,
-        precision=plan.chosen.precision.value,
-        microBatchSize=plan.chosen.micro_batch_size,
-        activationCheckpointing=plan.chosen.activation_checkpointing.value,
-    )
-    return changes, entry
+    change.phase, change.conditions = Phase.RESTARTING, conds
+    set_message(change, message, Phase.RESTARTING)  # the failure is in the headline already
+    change.plan_history = [*history, entry][-PLAN_HISTORY_LIMIT:]
+    change.plan = plan  # written as the merge patch from the failed one (lifecycle/status_patch.py)
+    change.precision = plan.chosen.precision.value
+    change.micro_batch_size = plan.chosen.micro_batch_size
+    change.activation_checkpointing = plan.chosen.activation_checkpointing.value
+    return change, entry

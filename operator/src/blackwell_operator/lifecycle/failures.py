@@ -5,34 +5,32 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from blackwell_operator.models.status import FAILURE_MESSAGE_LIMIT, ConditionType, Phase
-from blackwell_operator.render import hyperpod, pytorchjob, trainjob
-from blackwell_operator.render.labels import JOB_NAME_LABEL
-from blackwell_operator.render.pod import TERMINATION_GRACE_SECONDS, TRAINER_CONTAINER_NAMES
-from blackwell_operator.replan import oom_of, replacing_child, replan_changes
-from blackwell_operator.status import (
-    TERMINAL_PHASES,
-    get_condition,
-    now_rfc3339,
-    rfc3339_seconds,
-    set_condition,
+from blackwell_operator.lifecycle.conditions import get_condition, set_condition
+from blackwell_operator.lifecycle.message import CASCADE_WINDOW_S, describe, set_message, status_message
+from blackwell_operator.lifecycle.phase import TERMINAL_PHASES
+from blackwell_operator.lifecycle.replan import oom_of, replacing_child, replan_changes
+from blackwell_operator.lifecycle.status_read import read_status
+from blackwell_operator.models.status import (
+    FAILURE_MESSAGE_LIMIT,
+    BlackwellTrainingJobStatus,
+    ConditionType,
+    Phase,
+    StatusChange,
+    WorkerFailure,
 )
+from blackwell_operator.render import trainjob
+from blackwell_operator.render.kinds import JOB_KINDS
+from blackwell_operator.render.labels import JOB_NAME_LABEL
+from blackwell_operator.render.pod import TRAINER_CONTAINER_NAMES
+from blackwell_operator.timefmt import rfc3339_seconds
 from blackwell_trainer.config import PERMANENT_ERROR_PREFIX, OomResult
 
-# What status.message appends while the phase is Restarting or Failed; the text before it is the summary
-# the child watcher writes, so a newer failure replaces the old suffix instead of stacking up.
-FAILURE_SEPARATOR = "; last worker failure: "
-FAILURE_PHASES = frozenset({Phase.RESTARTING.value, Phase.FAILED.value})
-OOM_EXIT_CODE = 137  # 128 + SIGKILL: what the kernel's OOM killer leaves
 STOP_EXIT_CODES = frozenset({130, 137, 143})  # 128 + SIGINT, SIGKILL, SIGTERM
-# How long after a worker's own failure the stops of the other workers follow it: the termination grace
-# plus the training operator's reaction, with margin.
-CASCADE_WINDOW_S = TERMINATION_GRACE_SECONDS + 600.0
 # The Kubeflow training operator's pod label naming the PyTorchJob (docs/reference/hyperpod-pytorchjob.md §1).
 KUBEFLOW_JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 # A TrainJob's pods are owned by Jobs of its JobSet, which names them by the TrainJob in this label.
 CHILD_JOB_NAME_LABELS = (KUBEFLOW_JOB_NAME_LABEL, trainjob.JOBSET_NAME_LABEL)
-CHILD_KINDS = frozenset({pytorchjob.KIND, hyperpod.KIND, trainjob.KIND})
+CHILD_KINDS = frozenset(row.kind for row in JOB_KINDS.values())
 # The Failed condition's reason when a worker ended on an error no restart can fix; the operator then
 # deletes the child (its GPUs are freed) instead of letting torchrun and the pods retry it.
 PERMANENT_ERROR_REASON = "PermanentError"
@@ -125,40 +123,6 @@ def supersedes(new: Mapping[str, Any], stored: Mapping[str, Any] | None) -> bool
     return True
 
 
-def describe(failure: Mapping[str, Any]) -> str:
-    """One line for people: pod, exit code and reason, and the termination message."""
-    code, reason = failure.get("exitCode"), failure.get("reason") or ""
-    head = f"pod {failure.get('pod')} exit {code}"
-    if code == OOM_EXIT_CODE and reason == "OOMKilled":
-        # Users read "OOM" as CUDA out-of-memory; that one is a Python error (exit 1), not a kill.
-        head += (
-            " (OOMKilled: the kernel killed it for host memory, the pod's memory limit or the node's RAM; "
-            "not GPU memory)"
-        )
-    elif reason:
-        head += f" ({reason})"
-    message = failure.get("message") or ""
-    return f"{head}: {message}" if message else head
-
-
-def with_failure(
-    message: str, phase: str | None, failure: Mapping[str, Any] | None, since: str | None = None
-) -> str:
-    """status.message with the worker failure folded in while the phase is Restarting or Failed.
-
-    `since`: when the job entered that phase (its Running condition's last transition). A failure that
-    ended long before it (more than CASCADE_WINDOW_S) is not the cause: a restart hours later, after a
-    node was lost, must not be blamed on an old worker failure.
-    """
-    base = message.split(FAILURE_SEPARATOR, 1)[0]
-    if phase not in FAILURE_PHASES or not failure:
-        return base
-    ended, entered = rfc3339_seconds(failure.get("finishedAt")), rfc3339_seconds(since)
-    if ended is not None and entered is not None and entered - ended > CASCADE_WINDOW_S:
-        return base
-    return f"{base}{FAILURE_SEPARATOR}{describe(failure)}"
-
-
 def belongs_to(pod: Mapping[str, Any], btj: Mapping[str, Any]) -> bool:
     """Whether a pod labelled with the BTJ's name is one of this BTJ's workers (not a predecessor's).
 
@@ -206,9 +170,15 @@ def stopped_on_permanent_error(status: Mapping[str, Any]) -> bool:
     )
 
 
-def _permanent_stop(status: Mapping[str, Any], failure: Mapping[str, Any], generation: Any) -> dict[str, Any]:
-    """The status keys that fail the BTJ on a worker's permanent error."""
-    child = status.get("child") or {}
+def _permanent_stop(
+    status: Mapping[str, Any],
+    stored: BlackwellTrainingJobStatus,
+    failure: Mapping[str, Any],
+    generation: Any,
+    now: str,
+) -> StatusChange:
+    """The status change that fails the BTJ on a worker's permanent error."""
+    child = _child_of(status)
     what = f"{child.get('kind', 'job')} {child.get('name', '')}".strip()
     reason = (
         f"a worker ended on a permanent error, which no restart can fix: {describe(failure)}. "
@@ -216,47 +186,58 @@ def _permanent_stop(status: Mapping[str, Any], failure: Mapping[str, Any], gener
         "new job)"
     )
     conds = set_condition(
-        status.get("conditions") or [],
+        stored.conditions,
         ConditionType.FAILED,
         "True",
         PERMANENT_ERROR_REASON,
         reason[: FAILURE_MESSAGE_LIMIT * 2],
         generation=generation,
-        now=now_rfc3339(),
+        now=now,
     )
-    return {"phase": Phase.FAILED.value, "conditions": conds, "message": f"Failed: {reason}"}
+    return set_message(StatusChange(phase=Phase.FAILED, conditions=conds), f"Failed: {reason}", Phase.FAILED)
+
+
+def _child_of(status: Mapping[str, Any]) -> Mapping[str, Any]:
+    """status.child as stored (read leniently: a child recorded without its apiVersion still names it)."""
+    child = status.get("child")
+    return child if isinstance(child, Mapping) else {}
+
+
+def _failure_dump(stored: BlackwellTrainingJobStatus) -> dict[str, Any] | None:
+    failure = stored.last_failure
+    return None if failure is None else failure.model_dump(by_alias=True, exclude_unset=True, mode="json")
 
 
 def failure_changes(
-    btj: Mapping[str, Any], pod: Mapping[str, Any], failure: Mapping[str, Any]
-) -> tuple[dict[str, Any] | None, bool]:
-    """The BTJ status keys that record `failure` of `pod` (None: nothing to write), and whether it is a
-    failure not recorded before (worth one Event)."""
+    btj: Mapping[str, Any], pod: Mapping[str, Any], failure: Mapping[str, Any], *, now: str
+) -> tuple[StatusChange | None, bool]:
+    """The status change that records `failure` of `pod` (None: nothing to write), and whether it is a
+    failure not recorded before (worth one Event). `now` (metav1.Time) stamps a condition it sets."""
     if (btj.get("metadata") or {}).get("deletionTimestamp") or not belongs_to(pod, btj):
         return None, False
     status = btj.get("status") or {}
     if status.get("phase") == Phase.SUCCEEDED.value:
         return None, False  # the job is done: a worker stopped now is the training operator's clean-up
-    stored = status.get("lastFailure")
+    read = read_status(status).status
+    stored = _failure_dump(read)
     if not supersedes(failure, stored):
         return None, False
-    changes: dict[str, Any] = {"lastFailure": dict(failure)}
-    if (
-        is_permanent(failure)
-        and status.get("phase") not in _TERMINAL
-        and (status.get("child") or {}).get("name")
-    ):
+    recorded = WorkerFailure.model_validate(failure)
+    if is_permanent(failure) and status.get("phase") not in _TERMINAL and _child_of(status).get("name"):
         if replacing_child(status):
             return None, False  # a re-plan already replaces this child: its other workers end too
         oom = oom_of(failure)
-        if oom is not None and status.get("plan"):
+        if oom is not None and read.plan is not None:
             # Out of GPU memory: the same plan runs out again, a smaller one may not (replan.py).
-            replanned, _ = replan_changes(btj, failure, oom, failed_reason=PERMANENT_ERROR_REASON)
+            replanned, _ = replan_changes(btj, failure, oom, failed_reason=PERMANENT_ERROR_REASON, now=now)
             return replanned, True
         generation = status.get("observedGeneration") or (btj.get("metadata") or {}).get("generation")
-        changes.update(_permanent_stop(status, failure, generation))
-        return changes, True
-    message = with_failure(str(status.get("message") or ""), status.get("phase"), failure)
-    if message != (status.get("message") or ""):
-        changes["message"] = message
-    return changes, failure_key(stored) != failure_key(failure)
+        change = _permanent_stop(status, read, failure, generation, now)
+        change.last_failure = recorded
+        return change, True
+    change = StatusChange(last_failure=recorded)
+    # The headline the phase's writer stored; a status from before headlines were stored has its message.
+    headline = read.headline if read.headline is not None else (read.message or "")
+    if status_message(headline, status.get("phase"), failure) != (status.get("message") or ""):
+        set_message(change, headline, status.get("phase"), failure)
+    return change, failure_key(stored) != failure_key(failure)

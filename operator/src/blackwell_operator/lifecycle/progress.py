@@ -5,7 +5,8 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from blackwell_operator.measure import Reading
+from blackwell_operator.lifecycle.measure import Reading
+from blackwell_operator.timefmt import format_rfc3339
 
 
 def short_duration(seconds: float) -> str:
@@ -27,6 +28,7 @@ def progress_of(earlier: Reading | None, later: Reading, now: datetime.datetime)
     The step time is measured, not planned: the wall time between the two readings over the steps taken
     in it (checkpoints and data stalls included, as the time left will include them). Without two readings
     that moved (the first reading, a stalled or restarted container) only the step and percent are given.
+    `now` is timezone-aware; the ETA is written as metav1.Time (UTC).
     """
     if later.step is None or not later.planned_steps:
         return None
@@ -36,7 +38,7 @@ def progress_of(earlier: Reading | None, later: Reading, now: datetime.datetime)
         return out
     step_time = (later.at - earlier.at) / (later.step - earlier.step)
     left = (total - step) * step_time
-    eta = (now + datetime.timedelta(seconds=left)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    eta = format_rfc3339(now + datetime.timedelta(seconds=left))
     out.update(
         stepTimeSeconds=round(step_time, 3),
         remainingSeconds=round(left),
@@ -55,13 +57,3 @@ def finished(total_steps: int) -> dict[str, Any]:
         "remainingSeconds": 0,
         "remaining": "0s",
     }
-
-
-# Every key of status.progress; those a reading does not give are removed (null in the merge patch), so
-# that a time left from before a restart is never shown beside a newer step.
-PROGRESS_KEYS = ("step", "totalSteps", "percent", "stepTimeSeconds", "remainingSeconds", "remaining", "eta")
-
-
-def as_patch(progress: dict[str, Any]) -> dict[str, Any]:
-    """`progress` as a JSON merge patch of status.progress: keys it lacks set to null (removed)."""
-    return {key: progress.get(key) for key in PROGRESS_KEYS}

@@ -1,0 +1,322 @@
+"""Create, patch or leave a BTJ's child: one outcome from what a pass read, with the conditions and Events it
+implies (pure; handlers/reconcile.py makes the calls)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from blackwell_operator.lifecycle.child_record import (
+    CHILD_DELETED,
+    deleted_child_uid,
+    holds,
+    is_finished,
+    owned_by,
+    render_hash,
+    spec_changed,
+)
+from blackwell_operator.lifecycle.conditions import ConditionChange
+from blackwell_operator.lifecycle.phase import TERMINAL_PHASES, can_patch_in_place, child_phase
+from blackwell_operator.lifecycle.replan import replacing_child
+from blackwell_operator.models.status import ConditionType
+from blackwell_operator.render import trainjob
+from blackwell_operator.render.kinds import ChildKind
+
+APPLIED: ConditionChange = (ConditionType.SPEC_APPLIED, "True", "Applied", "The child matches the spec.")
+# ChildCreated / SpecApplied reasons when the API server refuses a create or a patch of a child.
+CREATE_REFUSED = "CreateRefused"
+PATCH_REFUSED = "PatchRefused"
+# How often the resync loop tries a refused child again (handlers/resync.py), as a refusal's message says.
+RETRY_INTERVAL_HINT = "BTJ_CHILD_RETRY_INTERVAL_S, 60 s by default"
+
+
+@dataclass(frozen=True)
+class Notice:
+    """An Event an outcome posts on the BTJ.
+
+    `once`: the condition that says the same cause; the Event is posted only when the stored condition
+    does not already carry this reason and message (one Event per cause, not one per pass). None: posted
+    each time the outcome's calls succeed (an action: a create, a patch).
+    """
+
+    reason: str
+    message: str
+    warning: bool = False
+    once: str | None = None
+
+
+@dataclass(frozen=True)
+class Effects:
+    """What an outcome records once its calls have gone through."""
+
+    conditions: tuple[ConditionChange, ...] = ()
+    events: tuple[Notice, ...] = ()
+    write_plan: bool = True  # False: status.plan keeps describing what actually runs
+    recreated: bool = False  # a recorded child came back (the children_recreated counter)
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """What this pass rendered, and for whom."""
+
+    kind: ChildKind
+    job: Mapping[str, Any]  # the rendered job, its finalizer added
+    config_map: str  # the plan ConfigMap's name
+    owner_uid: str  # the BTJ's uid
+    generation: int  # the BTJ's metadata.generation
+    plan_summary: str  # one line: the plan's choices and prediction
+    resume_note: str  # where a re-created job's training continues from
+
+    @property
+    def name(self) -> str:
+        return str(self.job["metadata"]["name"])
+
+    @property
+    def what(self) -> str:
+        """ChildCreated's message: the job and its ConfigMap."""
+        return f"{self.kind.kind} {self.name} and ConfigMap {self.config_map}"
+
+
+class Creation(Enum):
+    """Why a child is created: the first one, or one that replaces a recorded child that is gone."""
+
+    FIRST = "first"
+    AFTER_DELETION = "the previous one was deleted before the job finished"
+    AFTER_OUT_OF_MEMORY = "the previous one ran out of GPU memory; re-planned"
+
+
+@dataclass(frozen=True)
+class NameConflict:
+    """An object with the child's name exists and is not this BTJ's: the BTJ fails, nothing is touched."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class PreviousDeleting:
+    """The previous child is still Terminating: its final status is being recorded (handlers/children.py)
+    and a new child can take the name only once it is gone; the pass ends in a conflict and is retried.
+
+    `release`: the BTJ already records the deletion (or its end), so the watcher's release went missing:
+    the pass removes the finalizer itself.
+    """
+
+    release: bool
+    message: str
+
+
+@dataclass(frozen=True)
+class FinishedChildGone:
+    """The finished job's child is gone (deleted by hand, or by a TTL) and the spec is unchanged: running it
+    again would repeat finished training. Nothing is created; the supporting objects are dropped (a crash
+    between a create and the next pass can have left them)."""
+
+    effects: Effects
+
+
+@dataclass(frozen=True)
+class Create:
+    """No child exists: create the supporting objects and the job together.
+
+    `previous_uid`: the recorded child (gone), whose place the new one takes; `why` says why it went.
+    The create may find the job made already (a lost answer, a restart): `made` gives the effects either way.
+    """
+
+    wanted: Wanted
+    previous_uid: str | None
+    why: Creation
+
+    def made(self, created: bool, child_uid: str | None) -> Effects:
+        """The effects once the job exists; `created`: this pass made it (else it found it, on a 409)."""
+        reason = "Created" if created else "Exists"
+        conditions: tuple[ConditionChange, ...] = (
+            (ConditionType.CHILD_CREATED, "True", reason, self.wanted.what),
+            APPLIED,
+        )
+        wanted = self.wanted
+        if created and self.previous_uid and self.previous_uid != child_uid:
+            # A re-creation, from the current spec: the trainer resumes from the checkpoint folder.
+            why = self.why.value
+            if self.why is Creation.AFTER_OUT_OF_MEMORY:
+                why += f": {wanted.plan_summary}"
+            message = (
+                f"Re-created {wanted.kind.kind} {wanted.name} ({why}) from the current spec, generation "
+                f"{wanted.generation}; {wanted.resume_note}"
+            )
+            return Effects(conditions, (Notice("ChildRecreated", message),), recreated=True)
+        if created:
+            message = f"Created {wanted.kind.kind} {wanted.name}: {wanted.plan_summary}"
+            return Effects(conditions, (Notice("Created", message),))
+        return Effects(conditions)
+
+
+@dataclass(frozen=True)
+class Found:
+    """The child exists and is ours. `found` is recorded before any call; `hold`: add the final-status
+    finalizer first (a child made by an operator version without it, or by hand)."""
+
+    hold: bool
+    found: ConditionChange
+
+
+@dataclass(frozen=True)
+class UpToDate(Found):
+    """The child holds this render: make sure its supporting objects do too (after a crash or a hand
+    deletion the job may be there without them)."""
+
+    effects: Effects = Effects((APPLIED,))
+
+
+@dataclass(frozen=True, kw_only=True)
+class PatchInPlace(Found):
+    """The child has not started: patch it to this render (after its supporting objects). `patch` is a
+    merge patch: labels, annotations and the spec; only the metadata for a TrainJob, whose spec is immutable
+    (its TrainingRuntime, a supporting object, carries the change)."""
+
+    patch: Mapping[str, Any]
+    effects: Effects
+
+
+@dataclass(frozen=True, kw_only=True)
+class CannotChange(Found):
+    """The render differs and the child cannot take it in place; the running job is left alone.
+
+    `reason`: JobFinished, TrainJobImmutable (not started, but its node or process count changed) or
+    RunningJobImmutable.
+    """
+
+    reason: str
+    message: str
+    effects: Effects
+
+
+Outcome = (
+    NameConflict | PreviousDeleting | FinishedChildGone | Create | UpToDate | PatchInPlace | CannotChange
+)
+
+
+def conflict_message(kind: str, name: str) -> str:
+    """Why an object of the child's (or a supporting object's) name that is not ours stops the BTJ."""
+    return (
+        f"a {kind} named {name} exists and is not owned by this BlackwellTrainingJob. "
+        "Fix: delete it, or rename the BlackwellTrainingJob"
+    )
+
+
+def still_deleting(kind: str, name: str) -> str:
+    """The conflict's text while the previous child is Terminating."""
+    return f"the previous {kind} {name} is still being deleted"
+
+
+def refusal(what: str, creating: bool, error: str) -> ConditionChange:
+    """The condition that says the API server refused `what` (a call of this pass) with `error`: ChildCreated
+    for a create, SpecApplied for a patch of what exists."""
+    message = (
+        f"the API server refused {what}: {error}. Fix the cause (an admission webhook, RBAC, a quota) "
+        f"or the spec; the operator tries again with backoff (at most every {RETRY_INTERVAL_HINT})"
+    )
+    if creating:
+        return ConditionType.CHILD_CREATED, "False", CREATE_REFUSED, message
+    return ConditionType.SPEC_APPLIED, "False", PATCH_REFUSED, message
+
+
+def immutable_change(kind: ChildKind, existing: Mapping[str, Any], job: Mapping[str, Any]) -> bool:
+    """Whether the new render changes a field of the child the API server never lets change (a TrainJob's
+    runtimeRef and trainer: node and process counts)."""
+    if kind.kind != trainjob.KIND:
+        return False
+    old, new = existing.get("spec") or {}, job.get("spec") or {}
+    return any(old.get(key) != new.get(key) for key in ("runtimeRef", "trainer"))
+
+
+def resume_note(checkpoint_path: str | None) -> str:
+    """Where the re-created job's training continues from."""
+    if checkpoint_path:
+        return f"training resumes from its last checkpoint in {checkpoint_path}"
+    return "spec.training.checkpoint.path is not set, so training starts again from step 0"
+
+
+def in_place_patch(kind: ChildKind, job: Mapping[str, Any]) -> dict[str, Any]:
+    """The merge patch that brings a child that has not started to the render `job`."""
+    patch: dict[str, Any] = {
+        "metadata": {
+            "labels": job["metadata"].get("labels"),
+            "annotations": job["metadata"].get("annotations"),
+        },
+    }
+    if kind.kind != trainjob.KIND:  # a TrainJob's spec is immutable; its runtime was patched
+        patch["spec"] = job["spec"]
+    return patch
+
+
+def supporting_patch(existing: Mapping[str, Any], obj: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The merge patch that brings an existing supporting object (ours) to the render `obj`, or None when
+    it holds this render already."""
+    if render_hash(existing) == render_hash(obj):
+        return None
+    meta = obj["metadata"]
+    fields = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
+    return {"metadata": {"labels": meta.get("labels"), "annotations": meta.get("annotations")}, **fields}
+
+
+def decide(wanted: Wanted, existing: Mapping[str, Any] | None, status: Mapping[str, Any]) -> Outcome:
+    """What to do about the child, given the one found under its name (or None) and the BTJ's status.
+
+    `status` is the BTJ's status as read after the child when no child was found: a watcher that recorded
+    the child's end (finished, a permanent error) did so before it let the child go, so that read sees it.
+    """
+    kind, name = wanted.kind.kind, wanted.name
+    if existing is not None and not owned_by(existing, wanted.owner_uid):
+        return NameConflict(conflict_message(kind, name))
+    if existing is not None and existing["metadata"].get("deletionTimestamp"):
+        recorded = deleted_child_uid(status) == existing["metadata"].get("uid") or is_finished(status)
+        return PreviousDeleting(release=recorded and holds(existing), message=still_deleting(kind, name))
+    if existing is None:
+        previous = (status.get("child") or {}).get("uid") or None
+        if previous and is_finished(status) and not spec_changed(wanted.generation, status):
+            message = f"{kind} {name} was deleted; the job had finished, so it is not re-created."
+            gone: ConditionChange = (ConditionType.CHILD_CREATED, "False", CHILD_DELETED, message)
+            return FinishedChildGone(Effects((gone,)))
+        why = Creation.FIRST
+        if previous:
+            why = Creation.AFTER_OUT_OF_MEMORY if replacing_child(status) else Creation.AFTER_DELETION
+        return Create(wanted, previous, why)
+
+    hold = not holds(existing)
+    found: ConditionChange = (ConditionType.CHILD_CREATED, "True", "Exists", wanted.what)
+    if render_hash(existing) == render_hash(wanted.job):
+        return UpToDate(hold, found)
+    child_status = existing.get("status") or {}
+    if can_patch_in_place(child_status) and not immutable_change(wanted.kind, existing, wanted.job):
+        patched: ConditionChange = (
+            ConditionType.SPEC_APPLIED,
+            "True",
+            "Patched",
+            "The job had not started; it was updated in place.",
+        )
+        updated = Notice("Updated", f"Updated {kind} {name} to the new plan (it had not started)")
+        return PatchInPlace(
+            hold,
+            found,
+            patch=in_place_patch(wanted.kind, wanted.job),
+            effects=Effects((patched,), (updated,)),
+        )
+    phase = child_phase(child_status)
+    if phase in TERMINAL_PHASES:
+        reason = "JobFinished"
+    elif can_patch_in_place(child_status):
+        reason = "TrainJobImmutable"  # not started, but its node or process count changed
+    else:
+        reason = "RunningJobImmutable"
+    message = (
+        f"{kind} {name} is {phase.value}; its shape cannot change in place. "
+        "Fix: delete and re-create the BlackwellTrainingJob (it resumes from its checkpoint) to "
+        "apply this spec"
+    )
+    refused: ConditionChange = (ConditionType.SPEC_APPLIED, "False", reason, message)
+    notice = Notice(reason, message, warning=True, once=ConditionType.SPEC_APPLIED)
+    return CannotChange(
+        hold, found, reason=reason, message=message, effects=Effects((refused,), (notice,), write_plan=False)
+    )

@@ -1,0 +1,72 @@
+"""What a BTJ's status and its child's metadata say of the child: ours, held, finished, deleted, current."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from blackwell_operator.lifecycle.conditions import get_condition
+from blackwell_operator.lifecycle.phase import TERMINAL_PHASES
+from blackwell_operator.models.status import ConditionType
+from blackwell_operator.render.labels import RENDER_HASH_ANNOTATION
+
+# The ChildCreated reason the child watcher writes when it sees the recorded child deleted.
+CHILD_DELETED = "ChildDeleted"
+# A child deleted while no operator runs (by hand, or by the training operator's ttlSecondsAfterFinished)
+# would take its final status with it: a restarted operator would see a running BTJ without its child
+# and run the job again. With this finalizer the deleted child stays, Terminating, until the child
+# watcher has written what it saw onto the BTJ; then the watcher releases it.
+FINAL_STATUS_FINALIZER = "training.blackwell.dev/final-status"
+_TERMINAL = frozenset(phase.value for phase in TERMINAL_PHASES)
+
+
+def owned_by(obj: Mapping[str, Any], owner_uid: str) -> bool:
+    """Whether `obj` carries an ownerReference to `owner_uid`."""
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    return any(ref.get("uid") == owner_uid for ref in refs)
+
+
+def holds(child: Mapping[str, Any]) -> bool:
+    """Whether the child carries the final-status finalizer."""
+    return FINAL_STATUS_FINALIZER in ((child.get("metadata") or {}).get("finalizers") or [])
+
+
+def with_finalizer(job: dict[str, Any]) -> dict[str, Any]:
+    """`job` (a rendered child) with the finalizer added, in place."""
+    meta = job.setdefault("metadata", {})
+    if FINAL_STATUS_FINALIZER not in (meta.get("finalizers") or []):
+        meta["finalizers"] = [*(meta.get("finalizers") or []), FINAL_STATUS_FINALIZER]
+    return job
+
+
+def render_hash(obj: Mapping[str, Any]) -> str | None:
+    """The render hash annotation the renderer stamps on every child."""
+    return (obj.get("metadata", {}).get("annotations") or {}).get(RENDER_HASH_ANNOTATION)
+
+
+def deleted_child_uid(status: Mapping[str, Any]) -> str | None:
+    """The recorded child's uid when the child watcher saw it deleted (ChildCreated False, ChildDeleted)."""
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == ConditionType.CHILD_CREATED:
+            if cond.get("status") == "False" and cond.get("reason") == CHILD_DELETED:
+                return (status.get("child") or {}).get("uid") or None
+            return None
+    return None
+
+
+def is_finished(status: Mapping[str, Any]) -> bool:
+    """Whether the BTJ's phase is Succeeded or Failed."""
+    return status.get("phase") in _TERMINAL
+
+
+def spec_changed(generation: int, status: Mapping[str, Any]) -> bool:
+    """Whether the spec changed since the recorded child was made (a finished job may then run anew).
+
+    The generation reconcile last wrote, else the one the child watcher stamped on ChildCreated when it
+    recorded the child before reconcile wrote anything (a job that finished within its first pass).
+    Without either nothing says the spec changed: a finished job is not run again on a guess.
+    """
+    seen = status.get("observedGeneration") or (
+        get_condition(status.get("conditions"), ConditionType.CHILD_CREATED) or {}
+    ).get("observedGeneration")
+    return seen is not None and generation != seen

@@ -1,0 +1,85 @@
+"""Reading a stored status tolerantly: what validates, and a line for each part that does not.
+
+A status written by an older operator, or by hand, may hold a key or a condition the status models
+refuse. No writer may crash on it, and none may lose it: each key (each condition, each plan-history
+entry) is validated on its own, the typed status holds what validates, and the rest is named, so that the
+caller logs it and the serializer keeps an unreadable condition it was not asked to change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from blackwell_operator.models.status import (
+    PLAN_HISTORY_LIMIT,
+    BlackwellTrainingJobStatus,
+    Condition,
+    PlanChange,
+)
+
+_ALIASES = {info.alias or name: name for name, info in BlackwellTrainingJobStatus.model_fields.items()}
+
+
+@dataclass(frozen=True)
+class StoredStatus:
+    """A stored status as the models read it."""
+
+    status: BlackwellTrainingJobStatus
+    problems: tuple[str, ...] = ()  # one line per unreadable part: "status.KEY: why"
+    unreadable_conditions: tuple[Mapping[str, Any], ...] = field(default=())
+
+
+def _why(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in error["loc"])
+    return f"{where}: {error['msg']}" if where else str(error["msg"])
+
+
+def read_status(raw: Mapping[str, Any] | None) -> StoredStatus:
+    """The typed status of `raw` (a BTJ's .status); never raises on what is stored."""
+    raw = raw if isinstance(raw, Mapping) else {}
+    try:
+        return StoredStatus(BlackwellTrainingJobStatus.model_validate(raw))
+    except ValidationError:
+        pass  # the usual case is above; only a status that fails is taken apart
+    good: dict[str, Any] = {}
+    problems: list[str] = []
+    unreadable: list[Mapping[str, Any]] = []
+    for key, value in raw.items():
+        if key not in _ALIASES:
+            problems.append(f"status.{key}: not a key this operator knows")
+        elif key == "conditions" and isinstance(value, list):
+            good[key] = []
+            for item in value:
+                try:
+                    good[key].append(Condition.model_validate(item))
+                except ValidationError as exc:
+                    unreadable.append(item if isinstance(item, Mapping) else {"value": item})
+                    problems.append(f"status.conditions[{_type_of(item)}]: {_why(exc)}")
+        elif key == "planHistory" and isinstance(value, list):
+            good[key] = []
+            for index, item in enumerate(value):
+                try:
+                    good[key].append(PlanChange.model_validate(item))
+                except ValidationError as exc:
+                    problems.append(f"status.planHistory[{index}]: {_why(exc)}")
+            if len(good[key]) > PLAN_HISTORY_LIMIT:
+                problems.append(
+                    f"status.planHistory: more than {PLAN_HISTORY_LIMIT} entries; the oldest are not read"
+                )
+                good[key] = good[key][-PLAN_HISTORY_LIMIT:]
+        else:
+            try:
+                BlackwellTrainingJobStatus.model_validate({key: value})
+                good[key] = value
+            except ValidationError as exc:
+                problems.append(f"status.{key}: {_why(exc)}")
+    return StoredStatus(BlackwellTrainingJobStatus.model_validate(good), tuple(problems), tuple(unreadable))
+
+
+def _type_of(item: Any) -> str:
+    return str(item.get("type", "?")) if isinstance(item, Mapping) else "?"

@@ -1,0 +1,165 @@
+"""One home each: job kinds in render.kinds, byte units in units.py, node labels in nodelabels.py, RFC 3339
+in timefmt.py. Static, over the packages' sources: a module elsewhere that spells one of them fails here.
+
+Docstrings are prose and exempt; every other string (f-string parts included) counts.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+OPERATOR = ROOT / "operator" / "src" / "blackwell_operator"
+TRAINER = ROOT / "trainer_image" / "src" / "blackwell_trainer"
+
+# Where a job kind's plural, apiVersion or kind name may be spelled: each backend's render module (its
+# KIND, API_VERSION, PLURAL), the table built from them, and the spec's Backend enum (the kinds as values).
+KIND_HOMES = {"render/pytorchjob.py", "render/hyperpod.py", "render/trainjob.py", "models/spec.py"}
+JOB_API = re.compile(
+    r"\b(pytorchjobs|hyperpodpytorchjobs|trainjobs|trainingruntimes)\b"
+    r"|kubeflow\.org/v1\b|sagemaker\.amazonaws\.com/v1\b|trainer\.kubeflow\.org"
+)
+KIND_NAMES = {"PyTorchJob", "HyperPodPyTorchJob", "TrainJob", "TrainingRuntime"}
+NODE_LABELS = {
+    "node.kubernetes.io/instance-type",
+    "sagemaker.amazonaws.com/node-health-status",
+    "sagemaker.amazonaws.com/deep-health-check-status",
+    "kubernetes.io/hostname",
+}
+NODE_LABEL_PREFIX = "topology.k8s.aws/"
+# A name that reads as a byte unit, and the binary units spelled out as a divisor.
+UNIT_NAME = re.compile(r"^_?[KMGT]I?B$")
+BINARY_UNITS = {1 << 20, 1 << 30, 1 << 40}
+RFC3339_PATTERN = "%Y-%m-%dT"
+RFC3339_CALLS = {"fromisoformat", "isoformat"}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def _strings(tree: ast.AST) -> Iterator[ast.Constant]:
+    docstrings = _docstrings(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            yield node
+
+
+_OPERATORS = {ast.Pow: pow, ast.LShift: operator.lshift, ast.Mult: operator.mul}
+
+
+def _constant(node: ast.AST) -> int | float | None:
+    """The value of an expression of number literals (2**30, 1 << 30, 1024 * 1024), else None."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+        left, right = _constant(node.left), _constant(node.right)
+        if isinstance(left, int) and isinstance(right, int):
+            value: int = _OPERATORS[type(node.op)](left, right)
+            return value
+    return None
+
+
+def _assigned_names(node: ast.AST) -> Iterator[str]:
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]  # type: ignore[attr-defined]
+    for target in targets:
+        if isinstance(target, ast.Name):
+            yield target.id
+
+
+def spellings(source: str, home: str, *, units_home: str) -> list[str]:
+    """What a module at `home` (a path inside its package) spells that belongs in one of the homes."""
+    tree = ast.parse(source)
+    found = []
+    for node in _strings(tree):
+        text = node.value
+        assert isinstance(text, str)
+        if home not in KIND_HOMES | {"render/kinds.py"} and (JOB_API.search(text) or text in KIND_NAMES):
+            found.append(f"{home}:{node.lineno}: job kind {text!r} (use render.kinds)")
+        if home != "nodelabels.py" and (text in NODE_LABELS or text.startswith(NODE_LABEL_PREFIX)):
+            found.append(f"{home}:{node.lineno}: node label {text!r} (use nodelabels)")
+        if home != "timefmt.py" and RFC3339_PATTERN in text:
+            found.append(f"{home}:{node.lineno}: RFC 3339 format {text!r} (use timefmt)")
+    for node in ast.walk(tree):
+        if home != units_home and isinstance(node, ast.Assign | ast.AnnAssign):
+            for name in _assigned_names(node):
+                if UNIT_NAME.match(name):
+                    found.append(f"{home}:{node.lineno}: byte unit {name} (use {units_home})")
+        if (
+            home != units_home
+            and isinstance(node, ast.BinOp)
+            and isinstance(node.op, ast.Div)
+            and _constant(node.right) in BINARY_UNITS
+        ):
+            found.append(f"{home}:{node.lineno}: a byte unit spelled as a number (use {units_home})")
+        if home != "timefmt.py" and isinstance(node, ast.Attribute) and node.attr in RFC3339_CALLS:
+            found.append(f"{home}:{node.lineno}: datetime.{node.attr} (use timefmt)")
+    return found
+
+
+def _package_findings(package: Path, *, check_kinds: bool) -> list[str]:
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        home = path.relative_to(package).as_posix()
+        found += [
+            line
+            for line in spellings(path.read_text(), home, units_home="units.py")
+            if check_kinds or "(use units.py)" in line
+        ]
+    return found
+
+
+def test_the_operator_spells_each_in_its_one_home() -> None:
+    found = _package_findings(OPERATOR, check_kinds=True)
+    assert not found, "\n".join(found)
+
+
+def test_the_trainer_has_one_home_for_byte_units() -> None:
+    found = _package_findings(TRAINER, check_kinds=False)
+    assert not found, "\n".join(found)
+
+
+def test_the_tests_take_byte_units_from_the_packages() -> None:
+    found = _package_findings(ROOT / "tests", check_kinds=False)
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    ("source", "what"),
+    [
+        ('PATH = "/apis/kubeflow.org/v1/namespaces/ns/pytorchjobs"', "job kind"),
+        ('path = f"/apis/{group}/namespaces/{ns}/trainjobs"', "job kind"),
+        ('if kind == "TrainJob":\n    pass', "job kind"),
+        ('SELECT = {"node.kubernetes.io/instance-type": t}', "node label"),
+        ('KEY = "topology.k8s.aws/network-node-layer-2"', "node label"),
+        ('at = now.strftime("%Y-%m-%dT%H:%M:%SZ")', "RFC 3339 format"),
+        ("when = datetime.datetime.fromisoformat(text)", "datetime.fromisoformat"),
+        ("GIB = 1 << 30", "byte unit GIB"),
+        ("_MIB: int = 1024 * 1024", "byte unit _MIB"),
+        ("GB = 1e9", "byte unit GB"),
+        ('label = f"{n / 2**30:.1f} GiB"', "spelled as a number"),
+        ("gib = n / (1024**3)", "spelled as a number"),
+    ],
+)
+def test_the_check_finds_each_spelling(source: str, what: str) -> None:
+    found = spellings(source, "handlers/example.py", units_home="units.py")
+    assert len(found) == 1 and what in found[0], found
+
+
+def test_homes_and_prose_are_exempt() -> None:
+    assert not spellings('PLURAL = "pytorchjobs"', "render/pytorchjob.py", units_home="units.py")
+    assert not spellings("GIB = 1 << 30", "units.py", units_home="units.py")
+    assert not spellings('"""Mirrors PyTorchJob (kubeflow.org/v1) status."""', "x.py", units_home="units.py")
+    assert not spellings("limit = {}.get(family, 1 << 30)", "x.py", units_home="units.py")  # not a unit
