@@ -1,13 +1,14 @@
 """One rank of a 2-rank gloo world that exits while a gloo worker thread waits for the GIL.
 
-Usage: python -m tests.trainer.exit_hazard RANK PORT MODE CODE
+Usage: python -m tests.trainer.exit_hazard RANK PORT MODE CODE FLAG
 MODE `trainer` ends through blackwell_trainer.process_exit, as ``python -m blackwell_trainer`` does;
 MODE `plain` ends with ``SystemExit(CODE)`` and Python's normal finalization.
 
 Rank 0 stages, deterministically, what the trainer met rarely, by chance: its
 last collective completes on a gloo worker after its tensor's Python object is gone, so the worker must
 take the GIL to free it, while the main thread is on its way out and does not hand the GIL over until the
-interpreter is finalizing. Rank 1 only takes part in that collective and leaves with os._exit.
+interpreter is finalizing. Rank 1 only takes part in that collective, once rank 0 has created the file
+FLAG (the tensor's Python object is gone by then), and leaves with os._exit.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import os
 import sys
 import time
 
-ALIVE_S = 2.0  # how long rank 0 keeps the GIL after the collective: the worker is waiting for it by then
+ALIVE_S = 3.0  # how long rank 0 keeps the GIL after the collective: the worker is waiting for it by then
 
 
 class SlowTeardown:
@@ -35,7 +36,7 @@ teardown: SlowTeardown | None = None  # a module global: the interpreter's modul
 
 
 def main() -> None:
-    rank, port, mode, code = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+    rank, port, mode, code, flag = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
     process_exit = None
     if mode == "trainer" and rank == 0:
         from blackwell_trainer.process_exit import ProcessExit
@@ -49,6 +50,8 @@ def main() -> None:
     group = dist.group.WORLD
     assert group is not None
     if rank == 1:
+        while not os.path.exists(flag):
+            time.sleep(0.01)
         group.allreduce([torch.ones(4)]).wait()
         os._exit(0)
     # FSDP2's and DTensor's caches hold the trainer's group past destroy_process_group(); one reference
@@ -60,6 +63,7 @@ def main() -> None:
         # Runs as the last atexit handler before the trainer's own: the interpreter is still alive.
         sys.setswitchinterval(1000)  # a thread waiting for the GIL never asks the main thread for it
         group.allreduce([torch.ones(4)])  # the tensor's only Python reference dies here
+        open(flag, "w").close()  # now rank 1 joins: the collective completes on the gloo worker
         end = time.monotonic() + ALIVE_S
         while time.monotonic() < end:  # holds the GIL: the worker completes and waits to free the tensor
             pass

@@ -94,14 +94,14 @@ def test_exit_status_reads_system_exit_codes_as_python_does() -> None:
     assert [exit_status(c) for c in (None, 0, 3, "message")] == [0, 0, 3, 1]
 
 
-def hazard(mode: str, code: int) -> subprocess.CompletedProcess[str]:
+def hazard(mode: str, code: int, folder: Path) -> subprocess.CompletedProcess[str]:
     """Rank 0 of tests/trainer/exit_hazard.py (rank 1 beside it), ending in `mode`."""
-    port = str(free_port())
+    port, flag = str(free_port()), str(folder / "rank-0-waits")
     command = [sys.executable, "-m", "tests.trainer.exit_hazard"]
-    peer = subprocess.Popen([*command, "1", port, mode, "0"], cwd=ROOT)
+    peer = subprocess.Popen([*command, "1", port, mode, "0", flag], cwd=ROOT)
     try:
         return subprocess.run(
-            [*command, "0", port, mode, str(code)],
+            [*command, "0", port, mode, str(code), flag],
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -112,18 +112,18 @@ def hazard(mode: str, code: int) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.distributed
-def test_a_gloo_worker_waiting_for_the_gil_aborts_a_plain_exit() -> None:
+def test_a_gloo_worker_waiting_for_the_gil_aborts_a_plain_exit(tmp_path: Path) -> None:
     # The control: without the trainer's exit, the staged race aborts Python's finalization. It shows the
     # hazard is torch's and real, and that the test below would catch an exit path that meets it.
-    plain = hazard("plain", 0)
+    plain = hazard("plain", 0, tmp_path)
     assert plain.returncode == -signal.SIGABRT, (plain.returncode, plain.stderr[-2000:])
     assert TERMINATE in plain.stderr
 
 
 @pytest.mark.distributed
-def test_the_trainer_exit_keeps_its_code_when_a_gloo_worker_waits_for_the_gil() -> None:
+def test_the_trainer_exit_keeps_its_code_when_a_gloo_worker_waits_for_the_gil(tmp_path: Path) -> None:
     code = 3  # a failed run's code is not turned into -6 either (0 is the same path, tested above)
-    ended = hazard("trainer", code)
+    ended = hazard("trainer", code, tmp_path)
     assert ended.returncode == code, (ended.returncode, ended.stderr[-2000:])
     assert TERMINATE not in ended.stderr
     assert ended.stdout == f"rank 0 done, exiting {code}\n"
