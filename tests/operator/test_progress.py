@@ -9,7 +9,7 @@ import pytest
 
 from blackwell_operator.handlers.measure import measured_changes
 from blackwell_operator.lifecycle.measure import WARMUP_STEPS, Reading, sample_of
-from blackwell_operator.lifecycle.progress import finished, progress_of, short_duration
+from blackwell_operator.lifecycle.progress import as_status, finished, progress_of, short_duration
 from blackwell_operator.lifecycle.status_patch import status_patch
 from blackwell_operator.lifecycle.writers import MEASURE_LOOP
 from blackwell_operator.models.status import JobProgress
@@ -34,8 +34,9 @@ def test_time_left_reads_short(seconds: float, text: str) -> None:
 
 def test_progress_and_eta_from_the_measured_step_time() -> None:
     got = progress_of(reading(100.0, 100), reading(160.0, 120), NOW)
+    assert got is not None
     # 20 steps in 60 s: 3 s a step, 880 steps left.
-    assert got == {
+    assert as_status(got) == {
         "step": 120,
         "totalSteps": 1000,
         "percent": 12.0,
@@ -44,14 +45,19 @@ def test_progress_and_eta_from_the_measured_step_time() -> None:
         "remaining": "44m",
         "eta": "2026-12-01T10:44:00Z",
     }
-    JobProgress.model_validate(got)  # the status model (and so the CRD) takes it as written
+    JobProgress.model_validate(as_status(got))  # the status model (and so the CRD) takes it as written
 
 
 def test_without_a_moving_pair_only_the_step_is_told() -> None:
     first = {"step": 120, "totalSteps": 1000, "percent": 12.0}
-    assert progress_of(None, reading(160.0, 120), NOW) == first
-    assert progress_of(reading(100.0, 120), reading(160.0, 120), NOW) == first  # stalled: no ETA
-    assert progress_of(reading(100.0, 130), reading(160.0, 120), NOW) == first  # a restart went back
+
+    def told(earlier: Reading | None, later: Reading) -> dict[str, object] | None:
+        got = progress_of(earlier, later, NOW)
+        return None if got is None else as_status(got)
+
+    assert told(None, reading(160.0, 120)) == first
+    assert told(reading(100.0, 120), reading(160.0, 120)) == first  # stalled: no ETA
+    assert told(reading(100.0, 130), reading(160.0, 120)) == first  # a restart went back
 
 
 def test_no_progress_from_a_trainer_without_the_step_gauge() -> None:
@@ -61,11 +67,11 @@ def test_no_progress_from_a_trainer_without_the_step_gauge() -> None:
 
 def test_the_last_step_is_complete_not_past_it() -> None:
     done = progress_of(reading(100.0, 990, planned=1000), reading(160.0, 1000, planned=1000), NOW)
-    assert done is not None and done["percent"] == 100.0 and done["remaining"] == "0s"
+    assert done is not None and done.percent == 100.0 and done.remaining == "0s"
 
 
 def test_a_finished_job_shows_every_step_done() -> None:
-    done = finished(1000)
+    done = as_status(finished(1000))
     assert JobProgress.model_validate(done).percent == 100.0 and done["remaining"] == "0s"
 
 
@@ -93,14 +99,15 @@ def test_progress_is_written_beside_measured_only_when_it_changes() -> None:
         "remaining": "30m",
         "eta": "2026-12-01T10:30:00Z",
     }
-    change = measured_changes(earlier, worker, None, None, now, progress)
+    reading_progress = JobProgress.model_validate(progress)
+    change = measured_changes(earlier, worker, None, None, now, reading_progress)
     assert change is not None
     assert status_patch(change, earlier["status"], MEASURE_LOOP) == {"progress": {**progress, **nulls}}
-    first = measured_changes(_running_btj(), worker, None, None, now, progress)
+    first = measured_changes(_running_btj(), worker, None, None, now, reading_progress)
     assert first is not None and status_patch(first, {}, MEASURE_LOOP) == {"progress": progress}
     same = _running_btj()
     same["status"]["progress"] = progress
-    assert measured_changes(same, worker, None, None, now, progress) is None
+    assert measured_changes(same, worker, None, None, now, reading_progress) is None
 
 
 def _plan(correction: ClusterCorrection | None = None) -> dict[str, Any]:

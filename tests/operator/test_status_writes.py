@@ -344,3 +344,26 @@ async def test_a_btj_with_an_unreadable_status_is_still_mirrored_and_logged_once
     said = [r.getMessage() for r in caplog.records if "Unreadable status" in r.getMessage()]
     assert any("status.conditions[Legacy]" in line for line in said)
     assert sum("status.conditions[Legacy]" in line for line in said) == 1, "once per BTJ and problem"
+
+
+@pytest.mark.integration
+async def test_a_stored_plan_that_does_not_validate_is_planned_anew_not_retried_for_ever(
+    cluster: Cluster,
+) -> None:
+    # An older operator's (or a hand's) status.plan: its cluster correction no longer reads. The re-create
+    # after a hand deletion, in the same generation, must plan anew instead of failing every pass.
+    async with running_operator(cluster):
+        await cluster.apply(btj("w"))
+        await wait_for(lambda: cluster.condition("w", "ChildCreated"), what="ChildCreated")
+        first = cluster.status("w")["child"]["uid"]
+        broken = {"clusterCorrection": {"instanceType": "ml.p6-b200.48xlarge", "tokensFactor": "fast"}}
+        await cluster.set_btj_status("w", {"plan": broken})
+        await cluster.delete_child("w")
+        await wait_for(
+            lambda: (
+                cluster.status("w")["child"]["uid"] != first
+                and (cluster.condition("w", "ChildCreated") or {}).get("status") == "True"
+            ),
+            what="the re-created child recorded",
+        )
+        assert Plan.model_validate(cluster.status("w")["plan"]).cluster_correction is None

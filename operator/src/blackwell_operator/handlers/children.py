@@ -15,12 +15,12 @@ from blackwell_operator.lifecycle.conditions import find_condition, set_conditio
 from blackwell_operator.lifecycle.failures import stopping_child
 from blackwell_operator.lifecycle.message import set_message, summary_message
 from blackwell_operator.lifecycle.phase import TERMINAL_PHASES, child_conditions, child_message, child_phase
-from blackwell_operator.lifecycle.progress import finished
+from blackwell_operator.lifecycle.progress import as_status, finished
 from blackwell_operator.lifecycle.replan import replacing_child
 from blackwell_operator.lifecycle.status_read import read_status
 from blackwell_operator.lifecycle.writers import CHILD_WATCHER
 from blackwell_operator.models.spec import KIND
-from blackwell_operator.models.status import ChildReference, ConditionType, JobProgress, Phase, StatusChange
+from blackwell_operator.models.status import ChildReference, ConditionType, Phase, StatusChange
 from blackwell_operator.render.kinds import job_kind
 from blackwell_operator.timefmt import now_rfc3339
 
@@ -173,9 +173,9 @@ def on_child_event(
         since = running.last_transition_time if running is not None else None
         set_message(change, headline, phase, stored.last_failure, since=since)
         steps = ((status.get("plan") or {}).get("steps")) or 0
-        if phase == Phase.SUCCEEDED and steps and status.get("progress") != finished(int(steps)):
+        if phase == Phase.SUCCEEDED and steps and status.get("progress") != as_status(finished(int(steps))):
             # The last reading was up to a minute before the end: a finished job shows all its steps done.
-            change.progress = JobProgress.model_validate(finished(int(steps)))
+            change.progress = finished(int(steps))
         if not recorded:
             # The child can report before the reconcile that created it has written status.child. Record
             # which child this phase came from, so that reconcile sees it as known and does not replace

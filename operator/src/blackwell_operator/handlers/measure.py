@@ -32,7 +32,7 @@ from blackwell_operator.lifecycle.measure import (
     sample_of,
     tokens_per_second_per_gpu,
 )
-from blackwell_operator.lifecycle.progress import progress_of
+from blackwell_operator.lifecycle.progress import as_status, progress_of
 from blackwell_operator.lifecycle.writers import MEASURE_LOOP
 from blackwell_operator.models.status import JobProgress, MeasuredThroughput, Phase, StatusChange
 from blackwell_operator.render.labels import JOB_NAME_LABEL
@@ -80,7 +80,7 @@ def measured_changes(
     tokens_per_s: float | None,
     mfu: float | None,
     now: str,
-    progress: Mapping[str, Any] | None = None,
+    progress: JobProgress | None = None,
 ) -> StatusChange | None:
     """status.measured (when it moved) and status.progress (when it changed) from a reading of `pod`, when
     it is this BTJ's running worker. The progress replaces the stored one whole: a time left from before a
@@ -89,8 +89,8 @@ def measured_changes(
     if status.get("phase") != Phase.RUNNING.value or not belongs_to(pod, btj):
         return None
     change = StatusChange()
-    if progress is not None and status.get("progress") != progress:
-        change.progress = JobProgress.model_validate(progress)
+    if progress is not None and status.get("progress") != as_status(progress):
+        change.progress = progress
     if tokens_per_s is not None and not _close(status.get("measured") or {}, tokens_per_s, mfu):
         measured = MeasuredThroughput(tokens_per_second_per_gpu=round(tokens_per_s, 1), observed_at=now)
         if mfu is not None:
@@ -148,7 +148,7 @@ class Measurer:
         pod: Mapping[str, Any],
         rate: float | None,
         reading: Reading,
-        progress: Mapping[str, Any] | None,
+        progress: JobProgress | None,
     ) -> bool:
         now = now_rfc3339()
         try:

@@ -16,6 +16,11 @@ T = TypeVar("T")
 # jittered exponential waits, then the caller's own slower path (Kopf's handler retry, the resync loop,
 # the object's next event) takes over. Bounded, so that no worker is held through an outage.
 ATTEMPTS = 5
+# A conflict is someone else's write landing first: progress, not trouble. Counting it against ATTEMPTS
+# lost writes whenever several writers raced one object (four writers of the cluster calibration lost a
+# sample under load: a writer can lose once to every other writer's every write). Conflicts get their own,
+# larger budget; MAX_TOTAL_S bounds both.
+CONFLICT_ATTEMPTS = 40
 FIRST_WAIT_S = 0.1
 MAX_WAIT_S = 2.0
 MAX_TOTAL_S = 10.0
@@ -56,9 +61,33 @@ def _wait(state: tenacity.RetryCallState) -> float:
     # A conflict says newer data is there to read: re-read at once (a little jitter keeps two writers
     # from colliding again). Anything else is the server's trouble: back off.
     exc = state.outcome.exception() if state.outcome is not None else None
-    if isinstance(exc, ApiError) and exc.status == 409:
+    if _conflict(exc):
         return float(_CONFLICT(state))
     return float(_BACKOFF(state))
+
+
+def _conflict(exc: BaseException | None) -> bool:
+    return isinstance(exc, ApiError) and exc.status == 409
+
+
+def _stop(attempts: int) -> Callable[[tenacity.RetryCallState], bool]:
+    """Stop after `attempts` tries that failed on something other than a conflict, after `attempts` x
+    CONFLICT_ATTEMPTS / ATTEMPTS conflicts (attempts=1, no retry, stays no retry), or after MAX_TOTAL_S."""
+    conflict_budget = max(1, attempts * CONFLICT_ATTEMPTS // ATTEMPTS)
+    failed = {"conflicts": 0, "other": 0}
+
+    def stop(state: tenacity.RetryCallState) -> bool:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        failed["conflicts" if _conflict(exc) else "other"] += 1
+        if attempts <= 1:
+            return True
+        return (
+            failed["other"] >= attempts
+            or failed["conflicts"] >= conflict_budget
+            or (state.seconds_since_start or 0.0) >= MAX_TOTAL_S
+        )
+
+    return stop
 
 
 def retrying(what: str, logger: Any, *, attempts: int = ATTEMPTS) -> tenacity.Retrying:
@@ -67,7 +96,7 @@ def retrying(what: str, logger: Any, *, attempts: int = ATTEMPTS) -> tenacity.Re
     return tenacity.Retrying(
         retry=tenacity.retry_if_exception(transient),
         wait=_wait,
-        stop=tenacity.stop_after_attempt(attempts) | tenacity.stop_after_delay(MAX_TOTAL_S),
+        stop=_stop(attempts),
         before_sleep=_log_retry(what, logger),
         reraise=True,
     )

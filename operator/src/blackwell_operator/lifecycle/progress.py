@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import datetime
-from typing import Any
 
 from blackwell_operator.lifecycle.measure import Reading
+from blackwell_operator.models.status import JobProgress
 from blackwell_operator.timefmt import format_rfc3339
 
 
@@ -22,7 +22,7 @@ def short_duration(seconds: float) -> str:
     return f"{minutes}m" if minutes else f"{secs}s"
 
 
-def progress_of(earlier: Reading | None, later: Reading, now: datetime.datetime) -> dict[str, Any] | None:
+def progress_of(earlier: Reading | None, later: Reading, now: datetime.datetime) -> JobProgress | None:
     """status.progress from the latest reading (and the one before it, for the step time), else None.
 
     The step time is measured, not planned: the wall time between the two readings over the steps taken
@@ -33,27 +33,25 @@ def progress_of(earlier: Reading | None, later: Reading, now: datetime.datetime)
     if later.step is None or not later.planned_steps:
         return None
     step, total = min(later.step, later.planned_steps), later.planned_steps
-    out: dict[str, Any] = {"step": step, "totalSteps": total, "percent": round(100.0 * step / total, 1)}
+    out = JobProgress(step=step, total_steps=total, percent=round(100.0 * step / total, 1))
     if earlier is None or earlier.step is None or later.step <= earlier.step or later.at <= earlier.at:
         return out
     step_time = (later.at - earlier.at) / (later.step - earlier.step)
     left = (total - step) * step_time
-    eta = format_rfc3339(now + datetime.timedelta(seconds=left))
-    out.update(
-        stepTimeSeconds=round(step_time, 3),
-        remainingSeconds=round(left),
-        remaining=short_duration(left),
-        eta=eta,
-    )
+    out.step_time_seconds = round(step_time, 3)
+    out.remaining_seconds = round(left)
+    out.remaining = short_duration(left)
+    out.eta = format_rfc3339(now + datetime.timedelta(seconds=left))
     return out
 
 
-def finished(total_steps: int) -> dict[str, Any]:
+def finished(total_steps: int) -> JobProgress:
     """status.progress of a job that succeeded: the trainer only ends well after its last step."""
-    return {
-        "step": total_steps,
-        "totalSteps": total_steps,
-        "percent": 100.0,
-        "remainingSeconds": 0,
-        "remaining": "0s",
-    }
+    return JobProgress(
+        step=total_steps, total_steps=total_steps, percent=100.0, remaining_seconds=0, remaining="0s"
+    )
+
+
+def as_status(progress: JobProgress) -> dict[str, object]:
+    """`progress` as status.progress stores it (the keys it has), to compare with the stored one."""
+    return progress.model_dump(by_alias=True, exclude_unset=True, mode="json")
