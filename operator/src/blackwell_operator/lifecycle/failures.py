@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from blackwell_operator.lifecycle.conditions import get_condition, set_condition
+from blackwell_operator.lifecycle.conditions import get_condition
 from blackwell_operator.lifecycle.message import CASCADE_WINDOW_S, describe, set_message, status_message
-from blackwell_operator.lifecycle.phase import TERMINAL_PHASES
+from blackwell_operator.lifecycle.phase import TERMINAL_PHASES, fail
 from blackwell_operator.lifecycle.replan import oom_of, replacing_child, replan_changes
 from blackwell_operator.lifecycle.status_read import read_status
 from blackwell_operator.models.status import (
@@ -185,16 +185,9 @@ def _permanent_stop(
         f"{what} is deleted to free its GPUs; fix the spec and apply it again (a spec change starts a "
         "new job)"
     )
-    conds = set_condition(
-        stored.conditions,
-        ConditionType.FAILED,
-        "True",
-        PERMANENT_ERROR_REASON,
-        reason[: FAILURE_MESSAGE_LIMIT * 2],
-        generation=generation,
-        now=now,
+    return fail(
+        StatusChange(), stored.conditions, PERMANENT_ERROR_REASON, reason, generation=generation, now=now
     )
-    return set_message(StatusChange(phase=Phase.FAILED, conditions=conds), f"Failed: {reason}", Phase.FAILED)
 
 
 def _child_of(status: Mapping[str, Any]) -> Mapping[str, Any]:

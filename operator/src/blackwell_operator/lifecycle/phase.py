@@ -13,7 +13,14 @@ from blackwell_operator.lifecycle.conditions import (
     set_condition,
 )
 from blackwell_operator.lifecycle.kueue import kueue_condition
-from blackwell_operator.models.status import Condition, ConditionType, Phase
+from blackwell_operator.lifecycle.message import set_message
+from blackwell_operator.models.status import (
+    FAILURE_MESSAGE_LIMIT,
+    Condition,
+    ConditionType,
+    Phase,
+    StatusChange,
+)
 
 # Phases the child job decides; the operator sets the others (Planning, Planned, Invalid) itself.
 CHILD_PHASES = frozenset(
@@ -157,3 +164,28 @@ def can_patch_in_place(child_status: Mapping[str, Any] | None) -> bool:
             if isinstance(e, Mapping)
         )
     )
+
+
+def fail(
+    change: StatusChange,
+    conditions: Sequence[Condition],
+    reason: str,
+    message: str,
+    *,
+    generation: int | None,
+    now: str,
+) -> StatusChange:
+    """`change` failing the BTJ for `reason`: condition Failed True (its message cut to twice the CRD's
+    lastFailure limit), phase Failed, and status.message "Failed: <message>" (the failure is in the
+    headline already)."""
+    change.phase = Phase.FAILED
+    change.conditions = set_condition(
+        conditions,
+        ConditionType.FAILED,
+        "True",
+        reason,
+        message[: FAILURE_MESSAGE_LIMIT * 2],
+        generation=generation,
+        now=now,
+    )
+    return set_message(change, f"Failed: {message}", Phase.FAILED)

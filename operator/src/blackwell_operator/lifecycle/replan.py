@@ -10,9 +10,9 @@ from blackwell_operator.calibration.cluster import frozen
 from blackwell_operator.errors import SpecError
 from blackwell_operator.lifecycle.conditions import set_condition
 from blackwell_operator.lifecycle.message import set_message
+from blackwell_operator.lifecycle.phase import fail
 from blackwell_operator.lifecycle.status_read import read_status
 from blackwell_operator.models.status import (
-    FAILURE_MESSAGE_LIMIT,
     PLAN_HISTORY_LIMIT,
     ConditionType,
     MemoryCorrection,
@@ -149,19 +149,8 @@ def replan_changes(
     history = stored.plan_history  # the entry goes last once it is complete
     if plan is None:
         message = f"{_measured(result)} with {entry.failed_summary}, and {why}. Fix: {WHAT_TO_CHANGE}"
-        conds = set_condition(
-            stored.conditions,
-            ConditionType.FAILED,
-            "True",
-            failed_reason,
-            message[: FAILURE_MESSAGE_LIMIT * 2],
-            generation=generation,
-            now=now,
-        )
-        change.phase, change.conditions = Phase.FAILED, conds
         change.plan_history = [*history, entry][-PLAN_HISTORY_LIMIT:]
-        set_message(change, f"Failed: {message}", Phase.FAILED)  # the failure is in the headline already
-        return change, entry
+        return fail(change, stored.conditions, failed_reason, message, generation=generation, now=now), entry
     entry.replacement = plan.chosen
     entry.replacement_summary = candidate_line(plan.chosen, plan.predicted.memory.peak_reserved)
     what = f"{child.get('kind', 'job')} {child.get('name', name)}"
