@@ -219,6 +219,25 @@ def test_s3_shards_download_once_and_match_the_local_ones(
     assert (tmp_path / "cache" / "s3" / "tokens" / "corpus" / "a.bin").stat().st_mtime_ns == stamp
 
 
+def test_a_cache_hit_keeps_the_shards_mtime_to_the_nanosecond(s3_endpoint: str, tmp_path: Path) -> None:
+    # A hit marks the shard recently used (atime, for the eviction order) and must not touch its mtime:
+    # setting it from a float of seconds moved it by up to ~240 ns on every hit (a flaky test above).
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+    client.create_bucket(Bucket="hits")
+    client.put_object(Bucket="hits", Key="corpus/a.bin", Body=np.arange(64, dtype=np.uint16).tobytes())
+    head = client.head_object(Bucket="hits", Key="corpus/a.bin")
+    local = tmp_path / "cache" / "s3" / "hits" / "corpus" / "a.bin"
+    cache_module.download_once(client, "hits", "corpus/a.bin", local, head["ContentLength"], head["ETag"])
+    # An mtime no float of seconds holds exactly at this epoch (odd nanoseconds).
+    stamp = local.stat().st_mtime_ns // 1000 * 1000 + 123
+    os.utime(local, ns=(stamp, stamp))
+    cache_module.download_once(client, "hits", "corpus/a.bin", local, head["ContentLength"], head["ETag"])
+    assert local.stat().st_mtime_ns == stamp
+    assert local.stat().st_atime_ns > stamp
+
+
 def test_a_shard_replaced_in_s3_is_fetched_again(s3_endpoint: str, tmp_path: Path) -> None:
     # The node-level cache outlives the container: a cached copy of the same size but an older ETag
     # (the object was re-uploaded) must not be served.

@@ -82,7 +82,9 @@ def download_once(client: Any, bucket: str, key: str, local: Path, size: int, et
         fcntl.flock(lock, fcntl.LOCK_EX)
         fresh = local.exists() and local.stat().st_size == size and tag.exists() and tag.read_text() == etag
         if fresh:
-            os.utime(local, (time.time(), local.stat().st_mtime))  # recently used (atime), same content
+            # Recently used (atime), same content: mtime kept to the nanosecond (a float of seconds holds
+            # only about 240 ns at today's epoch, and moved it on every cache hit).
+            os.utime(local, ns=(time.time_ns(), local.stat().st_mtime_ns))
         else:
             make_room(cache_dir(), size, keep=local)
             partial = local.with_name(f"{local.name}.part-{os.getpid()}")
