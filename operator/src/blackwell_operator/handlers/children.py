@@ -13,8 +13,8 @@ from blackwell_operator.handlers.events import post_event
 from blackwell_operator.handlers.reconcile import drop_supporting, supporting_of
 from blackwell_operator.lifecycle.conditions import find_condition, set_condition
 from blackwell_operator.lifecycle.failures import stopping_child
-from blackwell_operator.lifecycle.message import set_message, summary_message
-from blackwell_operator.lifecycle.phase import TERMINAL_PHASES, child_conditions, child_message, child_phase
+from blackwell_operator.lifecycle.message import set_message
+from blackwell_operator.lifecycle.phase import TERMINAL_PHASES, child_conditions, child_headline, child_phase
 from blackwell_operator.lifecycle.progress import as_status, finished
 from blackwell_operator.lifecycle.replan import replacing_child
 from blackwell_operator.lifecycle.status_read import read_status
@@ -166,7 +166,7 @@ def on_child_event(
             child_kind=kind,
         )
         transition.update(old=status.get("phase"), new=phase, btj=btj)
-        headline = summary_message(phase, kind, meta["name"], child_message(child.get("status")))
+        headline = child_headline(phase, kind, meta["name"], child.get("status"))
         running = find_condition(conds, ConditionType.RUNNING)
         change = StatusChange(phase=phase, conditions=conds)
         # The worker watcher's lastFailure stays in the message while the job restarts or has failed.
@@ -197,9 +197,7 @@ def on_child_event(
     if written is not None and transition and transition["old"] != transition["new"].value:
         reason = _EVENT_PHASES.get(transition["new"])
         if reason:
-            message = summary_message(
-                transition["new"], kind, meta["name"], child_message(child.get("status"))
-            )
+            message = child_headline(transition["new"], kind, meta["name"], child.get("status"))
             warning = transition["new"] in (Phase.FAILED, Phase.RESTARTING)
             post(written, reason, message, warning=warning)
     return done

@@ -58,9 +58,9 @@ from blackwell_operator.lifecycle.conditions import (
     set_condition,
     set_conditions,
 )
-from blackwell_operator.lifecycle.message import set_message, summary_message
+from blackwell_operator.lifecycle.message import set_message
 from blackwell_operator.lifecycle.patch import plan_document
-from blackwell_operator.lifecycle.phase import CHILD_PHASES, child_conditions, child_message
+from blackwell_operator.lifecycle.phase import CHILD_PHASES, child_conditions, child_headline
 from blackwell_operator.lifecycle.references import SERVICE_ACCOUNT_MISSING
 from blackwell_operator.lifecycle.replan import REPLANNED_REASON, correction_of
 from blackwell_operator.lifecycle.status_read import read_status
@@ -69,7 +69,13 @@ from blackwell_operator.models.spec import Backend, BlackwellTrainingJobSpec
 from blackwell_operator.models.status import ChildReference, ConditionType, Phase, StatusChange
 from blackwell_operator.planner.provenance import plan_event, plan_verified_condition
 from blackwell_operator.render import render_children, trainjob
-from blackwell_operator.render.kinds import JOB_KINDS, SUPPORTING_KINDS, ChildKind
+from blackwell_operator.render.kinds import (
+    CONFIG_MAP,
+    JOB_KINDS,
+    SUPPORTING_KINDS,
+    TRAINING_RUNTIME,
+    ChildKind,
+)
 from blackwell_operator.render.pod import plan_config_map_name, resources
 from blackwell_operator.timefmt import now_rfc3339
 from blackwell_operator.units import GIB
@@ -112,9 +118,9 @@ class Result:
 def supporting_of(namespace: str, btj_name: str, child_kind: str) -> list[tuple[str, str, str]]:
     """(apiVersion, plural, name) of what a BTJ's child references: its plan ConfigMap, and for a
     TrainJob its TrainingRuntime (named like the job)."""
-    found = [("v1", "configmaps", plan_config_map_name(btj_name))]
+    found = [(CONFIG_MAP.api_version, CONFIG_MAP.plural, plan_config_map_name(btj_name))]
     if child_kind == trainjob.KIND:
-        found.append((trainjob.API_VERSION, trainjob.RUNTIME_PLURAL, btj_name))
+        found.append((TRAINING_RUNTIME.api_version, TRAINING_RUNTIME.plural, btj_name))
     return found
 
 
@@ -790,11 +796,8 @@ class Reconciler:
                         queue_name=spec.get("queueName"),
                         child_kind=result.child_kind.kind,
                     )
-                    headline = summary_message(
-                        phase,
-                        result.child_kind.kind,
-                        child_meta["name"],
-                        child_message(result.child.get("status")),
+                    headline = child_headline(
+                        phase, result.child_kind.kind, child_meta["name"], result.child.get("status")
                     )
                     change.phase = phase
                     # First sight: the message is the child's alone (its lastFailure is the child watcher's).

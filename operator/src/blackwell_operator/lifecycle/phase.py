@@ -13,7 +13,7 @@ from blackwell_operator.lifecycle.conditions import (
     set_condition,
 )
 from blackwell_operator.lifecycle.kueue import kueue_condition
-from blackwell_operator.lifecycle.message import set_message
+from blackwell_operator.lifecycle.message import set_message, summary_message
 from blackwell_operator.models.status import (
     FAILURE_MESSAGE_LIMIT,
     Condition,
@@ -87,6 +87,12 @@ def child_message(child_status: Mapping[str, Any] | None) -> str:
         if isinstance(cond, Mapping) and cond.get("status") == "True" and cond.get("message"):
             return str(cond["message"])
     return ""
+
+
+def child_headline(phase: Phase, kind: str, name: str, child_status: Mapping[str, Any] | None) -> str:
+    """status.headline (and the phase Event's message) from a child: its kind, name, phase and the message
+    of its latest True condition."""
+    return summary_message(phase, kind, name, child_message(child_status))
 
 
 def child_conditions(
