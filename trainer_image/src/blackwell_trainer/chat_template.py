@@ -8,10 +8,10 @@ lstrip_blocks, `raise_exception`, `strftime_now` and a `tojson` that keeps non-A
 Few templates mark the assistant's text (`{% generation %}`), so the spans are found by rendering the
 conversation one turn at a time: the characters that appear when assistant turn i is added to the
 conversation up to turn i (rendered with the generation prompt, as inference would prompt) are that turn,
-up to its end-of-turn marker (trailing whitespace after it is never generated, so it is not trained on). This holds only when the
-template is prefix-stable (adding a turn never rewrites what was already rendered) and its generation prompt
-ends where the assistant's text starts; both are checked on every conversation, and a template that breaks
-them is refused with the reason. There is no fallback to training on every token.
+up to its end-of-turn marker (trailing whitespace after it is never generated, so it is not trained on).
+This holds only when the template is prefix-stable (adding a turn never rewrites what was already rendered)
+and its generation prompt ends where the assistant's text starts; both are checked on every conversation,
+and a template that breaks them is refused with the reason. There is no fallback to training on every token.
 """
 
 from __future__ import annotations
