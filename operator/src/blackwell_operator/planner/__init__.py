@@ -191,6 +191,7 @@ def plan_job(
         best.setting,
         precision_pinned=pins.precision is not None,
         cp_fallback=cp_fallback,
+        document_mask=problem.document_mask,
     )
     gpu = hw.gpu
     headline = (
