@@ -15,7 +15,7 @@ from blackwell_operator.lifecycle.status_patch import status_patch
 from blackwell_operator.lifecycle.writers import MEASURE_LOOP
 from blackwell_operator.models.status import JobProgress
 from blackwell_trainer.config import ClusterCorrection
-from tests.operator.harness import btj
+from tests.operator.manifests import btj
 from tests.operator.pods import container, pod, pod_status
 from tests.planner.conftest import make_spec
 
