@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from blackwell_operator.lifecycle.failures import belongs_to
+from blackwell_operator.lifecycle.ownership import Lineage
 from blackwell_operator.lifecycle.progress import as_status
 from blackwell_operator.lifecycle.status_read import read_status
 from blackwell_operator.models.status import JobProgress, MeasuredThroughput, Phase, StatusChange
@@ -34,12 +35,14 @@ def measured_changes(
     mfu: float | None,
     now: str,
     progress: JobProgress | None = None,
+    *,
+    found: Lineage | None,
 ) -> StatusChange | None:
     """status.measured (when it moved) and status.progress (when it changed) from a reading of `pod`, when
-    it is this BTJ's running worker. The progress replaces the stored one whole: a time left from before a
-    restart is never shown beside a newer step."""
+    it is this BTJ's running worker (`found`: the pod's verified owner chain). The progress replaces the
+    stored one whole: a time left from before a restart is never shown beside a newer step."""
     stored = read_status(btj.get("status")).status
-    if stored.phase != Phase.RUNNING or not belongs_to(pod, btj):
+    if stored.phase != Phase.RUNNING or not belongs_to(pod, btj, found):
         return None
     change = StatusChange()
     if progress is not None and (

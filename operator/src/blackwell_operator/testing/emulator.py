@@ -28,7 +28,7 @@ import kmock
 from kmock._internal import aiobus, parsing, rendering
 
 from blackwell_operator.models.spec import API_GROUP, API_VERSION, KIND, PLURAL, Backend
-from blackwell_operator.render.kinds import JOB_KINDS, TRAINING_RUNTIME
+from blackwell_operator.render.kinds import JOB_KINDS, JOBSET, TRAINING_RUNTIME
 from blackwell_operator.timefmt import now_rfc3339
 
 BTJ_RESOURCE = f"{API_GROUP}/{API_VERSION}/{PLURAL}"
@@ -36,6 +36,7 @@ PYTORCHJOB_RESOURCE = JOB_KINDS[Backend.PYTORCH_JOB].resource
 HYPERPOD_RESOURCE = JOB_KINDS[Backend.HYPERPOD_PYTORCH_JOB].resource
 TRAINJOB_RESOURCE = JOB_KINDS[Backend.TRAIN_JOB].resource
 TRAINING_RUNTIME_RESOURCE = TRAINING_RUNTIME.resource
+JOBSET_RESOURCE = JOBSET.resource
 JOB_RESOURCES = tuple(row.resource for row in JOB_KINDS.values())
 # The subresources each job CRD serves (a PyTorchJob's scale too).
 _JOB_SUBRESOURCES = {Backend.PYTORCH_JOB: {"status", "scale"}}
@@ -193,14 +194,17 @@ class Fault:
     commit: bool = False
     subresource: str | None = None
     reason: str = "InjectedFault"
+    watch: bool | None = None  # True: only watch requests, False: none, None: either
 
     def matches(self, request: rendering.Request) -> bool:
+        watching = request.params.get("watch") in ("true", "1")
         return (
             self.times > 0
             and request.method.value == self.method.upper()
             and request.resource is not None
             and request.resource.plural == self.plural
             and request.subresource == self.subresource
+            and (self.watch is None or self.watch == watching)
         )
 
 
@@ -241,7 +245,13 @@ class Chaos:
 
 
 _HANDLING: contextvars.ContextVar[rendering.Request | None] = contextvars.ContextVar("handling", default=None)
-_ERROR_REASONS = {409: "Conflict", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout"}
+_ERROR_REASONS = {
+    409: "Conflict",
+    410: "Expired",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
 
 
 def _error(status: int, message: str, reason: str | None = None) -> kmock.KubernetesError:
@@ -291,6 +301,7 @@ class HardenedEmulator(kmock.KubernetesEmulator):
                     del self.resources[resource]
             if TRAINJOB_RESOURCE not in only:
                 del self.resources[TRAINING_RUNTIME_RESOURCE]
+                del self.resources[JOBSET_RESOURCE]
 
     def _declare_all(self) -> None:
         self.resources.load_bundled()
@@ -314,6 +325,14 @@ class HardenedEmulator(kmock.KubernetesEmulator):
         self.resources[TRAINING_RUNTIME_RESOURCE] = kmock.ResourceInfo(
             kind=TRAINING_RUNTIME.kind, singular=TRAINING_RUNTIME.singular, namespaced=True, verbs=_ALL_VERBS
         )
+        # The JobSet a TrainJob runs as (Kubeflow Trainer v2 installs JobSet beside it).
+        self.resources[JOBSET_RESOURCE] = kmock.ResourceInfo(
+            kind=JOBSET.kind,
+            singular=JOBSET.singular,
+            namespaced=True,
+            verbs=_ALL_VERBS,
+            subresources={"status"},
+        )
 
     def inject_fault(
         self,
@@ -324,10 +343,18 @@ class HardenedEmulator(kmock.KubernetesEmulator):
         times: int = 1,
         commit: bool = False,
         subresource: str | None = None,
+        watch: bool | None = None,
     ) -> Fault:
-        """Make the next `times` matching requests fail with `status` (after applying them if `commit`)."""
+        """Make the next `times` matching requests fail with `status` (after applying them if `commit`);
+        `watch`: only watch requests (True), only others (False), either (None)."""
         fault = Fault(
-            method=method, plural=plural, status=status, times=times, commit=commit, subresource=subresource
+            method=method,
+            plural=plural,
+            status=status,
+            times=times,
+            commit=commit,
+            subresource=subresource,
+            watch=watch,
         )
         self.faults.append(fault)
         return fault
