@@ -7,7 +7,7 @@ Pure (pydantic and the standard library): the trainer checks a data set with it 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -25,6 +25,7 @@ TOKENIZER_FILE = "tokenizer.json"
 # token (uint64). Neither ends in .bin, which the trainer reads as token shards.
 MASK_SUFFIX = ".mask"
 DOCS_SUFFIX = ".docs"
+COMPANION_SUFFIXES = (MASK_SUFFIX, DOCS_SUFFIX)
 
 
 def companion(shard: str, suffix: str) -> str:
@@ -104,16 +105,22 @@ def check_manifest(
     uri: str,
     token_dtype: str,
     vocab_size: int,
+    kind: str = "shards",
 ) -> None:
-    """Raise ManifestMismatch when the shards at `uri` (name -> size in bytes) are not the data set the
-    manifest describes, or the data set does not fit the plan (dtype, the model's vocabulary)."""
+    """Raise ManifestMismatch when the shards at `uri` (name -> size in bytes; for chat data also each
+    shard's .mask and .docs) are not the data set the manifest describes, or the data set does not fit the
+    plan (dataset kind and dtype, the model's vocabulary)."""
     where = f"dataset.uri {uri}"
-    if manifest.kind == "chat":
+    if manifest.kind == "chat" and kind != "chat":
         # Reading it as plain shards would train on every token, the silent failure the mask exists for.
         raise ManifestMismatch(
-            f"{where} holds chat data (a loss mask over the assistant's tokens), which this trainer version "
-            "cannot train on yet: it would train on every token; "
-            "prepare plain text without --chat for continued pre-training"
+            f"{where} holds chat data (a loss mask over the assistant's tokens, prepare --chat) but "
+            f"dataset.kind is {kind}, which would train on every token; set spec.training.dataset.kind: chat"
+        )
+    if kind == "chat" and manifest.kind != "chat":
+        raise ManifestMismatch(
+            f"{where} holds plain token shards, with no loss mask; dataset.kind chat needs conversations "
+            "prepared with `python -m blackwell_trainer.prepare --chat`, or set dataset.kind: shards"
         )
     if manifest.token_dtype != token_dtype:
         raise ManifestMismatch(
@@ -140,12 +147,30 @@ def check_manifest(
                 f"{manifest.token_dtype} tokens ({shard.tokens * itemsize} bytes); the copy is incomplete "
                 "or another file: copy it again"
             )
+    if manifest.kind == "chat":
+        listed |= _check_companions(manifest, files, where)
     strays = sorted(set(files) - listed)
     if strays:
         raise ManifestMismatch(
             f"{where} holds {strays[0]}, which {MANIFEST_NAME} does not list ({len(strays)} such file(s)); "
             "remove files of other data sets from the folder or prepare them together"
         )
+
+
+def _check_companions(manifest: ShardManifest, files: Mapping[str, int], where: str) -> set[str]:
+    """Each chat shard's mask (a byte per token) and conversation starts (8 bytes each), by size."""
+    names: set[str] = set()
+    for shard in manifest.shards:
+        for suffix, size in ((MASK_SUFFIX, shard.tokens), (DOCS_SUFFIX, 8 * shard.documents)):
+            name = companion(shard.name, suffix)
+            names.add(name)
+            if files.get(name) != size:
+                found = "is missing" if name not in files else f"has {files[name]} bytes, not {size}"
+                raise ManifestMismatch(
+                    f"{where}: {name} {found}; copy the whole folder `prepare --chat` wrote (or prepare "
+                    "the data again)"
+                )
+    return names
 
 
 def tokenizer_sha256(path: Path) -> str:
@@ -165,3 +190,56 @@ def check_tokenizer(manifest: ShardManifest, weights_sha256: str, *, uri: str, w
             f"{weights_sha256}; prepare the data again with the checkpoint's tokenizer "
             f"(python -m blackwell_trainer.prepare ... --tokenizer {folder})"
         )
+
+
+MIN_SEQUENCE_LENGTH = 128  # the CRD's least spec.training.sequenceLength
+
+
+def windows(shard_tokens: Sequence[int], sequence_length: int) -> int:
+    """Training samples the shards hold: non-overlapping (sequence_length + 1)-token windows per shard."""
+    return sum(max(0, (tokens - 1) // sequence_length) for tokens in shard_tokens)
+
+
+def too_little_data(
+    shard_tokens: Sequence[int],
+    *,
+    uri: str,
+    sequence_length: int,
+    data_parallel: int,
+    micro_batch_size: int,
+    accumulation: int = 1,
+) -> str | None:
+    """Why the shards cannot feed one optimizer step (data_parallel x micro_batch_size x accumulation
+    samples), with the fields that would; None when they can.
+
+    The advice is only what works: the tokens to add; the micro-batch (and the global batch) that the
+    samples there are feed; fewer nodes where the data-parallel ranks are what it lacks; a shorter
+    sequence only where it gives enough samples and is one the CRD allows.
+    """
+    have = windows(shard_tokens, sequence_length)
+    per_micro_step = data_parallel * micro_batch_size
+    need = per_micro_step * accumulation
+    if have >= need:
+        return None
+    tokens = sum(shard_tokens)
+    fixes = [f"add about {(need - have) * sequence_length:,} tokens to {uri}"]
+    if have >= per_micro_step:
+        fixes.append(f"a smaller spec.training.globalBatchTokens (at most {have * sequence_length:,})")
+    elif have >= data_parallel:
+        fixes.append(f"spec.tuning.microBatchSize: {have // data_parallel} or smaller")
+    if have < data_parallel * micro_batch_size and data_parallel > 1 and have >= micro_batch_size:
+        fixes.append(
+            f"fewer GPUs: at most {have // micro_batch_size} data-parallel ranks (spec.cluster.nodes)"
+        )
+    shorter = sequence_length // 2
+    while shorter >= MIN_SEQUENCE_LENGTH and windows(shard_tokens, shorter) < need:
+        shorter //= 2
+    if shorter >= MIN_SEQUENCE_LENGTH:
+        fixes.append(f"spec.training.sequenceLength: {shorter}")
+    step = f"{data_parallel} data-parallel ranks x micro-batch {micro_batch_size}"
+    if accumulation > 1:
+        step += f" x {accumulation} accumulation steps"
+    return (
+        f"dataset.uri {uri} holds {tokens:,} tokens, {have:,} samples of {sequence_length + 1} tokens, fewer "
+        f"than one step needs ({step} = {need:,} samples). Fix: " + "; or ".join(fixes)
+    )
