@@ -21,6 +21,16 @@ MANIFEST_VERSION: Literal[1] = 1
 TOKEN_DTYPES = ("uint16", "uint32")
 ITEMSIZE = {"uint16": 2, "uint32": 4}
 TOKENIZER_FILE = "tokenizer.json"
+# Beside a chat data set's part-*.bin: one uint8 per token (1: trained on) and each conversation's first
+# token (uint64). Neither ends in .bin, which the trainer reads as token shards.
+MASK_SUFFIX = ".mask"
+DOCS_SUFFIX = ".docs"
+COMPANION_SUFFIXES = (MASK_SUFFIX, DOCS_SUFFIX)
+
+
+def companion(shard: str, suffix: str) -> str:
+    """The name of a shard's mask or document-start file: part-00000-00000.bin -> part-00000-00000.mask."""
+    return shard.removesuffix(".bin") + suffix
 
 
 class ManifestMismatch(ValueError):
@@ -32,7 +42,12 @@ class ShardEntry(WireModel):
 
     name: str = Field(min_length=1, description="File name, e.g. part-00000-00000.bin.")
     tokens: int = Field(ge=1, description="Tokens in the file (file size / dtype size).")
-    documents: int = Field(ge=1, description="Documents in the file, each ending with the EOS token.")
+    documents: int = Field(
+        ge=1, description="Documents in the file, each ending with the EOS token (chat: conversations)."
+    )
+    trained_tokens: int | None = Field(
+        default=None, ge=0, description="Chat data: tokens the loss mask trains on (the assistant's)."
+    )
     source: str = Field(description="The input file and the part of it the shard holds.")
 
 
@@ -54,6 +69,18 @@ class ShardManifest(WireModel):
     documents: int = Field(ge=0, description="Documents in all shards.")
     tokens: int = Field(ge=0, description="Tokens in all shards.")
     skipped: int = Field(default=0, ge=0, description="Inputs that held no text (empty or null), not kept.")
+    kind: Literal["text", "chat"] = Field(
+        default="text",
+        description="text: every token is trained on; chat: a loss mask beside each shard marks the "
+        "assistant's tokens, the only ones trained on.",
+    )
+    trained_tokens: int | None = Field(default=None, ge=0, description="Chat: tokens the mask trains on.")
+    loss_mask_coverage: float | None = Field(
+        default=None, ge=0, le=1, description="Chat: the share of all tokens the loss mask trains on."
+    )
+    chat_template_sha256: str | None = Field(
+        default=None, min_length=64, max_length=64, description="Chat: SHA-256 of the chat template."
+    )
     shards: list[ShardEntry] = Field(description="Every shard, by name.")
     settings: dict[str, str] = Field(
         default_factory=dict, description="The inputs and options of the run, to refuse a mismatched resume."
@@ -78,10 +105,23 @@ def check_manifest(
     uri: str,
     token_dtype: str,
     vocab_size: int,
+    kind: str = "shards",
 ) -> None:
-    """Raise ManifestMismatch when the shards at `uri` (name -> size in bytes) are not the data set the
-    manifest describes, or the data set does not fit the plan (dtype, the model's vocabulary)."""
+    """Raise ManifestMismatch when the shards at `uri` (name -> size in bytes; for chat data also each
+    shard's .mask and .docs) are not the data set the manifest describes, or the data set does not fit the
+    plan (dataset kind and dtype, the model's vocabulary)."""
     where = f"dataset.uri {uri}"
+    if manifest.kind == "chat" and kind != "chat":
+        # Reading it as plain shards would train on every token, the silent failure the mask exists for.
+        raise ManifestMismatch(
+            f"{where} holds chat data (a loss mask over the assistant's tokens, prepare --chat) but "
+            f"dataset.kind is {kind}, which would train on every token; set spec.training.dataset.kind: chat"
+        )
+    if kind == "chat" and manifest.kind != "chat":
+        raise ManifestMismatch(
+            f"{where} holds plain token shards, with no loss mask; dataset.kind chat needs conversations "
+            "prepared with `python -m blackwell_trainer.prepare --chat`, or set dataset.kind: shards"
+        )
     if manifest.token_dtype != token_dtype:
         raise ManifestMismatch(
             f"{where} was prepared as {manifest.token_dtype} ({MANIFEST_NAME}) but dataset.tokenDtype is "
@@ -107,12 +147,30 @@ def check_manifest(
                 f"{manifest.token_dtype} tokens ({shard.tokens * itemsize} bytes); the copy is incomplete "
                 "or another file: copy it again"
             )
+    if manifest.kind == "chat":
+        listed |= _check_companions(manifest, files, where)
     strays = sorted(set(files) - listed)
     if strays:
         raise ManifestMismatch(
             f"{where} holds {strays[0]}, which {MANIFEST_NAME} does not list ({len(strays)} such file(s)); "
             "remove files of other data sets from the folder or prepare them together"
         )
+
+
+def _check_companions(manifest: ShardManifest, files: Mapping[str, int], where: str) -> set[str]:
+    """Each chat shard's mask (a byte per token) and conversation starts (8 bytes each), by size."""
+    names: set[str] = set()
+    for shard in manifest.shards:
+        for suffix, size in ((MASK_SUFFIX, shard.tokens), (DOCS_SUFFIX, 8 * shard.documents)):
+            name = companion(shard.name, suffix)
+            names.add(name)
+            if files.get(name) != size:
+                found = "is missing" if name not in files else f"has {files[name]} bytes, not {size}"
+                raise ManifestMismatch(
+                    f"{where}: {name} {found}; copy the whole folder `prepare --chat` wrote (or prepare "
+                    "the data again)"
+                )
+    return names
 
 
 def tokenizer_sha256(path: Path) -> str:
