@@ -48,7 +48,7 @@ EXPECTED = [
     "spec.training.sequenceLength: must be >= 128 (got 64)",
     "spec.training.steps: must be >= 1 (got -1)",
     'spec.training.globalBatchTokens: must be a whole number (got "lots", a string)',
-    'spec.training.dataset.kind: must be one of synthetic, shards (got "magic")',
+    'spec.training.dataset.kind: must be one of synthetic, shards, chat (got "magic")',
     "spec.training.dataset.uri: must be a string (got 5, a whole number); quote it",
     "spec.training.checkpoint.intervalSteps: must be >= 1 (got 0)",
     "spec.training.checkpoint.keepLatest: must be >= 1 (got -2)",
