@@ -262,6 +262,7 @@ def _token_source(plan: Plan, runtime: Runtime) -> TokenSource:
         vocab_size=plan.architecture.vocab_size,
         rank=dp_rank,
         world_size=dp_world,
+        accumulation=plan.chosen.gradient_accumulation_steps,
     )
     return build_token_source(plan.dataset, layout)
 
