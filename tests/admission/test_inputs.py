@@ -72,11 +72,11 @@ BAD: dict[str, tuple[bytes, str]] = {
     # A list-map key of the wrong type is the schema's error, never a crash of the duplicate-key check.
     "env-name-a-list": (
         (HEAD + META + SPEC + "  env: [{name: [A], value: '1'}, {name: [A], value: '2'}]\n").encode(),
-        "spec.env.0.name: Input should be a valid string",
+        "spec.env[0].name: must be a string (got ['A'], a list)",
     ),
     "volume-name-a-mapping": (
         (HEAD + META + SPEC + "  volumes: [{name: {a: 1}, claimName: c, mountPath: /x}]\n").encode(),
-        "spec.volumes.0.name: Input should be a valid string",
+        "spec.volumes[0].name: must be a string (got {'a': 1}, a mapping)",
     ),
     "label-not-a-string": (
         (HEAD + "metadata: {name: job, labels: {team: 7}}\n" + SPEC).encode(),

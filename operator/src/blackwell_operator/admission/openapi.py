@@ -149,7 +149,8 @@ def describe(error: ValidationError) -> str:
             for name in extra
         )
     if kind == "required":
-        return f"{where}: {error.message.split(' is a required')[0]} is required: add it"
+        name = error.message.split(" is a required")[0].strip("'")
+        return f"{dotted((*error.absolute_path, name))}: required: add it"
     if kind == "enum":
         choices = ", ".join(map(str, expected))
         hint = did_you_mean(value, expected) if isinstance(value, str) else ""
