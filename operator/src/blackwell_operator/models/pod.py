@@ -9,6 +9,7 @@ from pydantic import AfterValidator, Field
 from pydantic.config import JsonDict
 from pydantic_core import PydanticCustomError
 
+from blackwell_operator.applabels import OPERATOR_POD_LABELS
 from blackwell_operator.units import KIB
 from blackwell_trainer.config import WireModel
 
@@ -40,7 +41,7 @@ TOTAL_ANNOTATION_LIMIT = 256 * KIB
 # anti-affinity rule, the operator's pod watch) and the app.kubernetes.io ones mark them as the
 # operator's; a user value would break that, so the spec may not set them.
 RESERVED_PREFIX = "training.blackwell.dev/"  # the API group (models/spec.py); a test ties them
-RESERVED_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/managed-by", "app.kubernetes.io/part-of")
+RESERVED_LABELS = OPERATOR_POD_LABELS
 RESERVED_ANNOTATIONS = ("kubectl.kubernetes.io/default-container",)
 
 

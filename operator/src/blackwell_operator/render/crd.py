@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from blackwell_operator.applabels import NAME_LABEL, OPERATOR_APP_NAME
 from blackwell_operator.models.pod import (
     LABEL_VALUE,
     MAX_KEY,
@@ -376,7 +377,7 @@ def generate_crd() -> dict[str, Any]:
         "kind": "CustomResourceDefinition",
         "metadata": {
             "name": f"{PLURAL}.{API_GROUP}",
-            "labels": {"app.kubernetes.io/name": "blackwell-training-operator"},
+            "labels": {NAME_LABEL: OPERATOR_APP_NAME},
         },
         "spec": {
             "group": API_GROUP,
