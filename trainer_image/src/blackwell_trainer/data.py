@@ -28,6 +28,7 @@ from blackwell_trainer.shard_manifest import (
     check_manifest,
     companion,
     parse_manifest,
+    too_little_data,
 )
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,7 @@ class DataLayout:
     vocab_size: int  # the model's vocabulary: shard tokens at or above it are an error
     rank: int = 0
     world_size: int = 1
+    accumulation: int = 1  # micro-batches per optimizer step: the data must feed one whole step
 
 
 @dataclass
@@ -206,13 +208,17 @@ class ShardTokenSource:
         # Windows step by sequence_length so each window's last label is the next window's first input.
         self._windows = [max(0, (s.num_tokens - 1) // sequence_length) for s in self.shards]
         self.samples_per_epoch = sum(self._windows)
-        needed = layout.world_size * layout.micro_batch_size
-        if self.samples_per_epoch < needed:
-            raise DataError(
-                f"dataset.uri {uri} holds {self.samples_per_epoch} windows of {sequence_length + 1} tokens, "
-                f"fewer than one step needs ({layout.world_size} ranks x {layout.micro_batch_size}); add "
-                "shards or shorten sequenceLength"
-            )
+        # The same rule and advice as `btj plan` gives for a folder it can read (shard_manifest).
+        problem = too_little_data(
+            [s.num_tokens for s in self.shards],
+            uri=uri,
+            sequence_length=sequence_length,
+            data_parallel=layout.world_size,
+            micro_batch_size=layout.micro_batch_size,
+            accumulation=layout.accumulation,
+        )
+        if problem is not None:
+            raise DataError(problem)
         digest = hashlib.sha256()
         for shard in self.shards:
             digest.update(f"{shard.name}:{shard.num_tokens};".encode())

@@ -12,6 +12,7 @@ from aiohttp import web
 from blackwell_operator.discovery.apis import ServedJobApis
 from blackwell_operator.discovery.aws import HyperPodCapacityReader, boto3_client_factory
 from blackwell_operator.discovery.capacity import NodeCapacityReader
+from blackwell_operator.handlers import watch_gone
 from blackwell_operator.handlers.api import KubeApi, load_api_client, resource_path
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.measure import measure_forever, measure_interval
@@ -46,6 +47,8 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.networking.request_timeout = 30
     # Server-side filter of the pod watch (track-pods): only the trainer pods of BTJs, not every pod.
     settings.watching.label_selectors["v1", "pods"] = TRAINER_POD_SELECTOR
+    # An HTTP 410 answer to a watch request restarts that watch instead of stopping the operator.
+    watch_gone.install()
 
 
 def build_context(api_client: Any | None = None) -> OperatorContext:
