@@ -19,7 +19,7 @@ from blackwell_operator.errors import SpecError
 from blackwell_operator.handlers import retrying
 from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
 from blackwell_operator.handlers.btjstatus import btj_path, deleted_child_uid, write_status
-from blackwell_operator.handlers.cluster_calibration import read_cluster_calibration
+from blackwell_operator.handlers.cluster_calibration import pooled, read_cluster_calibration
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import adopt_children, create_event, post_event
 from blackwell_operator.handlers.finalizer import release, with_finalizer
@@ -438,7 +438,11 @@ class Reconciler:
         if stored is not None and status.get("observedGeneration") == generation:
             return frozen(stored.cluster_correction)
         calibration = read_cluster_calibration(self.ctx, self._logger or _LOG)
-        return calibration.corrector(spec.cluster.instance_type) if calibration else None
+        if calibration is None:
+            return None
+        # This namespace's own runs only, unless the operator pools them (each namespace capped).
+        namespace = str((body.get("metadata") or {}).get("namespace") or "")
+        return calibration.corrector(spec.cluster.instance_type, namespace, pooled=pooled())
 
     def _report_provenance(self, body: Mapping[str, Any], plan: Plan, result: Result) -> None:
         """Condition PlanVerified and one Event per plan: which choices were measured here, which modelled."""

@@ -7,6 +7,7 @@ and the step time are the changes between two readings.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
-from blackwell_operator.calibration.cluster import Sample
+from blackwell_operator.calibration.cluster import ImplausibleSample, Sample, peak_over_bf16
 from blackwell_operator.models.status import Phase
 from blackwell_operator.render.pod import METRICS_PORT_NAME, TRAINER_CONTAINER_NAMES
 from blackwell_trainer.config import Plan
@@ -46,27 +47,35 @@ class Reading:
     reserved_bytes: int = 0  # peak reserved GPU memory of local rank 0 (0 on CPU)
 
 
+def _count(value: float | None) -> int | None:
+    """A gauge or counter that must be a whole number of something: None unless finite and not negative."""
+    if value is None or not math.isfinite(value) or value < 0:
+        return None
+    return int(value)
+
+
 def parse_reading(text: str, at: float) -> Reading | None:
-    """The trainer's counters from Prometheus text, or None when they are not there (not our trainer)."""
+    """The trainer's counters from Prometheus text, or None when they are not there (not our trainer) or
+    not a reading at all (a token count that is NaN, infinite or negative). A NaN or infinite gauge beside
+    a good count is dropped (no MFU, no step); ValueError for text that is not Prometheus exposition."""
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             kind = sample.labels.get(MEMORY_KIND_LABEL)
-            values[f"{sample.name}:{kind}" if kind else sample.name] = sample.value
-    if total(TOKENS) not in values:
+            values[f"{sample.name}:{kind}" if kind else sample.name] = float(sample.value)
+    tokens = values.get(total(TOKENS))
+    if tokens is None or not math.isfinite(tokens) or tokens < 0:
         return None
-    gpus = int(values.get(GPUS) or 1)
     mfu = values.get(MFU)
-    step, planned = values.get(STEP), values.get(PLANNED_STEPS)
     return Reading(
         at,
-        values[total(TOKENS)],
-        max(gpus, 1),
-        mfu if mfu else None,
-        step=None if step is None else int(step),
-        planned_steps=int(planned) if planned else None,
-        pod_steps=int(values.get(total(STEPS)) or 0),
-        reserved_bytes=int(values.get(f"{GPU_MEMORY_PEAK}:{RESERVED}") or 0),
+        tokens,
+        max(_count(values.get(GPUS)) or 1, 1),
+        mfu if mfu and math.isfinite(mfu) and mfu > 0 else None,
+        step=_count(values.get(STEP)),
+        planned_steps=_count(values.get(PLANNED_STEPS)) or None,
+        pod_steps=_count(values.get(total(STEPS))) or 0,
+        reserved_bytes=_count(values.get(f"{GPU_MEMORY_PEAK}:{RESERVED}")) or 0,
     )
 
 
@@ -76,7 +85,8 @@ def tokens_per_second_per_gpu(earlier: Reading, later: Reading) -> float | None:
     trained = later.tokens - earlier.tokens
     if elapsed <= 0 or trained < 0:  # a restarted container counts from zero again
         return None
-    return trained / elapsed / later.gpus
+    rate = trained / elapsed / later.gpus
+    return rate if math.isfinite(rate) else None
 
 
 def metrics_endpoint(pod: Mapping[str, Any]) -> str | None:
@@ -100,6 +110,30 @@ def metrics_endpoint(pod: Mapping[str, Any]) -> str | None:
 WARMUP_STEPS = 3
 
 
+# Peak reserved memory may read a little above the catalog's usable memory (the driver's own share is
+# outside both), never much more.
+RESERVED_SLACK = 1.05
+
+
+def unphysical(plan: Plan, tokens_per_s: float, reserved_bytes: int) -> str | None:
+    """Why a job's reading cannot be what its GPUs did (None: it can): a rate that is not finite or not
+    positive, one whose MFU is above the GPU's peak for the plan's recipe, or more memory reserved than
+    the GPU has. The plan's predicted MFU scales with its predicted rate, so the measured MFU follows."""
+    if not math.isfinite(tokens_per_s) or tokens_per_s <= 0:
+        return f"{tokens_per_s:g} tokens/s per GPU is not a rate"
+    predicted = plan.predicted.tokens_per_second_per_gpu
+    mfu = plan.predicted.model_flops_utilization * tokens_per_s / predicted if predicted > 0 else 0.0
+    ceiling = peak_over_bf16(plan.chosen.precision_recipe)
+    if mfu > ceiling:
+        return (
+            f"{tokens_per_s:,.0f} tokens/s per GPU is {mfu:.2f} of the BF16 dense peak, above the "
+            f"{ceiling:g} the GPU can do with recipe {plan.chosen.precision_recipe.value}"
+        )
+    if reserved_bytes > RESERVED_SLACK * plan.gpu.memory_bytes:
+        return f"{reserved_bytes} bytes reserved is more than the GPU's {plan.gpu.memory_bytes}"
+    return None
+
+
 def sample_of(
     btj: Mapping[str, Any], earlier: Reading, later: Reading, tokens_per_s: float, now: str
 ) -> Sample | None:
@@ -107,10 +141,10 @@ def sample_of(
 
     The plan's prediction already carries any correction it was planned with; the ratio is taken against
     the model's own figure (prediction over the plan's tokens factor), so the calibration never chases
-    its own corrections.
+    its own corrections. ImplausibleSample for a reading no GPU can give (`unphysical`).
     """
     meta, status = btj.get("metadata") or {}, btj.get("status") or {}
-    if status.get("phase") != Phase.RUNNING.value or earlier.pod_steps < WARMUP_STEPS or tokens_per_s <= 0:
+    if status.get("phase") != Phase.RUNNING.value or earlier.pod_steps < WARMUP_STEPS:
         return None
     try:
         plan = Plan.model_validate(status.get("plan"))
@@ -120,6 +154,9 @@ def sample_of(
     modelled = plan.predicted.tokens_per_second_per_gpu / factor
     if modelled <= 0:
         return None
+    problem = unphysical(plan, tokens_per_s, later.reserved_bytes)
+    if problem is not None:
+        raise ImplausibleSample(f"{meta.get('namespace')}/{meta.get('name')}: {problem}")
     peak = plan.predicted.memory.peak_reserved
     return Sample(
         job=f"{meta.get('namespace')}/{meta.get('name')}",
