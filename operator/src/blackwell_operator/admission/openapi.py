@@ -195,7 +195,11 @@ def _kind_of(value: Any) -> str:
 def schema_errors(check: jsonschema.Draft4Validator, obj: Any) -> list[str]:
     """Every schema error, one line each, in document order."""
     found = sorted(check.iter_errors(obj), key=lambda e: [str(p) for p in e.absolute_path])
-    return list(dict.fromkeys(line for error in found for line in describe(error).splitlines()))
+    lines: dict[str, str] = {}  # one line per field: the first of its errors (`""` breaks minLength first)
+    for error in found:
+        for line in describe(error).splitlines():
+            lines.setdefault(line.split(": ", 1)[0], line)
+    return list(lines.values())
 
 
 def int64_errors(obj: Any, path: tuple[Any, ...] = ()) -> Iterator[str]:

@@ -51,8 +51,8 @@ def candidate_line(candidate: Candidate, peak_reserved: int | None = None) -> st
 
 def generation_of(btj: Mapping[str, Any]) -> int:
     """The spec generation the status describes."""
-    status = btj.get("status") or {}
-    return int(status.get("observedGeneration") or (btj.get("metadata") or {}).get("generation") or 1)
+    stored = read_status(btj.get("status")).status
+    return int(stored.observed_generation or (btj.get("metadata") or {}).get("generation") or 1)
 
 
 # What a memory correction was learned for: what sets how much memory a configuration takes. A spec edit
@@ -86,14 +86,14 @@ def learned_for(spec: Any) -> str:
 def correction_of(btj: Mapping[str, Any]) -> MemoryCorrection | None:
     """status.memoryCorrection when it applies to the BTJ's current spec: learned on this generation, or
     on an earlier one whose LEARNED_FOR fields this spec keeps (then rebased onto this generation, so that
-    a later out-of-memory run adds to it and its re-plan count goes on). Else None."""
-    raw = (btj.get("status") or {}).get("memoryCorrection")
-    if not raw:
+    a later out-of-memory run adds to it and its re-plan count goes on). Else None.
+
+    One written by another version, or by hand, that does not read is left out (lifecycle/status_read.py):
+    the job is planned without it rather than failed.
+    """
+    correction = read_status(btj.get("status")).status.memory_correction
+    if correction is None:
         return None
-    try:
-        correction = MemoryCorrection.model_validate(raw)
-    except ValueError:
-        return None  # written by another version, or by hand: plan without it rather than fail
     generation = int((btj.get("metadata") or {}).get("generation") or 1)
     if correction.generation == generation:
         return correction
@@ -153,7 +153,7 @@ def replan_changes(
     current = None if current is None else current.model_copy(update={"generation": generation})
     correction = learn(current, result, failed, generation=generation)
     correction.learned_for = learned_for(btj.get("spec"))
-    child = status.get("child") or {}
+    child = status.get("child") or {}  # read leniently: a child recorded without apiVersion names its uid
     entry = PlanChange(
         at=now,
         generation=generation,
