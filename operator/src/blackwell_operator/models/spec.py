@@ -326,7 +326,7 @@ OPERATOR_VOLUMES: dict[str, str] = {"plan": "/etc/btj", "shm": "/dev/shm", "loca
 _OPERATOR_MOUNT_USES = {
     "plan": "the job's plan",
     "shm": "the node's shared memory",
-    "local": "the node's NVMe",
+    "local": "the pod's node-local scratch",
 }
 
 DNS1123_LABEL = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -377,7 +377,7 @@ class WeightsSpec(WireModel):
 
     uri: str = Field(
         max_length=MAX_URI_LENGTH,
-        description="s3://bucket/prefix, or a folder on a spec.volumes entry (or /local on one node), "
+        description="s3://bucket/prefix, or a folder on a spec.volumes entry, "
         "holding config.json and *.safetensors; the job's own checkpoint takes precedence on resume.",
         json_schema_extra={"pattern": STORAGE_URI_PATTERN},
     )
@@ -393,8 +393,8 @@ class OutputSpec(WireModel):
 
     uri: str = Field(
         max_length=MAX_URI_LENGTH,
-        description="s3://bucket/prefix, or a folder on a spec.volumes entry that is not readOnly (or /local "
-        "on one node), for safetensors, config.json and the tokenizer.",
+        description="s3://bucket/prefix, or a folder on a spec.volumes entry that is not readOnly, "
+        "for safetensors, config.json and the tokenizer.",
         json_schema_extra={"pattern": STORAGE_URI_PATTERN},
     )
 
