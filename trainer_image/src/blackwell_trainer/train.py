@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # imported where run() needs them, not at start-up
     from .checkpoint import Checkpointer
     from .data import TokenSource
     from .metrics import TrainerMetrics
+    from .sample_ledger import SampleLedger
 
 log = logging.getLogger("blackwell_trainer")
 PLAN_ENV = "BTJ_PLAN_PATH"
@@ -413,8 +414,10 @@ def _loop(
 ) -> int:
     """Resume, then step until done or preempted; 0 either way."""
     from .checkpoint import Checkpointer, SavePolicy
+    from .sample_ledger import SampleLedger
 
     checkpointer = Checkpointer(plan.checkpoint, rank=runtime.rank)
+    ledger = SampleLedger.from_env(runtime.rank)
     _resume_or_start(plan, trainer, source, checkpointer, metrics)
     policy = SavePolicy(checkpointer, steps=plan.steps, recorder=metrics)
     report = StepReport(plan, runtime, metrics)
@@ -436,7 +439,7 @@ def _loop(
         if guard.agreed():
             policy.at_preemption(trainer.step_index, started_at, trainer.model, trainer.optimizer, extra)
             return 0
-        result = _finite_step(trainer, source, checkpointer)
+        result = _finite_step(trainer, source, checkpointer, ledger)
         checkpointer.confirm_finite(trainer.step_index)  # the checkpoint before it is known good
         report.step(trainer.step_index, result, lr=trainer.optimizer.param_groups[0]["lr"])
         policy.after_step(trainer.step_index, trainer.model, trainer.optimizer, extra)
@@ -447,12 +450,15 @@ def _token_source(plan: Plan, runtime: Runtime) -> TokenSource:
 
     # Context-parallel peers (consecutive ranks) read the same samples: index the data by dp rank.
     dp_rank, dp_world = data_parallel_rank(runtime.rank, runtime.world_size, plan.chosen.context_parallel)
+    chosen = plan.chosen
     layout = DataLayout(
-        micro_batch_size=plan.chosen.micro_batch_size,
+        micro_batch_size=chosen.micro_batch_size,
         sequence_length=plan.sequence_length,
         vocab_size=plan.architecture.vocab_size,
         rank=dp_rank,
         world_size=dp_world,
+        # The global batch: what a resume on another layout must keep (data.check_resume).
+        samples_per_step=dp_world * chosen.micro_batch_size * chosen.gradient_accumulation_steps,
     )
     return build_token_source(plan.dataset, layout)
 
@@ -465,9 +471,11 @@ def _resume_or_start(
         trainer.model, trainer.optimizer, on_skip=lambda path, reason: metrics.record_checkpoint_skipped()
     )
     if extra is not None:
+        from .data import check_resume
+
         trainer.step_index = int(extra["step"])
         source.load_state_dict(extra["data"])
-        log.info("resumed at step %d", trainer.step_index)
+        log.info(check_resume(extra["data"], trainer.step_index, source))
     elif plan.weights is not None:  # the job's own checkpoint wins; the initial weights start it
         from .data import ShardTokenSource
         from .weights_load import check_data_tokenizer, load_pretrained
@@ -496,12 +504,20 @@ def _export(plan: Plan, trainer: Trainer, runtime: Runtime) -> None:
     )
 
 
-def _finite_step(trainer: Trainer, source: TokenSource, checkpointer: Checkpointer) -> StepResult:
+def _finite_step(
+    trainer: Trainer, source: TokenSource, checkpointer: Checkpointer, ledger: SampleLedger
+) -> StepResult:
     """One step; a non-finite one stops the run, saying what a restart resumes from."""
     try:
-        accum = trainer.plan.chosen.gradient_accumulation_steps
-        return trainer.step([source.next_batch() for _ in range(accum)])
+        batches = []
+        for _ in range(trainer.plan.chosen.gradient_accumulation_steps):
+            batches.append(source.next_batch())
+            ledger.took(*source.position.last)
+        result = trainer.step(batches)
+        ledger.trained(trainer.step_index)
+        return result
     except NonFiniteStep as err:  # raised on every rank alike, before any save of that step
+        ledger.discard()
         kept = checkpointer.last_saved_step
         resume = f"a restart resumes from step {kept}" if kept is not None else "no checkpoint yet"
         raise err.explained(

@@ -726,7 +726,7 @@ class Reconciler:
                 conds = remove_condition(conds, ConditionType.PLAN_VERIFIED)  # no plan: nothing to verify
                 change.phase = Phase.INVALID
                 set_message(change, exc.message, change.phase)
-                change.plan = change.precision = change.micro_batch_size = None
+                change.plan = change.precision = change.micro_batch_size = change.nodes = None
                 change.activation_checkpointing = None
             change.conditions = conds
             return change
@@ -762,6 +762,7 @@ class Reconciler:
                 plan = result.plan
                 if status.get("plan") != plan_document(plan.to_json()):
                     change.plan = plan  # written as the merge patch from the stored one
+                change.nodes = plan.nodes
                 change.precision = plan.chosen.precision.value
                 change.micro_batch_size = plan.chosen.micro_batch_size
                 change.activation_checkpointing = plan.chosen.activation_checkpointing.value

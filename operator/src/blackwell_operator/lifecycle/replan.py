@@ -171,6 +171,7 @@ def replan_changes(
     set_message(change, message, Phase.RESTARTING)  # the failure is in the headline already
     change.plan_history = [*history, entry][-PLAN_HISTORY_LIMIT:]
     change.plan = plan  # written as the merge patch from the failed one (lifecycle/status_patch.py)
+    change.nodes = plan.nodes
     change.precision = plan.chosen.precision.value
     change.micro_batch_size = plan.chosen.micro_batch_size
     change.activation_checkpointing = plan.chosen.activation_checkpointing.value

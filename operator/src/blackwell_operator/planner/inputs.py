@@ -31,5 +31,11 @@ def problem_for(spec: BlackwellTrainingJobSpec, cal: Calibration, hw: Hardware) 
     _, arch = resolve_model(spec.model)
     budget = memory_budget(hw.gpu.memory_bytes, spec.tuning.memory_headroom)
     return Problem(
-        Shapes.of(arch), hw, cal, spec.training.sequence_length, spec.training.global_batch_tokens, budget
+        Shapes.of(arch),
+        hw,
+        cal,
+        spec.training.sequence_length,
+        spec.training.global_batch_tokens,
+        budget,
+        exact_batch=spec.cluster.elastic is not None,
     )

@@ -13,10 +13,17 @@ from blackwell_operator.planner.explain import describe
 from blackwell_operator.planner.figures import limit, need
 from blackwell_operator.planner.inputs import hardware_for, problem_for
 from blackwell_operator.planner.layout import Setting
-from blackwell_operator.planner.search import GLOBAL_BATCH_TOLERANCE, Problem, SearchResult, run_search
+from blackwell_operator.planner.search import Problem, SearchResult, run_search
 from blackwell_trainer.config import Sharding
 
 MAX_NODES_SEARCHED = 1024
+
+
+def _within(problem: Problem) -> str:
+    """How close the global batch must be reached, in words."""
+    if problem.exact_batch:
+        return "exactly (an elastic job trains the same global batch on every node count)"
+    return f"within {problem.batch_tolerance:.0%}"
 
 
 def check_global_batch(problem: Problem, fams: list[Setting], pins: Pins) -> None:
@@ -41,7 +48,7 @@ def check_global_batch(problem: Problem, fams: list[Setting], pins: Pins) -> Non
         raise PlanningError(
             "spec.tuning.microBatchSize",
             f"whole micro-batches of {mbs} ({step:,} tokens per micro-step) cannot reach globalBatchTokens "
-            f"{gbt:,} within {GLOBAL_BATCH_TOLERANCE:.0%}",
+            f"{gbt:,} {_within(problem)}",
             f"use auto, or a globalBatchTokens that is a multiple of {step:,}",
         )
     if all(problem.max_mbs(f) < 1 for f in fams):
@@ -62,8 +69,8 @@ def unreachable_global_batch(problem: Problem, pins: Pins, result: SearchResult)
     step = min(problem.tokens_per_micro_step(f.family, 1) for f in result.families)
     return PlanningError(
         "spec.training.globalBatchTokens",
-        f"{problem.global_batch_tokens:,} tokens cannot be reached within "
-        f"{GLOBAL_BATCH_TOLERANCE:.0%} by whole micro-batches that fit",
+        f"{problem.global_batch_tokens:,} tokens cannot be reached {_within(problem)} by whole "
+        "micro-batches that fit",
         f"use a multiple of {step:,} (sequence length x data-parallel GPUs)",
     )
 

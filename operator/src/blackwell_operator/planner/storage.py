@@ -38,7 +38,7 @@ def volume_holding(spec: BlackwellTrainingJobSpec, path: str) -> tuple[int, Volu
 
 
 def _check_checkpoint(spec: BlackwellTrainingJobSpec, path: str) -> None:
-    nodes = spec.cluster.nodes
+    nodes = spec.cluster.most_nodes  # an elastic job may grow to its maxNodes
     held = volume_holding(spec, path)
     if held is not None:
         index, volume = held
@@ -78,7 +78,7 @@ def _check_checkpoint(spec: BlackwellTrainingJobSpec, path: str) -> None:
 
 
 def _check_dataset(spec: BlackwellTrainingJobSpec, uri: str) -> None:
-    nodes = spec.cluster.nodes
+    nodes = spec.cluster.most_nodes  # an elastic job may grow to its maxNodes
     if nodes == 1 or uri.startswith("s3://") or volume_holding(spec, uri) is not None:
         # One node: a local folder may be baked into the image or staged on /local; the trainer checks it.
         return
@@ -110,7 +110,7 @@ def _check_weights_folder(spec: BlackwellTrainingJobSpec, field: str, uri: str, 
                 f"set readOnly: false on spec.volumes[{index}], or write them to an s3:// prefix",
             )
         return
-    if spec.cluster.nodes == 1 and on(uri, NODE_LOCAL):
+    if spec.cluster.most_nodes == 1 and on(uri, NODE_LOCAL):
         return  # one node: /local is the node's NVMe, where the weights were staged or stay after the job
     what = "the trained weights would vanish with the container" if writable else "no checkpoint is there"
     local = on(uri, NODE_LOCAL)
