@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import Architecture, RopeScaling
+from .document_mask import DocumentMask, build_document_mask, document_attention, document_positions
 from .loss import LossFn, chunked_cross_entropy
 
 
@@ -74,10 +75,14 @@ def rope_tables(
 
 
 def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-    """Rotate [batch, heads, seq, head_dim] by the first `seq` rows of the tables."""
-    seq = x.shape[-2]
-    cos = rope[0, :seq].to(x.dtype)
-    sin = rope[1, :seq].to(x.dtype)
+    """Rotate [batch, heads, seq, head_dim] by the first `seq` rows of the tables [2, rows, head_dim], or
+    by per-row tables [2, batch, seq, head_dim] (packed documents, each with its own positions)."""
+    if rope.dim() == 4:
+        cos, sin = rope[0].unsqueeze(1).to(x.dtype), rope[1].unsqueeze(1).to(x.dtype)
+    else:
+        seq = x.shape[-2]
+        cos = rope[0, :seq].to(x.dtype)
+        sin = rope[1, :seq].to(x.dtype)
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
@@ -109,13 +114,13 @@ class Attention(nn.Module):
         self.wo = nn.Linear(self.n_heads * d, h, bias=False)
         self.attend: AttentionFn = causal_attention
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, documents: DocumentMask = None) -> torch.Tensor:
         bsz, seq, _ = x.shape
         q = self.wq(x).view(bsz, seq, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(bsz, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(bsz, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, rope), apply_rope(k, rope)
-        out = self.attend(q, k, v)
+        out = self.attend(q, k, v) if documents is None else document_attention(q, k, v, documents)
         projected: torch.Tensor = self.wo(out.transpose(1, 2).reshape(bsz, seq, self.n_heads * self.head_dim))
         return projected
 
@@ -144,8 +149,8 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(arch.hidden_size, arch.norm_eps)
         self.feed_forward = FeedForward(arch)
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), rope)
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, documents: DocumentMask = None) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), rope, documents)
         out: torch.Tensor = x + self.feed_forward(self.ffn_norm(x))
         return out
 
@@ -178,20 +183,34 @@ class Transformer(nn.Module):
         """The [vocab, hidden] matrix of the output projection (the embedding when tied)."""
         return self.tok_embeddings.weight if self.output is None else self.output.weight
 
-    def hidden_states(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def hidden_states(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        documents: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         h = self.tok_embeddings(tokens)
         # ``positions``: the global position of each token when this device holds only parts of the
         # sequences (context parallelism); the blocks then get exactly those rows of the RoPE tables.
+        # ``documents``: packed rows (document_mask.py); positions restart at each document's start.
+        mask: DocumentMask = None
+        if documents is not None:
+            positions = document_positions(documents)
+            mask = build_document_mask(documents)
         rope: torch.Tensor = self.rope if positions is None else self.rope[:, positions]
         for block in self.layers.values():
-            h = block(h, rope)
+            h = block(h, rope) if mask is None else block(h, rope, mask)
         out: torch.Tensor = self.norm(h)
         return out
 
     def forward(
-        self, tokens: torch.Tensor, labels: torch.Tensor | None = None, positions: torch.Tensor | None = None
+        self,
+        tokens: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        documents: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        h = self.hidden_states(tokens, positions)
+        h = self.hidden_states(tokens, positions, documents)
         if labels is None:
             return h
         return self.loss_fn(

@@ -2,6 +2,9 @@
 
 Each work unit of the inputs (text_inputs.py) becomes one shard file: its documents, tokenized with the
 model's own tokenizer.json, each followed by the EOS token, as a flat array of uint16/uint32 token ids.
+With `--chat`, each JSONL record is a conversation rendered with the checkpoint's own chat template
+(chat_template.py), and a mask file beside each shard marks the assistant's tokens, the only ones trained on
+(chat_data.py); a `.docs` file holds where each conversation starts, for packing without crossing them.
 Units run in parallel processes; a unit's shard is written under a temporary name and renamed, then its
 record is written, so a killed run redoes only the units without a record: no document is lost or
 written twice. When every unit is done, manifest.json lists the shards, and the trainer checks it.
@@ -10,6 +13,7 @@ written twice. When every unit is done, manifest.json lists the shards, and the 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import logging
@@ -25,14 +29,29 @@ from typing import Any
 
 import numpy as np
 
+from blackwell_trainer.chat_data import ChatFormat, assistant_mask, conversation, detect_format
+from blackwell_trainer.chat_template import ChatTemplate, ChatTemplateError, load_chat_template
 from blackwell_trainer.shard_manifest import (
+    DOCS_SUFFIX,
     ITEMSIZE,
     MANIFEST_NAME,
+    MASK_SUFFIX,
     ShardEntry,
     ShardManifest,
+    companion,
     tokenizer_sha256,
 )
-from blackwell_trainer.text_inputs import InputError, Unit, documents, expand_inputs, input_format, plan_units
+from blackwell_trainer.text_inputs import (
+    InputError,
+    InputFormat,
+    Unit,
+    documents,
+    expand_inputs,
+    input_format,
+    json_records,
+    line_number,
+    plan_units,
+)
 from blackwell_trainer.units import MIB
 
 log = logging.getLogger("blackwell_trainer.prepare")
@@ -153,6 +172,8 @@ def _batches(texts: Iterator[str | None], size: int) -> Iterator[tuple[list[str]
 
 def _run_unit(job: dict[str, Any]) -> dict[str, Any]:
     """Tokenize one unit into its shard (atomically) and return the unit's record."""
+    if job.get("chat"):
+        return _run_chat_unit(job)
     unit = Unit(**job["unit"])
     out = Path(job["out"])
     name: str = job["name"]
@@ -196,6 +217,57 @@ def _run_unit(job: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
+def _run_chat_unit(job: dict[str, Any]) -> dict[str, Any]:
+    """Render, tokenize and mask one unit's conversations: its shard, mask and document starts."""
+    unit = Unit(**job["unit"])
+    out, name, dtype = Path(job["out"]), str(job["name"]), np.dtype(job["dtype"])
+    template = ChatTemplate(**job["chat"]["template"])
+    wanted = job["chat"]["format"]
+    tokenizer = _WORKER["tokenizer"]
+    ids_parts: list[np.ndarray[Any, Any]] = []
+    mask_parts: list[np.ndarray[Any, Any]] = []
+    for index, record in json_records(unit):
+        try:
+            fmt = detect_format(record) if wanted == "auto" else ChatFormat(wanted)
+            ids, mask = assistant_mask(tokenizer, template.locate(conversation(record, fmt)))
+        except ChatTemplateError as err:
+            # Never train on every token instead: the whole run stops, naming the line and the reason.
+            raise InputError(f"{unit.path}: line {line_number(unit, index)}: {err}") from None
+        ids_parts.append(ids)
+        mask_parts.append(mask)
+    docs = len(ids_parts)
+    tokens = sum(int(p.size) for p in ids_parts)
+    trained = sum(int(m.sum()) for m in mask_parts)
+    if docs:
+        starts = np.cumsum([0, *(int(p.size) for p in ids_parts[:-1])], dtype=np.uint64)
+        flat = np.concatenate(ids_parts)
+        # The mask and the starts first: the token shard's rename is what makes the unit's output count.
+        _write_array(out / companion(name, MASK_SUFFIX), np.concatenate(mask_parts))
+        _write_array(out / companion(name, DOCS_SUFFIX), starts)
+        _write_array(out / name, flat.astype(dtype))
+    top = int(max((int(p.max()) for p in ids_parts if p.size), default=0))
+    record = {
+        "name": name,
+        "tokens": tokens,
+        "documents": docs,
+        "skipped": 0,
+        "maxTokenId": top,
+        "trainedTokens": trained,
+        "source": unit.describe(),
+    }
+    _write_atomic(out / STATE_DIR / f"{name}.json", json.dumps(record))
+    return record
+
+
+def _write_array(path: Path, values: np.ndarray[Any, Any]) -> None:
+    partial = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    with partial.open("wb") as handle:
+        handle.write(values.tobytes())
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(partial, path)
+
+
 def _write_atomic(path: Path, text: str) -> None:
     partial = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     partial.write_text(text)
@@ -219,12 +291,18 @@ class Options:
     add_special_tokens: bool = True
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     workers: int = 1
+    chat: str | None = None  # None: plain text; "auto", "messages" or "sharegpt": conversations
+    chat_template_name: str = "default"
 
 
-def _settings(options: Options, files: list[Path], info: TokenizerInfo, dtype: str) -> dict[str, str]:
+def _settings(
+    options: Options, files: list[Path], info: TokenizerInfo, dtype: str, template: ChatTemplate | None
+) -> dict[str, str]:
     """Everything the shards depend on: a resume with other settings would mix two data sets."""
     listing = [f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files]
+    chat = {} if template is None else {"chat": str(options.chat), "chatTemplateSha256": template.sha256}
     return {
+        **chat,
         "inputs": hashlib.sha256("\n".join(listing).encode()).hexdigest(),
         "inputFiles": str(len(files)),
         "tokenizerSha256": info.sha256,
@@ -288,6 +366,7 @@ def prepare(options: Options) -> ShardManifest:
     info = load_tokenizer_info(options.tokenizer, options.eos_token)
     dtype = choose_dtype(options.dtype, info.vocab_size)
     files = expand_inputs(options.inputs)
+    template = _chat_template(options, info, files)
     units: dict[str, Unit] = {}
     for index, path in enumerate(files):
         fmt = input_format(path, options.text_lines)
@@ -295,7 +374,7 @@ def prepare(options: Options) -> ShardManifest:
             plan_units(path, fmt, text_field=options.text_field, chunk_bytes=options.chunk_bytes)
         ):
             units[f"part-{index:05d}-{part:05d}.bin"] = unit
-    settings = _settings(options, files, info, dtype)
+    settings = _settings(options, files, info, dtype, template)
     options.output.mkdir(parents=True, exist_ok=True)
     state = _start_state(options, settings)
     if state is None:
@@ -319,16 +398,34 @@ def prepare(options: Options) -> ShardManifest:
             "eos": info.eos_token_id,
             "text_field": options.text_field,
             "add_special_tokens": options.add_special_tokens,
+            "chat": None
+            if template is None
+            else {"format": options.chat, "template": dataclasses.asdict(template)},
         }
         for name in todo
     ]
     for record in _run_all(jobs, info, options.workers):
         records[str(record["name"])] = record
         log.info("%s: %d documents, %d tokens", record["name"], record["documents"], record["tokens"])
-    manifest = _manifest(records, info, dtype, options, settings)
+    manifest = _manifest(records, info, dtype, options, settings, template)
     _write_atomic(options.output / MANIFEST_NAME, manifest.model_dump_json(by_alias=True, indent=2))
     shutil.rmtree(state, ignore_errors=True)
     return manifest
+
+
+def _chat_template(options: Options, info: TokenizerInfo, files: list[Path]) -> ChatTemplate | None:
+    """The checkpoint's chat template for a --chat run (which reads JSONL only); None for plain text."""
+    if options.chat is None:
+        return None
+    if options.chat not in ("auto", *ChatFormat):
+        raise PrepareError(f"--chat {options.chat}: use auto, messages or sharegpt")
+    not_jsonl = [p for p in files if input_format(p, text_lines=False) is not InputFormat.JSONL]
+    if not_jsonl:
+        raise PrepareError(f"--chat reads JSONL conversations; {not_jsonl[0]} is not .jsonl/.ndjson")
+    try:
+        return load_chat_template(info.path.parent, options.chat_template_name)
+    except ChatTemplateError as err:
+        raise PrepareError(f"--tokenizer {options.tokenizer}: {err}") from None
 
 
 def _run_all(jobs: list[dict[str, Any]], info: TokenizerInfo, workers: int) -> Iterator[dict[str, Any]]:
@@ -353,9 +450,23 @@ def _manifest(
     dtype: str,
     options: Options,
     settings: dict[str, str],
+    template: ChatTemplate | None,
 ) -> ShardManifest:
     kept = [records[name] for name in sorted(records) if records[name]["documents"] > 0]
+    tokens = sum(int(r["tokens"]) for r in kept)
+    trained = sum(int(r.get("trainedTokens", 0)) for r in kept)
+    chat: dict[str, Any] = (
+        {}
+        if template is None
+        else {
+            "kind": "chat",
+            "trained_tokens": trained,
+            "loss_mask_coverage": round(trained / tokens, 6) if tokens else 0.0,
+            "chat_template_sha256": template.sha256,
+        }
+    )
     return ShardManifest(
+        **chat,
         token_dtype=dtype,  # type: ignore[arg-type]  # choose_dtype returns uint16 or uint32
         vocab_size=info.vocab_size,
         max_token_id=max((int(r["maxTokenId"]) for r in kept), default=0),
@@ -363,10 +474,16 @@ def _manifest(
         add_special_tokens=options.add_special_tokens,
         tokenizer_sha256=info.sha256,
         documents=sum(int(r["documents"]) for r in kept),
-        tokens=sum(int(r["tokens"]) for r in kept),
+        tokens=tokens,
         skipped=sum(int(r["skipped"]) for r in records.values()),
         shards=[
-            ShardEntry(name=r["name"], tokens=r["tokens"], documents=r["documents"], source=r["source"])
+            ShardEntry(
+                name=r["name"],
+                tokens=r["tokens"],
+                documents=r["documents"],
+                trained_tokens=r.get("trainedTokens"),
+                source=r["source"],
+            )
             for r in kept
         ],
         settings=settings,
@@ -400,6 +517,18 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         action="store_true",
         help="do not add the tokenizer's own special tokens (e.g. Llama 3's <|begin_of_text|>)",
     )
+    parser.add_argument(
+        "--chat",
+        nargs="?",
+        const="auto",
+        default=None,
+        choices=["auto", *ChatFormat],
+        help="JSONL conversations (messages: role/content, sharegpt: from/value; auto: either), rendered "
+        "with the checkpoint's chat template; only the assistant's tokens are trained on",
+    )
+    parser.add_argument(
+        "--chat-template-name", default="default", help="which of several named chat templates to use"
+    )
     parser.add_argument("--chunk-bytes", type=int, default=DEFAULT_CHUNK_BYTES, help="input bytes per shard")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="parallel processes")
     args = parser.parse_args(list(argv) if argv is not None else None)
@@ -414,6 +543,8 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         add_special_tokens=not args.no_special_tokens,
         chunk_bytes=args.chunk_bytes,
         workers=args.workers,
+        chat=args.chat,
+        chat_template_name=args.chat_template_name,
     )
 
 
@@ -426,6 +557,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (PrepareError, InputError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if manifest.kind == "chat":
+        print(
+            f"{options.output}: {len(manifest.shards)} shards, {manifest.documents:,} conversations, "
+            f"{manifest.tokens:,} tokens, {manifest.trained_tokens:,} trained on (the assistant's: "
+            f"{manifest.loss_mask_coverage:.1%}); chat template sha256 {manifest.chat_template_sha256}"
+        )
+        return 0
     print(
         f"{options.output}: {len(manifest.shards)} shards, {manifest.documents:,} documents, "
         f"{manifest.tokens:,} tokens ({manifest.skipped} empty inputs skipped). Train on it with "

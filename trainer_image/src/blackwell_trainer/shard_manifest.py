@@ -21,6 +21,15 @@ MANIFEST_VERSION: Literal[1] = 1
 TOKEN_DTYPES = ("uint16", "uint32")
 ITEMSIZE = {"uint16": 2, "uint32": 4}
 TOKENIZER_FILE = "tokenizer.json"
+# Beside a chat data set's part-*.bin: one uint8 per token (1: trained on) and each conversation's first
+# token (uint64). Neither ends in .bin, which the trainer reads as token shards.
+MASK_SUFFIX = ".mask"
+DOCS_SUFFIX = ".docs"
+
+
+def companion(shard: str, suffix: str) -> str:
+    """The name of a shard's mask or document-start file: part-00000-00000.bin -> part-00000-00000.mask."""
+    return shard.removesuffix(".bin") + suffix
 
 
 class ManifestMismatch(ValueError):
@@ -32,7 +41,12 @@ class ShardEntry(WireModel):
 
     name: str = Field(min_length=1, description="File name, e.g. part-00000-00000.bin.")
     tokens: int = Field(ge=1, description="Tokens in the file (file size / dtype size).")
-    documents: int = Field(ge=1, description="Documents in the file, each ending with the EOS token.")
+    documents: int = Field(
+        ge=1, description="Documents in the file, each ending with the EOS token (chat: conversations)."
+    )
+    trained_tokens: int | None = Field(
+        default=None, ge=0, description="Chat data: tokens the loss mask trains on (the assistant's)."
+    )
     source: str = Field(description="The input file and the part of it the shard holds.")
 
 
@@ -54,6 +68,18 @@ class ShardManifest(WireModel):
     documents: int = Field(ge=0, description="Documents in all shards.")
     tokens: int = Field(ge=0, description="Tokens in all shards.")
     skipped: int = Field(default=0, ge=0, description="Inputs that held no text (empty or null), not kept.")
+    kind: Literal["text", "chat"] = Field(
+        default="text",
+        description="text: every token is trained on; chat: a loss mask beside each shard marks the "
+        "assistant's tokens, the only ones trained on.",
+    )
+    trained_tokens: int | None = Field(default=None, ge=0, description="Chat: tokens the mask trains on.")
+    loss_mask_coverage: float | None = Field(
+        default=None, ge=0, le=1, description="Chat: the share of all tokens the loss mask trains on."
+    )
+    chat_template_sha256: str | None = Field(
+        default=None, min_length=64, max_length=64, description="Chat: SHA-256 of the chat template."
+    )
     shards: list[ShardEntry] = Field(description="Every shard, by name.")
     settings: dict[str, str] = Field(
         default_factory=dict, description="The inputs and options of the run, to refuse a mismatched resume."
@@ -82,6 +108,13 @@ def check_manifest(
     """Raise ManifestMismatch when the shards at `uri` (name -> size in bytes) are not the data set the
     manifest describes, or the data set does not fit the plan (dtype, the model's vocabulary)."""
     where = f"dataset.uri {uri}"
+    if manifest.kind == "chat":
+        # Reading it as plain shards would train on every token, the silent failure the mask exists for.
+        raise ManifestMismatch(
+            f"{where} holds chat data (a loss mask over the assistant's tokens), which this trainer version "
+            "cannot train on yet: it would train on every token; "
+            "prepare plain text without --chat for continued pre-training"
+        )
     if manifest.token_dtype != token_dtype:
         raise ManifestMismatch(
             f"{where} was prepared as {manifest.token_dtype} ({MANIFEST_NAME}) but dataset.tokenDtype is "

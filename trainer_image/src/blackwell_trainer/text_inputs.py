@@ -139,6 +139,37 @@ def _decode(data: bytes, unit: Unit, index: int) -> str:
         ) from err
 
 
+def _lines(unit: Unit) -> Iterator[tuple[int, str]]:
+    """The non-blank lines of a JSONL or line-text unit, decoded, with their index in the unit."""
+    with open(unit.path, "rb") as handle:
+        handle.seek(unit.start)
+        data = handle.read(unit.end - unit.start)
+    for index, raw in enumerate(data.split(b"\n")):
+        if raw.strip():  # a blank line is no document (and the file's last newline leaves one)
+            yield index, _decode(raw, unit, index)
+
+
+def json_records(unit: Unit) -> Iterator[tuple[int, dict[str, object]]]:
+    """The JSON objects of a JSONL unit with their 1-based line numbers (computed only on demand)."""
+    for index, text in _lines(unit):
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as err:
+            line = _line_number(unit.path, unit.start, index)
+            raise InputError(
+                f"{unit.path}: line {line}: not JSON ({err.msg}); fix or remove the line"
+            ) from err
+        if not isinstance(record, dict):
+            line = _line_number(unit.path, unit.start, index)
+            raise InputError(f"{unit.path}: line {line}: not a JSON object; write one object per line")
+        yield index, record
+
+
+def line_number(unit: Unit, index: int) -> int:
+    """The 1-based line number in the file of the unit's `index`-th line, for an error message."""
+    return _line_number(unit.path, unit.start, index)
+
+
 def documents(unit: Unit, *, text_field: str) -> Iterator[str | None]:
     """The unit's documents in file order; None stands for an input that holds no text (skipped)."""
     if unit.fmt is InputFormat.PARQUET:
@@ -148,36 +179,24 @@ def documents(unit: Unit, *, text_field: str) -> Iterator[str | None]:
         for value in table.column(0).to_pylist():
             yield value or None
         return
-    with open(unit.path, "rb") as handle:
-        handle.seek(unit.start)
-        data = handle.read(unit.end - unit.start)
     if unit.fmt is InputFormat.TEXT:
-        yield _decode(data, unit, 0) or None
+        with open(unit.path, "rb") as handle:
+            yield _decode(handle.read(), unit, 0) or None
         return
-    for index, raw in enumerate(data.split(b"\n")):
-        if not raw.strip():
-            continue  # a blank line is no document (and the file's last newline leaves one)
-        text = _decode(raw, unit, index)
-        if unit.fmt is InputFormat.TEXT_LINES:
+    if unit.fmt is InputFormat.TEXT_LINES:
+        for _, text in _lines(unit):
             yield text.rstrip("\r")
-            continue
-        try:
-            record = json.loads(text)
-        except json.JSONDecodeError as err:
-            line = _line_number(unit.path, unit.start, index)
+        return
+    for index, record in json_records(unit):
+        if text_field not in record:
             raise InputError(
-                f"{unit.path}: line {line}: not JSON ({err.msg}); fix or remove the line"
-            ) from err
-        if not isinstance(record, dict) or text_field not in record:
-            line = _line_number(unit.path, unit.start, index)
-            raise InputError(
-                f"{unit.path}: line {line}: no field {text_field!r}; pass --text-field with the field that "
-                "holds the text"
+                f"{unit.path}: line {line_number(unit, index)}: no field {text_field!r}; pass --text-field "
+                "with the field that holds the text"
             )
         value = record[text_field]
         if value is not None and not isinstance(value, str):
-            line = _line_number(unit.path, unit.start, index)
             raise InputError(
-                f"{unit.path}: line {line}: field {text_field!r} is {type(value).__name__}, not text"
+                f"{unit.path}: line {line_number(unit, index)}: field {text_field!r} is "
+                f"{type(value).__name__}, not text"
             )
         yield value or None
