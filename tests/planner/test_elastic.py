@@ -69,7 +69,8 @@ def test_a_count_the_global_batch_does_not_divide_is_refused_with_the_reason() -
     assert plan.nodes == 2 and plan.global_batch_tokens == 1024 * SEQUENCE
     assert plan.elastic is not None
     assert plan.elastic.refused == [
-        "3 nodes: the global batch of 1,024 sequences does not divide over 24 data-parallel ranks (3 x 8 GPUs)"
+        "3 nodes: the global batch of 1,024 sequences does not divide over 24 data-parallel ranks "
+        "(3 x 8 GPUs)"
     ]
     assert "larger counts refused (3 nodes: the global batch of 1,024" in plan.elastic.reason
 

@@ -34,9 +34,10 @@ def highest_count(elastic: ElasticSpec, nodes: int, schedulable: int | None) -> 
         return high, f"{schedulable} schedulable nodes hold maxNodes {high}"
     if schedulable >= low:
         return schedulable, f"{schedulable} schedulable nodes, fewer than maxNodes {high}"
+    plural = "" if schedulable == 1 else "s"
     return low, (
-        f"only {schedulable} schedulable node{'' if schedulable == 1 else 's'}, fewer than minNodes {low}: planned for {low}, and the "
-        "job waits for nodes"
+        f"only {schedulable} schedulable node{plural}, fewer than minNodes {low}: planned for {low}, and "
+        "the job waits for nodes"
     )
 
 
