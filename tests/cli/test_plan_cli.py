@@ -98,7 +98,7 @@ def test_planning_errors_are_one_line_and_exit_2(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert result.stderr.strip() == (
         "error: spec.tuning.precision: mxfp8 needs compute capability 10.x (Blackwell); "
-        "ml.p5.48xlarge has H100 (9.0). Fix: use fp8 or bf16"
+        "ml.p5.48xlarge has H100 (9.0). Fix: use fp8 or bf16; or spec.tuning.precision: auto"
     )
 
 

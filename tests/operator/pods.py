@@ -6,9 +6,10 @@ import datetime
 import time
 from typing import Any
 
+from blackwell_operator.lifecycle.ownership import Lineage
 from blackwell_operator.render.labels import own_labels
 from blackwell_trainer.config import PERMANENT_ERROR_PREFIX
-from tests.operator.harness import NAMESPACE
+from tests.operator.manifests import NAMESPACE
 
 
 def _at(offset_s: float) -> str:
@@ -95,3 +96,11 @@ RESTARTING = {
         job_condition("Restarting", message="PyTorchJob w is restarting because 1 Worker replica(s) failed."),
     ]
 }
+
+
+def verified(btj: dict[str, Any], job_uid: str | None = None, kind: str = "PyTorchJob") -> Lineage:
+    """The owner chain the operator verifies for a genuine worker of `btj`'s child (its recorded uid, or
+    `job_uid`), as lifecycle.ownership.lineage returns it from the API."""
+    meta, child = btj["metadata"], (btj.get("status") or {}).get("child") or {}
+    uid = job_uid or child.get("uid") or "u-job"
+    return Lineage(kind, child.get("name") or meta["name"], uid, meta["name"], meta.get("uid") or "u-btj")

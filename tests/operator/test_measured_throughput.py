@@ -20,6 +20,7 @@ from blackwell_operator.lifecycle.measure import (
     parse_reading,
     tokens_per_second_per_gpu,
 )
+from blackwell_operator.lifecycle.ownership import Lineage
 from blackwell_operator.lifecycle.status_patch import status_patch
 from blackwell_operator.lifecycle.writers import MEASURE_LOOP
 from blackwell_trainer.metrics import TrainerMetrics
@@ -88,9 +89,13 @@ def test_only_a_running_trainer_pod_with_an_ip_has_an_endpoint() -> None:
     assert metrics_endpoint(no_port) is None
 
 
+# The verified owner chain of a worker of _btj (lifecycle/ownership.py).
+OURS = Lineage("PyTorchJob", "w", "u-job", "w", "u-btj")
+
+
 def _btj(phase: str, measured: dict[str, Any] | None = None) -> dict[str, Any]:
     body = btj("w")
-    body["metadata"]["creationTimestamp"] = "2026-11-30T07:00:00Z"
+    body["metadata"].update(creationTimestamp="2026-11-30T07:00:00Z", uid="u-btj")
     body["status"] = {"phase": phase, **({"measured": measured} if measured else {})}
     return body
 
@@ -98,14 +103,16 @@ def _btj(phase: str, measured: dict[str, Any] | None = None) -> dict[str, Any]:
 def test_status_measured_is_written_when_running_and_moved() -> None:
     worker = _running("w-worker-0", 9400)
     now = "2026-11-30T08:00:00Z"
-    change = measured_changes(_btj("Running"), worker, 2048.04, 0.41234, now)
+    change = measured_changes(_btj("Running"), worker, 2048.04, 0.41234, now, found=OURS)
     assert change is not None and status_patch(change, {}, MEASURE_LOOP) == {
         "measured": {"tokensPerSecondPerGpu": 2048.0, "modelFlopsUtilization": 0.4123, "observedAt": now}
     }
     stored = {"tokensPerSecondPerGpu": 2048.0, "modelFlopsUtilization": 0.41, "observedAt": now}
-    assert measured_changes(_btj("Running", stored), worker, 2060.0, 0.415, now) is None  # within 1%
-    assert measured_changes(_btj("Running", stored), worker, 1900.0, 0.41, now) is not None
-    assert measured_changes(_btj("Restarting"), worker, 2048.0, 0.41, now) is None
+    assert (
+        measured_changes(_btj("Running", stored), worker, 2060.0, 0.415, now, found=OURS) is None
+    )  # within 1%
+    assert measured_changes(_btj("Running", stored), worker, 1900.0, 0.41, now, found=OURS) is not None
+    assert measured_changes(_btj("Restarting"), worker, 2048.0, 0.41, now, found=OURS) is None
 
 
 @pytest.mark.parametrize(("raw", "value"), [("", 60.0), ("5", 5.0), ("0", None)])

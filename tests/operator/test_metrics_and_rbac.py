@@ -25,6 +25,7 @@ from tests.operator.harness import (
     wait_for,
 )
 from tests.operator.pods import PERMANENT_TRAINER_ERROR, T2, container, pod, pod_status, terminated
+from tests.operator.test_trainjob_lifecycle import node_job, trainer_pod
 from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
@@ -123,7 +124,11 @@ async def test_every_call_is_granted_and_every_grant_is_used(
         )
         for name, resource in (("a", None), ("hp", HYPERPOD_RESOURCE), ("tj", TRAINJOB_RESOURCE)):
             job = cluster.job(name, resource) if resource else cluster.job(name)
-            await cluster.add_pod(pod(f"{name}-worker-0", job=name, owner=job), permanent)
+            if resource == TRAINJOB_RESOURCE:  # its pods are a JobSet's Job's (the operator reads both)
+                worker = trainer_pod("tj-node-0-0-abcde", name, name, await node_job(cluster, name))
+            else:
+                worker = pod(f"{name}-worker-0", job=name, owner=job)
+            await cluster.add_pod(worker, permanent)
             await wait_for(
                 lambda n=name, r=resource: (cluster.job(n, r) if r else cluster.job(n)) is None,
                 what=f"{name}'s child deleted",

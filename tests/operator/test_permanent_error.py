@@ -20,7 +20,7 @@ from blackwell_operator.lifecycle.status_patch import status_patch
 from blackwell_operator.lifecycle.writers import POD_WATCHER
 from tests.operator.harness import Cluster, btj, running_operator, wait_for
 from tests.operator.pods import PERMANENT_TRAINER_ERROR as PERMANENT
-from tests.operator.pods import RESTARTING, T1, T2, container, pod, pod_status, terminated
+from tests.operator.pods import RESTARTING, T1, T2, container, pod, pod_status, terminated, verified
 
 # metav1.Time the pure functions stamp their conditions and history with (the clock is passed in).
 NOW = "2026-12-01T12:00:00Z"
@@ -69,7 +69,7 @@ def test_only_the_trainer_s_marked_messages_are_permanent() -> None:
 
 def test_a_permanent_error_fails_a_running_btj() -> None:
     body = _btj("Restarting")
-    change, new = failure_changes(body, _worker(), _failure(PERMANENT), now=NOW)
+    change, new = failure_changes(body, _worker(), _failure(PERMANENT), now=NOW, found=verified(body))
     assert change is not None and new
     changes = status_patch(change, body["status"], POD_WATCHER)
     assert changes["phase"] == "Failed" and changes["lastFailure"]["message"] == PERMANENT
@@ -83,13 +83,13 @@ def test_a_permanent_error_fails_a_running_btj() -> None:
 @pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
 def test_a_finished_btj_is_not_failed_again(phase: str) -> None:
     body = _btj(phase)
-    change, _ = failure_changes(body, _worker(), _failure(PERMANENT), now=NOW)
+    change, _ = failure_changes(body, _worker(), _failure(PERMANENT), now=NOW, found=verified(body))
     assert change is None or "phase" not in status_patch(change, body["status"], POD_WATCHER)
 
 
 def test_a_storage_failure_is_recorded_but_the_job_goes_on() -> None:
     body = _btj("Restarting")
-    change, new = failure_changes(body, _worker(), _failure(STORAGE), now=NOW)
+    change, new = failure_changes(body, _worker(), _failure(STORAGE), now=NOW, found=verified(body))
     assert change is not None and new
     changes = status_patch(change, body["status"], POD_WATCHER)
     assert "phase" not in changes

@@ -65,7 +65,7 @@ async def _oom_pod(cluster: Cluster, backend: str, name: str, pod_name: str, fin
     message = oom_message(_plan(cluster, name))
     if backend == "TrainJob":
         ended = container(state={"terminated": terminated(1, "Error", finished, message)}, name="node")
-        owner = await node_job(cluster, f"{name}-{pod_name}")
+        owner = await node_job(cluster, name, f"{name}-{pod_name}")
         manifest = trainer_pod(pod_name, name, name, owner)
     else:
         ended = container(state={"terminated": terminated(1, "Error", finished, message)})

@@ -46,7 +46,7 @@ from blackwell_operator.models.status import (
 from blackwell_operator.planner import plan_job
 from blackwell_trainer.config import Plan
 from tests.operator.harness import Cluster, btj, running_operator, wait_for
-from tests.operator.pods import T1, container, pod, pod_status, terminated
+from tests.operator.pods import T1, container, pod, pod_status, terminated, verified
 from tests.operator.test_replan import oom_message
 
 NOW = "2026-12-01T12:00:00Z"
@@ -288,7 +288,7 @@ def test_an_out_of_memory_run_with_an_unreadable_plan_stops_instead_of_crashing(
     }
     failure = worker_failure(worker)
     assert failure is not None and failure.get("outOfMemory")
-    change, new = failure_changes(body, worker, failure, now=NOW)
+    change, new = failure_changes(body, worker, failure, now=NOW, found=verified(body))
     assert change is not None and new
     patch = status_patch(change, body["status"], POD_WATCHER)
     assert patch["phase"] == "Failed" and "plan" not in patch

@@ -47,12 +47,57 @@ def runtime(cluster: Cluster, name: str) -> dict[str, Any] | None:
     return cluster.job(name, TRAINING_RUNTIME_RESOURCE)
 
 
-async def node_job(cluster: Cluster, trainjob_name: str) -> dict[str, Any]:
-    """The batch Job that JobSet creates for the replicated job `node` (it owns the pods)."""
+def _controller(obj: dict[str, Any]) -> dict[str, Any]:
+    meta = obj["metadata"]
+    return {
+        "apiVersion": obj["apiVersion"],
+        "kind": obj["kind"],
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+async def node_job(cluster: Cluster, trainjob_name: str, job_name: str | None = None) -> dict[str, Any]:
+    """The batch Job that JobSet creates for the replicated job `node` (it owns the pods), under the JobSet
+    that Trainer v2 creates for the TrainJob (made here when it is not there yet): the owner chain
+    TrainJob -> JobSet -> Job the operator checks a pod's result along. The paths are spelled out on
+    purpose: they are what JobSet and Trainer v2 serve."""
+    jobsets = f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NAMESPACE}/jobsets"
+    train = await wait_for(lambda: trainjob(cluster, trainjob_name), what="the TrainJob")
+
+    def current() -> dict[str, Any] | None:
+        return cluster.k.get_object("jobset.x-k8s.io/v1alpha2/jobsets", NAMESPACE, trainjob_name)
+
+    def of_this_trainjob(jobset: dict[str, Any]) -> bool:
+        return any(
+            r["uid"] == train["metadata"]["uid"] for r in jobset["metadata"].get("ownerReferences", [])
+        )
+
+    jobset = current()
+    if jobset is not None and not of_this_trainjob(jobset):  # a replaced TrainJob's: collected with it
+        await wait_for(lambda: current() is None, what="the previous JobSet to be garbage-collected")
+        jobset = None
+    if jobset is None:
+        body = {
+            "apiVersion": "jobset.x-k8s.io/v1alpha2",
+            "kind": "JobSet",
+            "metadata": {"name": trainjob_name, "ownerReferences": [_controller(train)]},
+        }
+        jobset = await cluster._json("POST", jobsets, body)
     job: dict[str, Any] = await cluster._json(
         "POST",
         f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs",
-        {"metadata": {"name": f"{trainjob_name}-node-0"}, "spec": {"template": {"spec": {}}}},
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {
+                "name": job_name or f"{trainjob_name}-node-0",
+                "ownerReferences": [_controller(jobset)],
+            },
+            "spec": {"template": {"spec": {}}},
+        },
     )
     return job
 
@@ -62,6 +107,7 @@ def trainer_pod(
 ) -> dict[str, Any]:
     """A pod of a TrainJob as JobSet's Job creates it: our template labels plus JobSet's, owned by a Job."""
     uid = (owner or {}).get("metadata", {}).get("uid", "00000000-0000-4000-8000-000000000001")
+    owner_name = (owner or {}).get("metadata", {}).get("name", f"{trainjob_name}-node-0")
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -73,7 +119,7 @@ def trainer_pod(
                 {
                     "apiVersion": "batch/v1",
                     "kind": "Job",
-                    "name": f"{trainjob_name}-node-0",
+                    "name": owner_name,
                     "uid": uid,
                     "controller": True,
                 }

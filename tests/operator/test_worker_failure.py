@@ -19,12 +19,24 @@ from blackwell_operator.lifecycle.failures import (
     worker_failure,
 )
 from blackwell_operator.lifecycle.message import FAILURE_SEPARATOR, describe, status_message
+from blackwell_operator.lifecycle.ownership import Lineage, Reader, lineage
 from blackwell_operator.lifecycle.status_patch import status_patch
 from blackwell_operator.lifecycle.writers import POD_WATCHER
 from blackwell_operator.models.status import StatusChange, WorkerFailure
 from blackwell_operator.render.labels import JOB_NAME_LABEL
 from tests.operator.harness import NAMESPACE, Cluster, from_operator, running_operator, wait_for
-from tests.operator.pods import RESTARTING, T1, T2, T3, container, job_condition, pod, pod_status, terminated
+from tests.operator.pods import (
+    RESTARTING,
+    T1,
+    T2,
+    T3,
+    container,
+    job_condition,
+    pod,
+    pod_status,
+    terminated,
+    verified,
+)
 
 # metav1.Time the pure functions stamp their conditions and history with (the clock is passed in).
 NOW = "2026-12-01T12:00:00Z"
@@ -157,7 +169,7 @@ def _patch(change: StatusChange | None, stored: dict[str, Any]) -> dict[str, Any
 
 def _btj(status: dict[str, Any] | None = None, **meta: Any) -> dict[str, Any]:
     return {
-        "metadata": {"name": "w", "namespace": NAMESPACE, "creationTimestamp": T1, **meta},
+        "metadata": {"name": "w", "namespace": NAMESPACE, "creationTimestamp": T1, "uid": "u-btj", **meta},
         "status": status or {},
     }
 
@@ -166,24 +178,85 @@ CHILD = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"na
 
 
 def test_only_the_current_child_s_pods_belong_to_the_btj() -> None:
-    recorded = _btj({"child": {"kind": "PyTorchJob", "name": "w", "uid": "child-2"}})
+    recorded = _btj({"child": {"kind": "PyTorchJob", "name": "w", "uid": "child-2"}}, uid="u-btj")
     ours = pod("w-worker-0", owner=CHILD, creationTimestamp=T2)
-    assert belongs_to(ours, recorded)
-    predecessor = pod("w-worker-0", owner={**CHILD, "metadata": {"name": "w", "uid": "child-1"}})
-    assert not belongs_to(predecessor, recorded), "a deleted job's pod with the same name"
-    assert not belongs_to(pod("w-worker-0", creationTimestamp="2026-11-30T07:00:00Z"), recorded), "older"
-    other_job = pod("w-worker-0")
-    other_job["metadata"]["labels"]["training.kubeflow.org/job-name"] = "w-old"
-    assert not belongs_to(other_job, recorded)
-    assert belongs_to(pod("w-worker-0"), _btj()), "no child recorded yet: the job-name label suffices"
-    assert not belongs_to(pod("x-worker-0", job="x"), recorded)
+    assert belongs_to(ours, recorded, verified(recorded))
+    assert not belongs_to(ours, recorded, None), "no verified owner chain: labels alone count for nothing"
+    predecessor = verified(recorded, job_uid="child-1")
+    assert not belongs_to(ours, recorded, predecessor), "a deleted job's pod with the same name"
+    other_btj = Lineage("PyTorchJob", "w", "child-2", "w", "u-other-btj")
+    assert not belongs_to(ours, recorded, other_btj), "a job a predecessor BTJ of the same name controlled"
+    assert belongs_to(ours, _btj(uid="u-btj"), verified(_btj(uid="u-btj"))), "no child recorded yet"
+    elsewhere = pod("w-worker-0", namespace="other")
+    assert not belongs_to(elsewhere, recorded, verified(recorded))
+
+
+def _chain(*objects: dict[str, Any]) -> Reader:
+    """A reader over a fixed set of objects, as the API would answer by kind, namespace and name."""
+    by_key = {(o["kind"], o["metadata"]["namespace"], o["metadata"]["name"]): o for o in objects}
+    return lambda kind, namespace, name: by_key.get((kind.kind, namespace, name))
+
+
+def _obj(api_version: str, kind: str, name: str, uid: str, owner: dict[str, Any] | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": NAMESPACE, "uid": uid}
+    if owner is not None:
+        meta["ownerReferences"] = [{**owner, "controller": True}]
+    return {"apiVersion": api_version, "kind": kind, "metadata": meta}
+
+
+def _ref(obj: dict[str, Any]) -> dict[str, Any]:
+    meta = obj["metadata"]
+    return {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": meta["name"], "uid": meta["uid"]}
+
+
+BTJ_OBJ = _obj("training.blackwell.dev/v1alpha1", "BlackwellTrainingJob", "w", "u-btj", None)
+
+
+def test_the_owner_chain_is_verified_object_by_object() -> None:
+    job = _obj("kubeflow.org/v1", "PyTorchJob", "w", "u-job", _ref(BTJ_OBJ))
+    genuine = {**pod("w-worker-0"), "metadata": {**pod("w-worker-0")["metadata"], "uid": "p"}}
+    genuine["metadata"]["ownerReferences"] = [{**_ref(job), "controller": True}]
+    assert lineage(genuine, _chain(job)) == Lineage("PyTorchJob", "w", "u-job", "w", "u-btj")
+    # The trainer's labels and nothing else: no controller, nothing read.
+    assert lineage(pod("w-worker-0"), _chain(job)) is None
+    # A reference that names the job but another uid (copied from a deleted predecessor, or made up).
+    forged = {**genuine, "metadata": {**genuine["metadata"]}}
+    forged["metadata"]["ownerReferences"] = [{**_ref(job), "uid": "made-up", "controller": True}]
+    assert lineage(forged, _chain(job)) is None
+    # A reference that is not the controller one does not count.
+    loose = {**genuine, "metadata": {**genuine["metadata"]}}
+    loose["metadata"]["ownerReferences"] = [_ref(job)]
+    assert lineage(loose, _chain(job)) is None
+    # A job of ours that no BTJ controls (made by hand with our kind).
+    orphan = _obj("kubeflow.org/v1", "PyTorchJob", "w", "u-job", None)
+    assert lineage(genuine, _chain(orphan)) is None
+
+
+def test_a_trainjob_s_pods_are_followed_through_its_jobset_and_job() -> None:
+    train = _obj("trainer.kubeflow.org/v1alpha1", "TrainJob", "w", "u-tj", _ref(BTJ_OBJ))
+    jobset = _obj("jobset.x-k8s.io/v1alpha2", "JobSet", "w", "u-js", _ref(train))
+    batch = _obj("batch/v1", "Job", "w-node-0", "u-bj", _ref(jobset))
+    worker = {**pod("w-node-0-0"), "metadata": {**pod("w-node-0-0")["metadata"], "uid": "p"}}
+    worker["metadata"]["ownerReferences"] = [{**_ref(batch), "controller": True}]
+    assert lineage(worker, _chain(train, jobset, batch)) == Lineage("TrainJob", "w", "u-tj", "w", "u-btj")
+    # A Job of the same name that someone else made (another uid): the chain breaks there.
+    impostor = _obj("batch/v1", "Job", "w-node-0", "u-other", _ref(jobset))
+    assert lineage(worker, _chain(train, jobset, impostor)) is None
+    # A Job that points straight at the TrainJob skips the JobSet: not the shape Trainer v2 makes.
+    direct = _obj("batch/v1", "Job", "w-node-0", "u-bj", _ref(train))
+    assert lineage(worker, _chain(train, direct)) is None
+    # A pod that points straight at the TrainJob: not how its pods are owned either.
+    straight = {**worker, "metadata": {**worker["metadata"]}}
+    straight["metadata"]["ownerReferences"] = [{**_ref(train), "controller": True}]
+    assert lineage(straight, _chain(train)) is None
 
 
 def test_nothing_is_written_onto_a_btj_being_deleted_or_succeeded() -> None:
     body = pod("w-worker-0", owner=CHILD)
+    found = Lineage("PyTorchJob", "w", "child-2", "w", "u-btj")
     failure = {"pod": "w-worker-0", "container": "pytorch", "exitCode": 1, "reason": "Error", "message": "m"}
     restarting = {"phase": "Restarting", "message": "PyTorchJob w is Restarting"}
-    changes, new = failure_changes(_btj(restarting), body, failure, now=NOW)
+    changes, new = failure_changes(_btj(restarting), body, failure, now=NOW, found=found)
     assert new and _patch(changes, restarting) == {
         "lastFailure": failure,
         "message": f"PyTorchJob w is Restarting{FAILURE_SEPARATOR}pod w-worker-0 exit 1 (Error): m",
@@ -192,20 +265,24 @@ def test_nothing_is_written_onto_a_btj_being_deleted_or_succeeded() -> None:
     # A newer failure replaces the one in the message: composed from the stored headline, never parsed.
     folded = {**restarting, **_patch(changes, restarting)}
     later = {**failure, "message": "again", "finishedAt": T2}
-    changes, new = failure_changes(_btj(folded), body, later, now=NOW)
+    changes, new = failure_changes(_btj(folded), body, later, now=NOW, found=found)
     assert new and _patch(changes, folded) == {
         "lastFailure": later,
         "message": f"PyTorchJob w is Restarting{FAILURE_SEPARATOR}pod w-worker-0 exit 1 (Error): again",
         "headline": "PyTorchJob w is Restarting",  # written with the message, always
     }
-    assert failure_changes(_btj({**restarting, "lastFailure": failure}), body, failure, now=NOW) == (
+    assert failure_changes(
+        _btj({**restarting, "lastFailure": failure}), body, failure, now=NOW, found=found
+    ) == (
         None,
         False,
     )
     deleting = _btj(restarting, deletionTimestamp=T2)
-    assert failure_changes(deleting, body, failure, now=NOW) == (None, False)
-    assert failure_changes(_btj({"phase": "Succeeded"}), body, failure, now=NOW) == (None, False)
-    running, new = failure_changes(_btj({"phase": "Running", "message": "m"}), body, failure, now=NOW)
+    assert failure_changes(deleting, body, failure, now=NOW, found=found) == (None, False)
+    assert failure_changes(_btj({"phase": "Succeeded"}), body, failure, now=NOW, found=found) == (None, False)
+    running, new = failure_changes(
+        _btj({"phase": "Running", "message": "m"}), body, failure, now=NOW, found=found
+    )
     assert new and running is not None
     assert _patch(running, {"phase": "Running"}) == {"lastFailure": failure}, (
         "recorded, not folded, while running"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from blackwell_operator.catalogs import get_gpu, get_instance, get_preset
@@ -64,3 +65,19 @@ def setting(
 
 def layout(s: Setting, hw: Hardware) -> Layout:
     return Layout.of(s, hw)
+
+
+def with_remedy(spec: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """A spec dict (camelCase, as a manifest's spec) with a refusal's remedy applied as written: each
+    dotted `spec.` path set to its value, or left out where the value is None."""
+    out = copy.deepcopy(spec)
+    for path, value in changes.items():
+        *parents, leaf = path.removeprefix("spec.").split(".")
+        node = out
+        for key in parents:
+            node = node.setdefault(key, {})
+        if value is None:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
+    return out

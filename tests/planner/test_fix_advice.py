@@ -1,7 +1,8 @@
 """Every "Fix:" is followed: for each rejection the planner gives, the advised change makes the spec plan.
 
 Each case builds a spec that triggers one rejection, reads the numbers out of the Fix text (so the test
-follows the advice the user sees, whatever it says), applies them and plans again.
+follows the advice the user sees, whatever it says), applies them and plans again; where the refusal
+carries its remedies as data (nothing fits), it applies those and checks the Fix names each.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from blackwell_operator.errors import PlanningError, SpecError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner import plan_job
 from blackwell_operator.planner.candidates import MIN_TOKENS_PER_CP_RANK
+from tests.planner.conftest import with_remedy
 
 B200, H100, H200 = "ml.p6-b200.48xlarge", "ml.p5.48xlarge", "ml.p5en.48xlarge"
 FSX = {"name": "fsx", "claimName": "fsx-claim", "mountPath": "/fsx"}
@@ -79,22 +81,22 @@ def _cp_divides(s: Spec, fix: str) -> list[Spec]:
     return [_set(s, "tuning.contextParallel", "auto"), _set(s, "tuning.contextParallel", fitting)]
 
 
-# case -> (spec, calibration, the field the error names, the changes its Fix advises)
+# case -> (spec, calibration, the field the error names, the changes its Fix advises; None: its remedies)
 Follow = Callable[[Spec, str], list[Spec]]
-CASES: dict[str, tuple[Spec, str | None, str, Follow]] = {
+CASES: dict[str, tuple[Spec, str | None, str, Follow | None]] = {
     "precision-the-gpu-lacks": (
         spec(instance=H100, precision="mxfp8"),
         None,
         "spec.tuning.precision",
         lambda s, fix: [
-            _set(s, "tuning.precision", p) for p in _words(fix, r"use ([a-z0-9]+(?: or [a-z0-9]+)*)$")
+            _set(s, "tuning.precision", p) for p in _words(fix, r"use ([a-z0-9]+(?: or [a-z0-9]+)*)(?:;|$)")
         ],
     ),
     "precision-the-trainer-lacks": (
         spec(instance=H200, precision="fp8"),
         "h200-reference",
         "spec.tuning.precision",
-        lambda s, fix: [_set(s, "tuning.precision", p) for p in _words(fix, r"use one of (.+)$")],
+        lambda s, fix: [_set(s, "tuning.precision", p) for p in _words(fix, r"use one of (.+?)(?:;|$)")],
     ),
     "checkpointing-the-trainer-lacks": (
         spec(instance=H200, activationCheckpointing="selective"),
@@ -165,9 +167,7 @@ CASES: dict[str, tuple[Spec, str | None, str, Follow]] = {
         spec(preset="llama3.1-70b", nodes=2, microBatchSize=64),
         None,
         "spec.tuning.microBatchSize",
-        lambda s, fix: [
-            _set(s, "tuning.microBatchSize", v) for v in ("auto", _number(fix, r"use auto or (\d+)"))
-        ],
+        None,
     ),
     "gpus-per-node-left-idle": (
         spec(preset="llama3.1-70b", gpus=1),
@@ -179,30 +179,22 @@ CASES: dict[str, tuple[Spec, str | None, str, Follow]] = {
         spec(preset="llama3.1-70b", instance=H100),
         None,
         "spec.cluster.nodes",
-        lambda s, fix: [_set(s, "cluster.nodes", _number(fix, r"at least (\d+) nodes"))],
+        None,
     ),
     "less-headroom-would-fit": (
         spec(preset="llama3.1-70b", memoryHeadroom=0.3),
         None,
         "spec.cluster.nodes",
-        lambda s, fix: [
-            _set(s, "cluster.nodes", _number(fix, r"at least (\d+) nodes")),
-            _set(s, "tuning.memoryHeadroom", _float(fix, r"memoryHeadroom: ([\d.]+)")),
-        ],
+        None,
     ),
     # Issue 16's Llama-3.1-70B at 128K on 8 B200 nodes, refused under auto until issue 15 (advice: pin
-    # contextParallel), now plans under auto: test_auto_splits_a_sequence_nothing_else_fits below.
+    # contextParallel), now plans under auto: test_auto_splits_a_sequence_nothing_else_fits below. On one
+    # node it names the fewest nodes on which auto splits the sequence (issue 26).
     "context-parallel-and-more-nodes": (
         spec(preset="llama3.1-70b", nodes=1, seq=131072),
         None,
         "spec.cluster.nodes",
-        lambda s, fix: [
-            _set(
-                _set(s, "cluster.nodes", _number(fix, r"at least (\d+) nodes")),
-                "tuning.contextParallel",
-                _number(fix, r"contextParallel: (\d+)"),
-            )
-        ],
+        None,
     ),
     "sequence-too-long-without-context-parallel": (
         spec(instance=H200, seq=131072),
@@ -259,7 +251,14 @@ def test_following_the_fix_makes_it_plan(case: str) -> None:
     error = caught.value
     assert error.field == field, error.message
     assert error.fix, f"no Fix: {error.message}"
-    changes = follow(base, error.fix)
+    if follow is None:
+        assert error.remedies, f"no remedies: {error.message}"
+        for remedy in error.remedies:
+            for path, value in remedy.items():
+                assert f"{path}: {value}" in error.fix, (path, value, error.fix)
+        changes = [with_remedy(base, remedy) for remedy in error.remedies]
+    else:
+        changes = follow(base, error.fix)
     assert changes
     for changed in changes:
         assert changed != base, "the advice changes nothing"
@@ -270,11 +269,11 @@ def test_every_planning_error_site_has_a_case() -> None:
     # The rejection sites of the planner: a new one without a case here fails this count.
     import inspect
 
-    from blackwell_operator.planner import candidates, inputs, rejections, storage
+    from blackwell_operator.planner import candidates, inputs, rejections, solve, storage
 
     sites = sum(
         inspect.getsource(m).count("PlanningError(") + inspect.getsource(m).count("SpecError(")
-        for m in (candidates, rejections, storage)
+        for m in (candidates, rejections, solve, storage)
     )
     # inputs.py's gpusPerNode > instance: the CRD (at most 8) refuses that spec before the planner.
     sites += inspect.getsource(inputs).count("PlanningError(") - 1

@@ -101,7 +101,7 @@ def test_mxfp8_on_h100_is_rejected_with_the_reason() -> None:
     assert err.value.field == "spec.tuning.precision"
     assert err.value.message == (
         "spec.tuning.precision: mxfp8 needs compute capability 10.x (Blackwell); "
-        "ml.p5.48xlarge has H100 (9.0). Fix: use fp8 or bf16"
+        "ml.p5.48xlarge has H100 (9.0). Fix: use fp8 or bf16; or spec.tuning.precision: auto"
     )
 
 
@@ -128,7 +128,13 @@ def test_a_pinned_micro_batch_that_cannot_fit_names_memory_budget_and_what_fits(
     match = re.search(r"micro-batch 16 needs (\d+\.\d) GiB .* > (\d+\.\d) GiB budget", e.problem)
     assert match, e.problem
     assert float(match.group(1)) > float(match.group(2)) == pytest.approx(179.1 * 0.95, abs=0.1)
-    largest = int(re.fullmatch(r"use auto or (\d+)", e.fix).group(1))  # type: ignore[union-attr]
+    found = re.fullmatch(
+        r"use spec\.tuning\.microBatchSize: auto; or spec\.tuning\.microBatchSize: (\d+) "
+        r"\(the largest that fits\)",
+        e.fix,
+    )
+    assert found, e.fix
+    largest = int(found.group(1))
     assert 1 <= largest < 16
     # ...and that size really is the largest that fits.
     plan_job(make_spec(seq=8192, microBatchSize=largest, **pins))
@@ -144,7 +150,9 @@ def test_an_impossible_job_names_the_memory_and_the_smallest_node_count(seq: int
     e = err.value
     assert e.field == "spec.cluster.nodes"
     assert re.search(r"needs \d+\.\d GiB per GPU > 75\.\d GiB budget on 1 x ml\.p5\.48xlarge", e.problem)
-    nodes = int(re.fullmatch(r"use at least (\d+) nodes", e.fix).group(1))  # type: ignore[union-attr]
+    found = re.match(r"use (\d+) nodes \(spec\.cluster\.nodes: \1, the fewest that fit", e.fix)
+    assert found, e.fix
+    nodes = int(found.group(1))
     plan_job(make_spec(preset="llama3.1-70b", instance="ml.p5.48xlarge", seq=seq, nodes=nodes))
     with pytest.raises(PlanningError):
         plan_job(make_spec(preset="llama3.1-70b", instance="ml.p5.48xlarge", seq=seq, nodes=nodes - 1))
@@ -159,7 +167,7 @@ def test_a_job_using_part_of_its_node_is_told_to_use_more_of_its_gpus_first() ->
     e = err.value
     assert e.field == "spec.cluster.gpusPerNode"
     assert "(1 GPU per node)" in e.problem
-    found = re.match(r"use gpusPerNode: (\d+) or more \(the instance has 8\)", e.fix)
+    found = re.match(r"use spec\.cluster\.gpusPerNode: (\d+) \(the instance has 8\)", e.fix)
     assert found, e.fix
     gpus = int(found.group(1))
     plan_job(make_spec(preset="llama3.1-8b", instance="ml.p5en.48xlarge", gpus_per_node=gpus))
@@ -171,7 +179,7 @@ def test_a_job_just_over_the_budget_is_also_told_the_headroom_that_would_fit() -
     spec = make_spec(preset="llama3.1-8b", instance="ml.p5en.48xlarge", gpus_per_node=1)
     with pytest.raises(PlanningError) as err:
         plan_job(spec)
-    found = re.search(r"or, on these GPUs, spec\.tuning\.memoryHeadroom: (0\.\d\d) ", err.value.fix)
+    found = re.search(r"or on these GPUs, spec\.tuning\.memoryHeadroom: (0\.\d\d) ", err.value.fix)
     assert found, err.value.fix
     room = float(found.group(1))
     assert 0.01 <= room < 0.05
@@ -185,35 +193,23 @@ def test_a_job_just_over_the_budget_is_also_told_the_headroom_that_would_fit() -
     assert "memoryHeadroom" not in far.value.fix
 
 
-def test_a_sequence_too_long_for_any_node_count_names_the_nodes_and_context_parallel_degree() -> None:
-    # 70B at 128K on H100: at any sharding degree one sequence's activations exceed 80 GB, so the fix is
-    # to split the sequence; auto does not offer CP yet (unmeasured throughput), so the error says how many
-    # nodes fit with which pinned degree, and that plan really fits with one node fewer failing.
+def test_a_sequence_too_long_for_any_node_count_names_the_nodes_on_which_auto_splits_it() -> None:
+    # 70B at 128K on H100: at any sharding degree one sequence's activations exceed 80 GB, so only
+    # splitting the sequence fits; auto does that where nothing else fits on the nodes (issue 26), so the
+    # error names the fewest nodes on which it does, that plan splits the sequence, and one node fewer fails.
     spec = make_spec(preset="llama3.1-70b", instance="ml.p5.48xlarge", seq=131072)
     with pytest.raises(PlanningError) as err:
         plan_job(spec)
     e = err.value
     assert e.field == "spec.cluster.nodes"
     assert re.search(r"needs \d+\.\d GiB per GPU > 75\.\d GiB budget on 1 x ml\.p5\.48xlarge", e.problem)
-    found = re.match(r"use at least (\d+) nodes with spec\.tuning\.contextParallel: (\d+)", e.fix)
+    found = re.match(r"use (\d+) nodes \(.*auto splitting each sequence over (\d+) GPUs\)", e.fix)
     assert found, e.fix
     nodes, cp = int(found.group(1)), int(found.group(2))
-    plan = plan_job(
-        make_spec(
-            preset="llama3.1-70b", instance="ml.p5.48xlarge", seq=131072, nodes=nodes, contextParallel=cp
-        )
-    )
+    plan = plan_job(make_spec(preset="llama3.1-70b", instance="ml.p5.48xlarge", seq=131072, nodes=nodes))
     assert plan.chosen.context_parallel == cp
     with pytest.raises(PlanningError):
-        plan_job(
-            make_spec(
-                preset="llama3.1-70b",
-                instance="ml.p5.48xlarge",
-                seq=131072,
-                nodes=nodes - 1,
-                contextParallel=cp,
-            )
-        )
+        plan_job(make_spec(preset="llama3.1-70b", instance="ml.p5.48xlarge", seq=131072, nodes=nodes - 1))
 
 
 def test_auto_does_not_offer_context_parallel_until_it_is_measured() -> None:

@@ -196,10 +196,14 @@ def test_a_checkpoint_without_a_chat_template_is_refused(tmp_path: Path) -> None
         prepare(Options(inputs=[str(source)], output=tmp_path / "out", tokenizer=folder, chat="auto"))
 
 
-def test_the_trainer_refuses_chat_shards_rather_than_train_on_every_token(tmp_path: Path) -> None:
+def test_chat_shards_read_as_plain_shards_are_refused_rather_than_train_on_every_token(
+    tmp_path: Path,
+) -> None:
     folder = save_chat_checkpoint(tmp_path / "ckpt", "llama3")
     source = write_conversations(tmp_path / "chat.jsonl", CONVERSATIONS)
     manifest = prepare(Options(inputs=[str(source)], output=tmp_path / "out", tokenizer=folder, chat="auto"))
     files = {p.name: p.stat().st_size for p in (tmp_path / "out").glob("*.bin")}
-    with pytest.raises(ManifestMismatch, match=r"holds chat data .* would train on every token"):
+    with pytest.raises(
+        ManifestMismatch, match=r"holds chat data .* would train on every token; set .*kind: chat"
+    ):
         check_manifest(manifest, files, uri="/data", token_dtype=manifest.token_dtype, vocab_size=128256)

@@ -70,6 +70,15 @@ framework rules listed there. No wildcards anywhere.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch", "delete"]
+# Application: a pod's result counts only when its controllers lead to the BlackwellTrainingJob's own
+# child by uid; a TrainJob's pods are controlled by a Job of its JobSet, each read by name.
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["get"]
+# Application: the JobSet between a TrainJob and its Jobs, read by name on the same check.
+- apiGroups: ["jobset.x-k8s.io"]
+  resources: ["jobsets"]
+  verbs: ["get"]
 # Application: the ServiceAccount a BlackwellTrainingJob's pods run as, read by name before its child
 # is created (a missing one holds the create and says so in the BlackwellTrainingJob's status).
 - apiGroups: [""]

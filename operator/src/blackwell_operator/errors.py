@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+# One change a fix advises, as the manifest spells it: a dotted path ("spec.cluster.nodes") to the value it
+# sets (None: leave the field out). A fix may advise several alternatives, each a set of such changes.
+Changes = Mapping[str, Any]
+
 
 class SpecError(ValueError):
-    """A spec the operator cannot act on: names the field, what is wrong, and how to fix it."""
+    """A spec the operator cannot act on: names the field, what is wrong, and how to fix it.
 
-    def __init__(self, field: str, problem: str, fix: str = "") -> None:
+    `remedies`: the fix as data, the alternatives it names, each of which makes the spec plan when applied
+    to it as written (tests apply them literally); empty where the fix is no change of the spec.
+    """
+
+    def __init__(self, field: str, problem: str, fix: str = "", *, remedies: Sequence[Changes] = ()) -> None:
         self.field = field
         self.problem = problem
         self.fix = fix
+        self.remedies = tuple(dict(r) for r in remedies)
         super().__init__(self.message)
 
     @property

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from blackwell_operator.render.kinds import CONFIG_MAP, JOB_KINDS, TRAINING_RUNTIME
+from blackwell_operator.render.kinds import BATCH_JOB, CONFIG_MAP, JOB_KINDS, JOBSET, TRAINING_RUNTIME
 
 
 class Permission(NamedTuple):
@@ -46,6 +46,9 @@ PERMISSIONS: tuple[Permission, ...] = (
     # Nothing is fetched by name: the pod comes with each event. The stuck-pod sweep lists a running BTJ's
     # trainer pods and force-deletes one stuck Terminating on a gone or not-Ready node (lifecycle.stuck_pods).
     Permission("", "pods", ("list", "watch", "delete")),
+    # The operator: a pod's result counts only when its controllers lead to our child by uid
+    # (lifecycle/ownership.py); a TrainJob's pods are controlled by a Job of its JobSet, read by name.
+    *(Permission(row.group, row.plural, ("get",)) for row in (BATCH_JOB, JOBSET)),
     # The operator: before it creates a child, it reads the ServiceAccount its pods name (by name, never
     # listed); a missing one holds the create (handlers/preflight.py).
     Permission("", "serviceaccounts", ("get",)),

@@ -85,6 +85,9 @@ class DatasetKind(StrEnum):
 
     SYNTHETIC = "synthetic"
     SHARDS = "shards"
+    # Conversations from `prepare --chat`: packed rows, attention within a conversation, the loss on the
+    # assistant's tokens only.
+    CHAT = "chat"
 
 
 class RopeScaling(WireModel):
@@ -303,7 +306,11 @@ def architecture_mismatch(plan_arch: Architecture, checkpoint_arch: Architecture
 class DatasetConfig(WireModel):
     """Synthetic tokens, or memory-mapped token shards at a local/FSx path or an s3:// prefix."""
 
-    kind: DatasetKind = Field(default=DatasetKind.SYNTHETIC, description="synthetic or shards.")
+    kind: DatasetKind = Field(
+        default=DatasetKind.SYNTHETIC,
+        description="synthetic, shards (token shards: every token trained on) or chat (prepare --chat: "
+        "conversations packed with a document mask, the loss on the assistant's tokens).",
+    )
     uri: str | None = Field(
         default=None, description="Folder or s3://bucket/prefix holding *.bin token shards (kind=shards)."
     )
@@ -316,8 +323,8 @@ class DatasetConfig(WireModel):
 
     @model_validator(mode="after")
     def _uri_for_shards(self) -> DatasetConfig:
-        if self.kind == DatasetKind.SHARDS and not self.uri:
-            raise ValueError("dataset.uri is required when dataset.kind is 'shards'")
+        if self.kind in (DatasetKind.SHARDS, DatasetKind.CHAT) and not self.uri:
+            raise ValueError(f"dataset.uri is required when dataset.kind is '{self.kind.value}'")
         return self
 
 

@@ -21,10 +21,12 @@ from blackwell_trainer.config import DatasetConfig, DatasetKind
 from blackwell_trainer.errors import DataError as DataError  # re-exported: the data source's error
 from blackwell_trainer.shard_cache import cache_dir, download_once
 from blackwell_trainer.shard_manifest import (
+    COMPANION_SUFFIXES,
     MANIFEST_NAME,
     ManifestMismatch,
     ShardManifest,
     check_manifest,
+    companion,
     parse_manifest,
 )
 
@@ -217,6 +219,9 @@ class Shard:
     num_tokens: int
     fetch: Callable[[], Path]
     size_bytes: int = -1  # the file's size, to check it against the manifest
+    # Chat data: the files beside the shard (mask, conversation starts) by suffix, fetched the same way.
+    companions: dict[str, Callable[[], Path]] = field(default_factory=dict)
+    companion_sizes: dict[str, int] = field(default_factory=dict)
 
 
 class ShardTokenSource:
@@ -416,6 +421,16 @@ def _local_shards(root: Path, itemsize: int) -> tuple[list[Shard], ShardManifest
             num_tokens=f.stat().st_size // itemsize,
             fetch=functools.partial(Path, f),
             size_bytes=f.stat().st_size,
+            companions={
+                suffix: functools.partial(Path, c)
+                for suffix in COMPANION_SUFFIXES
+                if (c := f.with_name(companion(f.name, suffix))).is_file()
+            },
+            companion_sizes={
+                suffix: c.stat().st_size
+                for suffix in COMPANION_SUFFIXES
+                if (c := f.with_name(companion(f.name, suffix))).is_file()
+            },
         )
         for f in files
     ]
@@ -445,12 +460,18 @@ def _s3_shards(uri: str, itemsize: int) -> tuple[list[Shard], ShardManifest | No
     )
     shards: list[Shard] = []
     manifest: ShardManifest | None = None
+    beside: dict[str, tuple[Callable[[], Path], int]] = {}  # chat data's mask and starts, by key
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for obj in page.get("Contents", []):
             key = str(obj["Key"])
             if key == prefix + MANIFEST_NAME:
                 body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
                 manifest = _parse_manifest(body.decode("utf-8", errors="replace"), uri)
+            if key.endswith(COMPANION_SUFFIXES):
+                size = int(obj["Size"])
+                etag = str(obj.get("ETag", "")).strip('"')
+                local = cache_dir() / "s3" / bucket / key
+                beside[key] = (functools.partial(download_once, client, bucket, key, local, size, etag), size)
             if not key.endswith(".bin"):
                 continue
             size = int(obj["Size"])
@@ -464,7 +485,19 @@ def _s3_shards(uri: str, itemsize: int) -> tuple[list[Shard], ShardManifest | No
                     size_bytes=size,
                 )
             )
+    for shard in shards:
+        for suffix in COMPANION_SUFFIXES:
+            found = beside.get(prefix + companion(shard.name, suffix))
+            if found is not None:
+                shard.companions[suffix], shard.companion_sizes[suffix] = found
     return shards, manifest
+
+
+def list_shards(dataset: DatasetConfig) -> tuple[list[Shard], ShardManifest | None]:
+    """The *.bin shards at dataset.uri (a folder or s3:// prefix) and its manifest.json, if any."""
+    uri = dataset.uri or ""
+    itemsize = np.dtype(dataset.token_dtype).itemsize
+    return _s3_shards(uri, itemsize) if uri.startswith("s3://") else _local_shards(Path(uri), itemsize)
 
 
 def build_token_source(dataset: DatasetConfig, layout: DataLayout) -> TokenSource:
@@ -479,11 +512,11 @@ def build_token_source(dataset: DatasetConfig, layout: DataLayout) -> TokenSourc
         )
     if dataset.kind == DatasetKind.SYNTHETIC:
         return SyntheticTokenSource(seed=dataset.seed, layout=layout)
+    if dataset.kind == DatasetKind.CHAT:
+        # Packed rows with documents: packed_data.build_chat_source, which the trainer calls for chat.
+        raise DataError("dataset.kind chat is read by packed_data.build_chat_source, not as token shards")
     uri = dataset.uri or ""
-    itemsize = np.dtype(dataset.token_dtype).itemsize
-    shards, manifest = (
-        _s3_shards(uri, itemsize) if uri.startswith("s3://") else _local_shards(Path(uri), itemsize)
-    )
+    shards, manifest = list_shards(dataset)
     if manifest is not None:
         try:
             check_manifest(

@@ -25,6 +25,7 @@ TOKENIZER_FILE = "tokenizer.json"
 # token (uint64). Neither ends in .bin, which the trainer reads as token shards.
 MASK_SUFFIX = ".mask"
 DOCS_SUFFIX = ".docs"
+COMPANION_SUFFIXES = (MASK_SUFFIX, DOCS_SUFFIX)
 
 
 def companion(shard: str, suffix: str) -> str:
@@ -104,16 +105,22 @@ def check_manifest(
     uri: str,
     token_dtype: str,
     vocab_size: int,
+    kind: str = "shards",
 ) -> None:
-    """Raise ManifestMismatch when the shards at `uri` (name -> size in bytes) are not the data set the
-    manifest describes, or the data set does not fit the plan (dtype, the model's vocabulary)."""
+    """Raise ManifestMismatch when the shards at `uri` (name -> size in bytes; for chat data also each
+    shard's .mask and .docs) are not the data set the manifest describes, or the data set does not fit the
+    plan (dataset kind and dtype, the model's vocabulary)."""
     where = f"dataset.uri {uri}"
-    if manifest.kind == "chat":
+    if manifest.kind == "chat" and kind != "chat":
         # Reading it as plain shards would train on every token, the silent failure the mask exists for.
         raise ManifestMismatch(
-            f"{where} holds chat data (a loss mask over the assistant's tokens), which this trainer version "
-            "cannot train on yet: it would train on every token; "
-            "prepare plain text without --chat for continued pre-training"
+            f"{where} holds chat data (a loss mask over the assistant's tokens, prepare --chat) but "
+            f"dataset.kind is {kind}, which would train on every token; set spec.training.dataset.kind: chat"
+        )
+    if kind == "chat" and manifest.kind != "chat":
+        raise ManifestMismatch(
+            f"{where} holds plain token shards, with no loss mask; dataset.kind chat needs conversations "
+            "prepared with `python -m blackwell_trainer.prepare --chat`, or set dataset.kind: shards"
         )
     if manifest.token_dtype != token_dtype:
         raise ManifestMismatch(
@@ -140,12 +147,30 @@ def check_manifest(
                 f"{manifest.token_dtype} tokens ({shard.tokens * itemsize} bytes); the copy is incomplete "
                 "or another file: copy it again"
             )
+    if manifest.kind == "chat":
+        listed |= _check_companions(manifest, files, where)
     strays = sorted(set(files) - listed)
     if strays:
         raise ManifestMismatch(
             f"{where} holds {strays[0]}, which {MANIFEST_NAME} does not list ({len(strays)} such file(s)); "
             "remove files of other data sets from the folder or prepare them together"
         )
+
+
+def _check_companions(manifest: ShardManifest, files: Mapping[str, int], where: str) -> set[str]:
+    """Each chat shard's mask (a byte per token) and conversation starts (8 bytes each), by size."""
+    names: set[str] = set()
+    for shard in manifest.shards:
+        for suffix, size in ((MASK_SUFFIX, shard.tokens), (DOCS_SUFFIX, 8 * shard.documents)):
+            name = companion(shard.name, suffix)
+            names.add(name)
+            if files.get(name) != size:
+                found = "is missing" if name not in files else f"has {files[name]} bytes, not {size}"
+                raise ManifestMismatch(
+                    f"{where}: {name} {found}; copy the whole folder `prepare --chat` wrote (or prepare "
+                    "the data again)"
+                )
+    return names
 
 
 def tokenizer_sha256(path: Path) -> str:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from blackwell_trainer.config import DatasetKind, Plan
 from blackwell_trainer.shard_manifest import (
+    COMPANION_SUFFIXES,
     MANIFEST_NAME,
     TOKENIZER_FILE,
     check_manifest,
@@ -31,14 +32,21 @@ def check_local_dataset(plan: Plan) -> None:
     trainer checks the first two at start; the last it cannot check either).
     """
     dataset = plan.dataset
-    root = _local_folder(dataset.uri) if dataset.kind == DatasetKind.SHARDS else None
+    root = _local_folder(dataset.uri) if dataset.kind in (DatasetKind.SHARDS, DatasetKind.CHAT) else None
     if root is None or not (root / MANIFEST_NAME).is_file():
         return
     uri = str(dataset.uri)
     manifest = parse_manifest((root / MANIFEST_NAME).read_text(errors="replace"), uri)
     files = {f.name: f.stat().st_size for f in root.glob("*.bin")}
+    if dataset.kind == DatasetKind.CHAT:  # each shard's mask and conversation starts are checked too
+        files |= {f.name: f.stat().st_size for s in COMPANION_SUFFIXES for f in root.glob(f"*{s}")}
     check_manifest(
-        manifest, files, uri=uri, token_dtype=dataset.token_dtype, vocab_size=plan.architecture.vocab_size
+        manifest,
+        files,
+        uri=uri,
+        token_dtype=dataset.token_dtype,
+        vocab_size=plan.architecture.vocab_size,
+        kind=dataset.kind.value,
     )
     weights_uri = plan.weights.uri if plan.weights else None
     weights = _local_folder(weights_uri)

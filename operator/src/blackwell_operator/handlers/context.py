@@ -12,6 +12,7 @@ from blackwell_operator.discovery.apis import ServedJobApis
 from blackwell_operator.discovery.aws import HyperPodCapacityReader
 from blackwell_operator.discovery.capacity import NodeCapacityReader
 from blackwell_operator.handlers.api import KubeApi
+from blackwell_operator.lifecycle.ownership import Lineage
 from blackwell_operator.metrics import OperatorMetrics
 from blackwell_operator.models.spec import DEFAULT_IMAGE
 
@@ -46,6 +47,9 @@ class OperatorContext:
     _running: dict[str, Mapping[str, Any]] = field(default_factory=dict)
     # BTJ uid -> the BTJ as last seen by the watch: what the resync loop looks at.
     _btjs: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    # pod uid -> its verified owner chain (lifecycle/ownership.py): a pod's controllers never change to
+    # another live object with the same uids, so a verified chain is read once per pod.
+    _lineages: OrderedDict[str, Lineage] = field(default_factory=OrderedDict)
 
     def recreate_lock(self, uid: str) -> threading.Lock:
         """The lock of one BTJ's child re-creates."""
@@ -87,9 +91,22 @@ class OperatorContext:
             while len(self._pod_failures) > POD_FAILURE_MEMORY:
                 self._pod_failures.popitem(last=False)
 
+    def lineage_of(self, uid: str) -> Lineage | None:
+        """A pod's owner chain as verified before (None: not verified yet)."""
+        with self._guard:
+            return self._lineages.get(uid)
+
+    def remember_lineage(self, uid: str, found: Lineage) -> None:
+        """Keep a pod's verified owner chain (bounded like the failure memory, oldest forgotten first)."""
+        with self._guard:
+            self._lineages[uid] = found
+            while len(self._lineages) > POD_FAILURE_MEMORY:
+                self._lineages.popitem(last=False)
+
     def forget_pod(self, uid: str) -> None:
         """A deleted pod sends no more events."""
         with self._guard:
+            self._lineages.pop(uid, None)
             self._pod_failures.pop(uid, None)
             self._terminating.pop(uid, None)
             self._running.pop(uid, None)

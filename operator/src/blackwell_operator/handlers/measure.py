@@ -24,6 +24,7 @@ from blackwell_operator.handlers.api import ApiError
 from blackwell_operator.handlers.btjstatus import write_status
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.periodic import every
+from blackwell_operator.handlers.pods import pod_lineage
 from blackwell_operator.lifecycle.failures import belongs_to
 from blackwell_operator.lifecycle.measure import (
     Reading,
@@ -32,10 +33,10 @@ from blackwell_operator.lifecycle.measure import (
     sample_of,
     tokens_per_second_per_gpu,
 )
+from blackwell_operator.lifecycle.ownership import Lineage
 from blackwell_operator.lifecycle.progress import as_status, progress_of
 from blackwell_operator.lifecycle.writers import MEASURE_LOOP
 from blackwell_operator.models.status import JobProgress, MeasuredThroughput, Phase, StatusChange
-from blackwell_operator.render.labels import JOB_NAME_LABEL
 from blackwell_operator.settings import env_name, operator_environment
 from blackwell_operator.timefmt import now_rfc3339
 
@@ -53,14 +54,20 @@ def measure_interval() -> float | None:
     return operator_environment().measure_interval_s or None
 
 
-def one_pod_per_job(pods: list[Mapping[str, Any]]) -> dict[tuple[str, str], Mapping[str, Any]]:
-    """(namespace, BTJ name) -> the first running trainer pod by name that has a metrics endpoint."""
-    chosen: dict[tuple[str, str], Mapping[str, Any]] = {}
+def one_pod_per_job(
+    pods: list[Mapping[str, Any]], lineages: Mapping[str, Lineage]
+) -> dict[tuple[str, str], tuple[Mapping[str, Any], Lineage]]:
+    """(namespace, BTJ name) -> the first running trainer pod by name that has a metrics endpoint and a
+    verified owner chain (`lineages`, by pod uid: a pod with the trainer's labels alone is not read)."""
+    chosen: dict[tuple[str, str], tuple[Mapping[str, Any], Lineage]] = {}
     for pod in sorted(pods, key=lambda p: str((p.get("metadata") or {}).get("name"))):
         meta = pod.get("metadata") or {}
-        key = (str(meta.get("namespace")), str((meta.get("labels") or {}).get(JOB_NAME_LABEL)))
+        found = lineages.get(str(meta.get("uid")))
+        if found is None:
+            continue
+        key = (str(meta.get("namespace")), found.btj_name)
         if key not in chosen and metrics_endpoint(pod):
-            chosen[key] = pod
+            chosen[key] = (pod, found)
     return chosen
 
 
@@ -81,12 +88,14 @@ def measured_changes(
     mfu: float | None,
     now: str,
     progress: JobProgress | None = None,
+    *,
+    found: Lineage | None,
 ) -> StatusChange | None:
     """status.measured (when it moved) and status.progress (when it changed) from a reading of `pod`, when
-    it is this BTJ's running worker. The progress replaces the stored one whole: a time left from before a
-    restart is never shown beside a newer step."""
+    it is this BTJ's running worker (`found`: the pod's verified owner chain). The progress replaces the
+    stored one whole: a time left from before a restart is never shown beside a newer step."""
     status = btj.get("status") or {}
-    if status.get("phase") != Phase.RUNNING.value or not belongs_to(pod, btj):
+    if status.get("phase") != Phase.RUNNING.value or not belongs_to(pod, btj, found):
         return None
     change = StatusChange()
     if progress is not None and status.get("progress") != as_status(progress):
@@ -118,34 +127,65 @@ class Measurer:
             return None
 
     async def once(self, session: aiohttp.ClientSession) -> int:
-        """One round; how many BTJs got a new status.measured."""
-        chosen = one_pod_per_job(self.ctx.running_pods())
-        live = {str(p["metadata"].get("uid")) for p in chosen.values()}
+        """One round; how many BTJs got a new status.measured. One job's bad reading or failed write is
+        logged and skipped: the round goes on to the other jobs."""
+        pods = self.ctx.running_pods()
+        chosen = one_pod_per_job(pods, await asyncio.to_thread(self._lineages, pods))
+        live = {str(p["metadata"].get("uid")) for p, _ in chosen.values()}
         self.previous = {uid: r for uid, r in self.previous.items() if uid in live}
         known = self.ctx.known_btjs()
         self.sampled = {uid: r for uid, r in self.sampled.items() if uid in known}
         written = 0
-        for (namespace, name), pod in chosen.items():
-            url, uid = metrics_endpoint(pod), str(pod["metadata"].get("uid"))
-            reading = await self.read(session, str(url))
-            if reading is None:
-                continue
-            earlier, self.previous[uid] = self.previous.get(uid), reading
-            rate = tokens_per_second_per_gpu(earlier, reading) if earlier else None
-            progress = progress_of(earlier, reading, datetime.datetime.now(datetime.UTC))
-            if rate is None and progress is None:
-                continue
-            if await asyncio.to_thread(self._write, namespace, name, pod, rate, reading, progress):
-                written += 1
-            if earlier is not None and rate is not None:
-                await asyncio.to_thread(self._teach, namespace, name, earlier, reading, rate)
+        for (namespace, name), (pod, found) in chosen.items():
+            try:
+                written += await self._one(session, namespace, name, pod, found)
+            except Exception as exc:  # one job's surprise must not cost the others their reading
+                self.ctx.metrics.record_error("MeasureError")
+                self.logger.warning(f"Cannot take the reading of {namespace}/{name}: {exc!r}")
         return written
+
+    async def _one(
+        self,
+        session: aiohttp.ClientSession,
+        namespace: str,
+        name: str,
+        pod: Mapping[str, Any],
+        found: Lineage,
+    ) -> int:
+        """Read one job's pod; 1 when its status.measured was written."""
+        url, uid = metrics_endpoint(pod), str(pod["metadata"].get("uid"))
+        reading = await self.read(session, str(url))
+        if reading is None:
+            return 0
+        earlier, self.previous[uid] = self.previous.get(uid), reading
+        rate = tokens_per_second_per_gpu(earlier, reading) if earlier else None
+        progress = progress_of(earlier, reading, datetime.datetime.now(datetime.UTC))
+        if rate is None and progress is None:
+            return 0
+        wrote = await asyncio.to_thread(self._write, namespace, name, pod, found, rate, reading, progress)
+        if earlier is not None and rate is not None:
+            await asyncio.to_thread(self._teach, namespace, name, earlier, reading, rate)
+        return int(wrote)
+
+    def _lineages(self, pods: list[Mapping[str, Any]]) -> dict[str, Lineage]:
+        """The verified owner chains of the running pods that have one (a failed read: not this round)."""
+        found: dict[str, Lineage] = {}
+        for pod in pods:
+            try:
+                chain = pod_lineage(self.ctx, pod)
+            except ApiError as exc:
+                self.ctx.metrics.record_error(exc.metric_reason)
+                continue
+            if chain is not None:
+                found[str(pod["metadata"].get("uid"))] = chain
+        return found
 
     def _write(
         self,
         namespace: str,
         name: str,
         pod: Mapping[str, Any],
+        found: Lineage,
         rate: float | None,
         reading: Reading,
         progress: JobProgress | None,
@@ -157,7 +197,7 @@ class Measurer:
                     self.ctx.api,
                     namespace,
                     name,
-                    lambda b: measured_changes(b, pod, rate, reading.mfu, now, progress),
+                    lambda b: measured_changes(b, pod, rate, reading.mfu, now, progress, found=found),
                     MEASURE_LOOP,
                 )
                 is not None

@@ -18,11 +18,11 @@ from blackwell_operator.lifecycle.failures import (
     worker_failure,
 )
 from blackwell_operator.lifecycle.message import describe
+from blackwell_operator.lifecycle.ownership import Lineage, lineage
 from blackwell_operator.lifecycle.replan import REPLANNED_REASON, replacing_child
 from blackwell_operator.lifecycle.writers import POD_WATCHER
 from blackwell_operator.models.status import StatusChange
-from blackwell_operator.render.kinds import job_kind
-from blackwell_operator.render.labels import JOB_NAME_LABEL
+from blackwell_operator.render.kinds import ChildKind, job_kind
 from blackwell_operator.timefmt import now_rfc3339
 
 WORKER_FAILED = "WorkerFailed"
@@ -37,18 +37,33 @@ def on_pod_event(ctx: OperatorContext, event_type: str | None, pod: Mapping[str,
     else:
         ctx.note_pod(pod)  # for the stuck-pod sweep (being deleted) and the measure loop (running)
     failure = worker_failure(pod)
-    name = (meta.get("labels") or {}).get(JOB_NAME_LABEL)
     namespace = meta.get("namespace")
-    if failure is None or not name or not namespace:
+    if failure is None or not namespace:
         return
     key = failure_key(failure)
     # Pods keep lastState.terminated in every later event: skip the BTJ read for a failure already handled.
     if ctx.pod_failure_seen(uid, key):
         return
+    try:
+        found = pod_lineage(ctx, pod)
+    except ApiError as exc:
+        ctx.metrics.record_error(exc.metric_reason)
+        logger.warning(f"Cannot check which job controls pod {namespace}/{meta.get('name')}: {exc}")
+        return  # the pod's next event tries again
+    if found is None:
+        # The trainer's labels, but no child of a BTJ controls it (made by hand, or forged): its
+        # termination message fails nothing, deletes nothing and re-plans nothing.
+        logger.warning(
+            f"Pod {namespace}/{meta.get('name')} carries the trainer's labels but no BlackwellTrainingJob's "
+            "job controls it: its result is ignored"
+        )
+        ctx.remember_pod_failure(uid, key)
+        return
+    name = found.btj_name
     posted: dict[str, Any] = {}
 
     def update(btj: Mapping[str, Any]) -> StatusChange | None:
-        changes, new = failure_changes(btj, pod, failure, now=now_rfc3339())
+        changes, new = failure_changes(btj, pod, failure, now=now_rfc3339(), found=found)
         posted.update(event=new, btj=btj)
         return changes
 
@@ -67,6 +82,23 @@ def on_pod_event(ctx: OperatorContext, event_type: str | None, pod: Mapping[str,
         return  # the child is not deleted yet: the pod's next event tries again
     # Written, or nothing to write (stored already, older than the stored one, a predecessor's pod).
     ctx.remember_pod_failure(uid, key)
+
+
+def pod_lineage(ctx: OperatorContext, pod: Mapping[str, Any]) -> Lineage | None:
+    """The pod's verified owner chain (lifecycle/ownership.py), read through the API once per pod; raises
+    ApiError when a read fails (nothing is concluded then)."""
+    uid = str((pod.get("metadata") or {}).get("uid") or "")
+    known = ctx.lineage_of(uid) if uid else None
+    if known is not None:
+        return known
+
+    def read(kind: ChildKind, namespace: str, name: str) -> Mapping[str, Any] | None:
+        return ctx.api.get(resource_path(kind.api_version, kind.plural, namespace, name))
+
+    found = lineage(pod, read)
+    if found is not None and uid:
+        ctx.remember_lineage(uid, found)
+    return found
 
 
 def _stop_child(ctx: OperatorContext, btj: Mapping[str, Any], logger: Any) -> bool:

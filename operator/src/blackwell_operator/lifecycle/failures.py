@@ -7,6 +7,7 @@ from typing import Any
 
 from blackwell_operator.lifecycle.conditions import get_condition
 from blackwell_operator.lifecycle.message import CASCADE_WINDOW_S, describe, set_message, status_message
+from blackwell_operator.lifecycle.ownership import Lineage, of_child
 from blackwell_operator.lifecycle.phase import TERMINAL_PHASES, fail
 from blackwell_operator.lifecycle.replan import oom_of, replacing_child, replan_changes
 from blackwell_operator.lifecycle.status_read import read_status
@@ -18,19 +19,11 @@ from blackwell_operator.models.status import (
     StatusChange,
     WorkerFailure,
 )
-from blackwell_operator.render import trainjob
-from blackwell_operator.render.kinds import JOB_KINDS
-from blackwell_operator.render.labels import JOB_NAME_LABEL
 from blackwell_operator.render.pod import TRAINER_CONTAINER_NAMES
 from blackwell_operator.timefmt import rfc3339_seconds
 from blackwell_trainer.config import PERMANENT_ERROR_PREFIX, OomResult
 
 STOP_EXIT_CODES = frozenset({130, 137, 143})  # 128 + SIGINT, SIGKILL, SIGTERM
-# The Kubeflow training operator's pod label naming the PyTorchJob (docs/reference/hyperpod-pytorchjob.md §1).
-KUBEFLOW_JOB_NAME_LABEL = "training.kubeflow.org/job-name"
-# A TrainJob's pods are owned by Jobs of its JobSet, which names them by the TrainJob in this label.
-CHILD_JOB_NAME_LABELS = (KUBEFLOW_JOB_NAME_LABEL, trainjob.JOBSET_NAME_LABEL)
-CHILD_KINDS = frozenset(row.kind for row in JOB_KINDS.values())
 # The Failed condition's reason when a worker ended on an error no restart can fix; the operator then
 # deletes the child (its GPUs are freed) instead of letting torchrun and the pods retry it.
 PERMANENT_ERROR_REASON = "PermanentError"
@@ -123,30 +116,13 @@ def supersedes(new: Mapping[str, Any], stored: Mapping[str, Any] | None) -> bool
     return True
 
 
-def belongs_to(pod: Mapping[str, Any], btj: Mapping[str, Any]) -> bool:
-    """Whether a pod labelled with the BTJ's name is one of this BTJ's workers (not a predecessor's).
-
-    A pod older than the BTJ cannot be its worker. When the BTJ has recorded its child, a pod's
-    controlling job reference (or the training operator's job-name label) must name that child; a pod
-    with neither is taken on its job-name label alone.
-    """
+def belongs_to(pod: Mapping[str, Any], btj: Mapping[str, Any], found: Lineage | None) -> bool:
+    """Whether `pod`, whose verified owner chain is `found` (lifecycle/ownership.py), is one of this BTJ's
+    current workers. Labels play no part: anyone who may create a pod can copy them."""
     pod_meta, btj_meta = pod.get("metadata") or {}, btj.get("metadata") or {}
-    if (pod_meta.get("labels") or {}).get(JOB_NAME_LABEL) != btj_meta.get("name"):
+    if pod_meta.get("namespace") and pod_meta.get("namespace") != btj_meta.get("namespace"):
         return False
-    pod_created, btj_created = pod_meta.get("creationTimestamp"), btj_meta.get("creationTimestamp")
-    if pod_created and btj_created and str(pod_created) < str(btj_created):
-        return False
-    child = (btj.get("status") or {}).get("child") or {}
-    if not child.get("name"):
-        return True
-    for ref in pod_meta.get("ownerReferences") or []:
-        if ref.get("kind") in CHILD_KINDS and ref.get("controller", True):
-            if child.get("uid"):
-                return bool(ref.get("uid") == child["uid"])
-            return bool(ref.get("name") == child["name"])
-    labels = pod_meta.get("labels") or {}
-    job_label = next((labels[key] for key in CHILD_JOB_NAME_LABELS if key in labels), None)
-    return job_label is None or job_label == child["name"]
+    return of_child(found, btj)
 
 
 def is_permanent(failure: Mapping[str, Any] | None) -> bool:
@@ -202,11 +178,17 @@ def _failure_dump(stored: BlackwellTrainingJobStatus) -> dict[str, Any] | None:
 
 
 def failure_changes(
-    btj: Mapping[str, Any], pod: Mapping[str, Any], failure: Mapping[str, Any], *, now: str
+    btj: Mapping[str, Any],
+    pod: Mapping[str, Any],
+    failure: Mapping[str, Any],
+    *,
+    now: str,
+    found: Lineage | None,
 ) -> tuple[StatusChange | None, bool]:
     """The status change that records `failure` of `pod` (None: nothing to write), and whether it is a
-    failure not recorded before (worth one Event). `now` (metav1.Time) stamps a condition it sets."""
-    if (btj.get("metadata") or {}).get("deletionTimestamp") or not belongs_to(pod, btj):
+    failure not recorded before (worth one Event). `now` (metav1.Time) stamps a condition it sets;
+    `found` is the pod's verified owner chain (None: not a pod of any BTJ's child, nothing is written)."""
+    if (btj.get("metadata") or {}).get("deletionTimestamp") or not belongs_to(pod, btj, found):
         return None, False
     status = btj.get("status") or {}
     if status.get("phase") == Phase.SUCCEEDED.value:

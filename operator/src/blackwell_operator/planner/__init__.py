@@ -12,7 +12,7 @@ from blackwell_operator.catalogs import resolve_model
 from blackwell_operator.errors import PlanningError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.models.status import MemoryCorrection
-from blackwell_operator.planner.candidates import Pins, families
+from blackwell_operator.planner.candidates import Pins
 from blackwell_operator.planner.correction import (
     corrected_calibration,
     describe_correction,
@@ -24,14 +24,9 @@ from blackwell_operator.planner.inputs import hardware_for, problem_for
 from blackwell_operator.planner.layout import Hardware, Layout, Setting
 from blackwell_operator.planner.memory import MemoryEstimate
 from blackwell_operator.planner.provenance import left_out_of_auto, plan_provenance, verdict
-from blackwell_operator.planner.rejections import (
-    check_global_batch,
-    no_plan,
-    smallest_gpus_per_node,
-    smallest_node_count,
-    unreachable_global_batch,
-)
-from blackwell_operator.planner.search import Problem, Scored, SearchResult, run_search
+from blackwell_operator.planner.rejections import no_plan, with_remedies
+from blackwell_operator.planner.search import Problem, Scored, SearchResult
+from blackwell_operator.planner.solve import Context, solve, unreachable_global_batch
 from blackwell_operator.planner.storage import check_storage
 from blackwell_operator.planner.weights import (
     CheckpointFacts,
@@ -185,20 +180,19 @@ def _plan_fixed(
     if correction is not None:
         cal = corrected_calibration(cal, correction)
     model_name, arch = resolve_model(spec.model)
-    hw = hardware_for(spec)
-    problem = problem_for(spec, cal, hw)
-    problem.correct = cluster
-    if correction is not None:
-        problem.mbs_limits = micro_batch_limits(correction)
-    pins = Pins.of(spec.tuning)
+    ctx = Context(cal, cluster, micro_batch_limits(correction) if correction is not None else {})
+    try:
+        solved = solve(spec, ctx)
+    except PlanningError as error:
+        raise with_remedies(spec, ctx, error) from None
+    problem, pins, result = solved.problem, solved.pins, solved.result
+    hw = problem.hw
     seq = spec.training.sequence_length
-    fams = families(pins, hw, cal, seq, spec.tuning.compile)
-    check_global_batch(problem, fams, pins)
-    result = run_search(problem, fams, pins.micro_batch_size)
     best = result.best
-    cp_fallback = False
+    cp_fallback = solved.cp_fallback
     if best is None:
         pinned = pins.micro_batch_size
+        fams = solved.families
         if correction is not None and pinned is not None and all(problem.max_mbs(f) < pinned for f in fams):
             raise PlanningError(
                 "spec.tuning.microBatchSize",
@@ -208,11 +202,8 @@ def _plan_fixed(
             )
         unreachable = unreachable_global_batch(problem, pins, result)
         if unreachable is not None:  # memory is not what is missing: splitting sequences would not help
-            raise unreachable
-        fallback = _with_context_parallel(spec, problem, pins, hw, cal)
-        if fallback is None or fallback.best is None:
-            raise no_plan(spec, cal, pins, result, problem)
-        result, best, cp_fallback = fallback, fallback.best, True
+            raise with_remedies(spec, ctx, unreachable)
+        raise no_plan(spec, ctx, solved)
 
     alternatives = _alternatives(best, result, problem.budget_bytes, hw, cal)
     chosen = _candidate(best, hw, cal)
@@ -279,29 +270,6 @@ def _plan_fixed(
         output=None if output is None else OutputConfig(uri=output.uri),
         optimizer=spec.training.optimizer.model_copy(deep=True),
     )
-
-
-def _with_context_parallel(
-    spec: BlackwellTrainingJobSpec, problem: Problem, pins: Pins, hw: Hardware, cal: Calibration
-) -> SearchResult | None:
-    """The search again with context parallelism offered, where one sequence's activations exceed a GPU.
-
-    Only where CP is left to auto, the trainer can split sequences, the calibration keeps CP out of the
-    ordinary search (its speed is unmeasured), and no number of GPUs or nodes would fit without it (more
-    GPUs are the fix the planner advises otherwise): a modelled plan beats a refusal, and the plan says so.
-    """
-    if pins.context_parallel is not None or cal.trainer.offers_auto_context_parallel:
-        return None
-    if not cal.trainer.context_parallel:
-        return None
-    seq = spec.training.sequence_length
-    offered = families(pins, hw, cal, seq, spec.tuning.compile, auto_cp=True)
-    fams = [f for f in offered if f.context_parallel > 1]
-    if not fams:
-        return None
-    if smallest_gpus_per_node(spec, cal, pins) or smallest_node_count(spec, cal, pins):
-        return None
-    return run_search(problem, fams, pins.micro_batch_size)
 
 
 def _left_out(pins: Pins, hw: Hardware, cal: Calibration) -> list[str]:

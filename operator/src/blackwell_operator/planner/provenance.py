@@ -187,7 +187,7 @@ def _context_parallel(
     checks = [p for p in cov.path_checks if p.feature == "context_parallel"]
     derived = _derived(cal, "throughput.cp_attention_overhead")
     marked = f"; {', '.join(derived)} marked derived" if derived else ""
-    chose = "; auto chose it: no plan without context parallelism fits" if fallback else ""
+    chose = "; auto chose it: no plan without context parallelism fits these nodes" if fallback else ""
     if checks:
         ran = "; ".join(f"CP {p.degree} on {p.gpus} {p.gpu}: {p.result} ({p.source})" for p in checks)
         detail = f"its trainer path ran for numerics only ({ran}); its speed is modelled{marked}{chose}"

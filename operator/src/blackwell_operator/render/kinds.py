@@ -51,6 +51,16 @@ CONFIG_MAP = ChildKind("ConfigMap", "v1", "configmaps")
 TRAINING_RUNTIME = ChildKind(trainjob.RUNTIME_KIND, trainjob.API_VERSION, trainjob.RUNTIME_PLURAL)
 SUPPORTING_KINDS: dict[str, ChildKind] = {row.kind: row for row in (CONFIG_MAP, TRAINING_RUNTIME)}
 
+# What stands between a job kind and its pods, pod side first: a TrainJob's pods are controlled by a Job
+# of the JobSet the TrainJob controls; the other kinds control their pods themselves
+# (docs/reference/pod-ownership.md).
+JOBSET = ChildKind(trainjob.JOBSET_KIND, trainjob.JOBSET_API_VERSION, trainjob.JOBSET_PLURAL)
+BATCH_JOB = ChildKind(trainjob.BATCH_JOB_KIND, trainjob.BATCH_JOB_API_VERSION, trainjob.BATCH_JOB_PLURAL)
+POD_OWNER_CHAINS: dict[str, tuple[ChildKind, ...]] = {
+    **{row.kind: () for row in JOB_KINDS.values()},
+    trainjob.KIND: (BATCH_JOB, JOBSET),
+}
+
 
 def job_kind(kind: object) -> ChildKind | None:
     """The row of a job kind (a child's or an owner reference's `kind`), or None when it is not ours."""

@@ -32,6 +32,14 @@ ANCESTOR_TRAINER = "trainer"
 FRAMEWORK_LABEL = f"{GROUP}/framework"
 # The label JobSet puts on every pod of a JobSet, which Trainer v2 names after the TrainJob.
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+# Trainer v2 runs a TrainJob as a JobSet it controls, whose Jobs (batch/v1) control the pods: the owner
+# chain a trainer pod's result is checked along (lifecycle/ownership.py; docs/reference/pod-ownership.md).
+JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
+JOBSET_KIND = "JobSet"
+JOBSET_PLURAL = "jobsets"
+BATCH_JOB_API_VERSION = "batch/v1"
+BATCH_JOB_KIND = "Job"
+BATCH_JOB_PLURAL = "jobs"
 RUNTIME_HASH_ANNOTATION = f"{API_GROUP}/runtime-sha256"
 
 

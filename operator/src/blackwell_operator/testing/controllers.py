@@ -19,7 +19,7 @@ from typing import Any
 
 from blackwell_operator.discovery.capacity import parse_quantity
 from blackwell_operator.render import hyperpod, pytorchjob, trainjob
-from blackwell_operator.render.kinds import job_kind
+from blackwell_operator.render.kinds import BATCH_JOB, JOBSET, ChildKind, job_kind
 from blackwell_operator.render.labels import KUEUE_QUEUE_LABEL
 from blackwell_operator.testing.emulator import HardenedEmulator
 from blackwell_operator.timefmt import now_rfc3339
@@ -115,6 +115,19 @@ def place(workers: Workers, nodes: Sequence[Mapping[str, Any]]) -> Placement:
     return Placement(workers.count, chosen, len(nodes), why)
 
 
+def _controller_ref(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """A controller owner reference to `obj`, as controllers write them (blockOwnerDeletion set)."""
+    meta = obj["metadata"]
+    return {
+        "apiVersion": obj["apiVersion"],
+        "kind": obj["kind"],
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
 @dataclass
 class Move:
     """One thing a controller does: what it says, the BTJ phase it leads to, and the API calls."""
@@ -193,15 +206,31 @@ class ControllerStandIn:
         path = f"{self._collection()}/{self._name}/status"
         await self._send("PATCH", path, {"status": {"conditions": self.conditions, "jobsStatus": [entry]}})
 
-    async def _create_pods(self, workers: Workers, placement: Placement) -> None:
-        owner = {
-            "apiVersion": self.job["apiVersion"],
-            "kind": self.job["kind"],
-            "name": self._name,
-            "uid": self.job["metadata"]["uid"],
-            "controller": True,
-            "blockOwnerDeletion": True,
+    async def _owned(self, kind: ChildKind, name: str, owner: Mapping[str, Any]) -> dict[str, Any]:
+        """Create one object of `kind` controlled by `owner`; its controller reference for the next."""
+        collection = f"/apis/{kind.api_version}/namespaces/{self._namespace}/{kind.plural}"
+        body = {
+            "apiVersion": kind.api_version,
+            "kind": kind.kind,
+            "metadata": {"name": name, "namespace": self._namespace, "ownerReferences": [owner]},
         }
+        response = await self.emulator.request("POST", collection, json=body)
+        made = await response.json()
+        if response.status >= 400:
+            raise RuntimeError(f"POST {collection}: HTTP {response.status}: {made.get('message')}")
+        return _controller_ref(made)
+
+    async def _pod_owner(self, workers: Workers) -> dict[str, Any]:
+        """The controller reference the worker pods carry: the job itself, or for a TrainJob the Job of the
+        JobSet it controls (Trainer v2: TrainJob -> JobSet -> Job -> Pod)."""
+        owner = _controller_ref(self.job)
+        if self._trainjob:
+            jobset = await self._owned(JOBSET, self._name, owner)
+            owner = await self._owned(BATCH_JOB, f"{self._name}-{workers.replica}-0", jobset)
+        return owner
+
+    async def _create_pods(self, workers: Workers, placement: Placement) -> None:
+        owner = await self._pod_owner(workers)
         pods = f"/api/v1/namespaces/{self._namespace}/pods"
         for index in range(workers.count):
             name = self._pod_name(workers, index)

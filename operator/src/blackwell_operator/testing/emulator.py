@@ -28,7 +28,7 @@ import kmock
 from kmock._internal import aiobus, parsing, rendering
 
 from blackwell_operator.models.spec import API_GROUP, API_VERSION, KIND, PLURAL, Backend
-from blackwell_operator.render.kinds import JOB_KINDS, TRAINING_RUNTIME
+from blackwell_operator.render.kinds import JOB_KINDS, JOBSET, TRAINING_RUNTIME
 from blackwell_operator.timefmt import now_rfc3339
 
 BTJ_RESOURCE = f"{API_GROUP}/{API_VERSION}/{PLURAL}"
@@ -36,6 +36,7 @@ PYTORCHJOB_RESOURCE = JOB_KINDS[Backend.PYTORCH_JOB].resource
 HYPERPOD_RESOURCE = JOB_KINDS[Backend.HYPERPOD_PYTORCH_JOB].resource
 TRAINJOB_RESOURCE = JOB_KINDS[Backend.TRAIN_JOB].resource
 TRAINING_RUNTIME_RESOURCE = TRAINING_RUNTIME.resource
+JOBSET_RESOURCE = JOBSET.resource
 JOB_RESOURCES = tuple(row.resource for row in JOB_KINDS.values())
 # The subresources each job CRD serves (a PyTorchJob's scale too).
 _JOB_SUBRESOURCES = {Backend.PYTORCH_JOB: {"status", "scale"}}
@@ -291,6 +292,7 @@ class HardenedEmulator(kmock.KubernetesEmulator):
                     del self.resources[resource]
             if TRAINJOB_RESOURCE not in only:
                 del self.resources[TRAINING_RUNTIME_RESOURCE]
+                del self.resources[JOBSET_RESOURCE]
 
     def _declare_all(self) -> None:
         self.resources.load_bundled()
@@ -313,6 +315,14 @@ class HardenedEmulator(kmock.KubernetesEmulator):
             )
         self.resources[TRAINING_RUNTIME_RESOURCE] = kmock.ResourceInfo(
             kind=TRAINING_RUNTIME.kind, singular=TRAINING_RUNTIME.singular, namespaced=True, verbs=_ALL_VERBS
+        )
+        # The JobSet a TrainJob runs as (Kubeflow Trainer v2 installs JobSet beside it).
+        self.resources[JOBSET_RESOURCE] = kmock.ResourceInfo(
+            kind=JOBSET.kind,
+            singular=JOBSET.singular,
+            namespaced=True,
+            verbs=_ALL_VERBS,
+            subresources={"status"},
         )
 
     def inject_fault(

@@ -9,12 +9,13 @@ import pytest
 
 from blackwell_operator.handlers.measure import measured_changes
 from blackwell_operator.lifecycle.measure import WARMUP_STEPS, Reading, sample_of
+from blackwell_operator.lifecycle.ownership import Lineage
 from blackwell_operator.lifecycle.progress import as_status, finished, progress_of, short_duration
 from blackwell_operator.lifecycle.status_patch import status_patch
 from blackwell_operator.lifecycle.writers import MEASURE_LOOP
 from blackwell_operator.models.status import JobProgress
 from blackwell_trainer.config import ClusterCorrection
-from tests.operator.harness import btj
+from tests.operator.manifests import btj
 from tests.operator.pods import container, pod, pod_status
 from tests.planner.conftest import make_spec
 
@@ -82,6 +83,10 @@ def _running_btj(plan: dict[str, Any] | None = None) -> dict[str, Any]:
     return body
 
 
+# The verified owner chain of a worker of _running_btj (lifecycle/ownership.py).
+OURS = Lineage("PyTorchJob", "w", "u-job", "w", "uid-w")
+
+
 def test_progress_is_written_beside_measured_only_when_it_changes() -> None:
     worker = pod("w-worker-0")
     worker["status"] = pod_status(container(), podIP="127.0.0.1")
@@ -100,14 +105,14 @@ def test_progress_is_written_beside_measured_only_when_it_changes() -> None:
         "eta": "2026-12-01T10:30:00Z",
     }
     reading_progress = JobProgress.model_validate(progress)
-    change = measured_changes(earlier, worker, None, None, now, reading_progress)
+    change = measured_changes(earlier, worker, None, None, now, reading_progress, found=OURS)
     assert change is not None
     assert status_patch(change, earlier["status"], MEASURE_LOOP) == {"progress": {**progress, **nulls}}
-    first = measured_changes(_running_btj(), worker, None, None, now, reading_progress)
+    first = measured_changes(_running_btj(), worker, None, None, now, reading_progress, found=OURS)
     assert first is not None and status_patch(first, {}, MEASURE_LOOP) == {"progress": progress}
     same = _running_btj()
     same["status"]["progress"] = progress
-    assert measured_changes(same, worker, None, None, now, reading_progress) is None
+    assert measured_changes(same, worker, None, None, now, reading_progress, found=OURS) is None
 
 
 def _plan(correction: ClusterCorrection | None = None) -> dict[str, Any]:

@@ -1,0 +1,226 @@
+"""Chat data as packed rows: whole conversations side by side, the loss on the assistant's tokens only.
+
+A row is `sequence_length` tokens holding consecutive whole conversations of one shard (greedily, in file
+order; a conversation longer than a row is cut to one row of its own, and counted). The rest of a row is
+padding, a document of its own that is never trained on. Each row comes with:
+- `documents`: each token's document number in the row, for the document mask (document_mask.py);
+- `labels`: the next token where it lies in the same conversation and the mask file marks it as the
+  assistant's, else IGNORE_INDEX: no prediction across a boundary, none of system or user text.
+Rows are the samples `GlobalPosition` deals to the ranks, so the sequence of global rows, and every step's
+batch, is the same on any number of ranks; an epoch visits the shards in an order shuffled by the seed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from blackwell_trainer.config import DatasetConfig, DatasetKind
+from blackwell_trainer.data import (
+    DataError,
+    DataLayout,
+    GlobalPosition,
+    Shard,
+    _position_state,
+    _restore_position,
+    list_shards,
+)
+from blackwell_trainer.loss import IGNORE_INDEX
+from blackwell_trainer.shard_manifest import (
+    DOCS_SUFFIX,
+    MANIFEST_NAME,
+    MASK_SUFFIX,
+    ManifestMismatch,
+    check_manifest,
+    companion,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    """One micro-batch of packed rows: int64 [micro_batch_size, sequence_length] each, on the CPU."""
+
+    inputs: torch.Tensor
+    labels: torch.Tensor
+    documents: torch.Tensor
+
+
+def pack_rows(starts: Sequence[int], num_tokens: int, row_tokens: int) -> tuple[list[tuple[int, int]], int]:
+    """Rows of whole conversations, as (first, last) conversation indices, and how many were cut.
+
+    `starts` are the conversations' first tokens in the shard (sorted, the first 0), `num_tokens` the
+    shard's length. Greedy in order: a row takes the next conversations while they fit.
+    """
+    ends = [*starts[1:], num_tokens]
+    rows: list[tuple[int, int]] = []
+    cut = 0
+    first, used = 0, 0
+    for index, (start, end) in enumerate(zip(starts, ends, strict=True)):
+        length = end - start
+        if length > row_tokens:
+            cut += 1
+        if index > first and used + length > row_tokens:
+            rows.append((first, index - 1))
+            first, used = index, 0
+        used += min(length, row_tokens)
+    if len(starts):
+        rows.append((first, len(starts) - 1))
+    return rows, cut
+
+
+class ChatTokenSource:
+    """Packed rows over chat shards (prepare --chat): tokens, the assistant mask and conversation starts."""
+
+    def __init__(self, shards: Sequence[Shard], *, token_dtype: str, seed: int, uri: str, layout: DataLayout):
+        self.dtype = np.dtype(token_dtype)
+        self.seed = seed
+        self.sequence_length = layout.sequence_length
+        self.vocab_size = layout.vocab_size
+        self.uri = uri
+        self.shards = sorted(shards, key=lambda s: s.name)
+        self.position = GlobalPosition.start(layout)
+        self._starts: list[np.ndarray[Any, np.dtype[np.uint64]]] = []
+        self._rows: list[list[tuple[int, int]]] = []
+        cut = 0
+        for shard in self.shards:
+            starts = np.fromfile(self._companion(shard, DOCS_SUFFIX), dtype=np.uint64)
+            rows, shard_cut = pack_rows([int(s) for s in starts], shard.num_tokens, self.sequence_length)
+            self._starts.append(starts)
+            self._rows.append(rows)
+            cut += shard_cut
+        self.samples_per_epoch = sum(len(r) for r in self._rows)
+        if cut:
+            log.warning(
+                "%d conversation(s) of %s are longer than sequenceLength %d and are cut to it",
+                cut,
+                uri,
+                self.sequence_length,
+            )
+        needed = layout.world_size * layout.micro_batch_size
+        if self.samples_per_epoch < needed:
+            raise DataError(
+                f"dataset.uri {uri} packs into {self.samples_per_epoch} rows of {self.sequence_length} "
+                f"tokens, fewer than one step needs ({layout.world_size} ranks x "
+                f"{layout.micro_batch_size}); add conversations or lower tuning.microBatchSize"
+            )
+        digest = hashlib.sha256()
+        for shard in self.shards:
+            digest.update(f"{shard.name}:{shard.num_tokens};".encode())
+        self.fingerprint = digest.hexdigest()[:16]
+
+    @staticmethod
+    def _companion(shard: Shard, suffix: str) -> Any:
+        fetch = shard.companions.get(suffix)
+        if fetch is None:
+            raise DataError(
+                f"{shard.name} has no {companion(shard.name, suffix)} beside it; chat data sets are the "
+                "whole folder prepare --chat wrote: copy every file of it"
+            )
+        return fetch()
+
+    def _order(self, epoch: int) -> tuple[list[int], list[int]]:
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed, epoch]))
+        order = [int(i) for i in rng.permutation(len(self.shards))]
+        ends = [int(e) for e in np.cumsum([len(self._rows[i]) for i in order])]
+        return order, ends
+
+    def row(self, epoch: int, index: int) -> tuple[np.ndarray[Any, Any], ...]:
+        """tokens, labels and document numbers of global row `index` of `epoch`."""
+        order, ends = self._order(epoch)
+        slot = bisect.bisect_right(ends, index)
+        shard = order[slot]
+        first, last = self._rows[shard][index - (ends[slot - 1] if slot else 0)]
+        tokens = np.memmap(self.shards[shard].fetch(), dtype=self.dtype, mode="r")
+        mask = np.memmap(self._companion(self.shards[shard], MASK_SUFFIX), dtype=np.uint8, mode="r")
+        starts = self._starts[shard]
+        seq = self.sequence_length
+        out_tokens = np.zeros(seq, dtype=np.int64)
+        out_labels = np.full(seq, IGNORE_INDEX, dtype=np.int64)
+        out_docs = np.full(seq, last - first + 1, dtype=np.int64)  # padding: a document of its own
+        at = 0
+        for number, doc in enumerate(range(first, last + 1)):
+            begin = int(starts[doc])
+            end = int(starts[doc + 1]) if doc + 1 < len(starts) else tokens.size
+            take = min(end - begin, seq - at)
+            piece = np.asarray(tokens[begin : begin + take], dtype=np.int64)
+            trained = np.asarray(mask[begin : begin + take], dtype=bool)
+            out_tokens[at : at + take] = piece
+            out_docs[at : at + take] = number
+            # Position t predicts token t+1 of the same conversation, where the mask trains on it.
+            out_labels[at : at + take - 1] = np.where(trained[1:], piece[1:], IGNORE_INDEX)
+            at += take
+        return out_tokens, out_labels, out_docs
+
+    def next_packed(self) -> PackedBatch:
+        """This rank's next micro-batch of packed rows."""
+        epoch, indices = self.position.take(self.samples_per_epoch)
+        rows = [self.row(epoch, i) for i in indices]
+        tokens = torch.from_numpy(np.stack([r[0] for r in rows]))
+        top = int(tokens.max())
+        if top >= self.vocab_size:
+            raise DataError(
+                f"dataset.uri {self.uri} has token id {top}, vocabSize is {self.vocab_size}; "
+                "use data prepared with this model's tokenizer or check dataset.tokenDtype"
+            )
+        labels = torch.from_numpy(np.stack([r[1] for r in rows]))
+        documents = torch.from_numpy(np.stack([r[2] for r in rows]))
+        return PackedBatch(tokens, labels, documents)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """TokenSource: inputs and labels only (the trainer asks for next_packed, which keeps documents)."""
+        batch = self.next_packed()
+        return batch.inputs, batch.labels
+
+    def _identity(self) -> dict[str, Any]:
+        return {"seed": self.seed, "fingerprint": self.fingerprint, "sequence_length": self.sequence_length}
+
+    def state_dict(self) -> dict[str, Any]:
+        return _position_state(DatasetKind.CHAT, self._identity(), self.position)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        _restore_position(state, DatasetKind.CHAT, self._identity(), self.position)
+
+    def close(self) -> None:
+        """Nothing runs in the background."""
+
+
+def build_chat_source(dataset: DatasetConfig, layout: DataLayout) -> ChatTokenSource:
+    """The packed chat source of dataset.uri, after its manifest is checked against the plan."""
+    uri = dataset.uri or ""
+    shards, manifest = list_shards(dataset)
+    if manifest is None:
+        # Without the manifest there is no proof the mask files belong to these shards.
+        raise DataError(
+            f"dataset.uri {uri} has no {MANIFEST_NAME}; chat data is the whole folder `prepare --chat` wrote"
+        )
+    files = {s.name: s.size_bytes for s in shards}
+    for shard in shards:
+        files.update({companion(shard.name, k): v for k, v in shard.companion_sizes.items()})
+    try:
+        check_manifest(
+            manifest,
+            files,
+            uri=uri,
+            token_dtype=dataset.token_dtype,
+            vocab_size=layout.vocab_size,
+            kind=DatasetKind.CHAT.value,
+        )
+    except ManifestMismatch as err:
+        raise DataError(str(err)) from err
+    log.info(
+        "dataset.uri %s: %d conversations, %d tokens, %.1f%% of them trained on (the assistant's)",
+        uri,
+        manifest.documents,
+        manifest.tokens,
+        100 * (manifest.loss_mask_coverage or 0.0),
+    )
+    return ChatTokenSource(shards, token_dtype=dataset.token_dtype, seed=dataset.seed, uri=uri, layout=layout)
