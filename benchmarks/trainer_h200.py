@@ -336,7 +336,8 @@ def _te_check(out: Path) -> Record:
     # symbol (libcudnn_graph.so.9) once torch's attention has loaded the pip package's cuDNN (2026-11-29).
     import transformer_engine.pytorch  # noqa: F401
 
-    from blackwell_trainer.train import Runtime, Trainer, init_distributed
+    from blackwell_trainer.runtime import Runtime, init_distributed
+    from blackwell_trainer.train import Trainer
 
     runtime = Runtime.from_env()
     init_distributed(runtime)
@@ -409,7 +410,8 @@ def worker(cfg: Config, out: Path) -> None:
     """Run one configuration in this process (rank 0 writes ``out/record.json``)."""
     import torch
 
-    from blackwell_trainer.train import Runtime, Trainer, init_distributed
+    from blackwell_trainer.runtime import Runtime, init_distributed
+    from blackwell_trainer.train import Trainer
 
     runtime = Runtime.from_env()
     rec = Record(cfg.name, asdict(cfg), "error")

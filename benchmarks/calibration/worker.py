@@ -43,7 +43,9 @@ def worker(plan_path: Path, result_dir: Path, warmup: int, timed: int) -> None:
 
     import torch
 
-    from blackwell_trainer.train import Runtime, Trainer, allocator_stats, init_distributed
+    from blackwell_trainer.runtime import Runtime, init_distributed
+    from blackwell_trainer.step_report import allocator_stats
+    from blackwell_trainer.train import Trainer
 
     lap("import")
     runtime = Runtime.from_env()

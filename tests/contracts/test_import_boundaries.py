@@ -13,10 +13,15 @@ OPERATOR = ROOT / "operator" / "src" / "blackwell_operator"
 TRAINER = ROOT / "trainer_image" / "src" / "blackwell_trainer"
 PURE_PACKAGES = ("planner", "render", "models", "catalogs", "calibration", "calibrate")
 CLUSTER_CLIENTS = {"kopf", "kubernetes", "boto3", "botocore", "aiohttp"}
-# The trainer's wire contracts, the only trainer modules the operator may import: the plan (config) and
-# the prepared data's manifest (shard_manifest, which `btj plan` checks as the trainer does). Both are pure
-# pydantic, so the operator image, which has no torch, can import them.
-OPERATOR_VISIBLE = {"blackwell_trainer.config", "blackwell_trainer.shard_manifest"}
+# The trainer's wire contracts, the only trainer modules the operator may import: the plan (config), the
+# prepared data's manifest (shard_manifest, which `btj plan` checks as the trainer does) and the names of
+# the metrics the trainer exports (metric_names, which the measure loop reads). All are pure pydantic or
+# plain Python, so the operator image, which has no torch, can import them.
+OPERATOR_VISIBLE = {
+    "blackwell_trainer.config",
+    "blackwell_trainer.shard_manifest",
+    "blackwell_trainer.metric_names",
+}
 
 
 def imported_modules(path: Path) -> Iterator[str]:

@@ -106,6 +106,18 @@ CASES: dict[str, tuple[Spec, str | None, str, Follow | None]] = {
             _set(s, "tuning.activationCheckpointing", m) for m in ["auto", *_words(fix, r"one of (.+)$")]
         ],
     ),
+    "context-parallel-with-chat-data": (
+        _set(
+            spec(nodes=2, seq=8192, contextParallel=2),
+            "training.dataset",
+            {"kind": "chat", "uri": "/fsx/chats", "tokenDtype": "uint32"},
+        ),
+        None,
+        "spec.tuning.contextParallel",
+        lambda s, fix: [
+            _set(s, "tuning.contextParallel", v) for v in (_number(fix, r"use (\d+) or auto"), "auto")
+        ],
+    ),
     "context-parallel-the-trainer-lacks": (
         spec(instance=H200, contextParallel=2),
         "h200-reference",

@@ -1,5 +1,6 @@
 """One home each: job kinds in render.kinds, byte units in units.py, node labels in nodelabels.py, RFC 3339
-in timefmt.py. Static, over the packages' sources: a module elsewhere that spells one of them fails here.
+in timefmt.py, the trainer's metric names in blackwell_trainer.metric_names. Static, over the packages'
+sources: a module elsewhere that spells one of them fails here.
 
 Docstrings are prose and exempt; every other string (f-string parts included) counts.
 """
@@ -38,6 +39,11 @@ UNIT_NAME = re.compile(r"^_?[KMGT]I?B$")
 BINARY_UNITS = {1 << 20, 1 << 30, 1 << 40}
 RFC3339_PATTERN = "%Y-%m-%dT"
 RFC3339_CALLS = {"fromisoformat", "isoformat"}
+# A metric the trainer exports, spelled out: the exporter and the operator's measure loop take the names from
+# blackwell_trainer.metric_names. The tests spell them on purpose: they pin the names on the wire (the
+# dashboard, the alert rules and users' queries spell them too), so a renamed metric fails a test.
+TRAINER_METRIC = re.compile(r"\bbtj_trainer_")
+METRIC_NAMES_HOME = "metric_names.py"
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -79,13 +85,20 @@ def _assigned_names(node: ast.AST) -> Iterator[str]:
             yield target.id
 
 
-def spellings(source: str, home: str, *, units_home: str) -> list[str]:
-    """What a module at `home` (a path inside its package) spells that belongs in one of the homes."""
+def spellings(source: str, home: str, *, units_home: str, metric_names_home: str | None = None) -> list[str]:
+    """What a module at `home` (a path inside its package) spells that belongs in one of the homes.
+
+    `metric_names_home`: the path of the metric names' home in this package (None: it has none).
+    """
     tree = ast.parse(source)
     found = []
     for node in _strings(tree):
         text = node.value
         assert isinstance(text, str)
+        if home != metric_names_home and TRAINER_METRIC.search(text):
+            found.append(
+                f"{home}:{node.lineno}: trainer metric {text!r} (use blackwell_trainer.metric_names)"
+            )
         if home not in KIND_HOMES | {"render/kinds.py"} and (JOB_API.search(text) or text in KIND_NAMES):
             found.append(f"{home}:{node.lineno}: job kind {text!r} (use render.kinds)")
         if home != "nodelabels.py" and (text in NODE_LABELS or text.startswith(NODE_LABEL_PREFIX)):
@@ -109,30 +122,44 @@ def spellings(source: str, home: str, *, units_home: str) -> list[str]:
     return found
 
 
-def _package_findings(package: Path, *, check_kinds: bool) -> list[str]:
+def _package_findings(
+    package: Path, *, check_kinds: bool, check_metric_names: bool, metric_names_home: str | None = None
+) -> list[str]:
     found = []
     for path in sorted(package.rglob("*.py")):
         home = path.relative_to(package).as_posix()
         found += [
             line
-            for line in spellings(path.read_text(), home, units_home="units.py")
-            if check_kinds or "(use units.py)" in line
+            for line in spellings(
+                path.read_text(), home, units_home="units.py", metric_names_home=metric_names_home
+            )
+            if (check_kinds and "(use units.py)" not in line and "metric_names)" not in line)
+            or "(use units.py)" in line
+            or (check_metric_names and "(use blackwell_trainer.metric_names)" in line)
         ]
     return found
 
 
 def test_the_operator_spells_each_in_its_one_home() -> None:
-    found = _package_findings(OPERATOR, check_kinds=True)
+    found = _package_findings(OPERATOR, check_kinds=True, check_metric_names=True)
     assert not found, "\n".join(found)
 
 
-def test_the_trainer_has_one_home_for_byte_units() -> None:
-    found = _package_findings(TRAINER, check_kinds=False)
+def test_the_trainer_has_one_home_for_byte_units_and_metric_names() -> None:
+    found = _package_findings(
+        TRAINER, check_kinds=False, check_metric_names=True, metric_names_home=METRIC_NAMES_HOME
+    )
+    assert not found, "\n".join(found)
+
+
+def test_the_benchmarks_take_metric_names_from_the_trainer() -> None:
+    found = _package_findings(ROOT / "benchmarks", check_kinds=False, check_metric_names=True)
+    found = [line for line in found if "metric_names)" in line]  # their byte units are not held here
     assert not found, "\n".join(found)
 
 
 def test_the_tests_take_byte_units_from_the_packages() -> None:
-    found = _package_findings(ROOT / "tests", check_kinds=False)
+    found = _package_findings(ROOT / "tests", check_kinds=False, check_metric_names=False)
     assert not found, "\n".join(found)
 
 
@@ -151,6 +178,8 @@ def test_the_tests_take_byte_units_from_the_packages() -> None:
         ("GB = 1e9", "byte unit GB"),
         ('label = f"{n / 2**30:.1f} GiB"', "spelled as a number"),
         ("gib = n / (1024**3)", "spelled as a number"),
+        ('if "btj_trainer_tokens_total" not in values:\n    pass', "trainer metric"),
+        ('Gauge(f"btj_trainer_{what}_seconds", "help")', "trainer metric"),
     ],
 )
 def test_the_check_finds_each_spelling(source: str, what: str) -> None:
@@ -163,3 +192,7 @@ def test_homes_and_prose_are_exempt() -> None:
     assert not spellings("GIB = 1 << 30", "units.py", units_home="units.py")
     assert not spellings('"""Mirrors PyTorchJob (kubeflow.org/v1) status."""', "x.py", units_home="units.py")
     assert not spellings("limit = {}.get(family, 1 << 30)", "x.py", units_home="units.py")  # not a unit
+    home = "metric_names.py"
+    assert not spellings('TOKENS = "btj_trainer_tokens"', home, units_home="units.py", metric_names_home=home)
+    assert not spellings('"""Reads btj_trainer_tokens_total."""', "x.py", units_home="units.py")
+    assert not spellings('NAME = "btj_operator_reconcile_errors"', "x.py", units_home="units.py")

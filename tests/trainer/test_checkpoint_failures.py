@@ -16,7 +16,8 @@ import pytest
 from torch.distributed.checkpoint.api import CheckpointException
 
 import blackwell_trainer.checkpoint as checkpoint_module
-from blackwell_trainer.checkpoint import MAX_FAILED_SAVES_IN_A_ROW, list_complete
+from blackwell_trainer.checkpoint import list_complete
+from blackwell_trainer.checkpoint_manager import MAX_FAILED_SAVES_IN_A_ROW
 from blackwell_trainer.config import PERMANENT_ERROR_PREFIX, Plan
 from blackwell_trainer.preemption import PreemptionGuard
 from blackwell_trainer.train import Trainer, main

@@ -29,7 +29,8 @@ from blackwell_trainer.context_parallel import (
 from blackwell_trainer.loss import IGNORE_INDEX
 from blackwell_trainer.model import Attention, build_model
 from blackwell_trainer.parallelize import ParallelismError, build_mesh, parallelize, validate_layout
-from blackwell_trainer.train import Runtime, Trainer, _token_source
+from blackwell_trainer.runtime import Runtime
+from blackwell_trainer.train import Trainer, _token_source
 from tests.ports import free_port
 
 from .conftest import tiny_plan

@@ -169,7 +169,7 @@ def test_allocator_retries_count_up_from_the_cumulative_value(served: TrainerMet
 
 
 def test_a_full_gpu_is_logged_once_per_new_burst(caplog: pytest.LogCaptureFixture) -> None:
-    from blackwell_trainer.train import warn_at_capacity
+    from blackwell_trainer.step_report import warn_at_capacity
 
     with caplog.at_level("WARNING", logger="blackwell_trainer"):
         warned = 0

@@ -32,7 +32,8 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from blackwell_trainer.config import Plan
-from blackwell_trainer.train import Runtime, _token_source, main
+from blackwell_trainer.runtime import Runtime
+from blackwell_trainer.train import _token_source, main
 from tests.ports import free_port
 
 from .conftest import tiny_plan, tiny_plan_dict

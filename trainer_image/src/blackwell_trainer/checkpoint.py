@@ -1,4 +1,4 @@
-"""Distributed checkpoints that are complete, verified or skipped (SIGTERM handling is in preemption.py)."""
+"""Distributed checkpoints that are complete, verified or skipped (saved when checkpoint_manager says)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -40,8 +39,6 @@ from blackwell_trainer.checkpoint_manifest import (
 from blackwell_trainer.config import CheckpointConfig
 
 log = logging.getLogger(__name__)
-# The save policy's lines are the training loop's: they keep its logger name, which log queries match.
-loop_log = logging.getLogger("blackwell_trainer")
 
 EXTRA_DIR = "extra"
 STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -572,151 +569,3 @@ def _first_problem(mine: list[str]) -> str | None:
     where = f"rank {first_rank}: " if world_size > 1 else ""
     more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
     return f"{where}{first}{more}"
-
-
-# A failed interval save (full or failing checkpoint storage) is logged and counted and training goes
-# on: the storage may recover (another job frees space, a Lustre OST drains below its threshold) and
-# the next interval tries again. Three in a row means it is not recovering: stop (exit 2) rather than
-# train on for hours or days whose work a crash or preemption would lose, and say why.
-MAX_FAILED_SAVES_IN_A_ROW = 3
-
-
-class SaveRecorder(Protocol):
-    """Where the policy reports saves (the trainer's metrics)."""
-
-    def record_checkpoint(self, timestamp: float) -> None: ...
-
-    def record_checkpoint_failure(self) -> None: ...
-
-
-class SavePolicy:
-    """When the training loop saves, and what a save the storage refuses means.
-
-    Every `interval_steps` an interval save: one that fails is logged, counted and tried again at the
-    next interval, and MAX_FAILED_SAVES_IN_A_ROW in a row stop the run (StorageFailed). The final save
-    (at `steps`) and the preemption save have no next one: their failure stops the run at once. Every
-    rank calls the same methods at the same steps (the saves are collective).
-
-    Args:
-        checkpointer: where checkpoints go.
-        steps: the plan's last step.
-        recorder: told of each checkpoint written and each interval save that failed.
-    """
-
-    def __init__(self, checkpointer: Checkpointer, *, steps: int, recorder: SaveRecorder) -> None:
-        self.checkpointer = checkpointer
-        self.steps = steps
-        self.interval = checkpointer.config.interval_steps
-        self.recorder = recorder
-        self.failed_in_a_row = 0
-
-    def after_step(
-        self,
-        step: int,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer | None,
-        extra: Callable[[], dict[str, Any]],
-    ) -> None:
-        """Save if `step` is the final one or on the interval (collective); `extra()` gives the extra dict."""
-        if step == self.steps:
-            try:
-                self._save(step, model, optimizer, extra)
-            except SaveFailed as err:
-                raise StorageFailed(
-                    f"final {self.describe(err)}: free space there and rerun "
-                    "(it resumes from the newest complete checkpoint and redoes the steps since)"
-                ) from None
-        elif step % self.interval == 0:
-            try:
-                self._save(step, model, optimizer, extra)
-                self.failed_in_a_row = 0
-            except SaveFailed as err:  # raised on every rank alike: all take this branch
-                self._interval_failed(step, err)
-
-    def at_preemption(
-        self,
-        step: int,
-        started_at: int,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer | None,
-        extra: Callable[[], dict[str, Any]],
-    ) -> None:
-        """The agreed stop (collective): save the steps taken since the last checkpoint, if any."""
-        if step == started_at:
-            # Nothing trained in this process: the state is the resumed checkpoint's (or the initial one).
-            loop_log.info(
-                "preempted before the first step (at step %d): nothing new to checkpoint, exiting 0", step
-            )
-            return
-        if not self.checkpointer.enabled:
-            loop_log.info("preempted at step %d: checkpointing is off, exiting 0", step)
-            return
-        try:
-            self._save(step, model, optimizer, extra)  # a no-op if the interval save wrote it
-        except SaveFailed as err:
-            raise StorageFailed(
-                f"preempted at step {step}: {self.describe(err)}: the next start resumes from the newest "
-                "complete checkpoint; free space there"
-            ) from None
-        loop_log.info("preempted: checkpoint at step %d written, exiting 0", step)
-
-    def describe(self, err: SaveFailed) -> str:
-        """One line: which step, spec.training.checkpoint.path and its free space, the error, what is kept."""
-        kept = self.checkpointer.last_saved_step
-        newest = f"the newest complete checkpoint is step {kept}" if kept is not None else "no checkpoint yet"
-        path = self.checkpointer.config.path
-        return (
-            f"checkpoint of step {err.step} not written to spec.training.checkpoint.path {path} "
-            f"({free_space(str(path))}): rank {err.failed_rank}: {err.detail}; {newest}"
-        )
-
-    def _save(
-        self,
-        step: int,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer | None,
-        extra: Callable[[], dict[str, Any]],
-    ) -> None:
-        if self.checkpointer.save(step, model, optimizer, extra()):
-            self.recorder.record_checkpoint(time.time())
-
-    def _interval_failed(self, step: int, err: SaveFailed) -> None:
-        self.failed_in_a_row += 1
-        self.recorder.record_checkpoint_failure()
-        line = self.describe(err)
-        if self.failed_in_a_row >= MAX_FAILED_SAVES_IN_A_ROW:
-            raise StorageFailed(
-                f"{self.failed_in_a_row} interval checkpoints in a row not written, the last {line}; "
-                "stopping rather than training on without checkpoints: free space there or fix the "
-                "storage, then rerun"
-            ) from None
-        if self.checkpointer.rank == 0:
-            loop_log.error(
-                "%s; training goes on and tries again at step %d (the run stops after %d failed saves in a "
-                "row, this is %d)",
-                line,
-                min(step + self.interval, self.steps),
-                MAX_FAILED_SAVES_IN_A_ROW,
-                self.failed_in_a_row,
-            )
-
-
-def free_space(path: str) -> str:
-    """'X free of Y' for the file system holding `path` (or its nearest existing parent), or 'unknown'."""
-    where = os.path.abspath(path)
-    while not os.path.exists(where) and os.path.dirname(where) != where:
-        where = os.path.dirname(where)
-    try:
-        usage = shutil.disk_usage(where)
-    except OSError:
-        return "free space unknown"
-    return f"{_bytes(usage.free)} free of {_bytes(usage.total)}"
-
-
-def _bytes(n: int) -> str:
-    size, unit = float(n), "B"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            break
-        size /= 1024
-    return f"{size:.0f} B" if unit == "B" else f"{size:.1f} {unit}"

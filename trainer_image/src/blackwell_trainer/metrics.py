@@ -10,13 +10,13 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
 from blackwell_trainer import __version__
+from blackwell_trainer import metric_names as names
 from blackwell_trainer.config import OomPhase, OomResult, Plan
 
 log = logging.getLogger(__name__)
 
 # Optimizer-step times span ~50 ms (1B, short sequences) to minutes (70B with large accumulation).
 STEP_DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0, 300.0)
-MEMORY_KINDS = ("allocated", "reserved")
 
 
 def is_local_rank_zero() -> bool:
@@ -68,111 +68,107 @@ class TrainerMetrics:
         # tokens times the GPUs it serves (LOCAL_WORLD_SIZE under torchrun).
         self.gpus = int(os.environ.get("LOCAL_WORLD_SIZE", plan.gpus_per_node))
         r = self.registry
-        self.tokens = Counter(
-            "btj_trainer_tokens", "Training tokens processed by this pod's GPUs.", registry=r
-        )
-        self.steps = Counter("btj_trainer_steps", "Optimizer steps completed.", registry=r)
+        self.tokens = Counter(names.TOKENS, "Training tokens processed by this pod's GPUs.", registry=r)
+        self.steps = Counter(names.STEPS, "Optimizer steps completed.", registry=r)
         # The counter restarts with the pod; progress needs the job's own step (resumed checkpoints count).
         self.step = Gauge(
-            "btj_trainer_step",
+            names.STEP,
             "The job's last completed optimizer step (1-based, across resumes).",
             registry=r,
         )
-        self.steps_planned = Gauge("btj_trainer_planned_steps", "Optimizer steps the plan runs.", registry=r)
+        self.steps_planned = Gauge(names.PLANNED_STEPS, "Optimizer steps the plan runs.", registry=r)
         self.step_duration = Histogram(
-            "btj_trainer_step_duration_seconds",
+            names.STEP_DURATION,
             "Wall time of one optimizer step (all micro-batches).",
             buckets=STEP_DURATION_BUCKETS,
             registry=r,
         )
-        self.gpus_gauge = Gauge("btj_trainer_gpus", "GPUs (trainer processes) this pod serves.", registry=r)
+        self.gpus_gauge = Gauge(names.GPUS, "GPUs (trainer processes) this pod serves.", registry=r)
         self.mfu = Gauge(
-            "btj_trainer_model_flops_utilization_ratio",
+            names.MFU,
             "Model FLOPs utilisation of the last step against the GPU's dense BF16 peak (0-1).",
             registry=r,
         )
-        self.loss = Gauge(
-            "btj_trainer_loss", "Training loss of the last step (mean over tokens).", registry=r
-        )
+        self.loss = Gauge(names.LOSS, "Training loss of the last step (mean over tokens).", registry=r)
         self.memory_peak = Gauge(
-            "btj_trainer_gpu_memory_peak_bytes",
+            names.GPU_MEMORY_PEAK,
             "Peak GPU memory of local rank 0 since start, by allocator kind.",
-            ["kind"],
+            [names.MEMORY_KIND_LABEL],
             registry=r,
         )
         self.alloc_retries = Counter(
-            "btj_trainer_gpu_alloc_retries",
+            names.GPU_ALLOC_RETRIES,
             "Times local rank 0's CUDA caching allocator found the GPU full and freed its cache to retry "
             "(torch.cuda.memory_stats num_alloc_retries): steps at the GPU's capacity, which run slowly.",
             registry=r,
         )
         self._alloc_retries_seen = 0
         self.predicted_tokens = Gauge(
-            "btj_trainer_predicted_tokens_per_second",
+            names.PREDICTED_TOKENS_PER_SECOND,
             "The plan's predicted training tokens/s per GPU.",
             registry=r,
         )
         self.predicted_memory = Gauge(
-            "btj_trainer_predicted_memory_peak_bytes",
+            names.PREDICTED_MEMORY_PEAK,
             "The plan's predicted peak reserved GPU memory per GPU.",
             registry=r,
         )
         self.predicted_mfu = Gauge(
-            "btj_trainer_predicted_model_flops_utilization_ratio",
+            names.PREDICTED_MFU,
             "The plan's predicted model FLOPs utilisation (0-1).",
             registry=r,
         )
         self.last_checkpoint = Gauge(
-            "btj_trainer_last_checkpoint_timestamp_seconds",
+            names.LAST_CHECKPOINT,
             "Unix time of the last complete checkpoint; 0 until one is written.",
             registry=r,
         )
         self.checkpoint_failures = Counter(
-            "btj_trainer_checkpoint_failures",
+            names.CHECKPOINT_FAILURES,
             "Interval checkpoint saves that failed (a full or failing checkpoint file system); training "
             "went on from the previous complete checkpoint.",
             registry=r,
         )
         self.checkpoints_skipped = Counter(
-            "btj_trainer_checkpoints_skipped",
+            names.CHECKPOINTS_SKIPPED,
             "Complete checkpoints skipped at resume: a file failed its size or CRC32 check, or the "
             "checkpoint did not load; the next older one was tried.",
             registry=r,
         )
         self.weights_load = Gauge(
-            "btj_trainer_weights_load_seconds",
+            names.WEIGHTS_LOAD,
             "Seconds this pod's local rank 0 took to load the initial weights (plan.weights); 0 when it "
             "started from random init or resumed from the job's own checkpoint.",
             registry=r,
         )
         self.out_of_memory = Counter(
-            "btj_trainer_gpu_out_of_memory",
+            names.OUT_OF_MEMORY,
             "CUDA out-of-memory errors that stopped this process, by phase (setup, forward, backward, "
             "optimizer); the termination message carries the details.",
-            ["phase"],
+            [names.OOM_PHASE_LABEL],
             registry=r,
         )
         self.out_of_memory_needed = Gauge(
-            "btj_trainer_gpu_out_of_memory_needed_bytes",
+            names.OUT_OF_MEMORY_NEEDED,
             "At least this much GPU memory was needed when it ran out (peak or live tensors plus the failed "
             "request, plus memory outside the allocator); 0 until it runs out.",
             registry=r,
         )
-        self.build_info = Info("btj_trainer_build", "Trainer version and the plan's settings.", registry=r)
+        self.build_info = Info(names.BUILD, "Trainer version and the plan's settings.", registry=r)
 
         # Pre-export every series (zeros where nothing is measured yet) so none goes missing.
         self.gpus_gauge.set(self.gpus)
         self.step.set(0)
         self.steps_planned.set(plan.steps)
-        for kind in MEMORY_KINDS:
-            self.memory_peak.labels(kind=kind).set(0)
+        for kind in names.MEMORY_KINDS:
+            self.memory_peak.labels(kind).set(0)  # positional: the label is named once
         self.predicted_tokens.set(plan.predicted.tokens_per_second_per_gpu)
         self.predicted_memory.set(plan.predicted.memory.peak_reserved)
         self.predicted_mfu.set(plan.predicted.model_flops_utilization)
         self.last_checkpoint.set(0)
         self.weights_load.set(0)
         for phase in OomPhase:
-            self.out_of_memory.labels(phase=phase.value)
+            self.out_of_memory.labels(phase.value)
         self.out_of_memory_needed.set(0)
         self.build_info.info(build_labels(plan))
         self._lock = threading.Lock()
@@ -233,8 +229,8 @@ class TrainerMetrics:
             self.mfu.set(mfu)
             if step is not None:
                 self.step.set(step)
-            self.memory_peak.labels(kind="allocated").set(peak_allocated_bytes)
-            self.memory_peak.labels(kind="reserved").set(peak_reserved_bytes)
+            self.memory_peak.labels(names.ALLOCATED).set(peak_allocated_bytes)
+            self.memory_peak.labels(names.RESERVED).set(peak_reserved_bytes)
             if alloc_retries > self._alloc_retries_seen:
                 self.alloc_retries.inc(alloc_retries - self._alloc_retries_seen)
                 self._alloc_retries_seen = alloc_retries
@@ -258,5 +254,5 @@ class TrainerMetrics:
     def record_out_of_memory(self, result: OomResult) -> None:
         """Record the out-of-memory error that stops this process."""
         with self._lock:
-            self.out_of_memory.labels(phase=result.phase.value).inc()
+            self.out_of_memory.labels(result.phase.value).inc()
             self.out_of_memory_needed.set(result.needed_bytes)

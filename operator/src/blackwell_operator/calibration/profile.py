@@ -142,6 +142,13 @@ class ThroughputConstants(_Strict):
     attention_short_sequence_tokens: float = Field(
         description="Sequence (or CP chunk) length at which flash attention reaches half its efficiency."
     )
+    document_mask_attention_factor: float = Field(
+        default=0.86,
+        gt=0,
+        le=1,
+        description="Attention efficiency of packed rows with a document mask (FlexAttention) relative to "
+        "dense causal flash attention, counting the dense causal FLOPs (dataset.kind chat).",
+    )
     memory_bandwidth_efficiency: float
     elementwise_bytes_hidden: float
     elementwise_bytes_ffn: float

@@ -18,6 +18,18 @@ from blackwell_operator.calibration.cluster import Sample
 from blackwell_operator.models.status import Phase
 from blackwell_operator.render.pod import METRICS_PORT_NAME, TRAINER_CONTAINER_NAMES
 from blackwell_trainer.config import Plan
+from blackwell_trainer.metric_names import (
+    GPU_MEMORY_PEAK,
+    GPUS,
+    MEMORY_KIND_LABEL,
+    MFU,
+    PLANNED_STEPS,
+    RESERVED,
+    STEP,
+    STEPS,
+    TOKENS,
+    total,
+)
 
 
 @dataclass(frozen=True)
@@ -39,22 +51,22 @@ def parse_reading(text: str, at: float) -> Reading | None:
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            kind = sample.labels.get("kind")
+            kind = sample.labels.get(MEMORY_KIND_LABEL)
             values[f"{sample.name}:{kind}" if kind else sample.name] = sample.value
-    if "btj_trainer_tokens_total" not in values:
+    if total(TOKENS) not in values:
         return None
-    gpus = int(values.get("btj_trainer_gpus") or 1)
-    mfu = values.get("btj_trainer_model_flops_utilization_ratio")
-    step, planned = values.get("btj_trainer_step"), values.get("btj_trainer_planned_steps")
+    gpus = int(values.get(GPUS) or 1)
+    mfu = values.get(MFU)
+    step, planned = values.get(STEP), values.get(PLANNED_STEPS)
     return Reading(
         at,
-        values["btj_trainer_tokens_total"],
+        values[total(TOKENS)],
         max(gpus, 1),
         mfu if mfu else None,
         step=None if step is None else int(step),
         planned_steps=int(planned) if planned else None,
-        pod_steps=int(values.get("btj_trainer_steps_total") or 0),
-        reserved_bytes=int(values.get("btj_trainer_gpu_memory_peak_bytes:reserved") or 0),
+        pod_steps=int(values.get(total(STEPS)) or 0),
+        reserved_bytes=int(values.get(f"{GPU_MEMORY_PEAK}:{RESERVED}") or 0),
     )
 
 

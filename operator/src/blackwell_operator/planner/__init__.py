@@ -223,6 +223,7 @@ def _plan_fixed(
         best.setting,
         precision_pinned=pins.precision is not None,
         cp_fallback=cp_fallback,
+        document_mask=problem.document_mask,
     )
     gpu = hw.gpu
     headline = (

@@ -10,6 +10,7 @@ from blackwell_operator.planner.figures import memory_budget
 from blackwell_operator.planner.layout import Hardware
 from blackwell_operator.planner.search import Problem
 from blackwell_operator.planner.shapes import Shapes
+from blackwell_trainer.config import DatasetKind
 
 
 def hardware_for(spec: BlackwellTrainingJobSpec, nodes: int | None = None) -> Hardware:
@@ -29,6 +30,15 @@ def hardware_for(spec: BlackwellTrainingJobSpec, nodes: int | None = None) -> Ha
 def problem_for(spec: BlackwellTrainingJobSpec, cal: Calibration, hw: Hardware) -> Problem:
     """The search problem of a spec on some hardware: shapes, sequence, global batch, memory budget."""
     _, arch = resolve_model(spec.model)
+    chat = spec.training.dataset.kind == DatasetKind.CHAT
+    if chat and spec.tuning.context_parallel not in ("auto", 1):
+        # The document mask of packed rows is built per row; context parallelism splits a row's sequence.
+        raise PlanningError(
+            "spec.tuning.contextParallel",
+            f"{spec.tuning.context_parallel} splits each packed chat row across GPUs, which the document "
+            "mask of dataset.kind chat does not support",
+            "use 1 or auto for chat data",
+        )
     budget = memory_budget(hw.gpu.memory_bytes, spec.tuning.memory_headroom)
     return Problem(
         Shapes.of(arch),
@@ -38,4 +48,5 @@ def problem_for(spec: BlackwellTrainingJobSpec, cal: Calibration, hw: Hardware) 
         spec.training.global_batch_tokens,
         budget,
         exact_batch=spec.cluster.elastic is not None,
+        document_mask=chat,
     )

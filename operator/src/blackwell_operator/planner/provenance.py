@@ -204,15 +204,30 @@ def plan_provenance(
     *,
     precision_pinned: bool,
     cp_fallback: bool = False,
+    document_mask: bool = False,
 ) -> list[ChoiceProvenance]:
-    """What each choice of a plan rests on, in the order GPU, precision, AC, communication, CP."""
-    return [
+    """What each choice of a plan rests on, in the order GPU, precision, AC, communication, CP (and the
+    document mask of packed chat rows)."""
+    items = [
         _gpu(cov, cal, hw),
         _precision(cov, cal, hw, setting, precision_pinned),
         _checkpointing(cov, hw, setting),
         _communication(cov, hw, setting),
         _context_parallel(cov, cal, hw, setting, cp_fallback),
     ]
+    if document_mask:
+        factor = cal.throughput.document_mask_attention_factor
+        items.append(
+            ChoiceProvenance(
+                choice="documentMask",
+                value="flex-attention",
+                basis=Basis.UNVERIFIED,
+                detail="packed chat rows attend through a FlexAttention document mask, whose kernel never "
+                f"ran on a GPU here: its speed is modelled as {factor:g} of dense flash attention, its "
+                "numerics are checked on the CPU against transformers",
+            )
+        )
+    return items
 
 
 def verdict(items: Sequence[ChoiceProvenance]) -> tuple[bool, str, str]:

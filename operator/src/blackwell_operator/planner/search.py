@@ -75,6 +75,8 @@ class Problem:
     correct: Corrector | None = None
     # Per family, the largest micro-batch allowed (below one that ran out of memory: planner.correction).
     mbs_limits: dict[tuple[str, str, str, str, int], int] = field(default_factory=dict)
+    # Packed chat rows (dataset.kind chat): attention through a document mask (FlexAttention).
+    document_mask: bool = False
     # An elastic job reaches the global batch exactly: every node count must train the same batches.
     exact_batch: bool = False
 
@@ -160,7 +162,16 @@ class Problem:
             )
         fits = self.within_budget(setting, mem)
         layout = self.layout(setting)
-        time = estimate_time(self.shapes, self.cal, self.hw, setting, layout, self.sequence_length, ga)
+        time = estimate_time(
+            self.shapes,
+            self.cal,
+            self.hw,
+            setting,
+            layout,
+            self.sequence_length,
+            ga,
+            document_mask=self.document_mask,
+        )
         tokens_factor = self.factors(setting)[0]
         if tokens_factor != 1.0:  # the cluster runs this family at another speed than the model says
             time = TimeEstimate(

@@ -57,8 +57,10 @@ def estimate_time(
     layout: Layout,
     sequence_length: int,
     gradient_accumulation_steps: int = 1,
+    *,
+    document_mask: bool = False,
 ) -> TimeEstimate:
-    """Predict one optimizer step of a setting."""
+    """Predict one optimizer step of a setting (`document_mask`: packed chat rows, FlexAttention)."""
     t = cal.throughput
     gpu = hw.gpu
     bandwidth = gpu.hbm_bandwidth * t.memory_bandwidth_efficiency
@@ -86,6 +88,10 @@ def estimate_time(
     seqs = setting.micro_batch_size / setting.context_parallel
     chunk = sequence_length / setting.context_parallel
     attn_eff = t.attention_efficiency * chunk / (chunk + t.attention_short_sequence_tokens)
+    if document_mask:
+        # FlexAttention with a block mask instead of the dense causal kernel; the FLOPs are counted as a
+        # full causal row (conversations filling it), which the mask's skipped blocks only lower.
+        attn_eff *= t.document_mask_attention_factor
     attn_fwd = 2.0 * seqs * sequence_length * sequence_length * shapes.q_dim / (peak_bf16 * attn_eff)
     if setting.context_parallel > 1:
         # Ring attention runs cp smaller kernels per layer and balances causal work imperfectly.
