@@ -58,6 +58,7 @@ from blackwell_operator.lifecycle.conditions import (
     set_condition,
     set_conditions,
 )
+from blackwell_operator.lifecycle.elastic import stored_choice
 from blackwell_operator.lifecycle.message import set_message
 from blackwell_operator.lifecycle.patch import plan_document
 from blackwell_operator.lifecycle.phase import CHILD_PHASES, child_conditions, child_headline
@@ -319,7 +320,12 @@ class Reconciler:
             # also after an operator restart, the plan is the corrected one that runs.
             correction = correction_of(body)
             cluster = self._cluster_corrector(body, spec, generation)
-            plan = plan_within(spec, name, correction=correction, cluster=cluster)
+            # An elastic job keeps the count its stored plan chose; its first plan takes the healthy nodes.
+            kept = stored_choice(body) if spec.cluster.elastic is not None else None
+            schedulable = self._schedulable(spec, logger) if spec.cluster.elastic and not kept else None
+            plan = plan_within(
+                spec, name, correction=correction, cluster=cluster, schedulable=schedulable, current=kept
+            )
         except SpecError as exc:
             self.ctx.metrics.record_error(exc.reason)
             self._report_invalid(body, exc, generation)
@@ -334,9 +340,7 @@ class Reconciler:
         self._report_provenance(body, plan, result)
         capacity = self._capacity(spec, plan, logger)
         result.conditions.append(
-            with_aws_capacity(
-                capacity_condition(capacity, spec.cluster.nodes), self._aws_capacity(spec, logger)
-            )
+            with_aws_capacity(capacity_condition(capacity, plan.nodes), self._aws_capacity(spec, logger))
         )
         backend = self._backend(body, spec)
         result.backend = backend
@@ -684,6 +688,14 @@ class Reconciler:
         return False, existing
 
     # ----- capacity -----
+
+    def _schedulable(self, spec: BlackwellTrainingJobSpec, logger: Any) -> int | None:
+        """Healthy schedulable nodes of the spec's instance type (None when they cannot be read)."""
+        try:
+            return self.ctx.capacity.read(spec.cluster.instance_type.value).schedulable
+        except ApiError as exc:  # planned for spec.cluster.nodes then, and the plan says so
+            logger.warning(f"Cannot read node capacity: {exc}")
+            return None
 
     def _capacity(self, spec: BlackwellTrainingJobSpec, plan: Plan, logger: Any) -> Capacity | None:
         try:

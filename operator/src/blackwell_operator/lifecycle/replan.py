@@ -29,6 +29,8 @@ from blackwell_trainer.config import Candidate, OomResult, Plan
 # The Planned condition's reason while a re-planned job replaces its child.
 REPLANNED_REASON = "Replanned"
 OUT_OF_MEMORY = "OutOfMemory"
+# The reason of a re-plan for another node count (an elastic job: lifecycle/elastic.py).
+RESIZED = "Resized"
 # What a user can change when re-planning is spent or nothing fits any more.
 WHAT_TO_CHANGE = (
     "pin a smaller spec.tuning.microBatchSize, set spec.tuning.activationCheckpointing to full, raise "
@@ -74,6 +76,12 @@ def replacing_child(status: Mapping[str, Any]) -> bool:
         return False
     last = history[-1]
     return bool(last.get("replacement")) and last.get("failedChildUid") == child_uid
+
+
+def resized_child(status: Mapping[str, Any]) -> bool:
+    """Whether the child being replaced is replaced for another node count (not for memory)."""
+    history = status.get("planHistory")
+    return replacing_child(status) and isinstance(history, list) and history[-1].get("reason") == RESIZED
 
 
 def oom_of(failure: Mapping[str, Any] | None) -> OomResult | None:
@@ -137,7 +145,10 @@ def replan_changes(
         else:
             # The cluster's measured factors the failed plan was made with stay (calibration/cluster.py).
             same_cluster = frozen(failed.cluster_correction)
-            plan = plan_job(spec, job_name=name, correction=correction, cluster=same_cluster)
+            # An elastic job keeps its node count: only the memory changed.
+            plan = plan_job(
+                spec, job_name=name, correction=correction, cluster=same_cluster, current=failed.elastic
+            )
     except Rejected as exc:
         why = f"the spec no longer passes admission ({exc.lines[0]})"
     except SpecError as exc:

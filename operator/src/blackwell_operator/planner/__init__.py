@@ -39,6 +39,7 @@ from blackwell_trainer.config import (
     Candidate,
     ChoiceProvenance,
     GpuInfo,
+    NodeChoice,
     OutputConfig,
     Plan,
     Prediction,
@@ -127,12 +128,14 @@ def plan_job(
     correction: MemoryCorrection | None = None,
     cluster: Corrector | None = None,
     schedulable: int | None = None,
+    current: NodeChoice | None = None,
 ) -> Plan:
     """Resolve a spec into the fastest plan that fits, with alternatives and reasons.
 
     An elastic spec (spec.cluster.elastic) is planned for the largest node count of its range that the
     `schedulable` healthy nodes hold (spec.cluster.nodes when unknown) and that plans, reaching its
-    global batch exactly (planner/elastic.py); `schedulable` is ignored otherwise.
+    global batch exactly (planner/elastic.py), or for `current`'s count (the stored plan's) while that
+    plans; both are ignored otherwise.
 
     `correction`: what out-of-memory runs of this job taught (status.memoryCorrection): activation bytes
     scaled, a reserve added, and the configurations that ran out (and larger micro-batches of their
@@ -159,7 +162,7 @@ def plan_job(
         )
 
     if spec.cluster.elastic is not None:
-        return plan_elastic(spec, schedulable, plan_at)
+        return plan_elastic(spec, schedulable, plan_at, current)
     return plan_at(spec)
 
 

@@ -64,14 +64,29 @@ def plan_elastic(
     spec: BlackwellTrainingJobSpec,
     schedulable: int | None,
     plan_at: Callable[[BlackwellTrainingJobSpec], Plan],
+    current: NodeChoice | None = None,
 ) -> Plan:
     """The plan for the largest count from the highest the healthy nodes hold down to minNodes that both
     divides the global batch and plans (`plan_at` plans one fixed count); the plan says which and why.
+    `current` (the stored plan's choice) is kept while it still plans: only a resize changes the count.
 
     Raises PlanningError naming spec.cluster.elastic when no count in the range can be planned.
     """
     elastic = spec.cluster.elastic
     assert elastic is not None
+    if current is not None and elastic.min_nodes <= current.nodes <= elastic.max_nodes:
+        # The count chosen before (status.plan): kept until a resize changes it, so every pass plans
+        # the child that runs.
+        try:
+            kept = plan_at(at_nodes(spec, current.nodes))
+        except PlanningError:
+            pass  # no longer plans (a correction learned since): choose again below
+        else:
+            kept.elastic = current.model_copy(deep=True)
+            kept.explanation.insert(
+                1, f"elastic [{elastic.min_nodes}, {elastic.max_nodes}]: {current.reason}"
+            )
+            return kept
     top, why_top = highest_count(elastic, spec.cluster.nodes, schedulable)
     refused: list[str] = []
     for nodes in range(top, elastic.min_nodes - 1, -1):
