@@ -60,6 +60,15 @@ BAD: dict[str, tuple[bytes, str]] = {
         (HEAD + META + SPEC + "  env: [{name: A, value: '1'}, {name: A, value: '2'}]\n").encode(),
         "spec.env[1]: duplicate entry (name='A')",
     ),
+    # A list-map key of the wrong type is the schema's error, never a crash of the duplicate-key check.
+    "env-name-a-list": (
+        (HEAD + META + SPEC + "  env: [{name: [A], value: '1'}, {name: [A], value: '2'}]\n").encode(),
+        "spec.env.0.name: Input should be a valid string",
+    ),
+    "volume-name-a-mapping": (
+        (HEAD + META + SPEC + "  volumes: [{name: {a: 1}, claimName: c, mountPath: /x}]\n").encode(),
+        "spec.volumes.0.name: Input should be a valid string",
+    ),
     "label-not-a-string": (
         (HEAD + "metadata: {name: job, labels: {team: 7}}\n" + SPEC).encode(),
         "metadata.labels.team: must be a string",

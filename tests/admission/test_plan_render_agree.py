@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from blackwell_operator.cli import _register_commands, app
+from blackwell_trainer.prepare import Options, prepare
 from tests.admission.test_verdict_property import manifests
 
 _register_commands()
@@ -53,3 +57,128 @@ def test_plan_and_render_agree_on_any_bytes(tmp_path: Path, data: bytes) -> None
     path.write_bytes(b"apiVersion: training.blackwell.dev/v1alpha1\nkind: BlackwellTrainingJob\n" + data)
     codes = _verdicts(path)
     assert codes["plan"] == codes["render"], codes
+
+
+# The corpus of files a machine can read (issue 26): render skipped the data-manifest checks plan makes
+# and said readable weights "cannot be read here". Each case: (name, weights, data, tuning, job name).
+CORPUS = {
+    "data-and-weights-that-match": ("llama", "shards", "uint16", {"microBatchSize": 8}, "ft"),
+    "data-of-another-dtype": ("llama", "shards", "uint32", {"microBatchSize": 8}, "ft"),
+    "data-of-a-larger-vocabulary": ("small", "shards", "uint16", {"microBatchSize": 8}, "ft"),
+    "data-of-another-tokenizer": ("other", "shards", "uint16", {"microBatchSize": 8}, "ft"),
+    "data-too-small-for-one-step": ("llama", "shards", "uint16", {}, "ft"),
+    "weights-only-readable-here": ("llama", None, "uint16", {"microBatchSize": 8}, "ft"),
+    "a-name-too-long-for-the-children": ("llama", None, "uint16", {}, "x" * 60),
+}
+
+
+@pytest.fixture(scope="module")
+def corpus_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.cli.test_plan_dataset import VOCAB
+    from tests.trainer.hf_models import save_hf_model
+    from tests.trainer.text_data import make_documents, save_tokenizer
+
+    root = tmp_path_factory.mktemp("fsx")
+    save_hf_model("llama3.1", root / "llama", vocab_size=VOCAB)
+    save_tokenizer(root / "llama")
+    save_hf_model("llama3.1", root / "small", vocab_size=256)
+    shutil.copytree(root / "llama", root / "other")
+    save_tokenizer(root / "other", vocab_size=280)
+    corpus = root / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in make_documents(200)))
+    prepare(Options(inputs=[str(corpus)], output=root / "shards", tokenizer=root / "llama", chunk_bytes=4096))
+    return root
+
+
+@pytest.mark.parametrize("case", sorted(CORPUS))
+def test_plan_and_render_agree_on_the_corpus(corpus_root: Path, tmp_path: Path, case: str) -> None:
+    weights, data, dtype, tuning, name = CORPUS[case]
+    training: dict[str, Any] = {"sequenceLength": 128, "steps": 10}
+    if data is not None:
+        training["dataset"] = {"kind": "shards", "uri": str(corpus_root / data), "tokenDtype": dtype}
+    manifest = {
+        "apiVersion": "training.blackwell.dev/v1alpha1",
+        "kind": "BlackwellTrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"weights": {"uri": str(corpus_root / weights)}},
+            "cluster": {"instanceType": "ml.p5en.48xlarge", "nodes": 1, "gpusPerNode": 2},
+            "training": training,
+            "tuning": tuning,
+            "volumes": [{"name": "fsx", "claimName": "fsx-claim", "mountPath": str(corpus_root)}],
+        },
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    outcomes = {}
+    for command in ("plan", "render"):
+        result = runner.invoke(app, [command, str(path), "-o", "json"])
+        assert "Traceback" not in result.output and result.exit_code in (0, 2), result.output[-2000:]
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+        outcomes[command] = (result.exit_code, errors)
+    assert outcomes["plan"] == outcomes["render"], outcomes
+    assert "cannot be read here" not in str(outcomes)
+    accepted = case in ("data-and-weights-that-match", "weights-only-readable-here")
+    assert (outcomes["plan"][0] == 0) == accepted, outcomes
+
+
+# Issue 26: what the API server refuses on the pods (not on the job that templates them) is refused
+# offline by both commands, naming the field (docs/reference/pod-validation.md).
+POD_LEVEL = {
+    "toleration-seconds-without-no-execute": (
+        {"tolerations": [{"key": "gpu", "effect": "NoSchedule", "tolerationSeconds": 30}]},
+        "spec.tolerations",
+    ),
+    "toleration-seconds-without-an-effect": (
+        {"tolerations": [{"key": "gpu", "operator": "Exists", "tolerationSeconds": 30}]},
+        "spec.tolerations",
+    ),
+    "toleration-key-not-a-qualified-name": ({"tolerations": [{"key": "a b"}]}, "spec.tolerations"),
+    "toleration-value-not-a-label-value": (
+        {"tolerations": [{"key": "gpu", "value": "a b"}]},
+        "spec.tolerations",
+    ),
+    "env-name-with-equals": ({"env": [{"name": "A=B", "value": "1"}]}, "spec.env"),
+    "env-name-not-printable": ({"env": [{"name": "A\tB"}]}, "spec.env"),
+    "image-with-surrounding-spaces": ({"image": " trainer:1 "}, "spec.image"),
+    "image-with-a-trailing-newline": ({"image": "trainer:1\n"}, "spec.image"),
+}
+POD_LEVEL_ACCEPTED = {
+    "toleration-seconds-with-no-execute": {
+        "tolerations": [{"key": "gpu", "effect": "NoExecute", "tolerationSeconds": 30}]
+    },
+    "env-name-relaxed": {"env": [{"name": "my.env-name 1", "value": "a=b"}]},
+    "image-plain": {"image": "123456789012.dkr.ecr.us-east-1.amazonaws.com/btj-trainer:0.1.0"},
+}
+
+
+def _example_with(tmp_path: Path, fields: dict[str, Any]) -> Path:
+    from blackwell_operator.cli.manifest import read_manifest_text
+
+    manifest = yaml.safe_load(read_manifest_text(None)[0])
+    manifest["spec"].update(fields)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    return path
+
+
+@pytest.mark.parametrize("case", sorted(POD_LEVEL))
+def test_pod_level_rules_are_refused_offline_naming_the_field(tmp_path: Path, case: str) -> None:
+    fields, field = POD_LEVEL[case]
+    path = _example_with(tmp_path, fields)
+    lines = set()
+    for command in ("plan", "render"):
+        result = runner.invoke(app, [command, str(path), "-o", "json"])
+        assert result.exit_code == 2, (command, result.output[-1000:])
+        lines.add(result.stderr.strip())
+    assert len(lines) == 1, lines
+    text = lines.pop().removeprefix("error: ")
+    assert any(line.startswith(field) for line in text.splitlines()), text
+
+
+@pytest.mark.parametrize("case", sorted(POD_LEVEL_ACCEPTED))
+def test_what_the_pods_accept_is_accepted(tmp_path: Path, case: str) -> None:
+    path = _example_with(tmp_path, POD_LEVEL_ACCEPTED[case])
+    for command in ("plan", "render"):
+        result = runner.invoke(app, [command, str(path), "-o", "json"])
+        assert result.exit_code == 0, (command, result.stderr[-1000:])

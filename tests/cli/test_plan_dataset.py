@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from blackwell_operator.cli import _register_commands, app
@@ -36,13 +37,25 @@ def fsx(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def plan(weights: Path, shards: Path, dtype: str = "uint16") -> tuple[int, str]:
+# The fixture's 90 samples of 129 tokens feed 2 GPUs x 8; auto would choose 256 (issue 26: not enough).
+FITTING = {"microBatchSize": 8}
+
+
+def plan(
+    weights: Path,
+    shards: Path,
+    dtype: str = "uint16",
+    tuning: dict[str, object] | None = None,
+    command: str = "plan",
+) -> tuple[int, str]:
     """`btj plan` of a job mounting one volume that holds both (pytest's temporary root)."""
     volume = Path(os.path.commonpath([weights, shards]))
     dataset = {"kind": "shards", "uri": str(shards), "tokenDtype": dtype}
-    result = runner.invoke(
-        app, ["plan", str(job(volume, {"weights": {"uri": str(weights)}}, dataset=dataset))]
-    )
+    path = job(volume, {"weights": {"uri": str(weights)}}, dataset=dataset)
+    manifest = yaml.safe_load(path.read_text())
+    manifest["spec"]["tuning"] = FITTING if tuning is None else tuning
+    path.write_text(yaml.safe_dump(manifest))
+    result = runner.invoke(app, [command, str(path), "-o", "json"])
     return result.exit_code, result.stderr.strip()
 
 
@@ -113,6 +126,25 @@ def test_a_broken_manifest_is_refused_in_the_trainers_words(fsx: Path, tmp_path:
     (shards / "manifest.json").write_text('{"format": "something else"}')
     code, err = plan(fsx / "llama", shards)
     assert code == 2 and err == trainers_line(shards)
+
+
+def test_data_too_small_for_one_step_is_refused_naming_what_works(fsx: Path) -> None:
+    # Issue 26: micro-batch 256 (auto's choice on 2 GPUs at sequence 128) for 12K tokens passed `btj plan`.
+    code, err = plan(fsx / "llama", fsx / "shards", tuning={})
+    assert code == 2
+    assert "fewer than one step needs (2 data-parallel ranks x micro-batch 256 = 512 samples)" in err, err
+    # The trainer says the same of the same data and plan.
+    with pytest.raises(DataError) as caught:
+        build_token_source(
+            DatasetConfig(kind=DatasetKind.SHARDS, uri=str(fsx / "shards"), token_dtype="uint16"),
+            DataLayout(micro_batch_size=256, sequence_length=128, vocab_size=VOCAB, world_size=2),
+        )
+    assert err == f"error: {caught.value}"
+    # The micro-batch it names plans, one more does not; no shorter sequence is offered below the minimum.
+    largest = int(err.split("spec.tuning.microBatchSize: ")[1].split()[0])
+    assert plan(fsx / "llama", fsx / "shards", tuning={"microBatchSize": largest})[0] == 0
+    assert plan(fsx / "llama", fsx / "shards", tuning={"microBatchSize": largest + 1})[0] == 2
+    assert "sequenceLength" not in err
 
 
 def test_data_this_machine_cannot_read_is_left_to_the_trainer(fsx: Path) -> None:

@@ -173,6 +173,54 @@ def test_a_checkpoint_from_before_checksums_resumes_with_a_warning(
     assert extra is not None and extra["step"] == 1
 
 
+def nan_fill(folder: Path, tensor: torch.Tensor) -> None:
+    """The bytes of one saved tensor overwritten with 0xFF (NaN as float32) where they lie in the
+    shard, size unchanged: damage inside the data, which a size check cannot see."""
+    path = shard(folder)
+    data = bytearray(path.read_bytes())
+    raw = tensor.detach().contiguous().numpy().tobytes()
+    at = data.find(raw)
+    assert at >= 0, "the tensor's bytes are stored as they are"
+    data[at : at + len(raw)] = b"\xff" * len(raw)
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_checkpoint_from_before_checksums_is_skipped_not_resumed_into_nan(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Before, it loaded (sizes match), the first step was non-finite, and every restart resumed it again.
+    saved = save_two(tmp_path)
+    for step in (1, 2):
+        rewrite_marker(
+            tmp_path / f"step-00000{step}",
+            lambda m: m.update(version=1, files={n: e["size"] for n, e in m["files"].items()}),  # type: ignore[attr-defined]
+        )
+    nan_fill(tmp_path / "step-000002", saved[1][0])
+    reasons: list[str] = []
+    model, optimizer = make(7)
+    with caplog.at_level(logging.WARNING):
+        extra = checkpointer(tmp_path).load(model, optimizer, on_skip=lambda p, r: reasons.append(r))
+    assert extra is not None and extra["step"] == 1
+    for a, b in zip(saved[0], params(model), strict=True):
+        assert torch.equal(a, b)  # the older checkpoint whole, nothing of the damaged one
+    (reason,) = reasons
+    assert "has no checksums and its model." in reason and "holds NaN or Inf" in reason
+    assert "\n" not in reason
+
+
+def test_non_finite_tensor_names_the_first_nan_or_inf_in_a_nested_state() -> None:
+    from blackwell_trainer.checkpoint import non_finite_tensor
+
+    fine = {"model": {"w": torch.ones(3)}, "optimizer": {"state": {0: {"step": torch.tensor(3)}}}}
+    assert non_finite_tensor(fine) is None
+    bad = {
+        "model": {"w": torch.ones(3)},
+        "optimizer": {"state": {0: {"exp_avg": torch.tensor([float("inf")])}}},
+    }
+    assert non_finite_tensor(bad) == "optimizer.state.0.exp_avg"
+    assert non_finite_tensor({"groups": [{"lr": 0.1}, torch.tensor([float("nan")])]}) == "groups.1"
+
+
 def test_pruning_keeps_the_newest_checkpoint_known_good_until_a_finite_step_follows(tmp_path: Path) -> None:
     model, optimizer = make(0)
     ckpt = checkpointer(tmp_path, keep=1)

@@ -25,6 +25,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.distributed.tensor import DTensor
 
 from blackwell_trainer.checkpoint_manifest import MARKER as MARKER  # re-exported: the layout's name
 from blackwell_trainer.checkpoint_manifest import (
@@ -451,6 +452,14 @@ class Checkpointer:
         try:
             state = self._state(model, optimizer)
             dcp_load(state, checkpoint_id=str(candidate.path))
+            # Without checksums, damage of the same size loads silently; what becomes NaN or Inf would
+            # only show as a non-finite first step, and each restart would resume it again.
+            bad = None if candidate.manifest.verifiable else non_finite_tensor(state)
+            if bad is not None:
+                raise ValueError(
+                    f"has no checksums and its {bad} holds NaN or Inf: damaged (a trainer writes only "
+                    "finite state)"
+                )
             if optimizer is None:
                 set_model_state_dict(model, state["model"])
             else:
@@ -553,6 +562,26 @@ def _all_entries(folder: Path, key: str, world_size: int, mine: dict[str, FileEn
             raise OSError(errno.EIO, f"{name} is {sizes.get(name)} bytes here, {entry.size} as written")
     claimed.update(entries(folder, [n for n in sizes if n not in claimed], rank=0))
     return claimed
+
+
+def non_finite_tensor(state: Any, name: str = "") -> str | None:
+    """The dotted name of the first floating-point tensor in a (nested) state dict holding a NaN or an
+    Inf, this rank's shard of a DTensor; None when every one is finite."""
+    if isinstance(state, dict):
+        for key, value in state.items():
+            found = non_finite_tensor(value, f"{name}.{key}" if name else str(key))
+            if found is not None:
+                return found
+    elif isinstance(state, list | tuple):
+        for index, value in enumerate(state):
+            found = non_finite_tensor(value, f"{name}.{index}")
+            if found is not None:
+                return found
+    elif isinstance(state, torch.Tensor) and state.is_floating_point():
+        local = state.to_local() if isinstance(state, DTensor) else state
+        if not bool(torch.isfinite(local).all()):
+            return name
+    return None
 
 
 def _first_problem(mine: list[str]) -> str | None:

@@ -28,6 +28,7 @@ from blackwell_trainer.shard_manifest import (
     check_manifest,
     companion,
     parse_manifest,
+    too_little_data,
 )
 
 log = logging.getLogger(__name__)
@@ -78,14 +79,12 @@ class DataLayout:
     vocab_size: int  # the model's vocabulary: shard tokens at or above it are an error
     rank: int = 0
     world_size: int = 1
-    # Sequences of one optimizer step over all data-parallel ranks (the global batch); 0: one micro-batch
-    # per rank. A whole number of micro-steps (world_size x micro_batch_size each).
-    samples_per_step: int = 0
+    accumulation: int = 1  # micro-batches per optimizer step: the data must feed one whole step
 
     @property
     def step_samples(self) -> int:
-        """The global batch in sequences."""
-        return self.samples_per_step or self.world_size * self.micro_batch_size
+        """The global batch in sequences: one optimizer step over all data-parallel ranks."""
+        return self.world_size * self.micro_batch_size * self.accumulation
 
 
 @dataclass
@@ -252,13 +251,17 @@ class ShardTokenSource:
         # Windows step by sequence_length so each window's last label is the next window's first input.
         self._windows = [max(0, (s.num_tokens - 1) // sequence_length) for s in self.shards]
         self.samples_per_epoch: int | None = sum(self._windows)
-        needed = layout.step_samples
-        if self.samples_per_epoch < needed:
-            raise DataError(
-                f"dataset.uri {uri} holds {self.samples_per_epoch} windows of {sequence_length + 1} tokens, "
-                f"fewer than one step's global batch of {needed} sequences; add shards or shorten "
-                "sequenceLength"
-            )
+        # The same rule and advice as `btj plan` gives for a folder it can read (shard_manifest).
+        problem = too_little_data(
+            [s.num_tokens for s in self.shards],
+            uri=uri,
+            sequence_length=sequence_length,
+            data_parallel=layout.world_size,
+            micro_batch_size=layout.micro_batch_size,
+            accumulation=layout.accumulation,
+        )
+        if problem is not None:
+            raise DataError(problem)
         digest = hashlib.sha256()
         for shard in self.shards:
             digest.update(f"{shard.name}:{shard.num_tokens};".encode())
@@ -504,12 +507,6 @@ def build_token_source(dataset: DatasetConfig, layout: DataLayout) -> TokenSourc
     """The plan's data source (its dataset section) for one data-parallel rank."""
     if not 0 <= layout.rank < layout.world_size:
         raise DataError(f"rank {layout.rank} is outside world size {layout.world_size}")
-    micro_step = layout.world_size * layout.micro_batch_size
-    if layout.step_samples % micro_step:
-        raise DataError(
-            f"the global batch of {layout.step_samples} sequences is not a whole number of micro-steps of "
-            f"{layout.world_size} ranks x micro-batch {layout.micro_batch_size}; re-plan the job"
-        )
     if dataset.kind == DatasetKind.SYNTHETIC:
         return SyntheticTokenSource(seed=dataset.seed, layout=layout)
     if dataset.kind == DatasetKind.CHAT:

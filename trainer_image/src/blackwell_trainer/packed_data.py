@@ -97,7 +97,7 @@ class ChatTokenSource:
             self._starts.append(starts)
             self._rows.append(rows)
             cut += shard_cut
-        self.samples_per_epoch = sum(len(r) for r in self._rows)
+        self.samples_per_epoch: int | None = sum(len(r) for r in self._rows)
         if cut:
             log.warning(
                 "%d conversation(s) of %s are longer than sequenceLength %d and are cut to it",
@@ -105,12 +105,13 @@ class ChatTokenSource:
                 uri,
                 self.sequence_length,
             )
-        needed = layout.world_size * layout.micro_batch_size
+        needed = layout.step_samples  # an epoch's tail shorter than a global batch is dropped
         if self.samples_per_epoch < needed:
             raise DataError(
                 f"dataset.uri {uri} packs into {self.samples_per_epoch} rows of {self.sequence_length} "
-                f"tokens, fewer than one step needs ({layout.world_size} ranks x "
-                f"{layout.micro_batch_size}); add conversations or lower tuning.microBatchSize"
+                f"tokens, fewer than one step's global batch of {needed} ({layout.world_size} ranks x "
+                f"{layout.micro_batch_size} x accumulation {layout.accumulation}); add conversations or "
+                "lower tuning.microBatchSize"
             )
         digest = hashlib.sha256()
         for shard in self.shards:

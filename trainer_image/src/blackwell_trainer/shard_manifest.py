@@ -7,7 +7,7 @@ Pure (pydantic and the standard library): the trainer checks a data set with it 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -190,3 +190,56 @@ def check_tokenizer(manifest: ShardManifest, weights_sha256: str, *, uri: str, w
             f"{weights_sha256}; prepare the data again with the checkpoint's tokenizer "
             f"(python -m blackwell_trainer.prepare ... --tokenizer {folder})"
         )
+
+
+MIN_SEQUENCE_LENGTH = 128  # the CRD's least spec.training.sequenceLength
+
+
+def windows(shard_tokens: Sequence[int], sequence_length: int) -> int:
+    """Training samples the shards hold: non-overlapping (sequence_length + 1)-token windows per shard."""
+    return sum(max(0, (tokens - 1) // sequence_length) for tokens in shard_tokens)
+
+
+def too_little_data(
+    shard_tokens: Sequence[int],
+    *,
+    uri: str,
+    sequence_length: int,
+    data_parallel: int,
+    micro_batch_size: int,
+    accumulation: int = 1,
+) -> str | None:
+    """Why the shards cannot feed one optimizer step (data_parallel x micro_batch_size x accumulation
+    samples), with the fields that would; None when they can.
+
+    The advice is only what works: the tokens to add; the micro-batch (and the global batch) that the
+    samples there are feed; fewer nodes where the data-parallel ranks are what it lacks; a shorter
+    sequence only where it gives enough samples and is one the CRD allows.
+    """
+    have = windows(shard_tokens, sequence_length)
+    per_micro_step = data_parallel * micro_batch_size
+    need = per_micro_step * accumulation
+    if have >= need:
+        return None
+    tokens = sum(shard_tokens)
+    fixes = [f"add about {(need - have) * sequence_length:,} tokens to {uri}"]
+    if have >= per_micro_step:
+        fixes.append(f"a smaller spec.training.globalBatchTokens (at most {have * sequence_length:,})")
+    elif have >= data_parallel:
+        fixes.append(f"spec.tuning.microBatchSize: {have // data_parallel} or smaller")
+    if have < data_parallel * micro_batch_size and data_parallel > 1 and have >= micro_batch_size:
+        fixes.append(
+            f"fewer GPUs: at most {have // micro_batch_size} data-parallel ranks (spec.cluster.nodes)"
+        )
+    shorter = sequence_length // 2
+    while shorter >= MIN_SEQUENCE_LENGTH and windows(shard_tokens, shorter) < need:
+        shorter //= 2
+    if shorter >= MIN_SEQUENCE_LENGTH:
+        fixes.append(f"spec.training.sequenceLength: {shorter}")
+    step = f"{data_parallel} data-parallel ranks x micro-batch {micro_batch_size}"
+    if accumulation > 1:
+        step += f" x {accumulation} accumulation steps"
+    return (
+        f"dataset.uri {uri} holds {tokens:,} tokens, {have:,} samples of {sequence_length + 1} tokens, fewer "
+        f"than one step needs ({step} = {need:,} samples). Fix: " + "; or ".join(fixes)
+    )

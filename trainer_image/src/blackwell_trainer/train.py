@@ -265,15 +265,14 @@ def _token_source(plan: Plan, runtime: Runtime) -> TokenSource:
 
     # Context-parallel peers (consecutive ranks) read the same samples: index the data by dp rank.
     dp_rank, dp_world = data_parallel_rank(runtime.rank, runtime.world_size, plan.chosen.context_parallel)
-    chosen = plan.chosen
     layout = DataLayout(
-        micro_batch_size=chosen.micro_batch_size,
+        micro_batch_size=plan.chosen.micro_batch_size,
         sequence_length=plan.sequence_length,
         vocab_size=plan.architecture.vocab_size,
         rank=dp_rank,
         world_size=dp_world,
-        # The global batch: what a resume on another layout must keep (data.check_resume).
-        samples_per_step=dp_world * chosen.micro_batch_size * chosen.gradient_accumulation_steps,
+        # The global batch (with the ranks and micro-batch): what a resume on another layout must keep.
+        accumulation=plan.chosen.gradient_accumulation_steps,
     )
     return build_token_source(plan.dataset, layout)
 

@@ -179,13 +179,16 @@ def list_map_errors(schema: Schema, obj: Any, path: tuple[Any, ...] = ()) -> Ite
     if isinstance(obj, list):
         keys = schema.get("x-kubernetes-list-map-keys")
         if schema.get("x-kubernetes-list-type") == "map" and keys:
-            seen: set[tuple[Any, ...]] = set()
+            seen: set[str] = set()
             for index, item in enumerate(obj):
                 if not isinstance(item, dict):
                     continue
-                key = tuple(item.get(k) for k in keys)
+                values = [item.get(k) for k in keys]
+                # Compared as canonical JSON: a key of the wrong type (a list, an object) is the schema
+                # check's error to report, and must not make this one raise.
+                key = json.dumps(values, sort_keys=True, default=str)
                 if key in seen:
-                    shown = ", ".join(f"{k}={v!r}" for k, v in zip(keys, key, strict=True))
+                    shown = ", ".join(f"{k}={v!r}" for k, v in zip(keys, values, strict=True))
                     yield f"{dotted((*path, index))}: duplicate entry ({shown}); each must be unique"
                 seen.add(key)
         for index, item in enumerate(obj):

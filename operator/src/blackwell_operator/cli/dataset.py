@@ -1,4 +1,4 @@
-"""What `btj plan` checks of spec.training.dataset where it is a folder on this machine: its manifest.json."""
+"""What `btj plan` checks of spec.training.dataset where it is a folder on this machine: manifest, samples."""
 
 from __future__ import annotations
 
@@ -7,12 +7,15 @@ from pathlib import Path
 from blackwell_trainer.config import DatasetKind, Plan
 from blackwell_trainer.shard_manifest import (
     COMPANION_SUFFIXES,
+    ITEMSIZE,
     MANIFEST_NAME,
     TOKENIZER_FILE,
+    ManifestMismatch,
     check_manifest,
     check_tokenizer,
     parse_manifest,
     tokenizer_sha256,
+    too_little_data,
 )
 
 
@@ -25,32 +28,48 @@ def _local_folder(uri: str | None) -> Path | None:
 
 def check_local_dataset(plan: Plan) -> None:
     """Refuse a prepared data set readable here that the trainer would refuse at start, with the trainer's
-    own line (ManifestMismatch): its manifest's dtype, vocabulary and shard files against the plan, and
-    its tokenizer against the initial weights' tokenizer.json where both are readable here too.
+    own line (ManifestMismatch): its manifest's dtype, vocabulary and shard files against the plan, its
+    tokenizer against the initial weights' tokenizer.json where both are readable here too, and whether
+    token shards hold the samples of one optimizer step of the plan (with or without a manifest).
 
-    Nothing is checked for S3, a folder this machine does not have, or shards without a manifest (the
-    trainer checks the first two at start; the last it cannot check either).
+    Nothing is checked for S3 or a folder this machine does not have (the trainer checks both at start).
     """
     dataset = plan.dataset
     root = _local_folder(dataset.uri) if dataset.kind in (DatasetKind.SHARDS, DatasetKind.CHAT) else None
-    if root is None or not (root / MANIFEST_NAME).is_file():
+    if root is None:
         return
     uri = str(dataset.uri)
-    manifest = parse_manifest((root / MANIFEST_NAME).read_text(errors="replace"), uri)
     files = {f.name: f.stat().st_size for f in root.glob("*.bin")}
-    if dataset.kind == DatasetKind.CHAT:  # each shard's mask and conversation starts are checked too
-        files |= {f.name: f.stat().st_size for s in COMPANION_SUFFIXES for f in root.glob(f"*{s}")}
-    check_manifest(
-        manifest,
-        files,
-        uri=uri,
-        token_dtype=dataset.token_dtype,
-        vocab_size=plan.architecture.vocab_size,
-        kind=dataset.kind.value,
-    )
-    weights_uri = plan.weights.uri if plan.weights else None
-    weights = _local_folder(weights_uri)
-    if weights_uri and weights is not None and (weights / TOKENIZER_FILE).is_file():
-        check_tokenizer(
-            manifest, tokenizer_sha256(weights / TOKENIZER_FILE), uri=uri, weights_uri=weights_uri
+    shard_tokens = [size // ITEMSIZE[dataset.token_dtype] for size in files.values()]
+    if (root / MANIFEST_NAME).is_file():
+        manifest = parse_manifest((root / MANIFEST_NAME).read_text(errors="replace"), uri)
+        if dataset.kind == DatasetKind.CHAT:  # each shard's mask and conversation starts are checked too
+            files |= {f.name: f.stat().st_size for s in COMPANION_SUFFIXES for f in root.glob(f"*{s}")}
+        check_manifest(
+            manifest,
+            files,
+            uri=uri,
+            token_dtype=dataset.token_dtype,
+            vocab_size=plan.architecture.vocab_size,
+            kind=dataset.kind.value,
         )
+        shard_tokens = [shard.tokens for shard in manifest.shards]
+        weights_uri = plan.weights.uri if plan.weights else None
+        weights = _local_folder(weights_uri)
+        if weights_uri and weights is not None and (weights / TOKENIZER_FILE).is_file():
+            check_tokenizer(
+                manifest, tokenizer_sha256(weights / TOKENIZER_FILE), uri=uri, weights_uri=weights_uri
+            )
+    # Chat data packs conversations into rows (the trainer counts them); token shards are windows.
+    if dataset.kind != DatasetKind.SHARDS or not shard_tokens:
+        return  # no shards yet: the trainer names that at start (the folder may be filled before then)
+    problem = too_little_data(
+        shard_tokens,
+        uri=uri,
+        sequence_length=plan.sequence_length,
+        data_parallel=plan.world_size // plan.chosen.context_parallel,
+        micro_batch_size=plan.chosen.micro_batch_size,
+        accumulation=plan.chosen.gradient_accumulation_steps,
+    )
+    if problem is not None:
+        raise ManifestMismatch(problem)

@@ -15,7 +15,7 @@ from rich.table import Table
 from blackwell_operator.calibration.cluster import describe_correction
 from blackwell_operator.cli import app
 from blackwell_operator.cli.backend_option import BackendOption, resolve_offline
-from blackwell_operator.cli.manifest import fail, load_manifest_or_fail
+from blackwell_operator.cli.manifest import load_manifest_or_fail
 from blackwell_operator.cli.options import (
     DEFAULT_CALIBRATION,
     CalibrationOption,
@@ -23,7 +23,6 @@ from blackwell_operator.cli.options import (
     read_calibration,
     read_cluster_calibration,
 )
-from blackwell_operator.errors import SpecError
 from blackwell_operator.models.spec import TuningSpec
 from blackwell_operator.planner.figures import memory_budget, tenths
 from blackwell_operator.planner.provenance import verdict
@@ -198,25 +197,9 @@ def plan(
     cluster = None if cluster_calibration is None else read_cluster_calibration(cluster_calibration)
     job = load_manifest_or_fail(file)
     spec, backend_note = resolve_offline(job.spec, backend)
-    from blackwell_operator.cli.checkpoint import read_checkpoint
-    from blackwell_operator.cli.dataset import check_local_dataset
-    from blackwell_operator.planner import plan_job
-    from blackwell_trainer.shard_manifest import ManifestMismatch
+    from blackwell_operator.cli.admit import admit
 
-    try:
-        result = plan_job(
-            spec,
-            job_name=job.metadata.name,
-            calibration=cal,
-            checkpoint=read_checkpoint(spec),
-            cluster=cluster.corrector(spec.cluster.instance_type) if cluster else None,
-        )
-        # Prepared data readable here is checked as the trainer will check it, in the trainer's words.
-        check_local_dataset(result)
-    except SpecError as exc:
-        fail(exc.message)
-    except ManifestMismatch as exc:
-        fail(str(exc))
+    result = admit(job, spec, shown_as=str(file or "the manifest"), calibration=cal, cluster=cluster)
     if output is PlanFormat.JSON:
         typer.echo(result.to_json())
     elif output is PlanFormat.YAML:

@@ -12,13 +12,18 @@ import typer
 
 from blackwell_operator.cli import app
 from blackwell_operator.cli.backend_option import BackendOption, resolve_offline
-from blackwell_operator.cli.manifest import fail, load_manifest_or_fail
-from blackwell_operator.errors import SpecError
+from blackwell_operator.cli.manifest import load_manifest_or_fail
+from blackwell_operator.cli.options import (
+    DEFAULT_CALIBRATION,
+    CalibrationOption,
+    ClusterCalibrationOption,
+    read_calibration,
+    read_cluster_calibration,
+)
 from blackwell_operator.models.spec import DEFAULT_IMAGE
 from blackwell_operator.planner.figures import memory_budget
 from blackwell_operator.render import dump_documents, render_children
 from blackwell_operator.render.crd import crd_yaml
-from blackwell_operator.render.names import name_problem
 from blackwell_operator.units import GIB
 from blackwell_trainer.config import Plan
 
@@ -78,25 +83,24 @@ def render(
         ),
     ] = None,
     backend: BackendOption = None,
+    calibration: CalibrationOption = DEFAULT_CALIBRATION,
+    cluster_calibration: ClusterCalibrationOption = None,
 ) -> None:
     """Print every object the operator would create for a BTJ (plan ConfigMap and job), offline."""
+    cal = read_calibration(calibration)
+    cluster = None if cluster_calibration is None else read_cluster_calibration(cluster_calibration)
     job = load_manifest_or_fail(file)
     spec, backend_note = resolve_offline(job.spec, backend)
     name = job.metadata.name
-    problem = name_problem(name)
-    if problem:
-        fail(f"{file or 'the manifest'}: {problem}")
     namespace = job.metadata.namespace or DEFAULT_NAMESPACE
     raw_labels: Any = (job.metadata.model_extra or {}).get("labels") or {}
     labels = (
         {str(key): str(value) for key, value in raw_labels.items()} if isinstance(raw_labels, dict) else {}
     )
-    from blackwell_operator.planner import plan_job  # imported only when needed: `btj crd` stays light
+    from blackwell_operator.cli.admit import admit
 
-    try:
-        plan = plan_job(spec, job_name=name)
-    except SpecError as exc:
-        fail(exc.message)
+    # The same admission as `btj plan`: what render prints, plan accepts, and the other way round.
+    plan = admit(job, spec, shown_as=str(file or "the manifest"), calibration=cal, cluster=cluster)
     objects = render_children(name, namespace, spec, plan, labels=labels)
     typer.echo(plan_summary(plan, spec.tuning.memory_headroom), err=True)
     typer.echo(backend_note, err=True)

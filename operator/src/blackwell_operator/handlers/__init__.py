@@ -6,8 +6,8 @@ from typing import Any
 
 import kopf
 
+from blackwell_operator.applabels import MANAGED_BY_LABEL, MANAGER
 from blackwell_operator.handlers import runtime
-from blackwell_operator.handlers.btjstatus import wants_child_back
 from blackwell_operator.handlers.children import on_child_event
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.elastic import elastic_interval
@@ -16,9 +16,10 @@ from blackwell_operator.handlers.pods import on_pod_event
 from blackwell_operator.handlers.reconcile import Reconciler
 from blackwell_operator.handlers.resync import resync_interval
 from blackwell_operator.handlers.stuck import stuck_pod_timeout
+from blackwell_operator.lifecycle.convergence import wants_child_back
 from blackwell_operator.models.spec import API_GROUP, API_VERSION, PLURAL
 from blackwell_operator.render.kinds import JOB_KINDS
-from blackwell_operator.render.labels import JOB_NAME_LABEL, MANAGED_BY_LABEL, MANAGER
+from blackwell_operator.render.labels import JOB_NAME_LABEL
 
 
 def _ctx(memo: kopf.Memo) -> OperatorContext:

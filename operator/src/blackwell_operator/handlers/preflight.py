@@ -8,26 +8,17 @@ object were there, so that a missing permission never stops a job that would run
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
-from blackwell_operator.lifecycle.conditions import ConditionStatus
 from blackwell_operator.lifecycle.references import (
+    Preflight,
     pull_secrets_condition,
     service_account_missing,
     would_create,
 )
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.settings import operator_environment
-
-
-@dataclass
-class Preflight:
-    """What the checks found: conditions to record, and why nothing may be created (None: go on)."""
-
-    conditions: list[tuple[str, ConditionStatus, str, str]] = field(default_factory=list)
-    blocked: str | None = None
 
 
 def _exists(api: KubeApi, plural: str, namespace: str, name: str, logger: Any) -> bool | None:

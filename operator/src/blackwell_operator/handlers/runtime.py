@@ -9,9 +9,11 @@ from typing import Any
 import kopf
 from aiohttp import web
 
+from blackwell_operator.applabels import MANAGED_BY_LABEL, MANAGER
 from blackwell_operator.discovery.apis import ServedJobApis
 from blackwell_operator.discovery.aws import HyperPodCapacityReader, boto3_client_factory
 from blackwell_operator.discovery.capacity import NodeCapacityReader
+from blackwell_operator.handlers import watch_gone
 from blackwell_operator.handlers.api import KubeApi, load_api_client, resource_path
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.elastic import elastic_forever, elastic_interval
@@ -21,7 +23,7 @@ from blackwell_operator.handlers.stuck import stuck_pod_timeout, sweep_forever
 from blackwell_operator.lifecycle.backends import JOB_RESOURCES
 from blackwell_operator.metrics import METRICS_PORT, OperatorMetrics
 from blackwell_operator.models.spec import DEFAULT_IMAGE
-from blackwell_operator.render.labels import JOB_NAME_LABEL, MANAGED_BY_LABEL, MANAGER
+from blackwell_operator.render.labels import JOB_NAME_LABEL
 from blackwell_operator.settings import env_name, operator_environment
 
 TRAINER_POD_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGER},{JOB_NAME_LABEL}"
@@ -47,6 +49,8 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.networking.request_timeout = 30
     # Server-side filter of the pod watch (track-pods): only the trainer pods of BTJs, not every pod.
     settings.watching.label_selectors["v1", "pods"] = TRAINER_POD_SELECTOR
+    # An HTTP 410 answer to a watch request restarts that watch instead of stopping the operator.
+    watch_gone.install()
 
 
 def build_context(api_client: Any | None = None) -> OperatorContext:

@@ -11,7 +11,7 @@ from blackwell_operator.errors import SpecError
 from blackwell_operator.lifecycle.conditions import set_condition
 from blackwell_operator.lifecycle.message import set_message
 from blackwell_operator.lifecycle.phase import fail
-from blackwell_operator.lifecycle.status_read import read_status
+from blackwell_operator.lifecycle.status_read import StatusLike, read_status, typed
 from blackwell_operator.models.status import (
     PLAN_HISTORY_LIMIT,
     ConditionType,
@@ -68,20 +68,20 @@ def correction_of(btj: Mapping[str, Any]) -> MemoryCorrection | None:
     return correction if correction.generation == generation else None
 
 
-def replacing_child(status: Mapping[str, Any]) -> bool:
+def replacing_child(status: StatusLike) -> bool:
     """Whether the recorded child is one a re-plan is replacing (its phases no longer speak for the BTJ)."""
-    history, child = status.get("planHistory"), status.get("child")
-    child_uid = child.get("uid") if isinstance(child, Mapping) else None
-    if not isinstance(history, list) or not history or not child_uid or not isinstance(history[-1], Mapping):
+    stored = typed(status)
+    child_uid = stored.child.uid if stored.child is not None else None
+    if not stored.plan_history or not child_uid:
         return False
-    last = history[-1]
-    return bool(last.get("replacement")) and last.get("failedChildUid") == child_uid
+    last = stored.plan_history[-1]
+    return last.replacement is not None and last.failed_child_uid == child_uid
 
 
-def resized_child(status: Mapping[str, Any]) -> bool:
+def resized_child(status: StatusLike) -> bool:
     """Whether the child being replaced is replaced for another node count (not for memory)."""
-    history = status.get("planHistory")
-    return replacing_child(status) and isinstance(history, list) and history[-1].get("reason") == RESIZED
+    stored = typed(status)
+    return replacing_child(stored) and stored.plan_history[-1].reason == RESIZED
 
 
 def oom_of(failure: Mapping[str, Any] | None) -> OomResult | None:

@@ -194,14 +194,17 @@ class Fault:
     commit: bool = False
     subresource: str | None = None
     reason: str = "InjectedFault"
+    watch: bool | None = None  # True: only watch requests, False: none, None: either
 
     def matches(self, request: rendering.Request) -> bool:
+        watching = request.params.get("watch") in ("true", "1")
         return (
             self.times > 0
             and request.method.value == self.method.upper()
             and request.resource is not None
             and request.resource.plural == self.plural
             and request.subresource == self.subresource
+            and (self.watch is None or self.watch == watching)
         )
 
 
@@ -242,7 +245,13 @@ class Chaos:
 
 
 _HANDLING: contextvars.ContextVar[rendering.Request | None] = contextvars.ContextVar("handling", default=None)
-_ERROR_REASONS = {409: "Conflict", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout"}
+_ERROR_REASONS = {
+    409: "Conflict",
+    410: "Expired",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
 
 
 def _error(status: int, message: str, reason: str | None = None) -> kmock.KubernetesError:
@@ -334,10 +343,18 @@ class HardenedEmulator(kmock.KubernetesEmulator):
         times: int = 1,
         commit: bool = False,
         subresource: str | None = None,
+        watch: bool | None = None,
     ) -> Fault:
-        """Make the next `times` matching requests fail with `status` (after applying them if `commit`)."""
+        """Make the next `times` matching requests fail with `status` (after applying them if `commit`);
+        `watch`: only watch requests (True), only others (False), either (None)."""
         fault = Fault(
-            method=method, plural=plural, status=status, times=times, commit=commit, subresource=subresource
+            method=method,
+            plural=plural,
+            status=status,
+            times=times,
+            commit=commit,
+            subresource=subresource,
+            watch=watch,
         )
         self.faults.append(fault)
         return fault

@@ -1,0 +1,54 @@
+"""One offline admission for `btj plan` and `btj render`: the same checks, so they never disagree.
+
+`btj render | kubectl apply` must never ship a job `btj plan` refuses: both read the weights and the
+data set this machine can read, check the object names the children take, and plan with the same
+calibration; a refusal ends either command with the same line.
+"""
+
+from __future__ import annotations
+
+from blackwell_operator.calibration import Calibration
+from blackwell_operator.calibration.cluster import ClusterCalibration
+from blackwell_operator.cli.manifest import fail
+from blackwell_operator.errors import SpecError
+from blackwell_operator.models import BlackwellTrainingJob
+from blackwell_operator.models.spec import BlackwellTrainingJobSpec
+from blackwell_operator.render.names import name_problem
+from blackwell_trainer.config import Plan
+
+
+def admit(
+    job: BlackwellTrainingJob,
+    spec: BlackwellTrainingJobSpec,
+    *,
+    shown_as: str,
+    calibration: Calibration | None = None,
+    cluster: ClusterCalibration | None = None,
+) -> Plan:
+    """The plan of an admitted job, or the command ends with the one line that refuses it.
+
+    `spec` is the job's spec with the backend resolved offline; `shown_as` names the manifest in errors.
+    """
+    problem = name_problem(job.metadata.name)
+    if problem:
+        fail(f"{shown_as}: {problem}")
+    from blackwell_operator.cli.checkpoint import read_checkpoint
+    from blackwell_operator.cli.dataset import check_local_dataset
+    from blackwell_operator.planner import plan_job  # imported only when needed: `btj crd` stays light
+    from blackwell_trainer.shard_manifest import ManifestMismatch
+
+    try:
+        plan = plan_job(
+            spec,
+            job_name=job.metadata.name,
+            calibration=calibration,
+            checkpoint=read_checkpoint(spec),
+            cluster=cluster.corrector(spec.cluster.instance_type) if cluster else None,
+        )
+        # Prepared data readable here is checked as the trainer will check it, in the trainer's words.
+        check_local_dataset(plan)
+    except SpecError as exc:
+        fail(exc.message)
+    except ManifestMismatch as exc:
+        fail(str(exc))
+    return plan
