@@ -110,12 +110,17 @@ def check_job(
     entry = made.get("entry")
     if not done or written is None or entry is None:
         return None
+    _resized(ctx, written, entry, logger)
+    return entry
+
+
+def _resized(ctx: OperatorContext, btj: Mapping[str, Any], entry: PlanChange, logger: Any) -> None:
+    """After the resize is written: the metric, the Event, and the child deleted for its re-create."""
     direction = "grow" if (entry.nodes_after or 0) > (entry.nodes_before or 0) else "shrink"
     ctx.metrics.resizes.labels(direction=direction).inc()
-    _event(ctx, written, RESIZED, entry.message, warning=direction == "shrink", logger=logger)
-    logger.info(f"{namespace}/{name}: {entry.message}")
-    _delete_child(ctx, written, logger)
-    return entry
+    _event(ctx, btj, RESIZED, entry.message, warning=direction == "shrink", logger=logger)
+    logger.info(f"{btj['metadata']['namespace']}/{btj['metadata']['name']}: {entry.message}")
+    _delete_child(ctx, btj, logger)
 
 
 def _delete_child(ctx: OperatorContext, btj: Mapping[str, Any], logger: Any) -> None:
