@@ -38,6 +38,7 @@ from blackwell_trainer.shard_manifest import (
     MANIFEST_NAME,
     MASK_SUFFIX,
     ManifestMismatch,
+    ShardManifest,
     check_manifest,
     companion,
 )
@@ -80,8 +81,18 @@ def pack_rows(starts: Sequence[int], num_tokens: int, row_tokens: int) -> tuple[
 class ChatTokenSource:
     """Packed rows over chat shards (prepare --chat): tokens, the assistant mask and conversation starts."""
 
-    def __init__(self, shards: Sequence[Shard], *, token_dtype: str, seed: int, uri: str, layout: DataLayout):
+    def __init__(
+        self,
+        shards: Sequence[Shard],
+        *,
+        token_dtype: str,
+        seed: int,
+        uri: str,
+        layout: DataLayout,
+        manifest: ShardManifest | None = None,
+    ):
         self.dtype = np.dtype(token_dtype)
+        self.manifest = manifest  # the checked manifest.json (its tokenizer is checked against the weights)
         self.seed = seed
         self.sequence_length = layout.sequence_length
         self.vocab_size = layout.vocab_size
@@ -224,4 +235,6 @@ def build_chat_source(dataset: DatasetConfig, layout: DataLayout) -> ChatTokenSo
         manifest.tokens,
         100 * (manifest.loss_mask_coverage or 0.0),
     )
-    return ChatTokenSource(shards, token_dtype=dataset.token_dtype, seed=dataset.seed, uri=uri, layout=layout)
+    return ChatTokenSource(
+        shards, token_dtype=dataset.token_dtype, seed=dataset.seed, uri=uri, layout=layout, manifest=manifest
+    )
