@@ -41,6 +41,7 @@ from blackwell_trainer.shard_manifest import (
     ShardManifest,
     check_manifest,
     companion,
+    step_shortfall,
 )
 
 log = logging.getLogger(__name__)
@@ -116,14 +117,21 @@ class ChatTokenSource:
                 uri,
                 self.sequence_length,
             )
-        needed = layout.step_samples  # an epoch's tail shorter than a global batch is dropped
-        if self.samples_per_epoch < needed:
-            raise DataError(
-                f"dataset.uri {uri} packs into {self.samples_per_epoch} rows of {self.sequence_length} "
-                f"tokens, fewer than one step's global batch of {needed} ({layout.world_size} ranks x "
-                f"{layout.micro_batch_size} x accumulation {layout.accumulation}); add conversations or "
-                "lower tuning.microBatchSize"
-            )
+        # The advice of token shards (shard_manifest), counted in packed rows; a shorter sequence packs
+        # the conversations anew, so it is not offered from here.
+        problem = step_shortfall(
+            self.samples_per_epoch,
+            uri=uri,
+            tokens=sum(s.num_tokens for s in self.shards),
+            sequence_length=self.sequence_length,
+            data_parallel=layout.world_size,
+            micro_batch_size=layout.micro_batch_size,
+            accumulation=layout.accumulation,
+            shorter=None,
+            samples="packed rows",
+        )
+        if problem is not None:
+            raise DataError(problem)
         digest = hashlib.sha256()
         for shard in self.shards:
             digest.update(f"{shard.name}:{shard.num_tokens};".encode())

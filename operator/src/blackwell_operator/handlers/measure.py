@@ -29,10 +29,9 @@ from blackwell_operator.lifecycle.measure import (
     Reading,
     metrics_endpoint,
     parse_reading,
-    sample_of,
     tokens_per_second_per_gpu,
 )
-from blackwell_operator.lifecycle.measured import measured_changes
+from blackwell_operator.lifecycle.measured import measured_changes, sample_of
 from blackwell_operator.lifecycle.ownership import Lineage
 from blackwell_operator.lifecycle.progress import progress_of
 from blackwell_operator.lifecycle.writers import MEASURE_LOOP

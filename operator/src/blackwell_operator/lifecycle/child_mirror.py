@@ -137,7 +137,7 @@ def mirror(btj: Mapping[str, Any], child: Mapping[str, Any], *, going: bool, now
         # wants_child_back says so. It runs in the BTJ's Kopf worker, serialised with reconcile.
         deleted = deleted_child_changes(btj, child, generation=generation, now=now)
         return Mirror(deleted, finished=(deleted.phase or stored.phase) in TERMINAL_PHASES)
-    if recorded == child_uid and stopping_child(btj.get("status") or {}):
+    if recorded == child_uid and stopping_child(stored):
         # The worker watcher failed the BTJ, or re-planned it, and is deleting this child: its last phases
         # (Restarting, Failed while it goes) must not bring the job back to life or end it.
         return Mirror(None)

@@ -1,16 +1,20 @@
-"""status.measured and status.progress from a reading of a running trainer pod (pure; the measure loop,
-handlers/measure.py, reads the pods and writes what this returns)."""
+"""What a reading of a running trainer pod teaches: status.measured and status.progress, and the job's
+measured-over-modelled sample for the cluster calibration (pure; the measure loop, handlers/measure.py,
+reads the pods, writes the status and records the sample)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+from blackwell_operator.calibration.cluster import Sample
 from blackwell_operator.lifecycle.failures import belongs_to
+from blackwell_operator.lifecycle.measure import Reading
 from blackwell_operator.lifecycle.ownership import Lineage
 from blackwell_operator.lifecycle.progress import as_status
 from blackwell_operator.lifecycle.status_read import read_status
 from blackwell_operator.models.status import JobProgress, MeasuredThroughput, Phase, StatusChange
+from blackwell_operator.planner.cluster_figures import figures_of
 
 # A reading this close to the stored one is not written (a status write per job per minute otherwise).
 UNCHANGED = 0.01
@@ -55,3 +59,39 @@ def measured_changes(
             measured.model_flops_utilization = round(mfu, 4)
         change.measured = measured
     return change if change.model_fields_set else None
+
+
+# Readings before this many steps of a container include torch.compile and allocator warm-up: not what
+# the plan predicts, so they teach the cluster calibration nothing.
+WARMUP_STEPS = 3
+
+
+def sample_of(
+    btj: Mapping[str, Any], earlier: Reading, later: Reading, tokens_per_s: float, now: str
+) -> Sample | None:
+    """The job's measured over modelled figures for the cluster calibration, once past its warm-up.
+
+    The plan's prediction already carries any correction it was planned with; the ratios are taken against
+    the model's own figures (planner/cluster_figures.py), so the calibration never chases its own
+    corrections. An unreadable stored plan teaches nothing.
+    """
+    meta, stored = btj.get("metadata") or {}, read_status(btj.get("status")).status
+    if stored.phase != Phase.RUNNING or earlier.pod_steps < WARMUP_STEPS or tokens_per_s <= 0:
+        return None
+    plan = stored.plan
+    if plan is None:
+        return None
+    figures = figures_of(plan)
+    modelled, peak = figures.modelled_tokens_per_second_per_gpu, figures.modelled_peak_reserved
+    if modelled <= 0:
+        return None
+    return Sample(
+        job=f"{meta.get('namespace')}/{meta.get('name')}",
+        uid=str(meta.get("uid")),
+        instance_type=plan.instance_type,
+        precision_recipe=plan.chosen.precision_recipe,
+        activation_checkpointing=plan.chosen.activation_checkpointing,
+        tokens_ratio=round(tokens_per_s / modelled, 4),
+        memory_ratio=round(later.reserved_bytes / peak, 4) if later.reserved_bytes and peak else None,
+        observed_at=now,
+    )

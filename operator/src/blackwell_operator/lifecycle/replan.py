@@ -51,21 +51,19 @@ def candidate_line(candidate: Candidate, peak_reserved: int | None = None) -> st
 
 def generation_of(btj: Mapping[str, Any]) -> int:
     """The spec generation the status describes."""
-    status = btj.get("status") or {}
-    return int(status.get("observedGeneration") or (btj.get("metadata") or {}).get("generation") or 1)
+    stored = read_status(btj.get("status")).status
+    return int(stored.observed_generation or (btj.get("metadata") or {}).get("generation") or 1)
 
 
 def correction_of(btj: Mapping[str, Any]) -> MemoryCorrection | None:
-    """status.memoryCorrection when it belongs to the BTJ's current spec generation (else None)."""
-    raw = (btj.get("status") or {}).get("memoryCorrection")
-    if not raw:
-        return None
-    try:
-        correction = MemoryCorrection.model_validate(raw)
-    except ValueError:
-        return None  # written by another version, or by hand: plan without it rather than fail
+    """status.memoryCorrection when it belongs to the BTJ's current spec generation (else None).
+
+    One written by another version, or by hand, that does not read is left out (lifecycle/status_read.py):
+    the job is planned without it rather than failed.
+    """
+    correction = read_status(btj.get("status")).status.memory_correction
     generation = int((btj.get("metadata") or {}).get("generation") or 1)
-    return correction if correction.generation == generation else None
+    return correction if correction is not None and correction.generation == generation else None
 
 
 def replacing_child(status: StatusLike) -> bool:
@@ -122,7 +120,7 @@ def replan_changes(
         raise ValueError("status.plan is missing or unreadable: nothing to re-plan from")
     failed = stored.plan
     correction = learn(correction_of(btj), result, failed, generation=generation)
-    child = status.get("child") or {}
+    child = status.get("child") or {}  # read leniently: a child recorded without apiVersion names its uid
     entry = PlanChange(
         at=now,
         generation=generation,
