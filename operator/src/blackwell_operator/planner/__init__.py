@@ -38,6 +38,7 @@ from blackwell_trainer.config import (
     Alternative,
     Candidate,
     ChoiceProvenance,
+    DatasetConfig,
     GpuInfo,
     NodeChoice,
     OutputConfig,
@@ -268,7 +269,8 @@ def _plan_fixed(
         calibration=f"{cal.name} ({cal.status})",
         cluster_correction=from_cluster,
         provenance=provenance,
-        dataset=spec.training.dataset.model_copy(deep=True),
+        # The plan's own type (the spec's DatasetSpec adds only the uri check): the plan round-trips as JSON.
+        dataset=DatasetConfig.model_validate(spec.training.dataset.model_dump()),
         checkpoint=spec.training.checkpoint.model_copy(deep=True),
         weights=weights_plan,
         output=None if output is None else OutputConfig(uri=output.uri),
