@@ -415,7 +415,7 @@ def _main(argv: Sequence[str] | None, guard: PreemptionGuard) -> int:
         return fail(err, code=EXIT_NON_FINITE)
     except GpuOutOfMemory as err:
         return fail(err)
-    except (DataError, CheckpointError, WeightsError, PermanentCloudError) as err:
+    except (DataError, CheckpointError, WeightsError, PermanentCloudError, PlanError) as err:
         # Data or checkpoint storage that does not fit the plan (no shards, another data set than the
         # checkpoint's): one line that names the field, not a traceback per rank.
         return fail(err)
