@@ -67,9 +67,32 @@ def container_args(objects: list[dict[str, Any]]) -> list[str]:
 
 
 def test_watch_scope_follows_values(helm: str) -> None:
-    assert not [a for a in container_args(render(helm)) if a.startswith("--namespace")]
+    # By default the operator serves its own release namespace only (least privilege).
+    assert [a for a in container_args(render(helm)) if a.startswith("--namespace")] == [
+        "--namespace=btj-system"
+    ]
     args = container_args(render(helm, CI / "namespaced-values.yaml"))
     assert "--namespace=hyperpod-ns-team-a" in args and "--namespace=hyperpod-ns-team-b" in args
+    # Cluster-wide: one Kopf pattern that leaves the system namespaces out.
+    args = container_args(render(helm, CI / "cluster-wide-values.yaml"))
+    assert [a for a in args if a.startswith("--namespace")] == [
+        "--namespace=!kube-system,!kube-public,!kube-node-lease"
+    ]
+
+
+def test_the_served_namespaces_match_kopfs_patterns(helm: str) -> None:
+    """What the chart's arguments make Kopf serve, with Kopf's own matcher: kube-system never."""
+    from kopf._cogs.structs.references import match_namespace
+
+    for values in (None, CI / "namespaced-values.yaml", CI / "cluster-wide-values.yaml"):
+        patterns = [a.removeprefix("--namespace=") for a in container_args(render(helm, values))]
+        patterns = [p for p in patterns if not p.startswith("--")]
+        for system in ("kube-system", "kube-public", "kube-node-lease"):
+            assert not any(match_namespace(system, p) for p in patterns), (values, system)  # type: ignore[arg-type]
+    wide = [
+        a.removeprefix("--namespace=") for a in container_args(render(helm, CI / "cluster-wide-values.yaml"))
+    ]
+    assert all(match_namespace("hyperpod-ns-team-a", p) for p in wide)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("values", VALUES_CASES, ids=values_id)
@@ -104,3 +127,15 @@ def test_custom_image_and_existing_service_account(helm: str) -> None:
     )
     (binding,) = by_kind(objects, "ClusterRoleBinding")
     assert binding["subjects"][0]["name"] == "btj-operator-irsa"
+
+
+@pytest.mark.parametrize("values", VALUES_CASES, ids=values_id)
+def test_the_operator_and_its_hook_are_admitted_at_restricted(helm: str, values: Path | None) -> None:
+    """The upstream restricted checks (tests/pod_security.py), as for the trainer pods."""
+    from tests.pod_security import violations
+
+    objects = render(helm, values)
+    templates = [o["spec"]["template"] for o in by_kind(objects, "Deployment") + by_kind(objects, "Job")]
+    assert len(templates) == 2
+    for template in templates:
+        assert violations(template) == []

@@ -32,10 +32,10 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "name-with-dot": (btj("name.with.dot"), "metadata.name"),
     # A list-map key of the wrong type: once a TypeError retried for ever with no status.
-    "env-name-list": (btj("env-name-list", env=[{"name": ["A"], "value": "1"}]), "spec.env.0.name"),
+    "env-name-list": (btj("env-name-list", env=[{"name": ["A"], "value": "1"}]), "spec.env[0].name"),
     "volume-name-map": (
         btj("volume-name-map", volumes=[{"name": {"a": 1}, "claimName": "c", "mountPath": "/x"}]),
-        "spec.volumes.0.name",
+        "spec.volumes[0].name",
     ),
     "spec-string": (_with_spec("spec-string", "train llama"), "spec"),
     "spec-list": (_with_spec("spec-list", [1, 2]), "spec"),

@@ -14,6 +14,7 @@ from blackwell_operator.errors import SpecError
 from blackwell_operator.models import BlackwellTrainingJob
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.render.names import name_problem
+from blackwell_operator.settings import operator_environment
 from blackwell_trainer.config import Plan
 
 
@@ -33,7 +34,7 @@ def admit(
     if problem:
         fail(f"{shown_as}: {problem}")
     from blackwell_operator.cli.checkpoint import read_checkpoint
-    from blackwell_operator.cli.dataset import check_local_dataset
+    from blackwell_operator.cli.dataset import check_local_dataset, describe_chat_data
     from blackwell_operator.planner import plan_job  # imported only when needed: `btj crd` stays light
     from blackwell_trainer.shard_manifest import ManifestMismatch
 
@@ -43,10 +44,19 @@ def admit(
             job_name=job.metadata.name,
             calibration=calibration,
             checkpoint=read_checkpoint(spec),
-            cluster=cluster.corrector(spec.cluster.instance_type) if cluster else None,
+            # As the operator plans it: the manifest's namespace's own runs (or the pool, when set).
+            cluster=cluster.corrector(
+                spec.cluster.instance_type,
+                job.metadata.namespace or "default",
+                pooled=operator_environment().cluster_calibration_pool,
+            )
+            if cluster
+            else None,
         )
         # Prepared data readable here is checked as the trainer will check it, in the trainer's words.
-        check_local_dataset(plan)
+        manifest = check_local_dataset(plan)
+        if manifest is not None and manifest.kind == "chat":
+            plan.explanation.append(describe_chat_data(manifest, str(plan.dataset.uri)))
     except SpecError as exc:
         fail(exc.message)
     except ManifestMismatch as exc:

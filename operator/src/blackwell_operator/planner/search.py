@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from blackwell_operator.calibration import Calibration
 from blackwell_operator.calibration.cluster import Corrector
+from blackwell_operator.planner.cluster_figures import Factors, corrected_peak, corrected_time, factors_of
 from blackwell_operator.planner.layout import Hardware, Layout, Setting
 from blackwell_operator.planner.memory import MemoryEstimate, estimate_memory
 from blackwell_operator.planner.shapes import Shapes
@@ -77,6 +78,13 @@ class Problem:
     mbs_limits: dict[tuple[str, str, str, str, int], int] = field(default_factory=dict)
     # Packed chat rows (dataset.kind chat): attention through a document mask (FlexAttention).
     document_mask: bool = False
+    # An elastic job reaches the global batch exactly: every node count must train the same batches.
+    exact_batch: bool = False
+
+    @property
+    def batch_tolerance(self) -> float:
+        """How far the reached global batch may be from the requested one (a fraction)."""
+        return 0.0 if self.exact_batch else GLOBAL_BATCH_TOLERANCE
 
     def tokens_per_micro_step(self, setting: Setting, mbs: int) -> int:
         """Tokens all data-parallel ranks process in one micro-step."""
@@ -86,7 +94,7 @@ class Problem:
         """Largest micro-batch the trainer and the global batch allow."""
         limit = min(self.cal.trainer.max_micro_batch_size, self.mbs_limits.get(setting.family, 1 << 30))
         if self.global_batch_tokens is not None:
-            most = self.global_batch_tokens * (1 + GLOBAL_BATCH_TOLERANCE)
+            most = self.global_batch_tokens * (1 + self.batch_tolerance)
             limit = min(limit, int(most // self.tokens_per_micro_step(setting, 1)))
         return limit
 
@@ -101,6 +109,8 @@ class Problem:
         if self.global_batch_tokens is None:
             return True
         got = self.accumulation(setting, mbs) * self.tokens_per_micro_step(setting, mbs)
+        if self.exact_batch:
+            return got == self.global_batch_tokens
         return abs(got / self.global_batch_tokens - 1.0) <= GLOBAL_BATCH_TOLERANCE
 
     _memo: dict[Setting, tuple[MemoryEstimate, int]] = field(default_factory=dict)
@@ -132,14 +142,15 @@ class Problem:
             cached = self._memo[setting] = (mem, ga)
         return cached
 
-    def factors(self, setting: Setting) -> tuple[float, float]:
-        """(tokens/s, peak memory) factors of the setting's family on this cluster; (1, 1) without any."""
-        found = self.correct(setting.recipe, setting.activation_checkpointing) if self.correct else None
-        return (found.tokens_factor, found.memory_factor) if found else (1.0, 1.0)
+    def factors(self, setting: Setting) -> Factors:
+        """The tokens/s and peak memory factors of the setting's family on this cluster (1, 1 without)."""
+        return factors_of(
+            self.correct(setting.recipe, setting.activation_checkpointing) if self.correct else None
+        )
 
     def within_budget(self, setting: Setting, mem: MemoryEstimate) -> bool:
         """Whether a predicted peak, corrected for what this cluster measured, fits the budget."""
-        return mem.peak_reserved * self.factors(setting)[1] <= self.budget_bytes
+        return corrected_peak(mem.peak_reserved, self.factors(setting)) <= self.budget_bytes
 
     def score(self, setting: Setting, accumulation: int | None = None) -> Scored:
         """Memory and time of a setting (with the accumulation that reaches the global batch, or as given)."""
@@ -163,14 +174,8 @@ class Problem:
             ga,
             document_mask=self.document_mask,
         )
-        tokens_factor = self.factors(setting)[0]
-        if tokens_factor != 1.0:  # the cluster runs this family at another speed than the model says
-            time = TimeEstimate(
-                time.step_time_seconds / tokens_factor,
-                time.tokens_per_second_per_gpu * tokens_factor,
-                time.model_flops_utilization * tokens_factor,
-                {k: v / tokens_factor for k, v in time.breakdown.items()},
-            )
+        # The cluster may run this family at another speed than the model says (planner/cluster_figures.py).
+        time = corrected_time(time, self.factors(setting))
         return Scored(setting, ga, mem, time, fits)
 
     def fits(self, setting: Setting) -> bool:
