@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from blackwell_operator.admission import load_documents
 from blackwell_operator.admission.job import Rejected, validate_manifest
 from blackwell_operator.cli.manifest import read_manifest_text
+from blackwell_operator.render.yamlio import dump_yaml
 from tests.render.k8s_schema import ROOT, admit, btj_schema_and_validator, load_crd
 
 CRD = load_crd(ROOT / "crds" / "training.blackwell.dev_blackwelltrainingjobs.yaml")
@@ -115,7 +116,9 @@ def manifests(draw: st.DrawFn) -> dict[str, Any]:
 
 def cli_admits(manifest: dict[str, Any]) -> bool:
     """What `btj plan`/`btj render` decide on the manifest written as YAML (before planning)."""
-    (document,) = load_documents(yaml.safe_dump(manifest), "job.yaml")
+    # Written as `btj render` writes YAML: PyYAML's safe_dump leaves `y` unquoted, which kubectl (and
+    # btj, reading as kubectl does) reads as true.
+    (document,) = load_documents(dump_yaml(manifest), "job.yaml")
     try:
         validate_manifest(document)
     except Rejected:

@@ -86,7 +86,7 @@ def test_bad_union_values_read_as_one_line_each(tmp_path: Path) -> None:
     )
     assert "spec.tuning.microBatchSize: must be 'auto' or a whole number (got 'many')" in lines
     assert "spec.tuning.sharding: must be one of 'auto', 'full', 'hybrid', 'none' (got 'zero3')" in lines
-    assert "spec.training.checkpoint.intervalSteps: Input should be greater than or equal to 1" in lines
+    assert "spec.training.checkpoint.intervalSteps: must be >= 1 (got 0)" in lines
 
 
 def test_planning_errors_are_one_line_and_exit_2(tmp_path: Path) -> None:

@@ -42,6 +42,18 @@ def test_trainer_image_is_pinned_and_has_no_entrypoint() -> None:
     assert "latest" not in re.sub(r"#.*", "", TRAINER + OPERATOR)
 
 
+def test_trainer_image_runs_as_the_non_root_user_the_pods_run_as() -> None:
+    """The pods' runAsUser/runAsGroup (render/pod.py) are the image's USER, numeric, and not root."""
+    from blackwell_operator.render.pod import TRAINER_GID, TRAINER_UID
+
+    assert int(arg(TRAINER, "TRAINER_UID")) == TRAINER_UID > 0
+    assert int(arg(TRAINER, "TRAINER_GID")) == TRAINER_GID > 0
+    users = re.findall(r"^USER (\S+)$", TRAINER, flags=re.MULTILINE)
+    assert users == ["${TRAINER_UID}:${TRAINER_GID}"], users
+    # The user is the last word: nothing after it runs as root again.
+    assert TRAINER.index("USER ") > TRAINER.rindex("RUN ")
+
+
 def test_trainer_image_installs_the_runtime_dependencies_pyproject_declares() -> None:
     # torch, numpy and torchao are the image's own (kept from the base, or pinned by the Dockerfile).
     installed = {

@@ -15,6 +15,7 @@ def test_ci_folder_has_the_promised_cases() -> None:
         "default-values.yaml",
         "everything-on-values.yaml",
         "namespaced-values.yaml",
+        "cluster-wide-values.yaml",
         "custom-image-values.yaml",
     } <= names
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.helm.conftest import CHART, NAMESPACE, VALUES_CASES, by_kind, render, values_id
+from tests.helm.rbac import Request, allowed, operator_account
 
 Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
 
@@ -84,9 +86,10 @@ def test_chart_grants_exactly_what_the_operator_declares(helm: str, values: Path
     declared = declared_permissions()
     objects = render(helm, values)
     granted = chart_grants(objects)
-    if not watch_roles(objects):
-        # Cluster-wide, Kopf never lists or watches namespaces (it does so only to match --namespace
-        # patterns: kopf/_core/reactor/observation.py), so that grant of PERMISSIONS is not needed.
+    args = deployment_args(objects)
+    if not [a for a in args if a.startswith("--namespace")]:
+        # Cluster-wide with nothing excluded, Kopf never lists or watches namespaces (it does so only to
+        # match --namespace patterns: kopf/_core/reactor/observation.py), so that grant is not needed.
         declared -= {("", "namespaces", "list"), ("", "namespaces", "watch")}
     missing = declared - granted
     assert not missing, f"the operator uses permissions the chart does not grant: {sorted(missing)}"
@@ -94,18 +97,64 @@ def test_chart_grants_exactly_what_the_operator_declares(helm: str, values: Path
     assert not extra, f"the chart grants more than the operator declares: {sorted(extra)}"
 
 
-def test_namespaces_are_read_only_when_namespaced_and_not_granted_cluster_wide(helm: str) -> None:
-    wide = {g for g in chart_grants(render(helm)) if g[1] == "namespaces"}
-    assert wide == set()
-    namespaced = {
-        g for g in chart_grants(render(helm, CHART / "ci" / "namespaced-values.yaml")) if g[1] == "namespaces"
-    }
-    assert namespaced == {("", "namespaces", "list"), ("", "namespaces", "watch")}
+def deployment_args(objects: list[dict[str, Any]]) -> list[str]:
+    (deployment,) = by_kind(objects, "Deployment")
+    return list(deployment["spec"]["template"]["spec"]["containers"][0].get("args", []))
+
+
+def test_namespaces_are_read_only_and_read_only_when_kopf_matches_them(helm: str) -> None:
+    read = {("", "namespaces", "list"), ("", "namespaces", "watch")}
+    for values in (None, CHART / "ci" / "namespaced-values.yaml", CHART / "ci" / "cluster-wide-values.yaml"):
+        assert {g for g in chart_grants(render(helm, values)) if g[1] == "namespaces"} == read
+    # Cluster-wide with nothing excluded, Kopf reads no namespace: nothing is granted.
+    everything = render(helm, sets=("operator.clusterWide=true", "operator.excludeNamespaces=null"))
+    assert {g for g in chart_grants(everything) if g[1] == "namespaces"} == set()
 
 
 def test_nodes_are_read_only(helm: str) -> None:
     node_verbs = {verb for group, resource, verb in chart_grants(render(helm)) if resource == "nodes"}
     assert node_verbs and node_verbs <= {"get", "list", "watch"}
+
+
+def test_the_default_rights_are_the_release_namespace_only(helm: str) -> None:
+    """Least privilege by default: a Role in the release namespace, and the ClusterRole holds only reads of
+    cluster-scoped resources; nothing is granted in kube-system or any other namespace."""
+    objects = render(helm)
+    (cluster_role,) = by_kind(objects, "ClusterRole")
+    assert {resource for _, resource, _ in grants(cluster_role["rules"])} == CLUSTER_SCOPED
+    assert {verb for _, _, verb in grants(cluster_role["rules"])} <= {"get", "list", "watch"}
+    assert [r["metadata"]["namespace"] for r in watch_roles(objects)] == [NAMESPACE]
+    assert [b["metadata"]["namespace"] for b in watch_roles(objects, "RoleBinding")] == [NAMESPACE]
+    for binding in by_kind(objects, "RoleBinding") + by_kind(objects, "ClusterRoleBinding"):
+        assert binding["metadata"].get("namespace") != "kube-system"
+
+
+def test_cluster_wide_is_opt_in_and_leaves_the_system_namespaces_to_themselves(helm: str) -> None:
+    objects = render(helm, CHART / "ci" / "cluster-wide-values.yaml")
+    assert not watch_roles(objects)
+    (cluster_role,) = by_kind(objects, "ClusterRole")
+    assert declared_permissions() <= grants(cluster_role["rules"])
+    assert "--namespace=!kube-system,!kube-public,!kube-node-lease" in deployment_args(objects)
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (("operator.watchNamespaces={kube-system}",), "kube-system is a system namespace"),
+        (("operator.watchNamespaces={team-a,kube-public}",), "kube-public is a system namespace"),
+        (("operator.clusterWide=true", "operator.watchNamespaces={team-a}"), "set one of them"),
+    ],
+)
+def test_a_scope_that_reaches_a_system_namespace_or_is_ambiguous_is_refused(
+    helm: str, sets: tuple[str, ...], message: str
+) -> None:
+    result = subprocess.run(
+        [helm, "template", "t", str(CHART), "-n", NAMESPACE, *(a for s in sets for a in ("--set", s))],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode != 0 and message in result.stderr
 
 
 def test_namespaced_mode_uses_roles_in_each_watched_namespace(helm: str) -> None:
@@ -123,7 +172,11 @@ def test_namespaced_mode_uses_roles_in_each_watched_namespace(helm: str) -> None
     for role in roles:
         assert not {resource for _, resource, _ in grants(role["rules"])} & CLUSTER_SCOPED
     # Cluster-wide and namespaced mode grant the same namespaced permissions.
-    wide = {g for g in chart_grants(render(helm)) if g[1] not in CLUSTER_SCOPED}
+    wide = {
+        g
+        for g in chart_grants(render(helm, CHART / "ci" / "cluster-wide-values.yaml"))
+        if g[1] not in CLUSTER_SCOPED
+    }
     assert grants(roles[0]["rules"]) == wide
 
 
@@ -198,3 +251,49 @@ def test_reading_secrets_is_opt_in_and_sets_the_operators_check(helm: str) -> No
         (deployment,) = by_kind(off, "Deployment")
         names = {e["name"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
         assert "BTJ_CHECK_IMAGE_PULL_SECRETS" not in names
+
+
+# Where the operator's ServiceAccount may act, by Kubernetes' own RBAC rule over the rendered objects.
+WRITES = [
+    Request("", "pods", "delete", "{ns}", "w-0"),
+    Request("", "configmaps", "patch", "{ns}", "job-plan"),
+    Request("kubeflow.org", "pytorchjobs", "create", "{ns}"),
+    Request("", "pods", "list", "{ns}"),
+]
+
+
+def may(objects: list[dict[str, Any]], request: Request, namespace: str) -> bool:
+    return allowed(objects, operator_account(objects), request._replace(namespace=namespace))
+
+
+def test_by_default_the_operator_may_act_in_its_own_namespace_only(helm: str) -> None:
+    objects = render(helm)
+    for request in WRITES:
+        assert may(objects, request, NAMESPACE), request
+        for elsewhere in ("kube-system", "hyperpod-ns-team-a", "default"):
+            assert not may(objects, request, elsewhere), (request, elsewhere)
+    # Cluster-scoped reads stay (capacity from nodes); no cluster-wide list of pods.
+    assert allowed(objects, operator_account(objects), Request("", "nodes", "list"))
+    assert not allowed(objects, operator_account(objects), Request("", "pods", "list"))
+
+
+def test_watched_namespaces_are_the_only_ones_written(helm: str) -> None:
+    objects = render(helm, CHART / "ci" / "namespaced-values.yaml")
+    for request in WRITES:
+        for team in ("hyperpod-ns-team-a", "hyperpod-ns-team-b"):
+            assert may(objects, request, team), (request, team)
+        for elsewhere in ("kube-system", "hyperpod-ns-team-c", NAMESPACE):
+            assert not may(objects, request, elsewhere), (request, elsewhere)
+    # In its own namespace only the cluster calibration's one ConfigMap (and creating it).
+    calibration = Request("", "configmaps", "patch", NAMESPACE, "btj-cluster-calibration")
+    assert may(objects, calibration, NAMESPACE)
+
+
+def test_cluster_wide_rights_reach_every_namespace_as_documented(helm: str) -> None:
+    """RBAC cannot subtract a namespace from a ClusterRoleBinding: the chart's README and docs/security.md
+    say so, and that the operator's own Kopf pattern leaves the system namespaces alone."""
+    objects = render(helm, CHART / "ci" / "cluster-wide-values.yaml")
+    for request in WRITES:
+        assert may(objects, request, "hyperpod-ns-team-c") and may(objects, request, "kube-system")
+    readme = (CHART / "README.md").read_text()
+    assert "RBAC cannot leave a namespace out of a ClusterRoleBinding" in readme

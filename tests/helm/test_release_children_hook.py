@@ -79,10 +79,12 @@ def test_the_hook_covers_the_namespaces_the_operator_watches(helm: str, values: 
         for a in deployment["spec"]["template"]["spec"]["containers"][0].get("args", [])
         if a.startswith("--namespace=")
     ]
-    if served:
-        assert sorted(params["namespace"]) == sorted(served) and not params["all_namespaces"]
-    else:
+    if any(s.startswith("!") for s in served):
+        # Cluster-wide: every BTJ's children are released (the operator made none in an excluded namespace).
         assert params["all_namespaces"] and not params["namespace"]
+    else:
+        assert served, "namespaced by default"
+        assert sorted(params["namespace"]) == sorted(served) and not params["all_namespaces"]
     assert not params["dry_run"]
 
 

@@ -67,9 +67,32 @@ def container_args(objects: list[dict[str, Any]]) -> list[str]:
 
 
 def test_watch_scope_follows_values(helm: str) -> None:
-    assert not [a for a in container_args(render(helm)) if a.startswith("--namespace")]
+    # By default the operator serves its own release namespace only (least privilege).
+    assert [a for a in container_args(render(helm)) if a.startswith("--namespace")] == [
+        "--namespace=btj-system"
+    ]
     args = container_args(render(helm, CI / "namespaced-values.yaml"))
     assert "--namespace=hyperpod-ns-team-a" in args and "--namespace=hyperpod-ns-team-b" in args
+    # Cluster-wide: one Kopf pattern that leaves the system namespaces out.
+    args = container_args(render(helm, CI / "cluster-wide-values.yaml"))
+    assert [a for a in args if a.startswith("--namespace")] == [
+        "--namespace=!kube-system,!kube-public,!kube-node-lease"
+    ]
+
+
+def test_the_served_namespaces_match_kopfs_patterns(helm: str) -> None:
+    """What the chart's arguments make Kopf serve, with Kopf's own matcher: kube-system never."""
+    from kopf._cogs.structs.references import match_namespace
+
+    for values in (None, CI / "namespaced-values.yaml", CI / "cluster-wide-values.yaml"):
+        patterns = [a.removeprefix("--namespace=") for a in container_args(render(helm, values))]
+        patterns = [p for p in patterns if not p.startswith("--")]
+        for system in ("kube-system", "kube-public", "kube-node-lease"):
+            assert not any(match_namespace(system, p) for p in patterns), (values, system)  # type: ignore[arg-type]
+    wide = [
+        a.removeprefix("--namespace=") for a in container_args(render(helm, CI / "cluster-wide-values.yaml"))
+    ]
+    assert all(match_namespace("hyperpod-ns-team-a", p) for p in wide)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("values", VALUES_CASES, ids=values_id)

@@ -27,6 +27,7 @@ from blackwell_operator.lifecycle.child_apply import (
     supporting_patch,
 )
 from blackwell_operator.lifecycle.child_record import FINAL_STATUS_FINALIZER, spec_changed
+from blackwell_operator.lifecycle.conditions import ConditionChange
 from blackwell_operator.models.spec import Backend
 from blackwell_operator.models.status import ConditionType
 from blackwell_operator.render.kinds import JOB_KINDS, ChildKind
@@ -89,7 +90,13 @@ def wanted(kind: ChildKind = PYTORCH, **job: Any) -> Wanted:
 
 
 def child_created(status: str, reason: str, generation: int | None = None) -> dict[str, Any]:
-    cond = {"type": ConditionType.CHILD_CREATED, "status": status, "reason": reason, "message": ""}
+    cond = {
+        "type": ConditionType.CHILD_CREATED,
+        "status": status,
+        "reason": reason,
+        "message": "",
+        "lastTransitionTime": T0,
+    }
     return cond if generation is None else {**cond, "observedGeneration": generation}
 
 
@@ -97,7 +104,8 @@ def btj_status(
     phase: str = "Running", generation: int | None = 2, deleted: bool = False, **more: Any
 ) -> dict[str, Any]:
     """A BTJ's status that records child OLD."""
-    status: dict[str, Any] = {"phase": phase, "child": {"kind": "PyTorchJob", "name": "llama", "uid": OLD}}
+    child = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "llama", "uid": OLD}
+    status: dict[str, Any] = {"phase": phase, "child": child}
     if generation is not None:
         status["observedGeneration"] = generation
     status["conditions"] = [
@@ -109,9 +117,33 @@ def btj_status(
 RUNNING = {"conditions": [{"type": "Running", "status": "True"}], "startTime": T0}
 SUCCEEDED = {"conditions": [{"type": "Succeeded", "status": "True"}], "startTime": T0}
 SUSPENDED = {"conditions": [{"type": "Suspended", "status": "True"}]}
-OOM_REPLAN = [{"replacement": {"precision": "bf16"}, "failedChildUid": OLD}]
-FOUND = (ConditionType.CHILD_CREATED, "True", "Exists", "PyTorchJob llama and ConfigMap llama-plan")
-FOUND_TRAINJOB = (ConditionType.CHILD_CREATED, "True", "Exists", "TrainJob llama and ConfigMap llama-plan")
+# A valid configuration (the status is read as the models read it: an invalid entry is left out).
+CANDIDATE = {
+    "precision": "bf16",
+    "precisionRecipe": "none",
+    "activationCheckpointing": "none",
+    "microBatchSize": 1,
+    "gradientAccumulationSteps": 1,
+    "sharding": "full",
+    "shardDegree": 8,
+    "replicateDegree": 1,
+}
+OOM_REPLAN = [
+    {
+        "at": T0,
+        "generation": 2,
+        "reason": "OutOfMemory",
+        "failed": CANDIDATE,
+        "replacement": CANDIDATE,
+        "failedChildUid": OLD,
+    }
+]
+FOUND = ConditionChange(
+    ConditionType.CHILD_CREATED, "True", "Exists", "PyTorchJob llama and ConfigMap llama-plan"
+)
+FOUND_TRAINJOB = ConditionChange(
+    ConditionType.CHILD_CREATED, "True", "Exists", "TrainJob llama and ConfigMap llama-plan"
+)
 NOT_RECREATED = "PyTorchJob llama was deleted; the job had finished, so it is not re-created."
 SHAPE = "its shape cannot change in place. Fix: delete and re-create the BlackwellTrainingJob (it resumes "
 SHAPE += "from its checkpoint) to apply this spec"
@@ -126,7 +158,7 @@ def cannot(kind: str, phase: str, reason: str, *, hold: bool = False) -> CannotC
         reason=reason,
         message=message,
         effects=Effects(
-            ((ConditionType.SPEC_APPLIED, "False", reason, message),),
+            (ConditionChange(ConditionType.SPEC_APPLIED, "False", reason, message),),
             (Notice(reason, message, warning=True, once=ConditionType.SPEC_APPLIED),),
             write_plan=False,
         ),
@@ -134,7 +166,11 @@ def cannot(kind: str, phase: str, reason: str, *, hold: bool = False) -> CannotC
 
 
 PATCHED = Effects(
-    ((ConditionType.SPEC_APPLIED, "True", "Patched", "The job had not started; it was updated in place."),),
+    (
+        ConditionChange(
+            ConditionType.SPEC_APPLIED, "True", "Patched", "The job had not started; it was updated in place."
+        ),
+    ),
     (Notice("Updated", "Updated PyTorchJob llama to the new plan (it had not started)"),),
 )
 TRAINJOB_PATCHED = Effects(
@@ -203,21 +239,27 @@ CASES: list[tuple[str, Wanted, dict[str, Any] | None, dict[str, Any], Outcome]] 
         wanted(),
         None,
         btj_status(phase="Succeeded", deleted=True),
-        FinishedChildGone(Effects(((ConditionType.CHILD_CREATED, "False", "ChildDeleted", NOT_RECREATED),))),
+        FinishedChildGone(
+            Effects((ConditionChange(ConditionType.CHILD_CREATED, "False", "ChildDeleted", NOT_RECREATED),))
+        ),
     ),
     (
         "a failed BTJ's child gone, the generation only on ChildCreated (a job over in its first pass)",
         wanted(),
         None,
         btj_status(phase="Failed", generation=None) | {"conditions": [child_created("True", "Exists", 2)]},
-        FinishedChildGone(Effects(((ConditionType.CHILD_CREATED, "False", "ChildDeleted", NOT_RECREATED),))),
+        FinishedChildGone(
+            Effects((ConditionChange(ConditionType.CHILD_CREATED, "False", "ChildDeleted", NOT_RECREATED),))
+        ),
     ),
     (
         "a finished BTJ's child gone, no generation recorded anywhere: not run again on a guess",
         wanted(),
         None,
         btj_status(phase="Succeeded", generation=None),
-        FinishedChildGone(Effects(((ConditionType.CHILD_CREATED, "False", "ChildDeleted", NOT_RECREATED),))),
+        FinishedChildGone(
+            Effects((ConditionChange(ConditionType.CHILD_CREATED, "False", "ChildDeleted", NOT_RECREATED),))
+        ),
     ),
     (
         "a finished BTJ's child gone, the spec changed since: a new job",
@@ -354,7 +396,9 @@ def test_the_decision(
 
 def test_a_first_create_posts_created_once_made_and_nothing_when_found() -> None:
     outcome = Create(wanted(), None, Creation.FIRST)
-    made = (ConditionType.CHILD_CREATED, "True", "Created", "PyTorchJob llama and ConfigMap llama-plan")
+    made = ConditionChange(
+        ConditionType.CHILD_CREATED, "True", "Created", "PyTorchJob llama and ConfigMap llama-plan"
+    )
     assert outcome.made(True, NEW) == Effects(
         (made, APPLIED), (Notice("Created", f"Created PyTorchJob llama: {SUMMARY}"),)
     )
@@ -438,7 +482,7 @@ def test_a_refusal_names_the_call_the_server_s_words_and_the_fix(
     creating: bool, condition: str, reason: str
 ) -> None:
     error = "422 Invalid: admission webhook denied the request"
-    assert refusal("the create of PyTorchJob llama", creating, error) == (
+    assert refusal("the create of PyTorchJob llama", creating, error) == ConditionChange(
         condition,
         "False",
         reason,

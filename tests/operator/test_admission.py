@@ -32,10 +32,10 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "name-with-dot": (btj("name.with.dot"), "metadata.name"),
     # A list-map key of the wrong type: once a TypeError retried for ever with no status.
-    "env-name-list": (btj("env-name-list", env=[{"name": ["A"], "value": "1"}]), "spec.env.0.name"),
+    "env-name-list": (btj("env-name-list", env=[{"name": ["A"], "value": "1"}]), "spec.env[0].name"),
     "volume-name-map": (
         btj("volume-name-map", volumes=[{"name": {"a": 1}, "claimName": "c", "mountPath": "/x"}]),
-        "spec.volumes.0.name",
+        "spec.volumes[0].name",
     ),
     "spec-string": (_with_spec("spec-string", "train llama"), "spec"),
     "spec-list": (_with_spec("spec-list", [1, 2]), "spec"),
@@ -59,4 +59,36 @@ async def test_a_spec_the_crd_forbids_is_invalid_with_no_child(cluster: Cluster,
     assert planned["message"].startswith(field + ":"), planned["message"]
     assert "\n" not in planned["message"]
     assert cluster.status(name)["message"] == planned["message"]
+    assert cluster.job(name) is None and cluster.config_map(f"{name}-plan") is None, "no child"
+
+
+# Issue 26: fields the BTJ copies into the pods, which the child job's API accepts and only the pods'
+# creation refuses (docs/reference/pod-validation.md): the operator refuses them before any child,
+# naming the field. name, spec fields, the field path the reason starts with, a word of the reason.
+POD_CASES: dict[str, tuple[dict[str, Any], str, str]] = {
+    "toleration-seconds-no-schedule": (
+        {"tolerations": [{"key": "gpu", "effect": "NoSchedule", "tolerationSeconds": 30}]},
+        "spec.tolerations",
+        "NoExecute",
+    ),
+    "env-name-with-equals": ({"env": [{"name": "A=B", "value": "1"}]}, "spec.env", "'='"),
+    "image-with-spaces": ({"image": " trainer:1 "}, "spec.image", "whitespace"),
+    "toleration-value-with-space": (
+        {"tolerations": [{"key": "gpu", "value": "a b"}]},
+        "spec.tolerations",
+        "label value",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(POD_CASES))
+async def test_a_field_the_pods_would_refuse_is_invalid_naming_it(cluster: Cluster, case: str) -> None:
+    fields, field, word = POD_CASES[case]
+    name = f"pod-{case}"
+    async with running_operator(cluster) as runner:
+        await cluster.apply(btj(name, **fields))
+        await wait_for(lambda: cluster.status(name).get("phase") == "Invalid", what="phase Invalid")
+    assert runner.exception is None
+    message = cluster.condition(name, "Planned")["message"]
+    assert message.startswith(field) and word in message, message
     assert cluster.job(name) is None and cluster.config_map(f"{name}-plan") is None, "no child"

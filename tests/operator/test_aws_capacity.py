@@ -14,7 +14,8 @@ import pytest
 from botocore.stub import Stubber
 
 from blackwell_operator.discovery.aws import IAM_ACTIONS, HyperPodCapacityReader, split_name
-from blackwell_operator.handlers.reconcile import with_aws_capacity
+from blackwell_operator.lifecycle.capacity import with_aws_capacity
+from blackwell_operator.lifecycle.conditions import ConditionChange
 from tests.operator.harness import Cluster, btj, running_operator, wait_for
 
 REGION = "us-east-1"
@@ -244,16 +245,19 @@ def test_an_arn_names_the_region() -> None:
 def test_the_condition_is_advisory() -> None:
     from blackwell_operator.discovery.aws import AwsCapacity
 
-    nodes_ok = ("CapacityAvailable", "True", "Sufficient", "2 of 2 nodes schedulable; 2 needed.")
+    nodes_ok = ConditionChange(
+        "CapacityAvailable", "True", "Sufficient", "2 of 2 nodes schedulable; 2 needed."
+    )
     plan_later = AwsCapacity(True, True, "TrainingPlanNotActive", "training plan p is Scheduled.")
-    assert with_aws_capacity(nodes_ok, plan_later) == (
+    assert with_aws_capacity(nodes_ok, plan_later) == ConditionChange(
         "CapacityAvailable",
         "False",
         "TrainingPlanNotActive",
         "training plan p is Scheduled. Kubernetes: 2 of 2 nodes schedulable; 2 needed.",
     )
     unknown = AwsCapacity(False, False, "AwsUnknown", "HyperPod capacity from AWS unknown: x.")
-    assert with_aws_capacity(nodes_ok, unknown)[:3] == nodes_ok[:3]
+    advisory = with_aws_capacity(nodes_ok, unknown)
+    assert (advisory.status, advisory.reason) == (nodes_ok.status, nodes_ok.reason)
     assert with_aws_capacity(nodes_ok, None) == nodes_ok
 
 

@@ -10,7 +10,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from blackwell_operator.discovery import Capacity, NodeCapacityReader, count_capacity
 from blackwell_operator.discovery.capacity import parse_quantity, shortfall
 from blackwell_operator.handlers.api import ApiError, resource_path
-from blackwell_operator.handlers.reconcile import capacity_condition
+from blackwell_operator.lifecycle.capacity import capacity_condition
+from blackwell_operator.lifecycle.conditions import ConditionChange
 from blackwell_operator.metrics import OperatorMetrics
 from blackwell_operator.permissions import PERMISSIONS, granted
 from tests.operator.harness import node
@@ -33,15 +34,16 @@ def test_capacity_counts_schedulable_nodes_of_the_type() -> None:
 
 
 def test_capacity_condition_wording() -> None:
-    assert capacity_condition(Capacity(B200, 8, 2), 4) == (
+    assert capacity_condition(Capacity(B200, 8, 2), 4) == ConditionChange(
         "CapacityAvailable",
         "False",
         "InsufficientNodes",
         "2 of 8 ml.p6-b200.48xlarge nodes schedulable; 4 needed. The job is created; its workers wait until "
         "enough nodes are healthy.",
     )
-    assert capacity_condition(Capacity(B200, 8, 8), 4)[1:3] == ("True", "Sufficient")
-    assert capacity_condition(None, 4)[1:3] == ("Unknown", "NodesUnreadable")
+    sufficient, unreadable = capacity_condition(Capacity(B200, 8, 8), 4), capacity_condition(None, 4)
+    assert (sufficient.status, sufficient.reason) == ("True", "Sufficient")
+    assert (unreadable.status, unreadable.reason) == ("Unknown", "NodesUnreadable")
 
 
 def test_capacity_reader_lists_once_per_ttl() -> None:
@@ -172,8 +174,8 @@ def test_a_node_whose_allocatable_cannot_hold_a_trainer_pod_does_not_count() -> 
     assert capacity.why_not.startswith("vpc.amazonaws.com/efa: 0 allocatable < 8 requested; is the EFA")
     assert not capacity.enough_for(3) and capacity.enough_for(2)
     condition = capacity_condition(capacity, 3)
-    assert condition[1:3] == ("False", "InsufficientAllocatable")
-    assert "2 of them with room for a trainer pod (vpc.amazonaws.com/efa: 0 allocatable" in condition[3]
+    assert (condition.status, condition.reason) == ("False", "InsufficientAllocatable")
+    assert "2 of them with room for a trainer pod (vpc.amazonaws.com/efa: 0 allocatable" in condition.message
     no_hugepages = {k: v for k, v in FULL.items() if k != "hugepages-2Mi"}
     (why,) = {count_capacity([_with_allocatable("h", **no_hugepages)], B200, REQUESTS).why_not}
     odd = _with_allocatable("odd", **{**FULL, "memory": "lots"})  # never blocks a job on a parse

@@ -12,10 +12,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from blackwell_operator.discovery.capacity import NodeCapacityReader
 from blackwell_operator.handlers import child_retry_interval
 from blackwell_operator.handlers.api import KubeApi
-from blackwell_operator.handlers.btjstatus import wants_child_back
-from blackwell_operator.handlers.children import deleted_child_changes
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.reconcile import Reconciler
+from blackwell_operator.lifecycle.child_mirror import deleted_child_changes
+from blackwell_operator.lifecycle.convergence import wants_child_back
 from blackwell_operator.lifecycle.status_patch import status_patch
 from blackwell_operator.lifecycle.writers import CHILD_WATCHER
 from blackwell_operator.metrics import OperatorMetrics
@@ -416,14 +416,20 @@ def owned_job(name: str, owner_uid: str) -> dict[str, Any]:
     }
 
 
+# status.child as the operator records it (the status is read as the models read it).
+RECORDED_CHILD = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "x", "uid": "u1"}
+CHILD_DELETED_CONDITION = {
+    "type": "ChildCreated",
+    "status": "False",
+    "reason": "ChildDeleted",
+    "lastTransitionTime": "2026-11-30T00:00:00Z",
+}
+
+
 def deleted_report(phase: str, **metadata: Any) -> dict[str, Any]:
     return {
         "metadata": {"name": "x", **metadata},
-        "status": {
-            "phase": phase,
-            "child": {"uid": "u1"},
-            "conditions": [{"type": "ChildCreated", "status": "False", "reason": "ChildDeleted"}],
-        },
+        "status": {"phase": phase, "child": RECORDED_CHILD, "conditions": [CHILD_DELETED_CONDITION]},
     }
 
 
@@ -465,7 +471,7 @@ def test_a_child_deleted_with_its_final_status_finishes_the_btj(
     # recreate-child would run the finished training again.
     btj_object = {
         "metadata": {"name": "x", "uid": "b1", "generation": 1},
-        "status": {"phase": "Running", "child": {"uid": "u1"}, "observedGeneration": 1},
+        "status": {"phase": "Running", "child": RECORDED_CHILD, "observedGeneration": 1},
     }
     child = {"kind": "PyTorchJob", "metadata": {"name": "x", "uid": "u1"}, "status": child_status}
     change = deleted_child_changes(btj_object, child, generation=1, now="2026-11-30T00:00:00Z")

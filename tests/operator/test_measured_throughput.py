@@ -13,13 +13,14 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
-from blackwell_operator.handlers.measure import INTERVAL_ENV, measure_interval, measured_changes
+from blackwell_operator.handlers.measure import INTERVAL_ENV, measure_interval
 from blackwell_operator.lifecycle.measure import (
     Reading,
     metrics_endpoint,
     parse_reading,
     tokens_per_second_per_gpu,
 )
+from blackwell_operator.lifecycle.measured import measured_changes
 from blackwell_operator.lifecycle.ownership import Lineage
 from blackwell_operator.lifecycle.status_patch import status_patch
 from blackwell_operator.lifecycle.writers import MEASURE_LOOP

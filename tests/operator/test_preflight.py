@@ -166,9 +166,10 @@ def test_the_messages_name_the_field_and_the_fix() -> None:
     message = service_account_missing("sa", "ns")
     assert message.startswith("spec.serviceAccountName: ServiceAccount sa does not exist in namespace ns")
     assert "Fix: create it" in message and "or change spec.serviceAccountName" in message
-    _, status, reason, text = pull_secrets_condition(["a", "b", "c"], ["b", "c"], "ns")
-    assert (status, reason) == ("False", "ImagePullSecretMissing")
-    assert text.startswith(
+    missing = pull_secrets_condition(["a", "b", "c"], ["b", "c"], "ns")
+    assert (missing.status, missing.reason) == ("False", "ImagePullSecretMissing")
+    assert missing.message.startswith(
         "spec.imagePullSecrets[1].name: Secret b does not exist in namespace ns (also missing: c)"
     )
-    assert pull_secrets_condition([], [], "ns")[1:3] == ("True", "Found")
+    found = pull_secrets_condition([], [], "ns")
+    assert (found.status, found.reason) == ("True", "Found")

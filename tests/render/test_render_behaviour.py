@@ -115,8 +115,9 @@ def test_trainer_command_and_plan_mount() -> None:
     assert {"name": "plan", "mountPath": "/etc/btj", "readOnly": True} in pytorch["volumeMounts"]
     volumes = {v["name"]: v for v in worker_template(job)["spec"]["volumes"]}
     assert volumes["plan"]["configMap"]["name"] == "job-plan"
-    assert volumes["shm"]["hostPath"]["path"] == "/dev/shm"
-    assert volumes["local"]["hostPath"]["path"] == "/mnt/k8s-disks/0"
+    # The pod's own tmpfs and node-local scratch, never a path of the node (docs/security.md).
+    assert volumes["shm"]["emptyDir"] == {"medium": "Memory"}
+    assert volumes["local"]["emptyDir"] == {}
     assert {"name": "metrics", "containerPort": 9400, "protocol": "TCP"} in pytorch["ports"]
 
 

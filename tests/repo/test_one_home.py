@@ -1,6 +1,7 @@
 """One home each: job kinds in render.kinds, byte units in units.py, node labels in nodelabels.py, RFC 3339
-in timefmt.py, the trainer's metric names in blackwell_trainer.metric_names. Static, over the packages'
-sources: a module elsewhere that spells one of them fails here.
+in timefmt.py, the trainer's metric names in blackwell_trainer.metric_names, the app.kubernetes.io label
+keys and the managed-by value in applabels.py, the cluster correction's factors in planner.cluster_figures.
+Static, over the packages' sources: a module elsewhere that spells one of them fails here.
 
 Docstrings are prose and exempt; every other string (f-string parts included) counts.
 """
@@ -38,6 +39,14 @@ NODE_LABEL_PREFIX = "topology.k8s.aws/"
 UNIT_NAME = re.compile(r"^_?[KMGT]I?B$")
 BINARY_UNITS = {1 << 20, 1 << 30, 1 << 40}
 RFC3339_PATTERN = "%Y-%m-%dT"
+# The app.kubernetes.io keys and the operator's managed-by value (it was spelled two ways before).
+APP_LABEL_PREFIX = "app.kubernetes.io/"
+MANAGER_VALUE = "blackwell-operator"
+LABELS_HOME = "applabels.py"
+# A cluster correction's factors are applied (the planner) and read back out (the measure loop) in one place;
+# calibration/cluster.py makes them.
+FACTOR_NAMES = {"tokens_factor", "memory_factor"}
+FACTOR_HOMES = {"planner/cluster_figures.py", "calibration/cluster.py"}
 RFC3339_CALLS = {"fromisoformat", "isoformat"}
 # A metric the trainer exports, spelled out: the exporter and the operator's measure loop take the names from
 # blackwell_trainer.metric_names. The tests spell them on purpose: they pin the names on the wire (the
@@ -85,6 +94,13 @@ def _assigned_names(node: ast.AST) -> Iterator[str]:
             yield target.id
 
 
+def _names(node: ast.AST | None, name: str) -> bool:
+    """Whether `node` is the name `name` or an attribute of that name (labels.NAME)."""
+    return (isinstance(node, ast.Name) and node.id == name) or (
+        isinstance(node, ast.Attribute) and node.attr == name
+    )
+
+
 def spellings(source: str, home: str, *, units_home: str, metric_names_home: str | None = None) -> list[str]:
     """What a module at `home` (a path inside its package) spells that belongs in one of the homes.
 
@@ -105,6 +121,8 @@ def spellings(source: str, home: str, *, units_home: str, metric_names_home: str
             found.append(f"{home}:{node.lineno}: node label {text!r} (use nodelabels)")
         if home != "timefmt.py" and RFC3339_PATTERN in text:
             found.append(f"{home}:{node.lineno}: RFC 3339 format {text!r} (use timefmt)")
+        if home != LABELS_HOME and (text.startswith(APP_LABEL_PREFIX) or text == MANAGER_VALUE):
+            found.append(f"{home}:{node.lineno}: app label {text!r} (use applabels)")
     for node in ast.walk(tree):
         if home != units_home and isinstance(node, ast.Assign | ast.AnnAssign):
             for name in _assigned_names(node):
@@ -119,6 +137,14 @@ def spellings(source: str, home: str, *, units_home: str, metric_names_home: str
             found.append(f"{home}:{node.lineno}: a byte unit spelled as a number (use {units_home})")
         if home != "timefmt.py" and isinstance(node, ast.Attribute) and node.attr in RFC3339_CALLS:
             found.append(f"{home}:{node.lineno}: datetime.{node.attr} (use timefmt)")
+        if home not in FACTOR_HOMES and isinstance(node, ast.Attribute) and node.attr in FACTOR_NAMES:
+            found.append(f"{home}:{node.lineno}: cluster factor .{node.attr} (use planner.cluster_figures)")
+        if home != LABELS_HOME and isinstance(node, ast.Dict):
+            found += [
+                f"{home}:{value.lineno}: managed-by value {value.value!r} (use applabels.MANAGER)"
+                for key, value in zip(node.keys, node.values, strict=True)
+                if _names(key, "MANAGED_BY_LABEL") and isinstance(value, ast.Constant)
+            ]
     return found
 
 
@@ -178,6 +204,11 @@ def test_the_tests_take_byte_units_from_the_packages() -> None:
         ("GB = 1e9", "byte unit GB"),
         ('label = f"{n / 2**30:.1f} GiB"', "spelled as a number"),
         ("gib = n / (1024**3)", "spelled as a number"),
+        ('LABELS = {"app.kubernetes.io/managed-by": MANAGER}', "app label"),
+        ('source = {"component": "blackwell-operator"}', "app label"),
+        ('labels = {MANAGED_BY_LABEL: "btj-operator"}', "managed-by value"),
+        ("modelled = plan.predicted.tokens_per_second_per_gpu / c.tokens_factor", "cluster factor"),
+        ('labels = {applabels.MANAGED_BY_LABEL: "btj-operator", "x": "y"}', "managed-by value"),
         ('if "btj_trainer_tokens_total" not in values:\n    pass', "trainer metric"),
         ('Gauge(f"btj_trainer_{what}_seconds", "help")', "trainer metric"),
     ],
@@ -192,6 +223,8 @@ def test_homes_and_prose_are_exempt() -> None:
     assert not spellings("GIB = 1 << 30", "units.py", units_home="units.py")
     assert not spellings('"""Mirrors PyTorchJob (kubeflow.org/v1) status."""', "x.py", units_home="units.py")
     assert not spellings("limit = {}.get(family, 1 << 30)", "x.py", units_home="units.py")  # not a unit
+    assert not spellings('MANAGER = "blackwell-operator"', "applabels.py", units_home="units.py")
+    assert not spellings("labels = {MANAGED_BY_LABEL: MANAGER}", "x.py", units_home="units.py")
     home = "metric_names.py"
     assert not spellings('TOKENS = "btj_trainer_tokens"', home, units_home="units.py", metric_names_home=home)
     assert not spellings('"""Reads btj_trainer_tokens_total."""', "x.py", units_home="units.py")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import fcntl
+import itertools
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -219,9 +221,15 @@ def test_s3_shards_download_once_and_match_the_local_ones(
     assert (tmp_path / "cache" / "s3" / "tokens" / "corpus" / "a.bin").stat().st_mtime_ns == stamp
 
 
+def used_at(shard: Path, when: float) -> None:
+    """Mark a cached shard last used at `when` (its tag's mtime: the eviction order)."""
+    os.utime(shard.with_name(shard.name + ".etag"), (when, when))
+
+
 def test_a_cache_hit_keeps_the_shards_mtime_to_the_nanosecond(s3_endpoint: str, tmp_path: Path) -> None:
-    # A hit marks the shard recently used (atime, for the eviction order) and must not touch its mtime:
-    # setting it from a float of seconds moved it by up to ~240 ns on every hit (a flaky test above).
+    # A hit marks the shard recently used (its tag, for the eviction order) and must not touch the shard:
+    # setting its mtime from a float of seconds moved it by up to ~240 ns on every hit (a flaky test
+    # above), and any change of its times moves its ctime, which is what shows a rewrite.
     import boto3
 
     client = boto3.client("s3", endpoint_url=s3_endpoint)
@@ -233,9 +241,10 @@ def test_a_cache_hit_keeps_the_shards_mtime_to_the_nanosecond(s3_endpoint: str, 
     # An mtime no float of seconds holds exactly at this epoch (odd nanoseconds).
     stamp = local.stat().st_mtime_ns // 1000 * 1000 + 123
     os.utime(local, ns=(stamp, stamp))
+    used_at(local, 1_000)
     cache_module.download_once(client, "hits", "corpus/a.bin", local, head["ContentLength"], head["ETag"])
     assert local.stat().st_mtime_ns == stamp
-    assert local.stat().st_atime_ns > stamp
+    assert cache_module.last_used(local) > 1_000
 
 
 def test_a_shard_replaced_in_s3_is_fetched_again(s3_endpoint: str, tmp_path: Path) -> None:
@@ -294,19 +303,20 @@ def test_the_s3_cache_evicts_the_least_recently_used_shard_to_keep_the_disk_free
         client.put_object(Bucket="big", Key=f"corpus/{name}.bin", Body=np.full(64, i, np.uint16).tobytes())
     cache = tmp_path / "cache"
     monkeypatch.setenv(cache_module.CACHE_KEEP_FREE_ENV, "0.1")
-    # 420 bytes with 10% kept free: two shards (and their small tags) fit, a third needs an eviction.
-    monkeypatch.setattr(cache_module.shutil, "disk_usage", _SmallDisk(cache, 420))
+    # 600 bytes with 10% kept free: two shards (and their tags, ~130 bytes each) fit, a third needs an
+    # eviction.
+    monkeypatch.setattr(cache_module.shutil, "disk_usage", _SmallDisk(cache, 600))
     source = shards("s3://big/corpus", mbs=1)
     assert isinstance(source, ShardTokenSource)
     fetched = [source.shards[i].fetch() for i in (0, 1)]  # a, b
-    os.utime(fetched[0], (1_000, fetched[0].stat().st_mtime))  # a used long ago: b is the fresher one
+    used_at(fetched[0], 1_000)  # a used long ago: b is the fresher one
     third = source.shards[2].fetch()  # c: a is evicted
     corpus = cache / "s3" / "big" / "corpus"
     assert sorted(p.name for p in corpus.glob("*.bin")) == ["b.bin", "c.bin"]
     assert not (corpus / "a.bin.etag").exists()
     assert np.array_equal(np.fromfile(third, dtype=np.uint16), np.full(64, 2, np.uint16))
     # Needed again, a comes back (and b, now the least recently used, goes); its data is intact.
-    os.utime(corpus / "b.bin", (2_000, (corpus / "b.bin").stat().st_mtime))
+    used_at(corpus / "b.bin", 2_000)
     again = source.shards[0].fetch()
     assert np.array_equal(np.fromfile(again, dtype=np.uint16), np.full(64, 0, np.uint16))
     assert sorted(p.name for p in corpus.glob("*.bin")) == ["a.bin", "c.bin"]
@@ -337,3 +347,132 @@ def test_a_bad_keep_free_share_names_the_variable(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv(cache_module.CACHE_KEEP_FREE_ENV, "half")
     with pytest.raises(DataError, match=r"BTJ_CACHE_KEEP_FREE_FRACTION='half'.*Fix"):
         cache_module.make_room(tmp_path, 1, keep=tmp_path / "x.bin")
+
+
+# A cached copy is used only with the object's content hash (issue 24): whoever rewrites a cached shard in
+# place, to the same size and behind the cache's back, gets it detected and fetched again.
+PART = 5 << 20  # S3's smallest multipart part
+
+
+def _upload(client: object, bucket: str, key: str, data: bytes, how: str) -> None:
+    from boto3.s3.transfer import TransferConfig
+
+    if how == "multipart":
+        config = TransferConfig(multipart_threshold=PART, multipart_chunksize=PART)
+        path = Path(os.environ["BTJ_CACHE_DIR"]).parent / "upload.bin"
+        path.write_bytes(data)
+        client.upload_file(str(path), bucket, key, Config=config)  # type: ignore[attr-defined]
+        return
+    extra = {
+        "plain": {},
+        "sha256": {"ChecksumAlgorithm": "SHA256"},
+        "sha1": {"ChecksumAlgorithm": "SHA1"},
+        "kms": {"ServerSideEncryption": "aws:kms"},  # its ETag is not the bytes' MD5: the CRC32 decides
+    }[how]
+    client.put_object(Bucket=bucket, Key=key, Body=data, **extra)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("how", "verified_by"),
+    [
+        ("plain", "ETag (MD5)"),
+        ("sha256", "ChecksumSHA256"),
+        ("sha1", "ChecksumSHA1"),
+        ("kms", "ChecksumCRC32"),
+        ("multipart", "ETag (multipart MD5)"),
+    ],
+)
+def test_a_poisoned_cached_shard_is_detected_and_fetched_again(
+    s3_endpoint: str, tmp_path: Path, how: str, verified_by: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+    client.create_bucket(Bucket="poison")
+    size = 2 * PART + 4096 if how == "multipart" else 4096
+    honest = np.random.default_rng(0).integers(0, VOCAB, size // 2, dtype=np.uint16).tobytes()
+    _upload(client, "poison", "corpus/a.bin", honest, how)
+    head = client.head_object(Bucket="poison", Key="corpus/a.bin")
+    local = tmp_path / "cache" / "s3" / "poison" / "corpus" / "a.bin"
+    fetch = (client, "poison", "corpus/a.bin", local, head["ContentLength"], head["ETag"].strip('"'))
+    cache_module.download_once(*fetch)
+    assert json.loads(local.with_name("a.bin.etag").read_text())["verifiedBy"] == verified_by
+    # Rewritten in place: same size, same name, the tag left as it was.
+    with open(local, "r+b") as f:
+        f.seek(100)
+        f.write(b"\x00\x01" * 8)
+    assert local.stat().st_size == len(honest) and local.read_bytes() != honest
+    with caplog.at_level("WARNING", logger=cache_module.__name__):
+        cache_module.download_once(*fetch)
+    assert local.read_bytes() == honest
+    assert f"does not match s3://poison/corpus/a.bin's {verified_by}" in caplog.text
+    # An untouched copy is a plain hit: no warning, no new download.
+    caplog.clear()
+    inode = local.stat().st_ino
+    cache_module.download_once(*fetch)
+    assert local.stat().st_ino == inode and "does not match" not in caplog.text
+
+
+def test_a_poisoned_shard_is_never_read_by_the_data_source(s3_endpoint: str, tmp_path: Path) -> None:
+    """Through the trainer's own path: a second data source (a rank starting later) reads the honest bytes."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+    client.create_bucket(Bucket="poison2")
+    honest = np.arange(64, dtype=np.uint16)
+    client.put_object(Bucket="poison2", Key="corpus/a.bin", Body=honest.tobytes())
+    assert set(batches(shards("s3://poison2/corpus", mbs=1), 1)[0].flatten().tolist()) <= set(honest.tolist())
+    local = tmp_path / "cache" / "s3" / "poison2" / "corpus" / "a.bin"
+    np.full(64, 999, dtype=np.uint16).tofile(local)  # the same size, other tokens
+    seen = batches(shards("s3://poison2/corpus", mbs=1), 4)
+    assert 999 not in {int(x) for batch in seen for x in batch.flatten()}
+    assert np.array_equal(np.fromfile(local, dtype=np.uint16), honest)
+
+
+def test_an_object_replaced_while_it_is_read_is_refused_not_cached(s3_endpoint: str, tmp_path: Path) -> None:
+    # Each GET returns bytes other than the HEAD described (the object is re-uploaded in between, by a
+    # second client on the real server): both tries fail the hash, nothing is cached, the error says why.
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+    writer = boto3.client("s3", endpoint_url=s3_endpoint)
+    client.create_bucket(Bucket="moving")
+    client.put_object(Bucket="moving", Key="corpus/a.bin", Body=b"\x01\x00" * 64, ChecksumAlgorithm="SHA256")
+    head = client.head_object(Bucket="moving", Key="corpus/a.bin")
+    counter = iter(range(2, 100))
+
+    def replace(**_: object) -> None:
+        body = bytes([next(counter), 0]) * 64
+        writer.put_object(Bucket="moving", Key="corpus/a.bin", Body=body, ChecksumAlgorithm="SHA256")
+
+    client.meta.events.register("before-call.s3.GetObject", replace)
+    local = tmp_path / "cache" / "s3" / "moving" / "corpus" / "a.bin"
+    with pytest.raises(DataError, match=r"s3://moving/corpus/a.bin: .*ChecksumSHA256 twice.*Fix"):
+        cache_module.download_once(client, "moving", "corpus/a.bin", local, 128, head["ETag"].strip('"'))
+    assert not local.exists()
+    assert not list(local.parent.glob("a.bin.part-*"))
+
+
+def test_parts_of_different_sizes_fall_back_to_the_next_hash(s3_endpoint: str, tmp_path: Path) -> None:
+    # A multipart ETag is recomputed assuming equal parts; an upload whose parts differ does not match it,
+    # which must not fail a good download: the full-object hash after it (here none) decides.
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+    client.create_bucket(Bucket="uneven")
+    data = np.random.default_rng(1).integers(0, VOCAB, (2 * PART + PART // 2) // 2, dtype=np.uint16).tobytes()
+    upload = client.create_multipart_upload(Bucket="uneven", Key="corpus/a.bin")["UploadId"]
+    cuts = [0, PART + PART // 2, 2 * PART + PART // 2, len(data)]  # 7.5 MiB, 5 MiB, then the rest
+    parts = []
+    for number, (start, end) in enumerate(itertools.pairwise(cuts), start=1):
+        answer = client.upload_part(
+            Bucket="uneven", Key="corpus/a.bin", UploadId=upload, PartNumber=number, Body=data[start:end]
+        )
+        parts.append({"PartNumber": number, "ETag": answer["ETag"]})
+    client.complete_multipart_upload(
+        Bucket="uneven", Key="corpus/a.bin", UploadId=upload, MultipartUpload={"Parts": parts}
+    )
+    head = client.head_object(Bucket="uneven", Key="corpus/a.bin")
+    local = tmp_path / "cache" / "s3" / "uneven" / "corpus" / "a.bin"
+    cache_module.download_once(client, "uneven", "corpus/a.bin", local, len(data), head["ETag"].strip('"'))
+    assert local.read_bytes() == data

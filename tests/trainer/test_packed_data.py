@@ -132,3 +132,17 @@ def test_chat_data_without_its_mask_or_as_plain_shards_is_refused(
     plain = DatasetConfig(kind=DatasetKind.SHARDS, uri=str(data), token_dtype=manifest.token_dtype)
     with pytest.raises(DataError, match=r"holds chat data .*set spec.training.dataset.kind: chat"):
         build_token_source(plain, DataLayout(2, SEQ, vocab_size=manifest.vocab_size))
+
+
+def test_too_few_rows_for_one_step_names_the_micro_batch_that_fits(
+    chat_data: tuple[Path, ShardManifest],
+) -> None:
+    # Issue 26: the advice names the field that works, counted in packed rows, never a shorter sequence
+    # (packing anew changes the rows).
+    rows = source_of(*chat_data, mbs=1).samples_per_epoch
+    with pytest.raises(DataError) as caught:
+        source_of(*chat_data, mbs=rows + 1)
+    text = str(caught.value)
+    assert f"{rows:,} packed rows" in text and f"spec.tuning.microBatchSize: {rows} or smaller" in text, text
+    assert "sequenceLength" not in text
+    assert source_of(*chat_data, mbs=rows).samples_per_epoch == rows

@@ -111,7 +111,47 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{/* Fails the render on value combinations the schema cannot express. */}}
+{{/* The namespaces the operator serves in namespaced mode (the default): the list, else the release's own. */}}
+{{- define "btj-operator.watchedNamespaces" -}}
+{{- if .Values.operator.watchNamespaces }}
+{{- toJson .Values.operator.watchNamespaces }}
+{{- else }}
+{{- toJson (list .Release.Namespace) }}
+{{- end }}
+{{- end }}
+
+{{/* `btj run`'s namespace arguments: one per watched namespace; cluster-wide, one Kopf pattern leaving the
+excluded namespaces out ("!a,!b" matches every namespace but those), or none when nothing is excluded. */}}
+{{- define "btj-operator.namespaceArgs" -}}
+{{- $args := list }}
+{{- if .Values.operator.clusterWide }}
+{{- with .Values.operator.excludeNamespaces }}
+{{- $globs := list }}
+{{- range . }}{{- $globs = append $globs (printf "!%s" .) }}{{- end }}
+{{- $args = append $args (printf "--namespace=%s" (join "," $globs)) }}
+{{- end }}
+{{- else }}
+{{- range (include "btj-operator.watchedNamespaces" . | fromJsonArray) }}
+{{- $args = append $args (printf "--namespace=%s" .) }}
+{{- end }}
+{{- end }}
+{{- toJson $args }}
+{{- end }}
+
+{{/* Whether Kopf observes namespaces: whenever it serves patterns or names rather than the whole cluster. */}}
+{{- define "btj-operator.observesNamespaces" -}}
+{{- if or (not .Values.operator.clusterWide) .Values.operator.excludeNamespaces }}true{{- end }}
+{{- end }}
+
 {{- define "btj-operator.validateConfig" -}}
+{{- if and .Values.operator.clusterWide .Values.operator.watchNamespaces }}
+{{- fail "operator.clusterWide and operator.watchNamespaces both set the operator's scope: set one of them" }}
+{{- end }}
+{{- range .Values.operator.watchNamespaces }}
+{{- if has . (list "kube-system" "kube-public" "kube-node-lease") }}
+{{- fail (printf "operator.watchNamespaces: %s is a system namespace, where the operator never acts; remove it" .) }}
+{{- end }}
+{{- end }}
 {{- if and .Values.metrics.podMonitor.enabled .Values.metrics.serviceMonitor.enabled }}
 {{- fail "metrics.podMonitor.enabled and metrics.serviceMonitor.enabled both scrape the operator: enable one of them" }}
 {{- end }}

@@ -11,9 +11,10 @@ framework rules listed there. No wildcards anywhere.
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
-{{- if .Values.operator.watchNamespaces }}
+{{- if include "btj-operator.observesNamespaces" . }}
 # Framework: with --namespace, Kopf lists and watches namespaces to match them against its patterns
-# (kopf/_core/reactor/observation.py, namespace_observer); cluster-wide it never reads namespaces.
+# (kopf/_core/reactor/observation.py, namespace_observer); cluster-wide with nothing excluded it never
+# reads namespaces.
 - apiGroups: [""]
   resources: ["namespaces"]
   verbs: ["list", "watch"]

@@ -101,10 +101,15 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
 
 
 def plain_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Full fp32 logits, then F.cross_entropy: the reference the chunked version must match."""
+    """Full fp32 logits, then F.cross_entropy: the reference the chunked version must match.
+
+    Summed, then divided by the number of trained labels (at least 1), as the chunked version does: a
+    micro-batch whose labels are all ignored (a packed chat row of user text only) has loss 0, not NaN.
+    """
     logits = hidden @ weight.t()
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    return F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX)
+    total = F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="sum")
+    return total / (labels != IGNORE_INDEX).sum().clamp(min=1).to(total.dtype)
 
 
 def chunked_cross_entropy(

@@ -38,8 +38,10 @@ from blackwell_trainer.shard_manifest import (
     MANIFEST_NAME,
     MASK_SUFFIX,
     ManifestMismatch,
+    ShardManifest,
     check_manifest,
     companion,
+    step_shortfall,
 )
 
 log = logging.getLogger(__name__)
@@ -80,8 +82,18 @@ def pack_rows(starts: Sequence[int], num_tokens: int, row_tokens: int) -> tuple[
 class ChatTokenSource:
     """Packed rows over chat shards (prepare --chat): tokens, the assistant mask and conversation starts."""
 
-    def __init__(self, shards: Sequence[Shard], *, token_dtype: str, seed: int, uri: str, layout: DataLayout):
+    def __init__(
+        self,
+        shards: Sequence[Shard],
+        *,
+        token_dtype: str,
+        seed: int,
+        uri: str,
+        layout: DataLayout,
+        manifest: ShardManifest | None = None,
+    ):
         self.dtype = np.dtype(token_dtype)
+        self.manifest = manifest  # the checked manifest.json (its tokenizer is checked against the weights)
         self.seed = seed
         self.sequence_length = layout.sequence_length
         self.vocab_size = layout.vocab_size
@@ -105,13 +117,21 @@ class ChatTokenSource:
                 uri,
                 self.sequence_length,
             )
-        needed = layout.world_size * layout.micro_batch_size
-        if self.samples_per_epoch < needed:
-            raise DataError(
-                f"dataset.uri {uri} packs into {self.samples_per_epoch} rows of {self.sequence_length} "
-                f"tokens, fewer than one step needs ({layout.world_size} ranks x "
-                f"{layout.micro_batch_size}); add conversations or lower tuning.microBatchSize"
-            )
+        # The advice of token shards (shard_manifest), counted in packed rows; a shorter sequence packs
+        # the conversations anew, so it is not offered from here.
+        problem = step_shortfall(
+            self.samples_per_epoch,
+            uri=uri,
+            tokens=sum(s.num_tokens for s in self.shards),
+            sequence_length=self.sequence_length,
+            data_parallel=layout.world_size,
+            micro_batch_size=layout.micro_batch_size,
+            accumulation=layout.accumulation,
+            shorter=None,
+            samples="packed rows",
+        )
+        if problem is not None:
+            raise DataError(problem)
         digest = hashlib.sha256()
         for shard in self.shards:
             digest.update(f"{shard.name}:{shard.num_tokens};".encode())
@@ -223,4 +243,6 @@ def build_chat_source(dataset: DatasetConfig, layout: DataLayout) -> ChatTokenSo
         manifest.tokens,
         100 * (manifest.loss_mask_coverage or 0.0),
     )
-    return ChatTokenSource(shards, token_dtype=dataset.token_dtype, seed=dataset.seed, uri=uri, layout=layout)
+    return ChatTokenSource(
+        shards, token_dtype=dataset.token_dtype, seed=dataset.seed, uri=uri, layout=layout, manifest=manifest
+    )

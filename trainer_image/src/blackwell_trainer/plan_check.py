@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from pydantic import ValidationError
 
-from .config import Plan
+from .config import DatasetKind, Plan
 from .errors import PlanError
 from .precision import check_precision, parse_capability
 from .runtime import Runtime
@@ -44,6 +44,11 @@ def check_plan(plan: Plan, runtime: Runtime, capability: tuple[int, int] | None)
         raise PlanError(
             f"parameterCount {plan.parameter_count} does not match the architecture's "
             f"{plan.architecture.parameter_count()}; re-plan"
+        )
+    if plan.dataset.kind == DatasetKind.CHAT and plan.chosen.context_parallel > 1:
+        raise PlanError(
+            f"contextParallel {plan.chosen.context_parallel} would split packed chat rows, whose document "
+            "mask is built per row; re-plan with spec.tuning.contextParallel 1 or auto"
         )
     # First against the GPU the plan was made for (pure), then against the GPU actually present.
     check_precision(

@@ -1,30 +1,31 @@
-"""The node's cache of S3 objects (token shards, weights): downloaded once per node, evicted least
-recently used to keep a share of the disk free."""
+"""The pod's cache of S3 objects (token shards, weights): downloaded once per pod, verified against the
+object's content hash before every use, evicted least recently used to keep a share of the disk free."""
 
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
 from blackwell_trainer.errors import DataError
+from blackwell_trainer.object_hash import ContentHash, content_hashes
 
 log = logging.getLogger(__name__)
 
 CACHE_DIR_ENV = "BTJ_CACHE_DIR"
 DEFAULT_CACHE_DIR = "/tmp/btj-cache"
-# The S3 cache lives on the node's NVMe with whatever else is there (single-node checkpoints under /local,
-# other jobs' caches): before a download it evicts least recently used shards to leave this share free.
+# The S3 cache lives on the node's disk with whatever else is there (single-node checkpoints under /local,
+# other pods' scratch): before a download it evicts least recently used shards to leave this share free.
 CACHE_KEEP_FREE_ENV = "BTJ_CACHE_KEEP_FREE_FRACTION"
 DEFAULT_CACHE_KEEP_FREE = 0.10
 
 
 def cache_dir() -> Path:
-    """The cache's root (the operator points BTJ_CACHE_DIR at the node's NVMe)."""
+    """The cache's root (the operator points BTJ_CACHE_DIR at the pod's node-local scratch, /local)."""
     return Path(os.environ.get(CACHE_DIR_ENV, DEFAULT_CACHE_DIR))
 
 
@@ -47,7 +48,7 @@ def make_room(root: Path, need: int, keep: Path) -> None:
     if usage.free - need >= fraction * usage.total:
         return
     cached = [p for p in root.rglob("*.bin") if p != keep and p.is_file()]
-    for shard in sorted(cached, key=lambda p: p.stat().st_atime):
+    for shard in sorted(cached, key=last_used):
         with open(shard.with_name(shard.name + ".lock"), "w") as lock:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -69,27 +70,111 @@ def make_room(root: Path, need: int, keep: Path) -> None:
     )
 
 
-def download_once(client: Any, bucket: str, key: str, local: Path, size: int, etag: str) -> Path:
-    """Download one object into the cache, once per node: ranks sharing the cache wait on a file lock.
+def _tag(local: Path) -> Path:
+    return local.with_name(local.name + ".etag")
 
-    The cache outlives the container (the operator points it at the node's NVMe), so a cached copy is
-    used only while its size and the object's ETag still match: a shard replaced in S3 is fetched again;
-    and it is bounded by the disk: least recently used shards are evicted to keep a share of it free.
+
+def last_used(local: Path) -> float:
+    """When a cached shard was last used: its tag's mtime (a hit touches the tag, never the shard itself,
+    whose change time is what shows a rewrite); the shard's own atime without a tag."""
+    tag = _tag(local)
+    return tag.stat().st_mtime if tag.exists() else local.stat().st_atime
+
+
+def _signature(local: Path) -> list[int]:
+    """What any write to the file changes: a rewrite in place moves its ctime (which no unprivileged
+    process can set back), a replacement its inode."""
+    st = local.stat()
+    return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _record(local: Path) -> dict[str, Any]:
+    try:
+        record = json.loads(_tag(local).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _write_record(local: Path, etag: str, verified_by: str) -> None:
+    record = {"etag": etag, "verifiedBy": verified_by, "signature": _signature(local)}
+    _tag(local).write_text(json.dumps(record))
+
+
+def _mismatch(path: Path, hashes: list[ContentHash], proven: str | None = None) -> tuple[str | None, str]:
+    """(the hash the file fails, or None when it passes; the hash that decided). A multipart ETag that does
+    not match is an assumption that failed (parts of different sizes), not a verdict, and the next one
+    decides; unless it is `proven`, the hash that verified this object's download (so its parts are equal)."""
+    for candidate in hashes:
+        if candidate.matches(path):
+            return None, candidate.algorithm
+        if not candidate.assumed or candidate.algorithm == proven:
+            return candidate.algorithm, candidate.algorithm
+    return None, "none (the object offers no content hash this trainer can compute)"
+
+
+def _object_hashes(client: Any, bucket: str, key: str) -> list[ContentHash]:
+    head = client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+
+    def part_size() -> int | None:
+        return int(client.head_object(Bucket=bucket, Key=key, PartNumber=1)["ContentLength"])
+
+    return content_hashes(head, part_size)
+
+
+def _download_verified(client: Any, bucket: str, key: str, local: Path, etag: str) -> None:
+    """Download to a partial file, check it against the object's content hash, then move it into place."""
+    hashes = _object_hashes(client, bucket, key)
+    for attempt in (1, 2):
+        partial = local.with_name(f"{local.name}.part-{os.getpid()}")
+        client.download_file(bucket, key, str(partial))
+        failed, decided = _mismatch(partial, hashes)
+        if failed is None:
+            os.replace(partial, local)  # atomic: a reader never sees a half-written shard
+            _write_record(local, etag, decided)  # after the data: a crash in between costs a download
+            log.info("downloaded s3://%s/%s to %s (verified by %s)", bucket, key, local, decided)
+            return
+        partial.unlink(missing_ok=True)
+        log.warning("s3://%s/%s: download %d does not match the object's %s", bucket, key, attempt, failed)
+    raise DataError(
+        f"s3://{bucket}/{key}: the downloaded bytes do not match the object's {failed} twice; the object "
+        "was replaced while it was read, or the store returned other bytes. Fix: check the object (its "
+        "checksum in `aws s3api head-object --checksum-mode ENABLED`) and upload it again if it is damaged"
+    )
+
+
+def download_once(client: Any, bucket: str, key: str, local: Path, size: int, etag: str) -> Path:
+    """Download one object into the cache, once per pod: ranks sharing the cache wait on a file lock.
+
+    A cached copy is used only while its size and the object's ETag still match (a shard replaced in S3 is
+    fetched again) and its bytes have the object's content hash (object_hash.py): checked when it is
+    downloaded and again whenever the file has changed since (a shard rewritten in place, even to the
+    same size, is fetched again). The cache is bounded by the disk: least recently used shards are
+    evicted to keep a share of it free.
     """
     local.parent.mkdir(parents=True, exist_ok=True)
-    tag = local.with_name(local.name + ".etag")
     with open(local.with_name(local.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        fresh = local.exists() and local.stat().st_size == size and tag.exists() and tag.read_text() == etag
-        if fresh:
-            # Recently used (atime), same content: mtime kept to the nanosecond (a float of seconds holds
-            # only about 240 ns at today's epoch, and moved it on every cache hit).
-            os.utime(local, ns=(time.time_ns(), local.stat().st_mtime_ns))
+        record = _record(local)
+        cached = local.exists() and local.stat().st_size == size and record.get("etag") == etag
+        if cached and record.get("signature") != _signature(local):
+            # Changed since it was verified (or never verified): check its bytes before anyone reads them.
+            proven = record.get("verifiedBy")
+            failed, decided = _mismatch(local, _object_hashes(client, bucket, key), proven)
+            if failed is None:
+                _write_record(local, etag, decided)
+            else:
+                log.warning(
+                    "cache: %s does not match s3://%s/%s's %s (changed on disk): downloading it again",
+                    local,
+                    bucket,
+                    key,
+                    failed,
+                )
+                cached = False
+        if cached:
+            _tag(local).touch()  # recently used, for the eviction order; the shard itself is left alone
         else:
             make_room(cache_dir(), size, keep=local)
-            partial = local.with_name(f"{local.name}.part-{os.getpid()}")
-            client.download_file(bucket, key, str(partial))
-            os.replace(partial, local)  # atomic: a reader never sees a half-written shard
-            tag.write_text(etag)  # after the data: a crash in between means one more download, no stale read
-            log.info("downloaded s3://%s/%s to %s", bucket, key, local)
+            _download_verified(client, bucket, key, local, etag)
     return local

@@ -209,37 +209,64 @@ def too_little_data(
     micro_batch_size: int,
     accumulation: int = 1,
 ) -> str | None:
-    """Why the shards cannot feed one optimizer step (data_parallel x micro_batch_size x accumulation
-    samples), with the fields that would; None when they can.
+    """Why token shards cannot feed one optimizer step (data_parallel x micro_batch_size x accumulation
+    windows), with the fields that would; None when they can."""
+    need = data_parallel * micro_batch_size * accumulation
+    shorter = sequence_length // 2
+    while shorter >= MIN_SEQUENCE_LENGTH and windows(shard_tokens, shorter) < need:
+        shorter //= 2
+    return step_shortfall(
+        windows(shard_tokens, sequence_length),
+        uri=uri,
+        tokens=sum(shard_tokens),
+        sequence_length=sequence_length,
+        data_parallel=data_parallel,
+        micro_batch_size=micro_batch_size,
+        accumulation=accumulation,
+        shorter=shorter if shorter >= MIN_SEQUENCE_LENGTH else None,
+    )
 
-    The advice is only what works: the tokens to add; the micro-batch (and the global batch) that the
-    samples there are feed; fewer nodes where the data-parallel ranks are what it lacks; a shorter
-    sequence only where it gives enough samples and is one the CRD allows.
+
+def step_shortfall(
+    have: int,
+    *,
+    uri: str,
+    tokens: int,
+    sequence_length: int,
+    data_parallel: int,
+    micro_batch_size: int,
+    accumulation: int,
+    shorter: int | None,
+    samples: str = "samples",
+) -> str | None:
+    """Why `have` samples (windows, or packed rows) cannot feed one optimizer step, with the fields that
+    would; None when they can.
+
+    The advice is only what works: the tokens to add; the micro-batch (and the global batch) the samples
+    there are feed; fewer data-parallel ranks where a micro-batch each is more than there is; `shorter`,
+    a sequence length (the CRD allows) at which the data gives enough samples, where there is one.
     """
-    have = windows(shard_tokens, sequence_length)
     per_micro_step = data_parallel * micro_batch_size
     need = per_micro_step * accumulation
     if have >= need:
         return None
-    tokens = sum(shard_tokens)
     fixes = [f"add about {(need - have) * sequence_length:,} tokens to {uri}"]
     if have >= per_micro_step:
         fixes.append(f"a smaller spec.training.globalBatchTokens (at most {have * sequence_length:,})")
     elif have >= data_parallel:
         fixes.append(f"spec.tuning.microBatchSize: {have // data_parallel} or smaller")
-    if have < data_parallel * micro_batch_size and data_parallel > 1 and have >= micro_batch_size:
+    if have < per_micro_step and data_parallel > 1 and have >= micro_batch_size:
         fixes.append(
             f"fewer GPUs: at most {have // micro_batch_size} data-parallel ranks (spec.cluster.nodes)"
         )
-    shorter = sequence_length // 2
-    while shorter >= MIN_SEQUENCE_LENGTH and windows(shard_tokens, shorter) < need:
-        shorter //= 2
-    if shorter >= MIN_SEQUENCE_LENGTH:
+    if shorter is not None:
         fixes.append(f"spec.training.sequenceLength: {shorter}")
+    # A window holds one token more than the sequence (its last label); a packed row holds the sequence.
+    size = sequence_length + 1 if samples == "samples" else sequence_length
     step = f"{data_parallel} data-parallel ranks x micro-batch {micro_batch_size}"
     if accumulation > 1:
         step += f" x {accumulation} accumulation steps"
     return (
-        f"dataset.uri {uri} holds {tokens:,} tokens, {have:,} samples of {sequence_length + 1} tokens, fewer "
-        f"than one step needs ({step} = {need:,} samples). Fix: " + "; or ".join(fixes)
+        f"dataset.uri {uri} holds {tokens:,} tokens, {have:,} {samples} of {size} tokens, "
+        f"fewer than one step needs ({step} = {need:,} {samples}). Fix: " + "; or ".join(fixes)
     )

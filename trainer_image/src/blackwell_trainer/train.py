@@ -27,10 +27,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from .config import OomPhase, Plan
+from .config import DatasetKind, OomPhase, Plan
 from .context_parallel import ContextParallel, data_parallel_rank
 from .errors import DataError, NonFiniteStep, PlanError
 from .finite_check import reduce_loss_checked
+from .loss import IGNORE_INDEX
 from .model import Attention, Transformer, build_model, flops_per_token
 from .oom import GpuOutOfMemory, PhaseTracker, earlier_result, oom_result
 from .optimizer import build_optimizer, set_lr
@@ -49,6 +50,8 @@ if TYPE_CHECKING:  # imported where run() needs them, not at start-up
 
 log = logging.getLogger("blackwell_trainer")
 EXIT_NON_FINITE = 3
+# A micro-batch: inputs and labels, and for packed chat rows each token's document (document_mask.py).
+MicroBatch = tuple[torch.Tensor, ...]
 
 
 class Trainer:
@@ -90,7 +93,7 @@ class Trainer:
             chosen.micro_batch_size * plan.sequence_length // chosen.context_parallel
         )
 
-    def step(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> StepResult:
+    def step(self, batches: Sequence[MicroBatch]) -> StepResult:
         """One optimizer step over ``len(batches)`` micro-batches (gradient accumulation)."""
         started = time.perf_counter()
         step = self.step_index + 1
@@ -115,13 +118,13 @@ class Trainer:
         )
         return StepResult(loss=loss_value, seconds=seconds, tokens=tokens, mfu=mfu)
 
-    def _forward_backward(
-        self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], step: int, compiling: bool
-    ) -> torch.Tensor:
+    def _forward_backward(self, batches: Sequence[MicroBatch], step: int, compiling: bool) -> torch.Tensor:
         """Forward and backward of each micro-batch; the sum of their (detached) losses."""
         accum, tracker = len(batches), self.tracker
         loss_sum = torch.zeros((), device=self.runtime.device)
-        for inputs, labels in batches:
+        weights = self._trained_token_weights(batches)
+        for index, (inputs, labels, *packed) in enumerate(batches):
+            documents = packed[0].to(self.runtime.device, non_blocking=True) if packed else None
             # Gradients are reduce-scattered after every micro-batch (FSDP2's default): sharded
             # accumulation keeps memory at what the planner modelled, and the NCCL work overlaps compute.
             positions = None
@@ -133,13 +136,35 @@ class Trainer:
             labels = labels.to(self.runtime.device, non_blocking=True)
             tracker.mark(OomPhase.FORWARD, step, compiling=compiling)
             with self.precision.forward_context():
-                loss = self.model(inputs, labels, positions)
+                loss = self.model(inputs, labels, positions, documents)
             if self.cp is not None:
                 loss = loss * part.loss_weight
+            if weights is not None:
+                loss = loss * weights[index]
             tracker.mark(OomPhase.BACKWARD, step, compiling=compiling)
             (loss / accum).backward()
             loss_sum += loss.detach()
         return loss_sum
+
+    def _trained_token_weights(self, batches: Sequence[MicroBatch]) -> list[torch.Tensor] | None:
+        """For packed chat rows, each micro-batch's share of the step's trained tokens, on every rank.
+
+        A micro-batch's loss is the mean over its own trained (unmasked) tokens, and chat rows hold
+        different numbers of them. Weighting each mean by n_mb * ranks * accum / N (N: the trained tokens of
+        the whole global batch) makes the step's loss the mean over all N tokens, whatever the ranks and the
+        micro-batch / accumulation split: FSDP averages gradients over the ranks, the loop over `accum`.
+        Plain token data (every label trained on) keeps its unweighted means, bit for bit.
+        """
+        if not batches or len(batches[0]) < 3:
+            return None
+        counts = torch.stack([(b[1] != IGNORE_INDEX).sum() for b in batches]).to(self.runtime.device)
+        total = counts.sum().to(torch.float64)
+        ranks = 1
+        if dist.is_initialized():
+            dist.all_reduce(total)
+            ranks = dist.get_world_size()
+        scale = ranks * len(batches) / total.clamp(min=1.0)
+        return [(n * scale).to(torch.float32) for n in counts]
 
     def _optimizer_step(self, foreach: bool) -> torch.Tensor:
         """Clip (or only measure) the gradient norm, step and zero the gradients; the norm before clipping."""
@@ -298,6 +323,10 @@ def _token_source(plan: Plan, runtime: Runtime) -> TokenSource:
         world_size=dp_world,
         accumulation=plan.chosen.gradient_accumulation_steps,
     )
+    if plan.dataset.kind == DatasetKind.CHAT:
+        from .packed_data import build_chat_source
+
+        return build_chat_source(plan.dataset, layout)
     return build_token_source(plan.dataset, layout)
 
 
@@ -309,10 +338,11 @@ def _resume_or_start(
         log.info("resumed at step %d", trainer.step_index)
     elif plan.weights is not None:  # the job's own checkpoint wins; the initial weights start it
         from .data import ShardTokenSource
+        from .packed_data import ChatTokenSource
         from .weights_load import check_data_tokenizer, load_pretrained
 
         # Before the (long) load: shards of another tokenizer would train the model on the wrong ids.
-        if isinstance(source, ShardTokenSource):  # synthetic tokens belong to no tokenizer
+        if isinstance(source, ShardTokenSource | ChatTokenSource):  # synthetic tokens have no tokenizer
             check_data_tokenizer(plan.weights.uri, source.uri, source.manifest)
         loaded = load_pretrained(trainer.model, plan.weights.uri, plan.architecture, plan.sequence_length)
         metrics.record_weights_load(loaded.seconds)
@@ -339,7 +369,7 @@ def _finite_step(trainer: Trainer, source: TokenSource, checkpoints: CheckpointM
     """One step; a non-finite one stops the run, saying what a restart resumes from."""
     try:
         accum = trainer.plan.chosen.gradient_accumulation_steps
-        return trainer.step([source.next_batch() for _ in range(accum)])
+        return trainer.step([next_micro_batch(source) for _ in range(accum)])
     except NonFiniteStep as err:  # raised on every rank alike, before any save of that step
         kept = checkpoints.last_saved_step
         resume = f"a restart resumes from step {kept}" if kept is not None else "no checkpoint yet"
@@ -347,6 +377,16 @@ def _finite_step(trainer: Trainer, source: TokenSource, checkpoints: CheckpointM
             f"stopped before saving it; {resume}. If it recurs at this step, lower "
             "optimizer.learningRate (spec.training) or inspect the data it reads"
         ) from None
+
+
+def next_micro_batch(source: TokenSource) -> MicroBatch:
+    """The source's next micro-batch; packed chat rows come with their documents."""
+    from .packed_data import ChatTokenSource
+
+    if isinstance(source, ChatTokenSource):
+        packed = source.next_packed()
+        return packed.inputs, packed.labels, packed.documents
+    return source.next_batch()
 
 
 def main(argv: Sequence[str] | None = None, guard: PreemptionGuard | None = None) -> int:

@@ -11,7 +11,7 @@ from blackwell_operator.admission import admission_errors
 from blackwell_operator.admission.openapi import prune_nulls
 from blackwell_operator.errors import SpecError
 from blackwell_operator.models.spec import BlackwellTrainingJob, BlackwellTrainingJobSpec
-from blackwell_operator.models.validation import format_validation_error
+from blackwell_operator.models.validation import FieldMessage, field_messages
 
 
 class Rejected(ValueError):
@@ -23,21 +23,39 @@ class Rejected(ValueError):
         super().__init__("\n".join(self.lines))
 
 
-def _model_lines(exc: ValidationError, prefix: str = "") -> list[str]:
-    return format_validation_error(exc, prefix=prefix).splitlines()
+def _path(line: str) -> str:
+    return line.split(": ", 1)[0]
+
+
+def combined(admission: list[str], models: list[FieldMessage]) -> list[str]:
+    """Every field's refusal once: the CRD's line, or the models' where theirs says more.
+
+    The CRD's lines name each field the API server refuses, with the fix; the models' replace them
+    where they are the models' own rule (a fix in their words, a union's alternatives merged) and add
+    the fields only the models check. Unknown fields are the CRD's (it names the closest known one).
+    """
+    own = {m.path: m for m in models if m.own}
+    lines = [str(own[_path(line)]) if _path(line) in own else line for line in admission]
+    covered = {_path(line) for line in admission}
+    for message in models:
+        parent = message.path.rpartition(".")[0]
+        if message.path in covered or (message.kind == "extra_forbidden" and parent in covered):
+            continue
+        lines.append(str(message))
+    return list(dict.fromkeys(lines))
 
 
 def validate_manifest(obj: Any) -> BlackwellTrainingJob:
     """A manifest as a user wrote it: refused when the API server would refuse it, else the model.
 
-    The models' messages come first where both object (they merge union alternatives into one line);
-    a manifest only the CRD refuses (`nodes: true`, which pydantic reads as 1) gets the CRD's.
+    Every field either refuses is named in one pass (`combined`); a manifest only the CRD refuses
+    (`nodes: true`, which pydantic reads as 1) is refused all the same.
     """
     admission = admission_errors(obj)
     try:  # the models see what the API server would store: its nulls pruned
         job = BlackwellTrainingJob.model_validate(prune_nulls(obj))
     except ValidationError as exc:
-        raise Rejected(_model_lines(exc)) from None
+        raise Rejected(combined(admission, field_messages(exc))) from None
     if admission:
         _storage_first(job.spec)
         raise Rejected(admission)
@@ -77,7 +95,7 @@ def validate_body(body: Mapping[str, Any]) -> BlackwellTrainingJobSpec:
     try:
         parsed = BlackwellTrainingJobSpec.model_validate(prune_nulls(spec))
     except ValidationError as exc:
-        raise Rejected(_model_lines(exc, prefix="spec.")) from None
+        raise Rejected(combined(admission, field_messages(exc, prefix="spec."))) from None
     if admission:
         _storage_first(parsed)
         raise Rejected(admission)

@@ -19,10 +19,3 @@ MAX_DEPTH = 64
 # million values) in pure Python would take minutes, so the reader stops here (only a manifest with tens
 # of thousands of metadata labels, which no BTJ needs, is refused here but not by the API server).
 MAX_NODES = 20_000
-
-# The CRD's integers are int64 (the API server decodes JSON numbers to int64 or float64).
-INT64_MIN = -(2**63)
-INT64_MAX = 2**63 - 1
-# The longest decimal an int64 can be written with, sign included; longer digit strings are refused
-# before Python converts them (it refuses beyond 4300 digits with a traceback).
-MAX_INT_CHARS = 20

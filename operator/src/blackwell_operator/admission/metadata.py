@@ -6,6 +6,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from blackwell_operator.admission.openapi import did_you_mean
 from blackwell_operator.units import KIB
 
 # k8s.io/apimachinery/pkg/util/validation: DNS-1123 label and subdomain, qualified names, label values.
@@ -74,7 +75,7 @@ def metadata_errors(metadata: Any) -> Iterator[str]:
     for key, value in metadata.items():
         expected = _FIELDS.get(key)
         if expected is None:
-            yield f"metadata: unknown field {key!r}"
+            yield f"metadata.{key}: unknown field{did_you_mean(key, _FIELDS)}"
         elif not isinstance(value, expected) or isinstance(value, bool):
             yield f"metadata.{key}: wrong type (got {value!r})"
     name, namespace = metadata.get("name"), metadata.get("namespace")

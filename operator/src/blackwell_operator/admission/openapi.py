@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -10,8 +11,8 @@ from typing import Any
 import jsonschema
 from jsonschema.exceptions import ValidationError
 
-from blackwell_operator.admission.limits import INT64_MAX, INT64_MIN
 from blackwell_operator.models.pod import DNS1123_SUBDOMAIN, LABEL_VALUE, QUALIFIED_KEY
+from blackwell_operator.yamlscalars import INT64_MAX, INT64_MIN
 
 Schema = dict[str, Any]
 
@@ -102,6 +103,34 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else f"{text[:57]}..."
 
 
+def did_you_mean(word: Any, names: Any) -> str:
+    """` (did you mean `precision`?)` for a misspelt name, else the names there are, shortly."""
+    known = sorted(map(str, names))
+    close = difflib.get_close_matches(str(word), known, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean `{close[0]}`?"
+    shown = ", ".join(known[:12]) + (", ..." if len(known) > 12 else "")
+    return f"; remove it (known here: {shown})" if known else "; remove it"
+
+
+# What to write instead when YAML (as kubectl reads it) made a value of another type than the field's.
+def _type_fix(expected: list[str], value: Any) -> str:
+    if "string" in expected and (isinstance(value, bool) or value is None):
+        return (
+            "; YAML reads y, n, yes, no, on, off, true, false as booleans and ~, null as null: quote the "
+            'value, e.g. "y"'
+        )
+    if "string" in expected and isinstance(value, int | float):
+        return f'; quote it: "{value}"'
+    if "boolean" in expected and isinstance(value, str):
+        return "; write true or false, without quotes"
+    if ("integer" in expected or "number" in expected) and isinstance(value, str):
+        if value.lstrip("+-").isdigit() and len(value) > 300:  # kubectl sends these digits as text
+            return f"; a number of {len(value)} digits is beyond any the API server holds"
+        return "; write the number without quotes"
+    return ""
+
+
 def describe(error: ValidationError) -> str:
     """One line for a schema error: the field and what it must be (the value shown, shortened)."""
     where = dotted(error.absolute_path) or "manifest"
@@ -110,14 +139,23 @@ def describe(error: ValidationError) -> str:
         kinds = [expected] if isinstance(expected, str) else expected
         words = " or ".join(_KIND_WORDS.get(kind, kind) for kind in kinds)
         given = _KIND_WORDS.get(_kind_of(value), _kind_of(value))
-        return f"{where}: must be {words} (got {_shown(value)}, {given})"
+        return f"{where}: must be {words} (got {_shown(value)}, {given}){_type_fix(kinds, value)}"
     if kind == "additionalProperties":
-        extra = sorted(set(value) - set(error.schema.get("properties", {})), key=str)
-        return f"{where}: unknown field {', '.join(map(repr, extra))}; the CRD does not define it"
+        known = error.schema.get("properties", {})
+        extra = sorted(set(value) - set(known), key=str)
+        # One line per field, at the field's own path (kubectl's strict field validation names each).
+        return "\n".join(
+            f"{dotted((*error.absolute_path, name))}: unknown field{did_you_mean(name, known)}"
+            for name in extra
+        )
     if kind == "required":
-        return f"{where}: {error.message.split(' is a required')[0]} is required"
+        name = error.message.split(" is a required")[0].strip("'")
+        return f"{dotted((*error.absolute_path, name))}: required: add it"
     if kind == "enum":
-        return f"{where}: must be one of {', '.join(map(str, expected))} (got {_shown(value)})"
+        choices = ", ".join(map(str, expected))
+        hint = did_you_mean(value, expected) if isinstance(value, str) else ""
+        hint = hint if hint.startswith("; did") else ""
+        return f"{where}: must be one of {choices} (got {_shown(value)}){hint}"
     if kind == "pattern":
         phrase = _PATTERN_WORDS.get(str(expected))
         if phrase:
@@ -157,7 +195,11 @@ def _kind_of(value: Any) -> str:
 def schema_errors(check: jsonschema.Draft4Validator, obj: Any) -> list[str]:
     """Every schema error, one line each, in document order."""
     found = sorted(check.iter_errors(obj), key=lambda e: [str(p) for p in e.absolute_path])
-    return list(dict.fromkeys(describe(error) for error in found))
+    lines: dict[str, str] = {}  # one line per field: the first of its errors (`""` breaks minLength first)
+    for error in found:
+        for line in describe(error).splitlines():
+            lines.setdefault(line.split(": ", 1)[0], line)
+    return list(lines.values())
 
 
 def int64_errors(obj: Any, path: tuple[Any, ...] = ()) -> Iterator[str]:

@@ -1,14 +1,21 @@
-"""Reading manifest YAML within the API server's bounds: UTF-8, no duplicate keys, bounded size and depth."""
+"""Reading manifest YAML as kubectl reads it, within the API server's bounds on size, depth and values."""
 
 from __future__ import annotations
 
+import codecs
 from typing import Any
 
 import yaml
 from yaml.composer import Composer
+from yaml.events import ScalarEvent
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.parser import Parser
+from yaml.reader import Reader
+from yaml.resolver import BaseResolver
+from yaml.scanner import Scanner
 
-from blackwell_operator.admission.limits import MAX_DEPTH, MAX_INT_CHARS, MAX_NODES, MAX_REQUEST_BYTES
+from blackwell_operator.admission.goyaml import PLAIN_TAG, STR_TAG, GoYamlError, to_json
+from blackwell_operator.admission.limits import MAX_DEPTH, MAX_NODES, MAX_REQUEST_BYTES
 from blackwell_operator.units import MIB
 
 
@@ -16,58 +23,47 @@ class InputError(ValueError):
     """A manifest that cannot be read at all; the message is one line, ready for the user."""
 
 
-def _where(node: Node) -> str:
-    return f"line {node.start_mark.line + 1}"
+class _BoundedLoader(Reader, Scanner, Parser, Composer, BaseResolver):
+    """PyYAML's reader, parser and composer, bounded; values are resolved by goyaml as kubectl does.
 
-
-class _BoundedLoader(yaml.SafeLoader):
-    """SafeLoader that refuses what kubectl and the API server would refuse (or silently mangle)."""
+    Every plain scalar gets PLAIN_TAG and every quoted or block one `!!str`, so goyaml sees what was
+    written; explicit tags (`!!int`, `!!binary`) are kept as the composer reads them.
+    """
 
     def __init__(self, stream: str) -> None:
-        super().__init__(stream)
+        Reader.__init__(self, stream)
+        Scanner.__init__(self)
+        Parser.__init__(self)
+        Composer.__init__(self)
+        BaseResolver.__init__(self)
         self._depth = 0
         self._nodes = 0
+
+    def resolve(self, kind: type[Node], value: Any, implicit: tuple[bool, bool]) -> str:
+        if kind is ScalarNode:
+            return PLAIN_TAG if implicit[0] else STR_TAG
+        return str(BaseResolver.resolve(self, kind, value, implicit))  # type: ignore[no-untyped-call]
 
     def compose_node(self, parent: Node | None, index: Any) -> Node | None:
         # The composer recurses once per nesting level: bound it before Python's recursion limit does.
         self._depth += 1
         try:
             self._nodes += 1
-            if self._depth > MAX_DEPTH or self._nodes > MAX_NODES:
-                mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
-                if self._depth > MAX_DEPTH:
-                    raise InputError(f"line {mark.line + 1}: nested deeper than {MAX_DEPTH} levels")
+            event = self.peek_event()  # type: ignore[no-untyped-call]
+            line = event.start_mark.line + 1
+            if self._depth > MAX_DEPTH:
+                raise InputError(f"line {line}: nested deeper than {MAX_DEPTH} levels")
+            if self._nodes > MAX_NODES:
                 raise InputError(
-                    f"line {mark.line + 1}: more than {MAX_NODES:,} YAML values; no BlackwellTrainingJob "
-                    "has that many (the CRD bounds its lists)"
+                    f"line {line}: more than {MAX_NODES:,} YAML values; no "
+                    "BlackwellTrainingJob has that many (the CRD bounds its lists)"
                 )
-            return Composer.compose_node(self, parent, index)
+            node = Composer.compose_node(self, parent, index)
+            if isinstance(event, ScalarEvent) and event.tag == "!" and node is not None:
+                node.tag = STR_TAG  # the non-specific tag: go-yaml keeps the text (`! 12` is "12")
+            return node
         finally:
             self._depth -= 1
-
-    def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
-        # Go's YAML decoder (kubectl) rejects a repeated key; PyYAML would keep the last one silently.
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            if isinstance(key_node, ScalarNode):
-                key = self.construct_object(key_node)
-                if key in seen:
-                    raise InputError(f"{_where(key_node)}: key {key!r} appears twice in one mapping")
-                seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-    def construct_yaml_int(self, node: ScalarNode) -> int:
-        text = str(node.value).replace("_", "")
-        if len(text.lstrip("+-")) > MAX_INT_CHARS:
-            raise InputError(
-                f"{_where(node)}: integer of {len(text)} digits is outside the int64 range the API "
-                "server accepts"
-            )
-        value: int = super().construct_yaml_int(node)
-        return value
-
-
-_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
 
 
 def _expanded_bytes(node: Node, sizes: dict[int, int]) -> int:
@@ -88,22 +84,42 @@ def _expanded_bytes(node: Node, sizes: dict[int, int]) -> int:
     return size
 
 
-def decode(data: bytes, name: str) -> str:
-    """The manifest's text: UTF-8 (what kubectl and the API server read), within the request limit."""
+def _size(size: int) -> str:
+    return f"{size / MIB:.1f} MiB ({size:,} bytes)"
+
+
+def decode(data: bytes, name: str, *, size: int | None = None, notes: list[str] | None = None) -> str:
+    """The manifest's text as kubectl reads it, within the request limit.
+
+    size: the file's size when known (only the first bytes past the limit are read). UTF-8 with or
+    without a BOM, or UTF-16 with a BOM; a byte that is not UTF-8 is read as U+FFFD, which is what
+    kubectl sends for it, and `notes` says where.
+    """
     if len(data) > MAX_REQUEST_BYTES:
+        shown = _size(size) if size is not None and size > MAX_REQUEST_BYTES else "more than 3 MiB"
         raise InputError(
-            f"{name}: {len(data) / MIB:.1f} MiB is over the API server's {MAX_REQUEST_BYTES // MIB} MiB "
-            "request limit"
+            f"{name}: {shown} is over the API server's request limit of {_size(MAX_REQUEST_BYTES)}; "
+            "no manifest this large can be applied"
         )
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        try:
+            return data.decode("utf-16")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{name}: not UTF-16 text past its byte order mark (byte {exc.start})") from None
     if b"\x00" in data:
         raise InputError(f"{name}: a binary file, not a YAML manifest")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise InputError(
-            f"{name}: not UTF-8 text (byte {exc.start} is {data[exc.start : exc.start + 1]!r}); "
-            "save it as UTF-8"
-        ) from None
+        if notes is not None:
+            line = data.count(b"\n", 0, exc.start) + 1
+            notes.append(
+                f"{name}: line {line}: byte 0x{data[exc.start]:02X} is not UTF-8 (a Latin-1 file?); kubectl "
+                "sends each such byte as U+FFFD, and btj reads it so: save the file as UTF-8 to keep the "
+                "character"
+            )
+        # kubectl's reader replaces each maximal invalid sequence with one U+FFFD, as Python's "replace".
+        return data.removeprefix(codecs.BOM_UTF8).decode("utf-8", errors="replace")
 
 
 def yaml_problem(exc: yaml.YAMLError) -> str:
@@ -117,9 +133,13 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
     return " ".join(str(exc).split())[:200]
 
 
-def load_documents(text: str, name: str) -> list[Any]:
-    """Every non-empty YAML document in `text`, or one InputError line saying what is wrong."""
+def load_documents(text: str, name: str, notes: list[str] | None = None) -> list[Any]:
+    """Every non-empty YAML document in `text` as kubectl would send it, or one InputError line.
+
+    notes: gets a line for what kubectl accepts silently and a person may not mean (a key given twice).
+    """
     documents: list[Any] = []
+    found: list[str] = []
     loader: _BoundedLoader | None = None
     try:
         loader = _BoundedLoader(text)  # the reader already refuses control characters here
@@ -133,10 +153,10 @@ def load_documents(text: str, name: str) -> list[Any]:
                     f"{name}: its aliases expand to over {MAX_REQUEST_BYTES // MIB} MiB (the API server's "
                     "request limit); write the values out instead of repeating anchors"
                 )
-            document = loader.construct_document(node)
+            document = to_json(node, found)
             if document is not None:
                 documents.append(document)
-    except InputError as exc:
+    except (InputError, GoYamlError) as exc:
         message = str(exc)
         raise InputError(message if message.startswith(name) else f"{name}: {message}") from None
     except yaml.YAMLError as exc:
@@ -146,4 +166,6 @@ def load_documents(text: str, name: str) -> list[Any]:
     finally:
         if loader is not None:
             loader.dispose()
+    if notes is not None:
+        notes.extend(f"{name}: {line}" for line in found)
     return documents

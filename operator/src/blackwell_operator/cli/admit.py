@@ -33,7 +33,7 @@ def admit(
     if problem:
         fail(f"{shown_as}: {problem}")
     from blackwell_operator.cli.checkpoint import read_checkpoint
-    from blackwell_operator.cli.dataset import check_local_dataset
+    from blackwell_operator.cli.dataset import check_local_dataset, describe_chat_data
     from blackwell_operator.planner import plan_job  # imported only when needed: `btj crd` stays light
     from blackwell_trainer.shard_manifest import ManifestMismatch
 
@@ -46,7 +46,9 @@ def admit(
             cluster=cluster.corrector(spec.cluster.instance_type) if cluster else None,
         )
         # Prepared data readable here is checked as the trainer will check it, in the trainer's words.
-        check_local_dataset(plan)
+        manifest = check_local_dataset(plan)
+        if manifest is not None and manifest.kind == "chat":
+            plan.explanation.append(describe_chat_data(manifest, str(plan.dataset.uri)))
     except SpecError as exc:
         fail(exc.message)
     except ManifestMismatch as exc:

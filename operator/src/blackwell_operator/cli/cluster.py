@@ -6,11 +6,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from blackwell_operator.calibration.cluster import MIN_RUNS, ClusterCalibration, describe_correction
 from blackwell_operator.cli.calibrate import calibrate_app
+from blackwell_operator.cli.console import table_console
 from blackwell_operator.cli.manifest import fail
 
 cluster_app = typer.Typer(
@@ -75,7 +75,7 @@ def show(namespace: Namespace = DEFAULT_NAMESPACE) -> None:
     if not calibration.samples:
         typer.echo(f"{namespace}: no measured runs yet; plans use the model as calibrated")
         return
-    Console(width=160).print(summary_table(calibration))
+    table_console().print(summary_table(calibration))
 
 
 @cluster_app.command("export")

@@ -11,6 +11,7 @@ from blackwell_trainer.shard_manifest import (
     MANIFEST_NAME,
     TOKENIZER_FILE,
     ManifestMismatch,
+    ShardManifest,
     check_manifest,
     check_tokenizer,
     parse_manifest,
@@ -26,19 +27,21 @@ def _local_folder(uri: str | None) -> Path | None:
     return Path(uri)
 
 
-def check_local_dataset(plan: Plan) -> None:
+def check_local_dataset(plan: Plan) -> ShardManifest | None:
     """Refuse a prepared data set readable here that the trainer would refuse at start, with the trainer's
     own line (ManifestMismatch): its manifest's dtype, vocabulary and shard files against the plan, its
     tokenizer against the initial weights' tokenizer.json where both are readable here too, and whether
     token shards hold the samples of one optimizer step of the plan (with or without a manifest).
 
     Nothing is checked for S3 or a folder this machine does not have (the trainer checks both at start).
+    Returns the data set's manifest where one was read (its facts go into the plan's explanation).
     """
     dataset = plan.dataset
     root = _local_folder(dataset.uri) if dataset.kind in (DatasetKind.SHARDS, DatasetKind.CHAT) else None
     if root is None:
-        return
+        return None
     uri = str(dataset.uri)
+    manifest: ShardManifest | None = None
     files = {f.name: f.stat().st_size for f in root.glob("*.bin")}
     shard_tokens = [size // ITEMSIZE[dataset.token_dtype] for size in files.values()]
     if (root / MANIFEST_NAME).is_file():
@@ -62,7 +65,9 @@ def check_local_dataset(plan: Plan) -> None:
             )
     # Chat data packs conversations into rows (the trainer counts them); token shards are windows.
     if dataset.kind != DatasetKind.SHARDS or not shard_tokens:
-        return  # no shards yet: the trainer names that at start (the folder may be filled before then)
+        return (
+            manifest  # no shards yet: the trainer names that at start (the folder may be filled before then)
+        )
     problem = too_little_data(
         shard_tokens,
         uri=uri,
@@ -73,3 +78,13 @@ def check_local_dataset(plan: Plan) -> None:
     )
     if problem is not None:
         raise ManifestMismatch(problem)
+    return manifest
+
+
+def describe_chat_data(manifest: ShardManifest, uri: str) -> str:
+    """The explanation's line on a chat data set: how much of it the mask trains on, and its template."""
+    return (
+        f"dataset.uri {uri}: {manifest.documents:,} conversations, {manifest.tokens:,} tokens, "
+        f"{manifest.trained_tokens or 0:,} trained on ({manifest.loss_mask_coverage or 0:.1%}: the "
+        f"assistant's replies), chat template sha256 {manifest.chat_template_sha256}"
+    )

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from importlib import resources
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import typer
 
@@ -13,6 +14,7 @@ from blackwell_operator.admission import InputError, decode, load_documents
 from blackwell_operator.admission.job import Rejected, validate_manifest
 from blackwell_operator.admission.limits import MAX_REQUEST_BYTES
 from blackwell_operator.models import BlackwellTrainingJob
+from blackwell_operator.models.spec import KIND
 from blackwell_operator.models.validation import format_validation_error
 
 __all__ = ["ManifestError", "fail", "format_validation_error", "load_manifest", "load_manifest_or_fail"]
@@ -33,12 +35,17 @@ class ManifestError(Exception):
 STDIN = Path("-")
 
 
-def read_manifest_text(path: Path | None) -> tuple[str, str]:
-    """The manifest's text and a display name; the embedded default when no path is given, stdin for `-`."""
+def read_manifest_text(path: Path | None, notes: list[str] | None = None) -> tuple[str, str]:
+    """The manifest's text and a display name; the embedded default when no path is given, stdin for `-`.
+
+    notes: gets a line for each thing kubectl reads silently that a person may not mean (a byte that is
+    not UTF-8).
+    """
     if path is None:
         text = resources.files("blackwell_operator.examples").joinpath(DEFAULT_EXAMPLE).read_text()
         return text, f"(embedded example {DEFAULT_EXAMPLE})"
     name = "(standard input)" if path == STDIN else str(path)
+    size = None
     try:
         if path == STDIN:
             data = sys.stdin.buffer.read(MAX_REQUEST_BYTES + 1)
@@ -46,27 +53,63 @@ def read_manifest_text(path: Path | None) -> tuple[str, str]:
             raise ManifestError(f"{path}: a directory, not a manifest file")
         else:
             with path.open("rb") as handle:  # never more than the limit: a 50 MB file is refused unread
+                size = os.fstat(handle.fileno()).st_size
                 data = handle.read(MAX_REQUEST_BYTES + 1)
     except OSError as exc:
         raise ManifestError(f"{path}: cannot read the file ({exc.strerror})") from exc
     try:
-        return decode(data, name), name
+        return decode(data, name, size=size, notes=notes), name
     except InputError as exc:
         raise ManifestError(str(exc)) from None
+
+
+def _kind_of(document: Any) -> str:
+    return {list: "a list", str: "a string", bool: "a boolean"}.get(type(document), "a number")
+
+
+def pick_job_document(documents: list[Any], name: str) -> dict[str, Any]:
+    """The one BlackwellTrainingJob among a file's documents, read as `kubectl apply -f` reads them.
+
+    kubectl sends every document and refuses one that is not an object; btj does the same, skips the
+    objects of other kinds (a Namespace or a ConfigMap next to the job) and plans one job a run.
+    """
+    for number, document in enumerate(documents, 1):
+        if not isinstance(document, dict):
+            raise ManifestError(
+                f"{name}: document {number} is {_kind_of(document)}, not a Kubernetes object (kubectl "
+                "refuses it too); each document must be a mapping with apiVersion, kind and metadata"
+            )
+    jobs = [d for d in documents if d.get("kind") == KIND]
+    if not jobs and len(documents) == 1:
+        return dict(documents[0])  # judged as a BTJ: its errors (kind, apiVersion, ...) name the fix
+    if not jobs:
+        kinds = ", ".join(sorted({str(d.get("kind")) for d in documents})) or "none: the file is empty"
+        raise ManifestError(f"{name}: no {KIND} document (kinds found: {kinds})")
+    if len(jobs) > 1:
+        names = ", ".join(str((job.get("metadata") or {}).get("name")) for job in jobs)
+        raise ManifestError(
+            f"{name}: {len(jobs)} {KIND} documents ({names}); btj plans and renders one job a run: put "
+            "each in its own file (kubectl apply -f takes a folder of them)"
+        )
+    return dict(jobs[0])
+
+
+def _warn(notes: list[str]) -> None:
+    for note in dict.fromkeys(notes):
+        typer.echo(f"warning: {note}", err=True)
 
 
 def load_manifest(path: Path | None) -> BlackwellTrainingJob:
     """Read, bound, parse and admit a BTJ manifest (one BlackwellTrainingJob document)."""
-    text, name = read_manifest_text(path)
+    notes: list[str] = []
+    text, name = read_manifest_text(path, notes)
     try:
-        documents = load_documents(text, name)
+        documents = load_documents(text, name, notes)
     except InputError as exc:
         raise ManifestError(str(exc)) from None
-    jobs = [d for d in documents if isinstance(d, dict) and d.get("kind") == "BlackwellTrainingJob"]
-    if len(jobs) != 1:
-        raise ManifestError(f"{name}: expected exactly one BlackwellTrainingJob document, found {len(jobs)}")
+    _warn(notes)
     try:
-        return validate_manifest(jobs[0])
+        return validate_manifest(pick_job_document(documents, name))
     except Rejected as exc:
         header = "" if exc.spec_error else f"{name}: invalid BlackwellTrainingJob\n"
         raise ManifestError(f"{header}{exc}") from None

@@ -15,6 +15,7 @@ from rich.table import Table
 from blackwell_operator.calibration.cluster import describe_correction
 from blackwell_operator.cli import app
 from blackwell_operator.cli.backend_option import BackendOption, resolve_offline
+from blackwell_operator.cli.console import table_console
 from blackwell_operator.cli.manifest import load_manifest_or_fail
 from blackwell_operator.cli.options import (
     DEFAULT_CALIBRATION,
@@ -206,7 +207,7 @@ def plan(
         typer.echo(yaml.safe_dump(json.loads(result.to_json()), sort_keys=False), nl=False)
     else:
         headroom = job.spec.tuning.memory_headroom
-        render_plan_tables(result, Console(width=140), explain=explain, headroom=headroom)
+        render_plan_tables(result, table_console(), explain=explain, headroom=headroom)
     typer.echo(backend_note, err=True)
     if explain and output is not PlanFormat.TABLE:
         for line in result.explanation:
@@ -234,4 +235,4 @@ def presets() -> None:
             str(a.vocab_size),
             "yes" if a.tie_word_embeddings else "no",
         )
-    Console(width=140).print(table)
+    table_console().print(table)

@@ -10,8 +10,6 @@ from blackwell_operator.handlers import retrying
 from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.lifecycle.child_record import CHILD_DELETED as CHILD_DELETED
-from blackwell_operator.lifecycle.child_record import deleted_child_uid as deleted_child_uid
-from blackwell_operator.lifecycle.child_record import is_finished as is_finished
 from blackwell_operator.lifecycle.status_patch import changes_nothing, status_patch
 from blackwell_operator.lifecycle.status_read import read_status
 from blackwell_operator.lifecycle.writers import StatusWriter
@@ -32,16 +30,6 @@ _REPORTED_LIMIT = 10_000
 def btj_path(namespace: str, name: str, subresource: str | None = None) -> str:
     """API path of one BTJ."""
     return resource_path(BTJ_API_VERSION, PLURAL, namespace, name, subresource)
-
-
-def wants_child_back(btj: Mapping[str, Any]) -> bool:
-    """A BTJ whose child was deleted while the job had not finished, and that is not being deleted itself."""
-    status = btj.get("status") or {}
-    return (
-        deleted_child_uid(status) is not None
-        and not is_finished(status)
-        and not (btj.get("metadata") or {}).get("deletionTimestamp")
-    )
 
 
 def report_unreadable(btj: Mapping[str, Any], logger: Any) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from blackwell_operator.applabels import COMPONENT_LABEL, MANAGED_BY_LABEL, MANAGER
 from blackwell_operator.calibration.cluster import ClusterCalibration, Sample
 from blackwell_operator.handlers import retrying
 from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
@@ -63,7 +64,7 @@ def body_of(calibration: ClusterCalibration, namespace: str) -> dict[str, Any]:
         "metadata": {
             "name": NAME,
             "namespace": namespace,
-            "labels": {"app.kubernetes.io/managed-by": "btj-operator", "app.kubernetes.io/component": NAME},
+            "labels": {MANAGED_BY_LABEL: MANAGER, COMPONENT_LABEL: NAME},
         },
         "data": {DATA_KEY: calibration.model_dump_json(by_alias=True, indent=1)},
     }

@@ -7,8 +7,8 @@ from typing import Any, cast
 
 import kopf
 
+from blackwell_operator.applabels import MANAGER
 from blackwell_operator.handlers.api import KubeApi, resource_path
-from blackwell_operator.render.labels import MANAGER
 from blackwell_operator.timefmt import now_rfc3339
 
 

@@ -25,25 +25,22 @@ from blackwell_operator.handlers.btjstatus import write_status
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.periodic import every
 from blackwell_operator.handlers.pods import pod_lineage
-from blackwell_operator.lifecycle.failures import belongs_to
 from blackwell_operator.lifecycle.measure import (
     Reading,
     metrics_endpoint,
     parse_reading,
-    sample_of,
     tokens_per_second_per_gpu,
 )
+from blackwell_operator.lifecycle.measured import measured_changes, sample_of
 from blackwell_operator.lifecycle.ownership import Lineage
-from blackwell_operator.lifecycle.progress import as_status, progress_of
+from blackwell_operator.lifecycle.progress import progress_of
 from blackwell_operator.lifecycle.writers import MEASURE_LOOP
-from blackwell_operator.models.status import JobProgress, MeasuredThroughput, Phase, StatusChange
+from blackwell_operator.models.status import JobProgress
 from blackwell_operator.settings import env_name, operator_environment
 from blackwell_operator.timefmt import now_rfc3339
 
 INTERVAL_ENV = env_name("measure_interval_s")
 SCRAPE_TIMEOUT_S = 5.0
-# A reading this close to the stored one is not written (a status write per job per minute otherwise).
-UNCHANGED = 0.01
 # A job's calibration sample is rewritten only when its ratio moved this much (one ConfigMap write per job,
 # not one per minute).
 SAMPLE_MOVED = 0.02
@@ -69,43 +66,6 @@ def one_pod_per_job(
         if key not in chosen and metrics_endpoint(pod):
             chosen[key] = (pod, found)
     return chosen
-
-
-def _close(stored: Mapping[str, Any], tokens_per_s: float, mfu: float | None) -> bool:
-    """Whether a reading is within 1% (tokens/s) and 0.01 (MFU) of the stored one."""
-    before, before_mfu = stored.get("tokensPerSecondPerGpu"), stored.get("modelFlopsUtilization")
-    if not before or abs(tokens_per_s - before) > UNCHANGED * before:
-        return False
-    if mfu is None or before_mfu is None:
-        return mfu is None and before_mfu is None
-    return bool(abs(mfu - float(before_mfu)) <= UNCHANGED)
-
-
-def measured_changes(
-    btj: Mapping[str, Any],
-    pod: Mapping[str, Any],
-    tokens_per_s: float | None,
-    mfu: float | None,
-    now: str,
-    progress: JobProgress | None = None,
-    *,
-    found: Lineage | None,
-) -> StatusChange | None:
-    """status.measured (when it moved) and status.progress (when it changed) from a reading of `pod`, when
-    it is this BTJ's running worker (`found`: the pod's verified owner chain). The progress replaces the
-    stored one whole: a time left from before a restart is never shown beside a newer step."""
-    status = btj.get("status") or {}
-    if status.get("phase") != Phase.RUNNING.value or not belongs_to(pod, btj, found):
-        return None
-    change = StatusChange()
-    if progress is not None and status.get("progress") != as_status(progress):
-        change.progress = progress
-    if tokens_per_s is not None and not _close(status.get("measured") or {}, tokens_per_s, mfu):
-        measured = MeasuredThroughput(tokens_per_second_per_gpu=round(tokens_per_s, 1), observed_at=now)
-        if mfu is not None:
-            measured.model_flops_utilization = round(mfu, 4)
-        change.measured = measured
-    return change if change.model_fields_set else None
 
 
 class Measurer:

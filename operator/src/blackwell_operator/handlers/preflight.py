@@ -8,26 +8,18 @@ object were there, so that a missing permission never stops a job that would run
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
-from blackwell_operator.lifecycle.conditions import ConditionStatus
 from blackwell_operator.lifecycle.references import (
+    Preflight,
     pull_secrets_condition,
     service_account_missing,
     would_create,
 )
+from blackwell_operator.lifecycle.status_read import read_status
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.settings import operator_environment
-
-
-@dataclass
-class Preflight:
-    """What the checks found: conditions to record, and why nothing may be created (None: go on)."""
-
-    conditions: list[tuple[str, ConditionStatus, str, str]] = field(default_factory=list)
-    blocked: str | None = None
 
 
 def _exists(api: KubeApi, plural: str, namespace: str, name: str, logger: Any) -> bool | None:
@@ -64,6 +56,6 @@ def check_references(
             logger.warning(f"Cannot read the child {job_path}: {exc}")
             return found  # the create path reads it again and reports what it finds
         generation = int(meta.get("generation") or 1)
-        if would_create(body.get("status") or {}, generation, child_exists=child_exists):
+        if would_create(read_status(body.get("status")).status, generation, child_exists=child_exists):
             found.blocked = service_account_missing(account, namespace)
     return found

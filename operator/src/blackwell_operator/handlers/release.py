@@ -16,9 +16,10 @@ from typing import Any
 from blackwell_operator.handlers import finalizer
 from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
 from blackwell_operator.handlers.btjstatus import btj_path
-from blackwell_operator.handlers.children import on_child_event, owner_reference
+from blackwell_operator.handlers.children import on_child_event
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import create_event
+from blackwell_operator.lifecycle.child_mirror import owner_reference
 from blackwell_operator.lifecycle.phase import child_phase
 from blackwell_operator.render.kinds import JOB_KINDS, ChildKind
 

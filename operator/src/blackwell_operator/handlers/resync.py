@@ -17,40 +17,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from blackwell_operator.handlers.btjstatus import btj_path, wants_child_back
+from blackwell_operator.handlers.btjstatus import btj_path
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.periodic import every
-from blackwell_operator.handlers.reconcile import NO_JOB_API, Reconciler
-from blackwell_operator.lifecycle.child_apply import CREATE_REFUSED, PATCH_REFUSED
-from blackwell_operator.lifecycle.conditions import get_condition
-from blackwell_operator.lifecycle.references import SERVICE_ACCOUNT_MISSING
-from blackwell_operator.models.status import ConditionType, Phase
+from blackwell_operator.handlers.reconcile import Reconciler
+from blackwell_operator.lifecycle.convergence import needs_reconcile
 from blackwell_operator.settings import operator_environment
 
 FIRST_BACKOFF_S = 1.0
-# The ChildCreated / SpecApplied reasons that mean "not there yet, try again" (no watch on ServiceAccounts:
-# the loop looks for a missing one with its backoff).
-_RETRY_REASONS = frozenset({CREATE_REFUSED, PATCH_REFUSED, NO_JOB_API, SERVICE_ACCOUNT_MISSING})
-
-
-def needs_reconcile(btj: Mapping[str, Any]) -> str | None:
-    """Why this BTJ has not converged (None when it has): what the loop would reconcile it for."""
-    meta = btj.get("metadata") or {}
-    if meta.get("deletionTimestamp"):
-        return None
-    status = btj.get("status") or {}
-    if status.get("observedGeneration") != int(meta.get("generation") or 1):
-        return "its spec has not been reconciled"
-    if wants_child_back(btj):
-        return "its child was deleted before the job finished"
-    for type_ in (ConditionType.CHILD_CREATED, ConditionType.SPEC_APPLIED):
-        cond = get_condition(status.get("conditions"), type_) or {}
-        if cond.get("status") == "False" and cond.get("reason") in _RETRY_REASONS:
-            return f"the API server refused its child ({cond.get('reason')})"
-    created = get_condition(status.get("conditions"), ConditionType.CHILD_CREATED)
-    if created is None and status.get("phase") != Phase.INVALID.value:
-        return "no child recorded"
-    return None
 
 
 @dataclass

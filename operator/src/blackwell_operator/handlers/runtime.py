@@ -9,6 +9,7 @@ from typing import Any
 import kopf
 from aiohttp import web
 
+from blackwell_operator.applabels import MANAGED_BY_LABEL, MANAGER
 from blackwell_operator.discovery.apis import ServedJobApis
 from blackwell_operator.discovery.aws import HyperPodCapacityReader, boto3_client_factory
 from blackwell_operator.discovery.capacity import NodeCapacityReader
@@ -21,7 +22,7 @@ from blackwell_operator.handlers.stuck import stuck_pod_timeout, sweep_forever
 from blackwell_operator.lifecycle.backends import JOB_RESOURCES
 from blackwell_operator.metrics import METRICS_PORT, OperatorMetrics
 from blackwell_operator.models.spec import DEFAULT_IMAGE
-from blackwell_operator.render.labels import JOB_NAME_LABEL, MANAGED_BY_LABEL, MANAGER
+from blackwell_operator.render.labels import JOB_NAME_LABEL
 from blackwell_operator.settings import env_name, operator_environment
 
 TRAINER_POD_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGER},{JOB_NAME_LABEL}"

@@ -20,11 +20,12 @@ from blackwell_operator.lifecycle.child_record import (
 from blackwell_operator.lifecycle.conditions import ConditionChange
 from blackwell_operator.lifecycle.phase import TERMINAL_PHASES, can_patch_in_place, child_phase
 from blackwell_operator.lifecycle.replan import replacing_child
+from blackwell_operator.lifecycle.status_read import StatusLike, typed
 from blackwell_operator.models.status import ConditionType
 from blackwell_operator.render import trainjob
 from blackwell_operator.render.kinds import ChildKind
 
-APPLIED: ConditionChange = (ConditionType.SPEC_APPLIED, "True", "Applied", "The child matches the spec.")
+APPLIED = ConditionChange(ConditionType.SPEC_APPLIED, "True", "Applied", "The child matches the spec.")
 # ChildCreated / SpecApplied reasons when the API server refuses a create or a patch of a child.
 CREATE_REFUSED = "CreateRefused"
 PATCH_REFUSED = "PatchRefused"
@@ -132,7 +133,7 @@ class Create:
         """The effects once the job exists; `created`: this pass made it (else it found it, on a 409)."""
         reason = "Created" if created else "Exists"
         conditions: tuple[ConditionChange, ...] = (
-            (ConditionType.CHILD_CREATED, "True", reason, self.wanted.what),
+            ConditionChange(ConditionType.CHILD_CREATED, "True", reason, self.wanted.what),
             APPLIED,
         )
         wanted = self.wanted
@@ -218,8 +219,8 @@ def refusal(what: str, creating: bool, error: str) -> ConditionChange:
         f"or the spec; the operator tries again with backoff (at most every {RETRY_INTERVAL_HINT})"
     )
     if creating:
-        return ConditionType.CHILD_CREATED, "False", CREATE_REFUSED, message
-    return ConditionType.SPEC_APPLIED, "False", PATCH_REFUSED, message
+        return ConditionChange(ConditionType.CHILD_CREATED, "False", CREATE_REFUSED, message)
+    return ConditionChange(ConditionType.SPEC_APPLIED, "False", PATCH_REFUSED, message)
 
 
 def immutable_change(kind: ChildKind, existing: Mapping[str, Any], job: Mapping[str, Any]) -> bool:
@@ -261,23 +262,23 @@ def supporting_patch(existing: Mapping[str, Any], obj: Mapping[str, Any]) -> dic
     return {"metadata": {"labels": meta.get("labels"), "annotations": meta.get("annotations")}, **fields}
 
 
-def decide(wanted: Wanted, existing: Mapping[str, Any] | None, status: Mapping[str, Any]) -> Outcome:
+def decide(wanted: Wanted, existing: Mapping[str, Any] | None, status: StatusLike) -> Outcome:
     """What to do about the child, given the one found under its name (or None) and the BTJ's status.
 
     `status` is the BTJ's status as read after the child when no child was found: a watcher that recorded
     the child's end (finished, a permanent error) did so before it let the child go, so that read sees it.
     """
-    kind, name = wanted.kind.kind, wanted.name
+    kind, name, status = wanted.kind.kind, wanted.name, typed(status)
     if existing is not None and not owned_by(existing, wanted.owner_uid):
         return NameConflict(conflict_message(kind, name))
     if existing is not None and existing["metadata"].get("deletionTimestamp"):
         recorded = deleted_child_uid(status) == existing["metadata"].get("uid") or is_finished(status)
         return PreviousDeleting(release=recorded and holds(existing), message=still_deleting(kind, name))
     if existing is None:
-        previous = (status.get("child") or {}).get("uid") or None
+        previous = (status.child.uid if status.child is not None else None) or None
         if previous and is_finished(status) and not spec_changed(wanted.generation, status):
             message = f"{kind} {name} was deleted; the job had finished, so it is not re-created."
-            gone: ConditionChange = (ConditionType.CHILD_CREATED, "False", CHILD_DELETED, message)
+            gone = ConditionChange(ConditionType.CHILD_CREATED, "False", CHILD_DELETED, message)
             return FinishedChildGone(Effects((gone,)))
         why = Creation.FIRST
         if previous:
@@ -285,12 +286,12 @@ def decide(wanted: Wanted, existing: Mapping[str, Any] | None, status: Mapping[s
         return Create(wanted, previous, why)
 
     hold = not holds(existing)
-    found: ConditionChange = (ConditionType.CHILD_CREATED, "True", "Exists", wanted.what)
+    found = ConditionChange(ConditionType.CHILD_CREATED, "True", "Exists", wanted.what)
     if render_hash(existing) == render_hash(wanted.job):
         return UpToDate(hold, found)
     child_status = existing.get("status") or {}
     if can_patch_in_place(child_status) and not immutable_change(wanted.kind, existing, wanted.job):
-        patched: ConditionChange = (
+        patched = ConditionChange(
             ConditionType.SPEC_APPLIED,
             "True",
             "Patched",
@@ -315,7 +316,7 @@ def decide(wanted: Wanted, existing: Mapping[str, Any] | None, status: Mapping[s
         "Fix: delete and re-create the BlackwellTrainingJob (it resumes from its checkpoint) to "
         "apply this spec"
     )
-    refused: ConditionChange = (ConditionType.SPEC_APPLIED, "False", reason, message)
+    refused = ConditionChange(ConditionType.SPEC_APPLIED, "False", reason, message)
     notice = Notice(reason, message, warning=True, once=ConditionType.SPEC_APPLIED)
     return CannotChange(
         hold, found, reason=reason, message=message, effects=Effects((refused,), (notice,), write_plan=False)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from blackwell_operator.lifecycle.conditions import get_condition
+from blackwell_operator.lifecycle.conditions import find_condition
 from blackwell_operator.lifecycle.phase import TERMINAL_PHASES
+from blackwell_operator.lifecycle.status_read import StatusLike, typed
 from blackwell_operator.models.status import ConditionType
 from blackwell_operator.render.labels import RENDER_HASH_ANNOTATION
 
@@ -17,7 +18,6 @@ CHILD_DELETED = "ChildDeleted"
 # and run the job again. With this finalizer the deleted child stays, Terminating, until the child
 # watcher has written what it saw onto the BTJ; then the watcher releases it.
 FINAL_STATUS_FINALIZER = "training.blackwell.dev/final-status"
-_TERMINAL = frozenset(phase.value for phase in TERMINAL_PHASES)
 
 
 def owned_by(obj: Mapping[str, Any], owner_uid: str) -> bool:
@@ -44,29 +44,28 @@ def render_hash(obj: Mapping[str, Any]) -> str | None:
     return (obj.get("metadata", {}).get("annotations") or {}).get(RENDER_HASH_ANNOTATION)
 
 
-def deleted_child_uid(status: Mapping[str, Any]) -> str | None:
+def deleted_child_uid(status: StatusLike) -> str | None:
     """The recorded child's uid when the child watcher saw it deleted (ChildCreated False, ChildDeleted)."""
-    for cond in status.get("conditions") or []:
-        if cond.get("type") == ConditionType.CHILD_CREATED:
-            if cond.get("status") == "False" and cond.get("reason") == CHILD_DELETED:
-                return (status.get("child") or {}).get("uid") or None
-            return None
-    return None
+    stored = typed(status)
+    created = find_condition(stored.conditions, ConditionType.CHILD_CREATED)
+    if created is None or (created.status, created.reason) != ("False", CHILD_DELETED):
+        return None
+    return (stored.child.uid if stored.child is not None else None) or None
 
 
-def is_finished(status: Mapping[str, Any]) -> bool:
+def is_finished(status: StatusLike) -> bool:
     """Whether the BTJ's phase is Succeeded or Failed."""
-    return status.get("phase") in _TERMINAL
+    return typed(status).phase in TERMINAL_PHASES
 
 
-def spec_changed(generation: int, status: Mapping[str, Any]) -> bool:
+def spec_changed(generation: int, status: StatusLike) -> bool:
     """Whether the spec changed since the recorded child was made (a finished job may then run anew).
 
     The generation reconcile last wrote, else the one the child watcher stamped on ChildCreated when it
     recorded the child before reconcile wrote anything (a job that finished within its first pass).
     Without either nothing says the spec changed: a finished job is not run again on a guess.
     """
-    seen = status.get("observedGeneration") or (
-        get_condition(status.get("conditions"), ConditionType.CHILD_CREATED) or {}
-    ).get("observedGeneration")
+    stored = typed(status)
+    created = find_condition(stored.conditions, ConditionType.CHILD_CREATED)
+    seen = stored.observed_generation or (created.observed_generation if created is not None else None)
     return seen is not None and generation != seen

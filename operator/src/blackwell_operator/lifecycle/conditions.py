@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from blackwell_operator.models.status import Condition
@@ -10,9 +11,18 @@ from blackwell_operator.models.status import Condition
 ConditionStatus = Literal["True", "False", "Unknown"]
 
 
-# One condition a writer sets: type, status, reason and message (set_conditions adds the time and the
-# generation).
-ConditionChange = tuple[str, ConditionStatus, str, str]
+@dataclass(frozen=True)
+class ConditionChange:
+    """One condition a writer sets (set_conditions adds the time and the generation)."""
+
+    type: str
+    status: ConditionStatus
+    reason: str
+    message: str
+
+    def with_message(self, message: str) -> ConditionChange:
+        """The same condition saying `message`."""
+        return ConditionChange(self.type, self.status, self.reason, message)
 
 
 def condition_map(conditions: Iterable[Mapping[str, Any]] | None) -> dict[str, Mapping[str, Any]]:
@@ -66,8 +76,8 @@ def set_conditions(
 ) -> list[Condition]:
     """set_condition for each change, in order."""
     result = list(conditions)
-    for change in changes:
-        result = set_condition(result, *change, generation=generation, now=now)
+    for c in changes:
+        result = set_condition(result, c.type, c.status, c.reason, c.message, generation=generation, now=now)
     return result
 
 

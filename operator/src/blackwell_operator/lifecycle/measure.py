@@ -12,12 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
-from pydantic import ValidationError
 
-from blackwell_operator.calibration.cluster import Sample
-from blackwell_operator.models.status import Phase
 from blackwell_operator.render.pod import METRICS_PORT_NAME, TRAINER_CONTAINER_NAMES
-from blackwell_trainer.config import Plan
 from blackwell_trainer.metric_names import (
     GPU_MEMORY_PEAK,
     GPUS,
@@ -93,41 +89,3 @@ def metrics_endpoint(pod: Mapping[str, Any]) -> str | None:
                 host = f"[{ip}]" if ":" in str(ip) else ip  # IPv6 pod addresses
                 return f"http://{host}:{port['containerPort']}/metrics"
     return None
-
-
-# Readings before this many steps of a container include torch.compile and allocator warm-up: not what
-# the plan predicts, so they teach the cluster calibration nothing.
-WARMUP_STEPS = 3
-
-
-def sample_of(
-    btj: Mapping[str, Any], earlier: Reading, later: Reading, tokens_per_s: float, now: str
-) -> Sample | None:
-    """The job's measured over modelled figures for the cluster calibration, once past its warm-up.
-
-    The plan's prediction already carries any correction it was planned with; the ratio is taken against
-    the model's own figure (prediction over the plan's tokens factor), so the calibration never chases
-    its own corrections.
-    """
-    meta, status = btj.get("metadata") or {}, btj.get("status") or {}
-    if status.get("phase") != Phase.RUNNING.value or earlier.pod_steps < WARMUP_STEPS or tokens_per_s <= 0:
-        return None
-    try:
-        plan = Plan.model_validate(status.get("plan"))
-    except ValidationError:
-        return None
-    factor = plan.cluster_correction.tokens_factor if plan.cluster_correction else 1.0
-    modelled = plan.predicted.tokens_per_second_per_gpu / factor
-    if modelled <= 0:
-        return None
-    peak = plan.predicted.memory.peak_reserved
-    return Sample(
-        job=f"{meta.get('namespace')}/{meta.get('name')}",
-        uid=str(meta.get("uid")),
-        instance_type=plan.instance_type,
-        precision_recipe=plan.chosen.precision_recipe,
-        activation_checkpointing=plan.chosen.activation_checkpointing,
-        tokens_ratio=round(tokens_per_s / modelled, 4),
-        memory_ratio=round(later.reserved_bytes / peak, 4) if later.reserved_bytes and peak else None,
-        observed_at=now,
-    )

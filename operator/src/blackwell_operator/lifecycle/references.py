@@ -9,11 +9,12 @@ credentials (on EKS the node role reaches ECR), so the job may well run.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from blackwell_operator.lifecycle.child_record import is_finished, spec_changed
-from blackwell_operator.lifecycle.conditions import ConditionStatus
+from blackwell_operator.lifecycle.conditions import ConditionChange
+from blackwell_operator.lifecycle.status_read import StatusLike
 from blackwell_operator.models.status import ConditionType
 
 # ChildCreated's reason while spec.serviceAccountName names no ServiceAccount of the namespace.
@@ -23,7 +24,15 @@ PULL_SECRET_MISSING = "ImagePullSecretMissing"
 PULL_SECRETS_FOUND = "Found"
 
 
-def would_create(status: Mapping[str, Any], generation: int, *, child_exists: bool) -> bool:
+@dataclass
+class Preflight:
+    """What the checks found: conditions to record, and why nothing may be created (None: go on)."""
+
+    conditions: list[ConditionChange] = field(default_factory=list)
+    blocked: str | None = None
+
+
+def would_create(status: StatusLike, generation: int, *, child_exists: bool) -> bool:
     """Whether this pass would create a child: none exists, and the job is not one that finished with the
     current spec (that one is never run again, lifecycle/child_apply.py). Only a create needs the account:
     a running job's pods exist already."""
@@ -42,14 +51,14 @@ def service_account_missing(name: str, namespace: str) -> str:
     )
 
 
-def pull_secrets_condition(
-    names: Sequence[str], missing: Sequence[str], namespace: str
-) -> tuple[str, ConditionStatus, str, str]:
+def pull_secrets_condition(names: Sequence[str], missing: Sequence[str], namespace: str) -> ConditionChange:
     """Condition ImagePullSecretsFound: True when every spec.imagePullSecrets name is a Secret of the
     namespace, else False naming the first missing one (advisory: the job is created all the same)."""
     if not missing:
         found = ", ".join(names) if names else "none named"
-        return (ConditionType.IMAGE_PULL_SECRETS_FOUND, "True", PULL_SECRETS_FOUND, f"Secrets: {found}.")
+        return ConditionChange(
+            ConditionType.IMAGE_PULL_SECRETS_FOUND, "True", PULL_SECRETS_FOUND, f"Secrets: {found}."
+        )
     index = list(names).index(missing[0])
     others = f" (also missing: {', '.join(missing[1:])})" if len(missing) > 1 else ""
     message = (
@@ -58,4 +67,4 @@ def pull_secrets_condition(
         f"private registry. Fix: create it (kubectl -n {namespace} create secret docker-registry "
         f"{missing[0]} ...), or remove it from spec.imagePullSecrets"
     )
-    return (ConditionType.IMAGE_PULL_SECRETS_FOUND, "False", PULL_SECRET_MISSING, message)
+    return ConditionChange(ConditionType.IMAGE_PULL_SECRETS_FOUND, "False", PULL_SECRET_MISSING, message)

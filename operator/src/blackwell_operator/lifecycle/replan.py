@@ -11,7 +11,7 @@ from blackwell_operator.errors import SpecError
 from blackwell_operator.lifecycle.conditions import set_condition
 from blackwell_operator.lifecycle.message import set_message
 from blackwell_operator.lifecycle.phase import fail
-from blackwell_operator.lifecycle.status_read import read_status
+from blackwell_operator.lifecycle.status_read import StatusLike, read_status, typed
 from blackwell_operator.models.status import (
     PLAN_HISTORY_LIMIT,
     ConditionType,
@@ -49,31 +49,29 @@ def candidate_line(candidate: Candidate, peak_reserved: int | None = None) -> st
 
 def generation_of(btj: Mapping[str, Any]) -> int:
     """The spec generation the status describes."""
-    status = btj.get("status") or {}
-    return int(status.get("observedGeneration") or (btj.get("metadata") or {}).get("generation") or 1)
+    stored = read_status(btj.get("status")).status
+    return int(stored.observed_generation or (btj.get("metadata") or {}).get("generation") or 1)
 
 
 def correction_of(btj: Mapping[str, Any]) -> MemoryCorrection | None:
-    """status.memoryCorrection when it belongs to the BTJ's current spec generation (else None)."""
-    raw = (btj.get("status") or {}).get("memoryCorrection")
-    if not raw:
-        return None
-    try:
-        correction = MemoryCorrection.model_validate(raw)
-    except ValueError:
-        return None  # written by another version, or by hand: plan without it rather than fail
+    """status.memoryCorrection when it belongs to the BTJ's current spec generation (else None).
+
+    One written by another version, or by hand, that does not read is left out (lifecycle/status_read.py):
+    the job is planned without it rather than failed.
+    """
+    correction = read_status(btj.get("status")).status.memory_correction
     generation = int((btj.get("metadata") or {}).get("generation") or 1)
-    return correction if correction.generation == generation else None
+    return correction if correction is not None and correction.generation == generation else None
 
 
-def replacing_child(status: Mapping[str, Any]) -> bool:
+def replacing_child(status: StatusLike) -> bool:
     """Whether the recorded child is one a re-plan is replacing (its phases no longer speak for the BTJ)."""
-    history, child = status.get("planHistory"), status.get("child")
-    child_uid = child.get("uid") if isinstance(child, Mapping) else None
-    if not isinstance(history, list) or not history or not child_uid or not isinstance(history[-1], Mapping):
+    stored = typed(status)
+    child_uid = stored.child.uid if stored.child is not None else None
+    if not stored.plan_history or not child_uid:
         return False
-    last = history[-1]
-    return bool(last.get("replacement")) and last.get("failedChildUid") == child_uid
+    last = stored.plan_history[-1]
+    return last.replacement is not None and last.failed_child_uid == child_uid
 
 
 def oom_of(failure: Mapping[str, Any] | None) -> OomResult | None:
@@ -114,7 +112,7 @@ def replan_changes(
         raise ValueError("status.plan is missing or unreadable: nothing to re-plan from")
     failed = stored.plan
     correction = learn(correction_of(btj), result, failed, generation=generation)
-    child = status.get("child") or {}
+    child = status.get("child") or {}  # read leniently: a child recorded without apiVersion names its uid
     entry = PlanChange(
         at=now,
         generation=generation,

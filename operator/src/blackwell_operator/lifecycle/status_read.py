@@ -83,3 +83,14 @@ def read_status(raw: Mapping[str, Any] | None) -> StoredStatus:
 
 def _type_of(item: Any) -> str:
     return str(item.get("type", "?")) if isinstance(item, Mapping) else "?"
+
+
+# A BTJ's status: typed, or as stored (read tolerantly).
+StatusLike = BlackwellTrainingJobStatus | Mapping[str, Any]
+
+
+def typed(status: StatusLike | None) -> BlackwellTrainingJobStatus:
+    """`status` as the status models read it (what does not validate is left out, never raised on)."""
+    if isinstance(status, BlackwellTrainingJobStatus):
+        return status
+    return read_status(status).status

@@ -9,6 +9,7 @@ from pydantic import AfterValidator, Field
 from pydantic.config import JsonDict
 from pydantic_core import PydanticCustomError
 
+from blackwell_operator.applabels import OPERATOR_POD_LABELS
 from blackwell_operator.units import KIB
 from blackwell_trainer.config import WireModel
 
@@ -27,6 +28,14 @@ MAX_KEY = MAX_SUBDOMAIN + 1 + 63
 # A label value: empty, or 63 at most, alphanumeric at both ends, `-`, `_` and `.` inside.
 LABEL_VALUE = r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$"
 
+# The Pod validation rules of the API server for the fields the BTJ copies into pod templates, which a
+# job's own API accepts and only the pods' creation refuses (docs/reference/pod-validation.md).
+# An env name: printable ASCII but '=' (the relaxed rule of Kubernetes 1.32 and later).
+ENV_NAME = "^[ -<>-~]+$"
+# An image: no leading or trailing whitespace (checked on Pods, not on pod templates).
+IMAGE = r"^[^\s](.*[^\s])?$"
+TOLERATION_SECONDS_EFFECT = "NoExecute"
+
 MAX_POD_LABELS = 64
 MAX_PULL_SECRETS = 16
 # The API server refuses an object whose annotations (keys plus values) exceed 256 KiB. These two bounds
@@ -40,7 +49,7 @@ TOTAL_ANNOTATION_LIMIT = 256 * KIB
 # anti-affinity rule, the operator's pod watch) and the app.kubernetes.io ones mark them as the
 # operator's; a user value would break that, so the spec may not set them.
 RESERVED_PREFIX = "training.blackwell.dev/"  # the API group (models/spec.py); a test ties them
-RESERVED_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/managed-by", "app.kubernetes.io/part-of")
+RESERVED_LABELS = OPERATOR_POD_LABELS
 RESERVED_ANNOTATIONS = ("kubectl.kubernetes.io/default-container",)
 
 

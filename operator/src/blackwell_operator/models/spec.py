@@ -11,9 +11,13 @@ from pydantic_core import PydanticCustomError
 
 from blackwell_operator import __version__
 from blackwell_operator.models.pod import (
+    ENV_NAME,
+    IMAGE,
+    LABEL_VALUE,
     MAX_KEY,
     MAX_PULL_SECRETS,
     QUALIFIED_KEY,
+    TOLERATION_SECONDS_EFFECT,
     PodAnnotations,
     PodLabels,
     SecretReference,
@@ -273,8 +277,24 @@ class TuningSpec(WireModel):
 class EnvVar(WireModel):
     """An environment variable for the trainer container (overrides the operator's defaults)."""
 
-    name: str = Field(min_length=1, description="Variable name.")
+    name: str = Field(
+        min_length=1,
+        description="Variable name: printable ASCII characters other than '='.",
+        json_schema_extra={"pattern": ENV_NAME},
+    )
     value: str = Field(default="", description="Variable value.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        # The API server refuses such a name on the pods, not on the job that templates them.
+        if not re.fullmatch(ENV_NAME, value):
+            raise _spec_error(
+                "env_name",
+                f"{value!r} is not an environment variable name: the API server refuses the pods. Fix: use "
+                "printable ASCII characters other than '=', e.g. NCCL_DEBUG (the value goes in value)",
+            )
+        return value
 
 
 class Toleration(WireModel):
@@ -289,6 +309,37 @@ class Toleration(WireModel):
     toleration_seconds: int | None = Field(
         default=None, ge=0, le=365 * 24 * 3600, description="For NoExecute: how long to stay."
     )
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, value: str | None) -> str | None:
+        problem = key_problem(value) if value else None
+        if problem:
+            why = problem.replace(". Fix:", ": the API server refuses the pods. Fix:", 1)
+            raise _spec_error("toleration_key", why)
+        return value
+
+    @field_validator("value")
+    @classmethod
+    def _value(cls, value: str | None) -> str | None:
+        if value and not re.fullmatch(LABEL_VALUE, value):
+            raise _spec_error(
+                "toleration_value",
+                f"{value!r} is not a label value: the API server refuses the pods. Fix: up to 63 letters, "
+                "digits, '-', '_' or '.' starting and ending with a letter or digit, as the taint's value",
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _seconds_need_no_execute(self) -> Toleration:
+        if self.toleration_seconds is not None and self.effect != TOLERATION_SECONDS_EFFECT:
+            raise _spec_error(
+                "toleration_seconds",
+                f"tolerationSeconds is set with effect {self.effect or '(any)'}: the API server refuses the "
+                f"pods. Fix: set effect: {TOLERATION_SECONDS_EFFECT}, or remove tolerationSeconds (other "
+                "effects never evict, so there is nothing to delay)",
+            )
+        return self
 
 
 # The volumes the operator mounts into every trainer container itself (render/pod.py): a user volume may
@@ -471,6 +522,7 @@ class BlackwellTrainingJobSpec(WireModel):
     image: str | None = Field(
         default=None,
         min_length=1,
+        json_schema_extra={"pattern": IMAGE},
         description="Trainer container image (built from the project's trainer_image/Dockerfile). "
         "Unset: the operator's default, the Helm chart's trainerImage value.",
     )
@@ -524,6 +576,18 @@ class BlackwellTrainingJobSpec(WireModel):
         description="Annotations on every trainer pod, e.g. for a sidecar injector or log routing; keys "
         "the operator sets itself are refused.",
     )
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(IMAGE, value):
+            raise _spec_error(
+                "image",
+                f"{value!r} has leading or trailing whitespace: the API server refuses the pods (not the "
+                "job). Fix: write the image reference alone, e.g. "
+                "123456789012.dkr.ecr.us-east-1.amazonaws.com/btj-trainer:0.1.0",
+            )
+        return value
 
     @field_validator("image_pull_secrets")
     @classmethod

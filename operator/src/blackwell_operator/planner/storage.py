@@ -52,8 +52,9 @@ def _check_checkpoint(spec: BlackwellTrainingJobSpec, path: str) -> None:
         return
     on_node = on(path, NODE_LOCAL)
     if nodes == 1 and on_node:
-        # One node: /local is the node's NVMe (a hostPath), so checkpoints survive a restart of the pod on
-        # that node; they are lost only with the node, which a single-node job accepts by choosing /local.
+        # One node: /local is the pod's node-local scratch (an emptyDir), so checkpoints survive a restart of
+        # the container in the pod; they go with the pod, which a single-node job accepts by choosing /local
+        # (docs/security.md).
         return
     mount = f"declare the shared file system and put the path under its mountPath ({FSX_EXAMPLE})"
     if nodes > 1:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from blackwell_operator.applabels import NAME_LABEL, OPERATOR_APP_NAME
 from blackwell_operator.models.pod import (
     LABEL_VALUE,
     MAX_KEY,
@@ -102,6 +103,11 @@ SPEC_RULES: dict[str, list[dict[str, str]]] = {
             "rule": "(has(self.key) && size(self.key) > 0) "
             "|| (has(self.operator) && self.operator == 'Exists')",
             "message": "a toleration without a key must use operator Exists",
+        },
+        {
+            # Pod validation: only NoExecute evicts, so only it has a delay (docs/reference/pod-validation.md)
+            "rule": "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+            "message": "a toleration with tolerationSeconds must have effect NoExecute",
         },
     ],
 }
@@ -247,8 +253,8 @@ SPEC_EXTRAS: dict[str, Schema] = {
     "env[].name": {"maxLength": 256},
     "env[].value": {"maxLength": 32768},
     "tolerations": {"maxItems": 64, "x-kubernetes-list-type": "atomic"},
-    "tolerations[].key": {"maxLength": 316},
-    "tolerations[].value": {"maxLength": 63},
+    "tolerations[].key": {"maxLength": 316, "pattern": QUALIFIED_KEY},
+    "tolerations[].value": {"maxLength": 63, "pattern": LABEL_VALUE},
     "volumes": {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     "imagePullSecrets": {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
 }
@@ -376,7 +382,7 @@ def generate_crd() -> dict[str, Any]:
         "kind": "CustomResourceDefinition",
         "metadata": {
             "name": f"{PLURAL}.{API_GROUP}",
-            "labels": {"app.kubernetes.io/name": "blackwell-training-operator"},
+            "labels": {NAME_LABEL: OPERATOR_APP_NAME},
         },
         "spec": {
             "group": API_GROUP,

@@ -44,8 +44,8 @@ DEFAULT_ENV: dict[str, str] = {
     # (docs/reference/hyperpod-pytorchjob.md §1.2).
     # The trainer also finds its plan through this variable (see blackwell_trainer's entry point).
     "BTJ_PLAN_PATH": PLAN_PATH,
-    # S3 token shards are cached on the node's NVMe, shared by its ranks and kept across container
-    # restarts (the trainer's default, /tmp, is the container's root disk, lost on every restart).
+    # S3 token shards are cached in the pod's node-local scratch, shared by its ranks and kept across
+    # container restarts (the trainer's default, /tmp, is the container's root disk, lost on every restart).
     "BTJ_CACHE_DIR": f"{LOCAL_DIR}/btj-cache",
 }
 

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from blackwell_operator.applabels import (
+    APP_NAME,
+    INSTANCE_LABEL,
+    MANAGED_BY_LABEL,
+    MANAGER,
+    NAME_LABEL,
+    PART_OF,
+    PART_OF_LABEL,
+)
 from blackwell_operator.models.spec import API_GROUP, BlackwellTrainingJobSpec
 
-# app.kubernetes.io recommended labels (https://kubernetes.io/docs/concepts/overview/working-with-objects/common-labels/).
-NAME_LABEL = "app.kubernetes.io/name"
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-PART_OF_LABEL = "app.kubernetes.io/part-of"
-COMPONENT_LABEL = "app.kubernetes.io/component"
 JOB_NAME_LABEL = f"{API_GROUP}/job-name"
-
-APP_NAME = "blackwell-trainer"
-MANAGER = "blackwell-operator"
-PART_OF = "blackwell-training"
 
 # Kueue reads these from the job object (docs/reference/hyperpod-pytorchjob.md §2.7).
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -34,9 +34,9 @@ MAX_RETRY_ANNOTATION = "sagemaker.amazonaws.com/job-max-retry-count"
 RENDER_HASH_ANNOTATION = f"{API_GROUP}/render-sha256"
 PLAN_HASH_ANNOTATION = f"{API_GROUP}/plan-sha256"
 
-# Argo CD tracks resources by this label in `label` tracking mode and by argocd.argoproj.io/* keys;
-# a child carrying them is reported OutOfSync or pruned (docs/reference/hyperpod-pytorchjob.md §3.2).
-ARGO_INSTANCE_LABEL = "app.kubernetes.io/instance"
+# Argo CD tracks resources by app.kubernetes.io/instance in `label` tracking mode and by argocd.argoproj.io/*
+# keys; a child carrying them is reported OutOfSync or pruned (docs/reference/hyperpod-pytorchjob.md §3.2).
+ARGO_INSTANCE_LABEL = INSTANCE_LABEL
 ARGO_PREFIX = "argocd.argoproj.io/"
 
 

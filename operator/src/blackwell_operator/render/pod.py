@@ -32,8 +32,10 @@ METRICS_PORT_NAME = "metrics"
 GPU_RESOURCE = "nvidia.com/gpu"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 
-# HyperPod EKS instance store (ADT examples, docs/reference/hyperpod-pytorchjob.md §2.5)
-LOCAL_NVME_HOST_PATH = "/mnt/k8s-disks/0"
+# The trainer image's user (trainer_image/Dockerfile `USER`); the pods run as it whatever the image says, so a
+# custom image runs as non-root too. Numeric, so the kubelet can check runAsNonRoot (docs/security.md).
+TRAINER_UID = 1000
+TRAINER_GID = 1000
 # Time for the trainer's SIGTERM checkpoint (preemption, Kueue eviction, auto-resume) before SIGKILL.
 TERMINATION_GRACE_SECONDS = 300
 
@@ -108,12 +110,46 @@ def container(
         # Why a worker failed, in the pod's status (`kubectl get pod -o yaml`, lastState.terminated): the
         # trainer writes its one-line error to /dev/termination-log; without it, the log's tail.
         "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": container_security_context(),
         "volumeMounts": [
             {"name": "plan", "mountPath": PLAN_DIR, "readOnly": True},
             {"name": "shm", "mountPath": OPERATOR_VOLUMES["shm"]},
             {"name": "local", "mountPath": LOCAL_DIR},
             *(claim_mount(volume) for volume in spec.volumes),
         ],
+    }
+
+
+def container_security_context() -> dict[str, Any]:
+    """What Pod Security `restricted` asks of a container: no privilege escalation, every capability dropped.
+
+    NCCL, EFA (libfabric) and the CUDA driver need no capability: GPUs and EFA devices come from their
+    device plugins, and memory registration needs only the runtime's unlimited memlock limit
+    (docs/security.md).
+    """
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "privileged": False,
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def pod_security_context() -> dict[str, Any]:
+    """The pod runs as the trainer image's non-root user and group under the runtime's seccomp profile.
+
+    fsGroup makes a volume that supports it (a ReadWriteOnce claim with a file system, e.g. EBS) writable by
+    that group; OnRootMismatch changes ownership once, not on every start (FSx for Lustre claims are
+    ReadWriteMany and left as they are: their folders must be writable by the trainer's user or group).
+    """
+    return {
+        "fsGroup": TRAINER_GID,
+        "fsGroupChangePolicy": "OnRootMismatch",
+        "runAsGroup": TRAINER_GID,
+        "runAsNonRoot": True,
+        "runAsUser": TRAINER_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
     }
 
 
@@ -136,11 +172,19 @@ def claim_volume(volume: Volume) -> dict[str, Any]:
 
 
 def volumes(name: str, spec: BlackwellTrainingJobSpec) -> list[dict[str, Any]]:
-    """The plan ConfigMap, the node's /dev/shm tmpfs and its NVMe instance store, then spec.volumes."""
+    """The plan ConfigMap, the pod's own /dev/shm and node-local scratch, then spec.volumes.
+
+    No hostPath (docs/security.md): the node's /dev/shm and NVMe were shared by every pod on the node, so one
+    namespace could read or poison another's cached shards, weights and checkpoints, and hostPath forces
+    Pod Security `privileged`. Both are emptyDirs now, private to the pod and gone with it: /dev/shm a
+    tmpfs (its pages count against the pod's memory limit, which also bounds its size), /local on the
+    kubelet's disk, which on HyperPod and EKS nodes with instance store is the NVMe RAID. They survive a
+    container restart in the pod (PyTorchJob's OnFailure, hyperpodrun's process restarts), not a new pod.
+    """
     return [
         {"name": "plan", "configMap": {"name": plan_config_map_name(name), "defaultMode": 0o444}},
-        {"name": "shm", "hostPath": {"path": "/dev/shm", "type": "Directory"}},
-        {"name": "local", "hostPath": {"path": LOCAL_NVME_HOST_PATH, "type": "DirectoryOrCreate"}},
+        {"name": "shm", "emptyDir": {"medium": "Memory"}},
+        {"name": "local", "emptyDir": {}},
         *(claim_volume(volume) for volume in spec.volumes),
     ]
 
@@ -166,6 +210,7 @@ def pod_template(
         "affinity": affinity(name),
         "containers": [container(spec, plan, command, extra_ports or [], container_name)],
         "volumes": volumes(name, spec),
+        "securityContext": pod_security_context(),
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
     }
     if restart_policy:

@@ -7,6 +7,8 @@ from typing import Any
 
 import yaml
 
+from blackwell_operator.yamlscalars import resolve_plain
+
 
 class _NoAliasDumper(yaml.SafeDumper):
     """SafeDumper that writes repeated objects in full instead of &anchors (kubectl users read this)."""
@@ -16,8 +18,9 @@ class _NoAliasDumper(yaml.SafeDumper):
 
 
 def _str_presenter(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
-    # Multi-line strings (the plan JSON) as literal blocks: readable and diff-friendly.
-    style = "|" if "\n" in data else None
+    # Multi-line strings (the plan JSON) as literal blocks: readable and diff-friendly. A string kubectl
+    # would read as something else (`y` is true and `1e3` 1000 to go-yaml, not to PyYAML) is quoted.
+    style = "|" if "\n" in data else "'" if resolve_plain(data)[0] != "str" else None
     return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
 
 

@@ -1,0 +1,50 @@
+"""Whether a BTJ has converged, and if not why: what the resync loop (handlers/resync.py) reconciles for."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from blackwell_operator.lifecycle.child_apply import CREATE_REFUSED, PATCH_REFUSED
+from blackwell_operator.lifecycle.child_record import deleted_child_uid, is_finished
+from blackwell_operator.lifecycle.conditions import find_condition
+from blackwell_operator.lifecycle.outcome import NO_JOB_API
+from blackwell_operator.lifecycle.references import SERVICE_ACCOUNT_MISSING
+from blackwell_operator.lifecycle.status_read import read_status
+from blackwell_operator.models.status import ConditionType, Phase
+
+# The ChildCreated / SpecApplied reasons that mean "not there yet, try again" (no watch on ServiceAccounts:
+# the loop looks for a missing one with its backoff).
+RETRY_REASONS = frozenset({CREATE_REFUSED, PATCH_REFUSED, NO_JOB_API, SERVICE_ACCOUNT_MISSING})
+
+
+def wants_child_back(btj: Mapping[str, Any]) -> bool:
+    """A BTJ whose child was deleted while the job had not finished, and that is not being deleted itself."""
+    stored = read_status(btj.get("status")).status
+    return (
+        deleted_child_uid(stored) is not None
+        and not is_finished(stored)
+        and not (btj.get("metadata") or {}).get("deletionTimestamp")
+    )
+
+
+def needs_reconcile(btj: Mapping[str, Any]) -> str | None:
+    """Why this BTJ has not converged (None when it has): what the loop would reconcile it for."""
+    meta = btj.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return None
+    stored = read_status(btj.get("status")).status
+    if stored.observed_generation != int(meta.get("generation") or 1):
+        return "its spec has not been reconciled"
+    if wants_child_back(btj):
+        return "its child was deleted before the job finished"
+    for type_ in (ConditionType.CHILD_CREATED, ConditionType.SPEC_APPLIED):
+        cond = find_condition(stored.conditions, type_)
+        if cond is not None and cond.status == "False" and cond.reason in RETRY_REASONS:
+            return f"the API server refused its child ({cond.reason})"
+    if (
+        find_condition(stored.conditions, ConditionType.CHILD_CREATED) is None
+        and stored.phase != Phase.INVALID
+    ):
+        return "no child recorded"
+    return None
