@@ -13,7 +13,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PREFIX = "BTJ_"
 # Settings where 0 means "off" (the loop does not run) rather than "no time at all".
-OFF_AT_ZERO = frozenset({"stuck_pod_timeout_s", "measure_interval_s"})
+OFF_AT_ZERO = frozenset({"stuck_pod_timeout_s", "measure_interval_s", "elastic_interval_s"})
 _PROBLEMS = {
     "float_parsing": "not a number of seconds",
     "float_type": "not a number of seconds",
@@ -29,6 +29,7 @@ _FIXES = {
     "(the chart sets it from trainerImage)",
     "cluster_calibration_namespace": "Fix: e.g. btj-system (the chart sets it to the release's namespace)",
     "check_image_pull_secrets": "Fix: true or false (the chart sets it from operator.checkImagePullSecrets)",
+    "cluster_calibration_pool": "Fix: true or false (false: each namespace learns from its own jobs)",
 }
 # Problems that depend on the setting, not only on the kind of error.
 _FIELD_PROBLEMS = {
@@ -55,6 +56,13 @@ class OperatorEnvironment(BaseSettings):
     measure_interval_s: float = Field(
         60.0, ge=0, allow_inf_nan=False, description="Seconds between throughput readings; 0: off."
     )
+    # The grace periods of elastic jobs are minutes; a look every 30 s reacts well within them.
+    elastic_interval_s: float = Field(
+        30.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="Seconds between checks of elastic jobs' healthy nodes against their plans; 0: off.",
+    )
     # The largest job plans in milliseconds (benchmarks/results/plan_speed.json); a thousand times that is
     # still short next to the watch timeouts, and long enough for a CPU shared with other work.
     plan_deadline_s: float = Field(
@@ -65,6 +73,11 @@ class OperatorEnvironment(BaseSettings):
         None,
         pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
         description="Namespace of the cluster-calibration ConfigMap; None: measured runs teach nothing.",
+    )
+    # Off by default: a plan learns from its own namespace's jobs only, so no team's jobs move another's
+    # plans. On, every namespace's newest jobs count (each capped: calibration/cluster.py).
+    cluster_calibration_pool: bool = Field(
+        False, description="Pool the cluster calibration across namespaces (each namespace capped)."
     )
     # "off" disables the server (e.g. several operators in one test).
     # Reading Secrets is a broad grant (RBAC cannot limit it to their names), so the check is opt-in: the

@@ -24,7 +24,7 @@ from blackwell_operator.handlers import retrying
 from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
 from blackwell_operator.handlers.btjstatus import btj_path, write_status
 from blackwell_operator.handlers.child_calls import ChildCalls, ChildConflict
-from blackwell_operator.handlers.cluster_calibration import read_cluster_calibration
+from blackwell_operator.handlers.cluster_calibration import pooled, read_cluster_calibration
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import adopt_children, create_event, post_event
 from blackwell_operator.handlers.finalizer import release, with_finalizer
@@ -52,6 +52,7 @@ from blackwell_operator.lifecycle.child_apply import (
     refusal,
     resume_note,
 )
+from blackwell_operator.lifecycle.elastic import stored_choice
 from blackwell_operator.lifecycle.outcome import PassOutcome, SeenChild
 from blackwell_operator.lifecycle.replan import correction_of
 from blackwell_operator.lifecycle.status_read import read_status
@@ -204,8 +205,18 @@ class Reconciler:
             # What out-of-memory runs of this spec taught (status.memoryCorrection, lifecycle/replan.py):
             # also after an operator restart, the plan is the corrected one that runs.
             correction = correction_of(body)
-            cluster = self._cluster_corrector(stored, spec, generation)
-            plan = plan_within(spec, meta["name"], correction=correction, cluster=cluster)
+            cluster = self._cluster_corrector(stored, spec, generation, str(meta.get("namespace") or ""))
+            # An elastic job keeps the count its stored plan chose; its first plan takes the healthy nodes.
+            kept = stored_choice(body) if spec.cluster.elastic is not None else None
+            schedulable = self._schedulable(spec, logger) if spec.cluster.elastic and not kept else None
+            plan = plan_within(
+                spec,
+                meta["name"],
+                correction=correction,
+                cluster=cluster,
+                schedulable=schedulable,
+                current=kept,
+            )
         except SpecError as exc:
             return outcomes.invalid(generation, exc.reason, exc.message)
         outcome = outcomes.planned(
@@ -214,7 +225,7 @@ class Reconciler:
             replanned=correction is not None,
             nodes=self._capacity(spec, plan, logger),
             aws=self._aws_capacity(spec, logger),
-            needed=spec.cluster.nodes,
+            needed=plan.nodes,  # an elastic job's count may differ from spec.cluster.nodes
             queue_name=spec.queue_name,
         )
         backend = self._backend(stored, spec)
@@ -296,7 +307,11 @@ class Reconciler:
             raise kopf.TemporaryError(outcome.requeue.message, delay=outcome.requeue.after_s)
 
     def _cluster_corrector(
-        self, stored: BlackwellTrainingJobStatus, spec: BlackwellTrainingJobSpec, generation: int
+        self,
+        stored: BlackwellTrainingJobStatus,
+        spec: BlackwellTrainingJobSpec,
+        generation: int,
+        namespace: str,
     ) -> Corrector | None:
         """What this cluster measured, for the plan: the factors already planned with when this generation
         was planned before (a resync or a re-created child never re-plans a running job differently), else
@@ -305,7 +320,10 @@ class Reconciler:
         if stored.plan is not None and stored.observed_generation == generation:
             return frozen(stored.plan.cluster_correction)
         calibration = read_cluster_calibration(self.ctx, self._logger or _LOG)
-        return calibration.corrector(spec.cluster.instance_type) if calibration else None
+        if calibration is None:
+            return None
+        # This namespace's own runs only, unless the operator pools them (each namespace capped).
+        return calibration.corrector(spec.cluster.instance_type, namespace, pooled=pooled())
 
     def _aws_capacity(self, spec: BlackwellTrainingJobSpec, logger: Any) -> AwsCapacity | None:
         """What AWS says about the named HyperPod cluster (None: no cluster named, or no reader)."""
@@ -334,6 +352,14 @@ class Reconciler:
             return recorded
         served = self.ctx.served_apis.served() if self.ctx.served_apis is not None else frozenset(CONCRETE)
         return choose_backend(spec, served)
+
+    def _schedulable(self, spec: BlackwellTrainingJobSpec, logger: Any) -> int | None:
+        """Healthy schedulable nodes of the spec's instance type (None when they cannot be read)."""
+        try:
+            return self.ctx.capacity.read(spec.cluster.instance_type.value).schedulable
+        except ApiError as exc:  # planned for spec.cluster.nodes then, and the plan says so
+            logger.warning(f"Cannot read node capacity: {exc}")
+            return None
 
     def _capacity(self, spec: BlackwellTrainingJobSpec, plan: Plan, logger: Any) -> Capacity | None:
         try:

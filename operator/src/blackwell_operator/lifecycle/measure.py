@@ -7,6 +7,7 @@ and the step time are the changes between two readings.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,27 +43,35 @@ class Reading:
     reserved_bytes: int = 0  # peak reserved GPU memory of local rank 0 (0 on CPU)
 
 
+def _count(value: float | None) -> int | None:
+    """A gauge or counter that must be a whole number of something: None unless finite and not negative."""
+    if value is None or not math.isfinite(value) or value < 0:
+        return None
+    return int(value)
+
+
 def parse_reading(text: str, at: float) -> Reading | None:
-    """The trainer's counters from Prometheus text, or None when they are not there (not our trainer)."""
+    """The trainer's counters from Prometheus text, or None when they are not there (not our trainer) or
+    not a reading at all (a token count that is NaN, infinite or negative). A NaN or infinite gauge beside
+    a good count is dropped (no MFU, no step); ValueError for text that is not Prometheus exposition."""
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             kind = sample.labels.get(MEMORY_KIND_LABEL)
-            values[f"{sample.name}:{kind}" if kind else sample.name] = sample.value
-    if total(TOKENS) not in values:
+            values[f"{sample.name}:{kind}" if kind else sample.name] = float(sample.value)
+    tokens = values.get(total(TOKENS))
+    if tokens is None or not math.isfinite(tokens) or tokens < 0:
         return None
-    gpus = int(values.get(GPUS) or 1)
     mfu = values.get(MFU)
-    step, planned = values.get(STEP), values.get(PLANNED_STEPS)
     return Reading(
         at,
-        values[total(TOKENS)],
-        max(gpus, 1),
-        mfu if mfu else None,
-        step=None if step is None else int(step),
-        planned_steps=int(planned) if planned else None,
-        pod_steps=int(values.get(total(STEPS)) or 0),
-        reserved_bytes=int(values.get(f"{GPU_MEMORY_PEAK}:{RESERVED}") or 0),
+        tokens,
+        max(_count(values.get(GPUS)) or 1, 1),
+        mfu if mfu and math.isfinite(mfu) and mfu > 0 else None,
+        step=_count(values.get(STEP)),
+        planned_steps=_count(values.get(PLANNED_STEPS)) or None,
+        pod_steps=_count(values.get(total(STEPS))) or 0,
+        reserved_bytes=_count(values.get(f"{GPU_MEMORY_PEAK}:{RESERVED}")) or 0,
     )
 
 
@@ -72,7 +81,8 @@ def tokens_per_second_per_gpu(earlier: Reading, later: Reading) -> float | None:
     trained = later.tokens - earlier.tokens
     if elapsed <= 0 or trained < 0:  # a restarted container counts from zero again
         return None
-    return trained / elapsed / later.gpus
+    rate = trained / elapsed / later.gpus
+    return rate if math.isfinite(rate) else None
 
 
 def metrics_endpoint(pod: Mapping[str, Any]) -> str | None:

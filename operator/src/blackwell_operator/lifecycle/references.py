@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from blackwell_operator.lifecycle.child_record import is_finished, spec_changed
+from blackwell_operator.lifecycle.child_record import is_finished, runs_again
 from blackwell_operator.lifecycle.conditions import ConditionChange
 from blackwell_operator.lifecycle.status_read import StatusLike
 from blackwell_operator.models.status import ConditionType
@@ -38,7 +38,7 @@ def would_create(status: StatusLike, generation: int, *, child_exists: bool) -> 
     a running job's pods exist already."""
     if child_exists:
         return False
-    return not (is_finished(status) and not spec_changed(generation, status))
+    return not (is_finished(status) and not runs_again(generation, status))
 
 
 def service_account_missing(name: str, namespace: str) -> str:

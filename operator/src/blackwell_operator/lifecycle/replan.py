@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,6 +31,8 @@ from blackwell_trainer.config import Candidate, OomResult, Plan
 # The Planned condition's reason while a re-planned job replaces its child.
 REPLANNED_REASON = "Replanned"
 OUT_OF_MEMORY = "OutOfMemory"
+# The reason of a re-plan for another node count (an elastic job: lifecycle/elastic.py).
+RESIZED = "Resized"
 # What a user can change when re-planning is spent or nothing fits any more.
 WHAT_TO_CHANGE = (
     "pin a smaller spec.tuning.microBatchSize, set spec.tuning.activationCheckpointing to full, raise "
@@ -53,15 +57,51 @@ def generation_of(btj: Mapping[str, Any]) -> int:
     return int(stored.observed_generation or (btj.get("metadata") or {}).get("generation") or 1)
 
 
+# What a memory correction was learned for: what sets how much memory a configuration takes. A spec edit
+# that changes one of them makes the measurements say nothing of the new job; any other edit (steps,
+# learning rate, data, a micro-batch or checkpointing pin, maxReplans, labels) keeps the correction, the
+# configurations that ran out and the re-plan count (docs/replan.md, "Lifetime of a correction").
+LEARNED_FOR = (
+    ("model",),
+    ("cluster", "instanceType"),
+    ("cluster", "nodes"),
+    ("training", "sequenceLength"),
+    ("tuning", "precision"),
+    ("image",),
+)
+
+
+def learned_for(spec: Any) -> str:
+    """The fingerprint of a spec's LEARNED_FOR fields (a missing precision reads as its default, auto)."""
+    picked: dict[str, Any] = {}
+    for path in LEARNED_FOR:
+        value: Any = spec if isinstance(spec, Mapping) else {}
+        for key in path:
+            value = value.get(key) if isinstance(value, Mapping) else None
+        if path == ("tuning", "precision") and value is None:
+            value = "auto"
+        picked[".".join(path)] = value
+    text = json.dumps(picked, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def correction_of(btj: Mapping[str, Any]) -> MemoryCorrection | None:
-    """status.memoryCorrection when it belongs to the BTJ's current spec generation (else None).
+    """status.memoryCorrection when it applies to the BTJ's current spec: learned on this generation, or
+    on an earlier one whose LEARNED_FOR fields this spec keeps (then rebased onto this generation, so that
+    a later out-of-memory run adds to it and its re-plan count goes on). Else None.
 
     One written by another version, or by hand, that does not read is left out (lifecycle/status_read.py):
     the job is planned without it rather than failed.
     """
     correction = read_status(btj.get("status")).status.memory_correction
+    if correction is None:
+        return None
     generation = int((btj.get("metadata") or {}).get("generation") or 1)
-    return correction if correction is not None and correction.generation == generation else None
+    if correction.generation == generation:
+        return correction
+    if correction.learned_for is not None and correction.learned_for == learned_for(btj.get("spec")):
+        return correction.model_copy(update={"generation": generation})
+    return None
 
 
 def replacing_child(status: StatusLike) -> bool:
@@ -72,6 +112,12 @@ def replacing_child(status: StatusLike) -> bool:
         return False
     last = stored.plan_history[-1]
     return last.replacement is not None and last.failed_child_uid == child_uid
+
+
+def resized_child(status: StatusLike) -> bool:
+    """Whether the child being replaced is replaced for another node count (not for memory)."""
+    stored = typed(status)
+    return replacing_child(stored) and stored.plan_history[-1].reason == RESIZED
 
 
 def oom_of(failure: Mapping[str, Any] | None) -> OomResult | None:
@@ -111,7 +157,10 @@ def replan_changes(
     if stored.plan is None:
         raise ValueError("status.plan is missing or unreadable: nothing to re-plan from")
     failed = stored.plan
-    correction = learn(correction_of(btj), result, failed, generation=generation)
+    current = correction_of(btj)  # applies to this spec: on top of it, whichever generation it was from
+    current = None if current is None else current.model_copy(update={"generation": generation})
+    correction = learn(current, result, failed, generation=generation)
+    correction.learned_for = learned_for(btj.get("spec"))
     child = status.get("child") or {}  # read leniently: a child recorded without apiVersion names its uid
     entry = PlanChange(
         at=now,
@@ -135,7 +184,10 @@ def replan_changes(
         else:
             # The cluster's measured factors the failed plan was made with stay (calibration/cluster.py).
             same_cluster = frozen(failed.cluster_correction)
-            plan = plan_job(spec, job_name=name, correction=correction, cluster=same_cluster)
+            # An elastic job keeps its node count: only the memory changed.
+            plan = plan_job(
+                spec, job_name=name, correction=correction, cluster=same_cluster, current=failed.elastic
+            )
     except Rejected as exc:
         why = f"the spec no longer passes admission ({exc.lines[0]})"
     except SpecError as exc:
@@ -169,6 +221,7 @@ def replan_changes(
     set_message(change, message, Phase.RESTARTING)  # the failure is in the headline already
     change.plan_history = [*history, entry][-PLAN_HISTORY_LIMIT:]
     change.plan = plan  # written as the merge patch from the failed one (lifecycle/status_patch.py)
+    change.nodes = plan.nodes
     change.precision = plan.chosen.precision.value
     change.micro_batch_size = plan.chosen.micro_batch_size
     change.activation_checkpointing = plan.chosen.activation_checkpointing.value

@@ -49,6 +49,7 @@ Auto = Literal["auto"]
 DEFAULT_INSTANCE_TYPE = "ml.p6-b200.48xlarge"
 # The trainer image of this release: its tag is the package version.
 MAX_GLOBAL_BATCH_TOKENS = 2**40
+DEFAULT_SEQUENCE_LENGTH = 4096
 DEFAULT_IMAGE = f"ghcr.io/blackwell-dev/blackwell-trainer:{__version__}"
 
 
@@ -141,6 +142,59 @@ class TopologySpec(WireModel):
         return value
 
 
+ELASTIC_NEEDS_GLOBAL_BATCH = (
+    "spec.cluster.elastic needs spec.training.globalBatchTokens: the global batch is what stays the same "
+    "when the node count changes (one micro-batch per GPU would change with it). Fix: set "
+    "spec.training.globalBatchTokens to a multiple of spec.training.sequenceLength"
+)
+ELASTIC_WHOLE_SEQUENCES = (
+    "spec.training.globalBatchTokens must be a multiple of spec.training.sequenceLength for an elastic "
+    "job: every node count must train the same whole sequences per step. Fix: round globalBatchTokens to "
+    "a multiple of sequenceLength"
+)
+ELASTIC_RANGE = (
+    "spec.cluster.elastic must have minNodes <= spec.cluster.nodes <= maxNodes. Fix: widen the range or "
+    "set spec.cluster.nodes inside it"
+)
+
+
+class ElasticSpec(WireModel):
+    """A node range: the job may run on any count in it, re-planned when the healthy nodes change."""
+
+    min_nodes: int = Field(
+        ge=1, le=1024, description="Fewest nodes the job runs on; with fewer healthy ones it waits."
+    )
+    max_nodes: int = Field(ge=1, le=1024, description="Most nodes the job runs on.")
+    grace_period_seconds: int = Field(
+        default=600,
+        ge=0,
+        le=24 * 3600,
+        description="How long a lost node may stay gone (HyperPod replacing it) before the job is "
+        "re-planned for fewer nodes.",
+    )
+    scale_up: bool = Field(
+        default=False,
+        description="Re-plan for more nodes (up to maxNodes) when more have been schedulable for the grace "
+        "period; off: a running job only shrinks.",
+    )
+    cooldown_seconds: int = Field(
+        default=900,
+        ge=0,
+        le=7 * 24 * 3600,
+        description="Least time between two resizes (rate limit, so a flapping node cannot churn the job).",
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ElasticSpec:
+        if self.min_nodes > self.max_nodes:
+            raise _spec_error(
+                "elastic_range",
+                f"minNodes {self.min_nodes} is more than maxNodes {self.max_nodes}. Fix: set minNodes <= "
+                "maxNodes",
+            )
+        return self
+
+
 class ClusterSpec(WireModel):
     """Where the job runs."""
 
@@ -170,6 +224,29 @@ class ClusterSpec(WireModel):
         "window go into CapacityAvailable. Unset: the plan of the cluster's instance group, if any.",
         json_schema_extra={"pattern": TRAINING_PLAN_PATTERN},
     )
+    elastic: ElasticSpec | None = Field(
+        default=None,
+        description="Run on any node count from minNodes to maxNodes: planned for the largest count the "
+        "healthy nodes hold (spec.cluster.nodes when that is unknown) and re-planned when nodes are lost "
+        "(or, with scaleUp, added); the global batch and the learning-rate schedule stay the same "
+        "(docs/elastic.md).",
+    )
+
+    @property
+    def most_nodes(self) -> int:
+        """The most nodes the job may span: an elastic job's maxNodes, else nodes."""
+        return self.elastic.max_nodes if self.elastic is not None else self.nodes
+
+    @model_validator(mode="after")
+    def _in_range(self) -> ClusterSpec:
+        elastic = self.elastic
+        if elastic is not None and not elastic.min_nodes <= self.nodes <= elastic.max_nodes:
+            raise _spec_error(
+                "elastic_range",
+                f"spec.cluster.nodes {self.nodes} is outside spec.cluster.elastic "
+                f"[{elastic.min_nodes}, {elastic.max_nodes}]. Fix: set nodes inside the range or widen it",
+            )
+        return self
 
     @field_validator("hyperpod_cluster")
     @classmethod
@@ -197,7 +274,9 @@ class ClusterSpec(WireModel):
 class TrainingSpec(WireModel):
     """What to train on and for how long."""
 
-    sequence_length: int = Field(default=4096, ge=128, le=1_048_576, description="Tokens per sequence.")
+    sequence_length: int = Field(
+        default=DEFAULT_SEQUENCE_LENGTH, ge=128, le=1_048_576, description="Tokens per sequence."
+    )
     global_batch_tokens: int | None = Field(
         default=None,
         ge=1,
@@ -207,7 +286,7 @@ class TrainingSpec(WireModel):
         "to reach it. Default: one micro-batch per GPU.",
     )
     steps: int = Field(default=1000, ge=1, le=100_000_000, description="Optimizer steps.")
-    dataset: DatasetConfig = Field(default_factory=DatasetConfig, description="Training data source.")
+    dataset: DatasetSpec = Field(default_factory=lambda: DatasetSpec(), description="Training data source.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpointing.")
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="AdamW settings.")
     output: OutputSpec | None = Field(
@@ -350,7 +429,7 @@ OPERATOR_VOLUMES: dict[str, str] = {"plan": "/etc/btj", "shm": "/dev/shm", "loca
 _OPERATOR_MOUNT_USES = {
     "plan": "the job's plan",
     "shm": "the node's shared memory",
-    "local": "the node's NVMe",
+    "local": "the pod's node-local scratch",
 }
 
 DNS1123_LABEL = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -401,7 +480,7 @@ class WeightsSpec(WireModel):
 
     uri: str = Field(
         max_length=MAX_URI_LENGTH,
-        description="s3://bucket/prefix, or a folder on a spec.volumes entry (or /local on one node), "
+        description="s3://bucket/prefix, or a folder on a spec.volumes entry, "
         "holding config.json and *.safetensors; the job's own checkpoint takes precedence on resume.",
         json_schema_extra={"pattern": STORAGE_URI_PATTERN},
     )
@@ -417,8 +496,8 @@ class OutputSpec(WireModel):
 
     uri: str = Field(
         max_length=MAX_URI_LENGTH,
-        description="s3://bucket/prefix, or a folder on a spec.volumes entry that is not readOnly (or /local "
-        "on one node), for safetensors, config.json and the tokenizer.",
+        description="s3://bucket/prefix, or a folder on a spec.volumes entry that is not readOnly, "
+        "for safetensors, config.json and the tokenizer.",
         json_schema_extra={"pattern": STORAGE_URI_PATTERN},
     )
 
@@ -426,6 +505,23 @@ class OutputSpec(WireModel):
     @classmethod
     def _uri(cls, value: str) -> str:
         return _check_storage_uri(value, "exports/my-job")
+
+
+class DatasetSpec(DatasetConfig):
+    """The training data as a user writes it: the plan's DatasetConfig, its uri checked like the others."""
+
+    uri: str | None = Field(
+        default=None,
+        max_length=MAX_URI_LENGTH,
+        description="s3://bucket/prefix, or a folder on a spec.volumes entry (or /local on one node), "
+        "holding *.bin token shards (kind shards or chat).",
+        json_schema_extra={"pattern": STORAGE_URI_PATTERN},
+    )
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, value: str | None) -> str | None:
+        return None if value is None else _check_storage_uri(value, "datasets/my-corpus")
 
 
 class Volume(WireModel):
@@ -627,6 +723,17 @@ class BlackwellTrainingJobSpec(WireModel):
     def _auto_resume_backend(self) -> BlackwellTrainingJobSpec:
         if self.auto_resume and self.backend == Backend.TRAIN_JOB:
             raise _spec_error("auto_resume_backend", AUTO_RESUME_TRAINJOB)
+        return self
+
+    @model_validator(mode="after")
+    def _elastic_batch(self) -> BlackwellTrainingJobSpec:
+        if self.cluster.elastic is None:
+            return self
+        tokens = self.training.global_batch_tokens
+        if tokens is None:
+            raise _spec_error("elastic_global_batch", ELASTIC_NEEDS_GLOBAL_BATCH)
+        if tokens % self.training.sequence_length:
+            raise _spec_error("elastic_global_batch", ELASTIC_WHOLE_SEQUENCES)
         return self
 
     @model_validator(mode="after")

@@ -18,6 +18,10 @@ from blackwell_operator.models.spec import (
     API_GROUP,
     API_VERSION,
     AUTO_RESUME_TRAINJOB,
+    DEFAULT_SEQUENCE_LENGTH,
+    ELASTIC_NEEDS_GLOBAL_BATCH,
+    ELASTIC_RANGE,
+    ELASTIC_WHOLE_SEQUENCES,
     KIND,
     OPERATOR_VOLUMES,
     PLURAL,
@@ -83,6 +87,17 @@ SPEC_RULES: dict[str, list[dict[str, str]]] = {
         {
             "rule": "!has(self.gpusPerNode) || self.gpusPerNode <= 8",
             "message": "spec.cluster.gpusPerNode must be at most 8: every supported instance has 8 GPUs",
+        },
+        {
+            "rule": "!has(self.elastic) || (self.elastic.minNodes <= (has(self.nodes) ? self.nodes : 1) "
+            "&& (has(self.nodes) ? self.nodes : 1) <= self.elastic.maxNodes)",
+            "message": ELASTIC_RANGE,
+        },
+    ],
+    "cluster.elastic": [
+        {
+            "rule": "self.minNodes <= self.maxNodes",
+            "message": "spec.cluster.elastic.minNodes must be at most maxNodes",
         }
     ],
     "cluster.instanceType": [_immutable("spec.cluster.instanceType", _NEW_JOB)],
@@ -148,15 +163,18 @@ def _on_a_volume(path: str, writable: bool) -> str:
 
 
 def _weights_folder(uri: str, writable: bool) -> str:
-    """CEL: a weights URI is an s3:// prefix, on a volume (writable for the export), or /local on one node."""
-    return (
-        f"{uri}.startsWith('s3://') || {_on_a_volume(uri, writable=writable)} "
-        f"|| ({_NODES} <= 1 && !{uri}.matches('(^|/)[.][.](/|$)') "
-        f"&& ({uri} == '{_LOCAL}' || {uri}.startsWith('{_LOCAL}/')))"
-    )
+    """CEL: a weights URI is an s3:// prefix or on a volume (writable for the export). Not /local: the pod's
+    own scratch starts empty and goes with the pod (docs/security.md)."""
+    return f"{uri}.startsWith('s3://') || {_on_a_volume(uri, writable=writable)}"
 
 
-_NODES = "(has(self.cluster) && has(self.cluster.nodes) ? self.cluster.nodes : 1)"
+# The most nodes the job may span: an elastic job's maxNodes, else spec.cluster.nodes.
+_NODES = (
+    "(has(self.cluster) && has(self.cluster.elastic) ? self.cluster.elastic.maxNodes "
+    ": (has(self.cluster) && has(self.cluster.nodes) ? self.cluster.nodes : 1))"
+)
+_ELASTIC = "has(self.cluster) && has(self.cluster.elastic)"
+_SEQUENCE = f"(has(self.training.sequenceLength) ? self.training.sequenceLength : {DEFAULT_SEQUENCE_LENGTH})"
 _CHECKPOINT = "self.training.checkpoint.path"
 _DATASET = "self.training.dataset"
 _LOCAL = OPERATOR_VOLUMES["local"]
@@ -167,6 +185,15 @@ _OUTPUT = "self.training.output.uri"
 # Storage rules across spec sections (planner/storage.py states them in Python for `btj plan` and the
 # operator): a checkpoint and a multi-node job's local shards must be where every pod can reach them.
 SPEC_ROOT_RULES = [
+    {
+        "rule": f"!({_ELASTIC}) || (has(self.training) && has(self.training.globalBatchTokens))",
+        "message": ELASTIC_NEEDS_GLOBAL_BATCH,
+    },
+    {
+        "rule": f"!({_ELASTIC}) || !has(self.training) || !has(self.training.globalBatchTokens) "
+        f"|| self.training.globalBatchTokens % {_SEQUENCE} == 0",
+        "message": ELASTIC_WHOLE_SEQUENCES,
+    },
     {
         "rule": "!has(self.cluster) || !has(self.cluster.topology) "
         "|| (has(self.queueName) && size(self.queueName) > 0)",
@@ -183,9 +210,9 @@ SPEC_ROOT_RULES = [
         f"|| ({_NODES} <= 1 && !{_CHECKPOINT}.matches('(^|/)[.][.](/|$)') "
         f"&& ({_CHECKPOINT} == '{_LOCAL}' || {_CHECKPOINT}.startsWith('{_LOCAL}/')))",
         "message": "spec.training.checkpoint.path must lie under the mountPath of a spec.volumes entry "
-        f"that is not readOnly (shared storage, e.g. {_FSX}), or under {_LOCAL} (the node's NVMe) "
-        "for a single node: elsewhere the checkpoint is in the container, lost on restart, and ranks "
-        "on other nodes cannot write it",
+        f"that is not readOnly (shared storage, e.g. {_FSX}), or under {_LOCAL} (the pod's node-local "
+        "scratch, kept across container restarts) for a single node: elsewhere the checkpoint is in the "
+        "container, lost on restart, and ranks on other nodes cannot write it",
     },
     {
         "rule": f"!has(self.training) || !has({_DATASET}) || !has({_DATASET}.kind) "
@@ -199,15 +226,15 @@ SPEC_ROOT_RULES = [
     {
         "rule": f"!has(self.model.weights) || {_weights_folder(_WEIGHTS, writable=False)}",
         "message": "spec.model.weights.uri must be an s3:// prefix or lie under the mountPath of a "
-        f"spec.volumes entry (e.g. {_FSX}), or under {_LOCAL} for a single node: elsewhere it is the "
-        "container's own file system, which holds no checkpoint",
+        f"spec.volumes entry (e.g. {_FSX}): elsewhere it is the container's own file system or the pod's "
+        f"scratch {_LOCAL}, which start empty and hold no checkpoint",
     },
     {
         "rule": f"!has(self.training) || !has(self.training.output) "
         f"|| {_weights_folder(_OUTPUT, writable=True)}",
         "message": "spec.training.output.uri must be an s3:// prefix or lie under the mountPath of a "
-        f"spec.volumes entry that is not readOnly (e.g. {_FSX}), or under {_LOCAL} for a single node: "
-        "elsewhere the trained weights vanish with the container",
+        f"spec.volumes entry that is not readOnly (e.g. {_FSX}): elsewhere (the container, or the pod's "
+        f"scratch {_LOCAL}) the trained weights vanish with the pod",
     },
     {
         "rule": f"!has(self.model.weights) || !has(self.training) || !has(self.training.output) "
@@ -284,7 +311,12 @@ def printer_columns() -> list[dict[str, Any]]:
         column("Phase", "string", ".status.phase", "Lifecycle phase."),
         column("Model", "string", ".spec.model.preset", "Model preset (empty for a custom architecture)."),
         column("Instance", "string", ".spec.cluster.instanceType", "HyperPod instance type."),
-        column("Nodes", "integer", ".spec.cluster.nodes", "Nodes in the job."),
+        column(
+            "Nodes",
+            "integer",
+            ".status.nodes",
+            "Nodes of the current plan (an elastic job's count may differ from spec.cluster.nodes).",
+        ),
         column("Precision", "string", ".status.precision", "Chosen precision."),
         column("MBS", "integer", ".status.microBatchSize", "Chosen micro-batch size."),
         column("AC", "string", ".status.activationCheckpointing", "Chosen activation checkpointing."),
