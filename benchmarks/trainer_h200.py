@@ -63,6 +63,10 @@ class Config:
     timed: int = 6
     profile: bool = False
     kind: str = "train"  # train | check | te-check
+    # Packed chat rows (issue 28): the mean conversation length in tokens (0: plain rows, no document
+    # mask). Conversations of lengths drawn around it fill each row; the first half of each is masked
+    # out of the loss (the user's turn), as a chat data set's mask would.
+    docmask: int = 0
 
     @property
     def name(self) -> str:
@@ -71,6 +75,7 @@ class Config:
         extra = "" if self.compile else "-eager"
         extra += "" if self.loss_chunk else "-fullce"
         extra += "" if self.sdpa == "default" else f"-{self.sdpa}"
+        extra += f"-docs{self.docmask}" if self.docmask else ""
         return f"{self.model}-g{self.gpus}-mbs{self.mbs}-{self.ac}-{prec}{extra}"
 
 
@@ -130,6 +135,20 @@ GRIDS: dict[str, list[Config]] = {
         fp8("1b", 8, "none", recipe="block"),
         fp8("3b", 8, "full", recipe="delayed"),
         bf16("3b", 8, "selective", compile=False),
+    ],
+    # Issue 28: packed, document-masked fine-tuning against plain rows of the same 8B-size plan, on one GPU.
+    "sft": [
+        bf16("8b", 2, "full", timed=4),
+        bf16("8b", 2, "full", timed=4, docmask=512),
+        bf16("8b", 2, "full", timed=4, docmask=2048),
+        bf16("8b", 2, "full", timed=4, docmask=4096),
+        bf16("3b", 4, "none"),
+        bf16("3b", 4, "none", docmask=512),
+        bf16("3b", 4, "none", docmask=2048),
+    ],
+    "sft-cpu": [
+        bf16("tiny", 2, "none", compile=False, warmup=1, timed=2),
+        bf16("tiny", 2, "none", compile=False, warmup=1, timed=2, docmask=24),
     ],
     # Plumbing test on a CPU machine (gloo): python benchmarks/trainer_h200.py --grid cpu
     "cpu": [
@@ -406,6 +425,29 @@ def _sdpa_timings() -> list[str]:
     return notes
 
 
+def _packed_rows(batch: tuple[Any, Any], mean_tokens: int, gen: Any) -> tuple[Any, Any, Any]:
+    """Random rows as packed conversations: document numbers from lengths around `mean_tokens` (uniform
+    in [mean/2, 3*mean/2]), the labels of each conversation's first half and its last token ignored."""
+    import torch
+
+    from blackwell_trainer.loss import IGNORE_INDEX
+
+    inputs, labels = batch
+    rows, seq = inputs.shape
+    documents = torch.empty_like(inputs)
+    labels = labels.clone()
+    for row in range(rows):
+        at, number = 0, 0
+        while at < seq:
+            low, high = max(2, mean_tokens // 2), max(3, 3 * mean_tokens // 2)
+            length = min(int(torch.randint(low, high, (1,), generator=gen, device=inputs.device)), seq - at)
+            documents[row, at : at + length] = number
+            labels[row, at : at + length // 2] = IGNORE_INDEX
+            labels[row, at + length - 1] = IGNORE_INDEX
+            at, number = at + length, number + 1
+    return inputs, labels, documents
+
+
 def worker(cfg: Config, out: Path) -> None:
     """Run one configuration in this process (rank 0 writes ``out/record.json``)."""
     import torch
@@ -432,6 +474,8 @@ def worker(cfg: Config, out: Path) -> None:
             shape = (cfg.mbs, plan.sequence_length)
             batches = [(torch.randint(0, vocab, shape, device=runtime.device, generator=gen),
                         torch.randint(0, vocab, shape, device=runtime.device, generator=gen))]  # fmt: skip
+            if cfg.docmask:
+                batches = [_packed_rows(batches[0], cfg.docmask, gen)]
             rec.setup_seconds = time.perf_counter() - started
             times, losses = [], []
             for i in range(cfg.warmup + cfg.timed):

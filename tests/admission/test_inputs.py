@@ -78,6 +78,12 @@ BAD: dict[str, tuple[bytes, str]] = {
         (HEAD + META + SPEC + "  volumes: [{name: {a: 1}, claimName: c, mountPath: /x}]\n").encode(),
         "spec.volumes[0].name: must be a string (got {'a': 1}, a mapping)",
     ),
+    # dataset.uri is checked like weights.uri and output.uri (the CRD's pattern, the models' words).
+    "dataset-uri-relative": (
+        (HEAD + META + SPEC + "  training: {dataset: {kind: shards, uri: fsx/tokens}}\n").encode(),
+        "spec.training.dataset.uri: 'fsx/tokens' is neither an s3://bucket/prefix nor a normalised absolute "
+        "folder. Fix: write it like s3://my-bucket/datasets/my-corpus or /fsx/datasets/my-corpus",
+    ),
     "label-not-a-string": (
         (HEAD + "metadata: {name: job, labels: {team: 7}}\n" + SPEC).encode(),
         "metadata.labels.team: must be a string",

@@ -262,11 +262,32 @@ CASES: list[tuple[str, Wanted, dict[str, Any] | None, dict[str, Any], Outcome]] 
         ),
     ),
     (
-        "a finished BTJ's child gone, the spec changed since: a new job",
+        "a finished BTJ's child gone, the spec edited after its deletion was recorded: a new job",
         wanted(),
         None,
-        btj_status(phase="Succeeded", generation=1, deleted=True),
+        btj_status(phase="Succeeded", generation=1)
+        | {"conditions": [child_created("False", "ChildDeleted", 1)]},
         Create(wanted(), OLD, Creation.AFTER_DELETION),
+    ),
+    (
+        "a finished BTJ's child gone, the spec edited before its deletion was recorded (the operator was "
+        "down): not run again",
+        wanted(),
+        None,
+        btj_status(phase="Succeeded", generation=1)
+        | {"conditions": [child_created("False", "ChildDeleted", 2)]},
+        FinishedChildGone(
+            Effects((ConditionChange(ConditionType.CHILD_CREATED, "False", "ChildDeleted", NOT_RECREATED),))
+        ),
+    ),
+    (
+        "a finished BTJ's child gone, edited while down, its deletion not recorded yet: not run again",
+        wanted(),
+        None,
+        btj_status(phase="Succeeded", generation=1),
+        FinishedChildGone(
+            Effects((ConditionChange(ConditionType.CHILD_CREATED, "False", "ChildDeleted", NOT_RECREATED),))
+        ),
     ),
     (
         "no child and none recorded: the first create",

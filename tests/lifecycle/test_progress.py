@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from blackwell_operator.lifecycle.measure import WARMUP_STEPS, Reading, sample_of
-from blackwell_operator.lifecycle.measured import measured_changes
+from blackwell_operator.lifecycle.measure import Reading
+from blackwell_operator.lifecycle.measured import WARMUP_STEPS, measured_changes, sample_of
 from blackwell_operator.lifecycle.ownership import Lineage
 from blackwell_operator.lifecycle.progress import as_status, finished, progress_of, short_duration
 from blackwell_operator.lifecycle.status_patch import status_patch

@@ -14,9 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from typer.testing import CliRunner
 
-from blackwell_operator.calibration.cluster import ClusterCalibration, Sample
+from blackwell_operator.calibration.cluster import (
+    KEEP_PER_FAMILY,
+    POOL_PER_NAMESPACE,
+    ClusterCalibration,
+    Sample,
+    implausible,
+)
 from blackwell_operator.cli import _register_commands, app
 from blackwell_operator.handlers import cluster_calibration as store
 from blackwell_operator.handlers.api import ApiError, KubeApi
@@ -28,6 +35,7 @@ from tests.helm.conftest import NAMESPACE as RELEASE_NAMESPACE
 from tests.helm.conftest import by_kind, helm, render
 from tests.operator.harness import NAMESPACE, Cluster, btj, from_operator, running_operator, verb_of, wait_for
 from tests.operator.pods import container, job_condition, pod, pod_status
+from tests.ports import free_port
 from tests.trainer.conftest import tiny_plan
 
 _register_commands()
@@ -277,3 +285,131 @@ def test_an_unreadable_config_map_names_the_fix() -> None:
         store.parse({"data": {store.DATA_KEY: "{not json"}})
     with pytest.raises(store.UnreadableCalibration, match="is missing"):
         store.parse({"data": {}})
+
+
+# ----- readings no GPU can give, and the jobs measured after them ----------------------------------------
+
+
+class GarbageExporter:
+    """A /metrics endpoint on loopback that answers text no Prometheus parser reads."""
+
+    def __init__(self) -> None:
+        self.runner: web.AppRunner | None = None
+        self.port = free_port()
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.add_routes([web.get("/metrics", self._metrics)])
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+
+    @staticmethod
+    async def _metrics(_: web.Request) -> web.Response:
+        return web.Response(text='btj_trainer_tokens_total{kind="x" 12 oops\n\x00\n')
+
+    async def close(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+def _rejected(caplog: pytest.LogCaptureFixture, name: str) -> bool:
+    return any(
+        "Not recording a reading" in r.getMessage() and f"{NAMESPACE}/{name}:" in r.getMessage()
+        for r in caplog.records
+    )
+
+
+@pytest.mark.integration
+async def test_nan_inf_zero_huge_and_unparsable_metrics_are_rejected_and_the_round_goes_on(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv(INTERVAL_ENV, "0.3")
+    monkeypatch.setenv(store.NAMESPACE_ENV, HOME)
+    # Read in the order of their pods' names: every bad one before the good one.
+    names = ("a-nan", "b-inf", "c-huge", "d-zero", "z-good")
+    trainers = {name: PacedTrainer(monkeypatch) for name in names}
+    garbage = GarbageExporter()
+    await garbage.start()
+    try:
+        async with running_operator(cluster):
+            for name in names:
+                plan = await _running_job(cluster, name, trainers[name])
+                if name == "c-huge":  # a thousand times the GPU's peak
+                    trainers[name].rate = 1000 * plan["predicted"]["tokensPerSecondPerGpu"]
+                if name == "d-zero":  # steps go by, no token is trained
+                    trainers[name].rate = 1e-12
+            for name in ("a-nan", "b-inf"):
+                await wait_for(lambda n=name: cluster.status(n).get("measured"), what=f"{name} measured")
+            trainers["a-nan"].metrics.tokens.inc(float("nan"))
+            trainers["b-inf"].metrics.tokens.inc(float("inf"))
+            # A job whose pod answers garbage, read before the others too.
+            job = await _garbage_job(cluster, "a0-garbage", garbage.port)
+            assert job is not None
+            await wait_for(lambda: _rejected(caplog, "c-huge"), what="the huge reading rejected")
+            await wait_for(lambda: _rejected(caplog, "d-zero"), what="the zero reading rejected")
+            stored = await wait_for(
+                lambda: (
+                    (c := _stored(cluster)) is not None
+                    and any(s.job.endswith("/z-good") for s in c.samples)
+                    and c
+                ),
+                timeout=30,
+                what="the good job's sample, taken in rounds that also read the bad ones",
+            )
+            measured_before = cluster.status("z-good")["measured"]["observedAt"]
+            await wait_for(
+                lambda: (
+                    cluster.status("z-good")["measured"]["observedAt"] != measured_before
+                    or cluster.status("z-good").get("progress", {}).get("step", 0) > 0
+                ),
+                what="the good job measured again",
+            )
+    finally:
+        await garbage.close()
+        for trainer in trainers.values():
+            trainer.close()
+    jobs = {s.job.split("/", 1)[1] for s in stored.samples}
+    assert jobs <= {"a-nan", "b-inf", "z-good"} and "z-good" in jobs, jobs
+    for s in stored.samples:  # whatever was stored before the NaN and Inf came is a real reading
+        assert implausible(s) is None
+    assert "c-huge" not in jobs and "d-zero" not in jobs and "a0-garbage" not in jobs
+    assert "measured" not in cluster.status("a0-garbage")
+
+
+async def _garbage_job(cluster: Cluster, name: str, port: int) -> dict[str, Any]:
+    """A running BTJ whose only worker's /metrics answers garbage."""
+    await cluster.apply(btj(name, tuning=FAMILY))
+    job: dict[str, Any] = await wait_for(lambda: cluster.job(name), what=f"{name}'s PyTorchJob")
+    await cluster.set_child_status(name, {"conditions": [job_condition("Created"), job_condition("Running")]})
+    await wait_for(lambda: cluster.status(name).get("phase") == "Running", what=f"{name} Running")
+    body = pod(f"{name}-worker-0", job=name, owner=job)
+    body["spec"]["containers"][0]["ports"] = [{"name": "metrics", "containerPort": port}]
+    await cluster.add_pod(body, pod_status(container(), podIP="127.0.0.1"))
+    return job
+
+
+@pytest.mark.integration
+async def test_another_namespace_s_runs_do_not_move_this_namespace_s_plans(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from blackwell_operator.handlers.api import load_api_client
+
+    monkeypatch.setenv(store.NAMESPACE_ENV, HOME)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "kubeconfig", cluster.url)))
+        api = KubeApi(load_api_client())
+    # Twenty jobs of another team, all measured at half the modelled speed, of the family planned here.
+    for i in range(KEEP_PER_FAMILY):
+        other = _sample(f"b{i}").model_copy(update={"job": f"team-b/b{i}", "tokens_ratio": 0.5})
+        await asyncio.to_thread(store.record, api, HOME, other)
+    async with running_operator(cluster):
+        await cluster.apply(btj("mine", tuning=FAMILY))
+        mine = await wait_for(lambda: cluster.status("mine").get("plan"), what="mine's plan")
+        # The pool is the operator's opt-in (read at each plan): team-b then counts with a few votes.
+        monkeypatch.setenv(store.POOL_ENV, "true")
+        await cluster.apply(btj("pooled", tuning=FAMILY))
+        pooled = await wait_for(lambda: cluster.status("pooled").get("plan"), what="pooled's plan")
+    assert mine.get("clusterCorrection") is None, "team-b's runs do not move team-a's plan"
+    assert pooled["clusterCorrection"]["runs"] == POOL_PER_NAMESPACE
+    assert pooled["clusterCorrection"]["tokensFactor"] == 0.5

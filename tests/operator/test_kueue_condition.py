@@ -43,7 +43,8 @@ def cond(type_: str, status: str = "True") -> dict[str, str]:
 def test_the_condition_per_backend(
     kind: str, child_status: dict[str, Any] | None, expected: tuple[str, str]
 ) -> None:
-    status, reason, message = kueue_condition(kind, QUEUE, child_status)
+    managed = kueue_condition(kind, QUEUE, child_status)
+    status, reason, message = managed.status, managed.reason, managed.message
     assert (status, reason) == expected
     assert QUEUE in message
     if status != "True":
@@ -51,7 +52,7 @@ def test_the_condition_per_backend(
 
 
 def test_the_pytorchjob_message_says_why_and_what_to_do() -> None:
-    _, _, message = kueue_condition("PyTorchJob", QUEUE, None)
+    message = kueue_condition("PyTorchJob", QUEUE, None).message
     assert "Kueue v0.19 and later do not manage PyTorchJob" in message
     assert "kubernetes-sigs/kueue#12620" in message
     assert "spec.backend to TrainJob" in message and "kubeflow.org/pytorchjob" in message

@@ -158,7 +158,13 @@ def test_only_a_create_waits_for_the_account() -> None:
     assert not would_create({"phase": "Running"}, 1, child_exists=True), "a running job keeps running"
     finished = {"phase": "Succeeded", "observedGeneration": 1, "child": {"uid": "u1"}}
     assert not would_create(finished, 1, child_exists=False), "a finished job is never run again"
-    assert would_create(finished, 2, child_exists=False), "a new spec runs anew"
+    assert not would_create(finished, 2, child_exists=False), "edited before its end was recorded: not run"
+    gone = {"type": "ChildCreated", "status": "False", "reason": "ChildDeleted", "observedGeneration": 1}
+    recorded = {
+        **finished,
+        "conditions": [{**gone, "message": "", "lastTransitionTime": "2026-12-01T10:00:00Z"}],
+    }
+    assert would_create(recorded, 2, child_exists=False), "a spec edited after its end runs anew"
     assert would_create({"phase": "Running", "observedGeneration": 1}, 1, child_exists=False), "re-created"
 
 

@@ -135,8 +135,23 @@ def test_the_history_is_bounded_and_the_correction_belongs_to_its_generation() -
     assert changes["planHistory"][-1]["failedChildUid"] == "u-job" and entry.replacement is not None
     assert changes["memoryCorrection"]["generation"] == 4
     assert correction_of({**body, "status": changes}) is not None
-    body["metadata"]["generation"] = 5  # a spec change: the correction no longer applies
-    assert correction_of({**body, "status": changes}) is None
+    # A spec edit that keeps what it was learned for (model, instance type, nodes, sequence, precision,
+    # image) keeps it, rebased onto the new generation; one that changes any of them drops it.
+    body["metadata"]["generation"] = 5
+    body["spec"]["training"] = {**body["spec"]["training"], "steps": 1200}
+    kept = correction_of({**body, "status": changes})
+    assert kept is not None and kept.generation == 5 and kept.replans == 1 and kept.excluded
+    for field, value in (
+        ("training", {**body["spec"]["training"], "sequenceLength": 4096}),
+        ("cluster", {**body["spec"]["cluster"], "nodes": 4}),
+        ("model", {"preset": "llama3.2-3b"}),
+        ("tuning", {"maxReplans": 10, "precision": "bf16"}),
+        ("image", "ghcr.io/blackwell-dev/blackwell-trainer:0.2.0"),
+    ):
+        edited = {**body, "spec": {**body["spec"], field: value}, "status": changes}
+        assert correction_of(edited) is None, f"spec.{field} changed: learned for another job"
+    pinned = {**body, "spec": {**body["spec"], "tuning": {"maxReplans": 10, "microBatchSize": 2}}}
+    assert correction_of({**pinned, "status": changes}) is not None, "a micro-batch pin keeps it"
 
 
 # ----- the real operator -----------------------------------------------------------------------------------
@@ -229,6 +244,32 @@ async def test_the_correction_survives_an_operator_restart(cluster: Cluster) -> 
         job = cluster.job("w")
         assert job is not None and job["metadata"]["uid"] == replaced["metadata"]["uid"]
     assert cluster.creates("pytorchjobs") == 2
+
+
+@pytest.mark.integration
+async def test_an_edit_and_a_hand_deletion_keep_the_correction_and_the_budget(cluster: Cluster) -> None:
+    async with running_operator(cluster):
+        await cluster.apply(btj("w"))
+        child = await wait_for(lambda: cluster.job("w"), what="the PyTorchJob")
+        await wait_for(lambda: cluster.condition("w", "ChildCreated"), what="ChildCreated")
+        failed = _plan(cluster).chosen
+        await _oom_pod(cluster, "PyTorchJob", "w", "w-worker-0", T1)
+        replaced = await _new_child(cluster, "PyTorchJob", child["metadata"]["uid"])
+        await cluster.settle("w")
+        # An edit that does not change what the correction was learned for, then a hand deletion.
+        await cluster.patch_spec("w", {"training": {"sequenceLength": 8192, "steps": 1200}})
+        await wait_for(lambda: cluster.status("w").get("observedGeneration") == 2, what="the edit reconciled")
+        await cluster.delete_child("w")
+        await _new_child(cluster, "PyTorchJob", replaced["metadata"]["uid"])
+        await cluster.settle("w")
+        status = cluster.status("w")
+    chosen = _chosen_in_config_map(cluster)
+    assert chosen != failed, "the configuration that ran out of memory is not run again"
+    assert chosen == _plan(cluster).chosen and cluster.condition("w", "Planned")["reason"] == "Replanned"
+    correction = status["memoryCorrection"]
+    assert correction["replans"] == 1, "the re-plan budget is kept, not started over"
+    assert correction["excluded"] and len(status["planHistory"]) == 1
+    assert cluster.creates("pytorchjobs") == 3
 
 
 @pytest.mark.integration

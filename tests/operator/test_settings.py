@@ -26,6 +26,7 @@ def test_every_setting_has_its_documented_variable() -> None:
         "BTJ_PLAN_DEADLINE_S",
         "BTJ_DEFAULT_TRAINER_IMAGE",
         "BTJ_CLUSTER_CALIBRATION_NAMESPACE",
+        "BTJ_CLUSTER_CALIBRATION_POOL",
         "BTJ_CHECK_IMAGE_PULL_SECRETS",
     }
     assert set(OperatorEnvironment.model_fields) >= OFF_AT_ZERO

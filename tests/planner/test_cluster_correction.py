@@ -6,12 +6,17 @@ import pytest
 
 from blackwell_operator.calibration.cluster import (
     KEEP_PER_FAMILY,
+    MAX_PER_NAMESPACE,
     MEMORY_BOUNDS,
     MIN_RUNS,
+    MIN_TOKENS_RATIO,
+    POOL_PER_NAMESPACE,
     TOKENS_BOUNDS,
     ClusterCalibration,
+    ImplausibleSample,
     Sample,
     frozen,
+    implausible,
 )
 from blackwell_operator.planner import plan_job
 from blackwell_trainer.config import ActivationCheckpointing, PrecisionRecipe
@@ -27,9 +32,10 @@ def sample(
     recipe: PrecisionRecipe = PrecisionRecipe.NONE,
     ac: ActivationCheckpointing = ActivationCheckpointing.SELECTIVE,
     instance: str = B200,
+    namespace: str = "team-a",
 ) -> Sample:
-    return Sample(
-        job=f"team-a/{uid}",
+    return Sample.model_construct(  # unvalidated: the store must refuse what the model would let through
+        job=f"{namespace}/{uid}",
         uid=uid,
         instance_type=instance,
         precision_recipe=recipe,
@@ -114,6 +120,77 @@ def test_frozen_gives_only_its_own_family() -> None:
     assert lookup(PrecisionRecipe.NONE, ActivationCheckpointing.SELECTIVE) == correction
     assert lookup(PrecisionRecipe.NONE, ActivationCheckpointing.FULL) is None
     assert frozen(None)(PrecisionRecipe.NONE, ActivationCheckpointing.SELECTIVE) is None
+
+
+# ----- tenants: validated samples, per-namespace scope, per-source caps -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tokens", "memory"),
+    [
+        (float("nan"), 1.0),
+        (float("inf"), 1.0),
+        (0.0, 1.0),
+        (MIN_TOKENS_RATIO / 2, 1.0),  # a stalled job: nothing the cluster's speed says
+        (1e9, 1.0),
+        (0.8, float("nan")),
+        (0.8, 0.0),
+        (0.8, 1e9),
+    ],
+    ids=["nan", "inf", "zero", "near-zero", "huge", "memory-nan", "memory-zero", "memory-huge"],
+)
+def test_a_sample_no_reading_can_give_is_never_stored(tokens: float, memory: float) -> None:
+    good = calibration(*(sample(f"j{i}", 0.8) for i in range(MIN_RUNS)))
+    bad = sample("bad", tokens, memory)
+    assert implausible(bad) is not None
+    with pytest.raises(ImplausibleSample, match="team-a/bad"):
+        good.record(bad)
+    # Stored raw by an older operator: it is not counted either.
+    poisoned = ClusterCalibration.model_construct(
+        samples=[*good.samples, bad, sample("bad2", tokens, memory)]
+    )
+    assert poisoned.correction(*KEY) == good.correction(*KEY)
+
+
+def test_another_namespace_s_jobs_do_not_move_this_namespace_s_plans() -> None:
+    mine = calibration(*(sample(f"a{i}", 0.9) for i in range(MIN_RUNS)))
+    theirs = mine
+    for i in range(KEEP_PER_FAMILY + 10):  # another team's many jobs, all reporting slow
+        theirs = theirs.record(sample(f"b{i}", 0.5, namespace="team-b"))
+    assert theirs.correction(*KEY, "team-a") == mine.correction(*KEY, "team-a")
+    assert [s.uid for s in theirs.runs(KEY, "team-a")] == ["a0", "a1", "a2"], "none of team-a's pushed out"
+    assert len(theirs.runs(KEY, "team-b")) == KEEP_PER_FAMILY, "team-b's own oldest went instead"
+    correction = theirs.correction(*KEY, "team-b")
+    assert correction is not None and correction.tokens_factor == 0.5
+    assert (
+        calibration(*(sample(f"b{i}", 0.5, namespace="team-b") for i in range(5))).correction(*KEY, "team-c")
+        is None
+    ), "a namespace with no runs of its own plans on the model"
+
+
+def test_the_opt_in_pool_counts_each_namespace_with_a_few_votes() -> None:
+    cal = calibration(
+        *(sample(f"a{i}", 0.9) for i in range(MIN_RUNS)),
+        *(sample(f"b{i}", 0.5, namespace="team-b") for i in range(KEEP_PER_FAMILY)),
+    )
+    pooled = cal.runs(KEY, "team-a", pooled=True)
+    assert sum(s.namespace == "team-b" for s in pooled) == POOL_PER_NAMESPACE
+    assert sum(s.namespace == "team-a" for s in pooled) == MIN_RUNS
+    # Twenty slow jobs of team-b are three votes: the median stays within team-a's and team-b's spread.
+    correction = cal.correction(*KEY, "team-a", pooled=True)
+    assert correction is not None and correction.runs == MIN_RUNS + POOL_PER_NAMESPACE
+    # Without the pool (the default) team-b counts for nothing in team-a.
+    assert cal.correction(*KEY, "team-a") == calibration(*cal.runs(KEY, "team-a")).correction(*KEY, "team-a")
+
+
+def test_one_namespace_cannot_fill_the_store_for_the_others() -> None:
+    cal = calibration(sample("a0", 0.9))
+    families = [(r, a) for r in PrecisionRecipe for a in ActivationCheckpointing]
+    for i in range(MAX_PER_NAMESPACE + 30):
+        recipe, ac = families[i % len(families)]
+        cal = cal.record(sample(f"b{i}", 0.8, recipe=recipe, ac=ac, namespace="team-b"))
+    assert sum(s.namespace == "team-b" for s in cal.samples) == MAX_PER_NAMESPACE
+    assert [s.uid for s in cal.samples if s.namespace == "team-a"] == ["a0"]
 
 
 # ----- what a plan does with it ------------------------------------------------------------------------

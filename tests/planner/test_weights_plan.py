@@ -106,11 +106,12 @@ def test_a_volume_is_shared_by_every_node() -> None:
     assert load.load_seconds == pytest.approx(2 * 16_060_522_496 / VOLUME_BYTES_PER_SECOND, abs=0.1)
 
 
-def test_node_local_weights_have_no_modelled_load_time() -> None:
-    plan = plan_job(spec("/local/models/llama-3.1-8b", nodes=1))
-    assert plan.weights is not None and plan.weights.load is not None
-    assert plan.weights.load.source is WeightsSource.NODE_LOCAL
-    assert plan.weights.load.load_seconds is None and plan.weights.load.bandwidth_bytes_per_second is None
+def test_weights_in_the_pods_own_scratch_are_refused() -> None:
+    # /local is an emptyDir of the pod (docs/security.md): nothing can be staged there before the job.
+    with pytest.raises(SpecError) as caught:
+        plan_job(spec("/local/models/llama-3.1-8b", nodes=1))
+    assert caught.value.field == "spec.model.weights.uri"
+    assert "starts empty" in caught.value.message
 
 
 def test_output_is_rendered_into_the_plan() -> None:

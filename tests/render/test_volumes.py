@@ -215,9 +215,14 @@ STORAGE_CASES: dict[str, tuple[dict[str, Any], str | None]] = {
         spec_of(model=weighted("/local/models/llama")),
         "spec.model.weights.uri",
     ),
+    # /local is the pod's own emptyDir (docs/security.md): empty at start, so nothing is staged there.
     "weights-on-local-nvme-single-node": (
         spec_of(cluster={"nodes": 1}, model=weighted("/local/models/llama")),
-        None,
+        "spec.model.weights.uri",
+    ),
+    "output-on-local-nvme-single-node": (
+        spec_of(cluster={"nodes": 1}, training={"output": {"uri": "/local/exports"}}),
+        "spec.training.output.uri",
     ),
     "output-on-fsx": (spec_of(training={"output": {"uri": "/fsx/exports/job"}}, volumes=[FSX]), None),
     "output-on-s3": (spec_of(training={"output": {"uri": "s3://bucket/exports/job/"}}), None),

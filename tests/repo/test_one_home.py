@@ -1,7 +1,7 @@
 """One home each: job kinds in render.kinds, byte units in units.py, node labels in nodelabels.py, RFC 3339
 in timefmt.py, the trainer's metric names in blackwell_trainer.metric_names, the app.kubernetes.io label
-keys and the managed-by value in applabels.py. Static, over the packages' sources: a module elsewhere
-that spells one of them fails here.
+keys and the managed-by value in applabels.py, the cluster correction's factors in planner.cluster_figures.
+Static, over the packages' sources: a module elsewhere that spells one of them fails here.
 
 Docstrings are prose and exempt; every other string (f-string parts included) counts.
 """
@@ -43,6 +43,10 @@ RFC3339_PATTERN = "%Y-%m-%dT"
 APP_LABEL_PREFIX = "app.kubernetes.io/"
 MANAGER_VALUE = "blackwell-operator"
 LABELS_HOME = "applabels.py"
+# A cluster correction's factors are applied (the planner) and read back out (the measure loop) in one place;
+# calibration/cluster.py makes them.
+FACTOR_NAMES = {"tokens_factor", "memory_factor"}
+FACTOR_HOMES = {"planner/cluster_figures.py", "calibration/cluster.py"}
 RFC3339_CALLS = {"fromisoformat", "isoformat"}
 # A metric the trainer exports, spelled out: the exporter and the operator's measure loop take the names from
 # blackwell_trainer.metric_names. The tests spell them on purpose: they pin the names on the wire (the
@@ -133,6 +137,8 @@ def spellings(source: str, home: str, *, units_home: str, metric_names_home: str
             found.append(f"{home}:{node.lineno}: a byte unit spelled as a number (use {units_home})")
         if home != "timefmt.py" and isinstance(node, ast.Attribute) and node.attr in RFC3339_CALLS:
             found.append(f"{home}:{node.lineno}: datetime.{node.attr} (use timefmt)")
+        if home not in FACTOR_HOMES and isinstance(node, ast.Attribute) and node.attr in FACTOR_NAMES:
+            found.append(f"{home}:{node.lineno}: cluster factor .{node.attr} (use planner.cluster_figures)")
         if home != LABELS_HOME and isinstance(node, ast.Dict):
             found += [
                 f"{home}:{value.lineno}: managed-by value {value.value!r} (use applabels.MANAGER)"
@@ -201,6 +207,7 @@ def test_the_tests_take_byte_units_from_the_packages() -> None:
         ('LABELS = {"app.kubernetes.io/managed-by": MANAGER}', "app label"),
         ('source = {"component": "blackwell-operator"}', "app label"),
         ('labels = {MANAGED_BY_LABEL: "btj-operator"}', "managed-by value"),
+        ("modelled = plan.predicted.tokens_per_second_per_gpu / c.tokens_factor", "cluster factor"),
         ('labels = {applabels.MANAGED_BY_LABEL: "btj-operator", "x": "y"}', "managed-by value"),
         ('if "btj_trainer_tokens_total" not in values:\n    pass', "trainer metric"),
         ('Gauge(f"btj_trainer_{what}_seconds", "help")', "trainer metric"),

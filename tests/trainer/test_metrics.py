@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from blackwell_trainer import metric_names
 from blackwell_trainer.config import Plan
 from blackwell_trainer.metrics import TrainerMetrics
 
@@ -186,3 +187,27 @@ def test_the_weights_load_time_is_exported(served: TrainerMetrics) -> None:
     assert value(scrape(served.port)[family], family) == 0  # random init or resume: nothing loaded
     served.record_weights_load(12.5)
     assert value(scrape(served.port)[family], family) == 12.5
+
+
+def test_the_bind_address_is_an_option_of_the_pod(plan: Plan, monkeypatch: pytest.MonkeyPatch) -> None:
+    """BTJ_METRICS_ADDRESS (spec.env) picks the address /metrics binds; unset, every address of the pod."""
+    from blackwell_trainer.errors import PlanError
+    from blackwell_trainer.metrics import METRICS_ADDRESS_ENV, metrics_address
+
+    monkeypatch.delenv(METRICS_ADDRESS_ENV, raising=False)
+    assert metrics_address() == "0.0.0.0"  # today's behaviour: the operator scrapes the pod IP
+    monkeypatch.setenv(METRICS_ADDRESS_ENV, "127.0.0.1")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    metrics = TrainerMetrics(plan)
+    metrics.serve(0)
+    try:
+        assert metrics._server is not None and metrics._server.server_address[0] == "127.0.0.1"
+        assert metric_names.STEP in scrape(metrics.port)
+    finally:
+        metrics.close()
+    monkeypatch.setenv(METRICS_ADDRESS_ENV, "pod-ip")
+    with pytest.raises(
+        PlanError, match=r"BTJ_METRICS_ADDRESS='pod-ip' is not an IP address\. Fix: set it in"
+    ):
+        TrainerMetrics(plan).serve(0)

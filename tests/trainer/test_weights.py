@@ -206,11 +206,13 @@ def test_weights_from_s3_and_the_export_to_s3_round_trip(s3: Any, tmp_path: Path
     torch.testing.assert_close(hf_logits(reloaded, ids), trainer_logits(model, ids), atol=ATOL, rtol=RTOL)
 
 
-def test_an_s3_prefix_that_cannot_be_read_is_one_line_a_restart_may_fix(s3: Any) -> None:
-    from blackwell_trainer.checkpoint import StorageFailed
+def test_an_s3_bucket_that_does_not_exist_is_one_permanent_line(s3: Any) -> None:
+    """No restart creates the bucket: the job ends once naming it (tests/trainer/test_cloud_errors.py)."""
+    from blackwell_trainer.cloud_errors import PermanentCloudError
 
     with pytest.raises(
-        StorageFailed, match=r"^weights\.uri s3://absent/m could not be read from S3: .*NoSuchBucket"
+        PermanentCloudError,
+        match=r"^weights\.uri s3://absent/m: bucket 'absent' does not exist \(NoSuchBucket",
     ):
         load_pretrained(empty_trainer_model(_ARCH), "s3://absent/m", _ARCH, SEQ)
     with pytest.raises(WeightsError, match="holds no Hugging Face checkpoint files"):

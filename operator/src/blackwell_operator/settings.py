@@ -29,6 +29,7 @@ _FIXES = {
     "(the chart sets it from trainerImage)",
     "cluster_calibration_namespace": "Fix: e.g. btj-system (the chart sets it to the release's namespace)",
     "check_image_pull_secrets": "Fix: true or false (the chart sets it from operator.checkImagePullSecrets)",
+    "cluster_calibration_pool": "Fix: true or false (false: each namespace learns from its own jobs)",
 }
 # Problems that depend on the setting, not only on the kind of error.
 _FIELD_PROBLEMS = {
@@ -65,6 +66,11 @@ class OperatorEnvironment(BaseSettings):
         None,
         pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
         description="Namespace of the cluster-calibration ConfigMap; None: measured runs teach nothing.",
+    )
+    # Off by default: a plan learns from its own namespace's jobs only, so no team's jobs move another's
+    # plans. On, every namespace's newest jobs count (each capped: calibration/cluster.py).
+    cluster_calibration_pool: bool = Field(
+        False, description="Pool the cluster calibration across namespaces (each namespace capped)."
     )
     # "off" disables the server (e.g. several operators in one test).
     # Reading Secrets is a broad grant (RBAC cannot limit it to their names), so the check is opt-in: the

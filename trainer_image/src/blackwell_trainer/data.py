@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from blackwell_trainer.cloud_errors import raise_if_permanent
 from blackwell_trainer.config import DatasetConfig, DatasetKind
 from blackwell_trainer.errors import DataError as DataError  # re-exported: the data source's error
 from blackwell_trainer.shard_cache import cache_dir, download_once
@@ -386,6 +387,7 @@ def _s3_shards(uri: str, itemsize: int) -> tuple[list[Shard], ShardManifest | No
     prefix's manifest.json, if any."""
     import boto3  # only the S3 path needs it; a local-data trainer starts without the import cost
     from botocore.config import Config
+    from botocore.exceptions import BotoCoreError, ClientError
 
     bucket, _, prefix = uri.removeprefix("s3://").partition("/")
     if not bucket:
@@ -401,6 +403,32 @@ def _s3_shards(uri: str, itemsize: int) -> tuple[list[Shard], ShardManifest | No
         endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None,
         config=Config(retries={"mode": "adaptive", "max_attempts": 10}),
     )
+    try:
+        return _listed_shards(client, uri, bucket, prefix, itemsize)
+    except (BotoCoreError, ClientError) as err:
+        raise_if_permanent(err, "dataset.uri", uri)  # AccessDenied, NoSuchBucket: once, named
+        raise
+
+
+def _fetcher(client: Any, bucket: str, key: str, local: Path, size: int, etag: str) -> Callable[[], Path]:
+    """The shard's download into the node's cache, when first read; a refusal no restart can change
+    (AccessDenied on the object) ends the job naming the permission."""
+
+    def fetch() -> Path:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return download_once(client, bucket, key, local, size, etag)
+        except (BotoCoreError, ClientError) as err:
+            raise_if_permanent(err, "dataset.uri", f"s3://{bucket}/{key}")
+            raise
+
+    return fetch
+
+
+def _listed_shards(
+    client: Any, uri: str, bucket: str, prefix: str, itemsize: int
+) -> tuple[list[Shard], ShardManifest | None]:
     shards: list[Shard] = []
     manifest: ShardManifest | None = None
     beside: dict[str, tuple[Callable[[], Path], int]] = {}  # chat data's mask and starts, by key
@@ -414,7 +442,7 @@ def _s3_shards(uri: str, itemsize: int) -> tuple[list[Shard], ShardManifest | No
                 size = int(obj["Size"])
                 etag = str(obj.get("ETag", "")).strip('"')
                 local = cache_dir() / "s3" / bucket / key
-                beside[key] = (functools.partial(download_once, client, bucket, key, local, size, etag), size)
+                beside[key] = (_fetcher(client, bucket, key, local, size, etag), size)
             if not key.endswith(".bin"):
                 continue
             size = int(obj["Size"])
@@ -424,7 +452,7 @@ def _s3_shards(uri: str, itemsize: int) -> tuple[list[Shard], ShardManifest | No
                 Shard(
                     name=key.removeprefix(prefix).lstrip("/"),
                     num_tokens=size // itemsize,
-                    fetch=functools.partial(download_once, client, bucket, key, local, size, etag),
+                    fetch=_fetcher(client, bucket, key, local, size, etag),
                     size_bytes=size,
                 )
             )

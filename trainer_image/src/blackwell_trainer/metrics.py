@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import threading
@@ -12,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from blackwell_trainer import __version__
 from blackwell_trainer import metric_names as names
 from blackwell_trainer.config import OomPhase, OomResult, Plan
+from blackwell_trainer.errors import PlanError
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,27 @@ def build_labels(plan: Plan) -> dict[str, str]:
         "compile": str(chosen.compile).lower(),
         "loss_chunk_tokens": str(chosen.loss_chunk_tokens),
     }
+
+
+# The address /metrics binds: every address of the pod by default (a pod's network namespace holds only
+# its loopback and its pod IP, where the operator's measure loop and Prometheus scrape it); an IP address
+# (e.g. 127.0.0.1, to keep the metrics inside the pod, or `::` for IPv6) through spec.env.
+METRICS_ADDRESS_ENV = "BTJ_METRICS_ADDRESS"
+DEFAULT_METRICS_ADDRESS = "0.0.0.0"
+
+
+def metrics_address() -> str:
+    """The bind address of /metrics: BTJ_METRICS_ADDRESS, else every IPv4 address of the pod."""
+    address = os.environ.get(METRICS_ADDRESS_ENV, "").strip() or DEFAULT_METRICS_ADDRESS
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        raise PlanError(
+            f"{METRICS_ADDRESS_ENV}={address!r} is not an IP address. Fix: set it in spec.env to an address "
+            f"of the pod, e.g. 127.0.0.1 (the pod only) or {DEFAULT_METRICS_ADDRESS} (every address, the "
+            "default)"
+        ) from None
+    return address
 
 
 class TrainerMetrics:
@@ -174,17 +197,20 @@ class TrainerMetrics:
         self._lock = threading.Lock()
 
     def serve(self, port: int) -> None:
-        """Serve /metrics on `port` (0 picks a free one, see `.port`), from local rank 0 only."""
+        """Serve /metrics on `port` (0 picks a free one, see `.port`), from local rank 0 only, at the
+        address BTJ_METRICS_ADDRESS names (metrics_address())."""
         if not is_local_rank_zero():
             return
+        address = metrics_address()
         try:
-            self._server, self._thread = start_http_server(port, registry=self.registry)
+            self._server, self._thread = start_http_server(port, addr=address, registry=self.registry)
         except OSError as err:
             raise RuntimeError(
-                f"cannot serve metrics on port {port}: {err}; set metricsPort in the plan to a free port"
+                f"cannot serve metrics on {address} port {port}: {err}; set metricsPort in the plan to a "
+                f"free port, or {METRICS_ADDRESS_ENV} to an address of the pod"
             ) from err
         self.port = int(self._server.server_port)
-        log.info("serving Prometheus metrics on :%d/metrics", self.port)
+        log.info("serving Prometheus metrics on %s:%d/metrics", address, self.port)
 
     def close(self) -> None:
         """Stop the HTTP server, if serving, and join its thread (none of ours outlives the run)."""

@@ -387,6 +387,7 @@ def _main(argv: Sequence[str] | None, guard: PreemptionGuard) -> int:
     if earlier is not None:  # torchrun restarted us in place with the plan that ran out: do not run it
         return fail(GpuOutOfMemory(earlier, earlier=True))
     from .checkpoint import CheckpointError
+    from .cloud_errors import PermanentCloudError
     from .weights_store import WeightsError
 
     try:
@@ -395,7 +396,7 @@ def _main(argv: Sequence[str] | None, guard: PreemptionGuard) -> int:
         return fail(err, code=EXIT_NON_FINITE)
     except GpuOutOfMemory as err:
         return fail(err)
-    except (DataError, CheckpointError, WeightsError) as err:
+    except (DataError, CheckpointError, WeightsError, PermanentCloudError, PlanError) as err:
         # Data or checkpoint storage that does not fit the plan (no shards, another data set than the
         # checkpoint's): one line that names the field, not a traceback per rank.
         return fail(err)

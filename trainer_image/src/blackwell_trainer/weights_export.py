@@ -24,7 +24,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from .checkpoint import StorageFailed
-from .config import EXPORT_FILE_BYTES, Architecture
+from .cloud_errors import PermanentCloudError, raise_if_permanent
+from .config import EXPORT_FILE_BYTES, PERMANENT_ERROR_PREFIX, Architecture
 from .hf_layout import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, clean_fqn, export_config, export_dtype, hf_name
 from .weights_store import S3Prefix, WeightsError, open_checkpoint, s3_client
 
@@ -116,16 +117,26 @@ class S3Destination:
         produce(local)
         try:
             self.client.upload_file(str(local), self.where.bucket, self.where.prefix + name)
+        except Exception as err:  # boto3's S3UploadFailedError wraps the ClientError
+            raise_if_permanent(err, "output.uri", self.where.uri(name))
+            raise
         finally:
             local.unlink(missing_ok=True)
 
     def commit(self, names: set[str]) -> None:
+        """Remove the files of an earlier export this one did not write (needs s3:DeleteObject)."""
         paginator = self.client.get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=self.where.bucket, Prefix=self.where.prefix):
-            for obj in page.get("Contents", []):
-                name = str(obj["Key"]).removeprefix(self.where.prefix)
-                if name not in names and "/" not in name and name.endswith((".safetensors", INDEX_FILE)):
-                    self.client.delete_object(Bucket=self.where.bucket, Key=str(obj["Key"]))
+        key = self.where.prefix
+        try:
+            for page in paginator.paginate(Bucket=self.where.bucket, Prefix=self.where.prefix):
+                for obj in page.get("Contents", []):
+                    key = str(obj["Key"])
+                    name = key.removeprefix(self.where.prefix)
+                    if name not in names and "/" not in name and name.endswith((".safetensors", INDEX_FILE)):
+                        self.client.delete_object(Bucket=self.where.bucket, Key=key)
+        except Exception as err:
+            raise_if_permanent(err, "output.uri", f"s3://{self.where.bucket}/{key}")
+            raise
         self.abort()
 
     def abort(self) -> None:
@@ -197,6 +208,8 @@ def write_hf(
         if dest is not None and error is None:
             try:
                 dest.write(file, functools.partial(_save_safetensors, buffer))
+            except PermanentCloudError as err:
+                error = f"{PERMANENT_ERROR_PREFIX}{err}"  # AccessDenied, NoSuchBucket: no restart helps
             except Exception as err:  # OSError, botocore's ClientError / S3UploadFailedError
                 error = f"output.uri {uri}: writing {file} failed: {' '.join(str(err).split())}"
         buffer.clear()
@@ -214,6 +227,8 @@ def write_hf(
             # A stale index of an earlier, sharded export must go too when this one is a single file.
             written = {*files, CONFIG_FILE, *(p.name for p in extra_files)}
             dest.commit(written | {INDEX_FILE} if len(files) > 1 else written)
+    except PermanentCloudError as err:
+        error = f"{PERMANENT_ERROR_PREFIX}{err}"
     except Exception as err:
         error = f"output.uri {uri}: {' '.join(str(err).split())}"
     if error is not None:
@@ -284,6 +299,11 @@ def export_model(
         dist.broadcast_object_list(verdict, src=0)
         error = verdict[0]
         dist.barrier()
+    if error is not None and error.startswith(PERMANENT_ERROR_PREFIX):
+        # The writer's refusal no restart changes (a missing s3:PutObject or s3:DeleteObject): on every rank.
+        raise PermanentCloudError(
+            f"export of the trained weights not written: {error.removeprefix(PERMANENT_ERROR_PREFIX)}"
+        )
     if error is not None:
         raise ExportFailed(f"export of the trained weights not written: {error}")
     seconds = time.perf_counter() - started

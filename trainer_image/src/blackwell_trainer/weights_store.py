@@ -83,6 +83,7 @@ def _local_folder(uri: str, tensors: bool) -> Path:
     # changes, least recently used token shards evicted to make room (it never evicts weights).
     from botocore.exceptions import BotoCoreError, ClientError
 
+    from .cloud_errors import raise_if_permanent
     from .shard_cache import cache_dir, download_once
 
     where = S3Prefix.parse(uri, "weights.uri")
@@ -101,6 +102,7 @@ def _local_folder(uri: str, tensors: bool) -> Path:
                 download_once(client, where.bucket, str(obj["Key"]), folder / name, int(obj["Size"]), etag)
                 found += 1
     except (BotoCoreError, ClientError) as err:
+        raise_if_permanent(err, "weights.uri", uri)  # AccessDenied, NoSuchBucket: no restart helps
         raise WeightsUnavailable(
             f"weights.uri {uri} could not be read from S3: {' '.join(str(err).split())}; check the bucket, "
             "the prefix and the pod's S3 permissions"

@@ -4,10 +4,16 @@ One sample per job (its latest steady reading), keyed by instance type and recip
 recipe and activation-checkpointing mode: the two choices the models' constants depend on most). A
 correction needs MIN_RUNS jobs, takes the median (one odd job cannot move it) and is clamped, so a
 misread or a job starved by a noisy neighbour can at worst shift a plan within those bounds.
+
+Tenants: a plan learns only from its own namespace's jobs unless the operator pools them (opt-in); in the
+pool each namespace counts with at most POOL_PER_NAMESPACE jobs per family. A sample outside what a
+reading can physically be (not finite, below a floor, above what the GPU's peak allows) is never stored
+nor counted.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
 
@@ -24,8 +30,26 @@ TOKENS_BOUNDS = (0.5, 1.2)
 # Memory: never trust much less than modelled (a plan packed tighter than the model OOMs), allow up to
 # 30% more (the fragmentation of a driver or allocator version the grid did not see).
 MEMORY_BOUNDS = (0.9, 1.3)
-# Newest samples kept per family: enough for a stable median, bounded in a ConfigMap (1 MiB).
+# Newest samples kept per namespace and family: enough for a stable median; one namespace's many jobs
+# push out only its own older samples, never another namespace's.
 KEEP_PER_FAMILY = 20
+# Samples kept per namespace over all its families, and in all, oldest dropped first: far below a
+# ConfigMap's 1 MiB (a sample is about 300 bytes), and no namespace can fill it for the others.
+MAX_PER_NAMESPACE = 100
+MAX_SAMPLES = 2000
+# In the opt-in cluster-wide pool, the newest jobs per namespace and family that count: twenty jobs of one
+# team are still POOL_PER_NAMESPACE votes beside another team's.
+POOL_PER_NAMESPACE = 3
+# What a reading can physically be. Below a twentieth of the model is a stalled or starved job, not a
+# property of the cluster; memory below a tenth of the model is a misreading.
+MIN_TOKENS_RATIO = 0.05
+MIN_MEMORY_RATIO = 0.1
+# Dense peak of each recipe's GEMMs over the BF16 dense peak (the MFU the plans state is against BF16):
+# a measured MFU above it is more work than the GPU can do, so the reading is wrong.
+PEAK_OVER_BF16 = {PrecisionRecipe.NONE: 1.0, PrecisionRecipe.NVFP4_BLOCK: 4.0}
+FP8_PEAK_OVER_BF16 = 2.0
+# A ratio no correction bound comes near: whatever a plan predicted, more than this is a misreading.
+MAX_RATIO = 10.0
 
 FamilyKey = tuple[str, PrecisionRecipe, ActivationCheckpointing]
 # The correction a search applies to one family of one instance type (None: the model as it is).
@@ -50,6 +74,32 @@ class Sample(WireModel):
     def key(self) -> FamilyKey:
         return (self.instance_type, self.precision_recipe, self.activation_checkpointing)
 
+    @property
+    def namespace(self) -> str:
+        """The namespace of the job it was measured on (the source its caps count by)."""
+        return self.job.partition("/")[0]
+
+
+def implausible(sample: Sample) -> str | None:
+    """Why a sample cannot be a real reading (None: it can): not finite, under the floors, over MAX_RATIO."""
+    if not math.isfinite(sample.tokens_ratio):
+        return f"tokens ratio {sample.tokens_ratio} is not finite"
+    if not MIN_TOKENS_RATIO <= sample.tokens_ratio <= MAX_RATIO:
+        return f"tokens ratio {sample.tokens_ratio:g} is outside [{MIN_TOKENS_RATIO}, {MAX_RATIO}]"
+    memory = sample.memory_ratio
+    if memory is not None and not (math.isfinite(memory) and MIN_MEMORY_RATIO <= memory <= MAX_RATIO):
+        return f"memory ratio {memory:g} is outside [{MIN_MEMORY_RATIO}, {MAX_RATIO}]"
+    return None
+
+
+def peak_over_bf16(recipe: PrecisionRecipe) -> float:
+    """The recipe's dense GEMM peak over the BF16 dense peak (1 for BF16, 2 for FP8, 4 for NVFP4)."""
+    return PEAK_OVER_BF16.get(recipe, FP8_PEAK_OVER_BF16)
+
+
+class ImplausibleSample(ValueError):
+    """A sample no real reading can give: it is not stored."""
+
 
 def _clamp(value: float, bounds: tuple[float, float]) -> float:
     return min(max(value, bounds[0]), bounds[1])
@@ -62,22 +112,49 @@ class ClusterCalibration(WireModel):
     samples: list[Sample] = Field(default_factory=list)
 
     def record(self, sample: Sample) -> ClusterCalibration:
-        """A copy with `sample` replacing the job's earlier one; the oldest of its family beyond the limit
-        dropped."""
+        """A copy with `sample` replacing the job's earlier one; beyond KEEP_PER_FAMILY samples of its
+        namespace and family, that namespace's oldest dropped; beyond MAX_SAMPLES, the oldest of all
+        (the same for MAX_PER_NAMESPACE over all its families). ImplausibleSample for one no reading can
+        give (nothing stored)."""
+        problem = implausible(sample)
+        if problem is not None:
+            raise ImplausibleSample(f"{sample.job}: {problem}")
         others = [s for s in self.samples if s.uid != sample.uid]
-        family = [s for s in others if s.key == sample.key]
-        drop = {id(s) for s in family[: max(0, len(family) + 1 - KEEP_PER_FAMILY)]}
+        own = [s for s in others if s.namespace == sample.namespace]
+        same = [s for s in own if s.key == sample.key]
+        drop = {id(s) for s in same[: max(0, len(same) + 1 - KEEP_PER_FAMILY)]}
+        own = [s for s in own if id(s) not in drop]
+        drop |= {id(s) for s in own[: max(0, len(own) + 1 - MAX_PER_NAMESPACE)]}
         kept = [s for s in others if id(s) not in drop]
+        kept = kept[max(0, len(kept) + 1 - MAX_SAMPLES) :]
         return ClusterCalibration(samples=[*kept, sample])
 
-    def runs(self, key: FamilyKey) -> list[Sample]:
-        return [s for s in self.samples if s.key == key]
+    def runs(self, key: FamilyKey, namespace: str | None = None, *, pooled: bool = False) -> list[Sample]:
+        """The family's plausible samples that count for a plan in `namespace`: that namespace's own, or
+        with `pooled` every namespace's newest POOL_PER_NAMESPACE. Without a namespace (the CLI's view of
+        the whole store), every plausible sample."""
+        family = [s for s in self.samples if s.key == key and implausible(s) is None]
+        if not pooled:
+            return family if namespace is None else [s for s in family if s.namespace == namespace]
+        counted: dict[str, list[Sample]] = {}
+        for s in reversed(family):  # newest first
+            votes = counted.setdefault(s.namespace, [])
+            if len(votes) < POOL_PER_NAMESPACE:
+                votes.append(s)
+        return [s for s in family if any(s is v for votes in counted.values() for v in votes)]
 
     def correction(
-        self, instance_type: str, recipe: PrecisionRecipe, ac: ActivationCheckpointing
+        self,
+        instance_type: str,
+        recipe: PrecisionRecipe,
+        ac: ActivationCheckpointing,
+        namespace: str | None = None,
+        *,
+        pooled: bool = False,
     ) -> ClusterCorrection | None:
-        """The family's bounded median correction, or None with fewer than MIN_RUNS jobs."""
-        runs = self.runs((instance_type, recipe, ac))
+        """The family's bounded median correction for a plan in `namespace` (`runs` says which samples
+        count), or None with fewer than MIN_RUNS of them."""
+        runs = self.runs((instance_type, recipe, ac), namespace, pooled=pooled)
         if len(runs) < MIN_RUNS:
             return None
         tokens = _clamp(statistics.median(s.tokens_ratio for s in runs), TOKENS_BOUNDS)
@@ -92,10 +169,12 @@ class ClusterCalibration(WireModel):
             memory_factor=round(memory, 4),
         )
 
-    def corrector(self, instance_type: str) -> Corrector:
-        """The correction lookup a search on `instance_type` uses."""
+    def corrector(
+        self, instance_type: str, namespace: str | None = None, *, pooled: bool = False
+    ) -> Corrector:
+        """The correction lookup a search on `instance_type` for a BTJ in `namespace` uses."""
         instance = str(instance_type)  # the spec's enum member reads as its value
-        return lambda recipe, ac: self.correction(instance, recipe, ac)
+        return lambda recipe, ac: self.correction(instance, recipe, ac, namespace, pooled=pooled)
 
 
 def frozen(correction: ClusterCorrection | None) -> Corrector:

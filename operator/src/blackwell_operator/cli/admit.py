@@ -14,6 +14,7 @@ from blackwell_operator.errors import SpecError
 from blackwell_operator.models import BlackwellTrainingJob
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.render.names import name_problem
+from blackwell_operator.settings import operator_environment
 from blackwell_trainer.config import Plan
 
 
@@ -43,7 +44,14 @@ def admit(
             job_name=job.metadata.name,
             calibration=calibration,
             checkpoint=read_checkpoint(spec),
-            cluster=cluster.corrector(spec.cluster.instance_type) if cluster else None,
+            # As the operator plans it: the manifest's namespace's own runs (or the pool, when set).
+            cluster=cluster.corrector(
+                spec.cluster.instance_type,
+                job.metadata.namespace or "default",
+                pooled=operator_environment().cluster_calibration_pool,
+            )
+            if cluster
+            else None,
         )
         # Prepared data readable here is checked as the trainer will check it, in the trainer's words.
         manifest = check_local_dataset(plan)

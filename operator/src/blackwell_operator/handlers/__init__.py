@@ -16,7 +16,9 @@ from blackwell_operator.handlers.reconcile import Reconciler
 from blackwell_operator.handlers.resync import resync_interval
 from blackwell_operator.handlers.stuck import stuck_pod_timeout
 from blackwell_operator.lifecycle.convergence import wants_child_back
+from blackwell_operator.lifecycle.status_read import read_status
 from blackwell_operator.models.spec import API_GROUP, API_VERSION, PLURAL
+from blackwell_operator.models.status import Phase
 from blackwell_operator.render.kinds import JOB_KINDS
 from blackwell_operator.render.labels import JOB_NAME_LABEL
 
@@ -35,7 +37,8 @@ async def track_btj(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any
     """on.event for BTJs: keeps btj_operator_jobs{phase} and the resync loop's view current (async: no
     thread hop for a dict update)."""
     uid = body.get("metadata", {}).get("uid", "")
-    phase = None if type == "DELETED" else (body.get("status") or {}).get("phase") or "Pending"
+    stored = read_status(body.get("status")).status
+    phase = None if type == "DELETED" else (stored.phase or Phase.PENDING).value
     _ctx(memo).metrics.observe_job(uid, phase)
     if type == "DELETED":
         _ctx(memo).forget_btj(uid)  # its lock and its place in the resync loop, kept for its lifetime

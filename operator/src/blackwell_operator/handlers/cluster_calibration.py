@@ -25,11 +25,17 @@ from blackwell_operator.settings import env_name, operator_environment
 NAME = "btj-cluster-calibration"
 DATA_KEY = "calibration.json"
 NAMESPACE_ENV = env_name("cluster_calibration_namespace")
+POOL_ENV = env_name("cluster_calibration_pool")
 _LOG = logging.getLogger(__name__)
 
 
 class UnreadableCalibration(ValueError):
     """The ConfigMap exists but does not hold a cluster calibration (edited by hand, another tool's)."""
+
+
+def pooled() -> bool:
+    """Whether plans learn from every namespace's jobs (`BTJ_CLUSTER_CALIBRATION_POOL`), not their own."""
+    return operator_environment().cluster_calibration_pool
 
 
 def calibration_namespace() -> str | None:

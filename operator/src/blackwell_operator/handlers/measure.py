@@ -18,7 +18,7 @@ from typing import Any
 
 import aiohttp
 
-from blackwell_operator.calibration.cluster import Sample
+from blackwell_operator.calibration.cluster import ImplausibleSample, Sample
 from blackwell_operator.handlers import cluster_calibration
 from blackwell_operator.handlers.api import ApiError
 from blackwell_operator.handlers.btjstatus import write_status
@@ -29,10 +29,9 @@ from blackwell_operator.lifecycle.measure import (
     Reading,
     metrics_endpoint,
     parse_reading,
-    sample_of,
     tokens_per_second_per_gpu,
 )
-from blackwell_operator.lifecycle.measured import measured_changes
+from blackwell_operator.lifecycle.measured import measured_changes, sample_of
 from blackwell_operator.lifecycle.ownership import Lineage
 from blackwell_operator.lifecycle.progress import progress_of
 from blackwell_operator.lifecycle.writers import MEASURE_LOOP
@@ -174,12 +173,15 @@ class Measurer:
         btj = self.ctx.known_btjs().get(self._uid_of(namespace, name) or "")
         if where is None or btj is None:
             return
-        sample = sample_of(btj, earlier, later, rate, now_rfc3339())
-        if sample is None or not self._moved(sample):
-            return
         try:
+            sample = sample_of(btj, earlier, later, rate, now_rfc3339())
+            if sample is None or not self._moved(sample):
+                return
             cluster_calibration.record(self.ctx.api, where, sample, self.logger)
             self.sampled[sample.uid] = sample.tokens_ratio
+        except ImplausibleSample as exc:  # a misreading, or a pod lying about its speed: never stored
+            self.ctx.metrics.record_error("ImplausibleSample")
+            self.logger.warning(f"Not recording a reading in the cluster calibration: {exc}")
         except ApiError as exc:
             self.ctx.metrics.record_error(exc.metric_reason)
             self.logger.warning(f"Cannot record {namespace}/{name} in the cluster calibration: {exc}")

@@ -17,6 +17,7 @@ from blackwell_operator.lifecycle.references import (
     service_account_missing,
     would_create,
 )
+from blackwell_operator.lifecycle.status_read import read_status
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.settings import operator_environment
 
@@ -55,6 +56,6 @@ def check_references(
             logger.warning(f"Cannot read the child {job_path}: {exc}")
             return found  # the create path reads it again and reports what it finds
         generation = int(meta.get("generation") or 1)
-        if would_create(body.get("status") or {}, generation, child_exists=child_exists):
+        if would_create(read_status(body.get("status")).status, generation, child_exists=child_exists):
             found.blocked = service_account_missing(account, namespace)
     return found

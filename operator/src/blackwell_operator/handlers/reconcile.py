@@ -24,7 +24,7 @@ from blackwell_operator.handlers import retrying
 from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
 from blackwell_operator.handlers.btjstatus import btj_path, write_status
 from blackwell_operator.handlers.child_calls import ChildCalls, ChildConflict
-from blackwell_operator.handlers.cluster_calibration import read_cluster_calibration
+from blackwell_operator.handlers.cluster_calibration import pooled, read_cluster_calibration
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import adopt_children, create_event, post_event
 from blackwell_operator.handlers.finalizer import release, with_finalizer
@@ -204,7 +204,7 @@ class Reconciler:
             # What out-of-memory runs of this spec taught (status.memoryCorrection, lifecycle/replan.py):
             # also after an operator restart, the plan is the corrected one that runs.
             correction = correction_of(body)
-            cluster = self._cluster_corrector(stored, spec, generation)
+            cluster = self._cluster_corrector(stored, spec, generation, str(meta.get("namespace") or ""))
             plan = plan_within(spec, meta["name"], correction=correction, cluster=cluster)
         except SpecError as exc:
             return outcomes.invalid(generation, exc.reason, exc.message)
@@ -296,7 +296,11 @@ class Reconciler:
             raise kopf.TemporaryError(outcome.requeue.message, delay=outcome.requeue.after_s)
 
     def _cluster_corrector(
-        self, stored: BlackwellTrainingJobStatus, spec: BlackwellTrainingJobSpec, generation: int
+        self,
+        stored: BlackwellTrainingJobStatus,
+        spec: BlackwellTrainingJobSpec,
+        generation: int,
+        namespace: str,
     ) -> Corrector | None:
         """What this cluster measured, for the plan: the factors already planned with when this generation
         was planned before (a resync or a re-created child never re-plans a running job differently), else
@@ -305,7 +309,10 @@ class Reconciler:
         if stored.plan is not None and stored.observed_generation == generation:
             return frozen(stored.plan.cluster_correction)
         calibration = read_cluster_calibration(self.ctx, self._logger or _LOG)
-        return calibration.corrector(spec.cluster.instance_type) if calibration else None
+        if calibration is None:
+            return None
+        # This namespace's own runs only, unless the operator pools them (each namespace capped).
+        return calibration.corrector(spec.cluster.instance_type, namespace, pooled=pooled())
 
     def _aws_capacity(self, spec: BlackwellTrainingJobSpec, logger: Any) -> AwsCapacity | None:
         """What AWS says about the named HyperPod cluster (None: no cluster named, or no reader)."""

@@ -15,7 +15,7 @@ from blackwell_operator.lifecycle.child_record import (
     is_finished,
     owned_by,
     render_hash,
-    spec_changed,
+    runs_again,
 )
 from blackwell_operator.lifecycle.conditions import ConditionChange
 from blackwell_operator.lifecycle.phase import TERMINAL_PHASES, can_patch_in_place, child_phase
@@ -276,7 +276,7 @@ def decide(wanted: Wanted, existing: Mapping[str, Any] | None, status: StatusLik
         return PreviousDeleting(release=recorded and holds(existing), message=still_deleting(kind, name))
     if existing is None:
         previous = (status.child.uid if status.child is not None else None) or None
-        if previous and is_finished(status) and not spec_changed(wanted.generation, status):
+        if previous and is_finished(status) and not runs_again(wanted.generation, status):
             message = f"{kind} {name} was deleted; the job had finished, so it is not re-created."
             gone = ConditionChange(ConditionType.CHILD_CREATED, "False", CHILD_DELETED, message)
             return FinishedChildGone(Effects((gone,)))

@@ -111,6 +111,15 @@ def deleted_child_changes(
         what = f"{kind} {meta['name']} was deleted after running out of GPU memory; re-creating it re-planned"
     else:
         what = f"{kind} {meta['name']} was deleted; re-creating it"
+    recorded = find_condition(conds, ConditionType.CHILD_CREATED)
+    if recorded is not None and recorded.reason == CHILD_DELETED and recorded.status == "False":
+        # Told again (the DELETED event after the one that marked it Terminating): the first record's
+        # generation stands, so that an edit made in between reads as made after the deletion.
+        generation = recorded.observed_generation or generation
+    elif phase in TERMINAL_PHASES and not being_deleted:
+        # The spec as it stands now (edits made while the operator was down included): only a later edit
+        # runs the finished job again (child_record.runs_again).
+        generation = int((btj.get("metadata") or {}).get("generation") or generation or 1)
     change.conditions = set_condition(
         conds, ConditionType.CHILD_CREATED, "False", CHILD_DELETED, f"{what}.", generation=generation, now=now
     )
@@ -137,7 +146,7 @@ def mirror(btj: Mapping[str, Any], child: Mapping[str, Any], *, going: bool, now
         # wants_child_back says so. It runs in the BTJ's Kopf worker, serialised with reconcile.
         deleted = deleted_child_changes(btj, child, generation=generation, now=now)
         return Mirror(deleted, finished=(deleted.phase or stored.phase) in TERMINAL_PHASES)
-    if recorded == child_uid and stopping_child(btj.get("status") or {}):
+    if recorded == child_uid and stopping_child(stored):
         # The worker watcher failed the BTJ, or re-planned it, and is deleting this child: its last phases
         # (Restarting, Failed while it goes) must not bring the job back to life or end it.
         return Mirror(None)

@@ -69,3 +69,20 @@ def spec_changed(generation: int, status: StatusLike) -> bool:
     created = find_condition(stored.conditions, ConditionType.CHILD_CREATED)
     seen = stored.observed_generation or (created.observed_generation if created is not None else None)
     return seen is not None and generation != seen
+
+
+def runs_again(generation: int, status: StatusLike) -> bool:
+    """Whether a finished BTJ whose child is gone runs again from its spec: only when the spec was edited
+    after the finished child's deletion was recorded (ChildCreated False, ChildDeleted, stamped with the
+    generation current then: lifecycle/child_mirror.py).
+
+    An edit made while the finished child still existed is not applied to a finished job, whether the
+    operator was running (the edit reads JobFinished, and a later deletion runs nothing) or down (the
+    child's final-status finalizer kept it until the operator came back and recorded it, edit included).
+    Without a recorded deletion nothing says the edit came after it: a finished job is never run again on
+    a guess.
+    """
+    created = find_condition(typed(status).conditions, ConditionType.CHILD_CREATED)
+    if created is None or created.status != "False" or created.reason != CHILD_DELETED:
+        return False
+    return created.observed_generation is not None and generation != created.observed_generation

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from blackwell_operator.lifecycle.conditions import get_condition
+from blackwell_operator.lifecycle.conditions import find_condition
 from blackwell_operator.lifecycle.message import CASCADE_WINDOW_S, describe, set_message, status_message
 from blackwell_operator.lifecycle.ownership import Lineage, of_child
 from blackwell_operator.lifecycle.phase import TERMINAL_PHASES, fail
 from blackwell_operator.lifecycle.replan import oom_of, replacing_child, replan_changes
-from blackwell_operator.lifecycle.status_read import read_status
+from blackwell_operator.lifecycle.status_read import StatusLike, read_status, typed
 from blackwell_operator.models.status import (
     FAILURE_MESSAGE_LIMIT,
     BlackwellTrainingJobStatus,
@@ -27,7 +27,6 @@ STOP_EXIT_CODES = frozenset({130, 137, 143})  # 128 + SIGINT, SIGKILL, SIGTERM
 # The Failed condition's reason when a worker ended on an error no restart can fix; the operator then
 # deletes the child (its GPUs are freed) instead of letting torchrun and the pods retry it.
 PERMANENT_ERROR_REASON = "PermanentError"
-_TERMINAL = frozenset(phase.value for phase in TERMINAL_PHASES)
 
 
 def first_line(text: str | None, limit: int = FAILURE_MESSAGE_LIMIT) -> str:
@@ -130,20 +129,17 @@ def is_permanent(failure: Mapping[str, Any] | None) -> bool:
     return bool(failure) and str((failure or {}).get("message") or "").startswith(PERMANENT_ERROR_PREFIX)
 
 
-def stopping_child(status: Mapping[str, Any]) -> bool:
+def stopping_child(status: StatusLike) -> bool:
     """The recorded child is being deleted by the operator: the job failed on a permanent error, or a
     re-plan replaces it. Its last phases no longer speak for the BTJ."""
     return stopped_on_permanent_error(status) or replacing_child(status)
 
 
-def stopped_on_permanent_error(status: Mapping[str, Any]) -> bool:
+def stopped_on_permanent_error(status: StatusLike) -> bool:
     """The BTJ failed because a worker hit a permanent error (its child is, or is being, deleted)."""
-    failed = get_condition(status.get("conditions"), ConditionType.FAILED)
-    return (
-        status.get("phase") == Phase.FAILED.value
-        and failed is not None
-        and failed.get("reason") == PERMANENT_ERROR_REASON
-    )
+    stored = typed(status)
+    failed = find_condition(stored.conditions, ConditionType.FAILED)
+    return stored.phase == Phase.FAILED and failed is not None and failed.reason == PERMANENT_ERROR_REASON
 
 
 def _permanent_stop(
@@ -191,28 +187,28 @@ def failure_changes(
     if (btj.get("metadata") or {}).get("deletionTimestamp") or not belongs_to(pod, btj, found):
         return None, False
     status = btj.get("status") or {}
-    if status.get("phase") == Phase.SUCCEEDED.value:
-        return None, False  # the job is done: a worker stopped now is the training operator's clean-up
     read = read_status(status).status
+    if read.phase == Phase.SUCCEEDED:
+        return None, False  # the job is done: a worker stopped now is the training operator's clean-up
     stored = _failure_dump(read)
     if not supersedes(failure, stored):
         return None, False
     recorded = WorkerFailure.model_validate(failure)
-    if is_permanent(failure) and status.get("phase") not in _TERMINAL and _child_of(status).get("name"):
-        if replacing_child(status):
+    if is_permanent(failure) and read.phase not in TERMINAL_PHASES and _child_of(status).get("name"):
+        if replacing_child(read):
             return None, False  # a re-plan already replaces this child: its other workers end too
         oom = oom_of(failure)
         if oom is not None and read.plan is not None:
             # Out of GPU memory: the same plan runs out again, a smaller one may not (replan.py).
             replanned, _ = replan_changes(btj, failure, oom, failed_reason=PERMANENT_ERROR_REASON, now=now)
             return replanned, True
-        generation = status.get("observedGeneration") or (btj.get("metadata") or {}).get("generation")
+        generation = read.observed_generation or (btj.get("metadata") or {}).get("generation")
         change = _permanent_stop(status, read, failure, generation, now)
         change.last_failure = recorded
         return change, True
     change = StatusChange(last_failure=recorded)
     # The headline the phase's writer stored; a status from before headlines were stored has its message.
     headline = read.headline if read.headline is not None else (read.message or "")
-    if status_message(headline, status.get("phase"), failure) != (status.get("message") or ""):
-        set_message(change, headline, status.get("phase"), failure)
+    if status_message(headline, read.phase, failure) != (read.message or ""):
+        set_message(change, headline, read.phase, failure)
     return change, failure_key(stored) != failure_key(failure)

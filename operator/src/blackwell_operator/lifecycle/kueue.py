@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
+from blackwell_operator.lifecycle.conditions import ConditionChange, ConditionStatus
+from blackwell_operator.models.status import ConditionType
 from blackwell_operator.render import hyperpod, pytorchjob, trainjob
-
-KueueStatus = Literal["True", "False", "Unknown"]
 
 # Kueue v0.19 and later ship with the Kubeflow Training Operator v1 integrations (kubeflow.org/pytorchjob
 # among them) off in the default configuration and plan to remove them (kubernetes-sigs/kueue#12620,
@@ -32,8 +32,8 @@ _DEFAULT_OFF = {
 
 def kueue_condition(
     child_kind: str | None, queue_name: str, child_status: Mapping[str, Any] | None
-) -> tuple[KueueStatus, str, str]:
-    """(status, reason, message) of the KueueManaged condition of a BTJ whose spec names a queue.
+) -> ConditionChange:
+    """The KueueManaged condition of a BTJ whose spec names a queue.
 
     What the child shows decides: Kueue suspends every job it manages at creation and resumes it on
     admission, so a `Suspended` condition (either status) means Kueue has it, and a job that runs or ends
@@ -48,11 +48,13 @@ def kueue_condition(
     ) or any(int(e.get("ready") or 0) for e in (child_status or {}).get("jobsStatus") or [])
     kind = child_kind or "job"
     if "Suspended" in conditions:
-        return "True", "SuspendedByKueue", f"Kueue holds or admitted the {kind} (queue {queue_name})."
+        return _managed(
+            "True", "SuspendedByKueue", f"Kueue holds or admitted the {kind} (queue {queue_name})."
+        )
     framework, default = _DEFAULT_OFF.get(child_kind or "", ("", ""))
     if started:
         why = f"{default}. " if default else ""
-        return (
+        return _managed(
             "False",
             "NotQueued",
             f"spec.queueName is {queue_name}, but the {kind} started without Kueue suspending it, so it runs "
@@ -64,12 +66,16 @@ def kueue_condition(
             ),
         )
     if child_kind == trainjob.KIND:
-        return "True", "ManagedByDefault", f"Kueue manages TrainJob by default; queue {queue_name}."
+        return _managed("True", "ManagedByDefault", f"Kueue manages TrainJob by default; queue {queue_name}.")
     if framework:
-        return (
+        return _managed(
             "Unknown",
             "IntegrationOffByDefault",
             f"spec.queueName is {queue_name}, but {default}: unless the integration is on, the {kind} runs "
             f"at once, outside the queue. {_FIX.format(framework=framework)}",
         )
-    return "Unknown", "Pending", f"Waiting for Kueue to take the job (queue {queue_name})."
+    return _managed("Unknown", "Pending", f"Waiting for Kueue to take the job (queue {queue_name}).")
+
+
+def _managed(status: ConditionStatus, reason: str, message: str) -> ConditionChange:
+    return ConditionChange(ConditionType.KUEUE_MANAGED, status, reason, message)

@@ -7,17 +7,14 @@ and the step time are the changes between two readings.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
-from pydantic import ValidationError
 
-from blackwell_operator.calibration.cluster import Sample
-from blackwell_operator.models.status import Phase
 from blackwell_operator.render.pod import METRICS_PORT_NAME, TRAINER_CONTAINER_NAMES
-from blackwell_trainer.config import Plan
 from blackwell_trainer.metric_names import (
     GPU_MEMORY_PEAK,
     GPUS,
@@ -46,27 +43,35 @@ class Reading:
     reserved_bytes: int = 0  # peak reserved GPU memory of local rank 0 (0 on CPU)
 
 
+def _count(value: float | None) -> int | None:
+    """A gauge or counter that must be a whole number of something: None unless finite and not negative."""
+    if value is None or not math.isfinite(value) or value < 0:
+        return None
+    return int(value)
+
+
 def parse_reading(text: str, at: float) -> Reading | None:
-    """The trainer's counters from Prometheus text, or None when they are not there (not our trainer)."""
+    """The trainer's counters from Prometheus text, or None when they are not there (not our trainer) or
+    not a reading at all (a token count that is NaN, infinite or negative). A NaN or infinite gauge beside
+    a good count is dropped (no MFU, no step); ValueError for text that is not Prometheus exposition."""
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             kind = sample.labels.get(MEMORY_KIND_LABEL)
-            values[f"{sample.name}:{kind}" if kind else sample.name] = sample.value
-    if total(TOKENS) not in values:
+            values[f"{sample.name}:{kind}" if kind else sample.name] = float(sample.value)
+    tokens = values.get(total(TOKENS))
+    if tokens is None or not math.isfinite(tokens) or tokens < 0:
         return None
-    gpus = int(values.get(GPUS) or 1)
     mfu = values.get(MFU)
-    step, planned = values.get(STEP), values.get(PLANNED_STEPS)
     return Reading(
         at,
-        values[total(TOKENS)],
-        max(gpus, 1),
-        mfu if mfu else None,
-        step=None if step is None else int(step),
-        planned_steps=int(planned) if planned else None,
-        pod_steps=int(values.get(total(STEPS)) or 0),
-        reserved_bytes=int(values.get(f"{GPU_MEMORY_PEAK}:{RESERVED}") or 0),
+        tokens,
+        max(_count(values.get(GPUS)) or 1, 1),
+        mfu if mfu and math.isfinite(mfu) and mfu > 0 else None,
+        step=_count(values.get(STEP)),
+        planned_steps=_count(values.get(PLANNED_STEPS)) or None,
+        pod_steps=_count(values.get(total(STEPS))) or 0,
+        reserved_bytes=_count(values.get(f"{GPU_MEMORY_PEAK}:{RESERVED}")) or 0,
     )
 
 
@@ -76,7 +81,8 @@ def tokens_per_second_per_gpu(earlier: Reading, later: Reading) -> float | None:
     trained = later.tokens - earlier.tokens
     if elapsed <= 0 or trained < 0:  # a restarted container counts from zero again
         return None
-    return trained / elapsed / later.gpus
+    rate = trained / elapsed / later.gpus
+    return rate if math.isfinite(rate) else None
 
 
 def metrics_endpoint(pod: Mapping[str, Any]) -> str | None:
@@ -93,41 +99,3 @@ def metrics_endpoint(pod: Mapping[str, Any]) -> str | None:
                 host = f"[{ip}]" if ":" in str(ip) else ip  # IPv6 pod addresses
                 return f"http://{host}:{port['containerPort']}/metrics"
     return None
-
-
-# Readings before this many steps of a container include torch.compile and allocator warm-up: not what
-# the plan predicts, so they teach the cluster calibration nothing.
-WARMUP_STEPS = 3
-
-
-def sample_of(
-    btj: Mapping[str, Any], earlier: Reading, later: Reading, tokens_per_s: float, now: str
-) -> Sample | None:
-    """The job's measured over modelled figures for the cluster calibration, once past its warm-up.
-
-    The plan's prediction already carries any correction it was planned with; the ratio is taken against
-    the model's own figure (prediction over the plan's tokens factor), so the calibration never chases
-    its own corrections.
-    """
-    meta, status = btj.get("metadata") or {}, btj.get("status") or {}
-    if status.get("phase") != Phase.RUNNING.value or earlier.pod_steps < WARMUP_STEPS or tokens_per_s <= 0:
-        return None
-    try:
-        plan = Plan.model_validate(status.get("plan"))
-    except ValidationError:
-        return None
-    factor = plan.cluster_correction.tokens_factor if plan.cluster_correction else 1.0
-    modelled = plan.predicted.tokens_per_second_per_gpu / factor
-    if modelled <= 0:
-        return None
-    peak = plan.predicted.memory.peak_reserved
-    return Sample(
-        job=f"{meta.get('namespace')}/{meta.get('name')}",
-        uid=str(meta.get("uid")),
-        instance_type=plan.instance_type,
-        precision_recipe=plan.chosen.precision_recipe,
-        activation_checkpointing=plan.chosen.activation_checkpointing,
-        tokens_ratio=round(tokens_per_s / modelled, 4),
-        memory_ratio=round(later.reserved_bytes / peak, 4) if later.reserved_bytes and peak else None,
-        observed_at=now,
-    )

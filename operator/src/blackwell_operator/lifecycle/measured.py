@@ -1,16 +1,22 @@
-"""status.measured and status.progress from a reading of a running trainer pod (pure; the measure loop,
-handlers/measure.py, reads the pods and writes what this returns)."""
+"""What a reading of a running trainer pod teaches: status.measured and status.progress, and the job's
+measured-over-modelled sample for the cluster calibration (pure; the measure loop, handlers/measure.py,
+reads the pods, writes the status and records the sample)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
+from blackwell_operator.calibration.cluster import ImplausibleSample, Sample, peak_over_bf16
 from blackwell_operator.lifecycle.failures import belongs_to
+from blackwell_operator.lifecycle.measure import Reading
 from blackwell_operator.lifecycle.ownership import Lineage
 from blackwell_operator.lifecycle.progress import as_status
 from blackwell_operator.lifecycle.status_read import read_status
 from blackwell_operator.models.status import JobProgress, MeasuredThroughput, Phase, StatusChange
+from blackwell_operator.planner.cluster_figures import figures_of
+from blackwell_trainer.config import Plan
 
 # A reading this close to the stored one is not written (a status write per job per minute otherwise).
 UNCHANGED = 0.01
@@ -55,3 +61,67 @@ def measured_changes(
             measured.model_flops_utilization = round(mfu, 4)
         change.measured = measured
     return change if change.model_fields_set else None
+
+
+# Readings before this many steps of a container include torch.compile and allocator warm-up: not what
+# the plan predicts, so they teach the cluster calibration nothing.
+WARMUP_STEPS = 3
+
+
+# Peak reserved memory may read a little above the catalog's usable memory (the driver's own share is
+# outside both), never much more.
+RESERVED_SLACK = 1.05
+
+
+def unphysical(plan: Plan, tokens_per_s: float, reserved_bytes: int) -> str | None:
+    """Why a job's reading cannot be what its GPUs did (None: it can): a rate that is not finite or not
+    positive, one whose MFU is above the GPU's peak for the plan's recipe, or more memory reserved than
+    the GPU has. The plan's predicted MFU scales with its predicted rate, so the measured MFU follows."""
+    if not math.isfinite(tokens_per_s) or tokens_per_s <= 0:
+        return f"{tokens_per_s:g} tokens/s per GPU is not a rate"
+    predicted = plan.predicted.tokens_per_second_per_gpu
+    mfu = plan.predicted.model_flops_utilization * tokens_per_s / predicted if predicted > 0 else 0.0
+    ceiling = peak_over_bf16(plan.chosen.precision_recipe)
+    if mfu > ceiling:
+        return (
+            f"{tokens_per_s:,.0f} tokens/s per GPU is {mfu:.2f} of the BF16 dense peak, above the "
+            f"{ceiling:g} the GPU can do with recipe {plan.chosen.precision_recipe.value}"
+        )
+    if reserved_bytes > RESERVED_SLACK * plan.gpu.memory_bytes:
+        return f"{reserved_bytes} bytes reserved is more than the GPU's {plan.gpu.memory_bytes}"
+    return None
+
+
+def sample_of(
+    btj: Mapping[str, Any], earlier: Reading, later: Reading, tokens_per_s: float, now: str
+) -> Sample | None:
+    """The job's measured over modelled figures for the cluster calibration, once past its warm-up.
+
+    The plan's prediction already carries any correction it was planned with; the ratios are taken against
+    the model's own figures (planner/cluster_figures.py), so the calibration never chases its own
+    corrections. An unreadable stored plan teaches nothing; ImplausibleSample for a reading no GPU can
+    give (`unphysical`).
+    """
+    meta, stored = btj.get("metadata") or {}, read_status(btj.get("status")).status
+    if stored.phase != Phase.RUNNING or earlier.pod_steps < WARMUP_STEPS:
+        return None
+    plan = stored.plan
+    if plan is None:
+        return None
+    figures = figures_of(plan)
+    modelled, peak = figures.modelled_tokens_per_second_per_gpu, figures.modelled_peak_reserved
+    if modelled <= 0:
+        return None
+    problem = unphysical(plan, tokens_per_s, later.reserved_bytes)
+    if problem is not None:
+        raise ImplausibleSample(f"{meta.get('namespace')}/{meta.get('name')}: {problem}")
+    return Sample(
+        job=f"{meta.get('namespace')}/{meta.get('name')}",
+        uid=str(meta.get("uid")),
+        instance_type=plan.instance_type,
+        precision_recipe=plan.chosen.precision_recipe,
+        activation_checkpointing=plan.chosen.activation_checkpointing,
+        tokens_ratio=round(tokens_per_s / modelled, 4),
+        memory_ratio=round(later.reserved_bytes / peak, 4) if later.reserved_bytes and peak else None,
+        observed_at=now,
+    )

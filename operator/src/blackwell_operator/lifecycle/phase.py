@@ -148,7 +148,8 @@ def child_conditions(
     else:
         put(ConditionType.FAILED, "False", "NoFailure", "The job has not failed.")
     if queue_name:
-        put(ConditionType.KUEUE_MANAGED, *kueue_condition(child_kind, queue_name, child_status))
+        managed = kueue_condition(child_kind, queue_name, child_status)
+        put(managed.type, managed.status, managed.reason, managed.message)
     else:
         out = remove_condition(out, ConditionType.KUEUE_MANAGED)
     return phase, out

@@ -9,12 +9,12 @@ credentials (on EKS the node role reaches ECR), so the job may well run.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from blackwell_operator.lifecycle.child_record import is_finished, spec_changed
+from blackwell_operator.lifecycle.child_record import is_finished, runs_again
 from blackwell_operator.lifecycle.conditions import ConditionChange
+from blackwell_operator.lifecycle.status_read import StatusLike
 from blackwell_operator.models.status import ConditionType
 
 # ChildCreated's reason while spec.serviceAccountName names no ServiceAccount of the namespace.
@@ -32,13 +32,13 @@ class Preflight:
     blocked: str | None = None
 
 
-def would_create(status: Mapping[str, Any], generation: int, *, child_exists: bool) -> bool:
+def would_create(status: StatusLike, generation: int, *, child_exists: bool) -> bool:
     """Whether this pass would create a child: none exists, and the job is not one that finished with the
     current spec (that one is never run again, lifecycle/child_apply.py). Only a create needs the account:
     a running job's pods exist already."""
     if child_exists:
         return False
-    return not (is_finished(status) and not spec_changed(generation, status))
+    return not (is_finished(status) and not runs_again(generation, status))
 
 
 def service_account_missing(name: str, namespace: str) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,21 +51,55 @@ def candidate_line(candidate: Candidate, peak_reserved: int | None = None) -> st
 
 def generation_of(btj: Mapping[str, Any]) -> int:
     """The spec generation the status describes."""
-    status = btj.get("status") or {}
-    return int(status.get("observedGeneration") or (btj.get("metadata") or {}).get("generation") or 1)
+    stored = read_status(btj.get("status")).status
+    return int(stored.observed_generation or (btj.get("metadata") or {}).get("generation") or 1)
+
+
+# What a memory correction was learned for: what sets how much memory a configuration takes. A spec edit
+# that changes one of them makes the measurements say nothing of the new job; any other edit (steps,
+# learning rate, data, a micro-batch or checkpointing pin, maxReplans, labels) keeps the correction, the
+# configurations that ran out and the re-plan count (docs/replan.md, "Lifetime of a correction").
+LEARNED_FOR = (
+    ("model",),
+    ("cluster", "instanceType"),
+    ("cluster", "nodes"),
+    ("training", "sequenceLength"),
+    ("tuning", "precision"),
+    ("image",),
+)
+
+
+def learned_for(spec: Any) -> str:
+    """The fingerprint of a spec's LEARNED_FOR fields (a missing precision reads as its default, auto)."""
+    picked: dict[str, Any] = {}
+    for path in LEARNED_FOR:
+        value: Any = spec if isinstance(spec, Mapping) else {}
+        for key in path:
+            value = value.get(key) if isinstance(value, Mapping) else None
+        if path == ("tuning", "precision") and value is None:
+            value = "auto"
+        picked[".".join(path)] = value
+    text = json.dumps(picked, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def correction_of(btj: Mapping[str, Any]) -> MemoryCorrection | None:
-    """status.memoryCorrection when it belongs to the BTJ's current spec generation (else None)."""
-    raw = (btj.get("status") or {}).get("memoryCorrection")
-    if not raw:
+    """status.memoryCorrection when it applies to the BTJ's current spec: learned on this generation, or
+    on an earlier one whose LEARNED_FOR fields this spec keeps (then rebased onto this generation, so that
+    a later out-of-memory run adds to it and its re-plan count goes on). Else None.
+
+    One written by another version, or by hand, that does not read is left out (lifecycle/status_read.py):
+    the job is planned without it rather than failed.
+    """
+    correction = read_status(btj.get("status")).status.memory_correction
+    if correction is None:
         return None
-    try:
-        correction = MemoryCorrection.model_validate(raw)
-    except ValueError:
-        return None  # written by another version, or by hand: plan without it rather than fail
     generation = int((btj.get("metadata") or {}).get("generation") or 1)
-    return correction if correction.generation == generation else None
+    if correction.generation == generation:
+        return correction
+    if correction.learned_for is not None and correction.learned_for == learned_for(btj.get("spec")):
+        return correction.model_copy(update={"generation": generation})
+    return None
 
 
 def replacing_child(status: StatusLike) -> bool:
@@ -113,8 +149,11 @@ def replan_changes(
     if stored.plan is None:
         raise ValueError("status.plan is missing or unreadable: nothing to re-plan from")
     failed = stored.plan
-    correction = learn(correction_of(btj), result, failed, generation=generation)
-    child = status.get("child") or {}
+    current = correction_of(btj)  # applies to this spec: on top of it, whichever generation it was from
+    current = None if current is None else current.model_copy(update={"generation": generation})
+    correction = learn(current, result, failed, generation=generation)
+    correction.learned_for = learned_for(btj.get("spec"))
+    child = status.get("child") or {}  # read leniently: a child recorded without apiVersion names its uid
     entry = PlanChange(
         at=now,
         generation=generation,

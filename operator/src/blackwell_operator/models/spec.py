@@ -206,7 +206,7 @@ class TrainingSpec(WireModel):
         "to reach it. Default: one micro-batch per GPU.",
     )
     steps: int = Field(default=1000, ge=1, le=100_000_000, description="Optimizer steps.")
-    dataset: DatasetConfig = Field(default_factory=DatasetConfig, description="Training data source.")
+    dataset: DatasetSpec = Field(default_factory=lambda: DatasetSpec(), description="Training data source.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpointing.")
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="AdamW settings.")
     output: OutputSpec | None = Field(
@@ -326,7 +326,7 @@ OPERATOR_VOLUMES: dict[str, str] = {"plan": "/etc/btj", "shm": "/dev/shm", "loca
 _OPERATOR_MOUNT_USES = {
     "plan": "the job's plan",
     "shm": "the node's shared memory",
-    "local": "the node's NVMe",
+    "local": "the pod's node-local scratch",
 }
 
 DNS1123_LABEL = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -377,7 +377,7 @@ class WeightsSpec(WireModel):
 
     uri: str = Field(
         max_length=MAX_URI_LENGTH,
-        description="s3://bucket/prefix, or a folder on a spec.volumes entry (or /local on one node), "
+        description="s3://bucket/prefix, or a folder on a spec.volumes entry, "
         "holding config.json and *.safetensors; the job's own checkpoint takes precedence on resume.",
         json_schema_extra={"pattern": STORAGE_URI_PATTERN},
     )
@@ -393,8 +393,8 @@ class OutputSpec(WireModel):
 
     uri: str = Field(
         max_length=MAX_URI_LENGTH,
-        description="s3://bucket/prefix, or a folder on a spec.volumes entry that is not readOnly (or /local "
-        "on one node), for safetensors, config.json and the tokenizer.",
+        description="s3://bucket/prefix, or a folder on a spec.volumes entry that is not readOnly, "
+        "for safetensors, config.json and the tokenizer.",
         json_schema_extra={"pattern": STORAGE_URI_PATTERN},
     )
 
@@ -402,6 +402,23 @@ class OutputSpec(WireModel):
     @classmethod
     def _uri(cls, value: str) -> str:
         return _check_storage_uri(value, "exports/my-job")
+
+
+class DatasetSpec(DatasetConfig):
+    """The training data as a user writes it: the plan's DatasetConfig, its uri checked like the others."""
+
+    uri: str | None = Field(
+        default=None,
+        max_length=MAX_URI_LENGTH,
+        description="s3://bucket/prefix, or a folder on a spec.volumes entry (or /local on one node), "
+        "holding *.bin token shards (kind shards or chat).",
+        json_schema_extra={"pattern": STORAGE_URI_PATTERN},
+    )
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, value: str | None) -> str | None:
+        return None if value is None else _check_storage_uri(value, "datasets/my-corpus")
 
 
 class Volume(WireModel):

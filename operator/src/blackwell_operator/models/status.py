@@ -114,8 +114,8 @@ PLAN_HISTORY_LIMIT = 8
 
 
 class MemoryCorrection(WireModel):
-    """What out-of-memory runs taught the planner about this job (applied to every later plan of the spec
-    generation it was learned on)."""
+    """What out-of-memory runs taught the planner about this job: applied to every later plan of the spec
+    generation it was learned on, and of later ones that keep the fields it was learned for."""
 
     generation: int = Field(ge=1, description="The spec generation it was learned on.")
     activation_scale: float = Field(
@@ -128,6 +128,11 @@ class MemoryCorrection(WireModel):
         "of the same family.",
     )
     replans: int = Field(default=0, ge=0, description="Re-plans made for this generation.")
+    learned_for: str | None = Field(
+        default=None,
+        description="SHA-256 of the spec fields it was learned for (model, instance type, nodes, sequence "
+        "length, precision, image): a later spec generation with the same fields keeps it.",
+    )
 
 
 class PlanChange(WireModel):

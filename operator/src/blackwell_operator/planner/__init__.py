@@ -37,6 +37,7 @@ from blackwell_trainer.config import (
     Alternative,
     Candidate,
     ChoiceProvenance,
+    DatasetConfig,
     GpuInfo,
     OutputConfig,
     Plan,
@@ -230,7 +231,8 @@ def plan_job(
         calibration=f"{cal.name} ({cal.status})",
         cluster_correction=from_cluster,
         provenance=provenance,
-        dataset=spec.training.dataset.model_copy(deep=True),
+        # The plan's own type (the spec's DatasetSpec adds only the uri check): the plan round-trips as JSON.
+        dataset=DatasetConfig.model_validate(spec.training.dataset.model_dump()),
         checkpoint=spec.training.checkpoint.model_copy(deep=True),
         weights=weights_plan,
         output=None if output is None else OutputConfig(uri=output.uri),

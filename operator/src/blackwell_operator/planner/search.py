@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from blackwell_operator.calibration import Calibration
 from blackwell_operator.calibration.cluster import Corrector
+from blackwell_operator.planner.cluster_figures import Factors, corrected_peak, corrected_time, factors_of
 from blackwell_operator.planner.layout import Hardware, Layout, Setting
 from blackwell_operator.planner.memory import MemoryEstimate, estimate_memory
 from blackwell_operator.planner.shapes import Shapes
@@ -132,14 +133,15 @@ class Problem:
             cached = self._memo[setting] = (mem, ga)
         return cached
 
-    def factors(self, setting: Setting) -> tuple[float, float]:
-        """(tokens/s, peak memory) factors of the setting's family on this cluster; (1, 1) without any."""
-        found = self.correct(setting.recipe, setting.activation_checkpointing) if self.correct else None
-        return (found.tokens_factor, found.memory_factor) if found else (1.0, 1.0)
+    def factors(self, setting: Setting) -> Factors:
+        """The tokens/s and peak memory factors of the setting's family on this cluster (1, 1 without)."""
+        return factors_of(
+            self.correct(setting.recipe, setting.activation_checkpointing) if self.correct else None
+        )
 
     def within_budget(self, setting: Setting, mem: MemoryEstimate) -> bool:
         """Whether a predicted peak, corrected for what this cluster measured, fits the budget."""
-        return mem.peak_reserved * self.factors(setting)[1] <= self.budget_bytes
+        return corrected_peak(mem.peak_reserved, self.factors(setting)) <= self.budget_bytes
 
     def score(self, setting: Setting, accumulation: int | None = None) -> Scored:
         """Memory and time of a setting (with the accumulation that reaches the global batch, or as given)."""
@@ -163,14 +165,8 @@ class Problem:
             ga,
             document_mask=self.document_mask,
         )
-        tokens_factor = self.factors(setting)[0]
-        if tokens_factor != 1.0:  # the cluster runs this family at another speed than the model says
-            time = TimeEstimate(
-                time.step_time_seconds / tokens_factor,
-                time.tokens_per_second_per_gpu * tokens_factor,
-                time.model_flops_utilization * tokens_factor,
-                {k: v / tokens_factor for k, v in time.breakdown.items()},
-            )
+        # The cluster may run this family at another speed than the model says (planner/cluster_figures.py).
+        time = corrected_time(time, self.factors(setting))
         return Scored(setting, ga, mem, time, fits)
 
     def fits(self, setting: Setting) -> bool:

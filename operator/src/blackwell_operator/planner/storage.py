@@ -1,9 +1,10 @@
 """Where the trainer reads and writes files: checkpoint, dataset and weights paths on storage that works.
 
 The trainer container sees its image, the operator's own mounts (/etc/btj plan, /dev/shm, /local = the
-node's NVMe instance store) and the PersistentVolumeClaims of spec.volumes. torch.distributed.checkpoint
-has every rank write its part under one folder that rank 0 creates, so with more than one node that folder
-must be on a file system every node shares (FSx for Lustre through a claim on HyperPod EKS), and writable.
+pod's own node-local scratch, an emptyDir) and the PersistentVolumeClaims of spec.volumes.
+torch.distributed.checkpoint has every rank write its part under one folder that rank 0 creates, so with
+more than one node that folder must be on a file system every node shares (FSx for Lustre through a claim
+on HyperPod EKS), and writable.
 The CRD states the same rules in CEL (render/crd.py), so the API server refuses these specs at admission.
 """
 
@@ -96,8 +97,9 @@ def _check_dataset(spec: BlackwellTrainingJobSpec, uri: str) -> None:
 
 
 def _check_weights_folder(spec: BlackwellTrainingJobSpec, field: str, uri: str, *, writable: bool) -> None:
-    """A weights folder (in or out) must be on a volume (writable for the export), or on /local for one
-    node: anywhere else it is the container's own file system, empty at start and lost at the end."""
+    """A weights folder (in or out) must be on a volume (writable for the export): anywhere else it is the
+    container's own file system or the pod's scratch /local, both empty at start and lost with the pod (no
+    node folder is shared with the pod any more, so nothing can be staged there: docs/security.md)."""
     if uri.startswith("s3://"):
         return
     held = volume_holding(spec, uri)
@@ -111,11 +113,16 @@ def _check_weights_folder(spec: BlackwellTrainingJobSpec, field: str, uri: str, 
                 f"set readOnly: false on spec.volumes[{index}], or write them to an s3:// prefix",
             )
         return
-    if spec.cluster.nodes == 1 and on(uri, NODE_LOCAL):
-        return  # one node: /local is the node's NVMe, where the weights were staged or stay after the job
-    what = "the trained weights would vanish with the container" if writable else "no checkpoint is there"
-    local = on(uri, NODE_LOCAL)
-    where = "one node's NVMe (/local), but the job spans several nodes" if local else "not on a volume"
+    if on(uri, NODE_LOCAL):
+        where = "in the pod's own scratch (/local)"
+        what = (
+            "it goes with the pod, so the trained weights would be lost"
+            if writable
+            else "it starts empty, and no folder of the node can be staged into it"
+        )
+    else:
+        where = "not on a volume"
+        what = "the trained weights would vanish with the container" if writable else "no checkpoint is there"
     raise SpecError(
         field,
         f"{uri} is {where}: {what}",

@@ -148,12 +148,9 @@ def _on_a_volume(path: str, writable: bool) -> str:
 
 
 def _weights_folder(uri: str, writable: bool) -> str:
-    """CEL: a weights URI is an s3:// prefix, on a volume (writable for the export), or /local on one node."""
-    return (
-        f"{uri}.startsWith('s3://') || {_on_a_volume(uri, writable=writable)} "
-        f"|| ({_NODES} <= 1 && !{uri}.matches('(^|/)[.][.](/|$)') "
-        f"&& ({uri} == '{_LOCAL}' || {uri}.startsWith('{_LOCAL}/')))"
-    )
+    """CEL: a weights URI is an s3:// prefix or on a volume (writable for the export). Not /local: the pod's
+    own scratch starts empty and goes with the pod (docs/security.md)."""
+    return f"{uri}.startsWith('s3://') || {_on_a_volume(uri, writable=writable)}"
 
 
 _NODES = "(has(self.cluster) && has(self.cluster.nodes) ? self.cluster.nodes : 1)"
@@ -183,9 +180,9 @@ SPEC_ROOT_RULES = [
         f"|| ({_NODES} <= 1 && !{_CHECKPOINT}.matches('(^|/)[.][.](/|$)') "
         f"&& ({_CHECKPOINT} == '{_LOCAL}' || {_CHECKPOINT}.startsWith('{_LOCAL}/')))",
         "message": "spec.training.checkpoint.path must lie under the mountPath of a spec.volumes entry "
-        f"that is not readOnly (shared storage, e.g. {_FSX}), or under {_LOCAL} (the node's NVMe) "
-        "for a single node: elsewhere the checkpoint is in the container, lost on restart, and ranks "
-        "on other nodes cannot write it",
+        f"that is not readOnly (shared storage, e.g. {_FSX}), or under {_LOCAL} (the pod's node-local "
+        "scratch, kept across container restarts) for a single node: elsewhere the checkpoint is in the "
+        "container, lost on restart, and ranks on other nodes cannot write it",
     },
     {
         "rule": f"!has(self.training) || !has({_DATASET}) || !has({_DATASET}.kind) "
@@ -199,15 +196,15 @@ SPEC_ROOT_RULES = [
     {
         "rule": f"!has(self.model.weights) || {_weights_folder(_WEIGHTS, writable=False)}",
         "message": "spec.model.weights.uri must be an s3:// prefix or lie under the mountPath of a "
-        f"spec.volumes entry (e.g. {_FSX}), or under {_LOCAL} for a single node: elsewhere it is the "
-        "container's own file system, which holds no checkpoint",
+        f"spec.volumes entry (e.g. {_FSX}): elsewhere it is the container's own file system or the pod's "
+        f"scratch {_LOCAL}, which start empty and hold no checkpoint",
     },
     {
         "rule": f"!has(self.training) || !has(self.training.output) "
         f"|| {_weights_folder(_OUTPUT, writable=True)}",
         "message": "spec.training.output.uri must be an s3:// prefix or lie under the mountPath of a "
-        f"spec.volumes entry that is not readOnly (e.g. {_FSX}), or under {_LOCAL} for a single node: "
-        "elsewhere the trained weights vanish with the container",
+        f"spec.volumes entry that is not readOnly (e.g. {_FSX}): elsewhere (the container, or the pod's "
+        f"scratch {_LOCAL}) the trained weights vanish with the pod",
     },
     {
         "rule": f"!has(self.model.weights) || !has(self.training) || !has(self.training.output) "

@@ -1,0 +1,108 @@
+"""lifecycle/child_mirror.py and convergence.py: a child's status on its BTJ, and what the resync loop
+reconciles for, without a cluster."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from blackwell_operator.lifecycle.child_mirror import mirror, owner_reference, phase_event
+from blackwell_operator.lifecycle.convergence import needs_reconcile, wants_child_back
+from blackwell_operator.models.status import ConditionType, Phase
+
+NOW = "2026-12-01T10:00:00Z"
+T0 = "2026-12-01T09:00:00Z"
+RECORDED = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "w", "uid": "c1"}
+
+
+def _btj(uid: str = "b1", generation: int = 1, **status: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "w", "uid": uid, "generation": generation}, "spec": {}, "status": status}
+
+
+def _child(uid: str = "c1", *conditions: str, owner: str = "b1") -> dict[str, Any]:
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {
+            "name": "w",
+            "uid": uid,
+            "ownerReferences": [
+                {"kind": "BlackwellTrainingJob", "name": "w", "uid": owner, "controller": True}
+            ],
+        },
+        "status": {
+            "conditions": [{"type": c, "status": "True", "lastTransitionTime": T0} for c in conditions]
+        },
+    }
+
+
+def _condition(type_: str, status: str, reason: str) -> dict[str, Any]:
+    return {"type": type_, "status": status, "reason": reason, "message": "", "lastTransitionTime": T0}
+
+
+def test_a_phase_change_is_mirrored_with_one_event() -> None:
+    result = mirror(_btj(phase="Pending", child=RECORDED), _child("c1", "Running"), going=False, now=NOW)
+    assert result.change is not None and result.change.phase == Phase.RUNNING
+    assert (result.before, result.after) == (Phase.PENDING, Phase.RUNNING)
+    event = phase_event(result, _child("c1", "Running"))
+    assert event is not None and (event.reason, event.warning) == ("Running", False)
+    again = mirror(_btj(phase="Running", child=RECORDED), _child("c1", "Running"), going=False, now=NOW)
+    assert phase_event(again, _child("c1", "Running")) is None  # no transition, no Event
+    failed = mirror(_btj(phase="Running", child=RECORDED), _child("c1", "Failed"), going=False, now=NOW)
+    event = phase_event(failed, _child("c1", "Failed"))
+    assert event is not None and (event.reason, event.warning) == ("Failed", True)
+
+
+def test_a_child_of_another_btj_or_child_changes_nothing() -> None:
+    assert mirror(_btj(uid="b2"), _child(), going=False, now=NOW).change is None  # a predecessor's child
+    other = {**RECORDED, "uid": "c0"}
+    assert mirror(_btj(child=other), _child("c1", "Running"), going=False, now=NOW).change is None
+    assert owner_reference({"metadata": {"ownerReferences": [{"kind": "Deployment", "uid": "x"}]}}) is None
+
+
+def test_a_child_stopped_by_the_operator_does_not_speak_for_the_btj() -> None:
+    permanent = {**_condition(ConditionType.FAILED, "True", "PermanentError")}
+    btj = _btj(phase="Failed", child=RECORDED, conditions=[permanent])
+    assert mirror(btj, _child("c1", "Restarting"), going=False, now=NOW).change is None
+
+
+def test_a_child_seen_before_reconcile_recorded_it_is_named() -> None:
+    result = mirror(_btj(phase="Pending"), _child("c1", "Running"), going=False, now=NOW)
+    assert result.change is not None and result.change.child is not None
+    assert result.change.child.uid == "c1"
+
+
+@pytest.mark.parametrize(
+    ("phase", "child_conditions", "finished", "words"),
+    [
+        ("Running", (), False, "re-creating it"),
+        ("Running", ("Succeeded",), True, "the job had finished"),  # its own final status finishes it
+        ("Succeeded", (), True, "the job had finished"),
+    ],
+)
+def test_a_deletion_is_reported_and_says_whether_the_child_comes_back(
+    phase: str, child_conditions: tuple[str, ...], finished: bool, words: str
+) -> None:
+    result = mirror(_btj(phase=phase, child=RECORDED), _child("c1", *child_conditions), going=True, now=NOW)
+    assert result.change is not None and result.finished is finished
+    assert result.change.message is not None and words in result.change.message
+    assert result.change.conditions is not None
+    (created,) = [c for c in result.change.conditions if c.type == ConditionType.CHILD_CREATED]
+    assert (created.status, created.reason) == ("False", "ChildDeleted")
+
+
+def test_convergence_says_why_a_btj_is_reconciled_again() -> None:
+    created = _condition(ConditionType.CHILD_CREATED, "True", "Created")
+    assert needs_reconcile(_btj(observedGeneration=1, conditions=[created], child=RECORDED)) is None
+    assert needs_reconcile(_btj(generation=2, observedGeneration=1)) == "its spec has not been reconciled"
+    refused = _condition(ConditionType.CHILD_CREATED, "False", "CreateRefused")
+    assert "refused its child (CreateRefused)" in str(
+        needs_reconcile(_btj(observedGeneration=1, conditions=[refused]))
+    )
+    assert needs_reconcile(_btj(observedGeneration=1)) == "no child recorded"
+    assert needs_reconcile(_btj(observedGeneration=1, phase="Invalid")) is None
+    deleted = _condition(ConditionType.CHILD_CREATED, "False", "ChildDeleted")
+    gone = _btj(observedGeneration=1, phase="Running", child=RECORDED, conditions=[deleted])
+    assert wants_child_back(gone) and needs_reconcile(gone) == "its child was deleted before the job finished"
+    assert not wants_child_back({**gone, "status": {**gone["status"], "phase": "Succeeded"}})
