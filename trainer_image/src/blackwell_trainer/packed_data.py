@@ -109,7 +109,7 @@ class ChatTokenSource:
             self._starts.append(starts)
             self._rows.append(rows)
             cut += shard_cut
-        self.samples_per_epoch = sum(len(r) for r in self._rows)
+        self.samples_per_epoch: int | None = sum(len(r) for r in self._rows)
         if cut:
             log.warning(
                 "%d conversation(s) of %s are longer than sequenceLength %d and are cut to it",

@@ -16,6 +16,7 @@ from blackwell_operator.discovery.capacity import NodeCapacityReader
 from blackwell_operator.handlers import watch_gone
 from blackwell_operator.handlers.api import KubeApi, load_api_client, resource_path
 from blackwell_operator.handlers.context import OperatorContext
+from blackwell_operator.handlers.elastic import elastic_forever, elastic_interval
 from blackwell_operator.handlers.measure import measure_forever, measure_interval
 from blackwell_operator.handlers.resync import resync_forever, resync_interval
 from blackwell_operator.handlers.stuck import stuck_pod_timeout, sweep_forever
@@ -103,12 +104,16 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any,
         None if interval is None else asyncio.create_task(measure_forever(memo.btj, interval, logger))
     )
     memo.btj_resync = asyncio.create_task(resync_forever(memo.btj, resync_interval(), logger))
+    elastic = elastic_interval()
+    memo.btj_elastic = (
+        None if elastic is None else asyncio.create_task(elastic_forever(memo.btj, elastic, logger))
+    )
     logger.info(f"BlackwellTrainingJob operator started; metrics and health on {bind}")
 
 
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     """Kopf on.cleanup: stop the loops and the server, release connections."""
-    loops = ("btj_sweep", "btj_measure", "btj_resync")
+    loops = ("btj_sweep", "btj_measure", "btj_resync", "btj_elastic")
     for loop in (getattr(memo, name, None) for name in loops):
         if loop is not None:
             loop.cancel()

@@ -16,7 +16,7 @@ from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner.candidates import Pins, families
 from blackwell_operator.planner.inputs import hardware_for, problem_for
 from blackwell_operator.planner.layout import Hardware, Setting
-from blackwell_operator.planner.search import GLOBAL_BATCH_TOLERANCE, Problem, SearchResult, run_search
+from blackwell_operator.planner.search import Problem, SearchResult, run_search
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,13 @@ def _split_families(spec: BlackwellTrainingJobSpec, ctx: Context, pins: Pins, hw
     return [f for f in offered if f.context_parallel > 1]
 
 
+def _within(problem: Problem) -> str:
+    """How close the global batch must be reached, in words."""
+    if problem.exact_batch:
+        return "exactly (an elastic job trains the same global batch on every node count)"
+    return f"within {problem.batch_tolerance:.0%}"
+
+
 def check_global_batch(problem: Problem, fams: list[Setting], pins: Pins) -> None:
     """Reject a global batch that no micro-batch (or the pinned one) can reach."""
     gbt = problem.global_batch_tokens
@@ -127,7 +134,7 @@ def check_global_batch(problem: Problem, fams: list[Setting], pins: Pins) -> Non
         raise PlanningError(
             "spec.tuning.microBatchSize",
             f"whole micro-batches of {mbs} ({step:,} tokens per micro-step) cannot reach globalBatchTokens "
-            f"{gbt:,} within {GLOBAL_BATCH_TOLERANCE:.0%}",
+            f"{gbt:,} {_within(problem)}",
             f"use auto, or a globalBatchTokens that is a multiple of {step:,}",
         )
     if all(problem.max_mbs(f) < 1 for f in fams):
@@ -148,7 +155,7 @@ def unreachable_global_batch(problem: Problem, pins: Pins, result: SearchResult)
     step = min(problem.tokens_per_micro_step(f.family, 1) for f in result.families)
     return PlanningError(
         "spec.training.globalBatchTokens",
-        f"{problem.global_batch_tokens:,} tokens cannot be reached within "
-        f"{GLOBAL_BATCH_TOLERANCE:.0%} by whole micro-batches that fit",
+        f"{problem.global_batch_tokens:,} tokens cannot be reached {_within(problem)} by whole "
+        "micro-batches that fit",
         f"use a multiple of {step:,} (sequence length x data-parallel GPUs)",
     )
