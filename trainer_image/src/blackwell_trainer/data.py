@@ -211,6 +211,15 @@ class SyntheticTokenSource:
         """Nothing runs in the background."""
 
 
+def shards_fingerprint(shards: Sequence[Shard]) -> str:
+    """What a checkpoint's data position is for: the shards' names and lengths (a resume on other data is
+    refused)."""
+    digest = hashlib.sha256()
+    for shard in shards:
+        digest.update(f"{shard.name}:{shard.num_tokens};".encode())
+    return digest.hexdigest()[:16]
+
+
 @dataclass
 class Shard:
     """One token file: its name, length in tokens, and how to get a local copy to memory-map."""
@@ -263,10 +272,7 @@ class ShardTokenSource:
         )
         if problem is not None:
             raise DataError(problem)
-        digest = hashlib.sha256()
-        for shard in self.shards:
-            digest.update(f"{shard.name}:{shard.num_tokens};".encode())
-        self.fingerprint = digest.hexdigest()[:16]
+        self.fingerprint = shards_fingerprint(self.shards)
         self._epoch_cache: tuple[int, list[int], list[int]] | None = None
         # Each open memmap holds a file descriptor; windows are read shard by shard, so a few suffice
         # even for data sets of many thousands of shards.

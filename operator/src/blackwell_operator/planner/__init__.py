@@ -25,9 +25,9 @@ from blackwell_operator.planner.layout import Hardware, Layout, Setting
 from blackwell_operator.planner.memory import MemoryEstimate
 from blackwell_operator.planner.probe import describe_probe, probe_plan
 from blackwell_operator.planner.provenance import left_out_of_auto, plan_provenance, verdict
-from blackwell_operator.planner.rejections import no_plan, with_remedies
+from blackwell_operator.planner.rejections import refusal, with_remedies
 from blackwell_operator.planner.search import Problem, Scored, SearchResult
-from blackwell_operator.planner.solve import Context, solve, unreachable_global_batch
+from blackwell_operator.planner.solve import Context, solve
 from blackwell_operator.planner.storage import check_storage
 from blackwell_operator.planner.weights import (
     CheckpointFacts,
@@ -206,10 +206,7 @@ def _plan_fixed(
                 "spec.tuning pins allow (status.planHistory)",
                 "use auto or a smaller micro-batch",
             )
-        unreachable = unreachable_global_batch(problem, pins, result)
-        if unreachable is not None:  # memory is not what is missing: splitting sequences would not help
-            raise with_remedies(spec, ctx, unreachable)
-        raise no_plan(spec, ctx, solved)
+        raise refusal(spec, ctx, solved)
 
     alternatives = _alternatives(best, result, problem.budget_bytes, hw, cal)
     chosen = _candidate(best, hw, cal)
