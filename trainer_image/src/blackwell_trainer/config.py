@@ -553,6 +553,11 @@ class ProbeCandidate(WireModel):
         description="Its family's speed and memory were measured (by this project on this GPU, or by "
         "enough runs on this cluster); a probe under auto needs at least one that was not.",
     )
+    tokens_factor: float = Field(
+        default=1.0,
+        gt=0,
+        description="The cluster correction's tokens factor in its prediction (1: the model's own figure).",
+    )
 
 
 class ProbeOutcome(StrEnum):

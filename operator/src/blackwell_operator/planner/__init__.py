@@ -314,6 +314,7 @@ def _probe(
         steps=spec.training.steps,
         measured=measured,
         convert=lambda s: (_candidate(s, hw, cal), _prediction(s)),
+        tokens_factor=lambda s: problem.factors(s.setting).tokens,
         shrink=lambda s, mbs: (
             problem.score(s.setting.with_mbs(mbs)) if problem.batch_ok(s.setting, mbs) else None
         ),

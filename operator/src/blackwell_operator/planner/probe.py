@@ -90,11 +90,12 @@ def probe_plan(
     measured: Callable[[Scored], bool],
     convert: Convert,
     shrink: Shrink | None = None,
+    tokens_factor: Callable[[Scored], float] = lambda s: 1.0,
 ) -> ProbePlan:
     """The plan's probe section under the spec's policy (docs/probe.md, "Policy")."""
     picks = probe_candidates(best, ranked, budget_bytes, spec.candidates, shrink)
     candidates = [
-        ProbeCandidate(candidate=c, prediction=p, measured=measured(s))
+        ProbeCandidate(candidate=c, prediction=p, measured=measured(s), tokens_factor=tokens_factor(s))
         for s, (c, p) in ((s, convert(s)) for s in picks)
     ]
     run_seconds = steps * (best.time.step_time_seconds if best.time else 0.0)
