@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from blackwell_operator.calibration.cluster import Sample, implausible
+from blackwell_operator.planner.cluster_figures import candidate_figures
 from blackwell_trainer.config import Plan, ProbeOutcome, ProbeResult
 
 EVENT_REASON = "Probed"
@@ -59,7 +60,7 @@ def probed_event(plan: Plan, result: ProbeResult) -> tuple[str, str] | None:
 
 def probe_samples(meta: Mapping[str, Any], plan: Plan, result: ProbeResult, now: str) -> list[Sample]:
     """One measured-over-modelled sample per measured candidate (its own family), the model's own figure
-    being the prediction over the cluster's tokens factor in it. Memory ratios come with a CUDA reading.
+    taken from planner.cluster_figures. Memory ratios come with a CUDA reading.
     A candidate's sample is keyed `<uid>/probe-<index>`, so a job's probe adds one per family."""
     if not _usable(plan, result):
         return []
@@ -69,8 +70,8 @@ def probe_samples(meta: Mapping[str, Any], plan: Plan, result: ProbeResult, now:
         if m.outcome != ProbeOutcome.MEASURED or not m.tokens_per_second_per_gpu:
             continue
         c = plan.probe.candidates[m.index]
-        modelled = c.prediction.tokens_per_second_per_gpu / c.tokens_factor
-        peak = c.prediction.memory.peak_reserved
+        figures = candidate_figures(c)
+        modelled, peak = figures.modelled_tokens_per_second_per_gpu, figures.modelled_peak_reserved
         if modelled <= 0:
             continue
         sample = Sample(
