@@ -14,18 +14,22 @@ say() { printf '[bootstrap %3ds] %s\n' "$((SECONDS - started))" "$*" >&2; }
 
 if [ ! -x .venv/bin/python ]; then
   say "creating .venv with $("$PY" --version 2>&1)"
-  "$PY" -m venv .venv
+  # No pip inside (ensurepip alone takes 20 s on a loaded 2-core machine): uv installs; pip only if uv
+  # cannot be had.
+  "$PY" -m venv --without-pip .venv
 fi
 . .venv/bin/activate
 
-# uv installs in parallel and resolves in milliseconds: minutes become seconds on a 2-core machine.
+# uv installs in parallel and resolves in seconds: minutes become seconds on a 2-core machine. It comes
+# from PyPI through the Python that made the venv (its pip puts it into the venv).
 if ! python -m uv --version >/dev/null 2>&1; then
   say "installing uv (the installer) from PyPI"
-  python -m pip install -q uv || say "no uv: pip installs instead (slower)"
+  "$PY" -m pip --python .venv/bin/python install -q uv || say "no uv: pip installs instead (slower)"
 fi
-# uv does not read pip's configuration: hand it pip's find-links, where wheels on this disk lie.
+# uv does not read pip's configuration: hand it pip's find-links, where wheels on this disk lie (the
+# torch 2.13.0 CPU wheel on the project's machines, which uv then prefers to PyPI's CUDA build).
 FIND_LINKS=()
-for links in ${PIP_FIND_LINKS:-} $(python -m pip config get global.find-links 2>/dev/null || true); do
+for links in ${PIP_FIND_LINKS:-} $("$PY" -m pip config get global.find-links 2>/dev/null || true); do
   if [ -d "$links" ]; then FIND_LINKS+=(--find-links "$links"); fi
 done
 
@@ -34,6 +38,7 @@ install() {
     if python -m uv pip install "${FIND_LINKS[@]}" "$@"; then return 0; fi
     say "uv could not install $*; trying pip"
   fi
+  python -m pip --version >/dev/null 2>&1 || python -m ensurepip -q
   python -m pip install -q "$@"
 }
 
@@ -45,11 +50,11 @@ if [ "$ALL" = 0 ]; then
   exit 0
 fi
 
-# The CPU wheel of torch 2.13.0 lies on disk on the project's machines (pip's find-links); install it
-# first with pip, which finds it there, so the project's range (>=2.11,<2.15) is satisfied and no
-# multi-GB CUDA build is fetched.
+# The CPU wheel of torch 2.13.0 lies on disk on the project's machines (pip's find-links, passed to uv);
+# install it first, so the project's range (>=2.11,<2.15) is satisfied and no multi-GB CUDA build is
+# fetched.
 say "installing torch 2.13.0 (CPU)"
-python -m pip install -q torch==2.13.0
+install torch==2.13.0
 say "installing the operator, trainer, plot, demo and dev extras"
 install -e ".[operator,trainer,plot,demo,dev]"
 say "fetching helm and kubectl into .tools/"
