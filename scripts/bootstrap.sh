@@ -6,7 +6,8 @@
 # where it can be had (pip otherwise). Timings: docs/development.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+# The interpreter itself (not a shim, nor the venv's python3 once activated): its pip fetches uv.
+PY=$("${PYTHON:-python3}" -c 'import sys; print(sys.executable)')
 ALL=0
 if [ "${1:-}" = "--all" ]; then ALL=1; fi
 started=$SECONDS
@@ -38,7 +39,7 @@ install() {
     if python -m uv pip install "${FIND_LINKS[@]}" "$@"; then return 0; fi
     say "uv could not install $*; trying pip"
   fi
-  python -m pip --version >/dev/null 2>&1 || python -m ensurepip -q
+  python -m pip --version >/dev/null 2>&1 || python -m ensurepip --default-pip >/dev/null
   python -m pip install -q "$@"
 }
 
