@@ -199,6 +199,7 @@ def test_the_promised_panels_are_there() -> None:
         "btj_operator_reconcile_duration_seconds_bucket",
         "btj_trainer_gpu_alloc_retries_total",
         "btj_operator_children_recreated_total",
+        "btj_operator_resizes_total",
         "btj_trainer_checkpoint_failures_total",
         "btj_trainer_step",
         "btj_trainer_planned_steps",

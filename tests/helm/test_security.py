@@ -127,3 +127,15 @@ def test_custom_image_and_existing_service_account(helm: str) -> None:
     )
     (binding,) = by_kind(objects, "ClusterRoleBinding")
     assert binding["subjects"][0]["name"] == "btj-operator-irsa"
+
+
+@pytest.mark.parametrize("values", VALUES_CASES, ids=values_id)
+def test_the_operator_and_its_hook_are_admitted_at_restricted(helm: str, values: Path | None) -> None:
+    """The upstream restricted checks (tests/pod_security.py), as for the trainer pods."""
+    from tests.pod_security import violations
+
+    objects = render(helm, values)
+    templates = [o["spec"]["template"] for o in by_kind(objects, "Deployment") + by_kind(objects, "Job")]
+    assert len(templates) == 2
+    for template in templates:
+        assert violations(template) == []

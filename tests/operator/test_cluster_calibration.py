@@ -413,3 +413,15 @@ async def test_another_namespace_s_runs_do_not_move_this_namespace_s_plans(
     assert mine.get("clusterCorrection") is None, "team-b's runs do not move team-a's plan"
     assert pooled["clusterCorrection"]["runs"] == POOL_PER_NAMESPACE
     assert pooled["clusterCorrection"]["tokensFactor"] == 0.5
+
+
+def test_the_calibration_config_map_is_marked_like_everything_the_operator_makes() -> None:
+    # It said managed-by btj-operator once, where the children, their pods, the Events and the chart's
+    # trainer PodMonitor say blackwell-operator (applabels.py, the one home).
+    from blackwell_operator.applabels import COMPONENT_LABEL, MANAGED_BY_LABEL, MANAGER
+    from blackwell_operator.calibration.cluster import ClusterCalibration
+    from blackwell_operator.render.labels import own_labels
+
+    labels = store.body_of(ClusterCalibration(), "btj-system")["metadata"]["labels"]
+    assert labels[MANAGED_BY_LABEL] == MANAGER == own_labels("w")[MANAGED_BY_LABEL]
+    assert labels[COMPONENT_LABEL] == store.NAME

@@ -28,6 +28,7 @@ def test_every_setting_has_its_documented_variable() -> None:
         "BTJ_CLUSTER_CALIBRATION_NAMESPACE",
         "BTJ_CLUSTER_CALIBRATION_POOL",
         "BTJ_CHECK_IMAGE_PULL_SECRETS",
+        "BTJ_ELASTIC_INTERVAL_S",
     }
     assert set(OperatorEnvironment.model_fields) >= OFF_AT_ZERO
     with pytest.raises(KeyError, match="no operator setting"):

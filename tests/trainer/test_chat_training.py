@@ -89,21 +89,10 @@ def train_losses(plan_dict: dict[str, Any]) -> list[float]:
         dist.destroy_process_group()
 
 
-def one_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in {
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": "1",
-        "LOCAL_WORLD_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1",
-    }.items():
-        monkeypatch.setenv(name, value)
-
-
+@pytest.mark.usefixtures("world_of_one")
 def test_every_micro_batch_and_accumulation_split_gives_the_same_losses(
     chat_data: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    one_process(monkeypatch)
     runs = {}
     for mbs, accum in ((4, 1), (2, 2), (1, 4)):
         monkeypatch.setenv("MASTER_PORT", str(free_port()))
@@ -114,11 +103,11 @@ def test_every_micro_batch_and_accumulation_split_gives_the_same_losses(
         assert losses == pytest.approx(reference, rel=1e-4), split
 
 
+@pytest.mark.usefixtures("world_of_one")
 def test_without_the_token_weights_the_splits_differ(
     chat_data: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The negative case: a plain mean per micro-batch weights short and long rows alike."""
-    one_process(monkeypatch)
     monkeypatch.setattr(Trainer, "_trained_token_weights", lambda self, batches: None)
     runs = []
     for mbs, accum in ((4, 1), (1, 4)):
@@ -135,11 +124,8 @@ def _rank_losses(rank: int, port: int, plan: dict[str, Any], out: str) -> None:
 
 
 @pytest.mark.distributed
-def test_two_ranks_give_the_losses_of_one(
-    chat_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    one_process(monkeypatch)
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+@pytest.mark.usefixtures("world_of_one")
+def test_two_ranks_give_the_losses_of_one(chat_data: Path, tmp_path: Path) -> None:
     alone = train_losses(chat_plan(chat_data, world=1, mbs=2, accum=2))
     out = tmp_path / "losses.json"
     spawn_two_ranks(_rank_losses, (free_port(), chat_plan(chat_data, world=2, mbs=1, accum=2), str(out)))

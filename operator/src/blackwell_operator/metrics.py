@@ -43,6 +43,14 @@ class OperatorMetrics:
             "BlackwellTrainingJobs re-planned with less memory after their trainer ran out of GPU memory.",
             registry=self.registry,
         )
+        self.resizes = Counter(
+            "btj_operator_resizes_total",
+            "Elastic BlackwellTrainingJobs re-planned for another node count, by direction (shrink, grow).",
+            ["direction"],
+            registry=self.registry,
+        )
+        for direction in ("shrink", "grow"):  # exported from the start, so dashboards see zeros
+            self.resizes.labels(direction=direction)
         self.jobs = Gauge(
             "btj_operator_jobs", "BlackwellTrainingJobs by phase.", ["phase"], registry=self.registry
         )

@@ -13,7 +13,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PREFIX = "BTJ_"
 # Settings where 0 means "off" (the loop does not run) rather than "no time at all".
-OFF_AT_ZERO = frozenset({"stuck_pod_timeout_s", "measure_interval_s"})
+OFF_AT_ZERO = frozenset({"stuck_pod_timeout_s", "measure_interval_s", "elastic_interval_s"})
 _PROBLEMS = {
     "float_parsing": "not a number of seconds",
     "float_type": "not a number of seconds",
@@ -55,6 +55,13 @@ class OperatorEnvironment(BaseSettings):
     )
     measure_interval_s: float = Field(
         60.0, ge=0, allow_inf_nan=False, description="Seconds between throughput readings; 0: off."
+    )
+    # The grace periods of elastic jobs are minutes; a look every 30 s reacts well within them.
+    elastic_interval_s: float = Field(
+        30.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="Seconds between checks of elastic jobs' healthy nodes against their plans; 0: off.",
     )
     # The largest job plans in milliseconds (benchmarks/results/plan_speed.json); a thousand times that is
     # still short next to the watch timeouts, and long enough for a CPU shared with other work.

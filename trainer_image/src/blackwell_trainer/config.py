@@ -527,6 +527,22 @@ class ChoiceProvenance(WireModel):
     detail: str = Field(default="", description="Where it was measured, or what the model rests on.")
 
 
+class NodeChoice(WireModel):
+    """How an elastic job's node count was chosen from its range and the healthy nodes."""
+
+    nodes: int = Field(ge=1, description="The count planned for.")
+    min_nodes: int = Field(ge=1, description="spec.cluster.elastic.minNodes.")
+    max_nodes: int = Field(ge=1, description="spec.cluster.elastic.maxNodes.")
+    schedulable: int | None = Field(
+        default=None, ge=0, description="Healthy schedulable nodes of the instance type seen; None: unknown."
+    )
+    reason: str = Field(description="Why this count, in one line.")
+    refused: list[str] = Field(
+        default_factory=list,
+        description="Larger counts the healthy nodes held that could not be planned, why.",
+    )
+
+
 class Plan(WireModel):
     """Everything the trainer needs to run, and what the planner predicted (status.plan, the ConfigMap)."""
 
@@ -564,6 +580,9 @@ class Plan(WireModel):
     )
     output: OutputConfig | None = Field(default=None, description="Export of the trained weights.")
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    elastic: NodeChoice | None = Field(
+        default=None, description="An elastic job's node count: which one was chosen from its range, and why."
+    )
     metrics_port: int = Field(default=DEFAULT_METRICS_PORT, ge=1, le=65535, description="Prometheus port.")
     log_every_steps: int = Field(default=10, ge=1, description="Log one line every this many steps.")
 

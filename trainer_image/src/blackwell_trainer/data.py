@@ -51,6 +51,9 @@ class TokenSource(Protocol):
         """(inputs, labels): int64 [micro_batch_size, sequence_length] on CPU, labels shifted by one."""
         ...
 
+    position: GlobalPosition  # where the whole job is in the data (the same on every rank)
+    samples_per_epoch: int | None  # None: an endless source
+
     def state_dict(self) -> dict[str, Any]:
         """The position, identical on every rank (see `GlobalPosition`)."""
         ...
@@ -79,38 +82,77 @@ class DataLayout:
     world_size: int = 1
     accumulation: int = 1  # micro-batches per optimizer step: the data must feed one whole step
 
+    @property
+    def step_samples(self) -> int:
+        """The global batch in sequences: one optimizer step over all data-parallel ranks."""
+        return self.world_size * self.micro_batch_size * self.accumulation
+
 
 @dataclass
 class GlobalPosition:
     """Where the whole job is in the data, independent of the number of ranks.
 
-    Every step each of the `world_size` ranks takes `micro_batch_size` consecutive samples from one
-    global sequence: rank r takes samples [consumed + r*mbs, consumed + (r+1)*mbs). All ranks then
-    advance `consumed` by world_size*mbs, so every rank holds the same position. A resume with a
-    different number of ranks therefore continues exactly: no sample is skipped or repeated
-    (unlike a per-rank iterator position, which torchtitan PR #816 had to refuse to reshard).
+    Every micro-step each of the `world_size` ranks takes `micro_batch_size` consecutive samples from
+    one global sequence: rank r takes samples [consumed + r*mbs, consumed + (r+1)*mbs). All ranks then
+    advance `consumed` by world_size*mbs, so every rank holds the same position. Optimizer step s
+    therefore trains global samples [s*B, (s+1)*B) of the epoch, B = `samples_per_step`, whatever the
+    ranks, micro-batch and accumulation: a resume with another layout and the same global batch
+    continues exactly, no sample skipped or repeated (unlike a per-rank iterator position, which
+    torchtitan PR #816 had to refuse to reshard). An epoch's tail shorter than one global batch is
+    dropped, decided at step boundaries, so it too is the same on every layout.
     """
 
     rank: int
     world_size: int
     micro_batch_size: int
+    samples_per_step: int
     epoch: int = 0
     consumed: int = 0
+    # The epoch and sample indices of the batch last taken (for the sample ledger).
+    last: tuple[int, list[int]] = field(default_factory=lambda: (0, []))
 
     def take(self, samples_per_epoch: int | None) -> tuple[int, list[int]]:
         """The epoch and global sample indices of this rank's next batch; advances the position."""
-        step = self.world_size * self.micro_batch_size
-        if samples_per_epoch is not None and self.consumed + step > samples_per_epoch:
-            # The tail of an epoch that cannot feed every rank is dropped, the same on every rank.
+        at_step_start = self.consumed % self.samples_per_step == 0
+        if (
+            samples_per_epoch is not None
+            and at_step_start
+            and self.consumed + self.samples_per_step > samples_per_epoch
+        ):
+            # The tail of an epoch that cannot fill a global batch is dropped, the same on every layout.
             self.epoch += 1
             self.consumed = 0
         start = self.consumed + self.rank * self.micro_batch_size
-        self.consumed += step
-        return self.epoch, list(range(start, start + self.micro_batch_size))
+        self.consumed += self.world_size * self.micro_batch_size
+        self.last = (self.epoch, list(range(start, start + self.micro_batch_size)))
+        return self.last
+
+    def at_step(self, step: int, samples_per_epoch: int | None) -> tuple[int, int]:
+        """(epoch, consumed) where optimizer step `step` leaves the position under this global batch."""
+        if samples_per_epoch is None:
+            return 0, step * self.samples_per_step
+        per_epoch = samples_per_epoch // self.samples_per_step
+        return step // per_epoch, (step % per_epoch) * self.samples_per_step
+
+    def settled(self, samples_per_epoch: int | None) -> tuple[int, int]:
+        """(epoch, consumed), with an epoch whose tail cannot fill another global batch counted as over
+        (take() moves to the next epoch only when it is next asked for a batch)."""
+        if (
+            samples_per_epoch is not None
+            and self.consumed % self.samples_per_step == 0
+            and self.consumed + self.samples_per_step > samples_per_epoch
+        ):
+            return self.epoch + 1, 0
+        return self.epoch, self.consumed
 
     @classmethod
     def start(cls, layout: DataLayout) -> GlobalPosition:
-        return cls(rank=layout.rank, world_size=layout.world_size, micro_batch_size=layout.micro_batch_size)
+        return cls(
+            rank=layout.rank,
+            world_size=layout.world_size,
+            micro_batch_size=layout.micro_batch_size,
+            samples_per_step=layout.step_samples,
+        )
 
 
 def _check_state(state: dict[str, Any], *, kind: str, expected: dict[str, Any]) -> None:
@@ -143,6 +185,7 @@ class SyntheticTokenSource:
         self.sequence_length = layout.sequence_length
         self.vocab_size = layout.vocab_size
         self.position = GlobalPosition.start(layout)
+        self.samples_per_epoch: int | None = None  # endless: every index is a sample
 
     def _sample(self, index: int) -> np.ndarray:
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, index]))
@@ -166,6 +209,15 @@ class SyntheticTokenSource:
 
     def close(self) -> None:
         """Nothing runs in the background."""
+
+
+def shards_fingerprint(shards: Sequence[Shard]) -> str:
+    """What a checkpoint's data position is for: the shards' names and lengths (a resume on other data is
+    refused)."""
+    digest = hashlib.sha256()
+    for shard in shards:
+        digest.update(f"{shard.name}:{shard.num_tokens};".encode())
+    return digest.hexdigest()[:16]
 
 
 @dataclass
@@ -208,7 +260,7 @@ class ShardTokenSource:
         self.position = GlobalPosition.start(layout)
         # Windows step by sequence_length so each window's last label is the next window's first input.
         self._windows = [max(0, (s.num_tokens - 1) // sequence_length) for s in self.shards]
-        self.samples_per_epoch = sum(self._windows)
+        self.samples_per_epoch: int | None = sum(self._windows)
         # The same rule and advice as `btj plan` gives for a folder it can read (shard_manifest).
         problem = too_little_data(
             [s.num_tokens for s in self.shards],
@@ -220,10 +272,7 @@ class ShardTokenSource:
         )
         if problem is not None:
             raise DataError(problem)
-        digest = hashlib.sha256()
-        for shard in self.shards:
-            digest.update(f"{shard.name}:{shard.num_tokens};".encode())
-        self.fingerprint = digest.hexdigest()[:16]
+        self.fingerprint = shards_fingerprint(self.shards)
         self._epoch_cache: tuple[int, list[int], list[int]] | None = None
         # Each open memmap holds a file descriptor; windows are read shard by shard, so a few suffice
         # even for data sets of many thousands of shards.
@@ -312,6 +361,7 @@ def _position_state(kind: DatasetKind, identity: dict[str, Any], position: Globa
         **identity,
         "world_size": position.world_size,
         "micro_batch_size": position.micro_batch_size,
+        "samples_per_step": position.samples_per_step,
         "epoch": position.epoch,
         "consumed": position.consumed,
     }
@@ -320,25 +370,41 @@ def _position_state(kind: DatasetKind, identity: dict[str, Any], position: Globa
 def _restore_position(
     state: dict[str, Any], kind: DatasetKind, identity: dict[str, Any], position: GlobalPosition
 ) -> None:
-    """Resume `position` from a state written by the same kind of source over the same data."""
+    """Resume `position` from a state written by the same kind of source over the same data, with the same
+    global batch (another one would move every later step's samples)."""
     _check_state(state, kind=kind.value, expected=identity)
-    _log_reshard(state, position)
+    saved = state.get("samples_per_step")
+    if saved is not None and int(saved) != position.samples_per_step:
+        raise DataError(
+            f"checkpoint data position was written with a global batch of {saved} sequences but the plan's "
+            f"is {position.samples_per_step}: every later step would train other samples. Fix: keep "
+            "spec.training.globalBatchTokens, or start a new checkpoint.path"
+        )
     position.epoch = int(state["epoch"])
     position.consumed = int(state["consumed"])
 
 
-def _log_reshard(state: dict[str, Any], position: GlobalPosition) -> None:
-    """Say so when the job resumes with another rank layout; the global position makes it exact."""
-    saved = (state.get("world_size"), state.get("micro_batch_size"))
-    if saved != (position.world_size, position.micro_batch_size):
-        log.warning(
-            "data position resharded: saved by %s ranks x micro-batch %s, resumed on %s x %s; "
-            "the global sample position carries over exactly",
-            saved[0],
-            saved[1],
-            position.world_size,
-            position.micro_batch_size,
+def check_resume(state: dict[str, Any], step: int, source: TokenSource) -> str:
+    """The one line that says the restored data position and global batch agree with the plan at optimizer
+    step `step` (where that step leaves the position under this global batch); DataError when they do not.
+    Call after `source.load_state_dict(state)`."""
+    position = source.position
+    expected = position.at_step(step, source.samples_per_epoch)
+    epoch, sample = position.settled(source.samples_per_epoch)
+    if (epoch, sample) != expected:
+        raise DataError(
+            f"checkpoint of step {step} holds data position epoch {epoch} sample {sample}, but step "
+            f"{step} with the plan's global batch of {position.samples_per_step} sequences ends at epoch "
+            f"{expected[0]} sample {expected[1]}: the checkpoint was written with another global batch or "
+            "data set. Fix: resume with the plan it was written with, or start a new checkpoint.path"
         )
+    accumulation = position.samples_per_step // (position.world_size * position.micro_batch_size)
+    saved = f"{state.get('world_size')} ranks x micro-batch {state.get('micro_batch_size')}"
+    now = f"{position.world_size} x {position.micro_batch_size} x accumulation {accumulation}"
+    return (
+        f"resumed at step {step}: data position epoch {epoch} sample {sample} and global batch "
+        f"{position.samples_per_step} sequences agree with the plan (saved by {saved}, resumed on {now})"
+    )
 
 
 def _quietly(fetch: Callable[[], Path]) -> None:

@@ -13,7 +13,6 @@ batch, is the same on any number of ranks; an epoch visits the shards in an orde
 from __future__ import annotations
 
 import bisect
-import hashlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from blackwell_trainer.data import (
     _position_state,
     _restore_position,
     list_shards,
+    shards_fingerprint,
 )
 from blackwell_trainer.loss import IGNORE_INDEX
 from blackwell_trainer.shard_manifest import (
@@ -109,7 +109,7 @@ class ChatTokenSource:
             self._starts.append(starts)
             self._rows.append(rows)
             cut += shard_cut
-        self.samples_per_epoch = sum(len(r) for r in self._rows)
+        self.samples_per_epoch: int | None = sum(len(r) for r in self._rows)
         if cut:
             log.warning(
                 "%d conversation(s) of %s are longer than sequenceLength %d and are cut to it",
@@ -132,10 +132,7 @@ class ChatTokenSource:
         )
         if problem is not None:
             raise DataError(problem)
-        digest = hashlib.sha256()
-        for shard in self.shards:
-            digest.update(f"{shard.name}:{shard.num_tokens};".encode())
-        self.fingerprint = digest.hexdigest()[:16]
+        self.fingerprint = shards_fingerprint(self.shards)
 
     @staticmethod
     def _companion(shard: Shard, suffix: str) -> Any:

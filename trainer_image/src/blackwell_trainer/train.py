@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # imported where run() needs them, not at start-up
     from .checkpoint_manager import CheckpointManager
     from .data import TokenSource
     from .metrics import TrainerMetrics
+    from .sample_ledger import SampleLedger
 
 log = logging.getLogger("blackwell_trainer")
 EXIT_NON_FINITE = 3
@@ -187,13 +188,18 @@ class LoopState:
 
     def __init__(self, trainer: Trainer, source: TokenSource) -> None:
         self.trainer, self.source = trainer, source
+        self.resumed = ""  # after a load: the line saying the data position agrees with the plan
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.trainer.step_index, "data": self.source.state_dict()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        from .data import check_resume
+
         self.trainer.step_index = int(state_dict["step"])
         self.source.load_state_dict(state_dict["data"])
+        # A resize resumes on another layout: the position and global batch must still be the plan's.
+        self.resumed = check_resume(state_dict["data"], self.trainer.step_index, self.source)
 
 
 def run(plan: Plan, runtime: Runtime, guard: PreemptionGuard) -> int:
@@ -244,17 +250,20 @@ def _loop(
 ) -> int:
     """Resume, then step until done or preempted; 0 either way."""
     from .checkpoint_manager import CheckpointManager
+    from .sample_ledger import SampleLedger
 
+    state = LoopState(trainer, source)
     checkpoints = CheckpointManager(
         plan.checkpoint,
         rank=runtime.rank,
         model=trainer.model,
         optimizer=trainer.optimizer,
-        state=LoopState(trainer, source),
+        state=state,
         steps=plan.steps,
         recorder=metrics,
     )
-    _resume_or_start(plan, trainer, source, checkpoints, metrics)
+    ledger = SampleLedger.from_env(runtime.rank)
+    _resume_or_start(plan, state, checkpoints, metrics)
     report = StepReport(plan, runtime, metrics)
     started_at = trainer.step_index
     metrics.step.set(started_at)  # a resumed job's progress shows before its first new step
@@ -270,7 +279,7 @@ def _loop(
         if guard.agreed():
             checkpoints.at_preemption(trainer.step_index, started_at)
             return 0
-        result = _finite_step(trainer, source, checkpoints)
+        result = _finite_step(trainer, source, checkpoints, ledger)
         checkpoints.confirm_finite(trainer.step_index)  # the checkpoint before it is known good
         report.step(trainer.step_index, result, lr=trainer.optimizer.param_groups[0]["lr"])
         checkpoints.after_step(trainer.step_index)
@@ -287,6 +296,7 @@ def _token_source(plan: Plan, runtime: Runtime) -> TokenSource:
         vocab_size=plan.architecture.vocab_size,
         rank=dp_rank,
         world_size=dp_world,
+        # The global batch (with the ranks and micro-batch): what a resume on another layout must keep.
         accumulation=plan.chosen.gradient_accumulation_steps,
     )
     if plan.dataset.kind == DatasetKind.CHAT:
@@ -297,11 +307,12 @@ def _token_source(plan: Plan, runtime: Runtime) -> TokenSource:
 
 
 def _resume_or_start(
-    plan: Plan, trainer: Trainer, source: TokenSource, checkpoints: CheckpointManager, metrics: TrainerMetrics
+    plan: Plan, state: LoopState, checkpoints: CheckpointManager, metrics: TrainerMetrics
 ) -> None:
     """The newest good checkpoint of this job (collective), else the plan's initial weights, if any."""
+    trainer, source = state.trainer, state.source
     if checkpoints.resume():
-        log.info("resumed at step %d", trainer.step_index)
+        log.info(state.resumed)
     elif plan.weights is not None:  # the job's own checkpoint wins; the initial weights start it
         from .data import ShardTokenSource
         from .packed_data import ChatTokenSource
@@ -331,12 +342,20 @@ def _export(plan: Plan, trainer: Trainer, runtime: Runtime) -> None:
     )
 
 
-def _finite_step(trainer: Trainer, source: TokenSource, checkpoints: CheckpointManager) -> StepResult:
+def _finite_step(
+    trainer: Trainer, source: TokenSource, checkpoints: CheckpointManager, ledger: SampleLedger
+) -> StepResult:
     """One step; a non-finite one stops the run, saying what a restart resumes from."""
     try:
-        accum = trainer.plan.chosen.gradient_accumulation_steps
-        return trainer.step([next_micro_batch(source) for _ in range(accum)])
+        batches = []
+        for _ in range(trainer.plan.chosen.gradient_accumulation_steps):
+            batches.append(next_micro_batch(source))
+            ledger.took(*source.position.last)
+        result = trainer.step(batches)
+        ledger.trained(trainer.step_index)
+        return result
     except NonFiniteStep as err:  # raised on every rank alike, before any save of that step
+        ledger.discard()
         kept = checkpoints.last_saved_step
         resume = f"a restart resumes from step {kept}" if kept is not None else "no checkpoint yet"
         raise err.explained(

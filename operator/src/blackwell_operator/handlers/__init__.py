@@ -10,6 +10,7 @@ from blackwell_operator.applabels import MANAGED_BY_LABEL, MANAGER
 from blackwell_operator.handlers import runtime
 from blackwell_operator.handlers.children import on_child_event
 from blackwell_operator.handlers.context import OperatorContext
+from blackwell_operator.handlers.elastic import elastic_interval
 from blackwell_operator.handlers.measure import measure_interval
 from blackwell_operator.handlers.pods import on_pod_event
 from blackwell_operator.handlers.reconcile import Reconciler
@@ -89,6 +90,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
     stuck_pod_timeout()
     measure_interval()
     resync_interval()  # a bad BTJ_CHILD_RETRY_INTERVAL_S stops the operator at start too
+    elastic_interval()
     for kind in JOB_KINDS.values():
         # A silent event handler: it writes nothing onto the child (update handlers would add Kopf
         # annotations to the training operator's objects).

@@ -11,7 +11,7 @@ from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.models.status import MemoryCorrection
 from blackwell_operator.planner import plan_job
 from blackwell_operator.settings import env_name, operator_environment
-from blackwell_trainer.config import Plan
+from blackwell_trainer.config import NodeChoice, Plan
 
 PLAN_DEADLINE_ENV = env_name("plan_deadline_s")
 
@@ -36,6 +36,8 @@ def plan_within(
     correction: MemoryCorrection | None = None,
     *,
     cluster: Corrector | None = None,
+    schedulable: int | None = None,
+    current: NodeChoice | None = None,
 ) -> Plan:
     """plan_job in its own daemon thread, waited for at most `deadline_s`.
 
@@ -47,7 +49,15 @@ def plan_within(
 
     def work() -> None:
         try:
-            answer.put(plan_job(spec, job_name=job_name, correction=correction, cluster=cluster))
+            plan = plan_job(
+                spec,
+                job_name=job_name,
+                correction=correction,
+                cluster=cluster,
+                schedulable=schedulable,
+                current=current,
+            )
+            answer.put(plan)
         except BaseException as exc:  # handed to the waiting reconcile, which raises it there
             answer.put(exc)
 

@@ -52,6 +52,7 @@ from blackwell_operator.lifecycle.child_apply import (
     refusal,
     resume_note,
 )
+from blackwell_operator.lifecycle.elastic import stored_choice
 from blackwell_operator.lifecycle.outcome import PassOutcome, SeenChild
 from blackwell_operator.lifecycle.replan import correction_of
 from blackwell_operator.lifecycle.status_read import read_status
@@ -205,7 +206,17 @@ class Reconciler:
             # also after an operator restart, the plan is the corrected one that runs.
             correction = correction_of(body)
             cluster = self._cluster_corrector(stored, spec, generation, str(meta.get("namespace") or ""))
-            plan = plan_within(spec, meta["name"], correction=correction, cluster=cluster)
+            # An elastic job keeps the count its stored plan chose; its first plan takes the healthy nodes.
+            kept = stored_choice(body) if spec.cluster.elastic is not None else None
+            schedulable = self._schedulable(spec, logger) if spec.cluster.elastic and not kept else None
+            plan = plan_within(
+                spec,
+                meta["name"],
+                correction=correction,
+                cluster=cluster,
+                schedulable=schedulable,
+                current=kept,
+            )
         except SpecError as exc:
             return outcomes.invalid(generation, exc.reason, exc.message)
         outcome = outcomes.planned(
@@ -214,7 +225,7 @@ class Reconciler:
             replanned=correction is not None,
             nodes=self._capacity(spec, plan, logger),
             aws=self._aws_capacity(spec, logger),
-            needed=spec.cluster.nodes,
+            needed=plan.nodes,  # an elastic job's count may differ from spec.cluster.nodes
             queue_name=spec.queue_name,
         )
         backend = self._backend(stored, spec)
@@ -341,6 +352,14 @@ class Reconciler:
             return recorded
         served = self.ctx.served_apis.served() if self.ctx.served_apis is not None else frozenset(CONCRETE)
         return choose_backend(spec, served)
+
+    def _schedulable(self, spec: BlackwellTrainingJobSpec, logger: Any) -> int | None:
+        """Healthy schedulable nodes of the spec's instance type (None when they cannot be read)."""
+        try:
+            return self.ctx.capacity.read(spec.cluster.instance_type.value).schedulable
+        except ApiError as exc:  # planned for spec.cluster.nodes then, and the plan says so
+            logger.warning(f"Cannot read node capacity: {exc}")
+            return None
 
     def _capacity(self, spec: BlackwellTrainingJobSpec, plan: Plan, logger: Any) -> Capacity | None:
         try:

@@ -9,13 +9,17 @@ from typing import Any
 import kopf
 from aiohttp import web
 
+from blackwell_operator import admission
 from blackwell_operator.applabels import MANAGED_BY_LABEL, MANAGER
+from blackwell_operator.calibration import load_calibration
+from blackwell_operator.catalogs import list_gpus, list_instances, list_presets
 from blackwell_operator.discovery.apis import ServedJobApis
 from blackwell_operator.discovery.aws import HyperPodCapacityReader, boto3_client_factory
 from blackwell_operator.discovery.capacity import NodeCapacityReader
 from blackwell_operator.handlers import watch_gone
 from blackwell_operator.handlers.api import KubeApi, load_api_client, resource_path
 from blackwell_operator.handlers.context import OperatorContext
+from blackwell_operator.handlers.elastic import elastic_forever, elastic_interval
 from blackwell_operator.handlers.measure import measure_forever, measure_interval
 from blackwell_operator.handlers.resync import resync_forever, resync_interval
 from blackwell_operator.handlers.stuck import stuck_pod_timeout, sweep_forever
@@ -87,9 +91,21 @@ async def start_http(ctx: OperatorContext, bind: str) -> web.AppRunner:
     return runner
 
 
+def warm_up() -> None:
+    """What every reconcile reads, built once before the watches start: the CRD's validator and CEL rules,
+    the catalogs and the calibration (else the first burst of BTJs pays for them, in every handler thread
+    at once)."""
+    admission.warm_up()
+    list_gpus()
+    list_instances()
+    list_presets()
+    load_calibration()
+
+
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any) -> None:
     """Kopf on.startup: settings, API client, metrics server, the stuck-pod, measure and resync loops."""
     configure(settings)
+    await asyncio.to_thread(warm_up)
     memo.btj = build_context()
     bind = operator_environment().metrics_bind or f"0.0.0.0:{METRICS_PORT}"
     memo.btj_http = None if bind == "off" else await start_http(memo.btj, bind)
@@ -103,12 +119,16 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any,
         None if interval is None else asyncio.create_task(measure_forever(memo.btj, interval, logger))
     )
     memo.btj_resync = asyncio.create_task(resync_forever(memo.btj, resync_interval(), logger))
+    elastic = elastic_interval()
+    memo.btj_elastic = (
+        None if elastic is None else asyncio.create_task(elastic_forever(memo.btj, elastic, logger))
+    )
     logger.info(f"BlackwellTrainingJob operator started; metrics and health on {bind}")
 
 
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     """Kopf on.cleanup: stop the loops and the server, release connections."""
-    loops = ("btj_sweep", "btj_measure", "btj_resync")
+    loops = ("btj_sweep", "btj_measure", "btj_resync", "btj_elastic")
     for loop in (getattr(memo, name, None) for name in loops):
         if loop is not None:
             loop.cancel()

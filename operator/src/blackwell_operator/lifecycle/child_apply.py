@@ -19,7 +19,7 @@ from blackwell_operator.lifecycle.child_record import (
 )
 from blackwell_operator.lifecycle.conditions import ConditionChange
 from blackwell_operator.lifecycle.phase import TERMINAL_PHASES, can_patch_in_place, child_phase
-from blackwell_operator.lifecycle.replan import replacing_child
+from blackwell_operator.lifecycle.replan import replacing_child, resized_child
 from blackwell_operator.lifecycle.status_read import StatusLike, typed
 from blackwell_operator.models.status import ConditionType
 from blackwell_operator.render import trainjob
@@ -86,6 +86,7 @@ class Creation(Enum):
     FIRST = "first"
     AFTER_DELETION = "the previous one was deleted before the job finished"
     AFTER_OUT_OF_MEMORY = "the previous one ran out of GPU memory; re-planned"
+    AFTER_RESIZE = "the healthy nodes changed; re-planned for another node count"
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,7 @@ class Create:
         if created and self.previous_uid and self.previous_uid != child_uid:
             # A re-creation, from the current spec: the trainer resumes from the checkpoint folder.
             why = self.why.value
-            if self.why is Creation.AFTER_OUT_OF_MEMORY:
+            if self.why in (Creation.AFTER_OUT_OF_MEMORY, Creation.AFTER_RESIZE):
                 why += f": {wanted.plan_summary}"
             message = (
                 f"Re-created {wanted.kind.kind} {wanted.name} ({why}) from the current spec, generation "
@@ -282,7 +283,9 @@ def decide(wanted: Wanted, existing: Mapping[str, Any] | None, status: StatusLik
             return FinishedChildGone(Effects((gone,)))
         why = Creation.FIRST
         if previous:
-            why = Creation.AFTER_OUT_OF_MEMORY if replacing_child(status) else Creation.AFTER_DELETION
+            why = Creation.AFTER_DELETION
+            if replacing_child(status):
+                why = Creation.AFTER_RESIZE if resized_child(status) else Creation.AFTER_OUT_OF_MEMORY
         return Create(wanted, previous, why)
 
     hold = not holds(existing)

@@ -34,7 +34,7 @@ from blackwell_operator.models.status import (
     Phase,
     StatusChange,
 )
-from blackwell_operator.planner.provenance import plan_event, plan_verified_condition
+from blackwell_operator.planner.provenance import plan_event, verdict
 from blackwell_operator.render.kinds import ChildKind
 from blackwell_operator.units import GIB
 from blackwell_trainer.config import Plan
@@ -153,7 +153,7 @@ def planned(
         )
     else:
         done = ConditionChange(ConditionType.PLANNED, "True", "Planned", plan_summary(plan))
-    _, verified, reason, message = plan_verified_condition(plan.provenance)
+    verified, reason, message = verdict(plan.provenance)
     provenance = ConditionChange(
         ConditionType.PLAN_VERIFIED, "True" if verified else "False", reason, message
     )
@@ -252,7 +252,7 @@ def _invalid_change(
         conds = remove_condition(conds, ConditionType.PLAN_VERIFIED)  # no plan: nothing to verify
         change.phase = Phase.INVALID
         set_message(change, condition.message, change.phase)
-        change.plan = change.precision = change.micro_batch_size = None
+        change.plan = change.precision = change.micro_batch_size = change.nodes = None
         change.activation_checkpointing = None
     change.conditions = conds
     return change
@@ -271,6 +271,7 @@ def _planned_change(outcome: PassOutcome, stored: BlackwellTrainingJobStatus, no
     plan = outcome.plan
     if plan is not None and (outcome.write_plan or stored.plan is None):
         change.plan = plan  # written as the merge patch from the stored one (none when equal)
+        change.nodes = plan.nodes
         change.precision = plan.chosen.precision.value
         change.micro_batch_size = plan.chosen.micro_batch_size
         change.activation_checkpointing = plan.chosen.activation_checkpointing.value

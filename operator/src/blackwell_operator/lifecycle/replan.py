@@ -31,6 +31,8 @@ from blackwell_trainer.config import Candidate, OomResult, Plan
 # The Planned condition's reason while a re-planned job replaces its child.
 REPLANNED_REASON = "Replanned"
 OUT_OF_MEMORY = "OutOfMemory"
+# The reason of a re-plan for another node count (an elastic job: lifecycle/elastic.py).
+RESIZED = "Resized"
 # What a user can change when re-planning is spent or nothing fits any more.
 WHAT_TO_CHANGE = (
     "pin a smaller spec.tuning.microBatchSize, set spec.tuning.activationCheckpointing to full, raise "
@@ -112,6 +114,12 @@ def replacing_child(status: StatusLike) -> bool:
     return last.replacement is not None and last.failed_child_uid == child_uid
 
 
+def resized_child(status: StatusLike) -> bool:
+    """Whether the child being replaced is replaced for another node count (not for memory)."""
+    stored = typed(status)
+    return replacing_child(stored) and stored.plan_history[-1].reason == RESIZED
+
+
 def oom_of(failure: Mapping[str, Any] | None) -> OomResult | None:
     """The out-of-memory result of a recorded worker failure, if it has one."""
     raw = (failure or {}).get("outOfMemory")
@@ -176,7 +184,10 @@ def replan_changes(
         else:
             # The cluster's measured factors the failed plan was made with stay (calibration/cluster.py).
             same_cluster = frozen(failed.cluster_correction)
-            plan = plan_job(spec, job_name=name, correction=correction, cluster=same_cluster)
+            # An elastic job keeps its node count: only the memory changed.
+            plan = plan_job(
+                spec, job_name=name, correction=correction, cluster=same_cluster, current=failed.elastic
+            )
     except Rejected as exc:
         why = f"the spec no longer passes admission ({exc.lines[0]})"
     except SpecError as exc:
@@ -210,6 +221,7 @@ def replan_changes(
     set_message(change, message, Phase.RESTARTING)  # the failure is in the headline already
     change.plan_history = [*history, entry][-PLAN_HISTORY_LIMIT:]
     change.plan = plan  # written as the merge patch from the failed one (lifecycle/status_patch.py)
+    change.nodes = plan.nodes
     change.precision = plan.chosen.precision.value
     change.micro_batch_size = plan.chosen.micro_batch_size
     change.activation_checkpointing = plan.chosen.activation_checkpointing.value

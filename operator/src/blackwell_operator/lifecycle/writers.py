@@ -29,7 +29,7 @@ class StatusWriter:
 _CHILD_KEYS = frozenset({"phase", "message", "headline", "child"})
 _CHILD_CONDITIONS = frozenset({C.ADMITTED, C.RUNNING, C.SUCCEEDED, C.FAILED, C.KUEUE_MANAGED})
 # What a plan puts in status: the plan and its printer-column copies.
-_PLAN_KEYS = frozenset({"plan", "precision", "microBatchSize", "activationCheckpointing"})
+_PLAN_KEYS = frozenset({"plan", "nodes", "precision", "microBatchSize", "activationCheckpointing"})
 
 RECONCILE = StatusWriter(
     "reconcile",
@@ -47,5 +47,11 @@ POD_WATCHER = StatusWriter(
     frozenset({C.FAILED, C.PLANNED}),
 )
 MEASURE_LOOP = StatusWriter("measure loop", frozenset({"measured", "progress"}), frozenset())
+# An elastic job's resize: the nodes it saw, and with a resize the new plan and the re-plan's record.
+ELASTIC_LOOP = StatusWriter(
+    "elastic loop",
+    _PLAN_KEYS | {"phase", "message", "headline", "planHistory", "elastic"},
+    frozenset({C.PLANNED}),
+)
 
-WRITERS = (RECONCILE, CHILD_WATCHER, POD_WATCHER, MEASURE_LOOP)
+WRITERS = (RECONCILE, CHILD_WATCHER, POD_WATCHER, MEASURE_LOOP, ELASTIC_LOOP)

@@ -48,6 +48,7 @@ Auto = Literal["auto"]
 DEFAULT_INSTANCE_TYPE = "ml.p6-b200.48xlarge"
 # The trainer image of this release: its tag is the package version.
 MAX_GLOBAL_BATCH_TOKENS = 2**40
+DEFAULT_SEQUENCE_LENGTH = 4096
 DEFAULT_IMAGE = f"ghcr.io/blackwell-dev/blackwell-trainer:{__version__}"
 
 
@@ -140,6 +141,59 @@ class TopologySpec(WireModel):
         return value
 
 
+ELASTIC_NEEDS_GLOBAL_BATCH = (
+    "spec.cluster.elastic needs spec.training.globalBatchTokens: the global batch is what stays the same "
+    "when the node count changes (one micro-batch per GPU would change with it). Fix: set "
+    "spec.training.globalBatchTokens to a multiple of spec.training.sequenceLength"
+)
+ELASTIC_WHOLE_SEQUENCES = (
+    "spec.training.globalBatchTokens must be a multiple of spec.training.sequenceLength for an elastic "
+    "job: every node count must train the same whole sequences per step. Fix: round globalBatchTokens to "
+    "a multiple of sequenceLength"
+)
+ELASTIC_RANGE = (
+    "spec.cluster.elastic must have minNodes <= spec.cluster.nodes <= maxNodes. Fix: widen the range or "
+    "set spec.cluster.nodes inside it"
+)
+
+
+class ElasticSpec(WireModel):
+    """A node range: the job may run on any count in it, re-planned when the healthy nodes change."""
+
+    min_nodes: int = Field(
+        ge=1, le=1024, description="Fewest nodes the job runs on; with fewer healthy ones it waits."
+    )
+    max_nodes: int = Field(ge=1, le=1024, description="Most nodes the job runs on.")
+    grace_period_seconds: int = Field(
+        default=600,
+        ge=0,
+        le=24 * 3600,
+        description="How long a lost node may stay gone (HyperPod replacing it) before the job is "
+        "re-planned for fewer nodes.",
+    )
+    scale_up: bool = Field(
+        default=False,
+        description="Re-plan for more nodes (up to maxNodes) when more have been schedulable for the grace "
+        "period; off: a running job only shrinks.",
+    )
+    cooldown_seconds: int = Field(
+        default=900,
+        ge=0,
+        le=7 * 24 * 3600,
+        description="Least time between two resizes (rate limit, so a flapping node cannot churn the job).",
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ElasticSpec:
+        if self.min_nodes > self.max_nodes:
+            raise _spec_error(
+                "elastic_range",
+                f"minNodes {self.min_nodes} is more than maxNodes {self.max_nodes}. Fix: set minNodes <= "
+                "maxNodes",
+            )
+        return self
+
+
 class ClusterSpec(WireModel):
     """Where the job runs."""
 
@@ -169,6 +223,29 @@ class ClusterSpec(WireModel):
         "window go into CapacityAvailable. Unset: the plan of the cluster's instance group, if any.",
         json_schema_extra={"pattern": TRAINING_PLAN_PATTERN},
     )
+    elastic: ElasticSpec | None = Field(
+        default=None,
+        description="Run on any node count from minNodes to maxNodes: planned for the largest count the "
+        "healthy nodes hold (spec.cluster.nodes when that is unknown) and re-planned when nodes are lost "
+        "(or, with scaleUp, added); the global batch and the learning-rate schedule stay the same "
+        "(docs/elastic.md).",
+    )
+
+    @property
+    def most_nodes(self) -> int:
+        """The most nodes the job may span: an elastic job's maxNodes, else nodes."""
+        return self.elastic.max_nodes if self.elastic is not None else self.nodes
+
+    @model_validator(mode="after")
+    def _in_range(self) -> ClusterSpec:
+        elastic = self.elastic
+        if elastic is not None and not elastic.min_nodes <= self.nodes <= elastic.max_nodes:
+            raise _spec_error(
+                "elastic_range",
+                f"spec.cluster.nodes {self.nodes} is outside spec.cluster.elastic "
+                f"[{elastic.min_nodes}, {elastic.max_nodes}]. Fix: set nodes inside the range or widen it",
+            )
+        return self
 
     @field_validator("hyperpod_cluster")
     @classmethod
@@ -196,7 +273,9 @@ class ClusterSpec(WireModel):
 class TrainingSpec(WireModel):
     """What to train on and for how long."""
 
-    sequence_length: int = Field(default=4096, ge=128, le=1_048_576, description="Tokens per sequence.")
+    sequence_length: int = Field(
+        default=DEFAULT_SEQUENCE_LENGTH, ge=128, le=1_048_576, description="Tokens per sequence."
+    )
     global_batch_tokens: int | None = Field(
         default=None,
         ge=1,
@@ -620,6 +699,17 @@ class BlackwellTrainingJobSpec(WireModel):
     def _auto_resume_backend(self) -> BlackwellTrainingJobSpec:
         if self.auto_resume and self.backend == Backend.TRAIN_JOB:
             raise _spec_error("auto_resume_backend", AUTO_RESUME_TRAINJOB)
+        return self
+
+    @model_validator(mode="after")
+    def _elastic_batch(self) -> BlackwellTrainingJobSpec:
+        if self.cluster.elastic is None:
+            return self
+        tokens = self.training.global_batch_tokens
+        if tokens is None:
+            raise _spec_error("elastic_global_batch", ELASTIC_NEEDS_GLOBAL_BATCH)
+        if tokens % self.training.sequence_length:
+            raise _spec_error("elastic_global_batch", ELASTIC_WHOLE_SEQUENCES)
         return self
 
     @model_validator(mode="after")

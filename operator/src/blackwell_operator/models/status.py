@@ -136,11 +136,13 @@ class MemoryCorrection(WireModel):
 
 
 class PlanChange(WireModel):
-    """One re-plan: the plan that failed, the plan that replaced it, and why."""
+    """One re-plan: the plan that failed (or was resized), the plan that replaced it, and why."""
 
     at: str = Field(description="RFC 3339 time of the re-plan.")
     generation: int = Field(ge=1, description="The spec generation.")
-    reason: str = Field(description="Why: OutOfMemory.")
+    reason: str = Field(description="Why: OutOfMemory, or Resized (an elastic job's node count changed).")
+    nodes_before: int | None = Field(default=None, ge=1, description="Nodes of the replaced plan (Resized).")
+    nodes_after: int | None = Field(default=None, ge=1, description="Nodes of the new plan (Resized).")
     message: str = Field(default="", description="What was measured and what the correction is.")
     failed: Candidate = Field(description="The configuration that failed.")
     failed_summary: str = Field(default="", description="The failed plan in one line.")
@@ -149,6 +151,21 @@ class PlanChange(WireModel):
         default=None, description="The configuration planned instead; none when nothing fits any more."
     )
     replacement_summary: str = Field(default="", description="The new plan in one line.")
+
+
+class ElasticStatus(WireModel):
+    """What an elastic job's operator saw of the healthy nodes, and when it last resized (rate limit)."""
+
+    schedulable: int | None = Field(default=None, ge=0, description="Healthy schedulable nodes last seen.")
+    fewer_since: str | None = Field(
+        default=None, description="RFC 3339 time since when fewer nodes than the plan's are schedulable."
+    )
+    more_since: str | None = Field(
+        default=None, description="RFC 3339 time since when more nodes than the plan's are schedulable."
+    )
+    last_resize_at: str | None = Field(default=None, description="RFC 3339 time of the latest resize.")
+    resizes: int = Field(default=0, ge=0, description="Resizes of this job so far.")
+    waiting: str = Field(default="", description="Why a resize waits (grace period, cooldown, minNodes).")
 
 
 class BlackwellTrainingJobStatus(WireModel):
@@ -183,8 +200,12 @@ class BlackwellTrainingJobStatus(WireModel):
         max_length=PLAN_HISTORY_LIMIT,
         description=f"The latest re-plans (at most {PLAN_HISTORY_LIMIT}), oldest first.",
     )
+    elastic: ElasticStatus | None = Field(
+        default=None, description="An elastic job's view of the nodes and its resizes (docs/elastic.md)."
+    )
     # Short copies for printer columns (JSONPath cannot reach into status.plan comfortably and
     # `kubectl get` should stay readable).
+    nodes: int | None = Field(default=None, description="Nodes of the current plan (printer column).")
     precision: str | None = Field(default=None, description="Chosen precision (printer column).")
     micro_batch_size: int | None = Field(default=None, description="Chosen micro-batch (printer column).")
     activation_checkpointing: str | None = Field(default=None, description="Chosen AC mode (printer column).")
@@ -211,6 +232,8 @@ class StatusChange(WireModel):
     last_failure: WorkerFailure | None = None
     memory_correction: MemoryCorrection | None = None
     plan_history: list[PlanChange] | None = Field(default=None, max_length=PLAN_HISTORY_LIMIT)
+    elastic: ElasticStatus | None = None
+    nodes: int | None = None
     precision: str | None = None
     micro_batch_size: int | None = None
     activation_checkpointing: str | None = None

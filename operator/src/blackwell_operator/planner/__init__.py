@@ -18,14 +18,15 @@ from blackwell_operator.planner.correction import (
     describe_correction,
     micro_batch_limits,
 )
+from blackwell_operator.planner.elastic import plan_elastic
 from blackwell_operator.planner.explain import describe, explain, loss_reason
 from blackwell_operator.planner.inputs import hardware_for, problem_for
 from blackwell_operator.planner.layout import Hardware, Layout, Setting
 from blackwell_operator.planner.memory import MemoryEstimate
 from blackwell_operator.planner.provenance import left_out_of_auto, plan_provenance, verdict
-from blackwell_operator.planner.rejections import no_plan, with_remedies
+from blackwell_operator.planner.rejections import refusal, with_remedies
 from blackwell_operator.planner.search import Problem, Scored, SearchResult
-from blackwell_operator.planner.solve import Context, solve, unreachable_global_batch
+from blackwell_operator.planner.solve import Context, solve
 from blackwell_operator.planner.storage import check_storage
 from blackwell_operator.planner.weights import (
     CheckpointFacts,
@@ -39,6 +40,7 @@ from blackwell_trainer.config import (
     ChoiceProvenance,
     DatasetConfig,
     GpuInfo,
+    NodeChoice,
     OutputConfig,
     Plan,
     Prediction,
@@ -126,8 +128,15 @@ def plan_job(
     checkpoint: CheckpointFacts | None = None,
     correction: MemoryCorrection | None = None,
     cluster: Corrector | None = None,
+    schedulable: int | None = None,
+    current: NodeChoice | None = None,
 ) -> Plan:
     """Resolve a spec into the fastest plan that fits, with alternatives and reasons.
+
+    An elastic spec (spec.cluster.elastic) is planned for the largest node count of its range that the
+    `schedulable` healthy nodes hold (spec.cluster.nodes when unknown) and that plans, reaching its
+    global batch exactly (planner/elastic.py), or for `current`'s count (the stored plan's) while that
+    plans; both are ignored otherwise.
 
     `correction`: what out-of-memory runs of this job taught (status.memoryCorrection): activation bytes
     scaled, a reserve added, and the configurations that ran out (and larger micro-batches of their
@@ -142,6 +151,32 @@ def plan_job(
     storage the job's pods cannot use (storage.py), or the model is unknown or differs from the weights'.
     """
     check_storage(spec)
+
+    def plan_at(fixed: BlackwellTrainingJobSpec) -> Plan:
+        return _plan_fixed(
+            fixed,
+            job_name=job_name,
+            calibration=calibration,
+            checkpoint=checkpoint,
+            correction=correction,
+            cluster=cluster,
+        )
+
+    if spec.cluster.elastic is not None:
+        return plan_elastic(spec, schedulable, plan_at, current)
+    return plan_at(spec)
+
+
+def _plan_fixed(
+    spec: BlackwellTrainingJobSpec,
+    *,
+    job_name: str,
+    calibration: Calibration | None,
+    checkpoint: CheckpointFacts | None,
+    correction: MemoryCorrection | None,
+    cluster: Corrector | None,
+) -> Plan:
+    """plan_job on the spec's own node count."""
     facts = checkpoint or CheckpointFacts()
     read_architecture = spec.model.preset is None and spec.model.architecture is None
     spec = with_checkpoint_architecture(spec, facts)
@@ -169,10 +204,7 @@ def plan_job(
                 "spec.tuning pins allow (status.planHistory)",
                 "use auto or a smaller micro-batch",
             )
-        unreachable = unreachable_global_batch(problem, pins, result)
-        if unreachable is not None:  # memory is not what is missing: splitting sequences would not help
-            raise with_remedies(spec, ctx, unreachable)
-        raise no_plan(spec, ctx, solved)
+        raise refusal(spec, ctx, solved)
 
     alternatives = _alternatives(best, result, problem.budget_bytes, hw, cal)
     chosen = _candidate(best, hw, cal)

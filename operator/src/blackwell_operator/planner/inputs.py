@@ -47,5 +47,6 @@ def problem_for(spec: BlackwellTrainingJobSpec, cal: Calibration, hw: Hardware) 
         spec.training.sequence_length,
         spec.training.global_batch_tokens,
         budget,
+        exact_batch=spec.cluster.elastic is not None,
         document_mask=chat,
     )

@@ -78,6 +78,13 @@ class Problem:
     mbs_limits: dict[tuple[str, str, str, str, int], int] = field(default_factory=dict)
     # Packed chat rows (dataset.kind chat): attention through a document mask (FlexAttention).
     document_mask: bool = False
+    # An elastic job reaches the global batch exactly: every node count must train the same batches.
+    exact_batch: bool = False
+
+    @property
+    def batch_tolerance(self) -> float:
+        """How far the reached global batch may be from the requested one (a fraction)."""
+        return 0.0 if self.exact_batch else GLOBAL_BATCH_TOLERANCE
 
     def tokens_per_micro_step(self, setting: Setting, mbs: int) -> int:
         """Tokens all data-parallel ranks process in one micro-step."""
@@ -87,7 +94,7 @@ class Problem:
         """Largest micro-batch the trainer and the global batch allow."""
         limit = min(self.cal.trainer.max_micro_batch_size, self.mbs_limits.get(setting.family, 1 << 30))
         if self.global_batch_tokens is not None:
-            most = self.global_batch_tokens * (1 + GLOBAL_BATCH_TOLERANCE)
+            most = self.global_batch_tokens * (1 + self.batch_tolerance)
             limit = min(limit, int(most // self.tokens_per_micro_step(setting, 1)))
         return limit
 
@@ -102,6 +109,8 @@ class Problem:
         if self.global_batch_tokens is None:
             return True
         got = self.accumulation(setting, mbs) * self.tokens_per_micro_step(setting, mbs)
+        if self.exact_batch:
+            return got == self.global_batch_tokens
         return abs(got / self.global_batch_tokens - 1.0) <= GLOBAL_BATCH_TOLERANCE
 
     _memo: dict[Setting, tuple[MemoryEstimate, int]] = field(default_factory=dict)

@@ -39,7 +39,7 @@ def volume_holding(spec: BlackwellTrainingJobSpec, path: str) -> tuple[int, Volu
 
 
 def _check_checkpoint(spec: BlackwellTrainingJobSpec, path: str) -> None:
-    nodes = spec.cluster.nodes
+    nodes = spec.cluster.most_nodes  # an elastic job may grow to its maxNodes
     held = volume_holding(spec, path)
     if held is not None:
         index, volume = held
@@ -80,7 +80,7 @@ def _check_checkpoint(spec: BlackwellTrainingJobSpec, path: str) -> None:
 
 
 def _check_dataset(spec: BlackwellTrainingJobSpec, uri: str) -> None:
-    nodes = spec.cluster.nodes
+    nodes = spec.cluster.most_nodes  # an elastic job may grow to its maxNodes
     if nodes == 1 or uri.startswith("s3://") or volume_holding(spec, uri) is not None:
         # One node: a local folder may be baked into the image or staged on /local; the trainer checks it.
         return

@@ -18,6 +18,10 @@ from blackwell_operator.models.spec import (
     API_GROUP,
     API_VERSION,
     AUTO_RESUME_TRAINJOB,
+    DEFAULT_SEQUENCE_LENGTH,
+    ELASTIC_NEEDS_GLOBAL_BATCH,
+    ELASTIC_RANGE,
+    ELASTIC_WHOLE_SEQUENCES,
     KIND,
     OPERATOR_VOLUMES,
     PLURAL,
@@ -83,6 +87,17 @@ SPEC_RULES: dict[str, list[dict[str, str]]] = {
         {
             "rule": "!has(self.gpusPerNode) || self.gpusPerNode <= 8",
             "message": "spec.cluster.gpusPerNode must be at most 8: every supported instance has 8 GPUs",
+        },
+        {
+            "rule": "!has(self.elastic) || (self.elastic.minNodes <= (has(self.nodes) ? self.nodes : 1) "
+            "&& (has(self.nodes) ? self.nodes : 1) <= self.elastic.maxNodes)",
+            "message": ELASTIC_RANGE,
+        },
+    ],
+    "cluster.elastic": [
+        {
+            "rule": "self.minNodes <= self.maxNodes",
+            "message": "spec.cluster.elastic.minNodes must be at most maxNodes",
         }
     ],
     "cluster.instanceType": [_immutable("spec.cluster.instanceType", _NEW_JOB)],
@@ -153,7 +168,13 @@ def _weights_folder(uri: str, writable: bool) -> str:
     return f"{uri}.startsWith('s3://') || {_on_a_volume(uri, writable=writable)}"
 
 
-_NODES = "(has(self.cluster) && has(self.cluster.nodes) ? self.cluster.nodes : 1)"
+# The most nodes the job may span: an elastic job's maxNodes, else spec.cluster.nodes.
+_NODES = (
+    "(has(self.cluster) && has(self.cluster.elastic) ? self.cluster.elastic.maxNodes "
+    ": (has(self.cluster) && has(self.cluster.nodes) ? self.cluster.nodes : 1))"
+)
+_ELASTIC = "has(self.cluster) && has(self.cluster.elastic)"
+_SEQUENCE = f"(has(self.training.sequenceLength) ? self.training.sequenceLength : {DEFAULT_SEQUENCE_LENGTH})"
 _CHECKPOINT = "self.training.checkpoint.path"
 _DATASET = "self.training.dataset"
 _LOCAL = OPERATOR_VOLUMES["local"]
@@ -164,6 +185,15 @@ _OUTPUT = "self.training.output.uri"
 # Storage rules across spec sections (planner/storage.py states them in Python for `btj plan` and the
 # operator): a checkpoint and a multi-node job's local shards must be where every pod can reach them.
 SPEC_ROOT_RULES = [
+    {
+        "rule": f"!({_ELASTIC}) || (has(self.training) && has(self.training.globalBatchTokens))",
+        "message": ELASTIC_NEEDS_GLOBAL_BATCH,
+    },
+    {
+        "rule": f"!({_ELASTIC}) || !has(self.training) || !has(self.training.globalBatchTokens) "
+        f"|| self.training.globalBatchTokens % {_SEQUENCE} == 0",
+        "message": ELASTIC_WHOLE_SEQUENCES,
+    },
     {
         "rule": "!has(self.cluster) || !has(self.cluster.topology) "
         "|| (has(self.queueName) && size(self.queueName) > 0)",
@@ -281,7 +311,12 @@ def printer_columns() -> list[dict[str, Any]]:
         column("Phase", "string", ".status.phase", "Lifecycle phase."),
         column("Model", "string", ".spec.model.preset", "Model preset (empty for a custom architecture)."),
         column("Instance", "string", ".spec.cluster.instanceType", "HyperPod instance type."),
-        column("Nodes", "integer", ".spec.cluster.nodes", "Nodes in the job."),
+        column(
+            "Nodes",
+            "integer",
+            ".status.nodes",
+            "Nodes of the current plan (an elastic job's count may differ from spec.cluster.nodes).",
+        ),
         column("Precision", "string", ".status.precision", "Chosen precision."),
         column("MBS", "integer", ".status.microBatchSize", "Chosen micro-batch size."),
         column("AC", "string", ".status.activationCheckpointing", "Chosen activation checkpointing."),

@@ -1,0 +1,165 @@
+"""The pure resize decision of an elastic job: grace period, cooldown, minNodes, scaleUp, and the status a
+resize writes (same global batch, history, phase Restarting)."""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+from typing import Any
+
+import pytest
+
+from blackwell_operator.lifecycle.elastic import Action, decide, resize_changes, stored_choice
+from blackwell_operator.lifecycle.replan import RESIZED, replacing_child, resized_child
+from blackwell_operator.models.spec import BlackwellTrainingJobSpec, ElasticSpec
+from blackwell_operator.models.status import ElasticStatus, Phase
+from blackwell_operator.planner import plan_job
+from blackwell_operator.planner.elastic import at_nodes
+from blackwell_operator.timefmt import format_rfc3339
+
+T0 = datetime.datetime(2026, 12, 1, 12, 0, 0, tzinfo=datetime.UTC)
+RANGE = ElasticSpec(min_nodes=2, max_nodes=4, grace_period_seconds=60, scale_up=True, cooldown_seconds=300)
+
+
+def at(seconds: float) -> datetime.datetime:
+    return T0 + datetime.timedelta(seconds=seconds)
+
+
+def test_a_lost_node_shrinks_the_job_only_after_the_grace_period() -> None:
+    first = decide(RANGE, 4, 3, None, at(0))
+    assert first.action is Action.WAIT and first.elastic.fewer_since == format_rfc3339(at(0))
+    assert "re-planned for 3 if it lasts the grace period (0 of 60 s)" in first.reason
+    later = decide(RANGE, 4, 3, first.elastic, at(59))
+    assert later.action is Action.WAIT
+    due = decide(RANGE, 4, 3, later.elastic, at(60))
+    assert due.action is Action.RESIZE and due.target == 3
+
+
+def test_a_node_back_within_the_grace_period_changes_nothing() -> None:
+    lost = decide(RANGE, 4, 3, None, at(0))
+    back = decide(RANGE, 4, 4, lost.elastic, at(30))
+    assert back.action is Action.STAY and back.elastic.fewer_since is None
+    again = decide(RANGE, 4, 3, back.elastic, at(70))  # the grace period starts over
+    assert again.action is Action.WAIT
+
+
+def test_fewer_than_min_nodes_waits_as_a_fixed_job_does() -> None:
+    decision = decide(RANGE, 4, 1, None, at(0))
+    later = decide(RANGE, 4, 1, decision.elastic, at(3600))
+    assert later.action is Action.WAIT and later.target is None
+    assert (
+        later.reason == "1 of the plan's 4 nodes schedulable, fewer than minNodes 2: the job waits for nodes"
+    )
+    assert later.elastic.waiting == later.reason
+
+
+def test_more_nodes_grow_the_job_only_with_scale_up() -> None:
+    off = RANGE.model_copy(update={"scale_up": False})
+    assert decide(off, 2, 4, None, at(0)).action is Action.STAY
+    assert "scaleUp is off" in decide(off, 2, 4, None, at(0)).reason
+    seen = decide(RANGE, 2, 6, None, at(0))
+    grow = decide(RANGE, 2, 6, seen.elastic, at(60))
+    assert grow.action is Action.RESIZE and grow.target == 4  # at most maxNodes
+
+
+def test_the_cooldown_holds_a_resize_that_follows_another() -> None:
+    after = ElasticStatus(last_resize_at=format_rfc3339(at(0)), resizes=1)
+    seen = decide(RANGE, 3, 4, after, at(10))
+    held = decide(RANGE, 3, 4, seen.elastic, at(100))
+    assert held.action is Action.WAIT and "the cooldown is 300 s" in held.reason
+    assert decide(RANGE, 3, 4, held.elastic, at(300)).action is Action.RESIZE
+
+
+@pytest.mark.parametrize("period_s", [5, 55, 90, 400])
+def test_a_flapping_node_resizes_at_most_once_per_cooldown(period_s: int) -> None:
+    # A node that is lost and back every `period_s` seconds for an hour, checked every 5 s: flaps shorter
+    # than the grace period cause no resize at all, longer ones one per cooldown at most.
+    nodes, stored, resized_at = 4, None, []
+    for t in range(0, 3600, 5):
+        schedulable = 3 if (t // period_s) % 2 else 4
+        decision = decide(RANGE, nodes, schedulable, stored, at(t))
+        stored = decision.elastic
+        if decision.action is Action.RESIZE:
+            assert decision.target is not None
+            nodes = decision.target
+            resized_at.append(t)
+            stored.last_resize_at = format_rfc3339(at(t))
+    if period_s < RANGE.grace_period_seconds:
+        assert resized_at == []
+    else:
+        assert resized_at, "a loss longer than the grace period is acted on"
+    gaps = [b - a for a, b in itertools.pairwise(resized_at)]
+    assert all(gap >= RANGE.cooldown_seconds for gap in gaps), resized_at
+    assert len(resized_at) <= 1 + 3600 // RANGE.cooldown_seconds
+
+
+def spec() -> BlackwellTrainingJobSpec:
+    return BlackwellTrainingJobSpec.model_validate(
+        {
+            "model": {"preset": "llama3.2-1b"},
+            "cluster": {
+                "instanceType": "ml.p5en.48xlarge",
+                "nodes": 4,
+                "elastic": {"minNodes": 2, "maxNodes": 4, "gracePeriodSeconds": 0},
+            },
+            "training": {"sequenceLength": 4096, "globalBatchTokens": 768 * 4096, "steps": 100},
+        }
+    )
+
+
+def running(nodes: int) -> dict[str, Any]:
+    plan = plan_job(spec(), schedulable=nodes)
+    return {
+        "metadata": {"name": "el", "namespace": "team-a", "generation": 1},
+        "spec": spec().model_dump(by_alias=True, mode="json", exclude_none=True),
+        "status": {
+            "phase": "Running",
+            "observedGeneration": 1,
+            "plan": plan.model_dump(by_alias=True, mode="json"),
+            "child": {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "el", "uid": "u-1"},
+        },
+    }
+
+
+def test_a_resize_writes_the_new_plan_with_the_same_global_batch_and_its_record() -> None:
+    btj = running(4)
+    decision = decide(spec().cluster.elastic or RANGE, 4, 3, None, at(0))
+    assert decision.action is Action.RESIZE
+    change, entry = resize_changes(btj, decision, lambda n: plan_job(spec(), schedulable=n), now="T")
+    assert entry is not None and change.plan is not None
+    assert (entry.reason, entry.nodes_before, entry.nodes_after) == (RESIZED, 4, 3)
+    assert change.plan.nodes == change.nodes == 3
+    assert change.plan.global_batch_tokens == 768 * 4096  # the same global batch on 3 nodes
+    assert change.phase is Phase.RESTARTING and change.elastic is not None
+    assert change.elastic.resizes == 1 and change.elastic.last_resize_at == "T"
+    assert entry.failed_child_uid == "u-1" and entry.replacement == change.plan.chosen
+    assert (
+        "Resized from 4 to 3 nodes" in entry.message and "global batch 3,145,728 tokens kept" in entry.message
+    )
+    # Written, the status reads as a child a re-plan replaces, for another node count.
+    written = change.model_dump(by_alias=True, mode="json", exclude_unset=True)
+    status = {**btj["status"], **written}
+    assert replacing_child(status) and resized_child(status)
+
+
+def test_a_target_that_plans_as_the_current_count_is_no_resize() -> None:
+    btj = running(2)
+    # 3 healthy nodes with a global batch that 24 GPUs do not divide: still 2 nodes, nothing to re-create.
+    odd = spec().model_copy(deep=True)
+    odd.training.global_batch_tokens = 1024 * 4096
+    btj = {**btj, "status": {**btj["status"], "plan": plan_job(odd, schedulable=2).model_dump(by_alias=True)}}
+    decision = decide(RANGE.model_copy(update={"grace_period_seconds": 0}), 2, 3, None, at(0))
+    assert decision.action is Action.RESIZE
+    change, entry = resize_changes(btj, decision, lambda n: plan_job(odd, schedulable=n), now="T")
+    assert entry is None and change.plan is None
+    assert change.elastic is not None and "3 nodes plan as 2, the current count" in change.elastic.waiting
+
+
+def test_a_stored_choice_is_kept_for_its_generation_only() -> None:
+    btj = running(3)
+    choice = stored_choice(btj)
+    assert choice is not None and choice.nodes == 3
+    # Every later pass plans the stored count, whatever the nodes say now.
+    assert plan_job(spec(), schedulable=4, current=choice).nodes == 3
+    assert stored_choice({**btj, "metadata": {**btj["metadata"], "generation": 2}}) is None
+    assert plan_job(at_nodes(spec(), 4), schedulable=4).nodes == 4
