@@ -349,3 +349,22 @@ def test_several_jobs_in_one_file_are_named(tmp_path: Path) -> None:
     path.write_text(HEAD + BTJ_SPEC + "---\n- 1\n")
     result = CliRunner().invoke(app, ["render", str(path)])
     assert result.exit_code == 2 and "document 2 is a list, not a Kubernetes object" in result.stderr
+
+
+def test_btj_render_writes_strings_kubectl_reads_back_as_strings(kubectl: str, tmp_path: Path) -> None:
+    """`btj render | kubectl apply -f -`: a string go-yaml would read as another type is quoted."""
+    _register_commands()
+    words = ["y", "n", "1e3", "0o17", "08", "on", "~", "2026-01-01", "<<", "=", ".5_0"]
+    env = ", ".join(f"{{name: V{i}, value: '{word}'}}" for i, word in enumerate(words))
+    job = tmp_path / "job.yaml"
+    job.write_text(HEAD + BTJ_SPEC + f"  env: [{env}]\n")
+    rendered = CliRunner().invoke(app, ["render", str(job), "-o", "yaml"])
+    assert rendered.exit_code == 0, rendered.output
+    path = tmp_path / "rendered.yaml"
+    path.write_text(rendered.stdout)
+    sent, stderr = kubectl_sends(kubectl, path)
+    assert sent is not None, stderr
+    (job_object,) = [obj for obj in sent if obj["kind"] == "PyTorchJob"]
+    container = job_object["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    values = {e["name"]: e.get("value") for e in container["env"] if e["name"].startswith("V")}
+    assert values == {f"V{i}": word for i, word in enumerate(words)}
