@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sets up the project (scripts/bootstrap.sh) and runs every check: ruff, mypy, import boundaries, pytest.
+# Sets up the project (scripts/bootstrap.sh --all) and runs every check: ruff, mypy, import boundaries, pytest.
 #
 #   bash scripts/test.sh                  everything CI runs, the tests on every core (pytest-xdist)
 #   bash scripts/test.sh --area planner   the lint checks are skipped; only tests/planner (repeatable)
@@ -38,8 +38,8 @@ done
 phase_start=$SECONDS
 phase() { echo "test.sh: $1 took $((SECONDS - phase_start)) s"; phase_start=$SECONDS; }
 
-bash scripts/bootstrap.sh
-phase "set-up (scripts/bootstrap.sh)"
+bash scripts/bootstrap.sh --all
+phase "set-up (scripts/bootstrap.sh --all)"
 . .venv/bin/activate
 export PATH="$PWD/.tools/helm:$PWD/.tools/kubectl:$PATH"
 

@@ -34,7 +34,7 @@ from blackwell_operator.models.status import (
     Phase,
     StatusChange,
 )
-from blackwell_operator.planner.provenance import plan_event, plan_verified_condition
+from blackwell_operator.planner.provenance import plan_event, verdict
 from blackwell_operator.render.kinds import ChildKind
 from blackwell_operator.units import GIB
 from blackwell_trainer.config import Plan
@@ -153,7 +153,7 @@ def planned(
         )
     else:
         done = ConditionChange(ConditionType.PLANNED, "True", "Planned", plan_summary(plan))
-    _, verified, reason, message = plan_verified_condition(plan.provenance)
+    verified, reason, message = verdict(plan.provenance)
     provenance = ConditionChange(
         ConditionType.PLAN_VERIFIED, "True" if verified else "False", reason, message
     )

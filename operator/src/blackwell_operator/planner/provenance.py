@@ -260,20 +260,13 @@ def verdict(items: Sequence[ChoiceProvenance]) -> tuple[bool, str, str]:
     return False, "Unverified" if unverified else "Modelled", "; ".join(parts)
 
 
-# The BTJ condition that carries the verdict, and the Event reason per verdict reason.
-CONDITION = "PlanVerified"
+# The Event reason per verdict reason (the verdict itself is condition PlanVerified: lifecycle/outcome.py).
 EVENT_REASONS = {
     "Measured": "PlanMeasured",
     "Modelled": "PlanModelled",
     "Unverified": "UnverifiedRecipe",
     "Unknown": "PlanProvenanceUnknown",
 }
-
-
-def plan_verified_condition(items: Sequence[ChoiceProvenance]) -> tuple[str, bool, str, str]:
-    """(condition type, verified, reason, message) of the PlanVerified condition."""
-    verified, reason, message = verdict(items)
-    return CONDITION, verified, reason, message
 
 
 def plan_event(items: Sequence[ChoiceProvenance]) -> tuple[str, str, bool]:
