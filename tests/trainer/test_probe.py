@@ -205,3 +205,28 @@ def test_the_result_line_round_trips_through_a_termination_message() -> None:
     text = f"error: something\n{result.to_line()}\n"
     assert ProbeResult.find(text) == result
     assert ProbeResult.find("btj-probe/v1 {not json") is None
+
+
+def test_a_kept_choice_counts_only_for_the_candidates_it_was_made_among(tmp_path: Path) -> None:
+    plan = Plan.model_validate(probe_plan_dict(tmp_path, checkpoint=True))
+    assert plan.probe is not None
+    won = plan.probe.candidates[1].candidate
+    result = ProbeResult(winner=1, chosen=won, measurements=[_m(0, 10.0), _m(1, 12.0)], seconds=3.5)
+    probe.keep_choice(plan, result, is_writer=True)
+    assert probe.earlier_choice(plan, "") == result
+    assert (
+        probe.earlier_choice(
+            plan.model_copy(
+                update={
+                    "checkpoint": plan.checkpoint.model_copy(update={"path": str(tmp_path / "elsewhere")})
+                }
+            ),
+            result.to_line(),
+        )
+        == result
+    )  # a restart in place
+    # A re-plan (after an OOM, or for another node count) made other candidates: the choice is not theirs.
+    replanned = plan.model_copy(deep=True)
+    assert replanned.probe is not None
+    replanned.probe.candidates[1].candidate.micro_batch_size = 1
+    assert probe.earlier_choice(replanned, result.to_line()) is None

@@ -591,6 +591,11 @@ class ProbeResult(WireModel):
     """What the probe measured and which candidate the job trains with."""
 
     winner: int = Field(ge=0, description="Index of the candidate the job trains with.")
+    chosen: Candidate | None = Field(
+        default=None,
+        description="That candidate's configuration: a restart keeps the choice only while its plan's "
+        "candidate at that index is the same (a re-plan makes other candidates).",
+    )
     measurements: list[ProbeMeasurement] = Field(default_factory=list)
     seconds: float = Field(ge=0, description="Wall time of the whole probe.")
     stopped_early: bool = Field(default=False, description="The time budget ran out before every candidate.")

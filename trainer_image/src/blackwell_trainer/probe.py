@@ -119,8 +119,10 @@ def run_probe(
                 measurements.extend(_not_run(probe, i) for i in range(index, len(probe.candidates)))
                 break
             measurements.append(_candidate(plan, index, builders, device, timing, group))
+    winner = choose_winner(measurements, probe.memory_budget_bytes)
     result = ProbeResult(
-        winner=choose_winner(measurements, probe.memory_budget_bytes),
+        winner=winner,
+        chosen=probe.candidates[winner].candidate,
         measurements=measurements,
         seconds=round(_all_reduce_max([timing.elapsed()], group)[0], 3),  # the slowest rank's
         stopped_early=stopped,
@@ -311,7 +313,11 @@ def earlier_choice(plan: Plan, termination_message: str) -> ProbeResult | None:
         return None
     found = [_read_file(plan), ProbeResult.find(termination_message), probe.result]
     for result in found:
-        if result is not None and result.winner < len(probe.candidates):
+        if (
+            result is not None
+            and result.winner < len(probe.candidates)
+            and result.chosen == probe.candidates[result.winner].candidate
+        ):
             return result
     return None
 
