@@ -39,11 +39,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         timeout = item.get_closest_marker("timeout")
         declared = int(timeout.args[0]) if timeout is not None and timeout.args else 0
         counts["timeout"] = max(counts["timeout"], declared)
+    # The waiting group: modules with the operator; the busy group: gloo ranks or a declared long timeout.
+    waiting = [m for m, c in heavy.items() if c["integration"] and not c["distributed"]]
+    busy = [m for m, c in heavy.items() if (c["distributed"] or c["timeout"]) and m not in waiting]
     ranks: dict[str, float] = {}
-    for offset, name in enumerate(("distributed", "integration")):
-        modules = [m for m, c in heavy.items() if c[name] and (name == "distributed" or not c["distributed"])]
-        modules.sort(key=lambda m: (-heavy[m]["timeout"], -heavy[m][name]))  # ties: collection order
-        ranks.update({m: i + offset / 2 for i, m in enumerate(modules)})
+    for offset, (group, name) in enumerate(((busy, "distributed"), (waiting, "integration"))):
+        group.sort(key=lambda m: (-heavy[m]["timeout"], -heavy[m][name]))  # ties: collection order
+        ranks.update({m: i + offset / 2 for i, m in enumerate(group)})
     items.sort(key=lambda item: ranks.get(item.nodeid.split("::", 1)[0], len(heavy)))
 
 
