@@ -51,6 +51,32 @@ class TimedEmulator(HardenedEmulator):
         return response
 
 
+# --profile: the operator under cProfile in every thread (Kopf runs the sync handlers in a thread pool,
+# which a profiler of the main thread alone would miss), the stats of all threads merged into one file.
+PROFILE: Path | None = None
+PROFILED = """
+import cProfile, pstats, threading
+profiles = [cProfile.Profile()]
+def _start(*_):
+    sys.setprofile(None)
+    profile = cProfile.Profile()
+    profiles.append(profile)
+    profile.enable()
+threading.setprofile(_start)
+profiles[0].enable()
+sys.argv = ['btj', 'run', '--metrics-bind', 'off']
+try:
+    main()
+finally:
+    for profile in profiles:
+        profile.disable()
+    stats = pstats.Stats(profiles[0])
+    for profile in profiles[1:]:
+        stats.add(profile)
+    stats.dump_stats({out!r})
+"""
+
+
 def manifest(i: int) -> dict[str, Any]:
     preset, nodes = PRESETS[i % len(PRESETS)]
     return {
@@ -124,13 +150,11 @@ async def main(count: int, timeout: float) -> dict[str, Any]:
             kubeconfig = write_kubeconfig(Path(tmp) / "kubeconfig", server, name="c")
             env = dict(os.environ, KUBECONFIG=str(kubeconfig))
             log = (Path(tmp) / "operator.log").open("wb")
+            run = "sys.argv = ['btj', 'run', '--metrics-bind', 'off']; main()"
+            if PROFILE is not None:
+                run = PROFILED.format(out=str(PROFILE))
             operator = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-c",
-                    "import sys; from blackwell_operator.cli import main; "
-                    "sys.argv = ['btj', 'run', '--metrics-bind', 'off']; main()",
-                ],
+                [sys.executable, "-c", f"import sys; from blackwell_operator.cli import main; {run}"],
                 env=env,
                 stdout=subprocess.DEVNULL,
                 stderr=log,
@@ -235,7 +259,11 @@ if __name__ == "__main__":
     parser.add_argument("--count", type=int, default=500)
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--profile", type=Path, help="write the operator's cProfile stats (every thread) here"
+    )
     args = parser.parse_args()
+    PROFILE = args.profile
     load = os.getloadavg()[0]
     planning = planner_milliseconds()
     result = asyncio.run(main(args.count, args.timeout))

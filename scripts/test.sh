@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Sets up the project (scripts/bootstrap.sh) and runs every check: ruff, mypy, import boundaries, pytest.
+# Sets up the project (scripts/bootstrap.sh --all) and runs every check: ruff, mypy, import boundaries, pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/bootstrap.sh
+bash scripts/bootstrap.sh --all
 . .venv/bin/activate
 export PATH="$PWD/.tools/helm:$PWD/.tools/kubectl:$PATH"
 ruff check .

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from tests.operator.harness import (
@@ -21,6 +22,7 @@ from tests.operator.harness import (
     wait_for,
     write_kubeconfig,
 )
+from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -98,10 +100,12 @@ async def started(cluster: Cluster, name: str, nodes: int) -> dict[str, Any]:
 
 
 async def test_a_node_lost_past_the_grace_period_shrinks_the_plan_and_keeps_the_global_batch(
-    four_nodes: Cluster,
+    four_nodes: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cluster = four_nodes
-    async with running_operator(cluster):
+    port = free_port()
+    monkeypatch.setenv("BTJ_METRICS_BIND", f"127.0.0.1:{port}")
+    async with running_operator(cluster), aiohttp.ClientSession() as http:
         await cluster.apply(elastic_btj("shrink"))
         first = await started(cluster, "shrink", 4)
         assert first["plan"]["elastic"]["reason"].startswith("planned for 4 nodes")
@@ -131,6 +135,10 @@ async def test_a_node_lost_past_the_grace_period_shrinks_the_plan_and_keeps_the_
         # The ConfigMap the new child mounts holds the 3-node plan.
         config = cluster.config_map("shrink-plan") or {}
         assert '"nodes": 3' in next(iter((config.get("data") or {}).values()), "")
+        async with http.get(f"http://127.0.0.1:{port}/metrics") as response:
+            metrics = await response.text()
+        assert 'btj_operator_resizes_total{direction="shrink"} 1.0' in metrics
+        assert 'btj_operator_resizes_total{direction="grow"} 0.0' in metrics
 
 
 async def test_nodes_back_grow_the_job_when_scale_up_allows(four_nodes: Cluster) -> None:

@@ -97,6 +97,23 @@ def test_every_remedy_plans_and_node_counts_are_minimal(spec: dict[str, Any]) ->
     check_advice(spec)
 
 
+@st.composite
+def hard_specs(draw: st.DrawFn) -> dict[str, Any]:
+    """Large models, long sequences and few nodes: mostly refusals, whose advice is the point."""
+    spec = draw(specs())
+    spec["model"] = {"preset": draw(st.sampled_from(["llama3.1-70b", "qwen2.5-72b", "qwen2.5-32b"]))}
+    spec["training"]["sequenceLength"] = draw(st.sampled_from([8192, 32768, 131072]))
+    spec["training"].pop("globalBatchTokens", None)
+    spec["cluster"]["nodes"] = draw(st.integers(1, 4))
+    return spec
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hard_specs())
+def test_the_advice_holds_where_the_models_are_too_big_for_the_nodes(spec: dict[str, Any]) -> None:
+    check_advice(spec)
+
+
 @pytest.mark.parametrize("nodes", [1, 2, 3, 4, 8, 64, 258])
 def test_llama70b_at_32k_on_h100_names_the_nodes_that_fit_with_context_parallel(nodes: int) -> None:
     # Issue 26: everything auto, this said "use at least 259 nodes" on 1 to 258 nodes, while 4 nodes with

@@ -527,6 +527,119 @@ class ChoiceProvenance(WireModel):
     detail: str = Field(default="", description="Where it was measured, or what the model rests on.")
 
 
+# The probe (docs/probe.md): before its first step the trainer times the plan's probe candidates and trains
+# with the fastest. Its result is one line of the termination message, PROBE_RESULT_MARKER followed by a
+# ProbeResult as compact JSON (the OOM result line's convention: the marker names the format's version).
+PROBE_RESULT_VERSION = 1
+PROBE_RESULT_MARKER = f"btj-probe/v{PROBE_RESULT_VERSION} "
+
+
+class ProbePolicy(StrEnum):
+    """When the trainer probes the plan's top candidates before training."""
+
+    # Probe when a candidate's speed or memory is modelled, not measured (here or on this cluster).
+    AUTO = "auto"
+    ALWAYS = "always"
+    NEVER = "never"
+
+
+class ProbeCandidate(WireModel):
+    """One configuration the probe times, with what the planner predicted for it."""
+
+    candidate: Candidate
+    prediction: Prediction
+    measured: bool = Field(
+        default=False,
+        description="Its family's speed and memory were measured (by this project on this GPU, or by "
+        "enough runs on this cluster); a probe under auto needs at least one that was not.",
+    )
+    tokens_factor: float = Field(
+        default=1.0,
+        gt=0,
+        description="The cluster correction's tokens factor in its prediction (1: the model's own figure).",
+    )
+
+
+class ProbeOutcome(StrEnum):
+    """What became of one candidate in the probe."""
+
+    MEASURED = "measured"
+    OUT_OF_MEMORY = "out-of-memory"  # torch.OutOfMemoryError on some rank: dropped, the probe went on
+    OVER_MEMORY = "over-memory-budget"  # ran, but its peak reserved passed the plan's memory budget
+    FAILED = "failed"  # another error on some rank (the detail names it): dropped
+    NOT_RUN = "not-run"  # the time budget ran out before it
+
+
+class ProbeMeasurement(WireModel):
+    """One candidate's probe figures beside its prediction (figures agreed by every rank)."""
+
+    index: int = Field(ge=0, description="Position in plan.probe.candidates (0: the planner's pick).")
+    outcome: ProbeOutcome
+    predicted_tokens_per_second_per_gpu: float = Field(ge=0)
+    predicted_peak_reserved_bytes: int = Field(ge=0)
+    tokens_per_second_per_gpu: float | None = Field(
+        default=None, ge=0, description="What the slowest rank measured; none when not measured."
+    )
+    peak_reserved_bytes: int | None = Field(
+        default=None, ge=0, description="What the fullest rank reserved at its peak; none on CPU."
+    )
+    seconds: float = Field(default=0.0, ge=0, description="Wall time this candidate took, build included.")
+    detail: str = Field(default="", description="Why it was dropped, when it was.")
+
+
+class ProbeResult(WireModel):
+    """What the probe measured and which candidate the job trains with."""
+
+    winner: int = Field(ge=0, description="Index of the candidate the job trains with.")
+    chosen: Candidate | None = Field(
+        default=None,
+        description="That candidate's configuration: a restart keeps the choice only while its plan's "
+        "candidate at that index is the same (a re-plan makes other candidates).",
+    )
+    measurements: list[ProbeMeasurement] = Field(default_factory=list)
+    seconds: float = Field(ge=0, description="Wall time of the whole probe.")
+    stopped_early: bool = Field(default=False, description="The time budget ran out before every candidate.")
+
+    def to_line(self) -> str:
+        """The marker line of the termination message."""
+        return PROBE_RESULT_MARKER + self.model_dump_json(by_alias=True, exclude_none=True)
+
+    @classmethod
+    def find(cls, text: str | None) -> ProbeResult | None:
+        """The last readable marker line of this version in `text` (a termination message), else None."""
+        for line in reversed((text or "").splitlines()):
+            head, marker, body = line.strip().partition(PROBE_RESULT_MARKER.strip())
+            if not marker or head:
+                continue
+            try:
+                return cls.model_validate_json(body)
+            except ValueError:
+                continue
+        return None
+
+
+class ProbePlan(WireModel):
+    """The plan's probe: the candidates, the time budget, and whether the trainer runs it."""
+
+    policy: ProbePolicy = Field(description="The spec's spec.tuning.probe.policy.")
+    enabled: bool = Field(description="Whether the trainer probes before its first step.")
+    reason: str = Field(description="Why it probes, or why not.")
+    candidates: list[ProbeCandidate] = Field(
+        default_factory=list, description="What it times, the planner's pick first."
+    )
+    budget_seconds: float = Field(ge=0, description="Most wall time the probe may take; it stops there.")
+    warmup_steps: int = Field(default=2, ge=1, le=100, description="Untimed steps per candidate.")
+    timed_steps: int = Field(default=3, ge=1, le=100, description="Timed steps per candidate.")
+    memory_budget_bytes: int = Field(
+        ge=0, description="The most peak reserved memory a winner may measure (0: no limit, CPU)."
+    )
+    result: ProbeResult | None = Field(
+        default=None,
+        description="The choice an earlier start of this job made (the operator copies it from the "
+        "trainer's termination message): a restart trains with it and never probes again.",
+    )
+
+
 class NodeChoice(WireModel):
     """How an elastic job's node count was chosen from its range and the healthy nodes."""
 
@@ -585,6 +698,9 @@ class Plan(WireModel):
     )
     metrics_port: int = Field(default=DEFAULT_METRICS_PORT, ge=1, le=65535, description="Prometheus port.")
     log_every_steps: int = Field(default=10, ge=1, description="Log one line every this many steps.")
+    probe: ProbePlan | None = Field(
+        default=None, description="The probe of the top candidates before the first step; none: no probe."
+    )
 
     @property
     def modelled_choices(self) -> list[ChoiceProvenance]:

@@ -37,6 +37,14 @@ WEIGHTS_LOAD = "btj_trainer_weights_load_seconds"
 OUT_OF_MEMORY = "btj_trainer_gpu_out_of_memory"  # counter
 OOM_PHASE_LABEL = "phase"
 OUT_OF_MEMORY_NEEDED = "btj_trainer_gpu_out_of_memory_needed_bytes"
+# The probe of the plan's top candidates (docs/probe.md): per candidate (label PROBE_CANDIDATE_LABEL, its
+# index in plan.probe.candidates) and figure (label PROBE_SOURCE_LABEL: predicted or measured).
+PROBE_TOKENS_PER_SECOND = "btj_trainer_probe_tokens_per_second"
+PROBE_CANDIDATE_LABEL = "candidate"
+PROBE_SOURCE_LABEL = "source"
+PREDICTED, MEASURED = "predicted", "measured"
+PROBE_WINNER = "btj_trainer_probe_winner"  # gauge: the index trained with; -1 without a probe
+PROBE_SECONDS = "btj_trainer_probe_seconds"  # gauge: the probe's wall time; 0 without one
 BUILD = "btj_trainer_build"  # info: the trainer's version and the plan's settings
 
 

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from blackwell_trainer import __version__
 from blackwell_trainer import metric_names as names
-from blackwell_trainer.config import OomPhase, OomResult, Plan
+from blackwell_trainer.config import OomPhase, OomResult, Plan, ProbeResult
 from blackwell_trainer.errors import PlanError
 
 log = logging.getLogger(__name__)
@@ -177,6 +177,21 @@ class TrainerMetrics:
             "request, plus memory outside the allocator); 0 until it runs out.",
             registry=r,
         )
+        self.probe_tokens = Gauge(
+            names.PROBE_TOKENS_PER_SECOND,
+            "Each probe candidate's tokens/s per GPU, predicted and measured (the slowest rank's); the "
+            "measured series is absent for a candidate that did not run or failed.",
+            [names.PROBE_CANDIDATE_LABEL, names.PROBE_SOURCE_LABEL],
+            registry=r,
+        )
+        self.probe_winner = Gauge(
+            names.PROBE_WINNER,
+            "The probe candidate this job trains with (its index in plan.probe.candidates); -1 without one.",
+            registry=r,
+        )
+        self.probe_seconds = Gauge(
+            names.PROBE_SECONDS, "Wall time of the probe before the first step; 0 without one.", registry=r
+        )
         self.build_info = Info(names.BUILD, "Trainer version and the plan's settings.", registry=r)
 
         # Pre-export every series (zeros where nothing is measured yet) so none goes missing.
@@ -193,6 +208,8 @@ class TrainerMetrics:
         for phase in OomPhase:
             self.out_of_memory.labels(phase.value)
         self.out_of_memory_needed.set(0)
+        self.probe_winner.set(-1)
+        self.probe_seconds.set(0)
         self.build_info.info(build_labels(plan))
         self._lock = threading.Lock()
 
@@ -276,6 +293,23 @@ class TrainerMetrics:
     def record_weights_load(self, seconds: float) -> None:
         """Record how long loading the initial weights took."""
         self.weights_load.set(seconds)
+
+    def record_probe(self, plan: Plan, result: ProbeResult) -> None:
+        """Record the probe's figures and winner; the prediction and settings become the winner's."""
+        with self._lock:
+            for m in result.measurements:
+                index = str(m.index)
+                self.probe_tokens.labels(index, names.PREDICTED).set(m.predicted_tokens_per_second_per_gpu)
+                if m.tokens_per_second_per_gpu is not None:
+                    self.probe_tokens.labels(index, names.MEASURED).set(m.tokens_per_second_per_gpu)
+            self.probe_winner.set(result.winner)
+            self.probe_seconds.set(result.seconds)
+            if plan.probe is not None and result.winner < len(plan.probe.candidates):
+                won = plan.probe.candidates[result.winner]
+                self.predicted_tokens.set(won.prediction.tokens_per_second_per_gpu)
+                self.predicted_memory.set(won.prediction.memory.peak_reserved)
+                self.predicted_mfu.set(won.prediction.model_flops_utilization)
+                self.build_info.info(build_labels(plan.model_copy(update={"chosen": won.candidate})))
 
     def record_out_of_memory(self, result: OomResult) -> None:
         """Record the out-of-memory error that stops this process."""

@@ -1,4 +1,4 @@
-"""The pod's termination message: one line for people (retryable or permanent) and the OOM result line.
+"""The pod's termination message: one line for people (retryable or permanent), the OOM and probe lines.
 
 Kubernetes copies the file into the pod's status when the container ends (lastState.terminated.message);
 the rendered pod falls back to the log's tail when it is empty.
@@ -11,7 +11,7 @@ import fcntl
 import os
 import sys
 
-from .config import PERMANENT_ERROR_PREFIX
+from .config import PERMANENT_ERROR_PREFIX, ProbeResult
 from .errors import NonFiniteStep
 from .oom import GpuOutOfMemory
 
@@ -42,8 +42,29 @@ def fail(err: BaseException, code: int = 2) -> int:
         print(result_line, file=sys.stderr)
         # The first line is cut to fit the kubelet's 4096 bytes beside the result line, never the result.
         message = f"{message[: MESSAGE_LIMIT - len(result_line)]}\n{result_line}"
+    probe = _PROBE[0] or ProbeResult.find(read_message())
+    if probe is not None:  # the probe's choice outlives a failure: the restart trains with it
+        probe_line = probe.to_line()
+        message = f"{message[: MESSAGE_LIMIT - len(probe_line) - 1]}\n{probe_line}"
     write_message(message[:MESSAGE_LIMIT] + "\n")
     return code
+
+
+# The probe's result in this process, once it ran (or was kept from an earlier start): fail() adds its line
+# to the termination message, and a run that completes writes it alone (succeeded()). Not written when the
+# probe ends: an empty message lets a pod that is killed later fall back to its log's tail.
+_PROBE: list[ProbeResult | None] = [None]
+
+
+def remember_probe(result: ProbeResult) -> None:
+    """Keep the probe's result for the termination message this process writes when it ends."""
+    _PROBE[0] = result
+
+
+def succeeded() -> None:
+    """A completed run's termination message: the probe's line (the operator's status.probe), if any."""
+    if _PROBE[0] is not None:
+        write_message(_PROBE[0].to_line()[:MESSAGE_LIMIT] + "\n")
 
 
 def read_message() -> str:

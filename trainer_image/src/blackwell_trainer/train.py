@@ -21,6 +21,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -40,7 +41,7 @@ from .precision import PrecisionError, PrecisionSetup, device_capability
 from .preemption import PreemptionGuard
 from .runtime import Runtime, init_distributed
 from .step_report import StepReport, StepResult
-from .termination import fail, read_message
+from .termination import fail, read_message, remember_probe, succeeded
 
 if TYPE_CHECKING:  # imported where run() needs them, not at start-up
     from .checkpoint_manager import CheckpointManager
@@ -216,6 +217,7 @@ def run(plan: Plan, runtime: Runtime, guard: PreemptionGuard) -> int:
     try:
         if runtime.local_rank == 0:
             metrics.serve(plan.metrics_port)
+        plan = _probed(plan, runtime, metrics)
         return _train(plan, runtime, guard, metrics, tracker)
     except torch.OutOfMemoryError as err:
         # Read the allocator's figures before the traceback (and the tensors its frames hold) goes.
@@ -226,6 +228,38 @@ def run(plan: Plan, runtime: Runtime, guard: PreemptionGuard) -> int:
         metrics.close()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _probed(plan: Plan, runtime: Runtime, metrics: TrainerMetrics) -> Plan:
+    """The plan with the configuration the probe chose (docs/probe.md): probed now, before the first
+    step, or kept from an earlier start of this job; the plan as it is without a probe or on a resume."""
+    from . import probe
+
+    if plan.probe is None or not plan.probe.enabled:
+        return plan
+    earlier = probe.earlier_choice(plan, read_message())
+    if earlier is not None:
+        log.info("probe: training with candidate %d, the choice of an earlier start", earlier.winner)
+        metrics.record_probe(plan, earlier)
+        remember_probe(earlier)
+        return probe.plan_for(plan, earlier.winner)
+    from .checkpoint import list_complete
+
+    if plan.checkpoint.path is not None and list_complete(Path(plan.checkpoint.path)):
+        # Checkpoints from before the probe existed: they resume in the plan's own configuration.
+        log.info("probe: skipped, the job resumes from a checkpoint without a probe's choice")
+        return plan
+    builders = probe.Builders(
+        trainer=lambda candidate: Trainer(candidate, runtime, PhaseTracker()),
+        source=lambda candidate: _token_source(candidate, runtime),
+    )
+    result = probe.run_probe(plan, builders, runtime.device)
+    for line in probe.describe_result(plan, result):
+        log.info("%s", line)
+    probe.keep_choice(plan, result, is_writer=runtime.rank == 0)
+    remember_probe(result)
+    metrics.record_probe(plan, result)
+    return probe.plan_for(plan, result.winner)
 
 
 def _train(
@@ -410,7 +444,9 @@ def _main(argv: Sequence[str] | None, guard: PreemptionGuard) -> int:
     from .weights_store import WeightsError
 
     try:
-        return run(plan, runtime, guard)
+        code = run(plan, runtime, guard)
+        succeeded()
+        return code
     except NonFiniteStep as err:
         return fail(err, code=EXIT_NON_FINITE)
     except GpuOutOfMemory as err:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from functools import cache
 from typing import Any
 
 import jsonschema
 
-from blackwell_operator.admission.cel import cel_errors
+from blackwell_operator.admission.cel import cel_errors, compile_rules
 from blackwell_operator.admission.metadata import metadata_errors
 from blackwell_operator.admission.openapi import (
     Schema,
@@ -22,13 +21,14 @@ from blackwell_operator.admission.openapi import (
 )
 from blackwell_operator.admission.yamlread import InputError, decode, load_documents
 from blackwell_operator.models.spec import API_GROUP, API_VERSION, KIND
+from blackwell_operator.shared_cache import shared_cache
 
-__all__ = ["InputError", "admission_errors", "decode", "load_documents"]
+__all__ = ["InputError", "admission_errors", "decode", "load_documents", "warm_up"]
 
 API_VERSION_FULL = f"{API_GROUP}/{API_VERSION}"
 
 
-@cache
+@shared_cache
 def _crd() -> tuple[Schema, jsonschema.Draft4Validator]:
     # The CRD generated in-process is byte-for-byte the shipped crds/ file (tests/render checks for drift).
     from blackwell_operator.render.crd import generate_crd
@@ -36,6 +36,13 @@ def _crd() -> tuple[Schema, jsonschema.Draft4Validator]:
     versions = generate_crd()["spec"]["versions"]
     open_api: Schema = next(v for v in versions if v["name"] == API_VERSION)["schema"]["openAPIV3Schema"]
     return open_api, build_validator(open_api)
+
+
+def warm_up() -> int:
+    """Build the CRD's validator and compile its CEL rules now (once per process: a second or so of CPU that
+    would otherwise fall on the first BTJ judged); how many rules."""
+    open_api, _ = _crd()
+    return compile_rules(open_api)
 
 
 # Verdicts by the object's repr (which tells 1, "1" and True apart): the operator judges the same spec

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from functools import cache
 from typing import Any
 
 from celpy.adapter import json_to_cel
 from celpy.evaluation import CELEvalError
 
 from blackwell_operator.admission.openapi import Schema, dotted
+from blackwell_operator.shared_cache import shared_cache
 
-_PROGRAMS: dict[str, Any] = {}
 
-
-@cache
+@shared_cache
 def _environment() -> Any:
     # Built on first use (half a second: it compiles the CEL grammar), not when the CLI starts.
     import celpy
@@ -23,11 +21,25 @@ def _environment() -> Any:
     return celpy.Environment()
 
 
+@shared_cache
 def _program(rule: str) -> Any:
-    if rule not in _PROGRAMS:
-        env = _environment()
-        _PROGRAMS[rule] = env.program(env.compile(rule))
-    return _PROGRAMS[rule]
+    env = _environment()
+    return env.program(env.compile(rule))
+
+
+def compile_rules(schema: Schema) -> int:
+    """Compile every create-time rule of a schema now (the operator's start-up, off the first BTJs' path);
+    how many there are."""
+    count = 0
+    for entry in schema.get("x-kubernetes-validations", []):
+        if "oldSelf" not in entry["rule"]:
+            _program(entry["rule"])
+            count += 1
+    for child in schema.get("properties", {}).values():
+        count += compile_rules(child)
+    if isinstance(schema.get("items"), dict):
+        count += compile_rules(schema["items"])
+    return count
 
 
 # A rule message that starts with the field it is about ("spec.cluster.gpusPerNode must be ...").
@@ -42,12 +54,15 @@ def _field_first(message: str, where: str) -> str:
 
 def cel_errors(schema: Schema, obj: Any, path: tuple[Any, ...] = ()) -> Iterator[str]:
     """Each failing rule's message, on a schema-valid, defaulted object (a create: no oldSelf)."""
+    activation: dict[str, Any] | None = None  # the object as CEL values, converted once for all its rules
     for entry in schema.get("x-kubernetes-validations", []):
         rule = entry["rule"]
         if "oldSelf" in rule:  # transition rules run only on update
             continue
+        if activation is None:
+            activation = {"self": json_to_cel(obj)}
         try:
-            ok = bool(_program(rule).evaluate({"self": json_to_cel(obj)}))
+            ok = bool(_program(rule).evaluate(activation))
         except CELEvalError:  # the API server rejects an object whose rule fails to evaluate
             ok = False
         if not ok:

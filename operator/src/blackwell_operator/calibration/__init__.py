@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from functools import cache
 from importlib import resources
 
 import yaml
@@ -14,6 +13,7 @@ from blackwell_operator.calibration.profile import (
     ThroughputConstants,
     TrainerCapabilities,
 )
+from blackwell_operator.shared_cache import shared_cache
 
 DEFAULT_CALIBRATION = "btj-trainer"
 
@@ -35,7 +35,7 @@ def list_calibrations() -> list[str]:
     return sorted(f.name.removesuffix(".yaml") for f in files if f.name.endswith(".yaml"))
 
 
-@cache
+@shared_cache
 def load_calibration(name: str = DEFAULT_CALIBRATION) -> Calibration:
     """Load a shipped calibration by name (e.g. btj-trainer, h200-reference)."""
     if name not in list_calibrations():

@@ -7,11 +7,11 @@ planner's provenance (measured or modelled, per choice) reads them.
 
 from __future__ import annotations
 
-from functools import cache
 from importlib import resources
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from blackwell_operator.shared_cache import shared_cache
 from blackwell_trainer.config import ActivationCheckpointing, Precision, PrecisionRecipe, Sharding
 
 MEASURED_FOLDER = "measured"
@@ -59,7 +59,7 @@ class MeasuredCoverage(_Strict):
         return self.model_dump_json(indent=2) + "\n"
 
 
-@cache
+@shared_cache
 def load_measured(calibration: str) -> MeasuredCoverage:
     """The shipped coverage of the trainer a calibration describes (empty when nothing of it ran here).
 

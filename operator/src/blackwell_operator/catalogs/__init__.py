@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from functools import cache
 from importlib import resources
 from typing import Any
 
@@ -11,6 +10,7 @@ import yaml
 from blackwell_operator.catalogs.models import GpuSpec, InstanceSpec, ModelPreset
 from blackwell_operator.errors import SpecError
 from blackwell_operator.models.spec import ModelSpec
+from blackwell_operator.shared_cache import shared_cache
 from blackwell_trainer.config import Architecture
 
 __all__ = [
@@ -31,17 +31,17 @@ def _load(name: str) -> Any:
     return yaml.safe_load(resources.files("blackwell_operator.catalogs").joinpath("data", name).read_text())
 
 
-@cache
+@shared_cache
 def _gpus() -> dict[str, GpuSpec]:
     return {g["name"]: GpuSpec.model_validate(g) for g in _load("gpus.yaml")["gpus"]}
 
 
-@cache
+@shared_cache
 def _instances() -> dict[str, InstanceSpec]:
     return {i["instanceType"]: InstanceSpec.model_validate(i) for i in _load("instances.yaml")["instances"]}
 
 
-@cache
+@shared_cache
 def _presets() -> dict[str, ModelPreset]:
     return {p["name"]: ModelPreset.model_validate(p) for p in _load("models.yaml")["presets"]}
 

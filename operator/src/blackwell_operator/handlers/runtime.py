@@ -9,7 +9,10 @@ from typing import Any
 import kopf
 from aiohttp import web
 
+from blackwell_operator import admission
 from blackwell_operator.applabels import MANAGED_BY_LABEL, MANAGER
+from blackwell_operator.calibration import load_calibration
+from blackwell_operator.catalogs import list_gpus, list_instances, list_presets
 from blackwell_operator.discovery.apis import ServedJobApis
 from blackwell_operator.discovery.aws import HyperPodCapacityReader, boto3_client_factory
 from blackwell_operator.discovery.capacity import NodeCapacityReader
@@ -88,9 +91,21 @@ async def start_http(ctx: OperatorContext, bind: str) -> web.AppRunner:
     return runner
 
 
+def warm_up() -> None:
+    """What every reconcile reads, built once before the watches start: the CRD's validator and CEL rules,
+    the catalogs and the calibration (else the first burst of BTJs pays for them, in every handler thread
+    at once)."""
+    admission.warm_up()
+    list_gpus()
+    list_instances()
+    list_presets()
+    load_calibration()
+
+
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any) -> None:
     """Kopf on.startup: settings, API client, metrics server, the stuck-pod, measure and resync loops."""
     configure(settings)
+    await asyncio.to_thread(warm_up)
     memo.btj = build_context()
     bind = operator_environment().metrics_bind or f"0.0.0.0:{METRICS_PORT}"
     memo.btj_http = None if bind == "off" else await start_http(memo.btj, bind)

@@ -33,6 +33,7 @@ from blackwell_trainer.config import (
     DatasetConfig,
     OptimizerConfig,
     Precision,
+    ProbePolicy,
     Sharding,
     WireModel,
 )
@@ -293,6 +294,24 @@ class TrainingSpec(WireModel):
     )
 
 
+class ProbeSpec(WireModel):
+    """Whether the trainer times the top candidates before training, and within what (docs/probe.md)."""
+
+    policy: ProbePolicy = Field(
+        default=ProbePolicy.AUTO,
+        description="auto (probe when a candidate's speed or memory is modelled, not measured here or on "
+        "this cluster), always or never.",
+    )
+    budget_seconds: Auto | Annotated[int, Field(ge=30, le=3600)] = Field(
+        default=AUTO,
+        description="auto (2% of the job's predicted run time, at most 10 minutes), or the most seconds "
+        "the probe may take; it stops there and trains with the best measured so far.",
+    )
+    candidates: int = Field(
+        default=3, ge=2, le=6, description="Configurations the probe times, the planner's pick among them."
+    )
+
+
 class TuningSpec(WireModel):
     """Performance knobs: each is `auto` (the planner decides) or pinned (obeyed, or rejected with why)."""
 
@@ -326,6 +345,11 @@ class TuningSpec(WireModel):
         le=10,
         description="Re-plans with less memory after the trainer runs out of GPU memory, before the job "
         "fails; 0 fails it at the first.",
+    )
+    probe: ProbeSpec = Field(
+        default_factory=ProbeSpec,
+        description="Time the best candidates on the job's own GPUs before training, then train with the "
+        "fastest.",
     )
 
 

@@ -23,10 +23,11 @@ from blackwell_operator.planner.explain import describe, explain, loss_reason
 from blackwell_operator.planner.inputs import hardware_for, problem_for
 from blackwell_operator.planner.layout import Hardware, Layout, Setting
 from blackwell_operator.planner.memory import MemoryEstimate
+from blackwell_operator.planner.probe import describe_probe, probe_plan
 from blackwell_operator.planner.provenance import left_out_of_auto, plan_provenance, verdict
-from blackwell_operator.planner.rejections import no_plan, with_remedies
+from blackwell_operator.planner.rejections import refusal, with_remedies
 from blackwell_operator.planner.search import Problem, Scored, SearchResult
-from blackwell_operator.planner.solve import Context, solve, unreachable_global_batch
+from blackwell_operator.planner.solve import Context, solve
 from blackwell_operator.planner.storage import check_storage
 from blackwell_operator.planner.weights import (
     CheckpointFacts,
@@ -44,6 +45,7 @@ from blackwell_trainer.config import (
     OutputConfig,
     Plan,
     Prediction,
+    ProbePlan,
     WeightsConfig,
 )
 
@@ -204,10 +206,7 @@ def _plan_fixed(
                 "spec.tuning pins allow (status.planHistory)",
                 "use auto or a smaller micro-batch",
             )
-        unreachable = unreachable_global_batch(problem, pins, result)
-        if unreachable is not None:  # memory is not what is missing: splitting sequences would not help
-            raise with_remedies(spec, ctx, unreachable)
-        raise no_plan(spec, ctx, solved)
+        raise refusal(spec, ctx, solved)
 
     alternatives = _alternatives(best, result, problem.budget_bytes, hw, cal)
     chosen = _candidate(best, hw, cal)
@@ -229,6 +228,7 @@ def _plan_fixed(
         cp_fallback=cp_fallback,
         document_mask=problem.document_mask,
     )
+    probe = _probe(spec, best, result, problem, cal, cluster, pins)
     gpu = hw.gpu
     headline = (
         f"{model_name} ({problem.shapes.total_params / 1e9:.2f}B params) on {hw.world} x {gpu.name} "
@@ -262,6 +262,7 @@ def _plan_fixed(
             *explain(best, result, problem.budget_bytes, pins),
             *_left_out(pins, hw, cal),
             provenance_line(provenance),
+            *describe_probe(probe, describe_candidate),
             *_batch_note(problem, best),
             *notes,
             *([describe_correction(correction)] if correction is not None else []),
@@ -275,6 +276,58 @@ def _plan_fixed(
         weights=weights_plan,
         output=None if output is None else OutputConfig(uri=output.uri),
         optimizer=spec.training.optimizer.model_copy(deep=True),
+        probe=probe,
+    )
+
+
+def _probe(
+    spec: BlackwellTrainingJobSpec,
+    best: Scored,
+    result: SearchResult,
+    problem: Problem,
+    cal: Calibration,
+    cluster: Corrector | None,
+    pins: Pins,
+) -> ProbePlan:
+    """The plan's probe section: its candidates, each measured (here or on this cluster) or modelled."""
+    coverage = load_measured(cal.name)
+    hw = problem.hw
+
+    def measured(s: Scored) -> bool:
+        if cluster is not None and cluster(s.setting.recipe, s.setting.activation_checkpointing):
+            return True
+        items = plan_provenance(
+            coverage,
+            cal,
+            hw,
+            s.setting,
+            precision_pinned=pins.precision is not None,
+            document_mask=problem.document_mask,
+        )
+        return verdict(items)[0]
+
+    return probe_plan(
+        spec.tuning.probe,
+        best,
+        result.ranked,
+        budget_bytes=problem.budget_bytes,
+        steps=spec.training.steps,
+        measured=measured,
+        convert=lambda s: (_candidate(s, hw, cal), _prediction(s)),
+        tokens_factor=lambda s: problem.factors(s.setting).tokens,
+        shrink=lambda s, mbs: (
+            problem.score(s.setting.with_mbs(mbs)) if problem.batch_ok(s.setting, mbs) else None
+        ),
+    )
+
+
+def describe_candidate(c: Candidate) -> str:
+    """A plan's candidate in a few words (explain.describe's wording)."""
+    recipe = "" if c.precision_recipe.value == "none" else f"/{c.precision_recipe.value}"
+    cp = f", cp {c.context_parallel}" if c.context_parallel > 1 else ""
+    return (
+        f"{c.precision.value}{recipe}, AC {c.activation_checkpointing.value}, mbs {c.micro_batch_size}, "
+        f"{c.sharding.value} sharding{cp}"
     )
 
 

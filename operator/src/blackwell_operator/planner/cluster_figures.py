@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from blackwell_operator.planner.throughput import TimeEstimate
-from blackwell_trainer.config import ClusterCorrection, Plan
+from blackwell_trainer.config import ClusterCorrection, Plan, ProbeCandidate
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,21 @@ def figures_of(plan: Plan) -> PlanFigures:
     factors = factors_of(plan.cluster_correction)
     corrected = plan.predicted.tokens_per_second_per_gpu
     peak = plan.predicted.memory.peak_reserved
+    return PlanFigures(
+        modelled_tokens_per_second_per_gpu=corrected / factors.tokens,
+        corrected_tokens_per_second_per_gpu=corrected,
+        modelled_peak_reserved=peak,
+        corrected_peak_reserved=corrected_peak(peak, factors),
+        factors=factors,
+    )
+
+
+def candidate_figures(candidate: ProbeCandidate) -> PlanFigures:
+    """Both figures of a probe candidate: its prediction carries its family's tokens factor
+    (ProbeCandidate.tokensFactor) and the modelled peak, as a plan's does."""
+    factors = Factors(tokens=candidate.tokens_factor)
+    corrected = candidate.prediction.tokens_per_second_per_gpu
+    peak = candidate.prediction.memory.peak_reserved
     return PlanFigures(
         modelled_tokens_per_second_per_gpu=corrected / factors.tokens,
         corrected_tokens_per_second_per_gpu=corrected,

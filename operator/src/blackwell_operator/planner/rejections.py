@@ -20,7 +20,7 @@ from blackwell_operator.planner.explain import describe
 from blackwell_operator.planner.figures import limit, need
 from blackwell_operator.planner.inputs import hardware_for
 from blackwell_operator.planner.nodecount import MAX_NODES_SEARCHED, fewest_nodes
-from blackwell_operator.planner.solve import Context, Solved, solve
+from blackwell_operator.planner.solve import Context, Solved, solve, unreachable_global_batch
 
 NODES, GPUS = "spec.cluster.nodes", "spec.cluster.gpusPerNode"
 MBS, CP = "spec.tuning.microBatchSize", "spec.tuning.contextParallel"
@@ -97,29 +97,46 @@ def nodes_remedy(spec: BlackwellTrainingJobSpec, ctx: Context, with_changes: Cha
     fewest = fewest_nodes(base, ctx, Pins.of(base.tuning))
     if fewest is None:
         return None
+
+    def at(nodes: int, **more: Any) -> tuple[dict[str, Any], str]:
+        """The changes for `nodes` nodes (none where the spec has them) and their words."""
+        if nodes == spec.cluster.nodes:
+            return {**with_changes, **more}, ""
+        return {
+            **with_changes,
+            NODES: nodes,
+            **more,
+        }, f"use {nodes} nodes ({NODES}: {nodes}, the fewest that fit"
+
     for nodes in range(fewest, min(fewest + BATCH_WALK, MAX_NODES_SEARCHED) + 1):
-        if nodes == spec.cluster.nodes and not with_changes:
-            continue
-        changes = {**with_changes, NODES: nodes}
+        changes, words = at(nodes)
+        if not words:
+            continue  # these nodes, as they are, are what was refused
         found = _plan_at(spec, ctx, changes)
         if found is not None:
-            return Remedy(
-                changes, f"use {nodes} nodes ({NODES}: {nodes}, the fewest that fit{_split_note(found)})"
-            )
+            return Remedy(changes, f"{words}{_split_note(found)})")
     gbt = spec.training.global_batch_tokens
     if gbt is None:
         return None
     per_step = base.training.sequence_length * hardware_for(base, fewest).world
     rounded = max(1, round(gbt / per_step)) * per_step
-    changes = {**with_changes, NODES: fewest, GLOBAL_BATCH: rounded}
-    found = _plan_at(spec, ctx, changes)
-    if found is None:
-        return None
-    return Remedy(
-        changes,
-        f"use {fewest} nodes ({NODES}: {fewest}, the fewest that fit{_split_note(found)}) with "
-        f"{GLOBAL_BATCH}: {rounded} (whole sequences on every GPU there)",
-    )
+    for value, why in ((rounded, "whole sequences on every GPU"), (None, "unset: a micro-batch each")):
+        changes, words = at(fewest, **{GLOBAL_BATCH: value})
+        found = _plan_at(spec, ctx, changes)
+        if found is not None:
+            said = "unset" if value is None else value
+            lead = f"{words}{_split_note(found)}) with " if words else ""
+            return Remedy(changes, f"{lead}{GLOBAL_BATCH}: {said} ({why})")
+    return None
+
+
+def refusal(spec: BlackwellTrainingJobSpec, ctx: Context, solved: Solved) -> PlanningError:
+    """Why a search found no plan, with the advice: a global batch no fitting micro-batch reaches (memory
+    is not what is missing), else what nothing fitting takes."""
+    unreachable = unreachable_global_batch(solved.problem, solved.pins, solved.plain)
+    if unreachable is not None:
+        return with_remedies(spec, ctx, unreachable)
+    return no_plan(spec, ctx, solved)
 
 
 def no_plan(spec: BlackwellTrainingJobSpec, ctx: Context, solved: Solved) -> PlanningError:
@@ -128,14 +145,23 @@ def no_plan(spec: BlackwellTrainingJobSpec, ctx: Context, solved: Solved) -> Pla
         return _pinned_micro_batch(spec, ctx, solved)
     problem = solved.problem
     hw = problem.hw
+    # The figure of the search without CP where it has one (what a spec's refusal always said), else of
+    # the search with CP offered.
     scored = [f.first_too_big for f in solved.plain.families if f.first_too_big is not None]
+    if not scored and solved.split is not None:
+        scored = [f.first_too_big for f in solved.split.families if f.first_too_big is not None]
     smallest_mem = min((s.memory.peak_reserved for s in scored), default=0)
     part = hw.gpus_per_node < hw.instance.gpus_per_node
     using = f" ({hw.gpus_per_node} GPU{'s' if hw.gpus_per_node > 1 else ''} per node)" if part else ""
-    what = (
-        f"nothing fits: the smallest candidate needs {need(smallest_mem)} per GPU > "
-        f"{limit(problem.budget_bytes)} budget on {hw.nodes} x {hw.instance.instance_type}{using}"
-    )
+    where = f"{hw.nodes} x {hw.instance.instance_type}{using}"
+    what = f"nothing fits: the smallest candidate needs {need(smallest_mem)} per GPU > "
+    what += f"{limit(problem.budget_bytes)} budget on {where}"
+    gbt = spec.training.global_batch_tokens
+    if not scored and gbt is not None:  # memory limited no candidate: the global batch did
+        what = (
+            f"nothing fits: no candidate both fits in memory and reaches globalBatchTokens {gbt:,} with "
+            f"whole micro-batches on {where}"
+        )
     field, remedies, why = NODES, [], ""
     gpus = smallest_gpus_per_node(spec, ctx)
     if gpus is not None:
@@ -148,6 +174,8 @@ def no_plan(spec: BlackwellTrainingJobSpec, ctx: Context, solved: Solved) -> Pla
         nodes = nodes_remedy(spec, ctx, {})
         if nodes is not None:
             remedies.append(nodes)
+    if gbt is not None and _plan_at(spec, ctx, {GLOBAL_BATCH: None}) is not None:
+        remedies.append(Remedy({GLOBAL_BATCH: None}, f"leave {GLOBAL_BATCH} unset (a micro-batch each)"))
     if solved.pins.context_parallel is not None and _plan_at(spec, ctx, {CP: "auto"}) is not None:
         remedies.append(Remedy({CP: "auto"}, f"{CP}: auto (it splits each sequence over GPUs where needed)"))
     if not remedies:
@@ -270,11 +298,11 @@ def _unpinned(spec: BlackwellTrainingJobSpec, ctx: Context, pins: Pins) -> list[
     found = [
         Remedy({path: "auto"}, f"{path}: auto") for path in pinned if _plan_at(spec, ctx, {path: "auto"})
     ]
-    if found or len(pinned) < 2:
+    if found or not pinned:
         return found
     every = {path: "auto" for path in pinned}
     words = ", ".join(f"{path}: auto" for path in pinned)
-    if _plan_at(spec, ctx, every) is not None:
+    if len(pinned) > 1 and _plan_at(spec, ctx, every) is not None:
         return [Remedy(every, words)]
     nodes = nodes_remedy(spec, ctx, every)
     return [] if nodes is None else [Remedy(nodes.changes, f"{words} and {nodes.text}")]
@@ -301,7 +329,7 @@ def with_remedies(spec: BlackwellTrainingJobSpec, ctx: Context, error: PlanningE
     unpinned = changed(spec, first)
     try:
         solved = solve(unpinned, ctx)
-        then = no_plan(unpinned, ctx, solved) if solved.result.best is None else None
+        then = refusal(unpinned, ctx, solved) if solved.result.best is None else None
     except PlanningError as inner:  # each step frees one more field: this ends
         then = with_remedies(unpinned, ctx, inner)
     if then is None or not then.remedies:

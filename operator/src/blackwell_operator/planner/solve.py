@@ -46,6 +46,8 @@ class Solved:
     result: SearchResult
     plain: SearchResult
     cp_fallback: bool = False
+    # The search with CP offered where it was made and found nothing either (for the refusal's figures).
+    split: SearchResult | None = None
 
 
 def solve(spec: BlackwellTrainingJobSpec, ctx: Context) -> Solved:
@@ -60,34 +62,47 @@ def solve(spec: BlackwellTrainingJobSpec, ctx: Context) -> Solved:
     pins = Pins.of(spec.tuning)
     seq = spec.training.sequence_length
     fams = families(pins, hw, ctx.cal, seq, spec.tuning.compile)
-    check_global_batch(problem, fams, pins)
+    split = _split_families(spec, ctx, pins, hw)
+    # Where nothing without CP fits in memory, the global batch is out of reach only if the split
+    # candidates cannot reach it either (splitting a sequence also makes fewer data-parallel ranks share
+    # it); where something does, CP is no fix for batch arithmetic and the refusal names the batch.
+    memory_blocked = bool(split) and not _any_fits(spec, ctx, hw, fams, pins.micro_batch_size or 1)
+    check_global_batch(problem, fams + split if memory_blocked else fams, pins)
     result = run_search(problem, fams, pins.micro_batch_size)
     solved = Solved(problem, pins, fams, result, result)
     if result.best is not None or unreachable_global_batch(problem, pins, result) is not None:
         return solved
-    if pins.context_parallel is not None or ctx.cal.trainer.offers_auto_context_parallel:
-        return solved
-    if not ctx.cal.trainer.context_parallel:
-        return solved
     pinned = pins.micro_batch_size
-    if pinned is not None and all(problem.max_mbs(f) < pinned for f in fams):
-        return solved  # the pin is past what the batch or the job's out-of-memory history allow, not memory
-    offered = families(pins, hw, ctx.cal, seq, spec.tuning.compile, auto_cp=True)
-    split = [f for f in offered if f.context_parallel > 1]
+    if pinned is not None and ctx.mbs_limits and all(problem.max_mbs(f) < pinned for f in fams):
+        return solved  # the pin is past what the job's out-of-memory history allows: not a memory question
     if not split:
         return solved
-    fallback = run_search(problem, split, pins.micro_batch_size)
+    fallback = run_search(problem, split, pinned)
     if fallback.best is None:
+        solved.split = fallback
         return solved
     return Solved(problem, pins, split, fallback, result, cp_fallback=True)
 
 
-def accepts(spec: BlackwellTrainingJobSpec, ctx: Context) -> bool:
-    """Whether plan_job finds a plan for `spec` (its memory and batch search; no weights or storage)."""
-    try:
-        return solve(spec, ctx).result.best is not None
-    except PlanningError:
-        return False
+def _any_fits(
+    spec: BlackwellTrainingJobSpec, ctx: Context, hw: Hardware, fams: list[Setting], mbs: int
+) -> bool:
+    """Whether one of the families fits in memory at micro-batch `mbs`, whatever the global batch."""
+    problem = ctx.problem(spec, hw)
+    problem.global_batch_tokens = None
+    return any(problem.max_mbs(f) >= mbs and problem.fits(f.with_mbs(mbs)) for f in fams)
+
+
+def _split_families(spec: BlackwellTrainingJobSpec, ctx: Context, pins: Pins, hw: Hardware) -> list[Setting]:
+    """The families with CP above 1 that auto falls back to (none where CP is pinned, already in the
+    ordinary search, or not in the trainer)."""
+    if pins.context_parallel is not None or ctx.cal.trainer.offers_auto_context_parallel:
+        return []
+    if not ctx.cal.trainer.context_parallel:
+        return []
+    seq = spec.training.sequence_length
+    offered = families(pins, hw, ctx.cal, seq, spec.tuning.compile, auto_cp=True)
+    return [f for f in offered if f.context_parallel > 1]
 
 
 def _within(problem: Problem) -> str:

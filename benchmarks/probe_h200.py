@@ -1,0 +1,255 @@
+"""H200 record of the probe (issue 29): does it train with the fastest of the planner's top candidates?
+
+Usage (on the GPU machine, from the repository root, both packages' src folders on PYTHONPATH):
+
+    python benchmarks/probe_h200.py --out $OUT [--steps 8] [--only base,skewed,true]
+
+Three profiles plan each scenario (one H200, ml.p5en.48xlarge with gpusPerNode 1; every scenario is
+outside the issue-6 calibration grid's model/sequence points):
+
+- ``fitted``: the shipped btj-trainer calibration (fitted to the issue-6 H200 grid): the reference pick.
+- ``base``: the unfitted base calibration (docs/calibration/h200-issue6/base-btj-trainer.yaml: constants
+  from spec ratios and published figures, the state every B200 constant is in).
+- ``skewed``: the fitted profile with its throughput constants deliberately skewed (SKEW below: how it was
+  made) so that the planner's own ranking of its top candidates is wrong; the script checks, before any
+  GPU time is spent, that the skewed ranking differs from the fitted one for at least two scenarios.
+
+For each scenario and profile it plans with ``spec.tuning.probe.policy: always``, runs the real trainer
+(``python -m blackwell_trainer``) with the probe for a few steps, then runs every probe candidate on its own
+(probe off) for ``--steps`` steps to learn what each really measures (the median steady tokens/s).
+
+Must show (issue 29): with ``base``, the probe's winner measures >= 99% of the fitted pick's figure, where
+the base pick alone is 2-5% slower; with ``skewed``, the winner is within 2% of the best candidate where the
+skewed pick alone is >= 5% slower; with ``fitted`` ("true"), the probe confirms the planner's pick.
+
+Writes ``OUT/probe_h200.json``: command, date, device, versions, the skew, and per scenario and profile
+each candidate's predicted and measured figures, the probe's winner and wall time, and its overhead as a
+share of a 24-hour run. Not run yet: no GPU in the session that wrote it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from blackwell_operator.calibration import Calibration, load_calibration
+from blackwell_operator.models.spec import BlackwellTrainingJobSpec
+from blackwell_operator.planner import plan_job
+from blackwell_trainer.config import Plan, ProbeResult
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = ROOT / "docs" / "calibration" / "h200-issue6" / "base-btj-trainer.yaml"
+STEP = re.compile(r"step (\d+)/\d+ loss \S+ .* tokens/s/gpu (\d+)")
+DAY_SECONDS = 24 * 3600.0
+# Scenarios outside the issue-6 grid (its sequences were 2048, 4096 and 8192 at fixed micro-batches).
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "3b-seq3072": {"preset": "llama3.2-3b", "seq": 3072, "global": 3072 * 24},
+    "3b-seq6144": {"preset": "llama3.2-3b", "seq": 6144, "global": 6144 * 8},
+    "1b-seq5120": {"preset": "llama3.2-1b", "seq": 5120, "global": 5120 * 32},
+    "1b-seq12288": {"preset": "llama3.2-1b", "seq": 12288, "global": 12288 * 8},
+}
+# How the skewed profile is made from the fitted one: multiply these throughput constants. Selective
+# recompute is made free (its GEMM and elementwise shares zeroed), so AC selective at the same or a larger
+# micro-batch ties or beats AC none; FP8 casts and memory-bound work are made cheaper (quantisation traffic
+# halved, bandwidth efficiency x1.3). Offline, this flips the pick in 3b-seq3072 and 3b-seq6144 (check_skew
+# refuses to spend GPU time unless it flips at least two). The fitted model puts the flipped picks ~3% behind,
+# so whether the skewed pick measures >= 5% slower, as the issue's check asks, is for the run to show.
+SKEW: dict[str, float] = {
+    "throughput.selective_recompute_gemm_fraction": 0.0,
+    "throughput.selective_recompute_elementwise_fraction": 0.0,
+    "throughput.recipes.9.torchao-tensorwise.quant_bytes_per_element": 0.5,
+    "throughput.memory_bandwidth_efficiency": 1.3,
+}
+
+
+def skewed(cal: Calibration) -> Calibration:
+    """The calibration with SKEW applied (a copy; its name says so)."""
+    raw = cal.model_dump(mode="json")
+    for path, factor in SKEW.items():
+        node = raw
+        *parents, leaf = path.split(".")
+        for key in parents:
+            node = node[key]
+        node[leaf] = node[leaf] * factor
+    raw["name"] = f"{cal.name}-skewed"
+    return Calibration.model_validate(raw)
+
+
+def base_calibration(fitted: Calibration) -> tuple[Calibration, list[str]]:
+    """The unfitted base file; constants it predates (added to the model after it) taken from the fitted
+    profile and listed, so that the comparison is of the fitted constants only."""
+    raw = yaml.safe_load(BASE.read_text())
+    ref = fitted.model_dump(mode="json")
+    filled = []
+    for section in ("trainer", "memory", "throughput"):
+        for key, value in ref[section].items():
+            if key not in raw[section]:
+                raw[section][key] = value
+                raw["sources"][f"{section}.{key}"] = f"taken from {fitted.name} (the base file predates it)"
+                filled.append(f"{section}.{key}")
+    return Calibration.model_validate(raw), filled
+
+
+def profiles() -> tuple[dict[str, Calibration], list[str]]:
+    fitted = load_calibration("btj-trainer")
+    base, filled = base_calibration(fitted)
+    return {"fitted": fitted, "base": base, "skewed": skewed(fitted)}, filled
+
+
+def spec_for(scenario: dict[str, Any], steps: int) -> BlackwellTrainingJobSpec:
+    return BlackwellTrainingJobSpec.model_validate(
+        {
+            "model": {"preset": scenario["preset"]},
+            "cluster": {"instanceType": "ml.p5en.48xlarge", "nodes": 1, "gpusPerNode": 1},
+            "training": {
+                "sequenceLength": scenario["seq"],
+                "globalBatchTokens": scenario["global"],
+                "steps": steps,
+            },
+            "tuning": {"probe": {"policy": "always", "candidates": 3}},
+        }
+    )
+
+
+def ranking(plan: Plan) -> list[str]:
+    assert plan.probe is not None
+    return [_key(c.candidate.model_dump(by_alias=True)) for c in plan.probe.candidates]
+
+
+def _key(c: dict[str, Any]) -> str:
+    return f"{c['precisionRecipe']}/{c['activationCheckpointing']}/mbs{c['microBatchSize']}"
+
+
+def check_skew(plans: dict[str, dict[str, Plan]]) -> list[str]:
+    """The scenarios whose skewed pick differs from the fitted pick (at least two are needed)."""
+    return [s for s, p in plans.items() if ranking(p["skewed"])[0] != ranking(p["fitted"])[0]]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def train(plan: Plan, out: Path, name: str, timeout_s: float) -> dict[str, Any]:
+    """One trainer process on `plan`: exit code, seconds, steady tokens/s, the probe's result."""
+    plan = plan.model_copy(update={"log_every_steps": 1, "metrics_port": free_port()})
+    plan_path, termination = out / f"{name}.plan.json", out / f"{name}.termination"
+    plan_path.write_text(plan.to_json())
+    termination.write_text("")
+    env = {**os.environ, "BTJ_TERMINATION_LOG": str(termination), "PYTHONUNBUFFERED": "1"}
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "blackwell_trainer", "--plan", str(plan_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    log = proc.stdout + proc.stderr
+    (out / f"{name}.log").write_text(log)
+    rates = [int(m[2]) for m in map(STEP.search, log.splitlines()) if m]
+    result = ProbeResult.find(termination.read_text())
+    return {
+        "rc": proc.returncode,
+        "seconds": round(time.perf_counter() - started, 1),
+        "tokens_per_second_per_gpu": statistics.median(rates[2:]) if len(rates) > 2 else None,
+        "probe": None if result is None else result.model_dump(mode="json", by_alias=True),
+    }
+
+
+def measure(scenario: str, profile: str, plan: Plan, out: Path, steps: int) -> dict[str, Any]:
+    """The probed run, then each candidate alone; the figures the issue asks for."""
+    assert plan.probe is not None
+    probed = train(plan.model_copy(update={"steps": 3}), out, f"{scenario}.{profile}.probed", 1800)
+    alone = []
+    for i, c in enumerate(plan.probe.candidates):
+        single = plan.model_copy(
+            update={"chosen": c.candidate, "predicted": c.prediction, "probe": None, "steps": steps}
+        )
+        run = train(single, out, f"{scenario}.{profile}.candidate{i}", 1800)
+        alone.append(
+            {
+                "candidate": _key(c.candidate.model_dump(by_alias=True)),
+                "predicted_tokens_per_second_per_gpu": c.prediction.tokens_per_second_per_gpu,
+                "predicted_peak_reserved_bytes": c.prediction.memory.peak_reserved,
+                "measured_tokens_per_second_per_gpu": run["tokens_per_second_per_gpu"],
+                "rc": run["rc"],
+            }
+        )
+    rates = [a["measured_tokens_per_second_per_gpu"] or 0.0 for a in alone]
+    best = max(rates) if rates else 0.0
+    winner = probed["probe"]["winner"] if probed["probe"] else None
+    probe_seconds = probed["probe"]["seconds"] if probed["probe"] else None
+    return {
+        "candidates": alone,
+        "probe": probed["probe"],
+        "winner": winner,
+        "winner_share_of_best": rates[winner] / best if winner is not None and best else None,
+        "pick_share_of_best": rates[0] / best if best else None,
+        "probe_seconds": probe_seconds,
+        "overhead_share_of_24h": probe_seconds / DAY_SECONDS if probe_seconds else None,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--only", default="fitted,base,skewed", help="profiles to run, comma-separated")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    cals, filled = profiles()
+    plans = {
+        name: {p: plan_job(spec_for(s, 1000), calibration=cal) for p, cal in cals.items()}
+        for name, s in SCENARIOS.items()
+    }
+    flipped = check_skew(plans)
+    record: dict[str, Any] = {
+        "command": " ".join([sys.executable, *sys.argv]),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "device": _device(),
+        "host": platform.node(),
+        "skew": SKEW,
+        "base_constants_taken_from_fitted": filled,
+        "skew_flips_the_pick_in": flipped,
+        "rankings": {s: {p: ranking(plan) for p, plan in ps.items()} for s, ps in plans.items()},
+        "results": {},
+    }
+    if len(flipped) < 2:
+        print(f"the skew flips the pick in {flipped} only; adjust SKEW", file=sys.stderr)
+        (args.out / "probe_h200.json").write_text(json.dumps(record, indent=2))
+        return 1
+    for scenario, by_profile in plans.items():
+        for profile in args.only.split(","):
+            result = measure(scenario, profile, by_profile[profile], args.out, args.steps)
+            record["results"].setdefault(scenario, {})[profile] = result
+            (args.out / "probe_h200.json").write_text(json.dumps(record, indent=2))
+    return 0
+
+
+def _device() -> str:
+    try:
+        import torch
+
+        return f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}"
+    except (ImportError, RuntimeError, AssertionError):
+        return "no CUDA device"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

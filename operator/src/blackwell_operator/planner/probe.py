@@ -1,0 +1,161 @@
+"""A plan's probe section: which top candidates the trainer times before training, and whether it does."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from blackwell_operator.models.spec import AUTO, ProbeSpec
+from blackwell_operator.planner.figures import gib
+from blackwell_operator.planner.search import Scored
+from blackwell_trainer.config import Candidate, Prediction, ProbeCandidate, ProbePlan, ProbePolicy
+
+# A runner-up is probed when the model puts it within this share of the pick's tokens/s: the models were
+# off by -9% to +6% on an unfitted calibration (docs/probe.md), so a closer one may well be faster.
+PROBE_WITHIN = 0.05
+# ... and when its predicted peak stays this share below the memory budget (which already keeps
+# spec.tuning.memoryHeadroom free): a probe that runs out of memory costs its build and warm-up for
+# nothing. The pick is probed regardless (it trains anyway).
+FIT_MARGIN = 0.02
+# The default budget: this share of the job's predicted run time, at most PROBE_BUDGET_CAP seconds.
+PROBE_SHARE = 0.02
+PROBE_BUDGET_CAP = 600.0
+# Untimed and timed optimizer steps per candidate (ProbePlan's defaults, spelled once for the estimate).
+WARMUP_STEPS = 2
+TIMED_STEPS = 3
+# Building, sharding and (with compile) compiling one candidate before its first step, seconds.
+SETUP_SECONDS = {True: 45.0, False: 10.0}
+
+Convert = Callable[[Scored], tuple[Candidate, Prediction]]
+
+
+# Where a family's best size misses the margin: the smaller sizes tried, at most.
+SHRINK_TRIES = 8
+Shrink = Callable[[Scored, int], Scored | None]
+
+
+def probe_candidates(
+    best: Scored, ranked: Sequence[Scored], budget_bytes: float, count: int, shrink: Shrink | None = None
+) -> list[Scored]:
+    """The pick, then the best of each other (recipe, AC) family within PROBE_WITHIN of it that fits with
+    FIT_MARGIN, fastest first, `count` in all at most.
+
+    The search fills the memory budget, so a family's best size is often too tight for the margin;
+    `shrink(s, mbs)` scores the same setting at a smaller micro-batch (None where no global batch allows
+    it), and the largest one with the margin stands for the family.
+    """
+    picks = [best]
+    seen = {_family(best)}
+    limit = (1.0 - FIT_MARGIN) * budget_bytes
+    close = (1.0 - PROBE_WITHIN) * best.tokens_per_second
+    for s in ranked:
+        if len(picks) >= count:
+            break
+        if _family(s) in seen or not s.fits:
+            continue
+        if s.tokens_per_second < close:
+            break  # ranked fastest first: nothing further is close enough
+        seen.add(_family(s))
+        found: Scored | None = s
+        mbs = s.setting.micro_batch_size
+        while found is not None and found.memory.peak_reserved > limit:
+            mbs -= 1
+            tried = mbs < 1 or s.setting.micro_batch_size - mbs > SHRINK_TRIES or shrink is None
+            found = None if tried or shrink is None else shrink(s, mbs)
+        if found is not None and found.tokens_per_second >= close:
+            picks.append(found)
+    picks[1:] = sorted(picks[1:], key=lambda s: -s.tokens_per_second)
+    return picks
+
+
+def _family(s: Scored) -> tuple[str, str]:
+    return (s.setting.recipe.value, s.setting.activation_checkpointing.value)
+
+
+def estimate_seconds(picks: Sequence[Scored]) -> float:
+    """What probing `picks` takes: each one's build (and compile) plus its warm-up and timed steps."""
+    total = 0.0
+    for s in picks:
+        step = s.time.step_time_seconds if s.time else 0.0
+        total += SETUP_SECONDS[s.setting.compile] + (WARMUP_STEPS + TIMED_STEPS) * step
+    return total
+
+
+def probe_plan(
+    spec: ProbeSpec,
+    best: Scored,
+    ranked: Sequence[Scored],
+    *,
+    budget_bytes: float,
+    steps: int,
+    measured: Callable[[Scored], bool],
+    convert: Convert,
+    shrink: Shrink | None = None,
+    tokens_factor: Callable[[Scored], float] = lambda s: 1.0,
+) -> ProbePlan:
+    """The plan's probe section under the spec's policy (docs/probe.md, "Policy")."""
+    picks = probe_candidates(best, ranked, budget_bytes, spec.candidates, shrink)
+    candidates = [
+        ProbeCandidate(candidate=c, prediction=p, measured=measured(s), tokens_factor=tokens_factor(s))
+        for s, (c, p) in ((s, convert(s)) for s in picks)
+    ]
+    run_seconds = steps * (best.time.step_time_seconds if best.time else 0.0)
+    estimate = estimate_seconds(picks)
+    if spec.budget_seconds == AUTO:
+        budget = min(PROBE_BUDGET_CAP, PROBE_SHARE * run_seconds)
+        if spec.policy is ProbePolicy.ALWAYS:  # always probes: give it what its candidates need
+            budget = min(PROBE_BUDGET_CAP, max(budget, estimate))
+    else:
+        budget = float(spec.budget_seconds)
+    enabled, reason = _decide(spec.policy, candidates, estimate, budget)
+    return ProbePlan(
+        policy=spec.policy,
+        enabled=enabled,
+        reason=reason,
+        candidates=candidates,
+        budget_seconds=round(budget, 1),
+        warmup_steps=WARMUP_STEPS,
+        timed_steps=TIMED_STEPS,
+        memory_budget_bytes=int(budget_bytes),
+    )
+
+
+def _decide(
+    policy: ProbePolicy, candidates: Sequence[ProbeCandidate], estimate: float, budget: float
+) -> tuple[bool, str]:
+    """Whether the trainer probes, and the one line that says why (or why not)."""
+    if policy is ProbePolicy.NEVER:
+        return False, "spec.tuning.probe.policy is never"
+    if len(candidates) < 2:
+        return False, (
+            f"no other recipe or AC mode is predicted within {PROBE_WITHIN:.0%} of the pick with "
+            f"{FIT_MARGIN:.0%} memory to spare: nothing to compare"
+        )
+    if policy is ProbePolicy.ALWAYS:
+        return True, f"spec.tuning.probe.policy is always: {len(candidates)} candidates, ~{estimate:.0f} s"
+    if all(c.measured for c in candidates):
+        return False, "every candidate's recipe and AC mode is measured (here or on this cluster)"
+    if estimate > budget:
+        return False, (
+            f"the job is too short to pay for it: probing takes ~{estimate:.0f} s, its budget "
+            f"({PROBE_SHARE:.0%} of the predicted run, at most {PROBE_BUDGET_CAP:.0f} s) is {budget:.0f} s"
+        )
+    modelled = sum(not c.measured for c in candidates)
+    return True, (
+        f"{modelled} of {len(candidates)} candidates are modelled, not measured: ~{estimate:.0f} s of a "
+        f"{budget:.0f} s budget"
+    )
+
+
+def describe_probe(probe: ProbePlan, describe: Callable[[Candidate], str]) -> list[str]:
+    """The explanation's lines: whether it probes, then each candidate with its prediction."""
+    head = "probe: " + ("on" if probe.enabled else "off") + f" ({probe.reason})"
+    lines = [head]
+    for i, c in enumerate(probe.candidates):
+        p = c.prediction
+        basis = "measured" if c.measured else "modelled"
+        lines.append(
+            f"probe candidate {i}{' (the pick)' if i == 0 else ''}: {describe(c.candidate)}, "
+            f"{p.tokens_per_second_per_gpu:,.0f} tokens/s per GPU, peak {gib(p.memory.peak_reserved)} "
+            f"predicted ({basis})"
+        )
+    return lines

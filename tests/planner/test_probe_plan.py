@@ -1,0 +1,98 @@
+"""The plan's probe section: which candidates, the policy (auto, always, never), the budget, and a later plan
+on a cluster that measured every candidate skipping the probe."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from blackwell_operator.calibration.cluster import MIN_RUNS, ClusterCalibration, Sample
+from blackwell_operator.models.spec import BlackwellTrainingJobSpec
+from blackwell_operator.planner import plan_job
+from blackwell_operator.planner.probe import FIT_MARGIN, PROBE_BUDGET_CAP, PROBE_SHARE, PROBE_WITHIN
+from blackwell_trainer.config import Plan, ProbePolicy
+from tests.planner.conftest import make_spec
+
+
+def spec_with(steps: int = 20_000, **probe: Any) -> BlackwellTrainingJobSpec:
+    spec = make_spec(nodes=2, seq=4096)
+    raw = spec.model_dump(by_alias=True, mode="json")
+    raw["training"]["steps"] = steps
+    raw["tuning"]["probe"] = probe
+    return BlackwellTrainingJobSpec.model_validate(raw)
+
+
+def probed(plan: Plan) -> list[tuple[str, str]]:
+    assert plan.probe is not None
+    return [
+        (c.candidate.precision_recipe.value, c.candidate.activation_checkpointing.value)
+        for c in plan.probe.candidates
+    ]
+
+
+def test_auto_probes_the_pick_and_the_close_families_that_fit_with_margin() -> None:
+    plan = plan_job(spec_with())
+    probe = plan.probe
+    assert probe is not None and probe.enabled and probe.policy is ProbePolicy.AUTO
+    first = probe.candidates[0]
+    assert (first.candidate, first.prediction) == (plan.chosen, plan.predicted)
+    families = probed(plan)
+    assert len(families) == len(set(families)) >= 2  # one per recipe family or AC mode
+    best = plan.predicted.tokens_per_second_per_gpu
+    for c in probe.candidates[1:]:
+        assert c.prediction.tokens_per_second_per_gpu >= (1 - PROBE_WITHIN) * best
+        assert c.prediction.memory.peak_reserved <= (1 - FIT_MARGIN) * probe.memory_budget_bytes
+        assert not c.measured
+    run = plan.steps * plan.predicted.step_time_seconds
+    assert probe.budget_seconds == pytest.approx(min(PROBE_BUDGET_CAP, PROBE_SHARE * run), abs=0.1)
+    assert "probe: on" in "\n".join(plan.explanation)
+    assert any(line.startswith("probe candidate 1: ") for line in plan.explanation)
+
+
+def test_never_keeps_the_candidates_but_does_not_probe_and_always_does_for_a_short_job() -> None:
+    never = plan_job(spec_with(policy="never")).probe
+    assert never is not None and not never.enabled and "never" in never.reason
+    short = plan_job(spec_with(steps=20)).probe
+    assert short is not None and not short.enabled and "too short" in short.reason
+    always = plan_job(spec_with(steps=20, policy="always")).probe
+    assert always is not None and always.enabled and always.budget_seconds > short.budget_seconds
+
+
+def test_the_count_and_a_pinned_budget_are_obeyed() -> None:
+    probe = plan_job(spec_with(candidates=2, budgetSeconds=120)).probe
+    assert probe is not None and len(probe.candidates) == 2 and probe.budget_seconds == 120
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("candidates", 1), ("candidates", 7), ("budgetSeconds", 5), ("policy", "sometimes")]
+)
+def test_a_bad_probe_setting_is_refused_naming_the_field(field: str, value: Any) -> None:
+    with pytest.raises(ValidationError, match=field):
+        spec_with(**{field: value})
+
+
+def test_a_cluster_that_measured_every_candidate_skips_the_probe_under_auto() -> None:
+    spec = spec_with()
+    first = plan_job(spec)
+    calibration = ClusterCalibration()
+    for c in first.probe.candidates if first.probe else []:
+        for i in range(MIN_RUNS):  # what the operator records from each probe (and run) of a job
+            calibration = calibration.record(
+                Sample(
+                    job=f"team-a/j{i}-{c.candidate.activation_checkpointing.value}",
+                    uid=f"{i}-{c.candidate.precision_recipe.value}-{c.candidate.activation_checkpointing.value}",
+                    instance_type=first.instance_type,
+                    precision_recipe=c.candidate.precision_recipe,
+                    activation_checkpointing=c.candidate.activation_checkpointing,
+                    tokens_ratio=1.0,
+                    memory_ratio=1.0,
+                    observed_at="2026-12-01T10:00:00Z",
+                )
+            )
+    later = plan_job(spec, cluster=calibration.corrector(first.instance_type))
+    assert later.probe is not None and not later.probe.enabled
+    assert all(c.measured for c in later.probe.candidates)
+    assert "measured" in later.probe.reason
+    assert probed(later) == probed(first)
