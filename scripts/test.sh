@@ -1,18 +1,80 @@
 #!/usr/bin/env bash
 # Sets up the project (scripts/bootstrap.sh --all) and runs every check: ruff, mypy, import boundaries, pytest.
+#
+#   bash scripts/test.sh                  everything CI runs, the tests on every core (pytest-xdist)
+#   bash scripts/test.sh --area planner   the lint checks are skipped; only tests/planner (repeatable)
+#   bash scripts/test.sh --quick          no gloo ranks, no operator under KopfRunner (-m "not distributed
+#                                         and not integration"); combines with --area
+#   bash scripts/test.sh -- ARGS          ARGS go to pytest as they are (-n 0: one process, -x, -k ...)
+#
+# What some tests run on is installed here when it is missing: Debian's prometheus package (the live
+# dashboard queries and the alert-rule unit tests; BTJ_NO_APT=1 turns the install off). A check that cannot
+# run is reported in a block of its own at the end, with what would let it run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+areas=()
+lint=1
+marks=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --area)
+      [ $# -ge 2 ] || { echo "--area needs a folder of tests/ (planner, operator, ...)" >&2; exit 2; }
+      areas+=("$2"); shift 2 ;;
+    --area=*) areas+=("${1#--area=}"); shift ;;
+    --quick) marks=(-m "not distributed and not integration"); shift ;;
+    --) shift; break ;;
+    *) break ;;
+  esac
+done
+paths=()
+for area in "${areas[@]}"; do
+  [ -d "tests/$area" ] || { echo "no tests/$area (the areas: $(ls -d tests/*/ | cut -d/ -f2 | tr '\n' ' '))" >&2; exit 2; }
+  paths+=("tests/$area")
+  lint=0
+done
+
+# Each phase's seconds, printed as it ends: where a slow run spent its time.
+phase_start=$SECONDS
+phase() { echo "test.sh: $1 took $((SECONDS - phase_start)) s"; phase_start=$SECONDS; }
+
 bash scripts/bootstrap.sh --all
+phase "set-up (scripts/bootstrap.sh --all)"
 . .venv/bin/activate
 export PATH="$PWD/.tools/helm:$PWD/.tools/kubectl:$PATH"
-ruff check .
-ruff format --check .
-mypy
-lint-imports
+
+# Prometheus and promtool: Debian's prometheus package, installed when this shell may (root, apt-get).
+if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+  if [ "${BTJ_NO_APT:-}" != "1" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "test.sh: installing Debian's prometheus package (the dashboard and alert-rule tests run on it)..."
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      prometheus >/dev/null; } || echo "test.sh: apt-get could not install prometheus" >&2
+  fi
+  if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+    echo "test.sh: WARNING: no prometheus/promtool: the dashboard and alert-rule checks will SKIP" \
+      "(install them with: sudo apt-get install prometheus)" >&2
+  fi
+  phase "prometheus"
+fi
+
+if [ "$lint" = 1 ]; then
+  ruff check .
+  ruff format --check .
+  phase "ruff"
+  mypy
+  phase "mypy"
+  lint-imports
+  phase "lint-imports"
+fi
+
+# Cached bytecode: each xdist worker and each spawned trainer process imports the same modules, and
+# pytest caches its rewritten test modules next to them. (Some images set PYTHONDONTWRITEBYTECODE.)
+unset PYTHONDONTWRITEBYTECODE
 set +e
-python -m pytest -q "$@"
+python -m pytest -q -n "${BTJ_TEST_WORKERS:-auto}" ${marks[@]+"${marks[@]}"} ${paths[@]+"${paths[@]}"} "$@"
 rc=$?
 set -e
+phase "pytest"
 # pytest exits 5 when no test was collected: that is a broken suite here, not a pass.
 if [ "$rc" -eq 5 ]; then
   echo "pytest collected no tests" >&2

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import subprocess
+import tempfile
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -42,13 +44,18 @@ def helm() -> str:
     return binary
 
 
+# helm's cache, config and data homes: this process's own (parallel test workers, other people's runs).
+HELM_HOME = Path(tempfile.mkdtemp(prefix="btj-helm-"))
+atexit.register(shutil.rmtree, HELM_HOME, ignore_errors=True)
+
+
 def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
     """Run helm with a clean, cluster-free environment (no kubeconfig needed for lint/template)."""
     env = {
         **os.environ,
-        "HELM_CACHE_HOME": "/tmp/btj-helm-cache",
-        "HELM_CONFIG_HOME": "/tmp/btj-helm-config",
-        "HELM_DATA_HOME": "/tmp/btj-helm-data",
+        "HELM_CACHE_HOME": str(HELM_HOME / "cache"),
+        "HELM_CONFIG_HOME": str(HELM_HOME / "config"),
+        "HELM_DATA_HOME": str(HELM_HOME / "data"),
     }
     return subprocess.run([helm, *args], capture_output=True, text=True, env=env, timeout=120, check=False)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -169,18 +170,26 @@ async def test_a_spec_that_plans_past_the_deadline_is_invalid_and_says_why(
     # planner, must end the reconcile, and the worker is free for the next BTJ long before planning ends.
     # The deadline leaves the real planner of "quick" room on a loaded machine (0.2 s did not, at a load
     # average of 5 on two cores); "slow" overruns it by far.
+    # "slow" plans until the test has seen the outcome (a minute at most): no fixed sleep, and no planner
+    # thread left behind for the next test.
+    seen = threading.Event()
+
     def slow_plan_job(spec: Any, job_name: str, **options: Any) -> Any:
         if job_name == "slow":
-            time.sleep(6.0)
+            seen.wait(60.0)
         return plan_job(spec, job_name=job_name, **options)
 
     monkeypatch.setattr(planning, "plan_job", slow_plan_job)
     monkeypatch.setenv("BTJ_PLAN_DEADLINE_S", "1.5")
-    async with running_operator(cluster) as runner:
-        await cluster.apply(btj("slow"))
-        await cluster.apply(btj("quick"))
-        await wait_for(lambda: cluster.status("slow").get("phase") == "Invalid", what="phase Invalid")
-        await wait_for(lambda: cluster.job("quick"), what="the other BTJ served meanwhile")
+    try:
+        async with running_operator(cluster) as runner:
+            await cluster.apply(btj("slow"))
+            await cluster.apply(btj("quick"))
+            await wait_for(lambda: cluster.status("slow").get("phase") == "Invalid", what="phase Invalid")
+            await wait_for(lambda: cluster.job("quick"), what="the other BTJ served meanwhile")
+            seen.set()
+    finally:
+        seen.set()
     assert runner.exception is None
     planned = cluster.condition("slow", "Planned")
     assert planned["status"] == "False" and planned["reason"] == "PlanningTimeout"

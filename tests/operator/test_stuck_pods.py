@@ -5,17 +5,27 @@ Pure tests of lifecycle.stuck_pods, then the real operator under KopfRunner agai
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import datetime
 import json
+import time
 from typing import Any
 
 import pytest
 
 from blackwell_operator.handlers.stuck import TIMEOUT_ENV, stuck_pod_timeout
 from blackwell_operator.lifecycle.stuck_pods import node_ready_status, stuck_pods
-from tests.operator.harness import Cluster, btj, from_operator, node, running_operator, wait_for
+from blackwell_operator.timefmt import rfc3339_seconds
+from tests.operator.harness import (
+    NAMESPACE,
+    Cluster,
+    btj,
+    from_operator,
+    node,
+    running_operator,
+    verb_of,
+    wait_for,
+)
 from tests.operator.pods import pod
 
 NOW = datetime.datetime(2026, 11, 30, 12, 0, tzinfo=datetime.UTC).timestamp()
@@ -32,6 +42,18 @@ def _on(name: str, node_name: str, deleting_since: float | None, now: float = NO
     if deleting_since is not None:
         body["metadata"].update(deletionTimestamp=_ago(deleting_since, now), deletionGracePeriodSeconds=300)
     return body
+
+
+def _node_lists(cluster: Cluster) -> int:
+    """Node lists the operator sent: the sweep lists the nodes whenever it has an overdue candidate."""
+    return sum(
+        1
+        for r in cluster.k.requests
+        if from_operator(r)
+        and verb_of(r) == "list"
+        and r.resource is not None
+        and r.resource.plural == "nodes"
+    )
 
 
 def _node(name: str, ready: str | None) -> dict[str, Any]:
@@ -124,7 +146,16 @@ async def test_a_pod_stuck_on_a_lost_node_is_force_deleted(
             lambda: [e for e in cluster.events("w") if e.get("reason") == "StuckPodReleased"],
             what="the Event",
         )
-        await asyncio.sleep(1.5)  # the other pods become overdue too: still none of them is touched
+        # Every Terminating pod is overdue now or soon (w-worker-1 on the Ready node too): two sweeps after
+        # that, each listing the nodes for the candidates it has, have touched none of the others.
+        overdue_at = 1.0 + max(
+            rfc3339_seconds(p["metadata"]["deletionTimestamp"]) or 0.0
+            for p in cluster.k.live_objects("v1/pods", NAMESPACE)
+            if p["metadata"].get("deletionTimestamp")
+        )
+        await wait_for(lambda: time.time() > overdue_at, what="every Terminating pod overdue")
+        listed = _node_lists(cluster)
+        await wait_for(lambda: _node_lists(cluster) >= listed + 2, what="two sweeps of the overdue pods")
     # Once each: a released pod is no longer a candidate (the emulator keeps it only for its finalizer).
     assert len(_force_deletes(cluster)) == 2
     assert set(_force_deletes(cluster)) == {("w-worker-0", 0), ("x-worker-0", 0)}

@@ -43,6 +43,12 @@ def in_forward(trainer: Trainer) -> None:
     trainer.model.norm.register_forward_pre_hook(_raise)
 
 
+def before_the_blocks(trainer: Trainer) -> None:
+    """In forward, before the first (compiled) block runs: the compile itself (tens of CPU seconds under
+    inductor) is not what a compiling-step OOM message depends on, the plan and the step are."""
+    trainer.model.tok_embeddings.register_forward_pre_hook(_raise)
+
+
 def in_backward(trainer: Trainer) -> None:
     def hook_output(_module: Any, _inputs: Any, output: torch.Tensor) -> None:
         output.register_hook(_raise)  # runs when autograd reaches the final norm's output
@@ -132,7 +138,7 @@ def test_the_first_step_of_a_compiled_plan_says_it_was_compiling(
     raw = json.loads(path.read_text())
     raw["chosen"]["compile"] = True
     path.write_text(json.dumps(raw))
-    before_step(monkeypatch, 1, in_forward)
+    before_step(monkeypatch, 1, before_the_blocks)
     termination = tmp_path / "termination-log"
     monkeypatch.setenv("BTJ_TERMINATION_LOG", str(termination))
     assert main(["--plan", str(path)]) == 2
