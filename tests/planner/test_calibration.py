@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 from pydantic import ValidationError
@@ -72,3 +74,13 @@ def test_btj_trainer_runs_te_recipes_eager_and_recomputes_their_gemms() -> None:
     assert not btj.trainer.compiles(PrecisionRecipe.NONE, requested=False)
     # DelayedScaling's loss lagged BF16 on H200: auto does not offer it.
     assert PrecisionRecipe.DELAYED not in btj.trainer.precisions[Precision.FP8]
+
+
+def test_every_committed_calibration_document_loads() -> None:
+    # The fits and bases under docs/calibration are inputs of scripts and reports: a new constant needs a
+    # source there too.
+    root = Path(__file__).resolve().parents[2] / "docs" / "calibration"
+    documents = sorted(root.glob("*/*.yaml"))
+    assert documents
+    for path in documents:
+        Calibration.model_validate(yaml.safe_load(path.read_text()))

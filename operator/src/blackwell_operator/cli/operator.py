@@ -83,11 +83,17 @@ def demo(
         import kmock  # noqa: F401
     except ImportError:
         fail("`btj demo` needs the demo extra: pip install 'blackwell-training-operator[demo]'")
-    # Kopf's own log lines (e.g. about streams left at shutdown) would drown the story the demo tells.
-    logging.getLogger("kopf").setLevel(logging.ERROR)
+    # Kopf's own log lines (e.g. about streams left at shutdown) would drown the story the demo tells; for
+    # the demo only: a process that goes on (a test run, an embedding program) keeps its Kopf warnings.
+    kopf_logger = logging.getLogger("kopf")
+    level = kopf_logger.level
+    kopf_logger.setLevel(logging.ERROR)
     manifest_dict = job.model_dump(mode="json", by_alias=True, exclude_none=True)
     manifest_dict["metadata"].setdefault("namespace", "default")
-    ok = asyncio.run(_demo(manifest_dict, nodes=nodes, pause=pause))
+    try:
+        ok = asyncio.run(_demo(manifest_dict, nodes=nodes, pause=pause))
+    finally:
+        kopf_logger.setLevel(level)
     raise typer.Exit(code=0 if ok else 1)
 
 
