@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,27 @@ from blackwell_trainer.shard_cache import CACHE_DIR_ENV
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Inductor compiles in this process, not in a pool of compile workers that each start up first.
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
+
+# What the terminal's size is taken from: xdist's workers start with COLUMNS=80 and LINES=24 set, which
+# the CLI reads as a terminal of 80 columns. Each worker gets the values (or their absence) of the run.
+TERMINAL_ENV = ("COLUMNS", "LINES")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist, in the controller: hand each worker the run's terminal variables."""
+    node.workerinput["btj_terminal_env"] = {name: os.environ.get(name) for name in TERMINAL_ENV}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """xdist, in a worker: the terminal variables as the run had them."""
+    given = getattr(config, "workerinput", {}).get("btj_terminal_env", {})
+    for name, value in given.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
