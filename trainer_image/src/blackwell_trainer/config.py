@@ -575,8 +575,12 @@ class ProbeMeasurement(WireModel):
 
     index: int = Field(ge=0, description="Position in plan.probe.candidates (0: the planner's pick).")
     outcome: ProbeOutcome
-    predicted_tokens_per_second_per_gpu: float = Field(ge=0)
-    predicted_peak_reserved_bytes: int = Field(ge=0)
+    predicted_tokens_per_second_per_gpu: float = Field(
+        ge=0, description="The planner's tokens/s per GPU for this candidate."
+    )
+    predicted_peak_reserved_bytes: int = Field(
+        ge=0, description="The planner's peak reserved GPU memory for this candidate."
+    )
     tokens_per_second_per_gpu: float | None = Field(
         default=None, ge=0, description="What the slowest rank measured; none when not measured."
     )
@@ -596,7 +600,9 @@ class ProbeResult(WireModel):
         description="That candidate's configuration: a restart keeps the choice only while its plan's "
         "candidate at that index is the same (a re-plan makes other candidates).",
     )
-    measurements: list[ProbeMeasurement] = Field(default_factory=list)
+    measurements: list[ProbeMeasurement] = Field(
+        default_factory=list, description="Each candidate's prediction and measurement, in plan order."
+    )
     seconds: float = Field(ge=0, description="Wall time of the whole probe.")
     stopped_early: bool = Field(default=False, description="The time budget ran out before every candidate.")
 
