@@ -211,6 +211,24 @@ class SyntheticTokenSource:
         """Nothing runs in the background."""
 
 
+def shuffled_shards(seed: int, epoch: int, samples: Sequence[int]) -> tuple[list[int], list[int]]:
+    """An epoch's shard order, shuffled by (seed, epoch), and the cumulative samples (ends) in that order."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed, epoch]))
+    order = [int(i) for i in rng.permutation(len(samples))]
+    return order, [int(e) for e in np.cumsum([samples[i] for i in order])]
+
+
+def check_token_ids(tokens: torch.Tensor, vocab_size: int, uri: str, fix: str) -> None:
+    """DataError when a batch holds an id at or above the model's vocabulary (`fix`: what to prepare)."""
+    top = int(tokens.max())
+    if top >= vocab_size:
+        # An out-of-range id would surface later as an opaque device-side assert in the embedding.
+        raise DataError(
+            f"dataset.uri {uri} has token id {top}, vocabSize is {vocab_size}; {fix} or check "
+            "dataset.tokenDtype"
+        )
+
+
 def shards_fingerprint(shards: Sequence[Shard]) -> str:
     """What a checkpoint's data position is for: the shards' names and lengths (a resume on other data is
     refused)."""
@@ -282,10 +300,7 @@ class ShardTokenSource:
     def _epoch_layout(self, epoch: int) -> tuple[list[int], list[int]]:
         """Shard order and cumulative window counts (ends) of an epoch."""
         if self._epoch_cache is None or self._epoch_cache[0] != epoch:
-            rng = np.random.default_rng(np.random.SeedSequence([self.seed, epoch]))
-            order = [int(i) for i in rng.permutation(len(self.shards))]
-            ends = np.cumsum([self._windows[i] for i in order]).tolist()
-            self._epoch_cache = (epoch, order, [int(e) for e in ends])
+            self._epoch_cache = (epoch, *shuffled_shards(self.seed, epoch, self._windows))
         return self._epoch_cache[1], self._epoch_cache[2]
 
     def _window(self, epoch: int, index: int) -> np.ndarray:
@@ -334,13 +349,7 @@ class ShardTokenSource:
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         epoch, indices = self.position.take(self.samples_per_epoch)
         window = torch.from_numpy(np.stack([self._window(epoch, i) for i in indices]))
-        top = int(window.max())
-        if top >= self.vocab_size:
-            # An out-of-range id would surface later as an opaque device-side assert in the embedding.
-            raise DataError(
-                f"dataset.uri {self.uri} has token id {top}, vocabSize is {self.vocab_size}; "
-                "use shards tokenized for this model or check dataset.tokenDtype"
-            )
+        check_token_ids(window, self.vocab_size, self.uri, "use shards tokenized for this model")
         return window[:, :-1].contiguous(), window[:, 1:].contiguous()
 
     def _identity(self) -> dict[str, Any]:

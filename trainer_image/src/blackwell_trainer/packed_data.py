@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,14 +24,17 @@ import torch
 
 from blackwell_trainer.config import DatasetConfig, DatasetKind
 from blackwell_trainer.data import (
+    MAX_OPEN_SHARDS,
     DataError,
     DataLayout,
     GlobalPosition,
     Shard,
     _position_state,
     _restore_position,
+    check_token_ids,
     list_shards,
     shards_fingerprint,
+    shuffled_shards,
 )
 from blackwell_trainer.loss import IGNORE_INDEX
 from blackwell_trainer.shard_manifest import (
@@ -133,6 +137,10 @@ class ChatTokenSource:
         if problem is not None:
             raise DataError(problem)
         self.fingerprint = shards_fingerprint(self.shards)
+        self._epoch_cache: tuple[int, list[int], list[int]] | None = None
+        self._open: OrderedDict[int, tuple[np.memmap[Any, np.dtype[Any]], np.memmap[Any, np.dtype[Any]]]] = (
+            OrderedDict()
+        )
 
     @staticmethod
     def _companion(shard: Shard, suffix: str) -> Any:
@@ -145,10 +153,24 @@ class ChatTokenSource:
         return fetch()
 
     def _order(self, epoch: int) -> tuple[list[int], list[int]]:
-        rng = np.random.default_rng(np.random.SeedSequence([self.seed, epoch]))
-        order = [int(i) for i in rng.permutation(len(self.shards))]
-        ends = [int(e) for e in np.cumsum([len(self._rows[i]) for i in order])]
-        return order, ends
+        """Shard order and cumulative row counts of an epoch, computed once per epoch (not per row)."""
+        if self._epoch_cache is None or self._epoch_cache[0] != epoch:
+            counts = [len(rows) for rows in self._rows]
+            self._epoch_cache = (epoch, *shuffled_shards(self.seed, epoch, counts))
+        return self._epoch_cache[1], self._epoch_cache[2]
+
+    def _maps(self, shard: int) -> tuple[np.memmap[Any, np.dtype[Any]], np.memmap[Any, np.dtype[Any]]]:
+        """A shard's tokens and mask, memory-mapped once and kept for the next rows of the shard."""
+        if shard not in self._open:
+            entry = self.shards[shard]
+            self._open[shard] = (
+                np.memmap(entry.fetch(), dtype=self.dtype, mode="r"),
+                np.memmap(self._companion(entry, MASK_SUFFIX), dtype=np.uint8, mode="r"),
+            )
+            if len(self._open) > MAX_OPEN_SHARDS:
+                self._open.popitem(last=False)
+        self._open.move_to_end(shard)
+        return self._open[shard]
 
     def row(self, epoch: int, index: int) -> tuple[np.ndarray[Any, Any], ...]:
         """tokens, labels and document numbers of global row `index` of `epoch`."""
@@ -156,8 +178,7 @@ class ChatTokenSource:
         slot = bisect.bisect_right(ends, index)
         shard = order[slot]
         first, last = self._rows[shard][index - (ends[slot - 1] if slot else 0)]
-        tokens = np.memmap(self.shards[shard].fetch(), dtype=self.dtype, mode="r")
-        mask = np.memmap(self._companion(self.shards[shard], MASK_SUFFIX), dtype=np.uint8, mode="r")
+        tokens, mask = self._maps(shard)
         starts = self._starts[shard]
         seq = self.sequence_length
         out_tokens = np.zeros(seq, dtype=np.int64)
@@ -182,12 +203,7 @@ class ChatTokenSource:
         epoch, indices = self.position.take(self.samples_per_epoch)
         rows = [self.row(epoch, i) for i in indices]
         tokens = torch.from_numpy(np.stack([r[0] for r in rows]))
-        top = int(tokens.max())
-        if top >= self.vocab_size:
-            raise DataError(
-                f"dataset.uri {self.uri} has token id {top}, vocabSize is {self.vocab_size}; "
-                "use data prepared with this model's tokenizer or check dataset.tokenDtype"
-            )
+        check_token_ids(tokens, self.vocab_size, self.uri, "use data prepared with this model's tokenizer")
         labels = torch.from_numpy(np.stack([r[1] for r in rows]))
         documents = torch.from_numpy(np.stack([r[2] for r in rows]))
         return PackedBatch(tokens, labels, documents)
