@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from blackwell_operator.admission import _crd
 from blackwell_operator.admission.cel import cel_errors
-from blackwell_operator.admission.cel_guards import certainly_true, guards_of, split_top_level
+from blackwell_operator.admission.cel_guards import certainly_true, guard_of, split_top_level
 from blackwell_operator.admission.openapi import Schema, apply_defaults, prune_nulls
 from tests.admission.test_verdict_property import ANY, BASE, FIELDS, _set
 from tests.render.manifests import bad_manifests, good_manifests
@@ -42,7 +42,7 @@ def _guarded_rules(schema: Schema, obj: Any) -> int:
     spared = sum(
         1
         for entry in schema.get("x-kubernetes-validations", [])
-        if "oldSelf" not in entry["rule"] and certainly_true(guards_of(entry["rule"]), obj)
+        if "oldSelf" not in entry["rule"] and certainly_true(guard_of(entry["rule"]), obj)
     )
     if isinstance(obj, dict):
         for name, child in schema.get("properties", {}).items():
@@ -61,7 +61,7 @@ def test_the_guarded_path_gives_the_interpreters_answer(case: str) -> None:
 
 def test_the_guards_spare_most_rule_evaluations_of_the_examples() -> None:
     spared = sum(_guarded_rules(OPEN_API, _stored(m)) for k, m in CORPUS.items() if k.startswith("good:"))
-    assert spared >= 5 * sum(1 for k in CORPUS if k.startswith("good:"))
+    assert spared >= 10 * sum(1 for k in CORPUS if k.startswith("good:"))
 
 
 # Beyond the verdict property's fields: the ones the guards test for presence.
@@ -141,10 +141,24 @@ def test_terms_are_split_outside_brackets_and_strings_only() -> None:
         ("!self.f || x", {}, False),
         ("has(self.h) || x", {"h": 64}, True),
         ("has(self.h) || x", {}, False),
-        ("!has(self.a)", {}, False),  # one term: the rule itself, always evaluated
-        ("!has(self.a) && x", {}, False),
+        ("!has(self.a)", {}, True),  # one term: the rule itself
+        ("!has(self.a) && x", {}, False),  # an && needs every term
+        ("!has(self.a) && !has(self.b)", {}, True),
+        ("!(has(self.p) && has(self.a)) && (has(self.p) || has(self.a))", {"p": "x"}, True),
+        ("!(has(self.p) && has(self.a)) && (has(self.p) || has(self.a))", {}, False),
+        ("((!has(self.a))) || x", {}, True),
+        ("(!has(self.a)) && (x) || y", {}, False),  # (.. && x) || y: neither decided
+        ("self.k != 'shards' || x", {"k": "synthetic"}, True),
+        ("self.k != 'shards' || x", {"k": "shards"}, False),
+        ("self.k != 'shards' || x", {"k": 3}, False),  # not a string: left to the interpreter
+        ("self.k == 'Exists' || x", {"k": "Exists"}, True),
+        ("self.k != 'a\\'b' || x", {"k": "c"}, False),  # an escape in the literal: not decided here
+        ("type(self) == string ? (self == 'auto') : (self >= 1)", "auto", True),
+        ("type(self) == string ? (self == 'auto') : (self >= 1)", "Auto", False),
+        ("type(self) == string ? (self == 'auto') : (self >= 1)", 4, False),  # the number: interpreter's
+        ("has(self.a) ? true : x", {"a": 1}, False),  # any other conditional: the interpreter's
         ("x || !has(self.a)", {}, True),  # any term of the chain
     ],
 )
 def test_each_guard_form_is_true_only_where_cel_is(rule: str, value: Any, true: bool) -> None:
-    assert certainly_true(guards_of(rule), value) is true
+    assert certainly_true(guard_of(rule), value) is true

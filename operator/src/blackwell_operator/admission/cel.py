@@ -9,7 +9,7 @@ from typing import Any
 from celpy.adapter import json_to_cel
 from celpy.evaluation import CELEvalError
 
-from blackwell_operator.admission.cel_guards import Guard, certainly_true, guards_of
+from blackwell_operator.admission.cel_guards import Guard, certainly_true, guard_of
 from blackwell_operator.admission.openapi import Schema, dotted
 from blackwell_operator.shared_cache import shared_cache
 
@@ -29,8 +29,8 @@ def _program(rule: str) -> Any:
 
 
 @shared_cache
-def _guards(rule: str) -> tuple[Guard, ...]:
-    return guards_of(rule)
+def _guard(rule: str) -> Guard | None:
+    return guard_of(rule)
 
 
 def compile_rules(schema: Schema) -> int:
@@ -40,7 +40,7 @@ def compile_rules(schema: Schema) -> int:
     for entry in schema.get("x-kubernetes-validations", []):
         if "oldSelf" not in entry["rule"]:
             _program(entry["rule"])
-            _guards(entry["rule"])
+            _guard(entry["rule"])
             count += 1
     for child in schema.get("properties", {}).values():
         count += compile_rules(child)
@@ -70,7 +70,7 @@ def cel_errors(schema: Schema, obj: Any, path: tuple[Any, ...] = (), *, guards: 
         rule = entry["rule"]
         if "oldSelf" in rule:  # transition rules run only on update
             continue
-        if guards and certainly_true(_guards(rule), obj):
+        if guards and certainly_true(_guard(rule), obj):
             continue
         if activation is None:
             activation = {"self": json_to_cel(obj)}
