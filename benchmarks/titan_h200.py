@@ -19,17 +19,21 @@ in its packed text rows, over the time between two step logs, one a step), and t
 Memory: the peak reserved by the caching allocator over the run (torchtitan's `memory: X GiB` is
 `reserved_bytes.all.peak` since its last log line: the largest over all steps is the run's peak).
 OUT/titan_h200.json is rewritten after every launch (a timeout keeps what finished); a table is printed last.
+First, torchtitan's side is dry-run on this machine (benchmarks/titan_dry_run.py): a failure there stops the
+script before any GPU time is spent.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import json
 import os
 import platform
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -57,6 +61,8 @@ FLAVORS_MODULE = "benchmarks.titan_flavors"
 FP8_CONVERTER = "quantize.linear.float8"  # torchtitan 0.2.2's registered name for torchao float8 Linear
 # Seconds a launch needs, start to exit (compile included), before the budget lets it start.
 LAUNCH_SECONDS = {("titan", "3b"): 80, ("ours", "3b"): 50, ("titan", "1b"): 60, ("ours", "1b"): 40}
+HANG_FACTOR = 3  # a torchtitan launch is killed (its process group) past this many times its estimate
+PREFLIGHT_SECONDS = 180
 SUBSETS: dict[str, list[str]] = {
     # Issue 25's same-batch rows: 3B at batch 2 and 4, BF16 and FP8 (8 launches, about 7 minutes).
     "same-3b": ["3b-bf16-b2", "3b-bf16-b4", "3b-fp8-b2", "3b-fp8-b4"],
@@ -193,12 +199,8 @@ def _first_line_with(text: str, markers: tuple[str, ...]) -> str:
     return next((ln.strip()[:300] for ln in text.splitlines() if any(k in ln for k in markers)), "")
 
 
-def run_titan(point: Point, assets: Path, out: Path, deadline: float) -> TitanResult:
-    remaining = deadline - time.time()
-    if remaining < LAUNCH_SECONDS[("titan", point.model)]:
-        return TitanResult(status="skipped", detail=f"budget: {remaining:.0f} s left")
-    tmp = Path(tempfile.mkdtemp(prefix="btj-titan-"))
-    cmd = titan_command(point, assets, tmp / "dump")
+def titan_env(tmp: Path) -> dict[str, str]:
+    """The launch environment: run_train.sh's allocator setting, this repository on the path, offline."""
     env = dict(os.environ)
     env.setdefault("CUDA_VISIBLE_DEVICES", "0")
     env.update({
@@ -207,18 +209,39 @@ def run_titan(point: Point, assets: Path, out: Path, deadline: float) -> TitanRe
         "PYTHONPATH": f"{REPO}:{env.get('PYTHONPATH', '')}",  # benchmarks.titan_flavors
         "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp / "hf"),
     })  # fmt: skip
-    started = time.time()
+    return env
+
+
+def launch(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[str, int | None]:
+    """Run `cmd` in a session of its own; past `timeout` kill the whole group (torchrun and its worker,
+    which would otherwise live on holding the GPU). (output, exit code or None when killed)."""
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)  # fmt: skip
     try:
-        proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True,
-                              timeout=remaining - 5, check=False)  # fmt: skip
-        text, rc = proc.stdout + proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired as err:
-        text, rc = _as_text(err.stdout) + _as_text(err.stderr), None
+        return proc.communicate(timeout=max(timeout, 1))[0], proc.returncode
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        return proc.communicate()[0], None
+
+
+def run_titan(point: Point, assets: Path, out: Path, deadline: float) -> TitanResult:
+    estimate = LAUNCH_SECONDS[("titan", point.model)]
+    remaining = deadline - time.time()
+    if remaining < estimate:
+        return TitanResult(status="skipped", detail=f"budget: {remaining:.0f} s left")
+    tmp = Path(tempfile.mkdtemp(prefix="btj-titan-"))
+    cmd = titan_command(point, assets, tmp / "dump")
+    started = time.time()
+    # A hung launch may not take the rest of the call: at most HANG_FACTOR times its estimate.
+    text, rc = launch(cmd, titan_env(tmp), min(remaining - 5, HANG_FACTOR * estimate))
     res = parse_titan_log(text)
     res.wall_seconds = round(time.time() - started, 1)
     res.command = " ".join(cmd)
-    if rc is None:
+    if rc is None and not (res.status == "ok" and len(res.tps_steps) == TIMED):
         res.status, res.detail = "timeout", f"killed after {res.wall_seconds:.0f} s; {res.detail}"[:2000]
+    elif rc is None:
+        res.detail = f"all steps logged, then killed at exit after {res.wall_seconds:.0f} s"
     elif rc != 0 and res.status == "ok":
         res.status, res.detail = "error", f"exit {rc} after its steps; tail: {text[-800:]}"
     with open(out / "titan_logs.txt", "a") as f:
@@ -227,8 +250,18 @@ def run_titan(point: Point, assets: Path, out: Path, deadline: float) -> TitanRe
     return res
 
 
-def _as_text(data: str | bytes | None) -> str:
-    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
+def preflight(point: Point, assets: Path, out: Path) -> str | None:
+    """The dry run of one configuration on this machine, in the launch environment (torchtitan's imports,
+    its config parser, the flavors, the parameter count, one batch from its data loader), before any GPU
+    time is spent. None when it passed, else its output's tail."""
+    tmp = Path(tempfile.mkdtemp(prefix="btj-titan-pre-"))
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--configs", point.name, "--dry-run",
+           "--assets", str(assets), "--out", str(tmp)]  # fmt: skip
+    text, rc = launch(cmd, titan_env(tmp), PREFLIGHT_SECONDS)
+    with open(out / "titan_logs.txt", "a") as f:
+        f.write(f"===== preflight ({point.name} --dry-run, exit {rc})\n{text}\n")
+    shutil.rmtree(tmp, ignore_errors=True)
+    return None if rc == 0 else text[-3000:]
 
 
 # ------------------------------------------------------------------------------------------ this trainer
@@ -360,20 +393,33 @@ def run(points: list[Point], out: Path, budget_s: float, assets: Path) -> list[d
     print(json.dumps(meta), flush=True)
     ensure_assets(assets)
     rows: list[dict[str, Any]] = []
+    if points and (failed := preflight(points[0], assets, out)):
+        meta["preflight_error"] = failed
+        save(out, meta, rows)
+        raise SystemExit(f"torchtitan's dry run failed here; nothing launched:\n{failed}")
     for point in points:
+        pair = LAUNCH_SECONDS[("ours", point.model)] + LAUNCH_SECONDS[("titan", point.model)]
+        if deadline - time.time() < pair:  # half a row is no comparison
+            note = f"budget: {deadline - time.time():.0f} s left, the pair needs about {pair} s"
+            cfg = our_config(point)
+            skipped = trainer_h200.Record(cfg.name, asdict(cfg), "skipped", detail=note)
+            rows.append(row(point, skipped, TitanResult(status="skipped", detail=note)))
+            save(out, meta, rows)
+            continue
         ours = run_ours(point, out, deadline)
         rows.append(row(point, ours, None))
         save(out, meta, rows)
-        print(
-            f"[{time.strftime('%H:%M:%S')}] {point.name} ours: {ours.status} {ours.tokens_per_s_per_gpu}",
-            flush=True,
-        )
+        _say(point, "ours", ours.status, ours.tokens_per_s_per_gpu, ours.detail)
         titan = run_titan(point, assets, out, deadline)
         rows[-1] = row(point, ours, titan)
         save(out, meta, rows)
-        print(f"[{time.strftime('%H:%M:%S')}] {point.name} torchtitan: {titan.status} "
-              f"{titan.tokens_per_s_per_gpu} {titan.detail[:300]}", flush=True)  # fmt: skip
+        _say(point, "torchtitan", titan.status, titan.tokens_per_s_per_gpu, titan.detail)
     return rows
+
+
+def _say(point: Point, who: str, status: str, tps: float | None, detail: str) -> None:
+    figure = f"{tps:,.0f} tok/s/GPU" if tps else ""
+    print(f"[{time.strftime('%H:%M:%S')}] {point.name} {who}: {status} {figure} {detail[:300]}", flush=True)
 
 
 def main() -> None:

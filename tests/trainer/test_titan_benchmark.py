@@ -8,6 +8,10 @@ carried files) is `python benchmarks/titan_h200.py --configs all --dry-run`, whi
 
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
+
 import pytest
 from benchmarks import trainer_h200
 from benchmarks.titan_h200 import (
@@ -16,6 +20,7 @@ from benchmarks.titan_h200 import (
     Point,
     TitanResult,
     expand,
+    launch,
     parse_point,
     parse_titan_log,
     row,
@@ -138,3 +143,25 @@ def test_a_row_holds_both_figures_their_ratio_and_the_table_shows_them() -> None
     shown = table([got, differ])
     assert "66,000" in shown and "60,000" in shown and "1.100" in shown and "60.0 / 55.5" in shown
     assert "DIFFER" in shown.splitlines()[2]
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie, killed and not yet reaped, is not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_a_hung_launch_is_killed_with_the_process_it_started(tmp_path: Path) -> None:
+    """torchrun's worker is torchrun's child: killing torchrun alone would leave it on the GPU."""
+    pid_file = tmp_path / "child.pid"
+    script = f"sleep 300 & echo $! > {pid_file}; echo started; wait"
+    out, rc = launch(["bash", "-c", script], dict(os.environ), timeout=1)
+    assert rc is None and out == "started\n"
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)
