@@ -376,6 +376,32 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _figure(tps: float | None, status: str) -> str:
+    return f"{tps:,.0f}" if tps else status
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """docs/benchmarks/titan_h200.md's table from saved rows (`--report`)."""
+    head = (
+        "| config | this trainer tok/s | torchtitan tok/s | ratio | peak reserved GiB (ours / torchtitan) |"
+    )
+    lines = [head, "|---|---|---|---|---|"]
+    for r in rows:
+        o, t = r["ours"] or {}, r["torchtitan"] or {}
+        batch = r["batch"]
+        both = batch["ours"] == batch["torchtitan"]
+        label = f"{r['model'].upper()} {'BF16' if r['precision'] == 'bf16' else 'FP8 tensorwise'}, " + (
+            f"batch {batch['ours']}" if both else f"batch {batch['ours']} / {batch['torchtitan']}"
+        )
+        figures = [_figure(x.get("tokens_per_s_per_gpu"), x.get("status", "-")) for x in (o, t)]
+        ratio = f"{r['ratio_tokens_per_s']:.2f}" if r["ratio_tokens_per_s"] else ""
+        memory = " / ".join(
+            f"{x['peak_reserved_gib']:.1f}" if x.get("peak_reserved_gib") else "-" for x in (o, t)
+        )
+        lines.append(f"| {label} | {figures[0]} | {figures[1]} | {ratio} | {memory} |")
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------------------------------- run
 
 
@@ -435,7 +461,11 @@ def main() -> None:
     parser.add_argument(
         "--dry-run", action="store_true", help="CPU: parse torchtitan's config, count parameters"
     )
+    parser.add_argument("--report", nargs="+", type=Path, help="print the doc's table from saved JSON files")
     args = parser.parse_args()
+    if args.report:
+        print(markdown([r for path in args.report for r in json.loads(path.read_text())["rows"]]))
+        return
     try:
         points = expand(args.configs)
     except ValueError as err:

@@ -21,6 +21,7 @@ from benchmarks.titan_h200 import (
     TitanResult,
     expand,
     launch,
+    markdown,
     parse_point,
     parse_titan_log,
     row,
@@ -143,6 +144,10 @@ def test_a_row_holds_both_figures_their_ratio_and_the_table_shows_them() -> None
     shown = table([got, differ])
     assert "66,000" in shown and "60,000" in shown and "1.100" in shown and "60.0 / 55.5" in shown
     assert "DIFFER" in shown.splitlines()[2]
+    best = row(parse_point("3b-fp8-t8-o9"), ours, titan)
+    doc = markdown([got, best]).splitlines()
+    assert doc[2] == "| 1B BF16, batch 4 | 66,000 | 60,000 | 1.10 | 60.0 / 55.5 |"
+    assert doc[3].startswith("| 3B FP8 tensorwise, batch 9 / 8 |")
 
 
 def _alive(pid: int) -> bool:
