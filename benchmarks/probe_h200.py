@@ -124,7 +124,8 @@ def spec_for(scenario: dict[str, Any], steps: int) -> BlackwellTrainingJobSpec:
                 "globalBatchTokens": scenario["global"],
                 "steps": steps,
             },
-            "tuning": {"probe": {"policy": "always", "candidates": 3}},
+            # The probe's own cap (600 s): a budget cut-off is not what this record measures.
+            "tuning": {"probe": {"policy": "always", "candidates": 3, "budgetSeconds": 600}},
         }
     )
 
