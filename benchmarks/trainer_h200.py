@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 SEQ = 4096
+LLAMA32_ROPE_SCALING = dict(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                            original_max_position_embeddings=8192)  # fmt: skip
 PEAK_BF16 = 989e12  # the reference grid's MFU denominator (H200 SXM dense BF16)
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,6 +43,15 @@ SHAPES: dict[str, dict[str, Any]] = {
                intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True),
     "8b": dict(hidden_size=4096, num_layers=32, num_attention_heads=32, num_key_value_heads=8,
                intermediate_size=14336, vocab_size=128256, tie_word_embeddings=False),
+    # benchmarks/titan_h200.py's side by side with torchtitan, whose llama3 has no tying: the same two
+    # shapes untied, with Llama 3.2's RoPE scaling (benchmarks/titan_shapes.py: torchtitan's spelling; a
+    # test holds the two equal).
+    "3b-untied": dict(hidden_size=3072, num_layers=28, num_attention_heads=24, num_key_value_heads=8,
+                      intermediate_size=8192, vocab_size=128256, tie_word_embeddings=False,
+                      rope_scaling=LLAMA32_ROPE_SCALING),
+    "1b-untied": dict(hidden_size=2048, num_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                      intermediate_size=8192, vocab_size=128256, tie_word_embeddings=False,
+                      rope_scaling=LLAMA32_ROPE_SCALING),
     "tiny": dict(hidden_size=256, num_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=512, vocab_size=1024, tie_word_embeddings=True),
 }  # fmt: skip
