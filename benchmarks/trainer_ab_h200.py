@@ -47,17 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import trainer_h200 as base
 
 REPO = Path(__file__).resolve().parents[1]
-# Llama-3.2-3B with untied embeddings (3.61B parameters), the shape torchtitan's side runs.
-base.SHAPES.setdefault(
-    "3b-untied",
-    dict(hidden_size=3072, num_layers=28, num_attention_heads=24, num_key_value_heads=8,
-         intermediate_size=8192, vocab_size=128256, tie_word_embeddings=False),
-)  # fmt: skip
-base.SHAPES.setdefault(
-    "1b-untied",
-    dict(hidden_size=2048, num_layers=16, num_attention_heads=32, num_key_value_heads=8,
-         intermediate_size=8192, vocab_size=128256, tie_word_embeddings=False),
-)  # fmt: skip
+# The shapes: trainer_h200.SHAPES ("3b-untied": Llama-3.2-3B untied, 3,606,752,256 parameters, and
+# "1b-untied"), the ones benchmarks/titan_h200.py runs torchtitan on.
 STEP_TOGGLES = {
     "clip-in-optimizer": "clip_in_optimizer=true",
     "no-parameter-check": "parameter_check=false",

@@ -1,0 +1,75 @@
+"""benchmarks/probe_h200.py's plumbing on CPU: real plans, the trainer launch replaced by a recorder. Each
+distinct configuration of a scenario runs alone once whichever profiles planned or probed it (a grown one
+included), the record is written after every run, and --scenarios picks a subset."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import benchmarks.probe_h200 as script
+import pytest
+
+from blackwell_trainer.config import Plan, ProbeMeasurement, ProbeOutcome, ProbeResult
+
+
+def test_each_configuration_runs_alone_once_grown_included_and_the_record_is_saved_per_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    launched: list[tuple[str, str]] = []
+    saved: list[int] = []
+
+    def fake_train(plan: Plan, out: Path, name: str, timeout_s: float) -> dict[str, Any]:
+        record = out / "probe_h200.json"
+        saved.append(len(json.loads(record.read_text())["results"]) if record.exists() else -1)
+        launched.append((name, script._key(plan.chosen.model_dump(by_alias=True))))
+        probe = None
+        if plan.probe is not None:  # the probed run: the pick measured under its predicted peak, so it grew
+            assert plan.probe.growth
+            grown = len(plan.probe.candidates)
+            measurements = [
+                ProbeMeasurement(
+                    index=i,
+                    outcome=ProbeOutcome.MEASURED,
+                    predicted_tokens_per_second_per_gpu=o.prediction.tokens_per_second_per_gpu,
+                    predicted_peak_reserved_bytes=o.prediction.memory.peak_reserved,
+                    tokens_per_second_per_gpu=1000.0 + i,
+                    peak_reserved_bytes=1,
+                )
+                for i, o in enumerate(plan.probe.options[: grown + 1])
+            ]
+            result = ProbeResult(winner=grown, measurements=measurements, seconds=200.0)
+            probe = result.model_dump(mode="json", by_alias=True)
+        return {"rc": 0, "seconds": 1.0, "tokens_per_second_per_gpu": 100.0 + len(launched), "probe": probe}
+
+    monkeypatch.setattr(script, "train", fake_train)
+    argv = ["probe_h200.py", "--out", str(tmp_path), "--only", "fitted,base", "--scenarios", "3b-seq3072"]
+    monkeypatch.setattr("sys.argv", argv)
+    assert script.main() == 0
+    names = [n for n, _ in launched]
+    # The base profile's probe ran once; the fitted pick (torchao-tensorwise/none/mbs12) is also the base
+    # pick's grown size: it ran alone once, as did the base candidates.
+    assert names == [
+        "3b-seq3072.base.probed",
+        "3b-seq3072.alone.torchao-tensorwise/none/mbs12",
+        "3b-seq3072.alone.torchao-tensorwise/none/mbs8",
+        "3b-seq3072.alone.torchao-tensorwise/selective/mbs12",
+    ]
+    assert saved[1:] == [1, 1, 1]  # written after the probed run and after each alone run
+    record = json.loads((tmp_path / "probe_h200.json").read_text())
+    assert record["launches"] == {"probed": 1, "alone": 3, "grown_at_most": 2}
+    base = record["results"]["3b-seq3072"]["profiles"]["base"]
+    assert base["pick"] == "torchao-tensorwise/none/mbs8"
+    assert base["winner"] == "torchao-tensorwise/none/mbs12"
+    assert [c["candidate"] for c in base["candidates"]][-1] == "torchao-tensorwise/none/mbs12"
+    assert record["results"]["3b-seq3072"]["profiles"]["fitted"]["probe"] is None
+
+
+def test_an_unknown_scenario_is_refused_naming_the_choices(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("sys.argv", ["probe_h200.py", "--out", str(tmp_path), "--scenarios", "7b-seq1"])
+    with pytest.raises(SystemExit):
+        script.main()
+    assert "--scenarios: unknown ['7b-seq1']; choose from 3b-seq3072" in capsys.readouterr().err
