@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks import trainer_ab_h200 as ab
+
 from blackwell_trainer.units import GIB
 
 
