@@ -28,7 +28,7 @@ def probe_result_of(pod: Mapping[str, Any]) -> ProbeResult | None:
 
 def _usable(plan: Plan, result: ProbeResult) -> bool:
     probe = plan.probe
-    return probe is not None and result.winner < len(probe.candidates) and len(result.measurements) > 0
+    return probe is not None and result.winner < len(probe.options) and len(result.measurements) > 0
 
 
 def probed_event(plan: Plan, result: ProbeResult) -> tuple[str, str] | None:
@@ -65,11 +65,14 @@ def probe_samples(meta: Mapping[str, Any], plan: Plan, result: ProbeResult, now:
     if not _usable(plan, result):
         return []
     assert plan.probe is not None
+    options = plan.probe.options
     samples = []
     for m in result.measurements:
         if m.outcome != ProbeOutcome.MEASURED or not m.tokens_per_second_per_gpu:
             continue
-        c = plan.probe.candidates[m.index]
+        if m.index >= len(options):  # not of this plan's probe: nothing to compare it with
+            continue
+        c = options[m.index]
         figures = candidate_figures(c)
         modelled, peak = figures.modelled_tokens_per_second_per_gpu, figures.modelled_peak_reserved
         if modelled <= 0:
