@@ -14,11 +14,8 @@ import pytest
 from blackwell_trainer.config import Plan, ProbeMeasurement, ProbeOutcome, ProbeResult
 
 
-def test_each_configuration_runs_alone_once_grown_included_and_the_record_is_saved_per_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    launched: list[tuple[str, str]] = []
-    saved: list[int] = []
+def recorder(launched: list[tuple[str, str]], saved: list[int]) -> Any:
+    """A stand-in for the trainer launch: records each run; a probed run grows once and wins with it."""
 
     def fake_train(plan: Plan, out: Path, name: str, timeout_s: float) -> dict[str, Any]:
         record = out / "probe_h200.json"
@@ -43,7 +40,15 @@ def test_each_configuration_runs_alone_once_grown_included_and_the_record_is_sav
             probe = result.model_dump(mode="json", by_alias=True)
         return {"rc": 0, "seconds": 1.0, "tokens_per_second_per_gpu": 100.0 + len(launched), "probe": probe}
 
-    monkeypatch.setattr(script, "train", fake_train)
+    return fake_train
+
+
+def test_each_configuration_runs_alone_once_grown_included_and_the_record_is_saved_per_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    launched: list[tuple[str, str]] = []
+    saved: list[int] = []
+    monkeypatch.setattr(script, "train", recorder(launched, saved))
     argv = ["probe_h200.py", "--out", str(tmp_path), "--only", "fitted,base", "--scenarios", "3b-seq3072"]
     monkeypatch.setattr("sys.argv", argv)
     assert script.main() == 0
@@ -73,3 +78,65 @@ def test_an_unknown_scenario_is_refused_naming_the_choices(
     with pytest.raises(SystemExit):
         script.main()
     assert "--scenarios: unknown ['7b-seq1']; choose from 3b-seq3072" in capsys.readouterr().err
+
+
+def test_runs_choose_profiles_per_scenario_and_picks_alone_runs_only_picks_and_winners(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    launched: list[tuple[str, str]] = []
+    monkeypatch.setattr(script, "train", recorder(launched, []))
+    runs = "3b-seq3072:base,1b-seq12288:skewed"
+    monkeypatch.setattr("sys.argv", ["p", "--out", str(tmp_path), "--runs", runs, "--alone", "picks"])
+    assert script.main() == 0
+    names = [n for n, _ in launched]
+    assert names[:3] == [
+        "3b-seq3072.base.probed",
+        "3b-seq3072.alone.torchao-tensorwise/none/mbs8",  # the base pick
+        "3b-seq3072.alone.torchao-tensorwise/none/mbs12",  # the probe's (grown) winner
+    ]
+    # The skewed profile underrates FP8: it picks BF16, and its probe's winner runs alone beside it.
+    assert names[3] == "1b-seq12288.skewed.probed"
+    assert names[4] == "1b-seq12288.alone.none/none/mbs4"
+    assert len(names) == 6 and names[5].startswith("1b-seq12288.alone.")
+    record = json.loads((tmp_path / "probe_h200.json").read_text())
+    assert set(record["results"]) == {"3b-seq3072", "1b-seq12288"}
+    assert set(record["results"]["1b-seq12288"]["profiles"]) == {"skewed"}
+    assert len(record["skew_flips_the_pick_in"]) >= 2
+
+
+def test_resume_keeps_the_probed_runs_and_alone_figures_of_an_earlier_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, again = tmp_path / "first", tmp_path / "again"
+    monkeypatch.setattr(script, "train", recorder([], []))
+    monkeypatch.setattr(
+        "sys.argv", ["p", "--out", str(first), "--runs", "3b-seq3072:base", "--alone", "picks"]
+    )
+    assert script.main() == 0
+    launched: list[tuple[str, str]] = []
+    monkeypatch.setattr(script, "train", recorder(launched, []))
+    resume = ["--resume", str(first / "probe_h200.json")]
+    runs = ["--runs", "3b-seq3072:base,1b-seq12288:skewed", "--alone", "picks"]
+    monkeypatch.setattr("sys.argv", ["p", "--out", str(again), *runs, *resume])
+    assert script.main() == 0
+    assert next(n for n, _ in launched) == "1b-seq12288.skewed.probed"  # nothing of 3b-seq3072 again
+    record = json.loads((again / "probe_h200.json").read_text())
+    assert record["results"]["3b-seq3072"]["profiles"]["base"]["winner"] == "torchao-tensorwise/none/mbs12"
+
+
+def test_a_run_name_with_a_configuration_key_is_a_file_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The H200 call of 2026-12-01 stopped at the first alone run: "fp8/none/mbs8" made a folder path."""
+    seen: list[list[str]] = []
+
+    def fake_run(cmd: list[str], **_: Any) -> Any:
+        seen.append(cmd)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(script.subprocess, "run", fake_run)
+    plans = script.profiles()[0]
+    plan = script.plan_job(script.spec_for(script.SCENARIOS["3b-seq3072"], 10), calibration=plans["fitted"])
+    with pytest.raises(SystemExit):
+        script.train(plan, tmp_path, "3b.alone.torchao-tensorwise/none/mbs8", 10)
+    assert (tmp_path / "3b.alone.torchao-tensorwise_none_mbs8.plan.json").exists()

@@ -92,10 +92,13 @@ def apply_ac(blocks: nn.ModuleDict, mode: ActivationCheckpointing, *, te: bool =
         blocks[key] = wrapped
 
 
-def apply_compile(blocks: nn.ModuleDict) -> None:
-    """torch.compile each block in place (``Module.compile`` keeps FQNs; identical blocks share one graph)."""
+def apply_compile(blocks: nn.ModuleDict, mode: str = "default") -> None:
+    """torch.compile each block in place (``Module.compile`` keeps FQNs; identical blocks share one graph).
+
+    ``mode``: torch.compile's mode (tuning.COMPILE_MODES); "default" passes none.
+    """
     for block in blocks.values():
-        block.compile(fullgraph=True)
+        block.compile(fullgraph=True, mode=None if mode == "default" else mode)
 
 
 def validate_layout(candidate: Candidate, world_size: int, *, sequence_length: int | None = None) -> None:
@@ -187,8 +190,17 @@ def parallelize(
     amax_group: Any = None,
     seed: int = 0,
     gpu_memory_bytes: int | None = None,
+    compute_dtype: torch.dtype | None = None,
+    compile_mode: str = "default",
+    fp8_pow2_scales: bool = False,
 ) -> PrecisionSetup:
     """Apply every technique in ONE fixed order, then materialise and initialise the weights.
+
+    ``mesh`` None: the single-device path. Nothing is sharded or wrapped: the module keeps fp32
+    parameters (what the optimizer steps and checkpoints hold, as FSDP2's shards are) and computes in
+    ``compute_dtype`` by casting each weight at use (model.Linear, RMSNorm, the embedding), which is what
+    FSDP2's mixed precision does on one rank without its per-block all-gather and reduce-scatter copies,
+    their buffers and hooks. ``compute_dtype``: bf16 on GPUs, fp32 on CPU unless given (tests).
 
     1. precision: swaps nn.Linear for TE / torchao float8 modules. Module swaps go first so that the
        wrappers below wrap the final modules (torchtitan applies its float8 converter before anything).
@@ -199,20 +211,25 @@ def parallelize(
        compiled blocks.
     5. init: ``to_empty`` gives the meta tensors (now DTensor shards) storage; ``init_weights`` fills them.
     """
-    setup = apply_precision(model, candidate, blocks=model.layers, amax_group=amax_group)
+    setup = apply_precision(
+        model, candidate, blocks=model.layers, amax_group=amax_group, pow2_scales=fp8_pow2_scales
+    )
     apply_ac(model.layers, candidate.activation_checkpointing, te=setup.backend == "te")
     if candidate.compile and setup.compile_ok:
-        apply_compile(model.layers)
+        apply_compile(model.layers, compile_mode)
     elif candidate.compile:
         log.warning("compile skipped: %s modules do not trace under torch.compile", setup.backend)
+    # BF16 compute on GPUs; fp32 on CPU, where the gloo tests run and bf16 brings nothing but noise.
+    dtype = compute_dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     if mesh is not None:
-        # BF16 compute on GPUs; fp32 on CPU, where the gloo tests run and bf16 brings nothing but noise.
         apply_fsdp(
             model,
             mesh,
-            param_dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
+            param_dtype=dtype,
             reshard_after_forward=_should_reshard(model, mesh, device, gpu_memory_bytes),
         )
+    elif dtype != torch.float32:
+        model.compute_dtype = dtype
     model.to_empty(device=device)
     # Same seed on every rank: DTensor's RNG tracker then gives each shard its slice of one global init.
     torch.manual_seed(seed)
