@@ -65,6 +65,9 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "3b-seq6144": {"preset": "llama3.2-3b", "seq": 6144, "global": 6144 * 8},
     "1b-seq5120": {"preset": "llama3.2-1b", "seq": 5120, "global": 5120 * 32},
     "1b-seq12288": {"preset": "llama3.2-1b", "seq": 12288, "global": 12288 * 8},
+    # Two more where the base calibration picks a smaller micro-batch than the fitted one (found offline).
+    "1b-seq7168": {"preset": "llama3.2-1b", "seq": 7168, "global": 7168 * 16},
+    "3b-seq6144-g24": {"preset": "llama3.2-3b", "seq": 6144, "global": 6144 * 24},
 }
 # How the skewed profile is made from the fitted one: multiply these throughput constants. The FP8 GEMM
 # efficiency on Hopper is underrated (torchao tensorwise x0.6, the other FP8 recipes x0.5), the mistake a
@@ -156,6 +159,7 @@ def free_port() -> int:
 def train(plan: Plan, out: Path, name: str, timeout_s: float) -> dict[str, Any]:
     """One trainer process on `plan`: exit code, seconds, steady tokens/s, the probe's result."""
     plan = plan.model_copy(update={"log_every_steps": 1, "metrics_port": free_port()})
+    name = name.replace("/", "_")  # a configuration's key ("fp8/none/mbs8") is not a file name
     plan_path, termination = out / f"{name}.plan.json", out / f"{name}.termination"
     plan_path.write_text(plan.to_json())
     termination.write_text("")
@@ -237,7 +241,10 @@ def measure_scenario(
     for profile, plan in plans.items():
         assert plan.probe is not None
         probe = None
-        if plan.probe.enabled:
+        kept = results["profiles"].get(profile, {}).get("probe")
+        if plan.probe.enabled and kept is not None:
+            probe = kept  # measured by an earlier call (--resume)
+        elif plan.probe.enabled:
             probed = train(plan.model_copy(update={"steps": 3}), out, f"{scenario}.{profile}.probed", 1800)
             probe = probed["probe"]
             results["profiles"][profile] = {"probed_rc": probed["rc"], "probe": probe}
@@ -319,6 +326,12 @@ def main() -> int:
         default="all",
         help="run alone every configuration a probe tried, or only the picks and the probes' winners",
     )
+    parser.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        help="an earlier call's probe_h200.json: its probed runs and alone figures are kept, not run again",
+    )
     parser.add_argument("--plan-only", action="store_true", help="plan, print rankings and launches, no GPU")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -348,7 +361,7 @@ def main() -> int:
         "skew_flips_the_pick_in": flipped,
         "rankings": {s: {p: ranking(plan) for p, plan in ps.items()} for s, ps in plans.items()},
         "growth": {s: {p: growth(plan) for p, plan in ps.items()} for s, ps in plans.items()},
-        "results": {},
+        "results": json.loads(args.resume.read_text())["results"] if args.resume else {},
     }
     path = args.out / "probe_h200.json"
 

@@ -13,6 +13,7 @@ torch.compile per block), in priority order until ``--budget-s`` is spent (what 
 as skipped):
 - the single-device path (tuning.py ``single_device=auto``, the new default on one GPU) against FSDP2 on
   one rank (``single_device=fsdp``, the trainer before it), BF16 and FP8 tensorwise (torchao), batch 2 and 4;
+  the single-device path with Q/K/V and gate/up fused (``fuse_projections``, BF16);
 - inside each single-device process, step-level switches timed in interleaved windows of the same process
   (``clip_in_optimizer``, ``parameter_check=false``, both): they change no memory;
 - other switches in their own process: loss chunk 16384 at batch 4, FP8 power-of-two scales, compile
@@ -79,23 +80,28 @@ def _cfg(model: str, mbs: int, fp8: bool, **kw: Any) -> base.Config:
 
 
 def _gpu_grid() -> list[AB]:
-    m = "3b-untied"
-    grid: list[AB] = []
-    for mbs in (2, 4):
-        for fp8 in (False, True):
-            grid.append(AB(_cfg(m, mbs, fp8), "single_device=auto", "single", toggles=True, estimate_s=55))
-            grid.append(AB(_cfg(m, mbs, fp8), "single_device=fsdp", "fsdp", estimate_s=50))
-        if mbs == 2:  # where the memory goes, before the batch-4 half of the grid
-            grid.append(AB(_cfg(m, 2, False), "single_device=auto", "single-profiled", profile=True,
-                           estimate_s=55))  # fmt: skip
-    grid += [
-        AB(_cfg(m, 4, False, loss_chunk=16384), "single_device=auto", "single-chunk16k", estimate_s=45),
-        AB(_cfg(m, 2, True), "single_device=auto,fp8_pow2_scales=true", "single-pow2", estimate_s=45),
-        AB(_cfg("1b-untied", 4, False), "single_device=auto", "single", estimate_s=35),
-        AB(_cfg("1b-untied", 4, False), "single_device=fsdp", "fsdp", estimate_s=35),
-        AB(_cfg("1b-untied", 4, True), "single_device=auto", "single", estimate_s=35),
-        AB(_cfg("1b-untied", 4, True), "single_device=fsdp", "fsdp", estimate_s=35),
-        AB(_cfg(m, 2, False), "single_device=auto,compile_mode=max-autotune-no-cudagraphs", "single-autotune",
+    m, auto, fsdp = "3b-untied", "single_device=auto", "single_device=fsdp"
+    fused = "single_device=auto,fuse_projections=true"
+    grid = [
+        AB(_cfg(m, 2, False), auto, "single", toggles=True, estimate_s=55),
+        AB(_cfg(m, 2, False), fsdp, "fsdp", estimate_s=50),
+        AB(_cfg(m, 2, True), auto, "single", toggles=True, estimate_s=55),
+        AB(_cfg(m, 2, True), fsdp, "fsdp", estimate_s=50),
+        AB(_cfg(m, 2, False), fused, "single-fused", toggles=True, estimate_s=55),
+        # Where the time and the memory go, before the batch-4 half of the grid.
+        AB(_cfg(m, 2, False), auto, "single-profiled", profile=True, estimate_s=55),
+        AB(_cfg(m, 4, False), auto, "single", toggles=True, estimate_s=60),
+        AB(_cfg(m, 4, True), auto, "single", toggles=True, estimate_s=60),
+        AB(_cfg(m, 4, False), fsdp, "fsdp", estimate_s=55),
+        AB(_cfg(m, 4, True), fsdp, "fsdp", estimate_s=55),
+        AB(_cfg(m, 4, False), fused, "single-fused", estimate_s=55),
+        AB(_cfg(m, 4, False, loss_chunk=16384), auto, "single-chunk16k", estimate_s=50),
+        AB(_cfg(m, 2, True), f"{auto},fp8_pow2_scales=true", "single-pow2", estimate_s=50),
+        AB(_cfg("1b-untied", 4, False), auto, "single", estimate_s=35),
+        AB(_cfg("1b-untied", 4, False), fsdp, "fsdp", estimate_s=35),
+        AB(_cfg("1b-untied", 4, True), auto, "single", estimate_s=35),
+        AB(_cfg("1b-untied", 4, True), fsdp, "fsdp", estimate_s=35),
+        AB(_cfg(m, 2, False), f"{auto},compile_mode=max-autotune-no-cudagraphs", "single-autotune",
            estimate_s=120),
     ]  # fmt: skip
     return grid
@@ -108,6 +114,7 @@ def _cpu_grid() -> list[AB]:
     return [
         AB(tiny(), "single_device=auto", "single", toggles=True, estimate_s=5),
         AB(tiny(), "single_device=fsdp", "fsdp", estimate_s=5),
+        AB(tiny(), "single_device=auto,fuse_projections=true", "single-fused", estimate_s=5),
         AB(tiny(), "single_device=auto", "single-profiled", profile=True, estimate_s=5),
         AB(tiny(), "single_device=auto", "never-fits", estimate_s=10**6),  # the budget's skip path
     ]
@@ -309,7 +316,10 @@ def memory_categories(snapshot: dict[str, Any]) -> dict[str, Any]:
             elif action in ("free_completed",) and addr in live:
                 total -= live.pop(addr)[0]
     reserved = sum(int(s.get("total_size", 0)) for s in snapshot.get("segments", []))
+    events = sum(len(trace) for trace in snapshot.get("device_traces", []))
     return {
+        # At the history's cap (1,000,000) the oldest allocations (the weights) fell out of the replay.
+        "trace_events": events,
         "peak_live_gib": round(peak / 2**30, 3),
         "by_category_gib": {
             k: round(v / 2**30, 3) for k, v in sorted(at_peak.items(), key=lambda kv: -kv[1])
@@ -367,18 +377,20 @@ def _ab_from_json(data: dict[str, Any]) -> AB:
 
 
 def summary(records: list[Result]) -> list[dict[str, Any]]:
-    """Each single-device record against its FSDP2 twin (same shape, batch, precision)."""
+    """Each single-device record (of each variant) against its FSDP2 twin (same shape, batch, precision)."""
     by_key = {(r.config["model"], r.config["mbs"], r.config["recipe"], r.name.rsplit("-", 1)[-1]): r
               for r in records if r.status == "ok"}  # fmt: skip
     rows = []
     for (model, mbs, recipe, label), rec in by_key.items():
         twin = by_key.get((model, mbs, recipe, "fsdp"))
-        if label != "single" or twin is None or not rec.tokens_per_s or not twin.tokens_per_s:
+        # The profiled run records allocator history as it goes (slower): not a speed figure.
+        if label in ("fsdp", "profiled") or twin is None or not rec.tokens_per_s or not twin.tokens_per_s:
             continue
         n = min(len(rec.losses), len(twin.losses), rec.config["warmup"] + rec.config["timed"])
         diffs = [abs(a - b) / max(abs(b), 1e-6) for a, b in zip(rec.losses[:n], twin.losses[:n], strict=True)]
         rows.append({
             "config": rec.config["model"] + f" mbs{mbs} {recipe}",
+            "variant": label,
             "single_tokens_per_s": rec.tokens_per_s,
             "fsdp_tokens_per_s": twin.tokens_per_s,
             "speedup": round(rec.tokens_per_s / twin.tokens_per_s, 4),

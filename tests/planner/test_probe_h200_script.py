@@ -102,3 +102,41 @@ def test_runs_choose_profiles_per_scenario_and_picks_alone_runs_only_picks_and_w
     assert set(record["results"]) == {"3b-seq3072", "1b-seq12288"}
     assert set(record["results"]["1b-seq12288"]["profiles"]) == {"skewed"}
     assert len(record["skew_flips_the_pick_in"]) >= 2
+
+
+def test_resume_keeps_the_probed_runs_and_alone_figures_of_an_earlier_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, again = tmp_path / "first", tmp_path / "again"
+    monkeypatch.setattr(script, "train", recorder([], []))
+    monkeypatch.setattr(
+        "sys.argv", ["p", "--out", str(first), "--runs", "3b-seq3072:base", "--alone", "picks"]
+    )
+    assert script.main() == 0
+    launched: list[tuple[str, str]] = []
+    monkeypatch.setattr(script, "train", recorder(launched, []))
+    resume = ["--resume", str(first / "probe_h200.json")]
+    runs = ["--runs", "3b-seq3072:base,1b-seq12288:skewed", "--alone", "picks"]
+    monkeypatch.setattr("sys.argv", ["p", "--out", str(again), *runs, *resume])
+    assert script.main() == 0
+    assert next(n for n, _ in launched) == "1b-seq12288.skewed.probed"  # nothing of 3b-seq3072 again
+    record = json.loads((again / "probe_h200.json").read_text())
+    assert record["results"]["3b-seq3072"]["profiles"]["base"]["winner"] == "torchao-tensorwise/none/mbs12"
+
+
+def test_a_run_name_with_a_configuration_key_is_a_file_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The H200 call of 2026-12-01 stopped at the first alone run: "fp8/none/mbs8" made a folder path."""
+    seen: list[list[str]] = []
+
+    def fake_run(cmd: list[str], **_: Any) -> Any:
+        seen.append(cmd)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(script.subprocess, "run", fake_run)
+    plans = script.profiles()[0]
+    plan = script.plan_job(script.spec_for(script.SCENARIOS["3b-seq3072"], 10), calibration=plans["fitted"])
+    with pytest.raises(SystemExit):
+        script.train(plan, tmp_path, "3b.alone.torchao-tensorwise/none/mbs8", 10)
+    assert (tmp_path / "3b.alone.torchao-tensorwise_none_mbs8.plan.json").exists()

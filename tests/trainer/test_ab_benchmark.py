@@ -33,7 +33,7 @@ def test_the_allocator_replay_reports_live_bytes_by_category_at_the_peak() -> No
     ]
     snapshot = {"device_traces": [trace], "segments": [{"total_size": 20 * GIB}]}
     report = ab.memory_categories(snapshot)
-    assert report["peak_live_gib"] == 17.0
+    assert report["peak_live_gib"] == 17.0 and report["trace_events"] == len(trace)
     assert report["by_category_gib"] == {
         "optimizer state": 8.0,
         "parameters": 4.0,
@@ -54,10 +54,11 @@ def test_the_summary_pairs_each_single_device_run_with_its_fsdp_twin() -> None:
         [
             _record("single", 110.0, [2.0, 1.5, 1.0, 9.0], toggle_tokens_per_s={"both": 121.0}),
             _record("fsdp", 100.0, [2.0, 1.5, 1.1]),
-            _record("single-profiled", 50.0, [2.0]),  # no twin of its own: not a row
+            _record("single-profiled", 50.0, [2.0]),  # slowed by the allocator's history: not a row
         ]
     )
     (row,) = rows
+    assert row["variant"] == "single"
     assert row["speedup"] == 1.1 and row["toggles_speedup"] == {"both": 1.1}
     # Over the warm-up and timed steps both ran (3 here): the last differs by 0.1 in 1.1.
     assert row["loss_max_rel_diff_first_steps"] == round(0.1 / 1.1, 6)

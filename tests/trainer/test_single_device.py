@@ -109,6 +109,10 @@ def test_clipping_inside_the_fused_step_equals_clipping_before_it(world_of_one: 
     assert scale is not None and float(scale) > 10  # the folded path ran, and clipping acted
     assert getattr(trainer.optimizer, "grad_scale", None) is not None  # the folded path ran
     torch.testing.assert_close(folded, plain, rtol=1e-5, atol=1e-5)
+    # Switched off again (as the A/B script does between windows): no scale is left to divide by twice.
+    trainer.tuning = SINGLE
+    trainer.step(steps[0])
+    assert trainer.optimizer.grad_scale is None  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(
@@ -141,3 +145,16 @@ def test_tuning_is_read_as_key_value_pairs_and_bad_entries_name_the_key() -> Non
         Tuning.parse("parameter_check=maybe")
     assert not Tuning().use_single_device(world_size=1, context_parallel=1, backend="te")
     assert not Tuning().use_single_device(world_size=2, context_parallel=1, backend="bf16")
+
+
+def test_fused_projections_give_the_losses_of_separate_ones(world_of_one: None) -> None:
+    plan, steps = _plan(), _batches(4, 5)
+    fused = Trainer(plan, ONE, tuning=Tuning(fuse_projections=True))
+    blocks = [m for m in fused.model.modules() if hasattr(m, "fuse")]
+    assert len(blocks) == 2 * plan.architecture.num_layers and all(m.fuse for m in blocks)
+    plain = Trainer(plan, ONE, tuning=SINGLE)
+    assert not any(m.fuse for m in plain.model.modules() if hasattr(m, "fuse"))
+    torch.testing.assert_close(_train(fused, steps), _train(plain, steps), rtol=1e-5, atol=1e-5)
+    # FSDP2 keeps separate matmuls (its weights are gathered copies, a concatenation would be one more).
+    fsdp = Trainer(plan, ONE, tuning=Tuning(single_device="fsdp", fuse_projections=True))
+    assert not any(m.fuse for m in fsdp.model.modules() if hasattr(m, "fuse"))

@@ -102,6 +102,25 @@ class Linear(nn.Linear):
         return F.linear(x, self.weight.to(x.dtype), bias)
 
 
+def fused_linear(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:
+    """The Linears that read the same input as ONE matmul over their concatenated weights, split after.
+
+    Used where each weight is cast at use anyway (the single-device path under torch.compile): the cast and
+    the concatenation are then one copy, and one larger GEMM replaces two or three (Q, K, V; gate and up).
+    The same products; only the GEMM's blocking may round differently in the last bit.
+    """
+    weight = torch.cat([lin.weight.to(x.dtype) for lin in linears])
+    biases = [lin.bias for lin in linears]
+    bias = None if any(b is None for b in biases) else torch.cat([b.to(x.dtype) for b in biases])  # type: ignore[union-attr]
+    out = F.linear(x, weight, bias)
+    return tuple(torch.split(out, [lin.out_features for lin in linears], dim=-1))
+
+
+def can_fuse(*linears: nn.Module) -> bool:
+    """Only this module's own Linear (not a float8 or TE replacement, whose scaling is per weight)."""
+    return all(type(lin) is Linear for lin in linears)
+
+
 class AttentionFn(Protocol):
     """q [b, heads, s, d], k and v [b, kv_heads, s, d], RoPE applied -> causal attention [b, heads, s, d]."""
 
@@ -127,12 +146,17 @@ class Attention(nn.Module):
         self.wv = Linear(h, self.n_kv_heads * d, bias=arch.attention_bias)
         self.wo = Linear(self.n_heads * d, h, bias=False)
         self.attend: AttentionFn = causal_attention
+        self.fuse = False  # Q, K and V as one matmul (fused_linear; parallelize.py sets it)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor, documents: DocumentMask = None) -> torch.Tensor:
         bsz, seq, _ = x.shape
-        q = self.wq(x).view(bsz, seq, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(bsz, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(bsz, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        if self.fuse:
+            q, k, v = fused_linear(x, (self.wq, self.wk, self.wv))
+        else:
+            q, k, v = self.wq(x), self.wk(x), self.wv(x)
+        q = q.view(bsz, seq, self.n_heads, self.head_dim).transpose(1, 2)
+        k = k.view(bsz, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(bsz, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, rope), apply_rope(k, rope)
         out = self.attend(q, k, v) if documents is None else document_attention(q, k, v, documents)
         projected: torch.Tensor = self.wo(out.transpose(1, 2).reshape(bsz, seq, self.n_heads * self.head_dim))
@@ -147,9 +171,11 @@ class FeedForward(nn.Module):
         self.w1 = Linear(arch.hidden_size, arch.intermediate_size, bias=False)
         self.w3 = Linear(arch.hidden_size, arch.intermediate_size, bias=False)
         self.w2 = Linear(arch.intermediate_size, arch.hidden_size, bias=False)
+        self.fuse = False  # gate and up as one matmul (fused_linear; parallelize.py sets it)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate, up = fused_linear(x, (self.w1, self.w3)) if self.fuse else (self.w1(x), self.w3(x))
+        out: torch.Tensor = self.w2(F.silu(gate) * up)
         return out
 
 

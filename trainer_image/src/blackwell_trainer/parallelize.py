@@ -15,7 +15,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from .config import ActivationCheckpointing, Candidate, Sharding, keeps_gathered_weights
-from .model import Transformer
+from .model import Attention, FeedForward, Transformer, can_fuse
 from .precision import PrecisionSetup, apply_precision
 
 log = logging.getLogger(__name__)
@@ -99,6 +99,21 @@ def apply_compile(blocks: nn.ModuleDict, mode: str = "default") -> None:
     """
     for block in blocks.values():
         block.compile(fullgraph=True, mode=None if mode == "default" else mode)
+
+
+def apply_fused_projections(model: Transformer) -> int:
+    """Q/K/V and gate/up as one matmul each in every block whose Linears are the model's own (not float8
+    or TE modules); the single-device path only, where each weight is cast (copied) at use anyway."""
+    fused = 0
+    for block in model.layers.modules():
+        if isinstance(block, Attention):
+            block.fuse = can_fuse(block.wq, block.wk, block.wv)
+        elif isinstance(block, FeedForward):
+            block.fuse = can_fuse(block.w1, block.w3)
+        else:
+            continue
+        fused += block.fuse
+    return fused
 
 
 def validate_layout(candidate: Candidate, world_size: int, *, sequence_length: int | None = None) -> None:
@@ -193,6 +208,7 @@ def parallelize(
     compute_dtype: torch.dtype | None = None,
     compile_mode: str = "default",
     fp8_pow2_scales: bool = False,
+    fuse_projections: bool = False,
 ) -> PrecisionSetup:
     """Apply every technique in ONE fixed order, then materialise and initialise the weights.
 
@@ -228,8 +244,11 @@ def parallelize(
             param_dtype=dtype,
             reshard_after_forward=_should_reshard(model, mesh, device, gpu_memory_bytes),
         )
-    elif dtype != torch.float32:
-        model.compute_dtype = dtype
+    else:
+        if dtype != torch.float32:
+            model.compute_dtype = dtype
+        if fuse_projections:
+            apply_fused_projections(model)
     model.to_empty(device=device)
     # Same seed on every rank: DTensor's RNG tracker then gives each shard its slice of one global init.
     torch.manual_seed(seed)

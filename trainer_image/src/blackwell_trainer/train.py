@@ -110,6 +110,7 @@ class Trainer:
             compute_dtype=compute_dtype,
             compile_mode=self.tuning.compile_mode,
             fp8_pow2_scales=self.tuning.fp8_pow2_scales,
+            fuse_projections=self.tuning.fuse_projections,
         )
         self.optimizer = build_optimizer(self.model, plan, runtime.device)
         self.step_index = 0
@@ -206,11 +207,11 @@ class Trainer:
         else:
             grads = [p.grad for p in self.model.parameters() if p.grad is not None]
             grad_norm = torch.nn.utils.get_total_norm(grads, foreach=foreach)
-        if in_step:
-            # clip_grad_norm_'s coefficient, applied inside the fused kernel (it divides by grad_scale)
-            # instead of a separate multiply over every gradient; 1 (exactly) when nothing is clipped.
-            coef = (clip / (grad_norm.float() + 1e-6)).clamp(max=1.0)
-            self.optimizer.grad_scale = 1.0 / coef  # type: ignore[attr-defined]
+        # clip_grad_norm_'s coefficient, applied inside the fused kernel (it divides by grad_scale)
+        # instead of a separate multiply over every gradient; 1 (exactly) when nothing is clipped. Reset
+        # to None otherwise: a scale left from an earlier step would divide already clipped gradients.
+        coef = (clip / (grad_norm.float() + 1e-6)).clamp(max=1.0) if in_step else None
+        self.optimizer.grad_scale = None if coef is None else 1.0 / coef  # type: ignore[attr-defined]
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.precision.after_optimizer_step(self.model)

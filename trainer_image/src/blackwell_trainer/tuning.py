@@ -38,6 +38,9 @@ class Tuning:
     parameter_check: bool = True
     # torchao float8: round scales down to a power of two (changes numerics: a recipe variant).
     fp8_pow2_scales: bool = False
+    # Single-device path: Q/K/V and gate/up each as one matmul over concatenated weights (BF16 blocks;
+    # float8 and TE Linears keep their own). The same products; the last bit may differ (GEMM blocking).
+    fuse_projections: bool = False
 
     def use_single_device(self, *, world_size: int, context_parallel: int, backend: str) -> bool:
         """Whether this process trains without FSDP2 (see ``single_device``)."""
