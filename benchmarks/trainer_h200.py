@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 SEQ = 4096
+LLAMA32_ROPE_SCALING = dict(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                            original_max_position_embeddings=8192)  # fmt: skip
 PEAK_BF16 = 989e12  # the reference grid's MFU denominator (H200 SXM dense BF16)
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,6 +43,15 @@ SHAPES: dict[str, dict[str, Any]] = {
                intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True),
     "8b": dict(hidden_size=4096, num_layers=32, num_attention_heads=32, num_key_value_heads=8,
                intermediate_size=14336, vocab_size=128256, tie_word_embeddings=False),
+    # benchmarks/titan_h200.py's side by side with torchtitan, whose llama3 has no tying: the same two
+    # shapes untied, with Llama 3.2's RoPE scaling (benchmarks/titan_shapes.py: torchtitan's spelling; a
+    # test holds the two equal).
+    "3b-untied": dict(hidden_size=3072, num_layers=28, num_attention_heads=24, num_key_value_heads=8,
+                      intermediate_size=8192, vocab_size=128256, tie_word_embeddings=False,
+                      rope_scaling=LLAMA32_ROPE_SCALING),
+    "1b-untied": dict(hidden_size=2048, num_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                      intermediate_size=8192, vocab_size=128256, tie_word_embeddings=False,
+                      rope_scaling=LLAMA32_ROPE_SCALING),
     "tiny": dict(hidden_size=256, num_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=512, vocab_size=1024, tie_word_embeddings=True),
 }  # fmt: skip
@@ -62,7 +73,7 @@ class Config:
     warmup: int = 3
     timed: int = 6
     profile: bool = False
-    kind: str = "train"  # train | check | te-check
+    kind: str = "train"  # train | check | te-check | flex-check
     # Packed chat rows (issue 28): the mean conversation length in tokens (0: plain rows, no document
     # mask). Conversations of lengths drawn around it fill each row; the first half of each is masked
     # out of the loss (the user's turn), as a chat data set's mask would.
@@ -138,6 +149,7 @@ GRIDS: dict[str, list[Config]] = {
     ],
     # Issue 28: packed, document-masked fine-tuning against plain rows of the same 8B-size plan, on one GPU.
     "sft": [
+        Config("3b", 2, kind="flex-check"),
         bf16("8b", 2, "full", timed=4),
         bf16("8b", 2, "full", timed=4, docmask=512),
         bf16("8b", 2, "full", timed=4, docmask=2048),
@@ -393,6 +405,73 @@ def _te_check(out: Path) -> Record:
     return Record("te-check", {}, "ok" if ok else "error", detail="; ".join(notes)[:3000])
 
 
+def _flex_check(out: Path, mbs: int) -> Record:
+    """Document-masked FlexAttention on the GPU (issue 28): the same function as SDPA with the boolean
+    mask (bf16 outputs and gradients against a float32 reference), and its fwd+bwd time against dense
+    causal attention (cuDNN) at the 3B attention shape, for packed conversations of several mean lengths.
+    The planner models FlexAttention at 0.86 of dense flash attention (calibration/profile.py); the
+    ratio of dense time to masked time at equal useful work is what this measures."""
+    import torch
+    import torch.nn.functional as F
+
+    from blackwell_trainer.document_mask import build_document_mask, document_attention
+
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    heads, kv, dim = 24, 8, 128
+
+    def qkv() -> list[torch.Tensor]:
+        shapes = [(mbs, heads, SEQ, dim), (mbs, kv, SEQ, dim), (mbs, kv, SEQ, dim)]
+        return [torch.randn(s, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+                for s in shapes]  # fmt: skip
+
+    def timed(fn: Any, reps: int = 10) -> float:
+        for _ in range(3):
+            fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return float(start.elapsed_time(end) / reps)
+
+    notes, ok = [], True
+    q, k, v = qkv()
+
+    def dense() -> None:
+        F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).sum().backward()
+
+    dense_ms = timed(dense)
+    notes.append(f"dense causal SDPA (default backend) mbs {mbs}: {dense_ms:.2f} ms fwd+bwd")
+    for mean in (512, 2048, 4096):
+        _, _, documents = _packed_rows((torch.zeros(mbs, SEQ, dtype=torch.long, device="cuda"),) * 2, mean,
+                                       torch.Generator(device="cuda").manual_seed(mean))  # fmt: skip
+        mask = build_document_mask(documents)
+        attn = document_attention(q, k, v, mask)
+        grads = torch.autograd.grad(attn.float().square().sum(), (q, k, v))
+        ref_mask = build_document_mask(documents, flex=False)
+        q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+        ref = F.scaled_dot_product_attention(q32, k32, v32, attn_mask=ref_mask, enable_gqa=True)
+        ref_grads = torch.autograd.grad(ref.square().sum(), (q32, k32, v32))
+        rel = float((attn.float() - ref).norm() / ref.norm())
+        grel = max(float((g.float() - r).norm() / r.norm()) for g, r in zip(grads, ref_grads, strict=True))
+        good = rel < 1e-2 and grel < 2e-2
+        ok &= good
+        # Useful work: the allowed (query, key) pairs; dense causal has seq*(seq+1)/2 per row.
+        same = documents.unsqueeze(2) == documents.unsqueeze(1)
+        pairs = float((same & torch.ones(SEQ, SEQ, dtype=torch.bool, device="cuda").tril()).sum())
+        share = pairs / (mbs * SEQ * (SEQ + 1) / 2)
+        ms = timed(lambda m=mask: document_attention(q, k, v, m).sum().backward())
+        efficiency = (dense_ms * share) / ms
+        notes.append(f"docs~{mean}: out rel {rel:.2e} grad rel {grel:.2e} {'PASS' if good else 'FAIL'}; "
+                     f"{ms:.2f} ms fwd+bwd for {share:.3f} of the causal pairs: "
+                     f"per-pair speed {efficiency:.2f} of dense")  # fmt: skip
+        del ref_mask, q32, k32, v32, ref, ref_grads, grads, attn
+    (out_file := out / "check.txt").write_text("\n".join(notes) + "\n")
+    print(out_file.read_text(), flush=True)
+    return Record("flex-check", {"mbs": mbs}, "ok" if ok else "error", detail="; ".join(notes))
+
+
 def _sdpa_timings() -> list[str]:
     """Causal GQA attention fwd+bwd at the 3B shape (mbs 2, seq 4096) per SDPA backend."""
     import torch
@@ -463,6 +542,9 @@ def worker(cfg: Config, out: Path) -> None:
             return
         if cfg.kind == "te-check":
             rec = _te_check(out)
+            return
+        if cfg.kind == "flex-check":
+            rec = _flex_check(out, cfg.mbs)
             return
         started = time.perf_counter()
         plan = make_plan(cfg)

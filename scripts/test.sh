@@ -7,9 +7,9 @@
 #                                         and not integration"); combines with --area
 #   bash scripts/test.sh -- ARGS          ARGS go to pytest as they are (-n 0: one process, -x, -k ...)
 #
-# What some tests run on is installed here when it is missing: Debian's prometheus package (the live
-# dashboard queries and the alert-rule unit tests; BTJ_NO_APT=1 turns the install off). A check that cannot
-# run is reported in a block of its own at the end, with what would let it run.
+# What some tests run on is fetched here when it is missing: Debian's prometheus package, unpacked into
+# .tools/ (the live dashboard queries and the alert-rule unit tests; BTJ_NO_APT=1 turns this off). A check
+# that cannot run is reported in a block of its own at the end, with what would let it run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,24 +38,32 @@ done
 phase_start=$SECONDS
 phase() { echo "test.sh: $1 took $((SECONDS - phase_start)) s"; phase_start=$SECONDS; }
 
+# Prometheus and promtool: the two binaries of Debian's prometheus package, unpacked into
+# .tools/prometheus (kept for the next run of this clone) when this shell may use apt (root, apt-get).
+# Only the package itself: its other dependencies are the web UI's scripts and fonts, which no test reads,
+# and `apt-get install` of them all took about 67 s on a fresh 2-core machine; one download and unpack take
+# seconds, and run in the background while the set-up, ruff and mypy run.
+prometheus_bin="$PWD/.tools/prometheus/usr/bin"
+export PATH="$prometheus_bin:$PATH"
+prometheus_pid=
+have_prometheus() { command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; }
+if ! have_prometheus && [ "${BTJ_NO_APT:-}" != "1" ] && [ "$(id -u)" = 0 ] \
+  && command -v apt-get >/dev/null 2>&1; then
+  echo "test.sh: fetching Debian's prometheus package in the background (the dashboard and alert-rule tests)"
+  mkdir -p .tools/prometheus-deb
+  (
+    cd .tools/prometheus-deb && rm -f ./*.deb &&
+      { apt-get download -qq prometheus 2>/dev/null ||
+        { apt-get update -qq && apt-get download -qq prometheus; }; } &&
+      dpkg-deb -x ./prometheus_*.deb ../prometheus && rm ./prometheus_*.deb
+  ) >.tools/prometheus-deb/log 2>&1 &
+  prometheus_pid=$!
+fi
+
 bash scripts/bootstrap.sh --all
 phase "set-up (scripts/bootstrap.sh --all)"
 . .venv/bin/activate
 export PATH="$PWD/.tools/helm:$PWD/.tools/kubectl:$PATH"
-
-# Prometheus and promtool: Debian's prometheus package, installed when this shell may (root, apt-get).
-if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
-  if [ "${BTJ_NO_APT:-}" != "1" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "test.sh: installing Debian's prometheus package (the dashboard and alert-rule tests run on it)..."
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-      prometheus >/dev/null; } || echo "test.sh: apt-get could not install prometheus" >&2
-  fi
-  if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
-    echo "test.sh: WARNING: no prometheus/promtool: the dashboard and alert-rule checks will SKIP" \
-      "(install them with: sudo apt-get install prometheus)" >&2
-  fi
-  phase "prometheus"
-fi
 
 if [ "$lint" = 1 ]; then
   ruff check .
@@ -65,6 +73,16 @@ if [ "$lint" = 1 ]; then
   phase "mypy"
   lint-imports
   phase "lint-imports"
+fi
+
+if [ -n "$prometheus_pid" ]; then
+  wait "$prometheus_pid" ||
+    { echo "test.sh: apt-get could not fetch prometheus:" >&2; tail -5 .tools/prometheus-deb/log >&2; }
+  phase "prometheus (what was left of its download)"
+fi
+if ! have_prometheus; then
+  echo "test.sh: WARNING: no prometheus/promtool: the dashboard and alert-rule checks will SKIP" \
+    "(install them with: sudo apt-get install prometheus)" >&2
 fi
 
 # Cached bytecode: each xdist worker and each spawned trainer process imports the same modules, and

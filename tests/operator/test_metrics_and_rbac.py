@@ -118,6 +118,15 @@ async def test_every_call_is_granted_and_every_grant_is_used(
         await cluster.patch_spec("tj", {"image": "registry.example/trainer:2"})
         await wait_for(lambda: cluster.status("tj").get("observedGeneration") == 2, what="tj re-planned")
         await wait_for(lambda: cluster.status("bad").get("phase") == "Invalid", what="phase Invalid")
+        # A worker of a's child stuck Terminating on that node is force-deleted (its owners traced, and its
+        # BTJ gets an Event).
+        stuck = pod("a-worker-1", job="a", owner=cluster.job("a"))
+        stuck["spec"]["nodeName"] = "lost"
+        await cluster.terminating_pod(stuck)
+        await wait_for(
+            lambda: any(e.get("reason") == "StuckPodReleased" for e in cluster.events("a")),
+            what="the stuck pod released",
+        )
         # A worker of each backend ends on a permanent error: every child is deleted.
         permanent = pod_status(
             container(state={"terminated": terminated(1, "Error", T2, PERMANENT_TRAINER_ERROR)})
@@ -133,14 +142,6 @@ async def test_every_call_is_granted_and_every_grant_is_used(
                 lambda n=name, r=resource: (cluster.job(n, r) if r else cluster.job(n)) is None,
                 what=f"{name}'s child deleted",
             )
-        # A worker stuck Terminating on that node is force-deleted (and its BTJ gets an Event).
-        stuck = pod("a-worker-1", job="a")
-        stuck["spec"]["nodeName"] = "lost"
-        await cluster.terminating_pod(stuck)
-        await wait_for(
-            lambda: any(e.get("reason") == "StuckPodReleased" for e in cluster.events("a")),
-            what="the stuck pod released",
-        )
     calls = api_calls(r for r in cluster.k.requests if from_operator(r))
     grants = {(p.api_group, p.resource, verb) for p in PERMISSIONS for verb in p.verbs}
     assert calls <= grants, f"not granted: {sorted(calls - grants)}"

@@ -67,3 +67,17 @@ def test_the_settings_are_read_when_asked_not_at_import(monkeypatch: pytest.Monk
     assert operator_environment().metrics_bind == "127.0.0.1:9"
     monkeypatch.setenv("BTJ_METRICS_BIND", "off")
     assert operator_environment().metrics_bind == "off"
+
+
+def test_a_read_is_reused_only_while_the_variables_are_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BTJ_MEASURE_INTERVAL_S", "30")
+    first = operator_environment()
+    assert operator_environment() is first  # nothing changed: the same settings, not read again
+    monkeypatch.setenv("btj_measure_interval_s", "45")  # names are case-insensitive: a change all the same
+    monkeypatch.delenv("BTJ_MEASURE_INTERVAL_S")
+    assert operator_environment().measure_interval_s == 45.0
+    monkeypatch.setenv("btj_measure_interval_s", "soon")
+    with pytest.raises(ValueError, match="BTJ_MEASURE_INTERVAL_S='soon'"):
+        operator_environment()
+    with pytest.raises(ValueError):  # a bad value is refused on every read, never remembered as good
+        operator_environment()

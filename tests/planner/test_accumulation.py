@@ -94,3 +94,26 @@ def test_the_global_batch_has_a_bound_the_model_states() -> None:
         BlackwellTrainingJobSpec.model_validate(
             {"model": {"preset": "llama3.1-8b"}, "training": {"globalBatchTokens": 10**18}}
         )
+
+
+def test_a_micro_batch_that_ends_accumulation_is_found_past_one_that_does_not_fit() -> None:
+    """Memory grows with the micro-batch except where accumulation ends: 8B on one H200 at a global batch of
+    two sequences does not fit as 1 x 2 (gradients held across micro-steps) but fits as 2 x 1; the search
+    used to stop at the first size and answer 'nothing fits'."""
+
+    def spec(mbs: int | str) -> BlackwellTrainingJobSpec:
+        return BlackwellTrainingJobSpec.model_validate(
+            {
+                "model": {"preset": "llama3.1-8b"},
+                "cluster": {"instanceType": "ml.p5en.48xlarge", "nodes": 1, "gpusPerNode": 1},
+                "training": {"sequenceLength": 4096, "globalBatchTokens": 2 * 4096, "steps": 100},
+                "tuning": {"precision": "bf16", "memoryHeadroom": 0.0, "microBatchSize": mbs},
+            }
+        )
+
+    with pytest.raises(ValueError, match="microBatchSize"):
+        plan_job(spec(1))  # the accumulating size alone: over the budget
+    pinned = plan_job(spec(2))
+    found = plan_job(spec("auto"))
+    assert (found.chosen.micro_batch_size, found.chosen.gradient_accumulation_steps) == (2, 1)
+    assert found.chosen == pinned.chosen

@@ -12,7 +12,7 @@ from blackwell_operator.calibration.cluster import MIN_RUNS, ClusterCalibration,
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner import plan_job
 from blackwell_operator.planner.probe import FIT_MARGIN, PROBE_BUDGET_CAP, PROBE_SHARE, PROBE_WITHIN
-from blackwell_trainer.config import Plan, ProbePolicy
+from blackwell_trainer.config import Plan, ProbeMeasurement, ProbeOutcome, ProbePolicy
 from tests.planner.conftest import make_spec
 
 
@@ -96,3 +96,43 @@ def test_a_cluster_that_measured_every_candidate_skips_the_probe_under_auto() ->
     assert all(c.measured for c in later.probe.candidates)
     assert "measured" in later.probe.reason
     assert probed(later) == probed(first)
+
+
+def test_a_conservative_memory_model_carries_the_larger_micro_batch_the_probe_then_tries() -> None:
+    # Planned with the unfitted base calibration, llama3.2-3b at sequence 3072 on one H200 picks mbs 8
+    # where the fitted plan picks mbs 12 (the base model over-predicts memory). The base plan carries mbs 12
+    # as growth of its pick, and when the pick measures what the fitted model (within 3% of every H200 run)
+    # predicts for it, the trainer's rule corrects mbs 12 to the fitted figure and tries it.
+    from benchmarks.probe_h200 import SCENARIOS, profiles, spec_for
+
+    from blackwell_trainer.probe import corrected_growth, grown_options
+
+    cals, _ = profiles()
+    spec = spec_for(SCENARIOS["3b-seq3072"], 1000)
+    base = plan_job(spec, calibration=cals["base"])
+    fitted = plan_job(spec, calibration=cals["fitted"])
+    probe = base.probe
+    assert probe is not None and probe.enabled
+    pick = probe.candidates[0]
+    assert pick.candidate.micro_batch_size == 8 and fitted.chosen.micro_batch_size == 12
+    assert fitted.chosen in [g.candidate for g in probe.growth if g.grows == 0]
+    raw = spec.model_dump(by_alias=True, mode="json")
+    raw["tuning"].update(precision="fp8", activationCheckpointing="none", microBatchSize=8)
+    same = plan_job(BlackwellTrainingJobSpec.model_validate(raw), calibration=cals["fitted"])
+    assert same.chosen == pick.candidate
+    peak = same.predicted.memory.peak_reserved
+    assert peak < 0.95 * pick.prediction.memory.peak_reserved  # room the base model did not see
+    measured = ProbeMeasurement(
+        index=0,
+        outcome=ProbeOutcome.MEASURED,
+        predicted_tokens_per_second_per_gpu=pick.prediction.tokens_per_second_per_gpu,
+        predicted_peak_reserved_bytes=pick.prediction.memory.peak_reserved,
+        tokens_per_second_per_gpu=same.predicted.tokens_per_second_per_gpu,
+        peak_reserved_bytes=peak,
+    )
+    tried = grown_options(probe, [measured])
+    assert [probe.options[i].candidate for i in tried] == [fitted.chosen]
+    corrected = corrected_growth(pick, probe.options[tried[0]], peak)
+    assert corrected == pytest.approx(fitted.predicted.memory.peak_reserved, rel=0.005)
+    assert corrected <= probe.memory_budget_bytes
+    assert any(line.startswith("probe growth") and "mbs 12" in line for line in base.explanation)

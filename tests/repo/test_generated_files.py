@@ -26,7 +26,14 @@ def _generate() -> ModuleType:
 
 @pytest.fixture(scope="module")
 def generate() -> ModuleType:
-    return _generate()
+    """scripts/generate.py with its generators computed once for this module (the golden plans alone take
+    seconds). Each generated text is a function of the code and of the file's own text only, so every
+    `main()` below checks or writes exactly what a fresh computation would; `.ci/run` and
+    test_the_shell_entry_point_fails_on_a_stale_file compute them afresh."""
+    module = _generate()
+    computed = module.generators()
+    module.generators = lambda: computed
+    return module
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -144,11 +145,44 @@ def join_two_rank_world(rank: int, port: int, termination_log: str) -> None:
     )
 
 
+# What each forked rank starts with already imported: torch and the whole trainer, loaded once per test
+# process in the fork server instead of once per rank per test (a spawned rank spends seconds of CPU on
+# these imports before its first collective; the suite starts dozens of them).
+RANK_PRELOAD = ["blackwell_trainer.train"]
+
+
+def _as_the_caller_ran(
+    rank: int, environ: dict[str, str], caller: int, target: Callable[..., None], args: tuple[Any, ...]
+) -> None:
+    """A forked rank as a spawned one would start: the caller's environment now (the fork server kept its
+    own from when it started) and the caller's stdout and stderr (the test's capture, not the server's)."""
+    os.environ.clear()
+    os.environ.update(environ)
+    for fd in (1, 2):
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(f"/proc/{caller}/fd/{fd}", os.O_WRONLY | os.O_APPEND), fd)
+    target(rank, *args)
+
+
 def spawn_two_ranks(target: Callable[..., None], args: tuple[Any, ...]) -> None:
-    """Run target(rank, *args) in two spawned processes and wait for both."""
+    """Run target(rank, *args) in two fresh processes and wait for both; an exception in either is raised
+    here with its traceback.
+
+    The processes are forked from multiprocessing's fork server, which imported RANK_PRELOAD once: each
+    rank is a clean copy of a process that never ran a test, so nothing one test patches reaches another.
+    """
+    import multiprocessing
+
     import torch.multiprocessing as mp
 
-    context = mp.start_processes(target, args=args, nprocs=2, join=False, start_method="spawn")
+    multiprocessing.get_context("forkserver").set_forkserver_preload(RANK_PRELOAD)
+    context = mp.start_processes(
+        _as_the_caller_ran,
+        args=(dict(os.environ), os.getpid(), target, args),
+        nprocs=2,
+        join=False,
+        start_method="forkserver",
+    )
     while not context.join(timeout=300):  # a safety net only; a hang fails on gloo's own timeout
         pass
 

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -33,7 +32,7 @@ from blackwell_trainer.runtime import Runtime
 from blackwell_trainer.train import Trainer, _token_source
 from tests.ports import free_port
 
-from .conftest import tiny_plan
+from .conftest import spawn_two_ranks, tiny_plan
 from .test_train_e2e import edit_plan, run_to_end, write_plan
 
 SEQ = 16
@@ -243,7 +242,7 @@ def _worker(rank: int, port: int) -> None:
 def test_cp2_matches_the_unsplit_model_in_loss_and_gradients() -> None:
     port = free_port()
     # Raises here with the worker's assertion if any case differs.
-    mp.spawn(_worker, args=(port,), nprocs=2, join=True)  # type: ignore[attr-defined,no-untyped-call]
+    spawn_two_ranks(_worker, (port,))
 
 
 # --- the real entry point: CP=2 on 2 processes trains, checkpoints and resumes exactly

@@ -21,16 +21,22 @@ from .conftest import REAL_STEP, before_step, join_two_rank_world, spawn_two_ran
 from .test_checkpoint_resume import error_lines, train, write_plan
 
 
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard under FSDP2 (two ranks), the tensor itself on the single-device path (one)."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) else tensor
+
+
 def poison_norm_weight(trainer: Trainer) -> None:
     """NaN in this rank's shard of the final norm's weight: the real forward then gives a NaN loss."""
     with torch.no_grad():
-        trainer.model.norm.weight.to_local().fill_(math.nan)  # type: ignore[attr-defined]
+        _local(trainer.model.norm.weight).fill_(math.nan)
 
 
 def poison_second_moments(trainer: Trainer) -> None:
     """Adam's second moments made negative: loss and gradients stay finite, the update is NaN (sqrt)."""
     for state in trainer.optimizer.state.values():
-        state["exp_avg_sq"].to_local().fill_(-1.0)
+        _local(state["exp_avg_sq"]).fill_(-1.0)
 
 
 @pytest.mark.usefixtures("world_of_one")

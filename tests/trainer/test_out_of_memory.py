@@ -46,7 +46,7 @@ def in_forward(trainer: Trainer) -> None:
 def before_the_blocks(trainer: Trainer) -> None:
     """In forward, before the first (compiled) block runs: the compile itself (tens of CPU seconds under
     inductor) is not what a compiling-step OOM message depends on, the plan and the step are."""
-    trainer.model.tok_embeddings.register_forward_pre_hook(_raise)
+    trainer.model.register_forward_pre_hook(_raise)
 
 
 def in_backward(trainer: Trainer) -> None:

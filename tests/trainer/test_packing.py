@@ -72,6 +72,28 @@ def test_the_flex_block_mask_and_the_sdpa_mask_compute_the_same_attention() -> N
     assert not torch.allclose(moved[0, :, 13:33], dense[0, :, 13:33])
 
 
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_document_attention_compiles_inside_a_checkpointed_block() -> None:
+    """Full AC wraps each compiled block in a checkpoint; the masked attention must trace there without a
+    side effect outside the block (the H200 run of 2026-12-01 failed with "Unsafe side effect" when the
+    compiled FlexAttention was made lazily inside the trace)."""
+    from torch.utils.checkpoint import checkpoint
+
+    _, documents, _ = packed_batch()
+    mask = build_document_mask(documents, flex=True)
+    generator = torch.Generator().manual_seed(2)
+    # Forward only: the CPU has no FlexAttention backward under compile; the refusal was at trace time.
+    q = torch.randn(2, 4, SEQ, 16, generator=generator)
+    k, v = (torch.randn(2, 2, SEQ, 16, generator=generator) for _ in range(2))
+
+    def block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return checkpoint(document_attention, q, k, v, mask, use_reentrant=False)
+
+    compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
+    expected = document_attention(q, k, v, build_document_mask(documents, flex=False))
+    torch.testing.assert_close(compiled(q, k, v), expected, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("family", ["llama3.1", "qwen2.5-tied", "mistral"])
 def test_packed_logits_and_loss_equal_transformers_per_document(family: str, tmp_path: Path) -> None:
     reference = save_hf_model(family, tmp_path)

@@ -85,12 +85,37 @@ class ScriptedTiming:
         return self.seconds[index]
 
 
-def _rank(rank: int, plan: str, port: int, folder: str, seconds: list[list[float]], fail: list[int]) -> None:
-    """One rank of main() with injected probe timings; its exit code and log lines land in `folder`."""
+class ScriptedGauge:
+    """Per candidate, the peak reserved bytes this rank "reads" (the CUDA reading, injected on CPU)."""
+
+    def __init__(self, peaks: dict[int, int]) -> None:
+        self.peaks = peaks
+
+    def reset(self, index: int) -> None:
+        pass
+
+    def peak(self, index: int) -> int | None:
+        return self.peaks.get(index)
+
+
+def _rank(
+    rank: int,
+    plan: str,
+    port: int,
+    folder: str,
+    seconds: list[list[float]],
+    fail: list[int],
+    peaks: list[dict[int, int]],
+) -> None:
+    """One rank of main() with injected probe timings (and peaks); its exit code and log lines land in
+    `folder`."""
     join_two_rank_world(rank, port, f"{folder}/termination-log")
     measured = Path(folder, f"measured-{rank}")
     timing = ScriptedTiming(seconds[rank], set(fail) if rank == 1 else set(), measured)
     probe.default_timing = lambda device: timing
+    if peaks:
+        gauge = ScriptedGauge(peaks[rank])
+        probe.default_gauge = lambda device: gauge
     handler = logging.FileHandler(Path(folder, f"log-{rank}"))
     logger = logging.getLogger("blackwell_trainer")
     logger.addHandler(handler)
@@ -99,7 +124,11 @@ def _rank(rank: int, plan: str, port: int, folder: str, seconds: list[list[float
 
 
 def run_two(
-    folder: Path, raw: dict[str, Any], seconds: list[list[float]], fail: tuple[int, ...] = ()
+    folder: Path,
+    raw: dict[str, Any],
+    seconds: list[list[float]],
+    fail: tuple[int, ...] = (),
+    peaks: list[dict[int, int]] | None = None,
 ) -> tuple[list[str], dict[int, str]]:
     """Run the plan on two ranks: (rank 0's log lines, step -> loss); both exit 0."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -107,7 +136,7 @@ def run_two(
         stale.unlink()
     path = folder / "plan.json"
     path.write_text(json.dumps(raw))
-    spawn_two_ranks(_rank, (str(path), free_port(), str(folder), seconds, list(fail)))
+    spawn_two_ranks(_rank, (str(path), free_port(), str(folder), seconds, list(fail), peaks or []))
     assert [(folder / f"rc-{r}").read_text() for r in (0, 1)] == ["0", "0"]
     lines = (folder / "log-0").read_text().splitlines()
     losses = {int(m[1]): m[2] for m in map(STEP_LINE.search, lines) if m}

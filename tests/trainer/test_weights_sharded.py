@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from blackwell_trainer.config import Plan
@@ -25,7 +24,7 @@ from blackwell_trainer.weights_export import export_model
 from blackwell_trainer.weights_load import load_pretrained
 from tests.ports import free_port
 
-from .conftest import tiny_plan_dict
+from .conftest import spawn_two_ranks, tiny_plan_dict
 from .hf_models import SEQ, architecture_of, hf_logits, save_hf_model, tokens
 
 pytest.importorskip("transformers")
@@ -84,7 +83,7 @@ def test_two_ranks_load_their_own_slices_and_export_the_model_whole(tmp_path: Pa
     from transformers import AutoModelForCausalLM
 
     reference = save_hf_model(FAMILY, tmp_path / "hf")
-    mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)  # type: ignore[attr-defined,no-untyped-call]
+    spawn_two_ranks(_worker, (free_port(), str(tmp_path)))
 
     total = sum(p.numel() * p.element_size() for p in reference.parameters())
     ids = tokens()

@@ -6,6 +6,8 @@ the fix, rather than fall back to a default the user did not ask for.
 
 from __future__ import annotations
 
+import os
+import threading
 from typing import Any
 
 from pydantic import Field, ValidationError, field_validator
@@ -118,9 +120,28 @@ def _one_line(error: dict[str, Any]) -> str:
     return f"{env_name(field)}={error['input']!r}: {problem}. {fix}"
 
 
+# The settings last read, by the BTJ_* variables they were read from: pydantic-settings takes about a
+# millisecond per read and a reconcile pass reads them several times.
+_LAST: tuple[tuple[tuple[str, str], ...], OperatorEnvironment] | None = None
+_LAST_LOCK = threading.Lock()
+
+
+def _variables() -> tuple[tuple[str, str], ...]:
+    """Every environment variable pydantic-settings may read for the settings (names are case-insensitive)."""
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k.upper().startswith(PREFIX)))
+
+
 def operator_environment() -> OperatorEnvironment:
     """The settings as the environment has them now; ValueError with one line for the first bad one."""
+    global _LAST
+    variables = _variables()
+    with _LAST_LOCK:
+        if _LAST is not None and _LAST[0] == variables:
+            return _LAST[1]
     try:
-        return OperatorEnvironment()
+        settings = OperatorEnvironment()
     except ValidationError as exc:
         raise ValueError(_one_line(dict(exc.errors()[0]))) from None
+    with _LAST_LOCK:
+        _LAST = (variables, settings)
+    return settings

@@ -560,6 +560,13 @@ class ProbeCandidate(WireModel):
     )
 
 
+class ProbeGrowth(ProbeCandidate):
+    """A larger micro-batch of one candidate's setting, with the planner's prediction: the probe tries it
+    when that candidate's measured peak shows memory room the model did not see (docs/probe.md)."""
+
+    grows: int = Field(ge=0, description="Index in plan.probe.candidates of the candidate it enlarges.")
+
+
 class ProbeOutcome(StrEnum):
     """What became of one candidate in the probe."""
 
@@ -573,8 +580,17 @@ class ProbeOutcome(StrEnum):
 class ProbeMeasurement(WireModel):
     """One candidate's probe figures beside its prediction (figures agreed by every rank)."""
 
-    index: int = Field(ge=0, description="Position in plan.probe.candidates (0: the planner's pick).")
+    index: int = Field(
+        ge=0,
+        description="Position in plan.probe.candidates (0: the planner's pick), then in plan.probe.growth "
+        "(the number of candidates plus its position there).",
+    )
     outcome: ProbeOutcome
+    grown_from: int | None = Field(
+        default=None,
+        ge=0,
+        description="For a grown candidate: the candidate whose measured peak showed the room for it.",
+    )
     predicted_tokens_per_second_per_gpu: float = Field(
         ge=0, description="The planner's tokens/s per GPU for this candidate."
     )
@@ -639,11 +655,29 @@ class ProbePlan(WireModel):
     memory_budget_bytes: int = Field(
         ge=0, description="The most peak reserved memory a winner may measure (0: no limit, CPU)."
     )
+    growth: list[ProbeGrowth] = Field(
+        default_factory=list,
+        description="Larger micro-batches of the candidates' settings, predicted by the planner: tried when "
+        "a candidate's measured peak shows they fit after all.",
+    )
+    fit_margin: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="Share of the memory budget a grown candidate's corrected peak must leave free (0: the "
+        "budget itself, which already keeps spec.tuning.memoryHeadroom free).",
+    )
+    max_grown: int = Field(default=2, ge=0, le=6, description="Grown candidates one probe tries at most.")
     result: ProbeResult | None = Field(
         default=None,
         description="The choice an earlier start of this job made (the operator copies it from the "
         "trainer's termination message): a restart trains with it and never probes again.",
     )
+
+    @property
+    def options(self) -> list[ProbeCandidate]:
+        """Everything a probe may time, by measurement index: the candidates, then the growth."""
+        return [*self.candidates, *self.growth]
 
 
 class NodeChoice(WireModel):

@@ -67,10 +67,17 @@ def document_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: 
     gqa = k.shape[1] != q.shape[1]
     if isinstance(mask, torch.Tensor):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if torch.compiler.is_compiling():
+        # Inside a compiled block Dynamo traces FlexAttention into the block's graph and fuses it. Going
+        # through `_flex()` there would mutate this module's global during tracing, which activation
+        # checkpointing's higher-order op refuses ("Unsafe side effect", seen on the H200 with full AC).
+        traced: torch.Tensor = flex_attention(q, k, v, block_mask=mask, enable_gqa=gqa)
+        return traced
     if q.device.type == "cuda":
         out: torch.Tensor = _flex()(q, k, v, block_mask=mask, enable_gqa=gqa)
         return out
-    from torch.nn.attention.flex_attention import flex_attention
 
     # Eager FlexAttention (the CPU tests of the block mask): unfused, the same function.
     eager: torch.Tensor = flex_attention(q, k, v, block_mask=mask, enable_gqa=gqa)

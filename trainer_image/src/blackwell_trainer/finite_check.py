@@ -29,17 +29,27 @@ def _ranks_with(flags: torch.Tensor, world: int) -> list[list[int]]:
 
 
 def reduce_loss_checked(
-    step: int, loss_sum: torch.Tensor, accum: int, grad_norm: torch.Tensor, model: nn.Module, *, foreach: bool
+    step: int,
+    loss_sum: torch.Tensor,
+    accum: int,
+    grad_norm: torch.Tensor,
+    model: nn.Module | None,
+    *,
+    foreach: bool,
 ) -> float:
     """The step's loss averaged over ranks; NonFiniteStep on every rank if any value is not finite.
 
     This rank's view of the step goes into one all-reduce: its loss and whether its loss, its share of
     the gradient norm and its parameter shards are finite. The largest parameter magnitude is
     non-finite iff one parameter is: what a checkpoint of this step would hold is checked before any
-    save of it (one read of the local shards). Called after the optimizer step; `step` is its number.
+    save of it (one read of the local shards; `model` None skips that read, tuning.parameter_check).
+    Called after the optimizer step; `step` is its number.
     """
-    params = [_local(p.detach()) for p in model.parameters()]
-    largest = torch.nn.utils.get_total_norm(params, norm_type=math.inf, foreach=foreach)
+    if model is None:  # the parameter scan is switched off (tuning.parameter_check): finite by fiat
+        largest = torch.zeros((), device=loss_sum.device)
+    else:
+        params = [_local(p.detach()) for p in model.parameters()]
+        largest = torch.nn.utils.get_total_norm(params, norm_type=math.inf, foreach=foreach)
     local = torch.stack(
         [
             loss_sum / accum,

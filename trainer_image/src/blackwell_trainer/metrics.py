@@ -186,7 +186,8 @@ class TrainerMetrics:
         )
         self.probe_winner = Gauge(
             names.PROBE_WINNER,
-            "The probe candidate this job trains with (its index in plan.probe.candidates); -1 without one.",
+            "The probe candidate this job trains with (its index in plan.probe.candidates, then in its "
+            "growth); -1 without one.",
             registry=r,
         )
         self.probe_seconds = Gauge(
@@ -304,8 +305,8 @@ class TrainerMetrics:
                     self.probe_tokens.labels(index, names.MEASURED).set(m.tokens_per_second_per_gpu)
             self.probe_winner.set(result.winner)
             self.probe_seconds.set(result.seconds)
-            if plan.probe is not None and result.winner < len(plan.probe.candidates):
-                won = plan.probe.candidates[result.winner]
+            if plan.probe is not None and result.winner < len(plan.probe.options):
+                won = plan.probe.options[result.winner]
                 self.predicted_tokens.set(won.prediction.tokens_per_second_per_gpu)
                 self.predicted_memory.set(won.prediction.memory.peak_reserved)
                 self.predicted_mfu.set(won.prediction.model_flops_utilization)

@@ -30,7 +30,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        # fp32 weights (the single-device path) are cast to the activations' dtype; a no-op under FSDP2.
+        return F.rms_norm(x, (x.shape[-1],), self.weight.to(x.dtype), self.eps)
 
     def reset_parameters(self) -> None:
         nn.init.ones_(self.weight)
@@ -88,6 +89,38 @@ def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
     return x * cos + rotated * sin
 
 
+class Linear(nn.Linear):
+    """nn.Linear whose weights are cast to the input's dtype at use (no-op when they match).
+
+    The single-device path (parallelize.py) keeps fp32 weights in the module and computes in bf16, as
+    FSDP2's mixed precision does: bf16 copies in the matmul, bf16 gradients cast back to fp32 by autograd.
+    Under torch.compile the cast is part of the block's graph.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.linear(x, self.weight.to(x.dtype), bias)
+
+
+def fused_linear(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:
+    """The Linears that read the same input as ONE matmul over their concatenated weights, split after.
+
+    Used where each weight is cast at use anyway (the single-device path under torch.compile): the cast and
+    the concatenation are then one copy, and one larger GEMM replaces two or three (Q, K, V; gate and up).
+    The same products; only the GEMM's blocking may round differently in the last bit.
+    """
+    weight = torch.cat([lin.weight.to(x.dtype) for lin in linears])
+    biases = [lin.bias for lin in linears]
+    bias = None if any(b is None for b in biases) else torch.cat([b.to(x.dtype) for b in biases])  # type: ignore[union-attr]
+    out = F.linear(x, weight, bias)
+    return tuple(torch.split(out, [lin.out_features for lin in linears], dim=-1))
+
+
+def can_fuse(*linears: nn.Module) -> bool:
+    """Only this module's own Linear (not a float8 or TE replacement, whose scaling is per weight)."""
+    return all(type(lin) is Linear for lin in linears)
+
+
 class AttentionFn(Protocol):
     """q [b, heads, s, d], k and v [b, kv_heads, s, d], RoPE applied -> causal attention [b, heads, s, d]."""
 
@@ -108,17 +141,22 @@ class Attention(nn.Module):
         self.n_heads = arch.num_attention_heads
         self.n_kv_heads = arch.num_key_value_heads
         self.head_dim = d
-        self.wq = nn.Linear(h, self.n_heads * d, bias=arch.attention_bias)
-        self.wk = nn.Linear(h, self.n_kv_heads * d, bias=arch.attention_bias)
-        self.wv = nn.Linear(h, self.n_kv_heads * d, bias=arch.attention_bias)
-        self.wo = nn.Linear(self.n_heads * d, h, bias=False)
+        self.wq = Linear(h, self.n_heads * d, bias=arch.attention_bias)
+        self.wk = Linear(h, self.n_kv_heads * d, bias=arch.attention_bias)
+        self.wv = Linear(h, self.n_kv_heads * d, bias=arch.attention_bias)
+        self.wo = Linear(self.n_heads * d, h, bias=False)
         self.attend: AttentionFn = causal_attention
+        self.fuse = False  # Q, K and V as one matmul (fused_linear; parallelize.py sets it)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor, documents: DocumentMask = None) -> torch.Tensor:
         bsz, seq, _ = x.shape
-        q = self.wq(x).view(bsz, seq, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(bsz, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(bsz, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        if self.fuse:
+            q, k, v = fused_linear(x, (self.wq, self.wk, self.wv))
+        else:
+            q, k, v = self.wq(x), self.wk(x), self.wv(x)
+        q = q.view(bsz, seq, self.n_heads, self.head_dim).transpose(1, 2)
+        k = k.view(bsz, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(bsz, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, rope), apply_rope(k, rope)
         out = self.attend(q, k, v) if documents is None else document_attention(q, k, v, documents)
         projected: torch.Tensor = self.wo(out.transpose(1, 2).reshape(bsz, seq, self.n_heads * self.head_dim))
@@ -130,12 +168,14 @@ class FeedForward(nn.Module):
 
     def __init__(self, arch: Architecture) -> None:
         super().__init__()
-        self.w1 = nn.Linear(arch.hidden_size, arch.intermediate_size, bias=False)
-        self.w3 = nn.Linear(arch.hidden_size, arch.intermediate_size, bias=False)
-        self.w2 = nn.Linear(arch.intermediate_size, arch.hidden_size, bias=False)
+        self.w1 = Linear(arch.hidden_size, arch.intermediate_size, bias=False)
+        self.w3 = Linear(arch.hidden_size, arch.intermediate_size, bias=False)
+        self.w2 = Linear(arch.intermediate_size, arch.hidden_size, bias=False)
+        self.fuse = False  # gate and up as one matmul (fused_linear; parallelize.py sets it)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate, up = fused_linear(x, (self.w1, self.w3)) if self.fuse else (self.w1(x), self.w3(x))
+        out: torch.Tensor = self.w2(F.silu(gate) * up)
         return out
 
 
@@ -173,8 +213,11 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({str(i): TransformerBlock(arch) for i in range(arch.num_layers)})
         self.norm = RMSNorm(arch.hidden_size, arch.norm_eps)
         self.output: nn.Linear | None = (
-            None if arch.tie_word_embeddings else nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+            None if arch.tie_word_embeddings else Linear(arch.hidden_size, arch.vocab_size, bias=False)
         )
+        # The dtype the model computes in when its parameters are fp32 (the single-device path sets
+        # bf16 on GPUs); None: the parameters' own dtype (FSDP2 hands the blocks bf16 copies itself).
+        self.compute_dtype: torch.dtype | None = None
         self.rope: torch.Tensor
         self.register_buffer("rope", torch.empty(2, max_seq_len, arch.resolved_head_dim), persistent=False)
         self.loss_fn: LossFn = chunked_cross_entropy
@@ -183,13 +226,23 @@ class Transformer(nn.Module):
         """The [vocab, hidden] matrix of the output projection (the embedding when tied)."""
         return self.tok_embeddings.weight if self.output is None else self.output.weight
 
+    def embedding_weight(self) -> torch.Tensor:
+        """The embedding table in the compute dtype (cast from fp32 in the single-device path).
+
+        The lookup then runs in the compute dtype, so its gradient is a bf16 table cast to fp32, as FSDP2's
+        mixed precision gives; a tied output projection uses this same cast (one bf16 copy, one sum).
+        """
+        weight = self.tok_embeddings.weight
+        return weight if self.compute_dtype is None else weight.to(self.compute_dtype)
+
     def hidden_states(
         self,
         tokens: torch.Tensor,
         positions: torch.Tensor | None = None,
         documents: torch.Tensor | None = None,
+        embedding: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        h = self.tok_embeddings(tokens)
+        h = F.embedding(tokens, self.embedding_weight() if embedding is None else embedding)
         # ``positions``: the global position of each token when this device holds only parts of the
         # sequences (context parallelism); the blocks then get exactly those rows of the RoPE tables.
         # ``documents``: packed rows (document_mask.py); positions restart at each document's start.
@@ -210,12 +263,12 @@ class Transformer(nn.Module):
         positions: torch.Tensor | None = None,
         documents: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        h = self.hidden_states(tokens, positions, documents)
+        embedding = self.embedding_weight()
+        h = self.hidden_states(tokens, positions, documents, embedding)
         if labels is None:
             return h
-        return self.loss_fn(
-            h.reshape(-1, h.shape[-1]), self.output_weight(), labels.reshape(-1), self.loss_chunk_tokens
-        )
+        head = embedding if self.output is None else self.output.weight.to(h.dtype)
+        return self.loss_fn(h.reshape(-1, h.shape[-1]), head, labels.reshape(-1), self.loss_chunk_tokens)
 
     @torch.no_grad()
     def init_weights(self, buffer_device: torch.device | None = None) -> None:

@@ -28,8 +28,11 @@ def set_lr(optimizer: torch.optim.Optimizer, step_index: int, plan: Plan) -> Non
         group["lr"] = lr_at(step_index, plan)
 
 
-def build_optimizer(model: nn.Module, plan: Plan, device: torch.device) -> torch.optim.AdamW:
-    """AdamW; decay on matrices only (norm scales and biases are not decayed); fused kernels on CUDA."""
+def build_optimizer(
+    model: nn.Module, plan: Plan, device: torch.device, *, fused: bool | None = None
+) -> torch.optim.AdamW:
+    """AdamW; decay on matrices only (norm scales and biases are not decayed); fused kernels on CUDA
+    (``fused`` overrides: torch also has them on CPU, where the tests compare the two)."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     opt = plan.optimizer
@@ -38,5 +41,5 @@ def build_optimizer(model: nn.Module, plan: Plan, device: torch.device) -> torch
         lr=lr_at(0, plan),
         betas=(opt.beta1, opt.beta2),
         eps=opt.eps,
-        fused=device.type == "cuda",
+        fused=device.type == "cuda" if fused is None else fused,
     )

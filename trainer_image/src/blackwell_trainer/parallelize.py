@@ -15,7 +15,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from .config import ActivationCheckpointing, Candidate, Sharding, keeps_gathered_weights
-from .model import Transformer
+from .model import Attention, FeedForward, Transformer, can_fuse
 from .precision import PrecisionSetup, apply_precision
 
 log = logging.getLogger(__name__)
@@ -92,10 +92,28 @@ def apply_ac(blocks: nn.ModuleDict, mode: ActivationCheckpointing, *, te: bool =
         blocks[key] = wrapped
 
 
-def apply_compile(blocks: nn.ModuleDict) -> None:
-    """torch.compile each block in place (``Module.compile`` keeps FQNs; identical blocks share one graph)."""
+def apply_compile(blocks: nn.ModuleDict, mode: str = "default") -> None:
+    """torch.compile each block in place (``Module.compile`` keeps FQNs; identical blocks share one graph).
+
+    ``mode``: torch.compile's mode (tuning.COMPILE_MODES); "default" passes none.
+    """
     for block in blocks.values():
-        block.compile(fullgraph=True)
+        block.compile(fullgraph=True, mode=None if mode == "default" else mode)
+
+
+def apply_fused_projections(model: Transformer) -> int:
+    """Q/K/V and gate/up as one matmul each in every block whose Linears are the model's own (not float8
+    or TE modules); the single-device path only, where each weight is cast (copied) at use anyway."""
+    fused = 0
+    for block in model.layers.modules():
+        if isinstance(block, Attention):
+            block.fuse = can_fuse(block.wq, block.wk, block.wv)
+        elif isinstance(block, FeedForward):
+            block.fuse = can_fuse(block.w1, block.w3)
+        else:
+            continue
+        fused += block.fuse
+    return fused
 
 
 def validate_layout(candidate: Candidate, world_size: int, *, sequence_length: int | None = None) -> None:
@@ -187,8 +205,18 @@ def parallelize(
     amax_group: Any = None,
     seed: int = 0,
     gpu_memory_bytes: int | None = None,
+    compute_dtype: torch.dtype | None = None,
+    compile_mode: str = "default",
+    fp8_pow2_scales: bool = False,
+    fuse_projections: bool = False,
 ) -> PrecisionSetup:
     """Apply every technique in ONE fixed order, then materialise and initialise the weights.
+
+    ``mesh`` None: the single-device path. Nothing is sharded or wrapped: the module keeps fp32
+    parameters (what the optimizer steps and checkpoints hold, as FSDP2's shards are) and computes in
+    ``compute_dtype`` by casting each weight at use (model.Linear, RMSNorm, the embedding), which is what
+    FSDP2's mixed precision does on one rank without its per-block all-gather and reduce-scatter copies,
+    their buffers and hooks. ``compute_dtype``: bf16 on GPUs, fp32 on CPU unless given (tests).
 
     1. precision: swaps nn.Linear for TE / torchao float8 modules. Module swaps go first so that the
        wrappers below wrap the final modules (torchtitan applies its float8 converter before anything).
@@ -199,20 +227,28 @@ def parallelize(
        compiled blocks.
     5. init: ``to_empty`` gives the meta tensors (now DTensor shards) storage; ``init_weights`` fills them.
     """
-    setup = apply_precision(model, candidate, blocks=model.layers, amax_group=amax_group)
+    setup = apply_precision(
+        model, candidate, blocks=model.layers, amax_group=amax_group, pow2_scales=fp8_pow2_scales
+    )
     apply_ac(model.layers, candidate.activation_checkpointing, te=setup.backend == "te")
     if candidate.compile and setup.compile_ok:
-        apply_compile(model.layers)
+        apply_compile(model.layers, compile_mode)
     elif candidate.compile:
         log.warning("compile skipped: %s modules do not trace under torch.compile", setup.backend)
+    # BF16 compute on GPUs; fp32 on CPU, where the gloo tests run and bf16 brings nothing but noise.
+    dtype = compute_dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     if mesh is not None:
-        # BF16 compute on GPUs; fp32 on CPU, where the gloo tests run and bf16 brings nothing but noise.
         apply_fsdp(
             model,
             mesh,
-            param_dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
+            param_dtype=dtype,
             reshard_after_forward=_should_reshard(model, mesh, device, gpu_memory_bytes),
         )
+    else:
+        if dtype != torch.float32:
+            model.compute_dtype = dtype
+        if fuse_projections:
+            apply_fused_projections(model)
     model.to_empty(device=device)
     # Same seed on every rank: DTensor's RNG tracker then gives each shard its slice of one global init.
     torch.manual_seed(seed)

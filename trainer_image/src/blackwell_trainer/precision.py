@@ -8,6 +8,7 @@ the context manager the forward pass runs under plus a hook to call after each o
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import logging
 from collections.abc import Callable
@@ -154,7 +155,7 @@ def _swap_linears_for_te(block: nn.Module) -> int:
     swapped = 0
     for parent in list(block.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and _fp8_ready(child):
+            if isinstance(child, nn.Linear) and _fp8_ready(child):  # te.Linear is no nn.Linear
                 replacement = te.Linear(
                     child.in_features,
                     child.out_features,
@@ -189,8 +190,12 @@ def apply_precision(
     te: bool | None = None,
     torchao: bool | None = None,
     amax_group: Any = None,
+    pow2_scales: bool = False,
 ) -> PrecisionSetup:
-    """Convert the blocks' Linear layers for the plan's precision (embedding and output head stay BF16)."""
+    """Convert the blocks' Linear layers for the plan's precision (embedding and output head stay BF16).
+
+    ``pow2_scales``: torchao's scales rounded down to a power of two (tuning.Tuning.fp8_pow2_scales).
+    """
     backend, recipe = resolve_backend(
         candidate,
         te=te_available() if te is None else te,
@@ -220,6 +225,8 @@ def apply_precision(
 
     name = "tensorwise" if recipe == PrecisionRecipe.TORCHAO_TENSORWISE else "rowwise"
     config = Float8LinearConfig.from_recipe_name(name)
+    if pow2_scales:
+        config = dataclasses.replace(config, round_scales_to_power_of_2=True)
 
     def only_fp8_ready(module: nn.Module, _fqn: str) -> bool:
         return isinstance(module, nn.Linear) and _fp8_ready(module)

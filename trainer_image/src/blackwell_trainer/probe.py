@@ -1,10 +1,11 @@
 """The probe: time the plan's top candidates on the job's own GPUs and data, then train with the fastest.
 
 Every rank times every candidate, and the ranks agree on one figure each (the tokens/s the slowest rank
-saw, the peak reserved memory the fullest rank saw), so they choose the same winner. Each candidate is
-built, warmed up, timed and freed (model, optimizer, compiled graphs, the allocator's cache) before the
-next; the run itself is built afterwards from scratch, so the probe leaves no trace in its weights,
-optimizer, data position or loss curve. docs/probe.md has the design and the policy.
+saw, the peak reserved memory the fullest rank saw), so they choose the same winner. A candidate whose
+measured peak shows room the model did not see makes the larger micro-batches that now fit candidates
+too. Each candidate is built, warmed up, timed and freed (model, optimizer, compiled graphs, the
+allocator's cache) before the next; the run itself is built afterwards from scratch, so the probe
+leaves no trace in its weights, optimizer, data position or loss curve. docs/probe.md has the design.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from .config import Plan, ProbeMeasurement, ProbeOutcome, ProbePlan, ProbeResult
+from .config import Plan, ProbeCandidate, ProbeGrowth, ProbeMeasurement, ProbeOutcome, ProbePlan, ProbeResult
 from .step_report import StepResult
 
 log = logging.getLogger("blackwell_trainer.probe")
@@ -32,6 +33,10 @@ log = logging.getLogger("blackwell_trainer.probe")
 PROBE_FILE = "probe.json"
 # Added to the budget for the probe's own agreement collectives: a rank that is this late is stuck.
 COLLECTIVE_GRACE_SECONDS = 300.0
+# A measured peak at least this share below its prediction shows room the model did not see (a smaller
+# gap is the allocator's noise between runs): the larger micro-batches of that setting are then corrected
+# by the measurement (corrected_growth) and tried where they fit (the OOM re-plan's correction, upwards).
+ROOM_BELOW = 0.05
 
 
 class ProbeError(RuntimeError):
@@ -87,6 +92,35 @@ def default_timing(device: torch.device) -> Timing:
     return WallTiming(device)
 
 
+class Gauge(Protocol):
+    """The probe's memory reading: reset before a candidate, its peak reserved bytes after (None: none)."""
+
+    def reset(self, index: int) -> None: ...
+
+    def peak(self, index: int) -> int | None: ...
+
+
+class AllocatorGauge:
+    """The CUDA caching allocator's peak reserved bytes; no reading on CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def reset(self, index: int) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def peak(self, index: int) -> int | None:
+        if self.device.type != "cuda":
+            return None
+        return int(torch.cuda.max_memory_reserved(self.device))
+
+
+def default_gauge(device: torch.device) -> Gauge:
+    """The memory reading a probe uses (tests replace it to inject peaks on CPU)."""
+    return AllocatorGauge(device)
+
+
 @dataclass(frozen=True)
 class Builders:
     """How the loop builds a candidate's trainer and token source for a plan (train.py's own)."""
@@ -96,40 +130,135 @@ class Builders:
 
 
 def plan_for(plan: Plan, index: int) -> Plan:
-    """The plan with probe candidate `index` as its chosen configuration and prediction."""
+    """The plan with probe option `index` (a candidate, or a grown one) as its chosen configuration."""
     assert plan.probe is not None
-    picked = plan.probe.candidates[index]
+    picked = plan.probe.options[index]
     return plan.model_copy(update={"chosen": picked.candidate, "predicted": picked.prediction})
 
 
 def run_probe(
-    plan: Plan, builders: Builders, device: torch.device, timing: Timing | None = None
+    plan: Plan,
+    builders: Builders,
+    device: torch.device,
+    timing: Timing | None = None,
+    gauge: Gauge | None = None,
 ) -> ProbeResult:
-    """Time each candidate (collective: every rank calls it), agree, and return the result with the winner."""
+    """Time each candidate (collective: every rank calls it), then the larger micro-batches the measured
+    peaks showed room for, agree, and return the result with the winner."""
     probe = plan.probe
     assert probe is not None and probe.candidates
-    timing = timing or default_timing(device)
+    clock = timing or default_timing(device)
+    memory = gauge or default_gauge(device)
     group = _agreement_group(probe)
+
+    def measure(index: int) -> ProbeMeasurement:
+        return _candidate(plan, index, builders, device, clock, memory, group)
+
     measurements: list[ProbeMeasurement] = []
     stopped = False
     with _restored_rng(device):
         for index in range(len(probe.candidates)):
-            if _agree_flag(timing.elapsed() > probe.budget_seconds, group):
+            if _agree_flag(clock.elapsed() > probe.budget_seconds, group):
                 stopped = True
                 measurements.extend(_not_run(probe, i) for i in range(index, len(probe.candidates)))
                 break
-            measurements.append(_candidate(plan, index, builders, device, timing, group))
+            measurements.append(measure(index))
+        if not stopped:
+            measurements.extend(_grown(probe, measurements, measure, clock, group))
     winner = choose_winner(measurements, probe.memory_budget_bytes)
     result = ProbeResult(
         winner=winner,
-        chosen=probe.candidates[winner].candidate,
+        chosen=probe.options[winner].candidate,
         measurements=measurements,
-        seconds=round(_all_reduce_max([timing.elapsed()], group)[0], 3),  # the slowest rank's
+        seconds=round(_all_reduce_max([clock.elapsed()], group)[0], 3),  # the slowest rank's
         stopped_early=stopped,
     )
     if group is not None:
         dist.destroy_process_group(group)
     return result
+
+
+def grown_options(probe: ProbePlan, measurements: Sequence[ProbeMeasurement]) -> list[int]:
+    """The grown candidates worth trying (indexes into probe.options), most promising first, at most
+    probe.maxGrown. Each comes from a measured candidate whose peak stayed ROOM_BELOW or more under its
+    prediction: of that setting's larger micro-batches (probe.growth) not timed yet, the fastest predicted
+    whose peak, corrected by the candidate's measurement (corrected_growth), stays probe.fitMargin under
+    the memory budget. They are ordered by that prediction scaled by the candidate's measured speed share.
+    The figures are the agreed ones, so every rank returns the same list."""
+    if not probe.memory_budget_bytes or not probe.max_grown:
+        return []
+    limit = (1.0 - probe.fit_margin) * probe.memory_budget_bytes
+    options = probe.options
+    tried = [options[m.index].candidate for m in measurements]
+    first = len(probe.candidates)
+    found: list[tuple[float, int]] = []
+    for m in measurements:
+        if (
+            m.outcome is not ProbeOutcome.MEASURED
+            or not m.peak_reserved_bytes
+            or not m.predicted_peak_reserved_bytes
+            or not m.tokens_per_second_per_gpu
+            or m.index >= first
+        ):
+            continue
+        if m.peak_reserved_bytes > (1.0 - ROOM_BELOW) * m.predicted_peak_reserved_bytes:
+            continue
+        predicted = m.predicted_tokens_per_second_per_gpu
+        speed = m.tokens_per_second_per_gpu / predicted if predicted > 0 else 1.0
+        parent = options[m.index]
+        fitting = [
+            (g.prediction.tokens_per_second_per_gpu, first + i)
+            for i, g in enumerate(probe.growth)
+            if g.grows == m.index
+            and g.candidate not in tried
+            and corrected_growth(parent, g, m.peak_reserved_bytes) <= limit
+        ]
+        if fitting:
+            rate, index = max(fitting, key=lambda f: (f[0], -f[1]))
+            found.append((rate * speed, index))
+    found.sort(key=lambda f: (-f[0], f[1]))
+    return [index for _, index in found[: probe.max_grown]]
+
+
+def corrected_growth(parent: ProbeCandidate, grown: ProbeCandidate, measured_peak: int) -> float:
+    """A grown size's predicted peak, corrected by what its candidate (the same setting at a smaller
+    micro-batch) measured. The two predictions make a line in the micro-batch; the model's error is taken
+    to lie in its slope, what grows with the micro-batch (the activations: the constants the OOM re-plan
+    scales), so the line keeps its intercept and turns to pass through the measurement. On one H200 that
+    put llama3.2-3b at sequence 3072, mbs 12, within 0.2% of the fitted model from its mbs 8 figure, where
+    scaling the whole peak by the measured share overshot it by 2.4% (docs/probe.md). Where there is no
+    such line (no growth between them, or a measurement below the intercept), the whole prediction is
+    scaled by the measured share."""
+    small, large = parent.candidate.micro_batch_size, grown.candidate.micro_batch_size
+    before, after = parent.prediction.memory.peak_reserved, grown.prediction.memory.peak_reserved
+    if large > small and after > before:
+        slope = (after - before) / (large - small)
+        fixed = before - slope * small
+        if fixed >= 0 and measured_peak > fixed:
+            return fixed + (measured_peak - fixed) * large / small
+    return after * measured_peak / before if before > 0 else float(after)
+
+
+def _grown(
+    probe: ProbePlan,
+    measurements: Sequence[ProbeMeasurement],
+    measure: Callable[[int], ProbeMeasurement],
+    timing: Timing,
+    group: ProcessGroup | None,
+) -> list[ProbeMeasurement]:
+    """Time the grown candidates while the budget holds one more (its estimate: what the candidate it
+    grows from took, the same build and the same tokens per step; the slowest rank's sum decides)."""
+    took = {m.index: m.seconds for m in measurements}
+    done: list[ProbeMeasurement] = []
+    for index in grown_options(probe, measurements):
+        option = probe.options[index]
+        assert isinstance(option, ProbeGrowth)
+        finish = _all_reduce_max([timing.elapsed() + took.get(option.grows, 0.0)], group)[0]
+        if finish > probe.budget_seconds:
+            log.info("probe: no time left in the budget for grown candidate %d", index)
+            break
+        done.append(measure(index).model_copy(update={"grown_from": option.grows}))
+    return done
 
 
 def choose_winner(measurements: Sequence[ProbeMeasurement], memory_budget_bytes: int) -> int:
@@ -153,6 +282,7 @@ def _candidate(
     builders: Builders,
     device: torch.device,
     timing: Timing,
+    gauge: Gauge,
     group: ProcessGroup | None,
 ) -> ProbeMeasurement:
     """Build, warm up and time one candidate on this rank, free it, and agree on its figures."""
@@ -161,7 +291,7 @@ def _candidate(
     began = timing.elapsed()
     candidate_plan = plan_for(plan, index)
     chosen = candidate_plan.chosen
-    _reset_peak(device)
+    gauge.reset(index)
     seconds = tokens = 0.0
     error: BaseException | None = None
     trainer: Steppable | None = None
@@ -188,7 +318,7 @@ def _candidate(
         error = err
     except Exception as err:  # any other failure of a candidate is reported and it is dropped
         error = err
-    peak = _peak_reserved(device)
+    peak = gauge.peak(index)
     # Free everything this candidate built before the next one (and before the run) is built.
     if source is not None:
         source.close()
@@ -196,8 +326,9 @@ def _candidate(
     _free(device)
     rate = tokens / seconds if seconds > 0 and error is None else 0.0
     failed = 0.0 if error is None else (1.0 if isinstance(error, torch.OutOfMemoryError) else 2.0)
-    # One all-reduce, MAX: the worst failure, the slowest rank's rate (as -rate), the fullest rank's peak.
-    agreed = _all_reduce_max([failed, -rate, float(peak)], group)
+    # One all-reduce, MAX: the worst failure, the slowest rank's rate (as -rate), the fullest rank's peak
+    # (-1: no reading, CPU).
+    agreed = _all_reduce_max([failed, -rate, float(-1 if peak is None else peak)], group)
     worst, slowest, fullest = agreed[0], -agreed[1], int(agreed[2])
     outcome, detail = ProbeOutcome.MEASURED, ""
     if worst >= 1.0:  # every rank knows it: all gather the first failing rank's line, so all report it
@@ -207,14 +338,14 @@ def _candidate(
         outcome = ProbeOutcome.OVER_MEMORY
         detail = f"peak reserved {fullest:,} bytes over the budget of {probe.memory_budget_bytes:,}"
     measured = outcome is ProbeOutcome.MEASURED or outcome is ProbeOutcome.OVER_MEMORY
-    prediction = probe.candidates[index].prediction
+    prediction = probe.options[index].prediction
     return ProbeMeasurement(
         index=index,
         outcome=outcome,
         predicted_tokens_per_second_per_gpu=prediction.tokens_per_second_per_gpu,
         predicted_peak_reserved_bytes=prediction.memory.peak_reserved,
         tokens_per_second_per_gpu=round(slowest, 1) if measured else None,
-        peak_reserved_bytes=fullest if measured and device.type == "cuda" else None,
+        peak_reserved_bytes=fullest if measured and fullest >= 0 else None,
         seconds=round(timing.elapsed() - began, 3),
         detail=detail,
     )
@@ -272,15 +403,6 @@ def _agree_flag(flag: bool, group: ProcessGroup | None) -> bool:
     return _all_reduce_max([1.0 if flag else 0.0], group)[0] > 0
 
 
-def _reset_peak(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def _peak_reserved(device: torch.device) -> int:
-    return int(torch.cuda.max_memory_reserved(device)) if device.type == "cuda" else 0
-
-
 def _free(device: torch.device) -> None:
     """Drop a candidate's compiled graphs, garbage and cached blocks."""
     import torch._dynamo
@@ -315,8 +437,8 @@ def earlier_choice(plan: Plan, termination_message: str) -> ProbeResult | None:
     for result in found:
         if (
             result is not None
-            and result.winner < len(probe.candidates)
-            and result.chosen == probe.candidates[result.winner].candidate
+            and result.winner < len(probe.options)
+            and result.chosen == probe.options[result.winner].candidate
         ):
             return result
     return None
@@ -348,8 +470,9 @@ def describe_result(plan: Plan, result: ProbeResult) -> list[str]:
     lines = []
     for m in result.measurements:
         measured = f"{m.tokens_per_second_per_gpu:,.0f}" if m.tokens_per_second_per_gpu is not None else "-"
+        grown = "" if m.grown_from is None else f" (grown from candidate {m.grown_from})"
         lines.append(
-            f"probe candidate {m.index}: {m.outcome.value}, predicted "
+            f"probe candidate {m.index}{grown}: {m.outcome.value}, predicted "
             f"{m.predicted_tokens_per_second_per_gpu:,.0f} tokens/s per GPU, measured {measured}"
             + (f" ({m.detail})" if m.detail else "")
         )

@@ -37,11 +37,19 @@ from .oom import GpuOutOfMemory, PhaseTracker, earlier_result, oom_result
 from .optimizer import build_optimizer, set_lr
 from .parallelize import ParallelismError, build_mesh, parallelize, validate_layout
 from .plan_check import PLAN_ENV, check_plan, load_plan
-from .precision import PrecisionError, PrecisionSetup, device_capability
+from .precision import (
+    PrecisionError,
+    PrecisionSetup,
+    device_capability,
+    resolve_backend,
+    te_available,
+    torchao_available,
+)
 from .preemption import PreemptionGuard
 from .runtime import Runtime, init_distributed
 from .step_report import StepReport, StepResult
 from .termination import fail, read_message, remember_probe, succeeded
+from .tuning import Tuning, TuningError
 
 if TYPE_CHECKING:  # imported where run() needs them, not at start-up
     from .checkpoint_manager import CheckpointManager
@@ -58,9 +66,18 @@ MicroBatch = tuple[torch.Tensor, ...]
 class Trainer:
     """Model, optimizer and one ``step()``; ``run()`` adds data, checkpoints, metrics and preemption."""
 
-    def __init__(self, plan: Plan, runtime: Runtime, tracker: PhaseTracker | None = None) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        runtime: Runtime,
+        tracker: PhaseTracker | None = None,
+        *,
+        tuning: Tuning | None = None,
+        compute_dtype: torch.dtype | None = None,
+    ) -> None:
         self.plan = plan
         self.runtime = runtime
+        self.tuning = tuning if tuning is not None else Tuning.from_env()
         # Where a CUDA OOM happens (setup until the first step): the run's tracker, or a private one.
         self.tracker = tracker or PhaseTracker()
         self._stepped = False  # the first step of this process runs torch.compile (a compiled plan)
@@ -77,14 +94,23 @@ class Trainer:
             for module in self.model.modules():
                 if isinstance(module, Attention):
                     module.attend = self.cp
+        backend, _ = resolve_backend(chosen, te=te_available(), torchao=torchao_available())
+        # One rank with nothing to shard trains the plain module (parallelize.py): no FSDP2 copies.
+        self.single_device = self.tuning.use_single_device(
+            world_size=runtime.world_size, context_parallel=chosen.context_parallel, backend=backend
+        )
         self.precision: PrecisionSetup = parallelize(
             self.model,
             chosen,
-            self.mesh,
+            None if self.single_device else self.mesh,
             device=runtime.device,
             amax_group=dist.group.WORLD if dist.is_initialized() else None,
             seed=plan.dataset.seed,
             gpu_memory_bytes=plan.gpu.memory_bytes or None,
+            compute_dtype=compute_dtype,
+            compile_mode=self.tuning.compile_mode,
+            fp8_pow2_scales=self.tuning.fp8_pow2_scales,
+            fuse_projections=self.tuning.fuse_projections,
         )
         self.optimizer = build_optimizer(self.model, plan, runtime.device)
         self.step_index = 0
@@ -108,7 +134,12 @@ class Trainer:
         grad_norm = self._optimizer_step(foreach)
         self.step_index += 1
         loss_value = reduce_loss_checked(
-            self.step_index, loss_sum, accum, grad_norm, self.model, foreach=foreach
+            self.step_index,
+            loss_sum,
+            accum,
+            grad_norm,
+            self.model if self.tuning.parameter_check else None,
+            foreach=foreach,
         )
         seconds = time.perf_counter() - started
         tokens = self.tokens_per_micro_batch * accum
@@ -170,15 +201,26 @@ class Trainer:
     def _optimizer_step(self, foreach: bool) -> torch.Tensor:
         """Clip (or only measure) the gradient norm, step and zero the gradients; the norm before clipping."""
         clip = self.plan.optimizer.grad_clip_norm
-        if clip > 0:
+        in_step = clip > 0 and self.tuning.clip_in_optimizer and self.single_device and _fused(self.optimizer)
+        if clip > 0 and not in_step:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip, foreach=foreach)
         else:
             grads = [p.grad for p in self.model.parameters() if p.grad is not None]
             grad_norm = torch.nn.utils.get_total_norm(grads, foreach=foreach)
+        # clip_grad_norm_'s coefficient, applied inside the fused kernel (it divides by grad_scale)
+        # instead of a separate multiply over every gradient; 1 (exactly) when nothing is clipped. Reset
+        # to None otherwise: a scale left from an earlier step would divide already clipped gradients.
+        coef = (clip / (grad_norm.float() + 1e-6)).clamp(max=1.0) if in_step else None
+        self.optimizer.grad_scale = None if coef is None else 1.0 / coef  # type: ignore[attr-defined]
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.precision.after_optimizer_step(self.model)
         return grad_norm
+
+
+def _fused(optimizer: torch.optim.Optimizer) -> bool:
+    """AdamW built with fused kernels (optimizer.py: on CUDA, and where a test asks for them)."""
+    return all(group.get("fused") for group in optimizer.param_groups)
 
 
 class LoopState:
@@ -434,7 +476,8 @@ def _main(argv: Sequence[str] | None, guard: PreemptionGuard) -> int:
         plan = load_plan(args.plan)
         check_plan(plan, runtime, device_capability())
         validate_layout(plan.chosen, runtime.world_size, sequence_length=plan.sequence_length)
-    except (PlanError, PrecisionError, ParallelismError) as err:
+        Tuning.from_env()  # a bad BTJ_TRAINER_TUNING is refused before anything is built
+    except (PlanError, PrecisionError, ParallelismError, TuningError) as err:
         return fail(err)
     earlier = earlier_result(read_message(), plan)
     if earlier is not None:  # torchrun restarted us in place with the plan that ran out: do not run it

@@ -50,6 +50,12 @@ class OperatorContext:
     # pod uid -> its verified owner chain (lifecycle/ownership.py): a pod's controllers never change to
     # another live object with the same uids, so a verified chain is read once per pod.
     _lineages: OrderedDict[str, Lineage] = field(default_factory=OrderedDict)
+    # pod uid -> None: Terminating pods with the trainer's labels that no child of a BTJ controls (made by
+    # hand, or forged). The stuck-pod sweep never force-deletes them and does not trace them again (an owner
+    # chain that failed never comes back: uids are not reused).
+    _untraced: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    # BTJ uid -> when the sweep last posted a StuckPodIgnored Event on it (at most one per interval).
+    _ignored_reported: dict[str, float] = field(default_factory=dict)
 
     def recreate_lock(self, uid: str) -> threading.Lock:
         """The lock of one BTJ's child re-creates."""
@@ -72,6 +78,7 @@ class OperatorContext:
         """A deleted BTJ re-creates nothing more: drop its lock (unless a pass holds it right now)."""
         with self._guard:
             self._btjs.pop(uid, None)
+            self._ignored_reported.pop(uid, None)
             lock = self._recreating.get(uid)
             if lock is not None and not lock.locked():
                 del self._recreating[uid]
@@ -103,10 +110,32 @@ class OperatorContext:
             while len(self._lineages) > POD_FAILURE_MEMORY:
                 self._lineages.popitem(last=False)
 
+    def untraced(self, uid: str) -> bool:
+        """Whether the stuck-pod sweep found that no child of a BTJ controls this pod."""
+        with self._guard:
+            return uid in self._untraced
+
+    def remember_untraced(self, uid: str) -> None:
+        """Note a pod no child of a BTJ controls: never force-deleted, not traced again (bounded)."""
+        with self._guard:
+            self._untraced[uid] = None
+            while len(self._untraced) > POD_FAILURE_MEMORY:
+                self._untraced.popitem(last=False)
+
+    def may_report_ignored(self, btj_uid: str, now: float, interval_s: float) -> bool:
+        """True, and noted, when no ignored stuck pod was reported on this BTJ in the last `interval_s`."""
+        with self._guard:
+            last = self._ignored_reported.get(btj_uid)
+            if last is not None and now - last < interval_s:
+                return False
+            self._ignored_reported[btj_uid] = now
+            return True
+
     def forget_pod(self, uid: str) -> None:
         """A deleted pod sends no more events."""
         with self._guard:
             self._lineages.pop(uid, None)
+            self._untraced.pop(uid, None)
             self._pod_failures.pop(uid, None)
             self._terminating.pop(uid, None)
             self._running.pop(uid, None)

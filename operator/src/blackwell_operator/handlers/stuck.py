@@ -2,7 +2,10 @@
 
 One loop for the operator (not a Kopf timer per BTJ: timers put Kopf's finalizer on every object they
 match). Its candidates come from the pod watch (OperatorContext.note_pod); nodes are listed only when one
-of them is overdue.
+of them is overdue. A stuck pod is force-deleted, and reported on its BTJ, only when its owner chain leads,
+uid by uid, to that BTJ's own child, the check a pod's result passes (handlers/pods.py): one that merely
+carries the trainer's labels is left alone, logged once, and named in at most one StuckPodIgnored Event per
+BTJ an hour.
 """
 
 from __future__ import annotations
@@ -17,11 +20,17 @@ from blackwell_operator.handlers.btjstatus import btj_path
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import create_event
 from blackwell_operator.handlers.periodic import every
+from blackwell_operator.handlers.pods import pod_lineage
+from blackwell_operator.lifecycle.failures import belongs_to
 from blackwell_operator.lifecycle.stuck_pods import StuckPod, stuck_pods, terminating_overdue
 from blackwell_operator.render.labels import JOB_NAME_LABEL
 from blackwell_operator.settings import env_name, operator_environment
 
 STUCK_POD_RELEASED = "StuckPodReleased"
+STUCK_POD_IGNORED = "StuckPodIgnored"
+# At most one StuckPodIgnored Event per BTJ in this many seconds: whoever may create pods in the namespace
+# could otherwise flood the BTJ's Events with pods of its labels.
+IGNORED_EVENT_INTERVAL_S = 3600.0
 TIMEOUT_ENV = env_name("stuck_pod_timeout_s")
 
 
@@ -34,7 +43,8 @@ def stuck_pod_timeout() -> float | None:
 def release_stuck_pods(ctx: OperatorContext, timeout_s: float, logger: Any, now: float | None = None) -> int:
     """Force-delete the trainer pods stuck Terminating on a gone or not-Ready node; how many."""
     now = time.time() if now is None else now
-    candidates = terminating_overdue(ctx.terminating_pods(), now, timeout_s)
+    overdue = terminating_overdue(ctx.terminating_pods(), now, timeout_s)
+    candidates = [p for p in overdue if not ctx.untraced(str((p.get("metadata") or {}).get("uid")))]
     if not candidates:
         return 0  # the usual case: nothing listed, nothing called
     try:
@@ -48,6 +58,15 @@ def release_stuck_pods(ctx: OperatorContext, timeout_s: float, logger: Any, now:
     for stuck in stuck_pods(candidates, nodes, now, timeout_s):
         pod = by_uid[stuck.uid]
         namespace = str(pod["metadata"].get("namespace"))
+        try:
+            btj = _owning_btj(ctx, pod)
+        except ApiError as exc:
+            ctx.metrics.record_error(exc.metric_reason)
+            logger.warning(f"Cannot check which job controls stuck pod {namespace}/{stuck.name}: {exc}")
+            continue  # the next sweep tries again
+        if btj is None:
+            _ignore(ctx, pod, stuck, logger, now)
+            continue
         try:
             ctx.api.delete(
                 resource_path("v1", "pods", namespace, stuck.name), uid=stuck.uid, grace_period_s=0
@@ -63,20 +82,48 @@ def release_stuck_pods(ctx: OperatorContext, timeout_s: float, logger: Any, now:
         ctx.forget_pod(stuck.uid)
         released += 1
         logger.warning(f"{namespace}: {stuck.describe()}")
-        _report(ctx, pod, stuck, logger)
+        _report(ctx, btj, stuck, STUCK_POD_RELEASED, stuck.describe(), logger)
     return released
 
 
-def _report(ctx: OperatorContext, pod: Mapping[str, Any], stuck: StuckPod, logger: Any) -> None:
-    """A Warning Event on the pod's BlackwellTrainingJob (best effort: the delete is what matters)."""
+def _owning_btj(ctx: OperatorContext, pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The BTJ whose own child controls `pod` (its verified owner chain, lifecycle/ownership.py); None for
+    a pod no child of a BTJ controls. Raises ApiError when a read fails (nothing is concluded then)."""
+    found = pod_lineage(ctx, pod)
+    if found is None:
+        return None
+    btj = ctx.api.get(btj_path(str(pod["metadata"].get("namespace")), found.btj_name))
+    return btj if btj is not None and belongs_to(pod, btj, found) else None
+
+
+def _ignore(ctx: OperatorContext, pod: Mapping[str, Any], stuck: StuckPod, logger: Any, now: float) -> None:
+    """A stuck pod with the trainer's labels that no child of a BTJ controls: left alone, said once."""
+    ctx.remember_untraced(stuck.uid)
     meta = pod["metadata"]
-    name = (meta.get("labels") or {}).get(JOB_NAME_LABEL)
+    namespace, name = str(meta.get("namespace")), (meta.get("labels") or {}).get(JOB_NAME_LABEL)
+    logger.warning(
+        f"Pod {namespace}/{stuck.name} carries the trainer's labels and is stuck Terminating, but no "
+        "BlackwellTrainingJob's job controls it: not force-deleted"
+    )
     try:
-        btj = ctx.api.get(btj_path(str(meta.get("namespace")), str(name))) if name else None
-        if btj is not None:
-            create_event(ctx.api, btj, STUCK_POD_RELEASED, stuck.describe(), warning=True)
+        btj = ctx.api.get(btj_path(namespace, str(name))) if name else None
     except ApiError as exc:
         ctx.metrics.record_error(exc.metric_reason)
+        return  # the log says it; the Event is a courtesy
+    uid = str(((btj or {}).get("metadata") or {}).get("uid") or "")
+    if btj is not None and uid and ctx.may_report_ignored(uid, now, IGNORED_EVENT_INTERVAL_S):
+        _report(ctx, btj, stuck, STUCK_POD_IGNORED, stuck.describe_ignored(namespace), logger)
+
+
+def _report(
+    ctx: OperatorContext, btj: Mapping[str, Any], stuck: StuckPod, reason: str, message: str, logger: Any
+) -> None:
+    """A Warning Event on the BlackwellTrainingJob (best effort: the delete is what matters)."""
+    try:
+        create_event(ctx.api, btj, reason, message, warning=True)
+    except ApiError as exc:
+        ctx.metrics.record_error(exc.metric_reason)
+        name = (btj.get("metadata") or {}).get("name")
         logger.warning(f"Cannot report the stuck pod {stuck.name} on BlackwellTrainingJob {name}: {exc}")
 
 

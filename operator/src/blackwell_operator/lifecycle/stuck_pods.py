@@ -4,6 +4,8 @@ A node that stops reporting (powered off, kernel panic, network cut) leaves its 
 the API server waits for a kubelet that never confirms. The training operator does not replace a pod
 that still exists, so the whole job sits in Restarting (kubeflow/trainer#2072, #2185). Force-deleting such
 a pod is safe only when its node is gone or not Ready: a Ready node's kubelet finishes the deletion itself.
+Only a pod that the BTJ's own child controls is force-deleted (lifecycle/ownership.py): the trainer's labels
+are no evidence, anyone who may create pods can copy them.
 """
 
 from __future__ import annotations
@@ -25,16 +27,25 @@ class StuckPod:
     overdue_s: float
     node_state: str  # "gone" or the node's Ready condition status ("False", "Unknown")
 
+    def _where(self) -> str:
+        if self.node_state == "gone":
+            return f"node {self.node} is gone"
+        return f"node {self.node} is not Ready ({self.node_state})"
+
     def describe(self) -> str:
         """One line for the Event."""
-        where = (
-            f"node {self.node} is gone"
-            if self.node_state == "gone"
-            else (f"node {self.node} is not Ready ({self.node_state})")
-        )
         return (
-            f"pod {self.name} was stuck Terminating {self.overdue_s:.0f} s past its deadline and {where}: "
-            "force-deleted so that the training operator can start its replacement"
+            f"pod {self.name} was stuck Terminating {self.overdue_s:.0f} s past its deadline and "
+            f"{self._where()}: force-deleted so that the training operator can start its replacement"
+        )
+
+    def describe_ignored(self, namespace: str) -> str:
+        """One line for a pod with the job's labels that no child of the job controls."""
+        return (
+            f"pod {self.name} carries this job's labels and is stuck Terminating ({self._where()}), but no "
+            "child of this BlackwellTrainingJob controls it (made outside the operator, or a deleted "
+            "child's): not force-deleted. If it blocks the job, check who made it, then "
+            f"kubectl delete pod {self.name} -n {namespace} --grace-period=0 --force"
         )
 
 

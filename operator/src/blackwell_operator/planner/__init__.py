@@ -318,6 +318,7 @@ def _probe(
         shrink=lambda s, mbs: (
             problem.score(s.setting.with_mbs(mbs)) if problem.batch_ok(s.setting, mbs) else None
         ),
+        larger=lambda s: range(s.setting.micro_batch_size + 1, problem.max_mbs(s.setting) + 1),
     )
 
 

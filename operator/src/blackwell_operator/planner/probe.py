@@ -7,7 +7,14 @@ from collections.abc import Callable, Sequence
 from blackwell_operator.models.spec import AUTO, ProbeSpec
 from blackwell_operator.planner.figures import gib
 from blackwell_operator.planner.search import Scored
-from blackwell_trainer.config import Candidate, Prediction, ProbeCandidate, ProbePlan, ProbePolicy
+from blackwell_trainer.config import (
+    Candidate,
+    Prediction,
+    ProbeCandidate,
+    ProbeGrowth,
+    ProbePlan,
+    ProbePolicy,
+)
 
 # A runner-up is probed when the model puts it within this share of the pick's tokens/s: the models were
 # off by -9% to +6% on an unfitted calibration (docs/probe.md), so a closer one may well be faster.
@@ -31,6 +38,22 @@ Convert = Callable[[Scored], tuple[Candidate, Prediction]]
 # Where a family's best size misses the margin: the smaller sizes tried, at most.
 SHRINK_TRIES = 8
 Shrink = Callable[[Scored, int], Scored | None]
+# The larger micro-batches of each candidate's setting the plan carries (ProbePlan.growth), and how many of
+# them one probe tries at most: the trainer tries one where a measured peak shows room (docs/probe.md).
+GROWTH_SIZES = 2
+GROWN_AT_MOST = 2
+# A grown candidate needs its corrected peak within the memory budget itself (which keeps
+# spec.tuning.memoryHeadroom free), not FIT_MARGIN below it: the correction rests on a measurement of the
+# same setting, and one that measures over the budget is never chosen anyway. A margin would turn away the
+# very sizes a fitted model picks (llama3.2-3b at sequence 3072 on one H200: its pick is 0.8% under).
+GROWTH_MARGIN = 0.0
+# Larger sizes looked at per candidate for GROWTH_SIZES that reach the global batch, at most.
+GROWTH_TRIES = 64
+# ... and only those predicted at most this multiple of the memory budget: a measured peak would have to
+# be far further below its prediction than the worst over-prediction seen (23%, docs/probe.md) for more.
+GROWTH_REACH = 1.3
+# The larger sizes of a candidate's setting the search allows (global batch, trainer limit, OOM limits).
+Larger = Callable[[Scored], Sequence[int]]
 
 
 def probe_candidates(
@@ -80,6 +103,22 @@ def estimate_seconds(picks: Sequence[Scored]) -> float:
     return total
 
 
+def larger_sizes(s: Scored, sizes: Sequence[int], score: Shrink, budget_bytes: float) -> list[Scored]:
+    """Up to GROWTH_SIZES of `sizes` (larger micro-batches, ascending) that `score` scores (None: the global
+    batch does not allow it), that the model predicts faster than `s` and at most GROWTH_REACH times the
+    memory budget: what a measured peak below the prediction could let the probe try."""
+    grown: list[Scored] = []
+    for mbs in sizes[:GROWTH_TRIES]:
+        found = score(s, mbs)
+        if found is not None and found.memory.peak_reserved > GROWTH_REACH * budget_bytes:
+            break  # memory only grows with the micro-batch
+        if found is not None and found.tokens_per_second > s.tokens_per_second:
+            grown.append(found)
+            if len(grown) >= GROWTH_SIZES:
+                break
+    return grown
+
+
 def probe_plan(
     spec: ProbeSpec,
     best: Scored,
@@ -90,20 +129,31 @@ def probe_plan(
     measured: Callable[[Scored], bool],
     convert: Convert,
     shrink: Shrink | None = None,
+    larger: Larger | None = None,
     tokens_factor: Callable[[Scored], float] = lambda s: 1.0,
 ) -> ProbePlan:
     """The plan's probe section under the spec's policy (docs/probe.md, "Policy")."""
     picks = probe_candidates(best, ranked, budget_bytes, spec.candidates, shrink)
-    candidates = [
-        ProbeCandidate(candidate=c, prediction=p, measured=measured(s), tokens_factor=tokens_factor(s))
-        for s, (c, p) in ((s, convert(s)) for s in picks)
+
+    def option(s: Scored) -> ProbeCandidate:
+        c, p = convert(s)
+        return ProbeCandidate(candidate=c, prediction=p, measured=measured(s), tokens_factor=tokens_factor(s))
+
+    candidates = [option(s) for s in picks]
+    grown = [
+        (i, g)
+        for i, s in enumerate(picks)
+        if larger is not None and shrink is not None
+        for g in larger_sizes(s, larger(s), shrink, budget_bytes)
     ]
+    growth = [ProbeGrowth(grows=i, **option(g).model_dump()) for i, g in grown]
     run_seconds = steps * (best.time.step_time_seconds if best.time else 0.0)
     estimate = estimate_seconds(picks)
     if spec.budget_seconds == AUTO:
         budget = min(PROBE_BUDGET_CAP, PROBE_SHARE * run_seconds)
         if spec.policy is ProbePolicy.ALWAYS:  # always probes: give it what its candidates need
-            budget = min(PROBE_BUDGET_CAP, max(budget, estimate))
+            costliest = sorted((estimate_seconds([g]) for _, g in grown), reverse=True)[:GROWN_AT_MOST]
+            budget = min(PROBE_BUDGET_CAP, max(budget, estimate + sum(costliest)))
     else:
         budget = float(spec.budget_seconds)
     enabled, reason = _decide(spec.policy, candidates, estimate, budget)
@@ -116,6 +166,9 @@ def probe_plan(
         warmup_steps=WARMUP_STEPS,
         timed_steps=TIMED_STEPS,
         memory_budget_bytes=int(budget_bytes),
+        growth=growth if enabled else [],  # only a probe that runs tries them
+        fit_margin=GROWTH_MARGIN,
+        max_grown=GROWN_AT_MOST,
     )
 
 
@@ -157,5 +210,16 @@ def describe_probe(probe: ProbePlan, describe: Callable[[Candidate], str]) -> li
             f"probe candidate {i}{' (the pick)' if i == 0 else ''}: {describe(c.candidate)}, "
             f"{p.tokens_per_second_per_gpu:,.0f} tokens/s per GPU, peak {gib(p.memory.peak_reserved)} "
             f"predicted ({basis})"
+        )
+    by_candidate: dict[int, list[str]] = {}
+    for g in probe.growth:
+        by_candidate.setdefault(g.grows, []).append(
+            f"mbs {g.candidate.micro_batch_size} (peak {gib(g.prediction.memory.peak_reserved)} predicted)"
+        )
+    if by_candidate and probe.enabled:
+        grows = "; ".join(f"candidate {i} to " + ", ".join(sizes) for i, sizes in by_candidate.items())
+        lines.append(
+            f"probe growth (tried, {probe.max_grown} at most, where a candidate's measured peak corrects "
+            f"these to within the memory budget): {grows}"
         )
     return lines

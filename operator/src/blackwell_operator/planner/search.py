@@ -285,6 +285,17 @@ def first_step(tokens: int, per_sequence: int, start: int, mbs: int) -> tuple[in
     return None
 
 
+def single_step_mbs(problem: Problem, family: Setting, upper: int) -> int:
+    """The largest micro-batch up to `upper` that reaches the global batch with no accumulation (0: none)."""
+    if problem.global_batch_tokens is None:
+        return 0
+    exact = problem.global_batch_tokens / problem.tokens_per_micro_step(family, 1)
+    for mbs in sorted({math.ceil(exact), math.floor(exact)}, reverse=True):
+        if 1 <= mbs <= upper and problem.accumulation(family, mbs) == 1 and problem.batch_ok(family, mbs):
+            return mbs
+    return 0
+
+
 def run_search(problem: Problem, families: list[Setting], pinned_mbs: int | None = None) -> SearchResult:
     """Score every family and rank the feasible candidates by predicted tokens/s per GPU."""
     results: list[FamilyResult] = []
@@ -303,9 +314,17 @@ def run_search(problem: Problem, families: list[Setting], pinned_mbs: int | None
             feasible.extend(result.scored)
             continue
         max_fit = largest_fitting(problem, family, upper)
+        single = single_step_mbs(problem, family, upper)
+        if max_fit < single and problem.fits(family.with_mbs(single)):
+            # Memory grows with the micro-batch except where accumulation ends: gradients held across
+            # micro-steps cost more than the larger micro-batch that reaches the batch in one step (8B on
+            # one H200 at two sequences: mbs 1 x 2 needs 158 GiB, mbs 2 x 1 fits in 134).
+            max_fit = single
         result = FamilyResult(family, max_fit)
         for mbs in sizes_to_time(problem, family, max_fit):
-            result.scored.append(problem.score(family.with_mbs(mbs)))
+            scored = problem.score(family.with_mbs(mbs))
+            if scored.fits:
+                result.scored.append(scored)
         if max_fit < upper:
             # Memory only for now (already evaluated by the search); timed below if it matters.
             too_big = family.with_mbs(max_fit + 1)

@@ -1,0 +1,160 @@
+"""The single-device path (no FSDP2 on one rank) against FSDP2 on one rank: same losses, checkpoints
+that load either way, and the step-level switches of tuning.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from blackwell_trainer.checkpoint import Checkpointer
+from blackwell_trainer.config import CheckpointConfig, Plan
+from blackwell_trainer.optimizer import build_optimizer
+from blackwell_trainer.runtime import Runtime
+from blackwell_trainer.train import Trainer
+from blackwell_trainer.tuning import Tuning, TuningError
+from tests.ports import free_port
+from tests.trainer.conftest import tiny_plan
+
+CPU = torch.device("cpu")
+ONE = Runtime(rank=0, local_rank=0, world_size=1, local_world_size=1, device=CPU)
+SINGLE, FSDP = Tuning(), Tuning(single_device="fsdp")
+pytestmark = pytest.mark.filterwarnings("ignore:.*torch.distributed.*:UserWarning")
+
+
+@pytest.fixture
+def world_of_one() -> Iterator[None]:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _plan(**chosen: object) -> Plan:
+    plan = tiny_plan(shardDegree=1, **chosen)
+    plan.gpus_per_node = 1
+    return plan
+
+
+def _batches(seed: int, count: int) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """One random batch, `count` times: the loss falls as the model learns it by heart."""
+    tokens = torch.randint(0, 256, (4, 33), generator=torch.Generator().manual_seed(seed))
+    return [[(tokens[:, :-1], tokens[:, 1:])] for _ in range(count)]
+
+
+def _full(param: torch.Tensor) -> torch.Tensor:
+    full = getattr(param, "full_tensor", None)
+    return (full() if callable(full) else param).detach()
+
+
+def _train(trainer: Trainer, batches: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> list[float]:
+    return [trainer.step(b).loss for b in batches]
+
+
+def test_one_rank_takes_the_single_device_path_unless_told_fsdp(world_of_one: None) -> None:
+    single = Trainer(_plan(), ONE, tuning=SINGLE)
+    assert single.single_device
+    assert not any(hasattr(p, "to_local") for p in single.model.parameters())
+    assert all(p.dtype == torch.float32 for p in single.model.parameters())
+    fsdp = Trainer(_plan(), ONE, tuning=FSDP)
+    assert not fsdp.single_device
+    assert all(hasattr(p, "to_local") for p in fsdp.model.parameters())
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_single_device_losses_and_weights_equal_fsdp2_on_one_rank_fp32(
+    world_of_one: None, accumulation: int
+) -> None:
+    plan = _plan(microBatchSize=4 // accumulation, gradientAccumulationSteps=accumulation)
+    steps = [[(i[j::accumulation], lab[j::accumulation]) for j in range(accumulation) for i, lab in b]
+             for b in _batches(0, 6)]  # fmt: skip
+    single, fsdp = Trainer(plan, ONE, tuning=SINGLE), Trainer(plan, ONE, tuning=FSDP)
+    # A control: the two start from the same initial weights (one seed, one RNG stream on CPU).
+    for (name, a), b in zip(single.model.named_parameters(), fsdp.model.parameters(), strict=True):
+        torch.testing.assert_close(a.detach(), _full(b), rtol=0, atol=0, msg=name)
+    ours, theirs = _train(single, steps), _train(fsdp, steps)
+    assert ours[-1] < ours[0]  # it trains
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
+    for (name, a), b in zip(single.model.named_parameters(), fsdp.model.parameters(), strict=True):
+        torch.testing.assert_close(a.detach(), _full(b), rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_single_device_bf16_compute_matches_fsdp2_bf16_mixed_precision(world_of_one: None) -> None:
+    plan, steps = _plan(), _batches(1, 5)
+    single = Trainer(plan, ONE, tuning=SINGLE, compute_dtype=torch.bfloat16)
+    fsdp = Trainer(plan, ONE, tuning=FSDP, compute_dtype=torch.bfloat16)
+    assert single.model.compute_dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in single.model.parameters())  # fp32 masters kept
+    ours, theirs = _train(single, steps), _train(fsdp, steps)
+    fp32 = _train(Trainer(plan, ONE, tuning=SINGLE), steps)
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)  # bit for bit on CPU
+    # A control that the comparison can fail: bf16 compute is not the fp32 run.
+    assert max(abs(a - b) for a, b in zip(ours, fp32, strict=True)) > 1e-4
+
+
+def test_clipping_inside_the_fused_step_equals_clipping_before_it(world_of_one: None) -> None:
+    plan, steps = _plan(), _batches(2, 6)
+    plan.optimizer.grad_clip_norm = 0.05  # far below the tiny model's gradient norm: clipping acts
+    runs = []
+    for tuning in (SINGLE, Tuning(clip_in_optimizer=True)):
+        trainer = Trainer(plan, ONE, tuning=tuning)
+        trainer.optimizer = build_optimizer(trainer.model, plan, CPU, fused=True)
+        runs.append((_train(trainer, steps), trainer))
+    (plain, _), (folded, trainer) = runs
+    grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
+    assert not grads  # zeroed after each step; the norm the last step clipped is read back instead
+    scale = getattr(trainer.optimizer, "grad_scale", None)
+    assert scale is not None and float(scale) > 10  # the folded path ran, and clipping acted
+    assert getattr(trainer.optimizer, "grad_scale", None) is not None  # the folded path ran
+    torch.testing.assert_close(folded, plain, rtol=1e-5, atol=1e-5)
+    # Switched off again (as the A/B script does between windows): no scale is left to divide by twice.
+    trainer.tuning = SINGLE
+    trainer.step(steps[0])
+    assert trainer.optimizer.grad_scale is None  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "saver,loader", [(SINGLE, FSDP), (FSDP, SINGLE)], ids=["single-to-fsdp", "fsdp-to-single"]
+)
+def test_a_checkpoint_of_either_path_resumes_on_the_other(
+    world_of_one: None, tmp_path: Path, saver: Tuning, loader: Tuning
+) -> None:
+    plan, steps = _plan(), _batches(3, 5)
+    first = Trainer(plan, ONE, tuning=saver)
+    _train(first, steps[:2])
+    config = CheckpointConfig(path=str(tmp_path), interval_steps=1, keep_latest=2)
+    Checkpointer(config, rank=0).save(2, first.model, first.optimizer, {"step": 2})
+    plan.dataset.seed = 99  # another initial state, which the load must replace
+    second = Trainer(plan, ONE, tuning=loader)
+    assert Checkpointer(config, rank=0).load(second.model, second.optimizer) is not None
+    second.step_index = 2
+    torch.testing.assert_close(_train(second, steps[2:]), _train(first, steps[2:]), rtol=1e-6, atol=1e-6)
+
+
+def test_tuning_is_read_as_key_value_pairs_and_bad_entries_name_the_key() -> None:
+    assert Tuning.parse("") == Tuning()
+    parsed = Tuning.parse("single-device=fsdp, clip_in_optimizer=true,parameter_check=off")
+    assert parsed == Tuning(single_device="fsdp", clip_in_optimizer=True, parameter_check=False)
+    with pytest.raises(TuningError, match="'colour=red' is not key=value with a key among"):
+        Tuning.parse("colour=red")
+    with pytest.raises(TuningError, match="compile_mode takes one of default, "):
+        Tuning.parse("compile_mode=fastest")
+    with pytest.raises(TuningError, match="parameter_check takes true or false, not 'maybe'"):
+        Tuning.parse("parameter_check=maybe")
+    assert not Tuning().use_single_device(world_size=1, context_parallel=1, backend="te")
+    assert not Tuning().use_single_device(world_size=2, context_parallel=1, backend="bf16")
+
+
+def test_fused_projections_give_the_losses_of_separate_ones(world_of_one: None) -> None:
+    plan, steps = _plan(), _batches(4, 5)
+    fused = Trainer(plan, ONE, tuning=Tuning(fuse_projections=True))
+    blocks = [m for m in fused.model.modules() if hasattr(m, "fuse")]
+    assert len(blocks) == 2 * plan.architecture.num_layers and all(m.fuse for m in blocks)
+    plain = Trainer(plan, ONE, tuning=SINGLE)
+    assert not any(m.fuse for m in plain.model.modules() if hasattr(m, "fuse"))
+    torch.testing.assert_close(_train(fused, steps), _train(plain, steps), rtol=1e-5, atol=1e-5)
+    # FSDP2 keeps separate matmuls (its weights are gathered copies, a concatenation would be one more).
+    fsdp = Trainer(plan, ONE, tuning=Tuning(single_device="fsdp", fuse_projections=True))
+    assert not any(m.fuse for m in fsdp.model.modules() if hasattr(m, "fuse"))

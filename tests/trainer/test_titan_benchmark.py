@@ -1,0 +1,172 @@
+"""benchmarks/titan_h200.py's CPU-testable parts: its reading of torchtitan's log, its configurations, and
+the two models being one shape in both trainers' words.
+
+The GPU figures come from the H200 run (docs/benchmarks/titan_h200.md). The full check against torchtitan
+itself (its config parser on the real arguments, its model built on the meta device, its data loader on the
+carried files) is `python benchmarks/titan_h200.py --configs all --dry-run`, which needs torchtitan's wheel.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from benchmarks import trainer_h200
+from benchmarks.titan_h200 import (
+    SUBSETS,
+    WARMUP,
+    Point,
+    TitanResult,
+    expand,
+    launch,
+    markdown,
+    parse_point,
+    parse_titan_log,
+    row,
+    table,
+    titan_args,
+)
+from benchmarks.titan_shapes import MODELS, ROPE_SCALING_TITAN
+
+from blackwell_trainer.config import Architecture
+
+PREFIX = "[rank0]:[titan] 2026-12-01 22:40:01,123 - root - INFO - "
+
+
+def step_line(step: int, tps: float, reserved: float, *, colour: bool = False) -> str:
+    """One step's line as torchtitan 0.2.2's MetricsProcessor.log writes it (its f-string's formats)."""
+    red, reset = ("\x1b[31m", "\x1b[39m") if colour else ("", "")
+    return (
+        f"{PREFIX}{red}step: {step:2}  loss: {10.5 - step / 10:8.5f}  grad_norm: {1.2345:7.4f}  "
+        f"memory: {reserved:5.2f}GiB({100 * reserved / 139.8:.2f}%)  tps: {round(tps):,}  "
+        f"tflops: {412.5:,.2f}  mfu: {41.7:.2f}%{reset}"
+    )
+
+
+def log(tps: list[float], reserved: list[float], *, colour: bool = False) -> str:
+    head = [
+        f"{PREFIX}Model btj_llama3 3B_untied size: 3,606,752,256 total parameters",
+        f"{PREFIX}Training starts",
+    ]
+    steps = [
+        step_line(i + 1, t, r, colour=colour) for i, (t, r) in enumerate(zip(tps, reserved, strict=True))
+    ]
+    return "\n".join(head + steps + [f"{PREFIX}Training completed"])
+
+
+def test_the_median_of_the_steady_steps_and_the_largest_reserved_memory() -> None:
+    tps = [312.0, 20_100, 22_000, 24_001, 24_400, 23_900, 24_200, 25_000, 24_100]
+    reserved = [95.5, 96.0, 96.0, 96.25, 96.25, 96.25, 96.25, 96.25, 96.25]
+    got = parse_titan_log(log(tps, reserved), warmup=3)
+    assert got.status == "ok"
+    assert got.tps_steps == [24_001, 24_400, 23_900, 24_200, 25_000, 24_100]
+    assert got.tokens_per_s_per_gpu == 24_150  # the compiling step 1 and warm-up steps 2-3 are left out
+    assert got.peak_reserved_gib == 96.25
+    assert got.parameters == 3_606_752_256
+    assert len(got.losses) == 9
+
+
+def test_colours_and_a_large_tps_are_read_too() -> None:
+    got = parse_titan_log(log([1e3] * 4 + [1_234_567.0] * 5, [60.0] * 9, colour=True), warmup=WARMUP)
+    assert got.tokens_per_s_per_gpu == 1_234_567
+    assert got.peak_reserved_gib == 60.0
+
+
+def test_an_out_of_memory_is_named_and_gives_no_figure() -> None:
+    text = log([300.0], [139.0]) + (
+        "\n[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.91 GiB. "
+        "GPU 0 has a total capacity of 139.81 GiB"
+    )
+    got = parse_titan_log(text)
+    assert got.status == "oom"
+    assert got.tokens_per_s_per_gpu is None
+    assert "Tried to allocate 3.91 GiB" in got.detail
+
+
+def test_a_run_that_never_got_past_warm_up_is_an_error_with_its_tail() -> None:
+    got = parse_titan_log(log([300.0, 2e4], [90.0, 90.0]) + "\nRuntimeError: NCCL went away", warmup=3)
+    assert got.status == "error"
+    assert "NCCL went away" in got.detail
+
+
+def test_configurations_and_subsets() -> None:
+    assert parse_point("3b-fp8-b4") == Point("3b-fp8-b4", "3b", "fp8", 4, 4)
+    assert parse_point("3b-fp8-t8-o9") == Point("3b-fp8-t8-o9", "3b", "fp8", 8, 9)
+    assert [p.name for p in expand("same-3b,3b-bf16-b2,1b-fp8-b4")] == [*SUBSETS["same-3b"], "1b-fp8-b4"]
+    assert set(SUBSETS["all"]) == set(SUBSETS["same-3b"]) | set(SUBSETS["1b-best"])
+    for bad in ("3b-fp16-b4", "8b-bf16-b2", "3b-bf16-b0", "3b-bf16", "same"):
+        with pytest.raises(ValueError, match="--configs"):
+            expand(bad)
+
+
+def test_fp8_adds_torchtitans_float8_converter_and_bf16_none() -> None:
+    fp8 = titan_args(parse_point("3b-fp8-b2"), trainer_h200.REPO / ".titan", trainer_h200.REPO / "x")
+    bf16 = titan_args(parse_point("3b-bf16-b2"), trainer_h200.REPO / ".titan", trainer_h200.REPO / "x")
+    assert fp8[fp8.index("--model.converters") + 1] == "quantize.linear.float8"
+    assert "--model.converters" not in bf16
+    assert bf16[bf16.index("--training.local_batch_size") + 1] == "2"
+
+
+@pytest.mark.parametrize("key", sorted(MODELS))
+def test_both_trainers_get_one_shape(key: str) -> None:
+    model = MODELS[key]
+    ours = Architecture(**trainer_h200.SHAPES[model.ours])
+    titan = model.titan_args
+    assert ours.parameter_count() == model.parameters
+    assert not ours.tie_word_embeddings  # torchtitan's llama3 ties nothing
+    shape = (ours.hidden_size, ours.num_layers, ours.num_attention_heads, ours.num_key_value_heads)
+    assert (titan["dim"], titan["n_layers"], titan["n_heads"], titan["n_kv_heads"]) == shape
+    assert titan["vocab_size"] == ours.vocab_size
+    assert (titan["rope_theta"], titan["norm_eps"]) == (ours.rope_theta, ours.norm_eps)
+    assert ours.rope_scaling is not None
+    assert {
+        "scaling_factor": ours.rope_scaling.factor,
+        "low_freq_factor": ours.rope_scaling.low_freq_factor,
+        "high_freq_factor": ours.rope_scaling.high_freq_factor,
+        "original_max_position_embeddings": ours.rope_scaling.original_max_position_embeddings,
+    } == ROPE_SCALING_TITAN
+
+
+def test_a_row_holds_both_figures_their_ratio_and_the_table_shows_them() -> None:
+    point = parse_point("1b-bf16-b4")
+    ours = trainer_h200.Record(point.name, {}, "ok", tokens_per_s_per_gpu=66_000.0, peak_reserved_gib=60.0)
+    titan = TitanResult(status="ok", tokens_per_s_per_gpu=60_000.0, peak_reserved_gib=55.5,
+                        parameters=MODELS["1b"].parameters)  # fmt: skip
+    got = row(point, ours, titan)
+    assert got["ratio_tokens_per_s"] == 1.1
+    assert got["parameters"]["equal"]
+    assert got["parameters"]["ours_model"] == MODELS["1b"].parameters
+    differ = row(point, ours, TitanResult(status="ok", parameters=1))
+    assert not differ["parameters"]["equal"]
+    assert differ["ratio_tokens_per_s"] is None
+    shown = table([got, differ])
+    assert "66,000" in shown and "60,000" in shown and "1.100" in shown and "60.0 / 55.5" in shown
+    assert "DIFFER" in shown.splitlines()[2]
+    best = row(parse_point("3b-fp8-t8-o9"), ours, titan)
+    doc = markdown([got, best]).splitlines()
+    assert doc[2] == "| 1B BF16, batch 4 | 66,000 | 60,000 | 1.10 | 60.0 / 55.5 |"
+    assert doc[3].startswith("| 3B FP8 tensorwise, batch 9 / 8 |")
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie, killed and not yet reaped, is not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_a_hung_launch_is_killed_with_the_process_it_started(tmp_path: Path) -> None:
+    """torchrun's worker is torchrun's child: killing torchrun alone would leave it on the GPU."""
+    pid_file = tmp_path / "child.pid"
+    script = f"sleep 300 & echo $! > {pid_file}; echo started; wait"
+    out, rc = launch(["bash", "-c", script], dict(os.environ), timeout=1)
+    assert rc is None and out == "started\n"
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)

@@ -1,0 +1,82 @@
+"""Trainer switches that trade speed or memory, not the plan: each one measurable on its own (A/B).
+
+The defaults are what the trainer runs. ``BTJ_TRAINER_TUNING`` (``key=value,key=value``) overrides them for
+a measurement (benchmarks/trainer_ab_h200.py); a bad key or value is refused naming the key and the choices.
+Switches that change numerics say so in their comment; the default never does.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+TUNING_ENV = "BTJ_TRAINER_TUNING"
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead")
+
+
+class TuningError(ValueError):
+    """A ``BTJ_TRAINER_TUNING`` entry that names no switch or gives it a value it cannot take."""
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The switches (docs/trainer.md, "Single-device path" and "Switches")."""
+
+    # "auto": a lone process with nothing to shard (one rank, no context parallelism, not Transformer
+    # Engine) trains the plain module: fp32 parameters cast to bf16 at use, no FSDP2. "fsdp": always FSDP2.
+    # The same numerics either way (bf16 compute copies of fp32 weights, bf16 gradients cast to fp32).
+    single_device: str = "auto"
+    # torch.compile mode of the per-block compile ("default" is torch's default).
+    compile_mode: str = "default"
+    # Fold gradient clipping into the fused AdamW step (its grad_scale) instead of a separate pass
+    # over the gradients; the single-device path only (plain tensors). Numerics: a gradient is divided by
+    # 1/coef instead of multiplied by coef when clipping is active (a last-bit difference); equal otherwise.
+    clip_in_optimizer: bool = False
+    # Check every parameter for non-finite values after each step (one read of the weights). Off: the
+    # finite gradient norm is checked every step and every checkpoint is still checked before it is kept.
+    parameter_check: bool = True
+    # torchao float8: round scales down to a power of two (changes numerics: a recipe variant).
+    fp8_pow2_scales: bool = False
+    # Single-device path: Q/K/V and gate/up each as one matmul over concatenated weights (BF16 blocks;
+    # float8 and TE Linears keep their own). The same products; the last bit may differ (GEMM blocking).
+    fuse_projections: bool = False
+
+    def use_single_device(self, *, world_size: int, context_parallel: int, backend: str) -> bool:
+        """Whether this process trains without FSDP2 (see ``single_device``)."""
+        if self.single_device == "fsdp":
+            return False
+        return world_size == 1 and context_parallel == 1 and backend != "te"
+
+    @classmethod
+    def parse(cls, text: str) -> Tuning:
+        """``key=value,...`` (keys as the field names, ``-`` or ``_``) over the defaults."""
+        tuning = cls()
+        known = {f.name: f for f in fields(cls)}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            key, sep, value = item.partition("=")
+            name = key.strip().replace("-", "_")
+            if not sep or name not in known:
+                raise TuningError(
+                    f"{TUNING_ENV}: '{item}' is not key=value with a key among {', '.join(sorted(known))}"
+                )
+            changes: dict[str, Any] = {name: _value(name, value.strip(), known[name].type)}
+            tuning = replace(tuning, **changes)
+        return tuning
+
+    @classmethod
+    def from_env(cls) -> Tuning:
+        return cls.parse(os.environ.get(TUNING_ENV, ""))
+
+
+def _value(name: str, value: str, kind: object) -> str | bool:
+    if kind in (bool, "bool"):
+        if value.lower() in ("1", "true", "on", "yes"):
+            return True
+        if value.lower() in ("0", "false", "off", "no"):
+            return False
+        raise TuningError(f"{TUNING_ENV}: {name} takes true or false, not '{value}'")
+    choices = {"single_device": ("auto", "fsdp"), "compile_mode": COMPILE_MODES}[name]
+    if value not in choices:
+        raise TuningError(f"{TUNING_ENV}: {name} takes one of {', '.join(choices)}, not '{value}'")
+    return value
