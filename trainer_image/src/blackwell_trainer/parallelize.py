@@ -209,6 +209,7 @@ def parallelize(
     compile_mode: str = "default",
     fp8_pow2_scales: bool = False,
     fuse_projections: bool = False,
+    recast_blocks: bool = False,
 ) -> PrecisionSetup:
     """Apply every technique in ONE fixed order, then materialise and initialise the weights.
 
@@ -249,6 +250,9 @@ def parallelize(
             model.compute_dtype = dtype
         if fuse_projections:
             apply_fused_projections(model)
+        # Not under AC: its recompute would run the block on the fp32 parameters the swap has restored.
+        none = candidate.activation_checkpointing == ActivationCheckpointing.NONE
+        model.recast_blocks = recast_blocks and none and model.compute_dtype is not None
     model.to_empty(device=device)
     # Same seed on every rank: DTensor's RNG tracker then gives each shard its slice of one global init.
     torch.manual_seed(seed)
