@@ -177,6 +177,7 @@ def test_recast_blocks_keep_no_bf16_weight_for_backward_and_give_the_same_losses
     tuned = Trainer(plan, ONE, tuning=Tuning(recast_blocks=True), compute_dtype=torch.bfloat16)
     assert tuned.model.recast_blocks
     plain = Trainer(plan, ONE, tuning=SINGLE, compute_dtype=torch.bfloat16)
+    assert not plain.model.recast_blocks  # a CPU keeps its copies unless asked (no memory rule there)
     ours = _train(tuned, steps)
     # Every matrix of every block was saved for backward as its fp32 parameter, not as a bf16 copy.
     matrices = [tuple(p.shape) for n, p in tuned.model.layers.named_parameters() if p.dim() == 2]
