@@ -146,6 +146,7 @@ class Result:
     losses: list[float] = field(default_factory=list)
     peak_allocated_gib: float | None = None
     peak_reserved_gib: float | None = None
+    alloc_retries: int | None = None  # the caching allocator's cudaFree-and-retry count (slow steps)
     first_step_seconds: float | None = None
     setup_seconds: float | None = None
     wall_seconds: float | None = None
@@ -225,6 +226,7 @@ def worker(ab: AB, out: Path) -> None:
         if cuda:
             rec.peak_allocated_gib = round(torch.cuda.max_memory_allocated() / 2**30, 3)
             rec.peak_reserved_gib = round(torch.cuda.max_memory_reserved() / 2**30, 3)
+            rec.alloc_retries = int(torch.cuda.memory_stats().get("num_alloc_retries", 0))
         rec.status = "ok"
         if ab.profile:
             _write_profile(trainer, batches, out / "profile.json", ab.name, cuda)
