@@ -65,6 +65,9 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "3b-seq6144": {"preset": "llama3.2-3b", "seq": 6144, "global": 6144 * 8},
     "1b-seq5120": {"preset": "llama3.2-1b", "seq": 5120, "global": 5120 * 32},
     "1b-seq12288": {"preset": "llama3.2-1b", "seq": 12288, "global": 12288 * 8},
+    # Two more where the base calibration picks a smaller micro-batch than the fitted one (found offline).
+    "1b-seq7168": {"preset": "llama3.2-1b", "seq": 7168, "global": 7168 * 16},
+    "3b-seq6144-g24": {"preset": "llama3.2-3b", "seq": 6144, "global": 6144 * 24},
 }
 # How the skewed profile is made from the fitted one: multiply these throughput constants. The FP8 GEMM
 # efficiency on Hopper is underrated (torchao tensorwise x0.6, the other FP8 recipes x0.5), the mistake a

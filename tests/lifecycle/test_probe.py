@@ -5,8 +5,19 @@ because its candidates are now measured."""
 from __future__ import annotations
 
 from blackwell_operator.calibration.cluster import MIN_RUNS, ClusterCalibration
-from blackwell_operator.lifecycle.probe import probe_result_of, probe_samples, probed_event
+from blackwell_operator.lifecycle.ownership import Lineage
+from blackwell_operator.lifecycle.probe import (
+    config_map_copy,
+    joined,
+    probe_pass,
+    probe_result_of,
+    probe_samples,
+    probed_event,
+    result_of,
+    with_probe_result,
+)
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
+from blackwell_operator.models.status import BlackwellTrainingJobStatus, StatusChange
 from blackwell_operator.planner import plan_job
 from blackwell_trainer.config import Plan, ProbeMeasurement, ProbeOutcome, ProbeResult
 from tests.planner.conftest import make_spec
@@ -38,7 +49,8 @@ def result_for(plan: Plan, winner: int, speed: list[float], oom: int | None = No
                 detail="rank 1: OutOfMemoryError: CUDA out of memory" if lost else "",
             )
         )
-    return ProbeResult(winner=winner, measurements=measurements, seconds=140.0)
+    chosen = plan.probe.candidates[winner].candidate  # as the trainer names it
+    return ProbeResult(winner=winner, chosen=chosen, measurements=measurements, seconds=140.0)
 
 
 def pod_with(message: str) -> dict[str, object]:
@@ -69,10 +81,12 @@ def test_a_dropped_candidate_is_named_and_teaches_the_calibration_nothing() -> N
     assert (
         event is not None and "the planner's pick won" in event[1] and "dropped: 1 out-of-memory" in event[1]
     )
-    samples = probe_samples({"namespace": "a", "name": "j", "uid": "u1"}, plan, result, NOW)
+    samples, refused = probe_samples({"namespace": "a", "name": "j", "uid": "u1"}, plan, result, NOW)
+    # The winner's family is keyed by the job's uid (the measure loop's reading later replaces it).
     assert [s.uid for s in samples] == [
-        "u1/probe-" + str(i) for i in range(len(plan.probe.candidates)) if i != 1
+        "u1" if i == 0 else f"u1/probe-{i}" for i in range(len(plan.probe.candidates)) if i != 1
     ]
+    assert refused == []
 
 
 def test_every_candidate_s_measurement_is_a_sample_and_a_later_plan_skips_the_probe() -> None:
@@ -82,7 +96,9 @@ def test_every_candidate_s_measurement_is_a_sample_and_a_later_plan_skips_the_pr
     calibration = ClusterCalibration()
     for job in range(MIN_RUNS):  # three jobs on this cluster probed the same candidates
         result = result_for(first, winner=0, speed=[0.97] * count)
-        samples = probe_samples({"namespace": "a", "name": f"j{job}", "uid": f"u{job}"}, first, result, NOW)
+        samples, _ = probe_samples(
+            {"namespace": "a", "name": f"j{job}", "uid": f"u{job}"}, first, result, NOW
+        )
         assert len(samples) == count
         assert {(s.precision_recipe, s.activation_checkpointing) for s in samples} == {
             (c.candidate.precision_recipe, c.candidate.activation_checkpointing)
@@ -95,3 +111,116 @@ def test_every_candidate_s_measurement_is_a_sample_and_a_later_plan_skips_the_pr
     assert later.probe is not None and not later.probe.enabled
     assert "measured" in later.probe.reason
     assert later.cluster_correction is not None and later.cluster_correction.tokens_factor == 0.97
+
+
+# ----- one pod's probe pass: status.probe, the plan's copy, what is refused ---------------------------------
+
+LINEAGE = Lineage("PyTorchJob", "j", "u-job", "j", "u-btj")
+
+
+def btj_with(plan: Plan, **status: object) -> dict[str, object]:
+    meta = {"name": "j", "namespace": "a", "uid": "u-btj", "generation": 2}
+    child = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "j", "uid": "u-job"}
+    raw = {"plan": plan.model_dump(mode="json", by_alias=True), "child": child, "observedGeneration": 2}
+    return {"metadata": meta, "status": {**raw, **status}}
+
+
+def worker() -> dict[str, object]:
+    return {"metadata": {"name": "j-worker-0", "namespace": "a", "uid": "p1"}}
+
+
+def test_a_new_result_is_status_probe_the_plans_copy_samples_and_one_event() -> None:
+    plan = plan_job(spec(), job_name="j")
+    assert plan.probe is not None
+    result = result_for(plan, winner=1, speed=[0.9, 1.0])
+    decided = probe_pass(btj_with(plan), worker(), result, found=LINEAGE, now=NOW)
+    assert decided.new and decided.problem is None and decided.event is not None
+    assert decided.change is not None and decided.change.probe is not None
+    probe = decided.change.probe
+    assert (probe.winner, probe.child_uid, probe.generation) == (1, "u-job", 2)
+    assert probe.chosen == plan.probe.candidates[1].candidate and probe.pick_behind is not None
+    assert [c.configuration for c in probe.candidates] == [c.candidate for c in plan.probe.candidates]
+    assert decided.plan is not None and decided.plan.probe is not None and decided.plan.probe.result == result
+    # status.probe holds the trainer's result whole (with the winner's configuration named)
+    assert result_of(probe) == result.model_copy(update={"chosen": plan.probe.candidates[1].candidate})
+    assert len(decided.samples) == 2 and decided.refused == ()
+    # Stored already (the pod's next event, an operator restart): nothing to write, nothing to post.
+    stored = btj_with(plan, probe=probe.model_dump(mode="json", by_alias=True))
+    again = probe_pass(stored, worker(), result, found=LINEAGE, now="2026-12-01T11:00:00Z")
+    assert not again.new and again.event is None and again.samples == ()
+
+
+def test_another_childs_pod_a_re_planned_job_and_unreal_figures_teach_nothing() -> None:
+    plan = plan_job(spec(), job_name="j")
+    assert plan.probe is not None
+    result = result_for(plan, winner=1, speed=[0.9, 1.0])
+    predecessor = Lineage("PyTorchJob", "j", "u-old-job", "j", "u-btj")
+    assert not probe_pass(btj_with(plan), worker(), result, found=predecessor, now=NOW).new
+    assert not probe_pass(btj_with(plan), worker(), result, found=None, now=NOW).new
+    replanned = plan.model_copy(deep=True)
+    assert replanned.probe is not None
+    replanned.probe.candidates[1].candidate.micro_batch_size += 1
+    decided = probe_pass(btj_with(replanned), worker(), result, found=LINEAGE, now=NOW)
+    assert not decided.new and decided.problem is not None and "re-planned" in decided.problem
+    broken = result.model_copy(deep=True)
+    broken.measurements[0].tokens_per_second_per_gpu = float("inf")
+    decided = probe_pass(btj_with(plan), worker(), broken, found=LINEAGE, now=NOW)
+    assert not decided.new and decided.problem is not None and "not a number" in decided.problem
+    # A reading above what the GPU can do is refused as a sample, named; the rest of the result stands.
+    fast = result.model_copy(deep=True)
+    fast.measurements[0].tokens_per_second_per_gpu = 1e9
+    decided = probe_pass(btj_with(plan), worker(), fast, found=LINEAGE, now=NOW)
+    assert decided.new and len(decided.samples) == 1 and "BF16 dense peak" in decided.refused[0]
+
+
+def test_the_reconciler_keeps_this_generations_choice_only() -> None:
+    plan = plan_job(spec(), job_name="j")
+    assert plan.probe is not None
+    result = result_for(plan, winner=1, speed=[0.9, 1.0])
+    decided = probe_pass(btj_with(plan), worker(), result, found=LINEAGE, now=NOW)
+    assert decided.change is not None and decided.change.probe is not None
+    stored = BlackwellTrainingJobStatus(probe=decided.change.probe)
+    kept = with_probe_result(plan, stored, 2)
+    assert kept.probe is not None and kept.probe.result == result_of(decided.change.probe)
+    assert with_probe_result(plan, stored, 3) is plan  # a new generation probes anew
+    other = plan.model_copy(deep=True)
+    assert other.probe is not None
+    other.probe.candidates[1].candidate.micro_batch_size += 1
+    assert with_probe_result(other, stored, 2) is other  # a re-plan made other candidates
+
+
+def test_a_failure_and_a_probe_of_one_pod_are_one_status_change() -> None:
+    plan = plan_job(spec(), job_name="j")
+    decided = probe_pass(btj_with(plan), worker(), result_for(plan, 1, [0.9, 1.0]), found=LINEAGE, now=NOW)
+    assert decided.change is not None
+    failure = StatusChange(last_failure=None)
+    both = joined(failure, decided.change)
+    assert both is not None and both.probe == decided.change.probe and both.plan == decided.plan
+    assert {"last_failure", "probe", "plan"} <= both.model_fields_set
+    replan = StatusChange(plan=plan)  # an out-of-memory re-plan: its plan, not the probe's copy
+    merged = joined(replan, decided.change)
+    assert merged is not None and merged.plan == plan and merged.probe == decided.change.probe
+    assert joined(None, decided.change) is decided.change and joined(failure, None) is failure
+
+
+def test_the_plan_config_map_copy_is_the_reconcilers_render_and_only_of_our_own() -> None:
+    from blackwell_operator.render.children import render_plan_config_map, with_render_hash
+
+    plan = plan_job(spec(), job_name="j")
+    decided = probe_pass(btj_with(plan), worker(), result_for(plan, 1, [0.9, 1.0]), found=LINEAGE, now=NOW)
+    assert decided.plan is not None
+    labels = {"app.kubernetes.io/managed-by": "btj-operator"}
+    existing = with_render_hash(render_plan_config_map("j", "a", plan, labels=labels))
+    existing["metadata"].update(resourceVersion="7", ownerReferences=[{"uid": "u-btj"}])
+    patch, problem = config_map_copy(existing, btj_with(plan), decided.plan)
+    assert problem is None and patch is not None and patch["metadata"]["resourceVersion"] == "7"
+    wanted = with_render_hash(render_plan_config_map("j", "a", decided.plan, labels=labels))
+    assert (
+        patch["data"] == wanted["data"]
+        and patch["metadata"]["annotations"] == wanted["metadata"]["annotations"]
+    )
+    held = {**wanted, "metadata": {**wanted["metadata"], "ownerReferences": [{"uid": "u-btj"}]}}
+    assert config_map_copy(held, btj_with(plan), decided.plan) == (None, None)  # holds it already
+    theirs = {**existing, "metadata": {**existing["metadata"], "ownerReferences": [{"uid": "someone"}]}}
+    patch, problem = config_map_copy(theirs, btj_with(plan), decided.plan)
+    assert patch is None and problem is not None and "not this BlackwellTrainingJob's" in problem

@@ -162,3 +162,33 @@ def test_warm_up_and_jobs_not_running_teach_nothing() -> None:
     restarting["status"]["phase"] = "Restarting"
     assert sample_of(restarting, reading(100.0, 100), reading(160.0, 120), rate, "t") is None
     assert sample_of(_running_btj(None), reading(100.0, 100), reading(160.0, 120), rate, "t") is None
+
+
+def test_a_probed_job_teaches_as_its_winner_once_the_operator_knows_it() -> None:
+    from blackwell_operator.models.spec import BlackwellTrainingJobSpec
+    from blackwell_operator.planner import plan_job
+    from blackwell_trainer.config import Plan, ProbeResult
+
+    raw = make_spec(nodes=2, seq=4096).model_dump(by_alias=True, mode="json")
+    raw["training"]["steps"] = 20_000
+    plan = plan_job(BlackwellTrainingJobSpec.model_validate(raw))
+    assert plan.probe is not None and plan.probe.enabled
+    won = plan.probe.candidates[1]
+    rate = won.prediction.tokens_per_second_per_gpu
+    body = dict(plan.model_dump(mode="json", by_alias=True))
+    # The trainer trains with the probe's winner; until its result is known, the reading teaches nothing.
+    assert sample_of(_running_btj(body), reading(100.0, 100), reading(160.0, 120), rate, "t") is None
+    probe = plan.probe.model_copy(update={"result": ProbeResult(winner=1, chosen=won.candidate, seconds=1)})
+    known = Plan.model_validate(body).model_copy(update={"probe": probe})
+    got = sample_of(
+        _running_btj(dict(known.model_dump(mode="json", by_alias=True))),
+        reading(100.0, 100),
+        reading(160.0, 120),
+        0.8 * rate,
+        "t",
+    )
+    assert got is not None and got.tokens_ratio == pytest.approx(0.8, abs=1e-3)
+    assert (got.precision_recipe, got.activation_checkpointing) == (
+        won.candidate.precision_recipe,
+        won.candidate.activation_checkpointing,
+    )

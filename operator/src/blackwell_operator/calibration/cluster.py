@@ -19,7 +19,13 @@ from collections.abc import Callable
 
 from pydantic import Field
 
-from blackwell_trainer.config import ActivationCheckpointing, ClusterCorrection, PrecisionRecipe, WireModel
+from blackwell_trainer.config import (
+    ActivationCheckpointing,
+    ClusterCorrection,
+    Plan,
+    PrecisionRecipe,
+    WireModel,
+)
 
 CLUSTER_CALIBRATION_API_VERSION = "training.blackwell.dev/cluster-calibration/v1"
 # Jobs of one family needed before its plans are corrected.
@@ -95,6 +101,30 @@ def implausible(sample: Sample) -> str | None:
 def peak_over_bf16(recipe: PrecisionRecipe) -> float:
     """The recipe's dense GEMM peak over the BF16 dense peak (1 for BF16, 2 for FP8, 4 for NVFP4)."""
     return PEAK_OVER_BF16.get(recipe, FP8_PEAK_OVER_BF16)
+
+
+# Peak reserved memory may read a little above the catalog's usable memory (the driver's own share is
+# outside both), never much more.
+RESERVED_SLACK = 1.05
+
+
+def unphysical(plan: Plan, tokens_per_s: float, reserved_bytes: int) -> str | None:
+    """Why a job's reading cannot be what its GPUs did (None: it can): a rate that is not finite or not
+    positive, one whose MFU is above the GPU's peak for the plan's recipe, or more memory reserved than
+    the GPU has. The plan's predicted MFU scales with its predicted rate, so the measured MFU follows."""
+    if not math.isfinite(tokens_per_s) or tokens_per_s <= 0:
+        return f"{tokens_per_s:g} tokens/s per GPU is not a rate"
+    predicted = plan.predicted.tokens_per_second_per_gpu
+    mfu = plan.predicted.model_flops_utilization * tokens_per_s / predicted if predicted > 0 else 0.0
+    ceiling = peak_over_bf16(plan.chosen.precision_recipe)
+    if mfu > ceiling:
+        return (
+            f"{tokens_per_s:,.0f} tokens/s per GPU is {mfu:.2f} of the BF16 dense peak, above the "
+            f"{ceiling:g} the GPU can do with recipe {plan.chosen.precision_recipe.value}"
+        )
+    if reserved_bytes > RESERVED_SLACK * plan.gpu.memory_bytes:
+        return f"{reserved_bytes} bytes reserved is more than the GPU's {plan.gpu.memory_bytes}"
+    return None
 
 
 class ImplausibleSample(ValueError):

@@ -1,12 +1,15 @@
-"""The worker watcher: a trainer pod's failed container becomes its BTJ's status.lastFailure and an Event."""
+"""The worker watcher: a trainer pod's failed container becomes its BTJ's status.lastFailure and an Event;
+its probe result becomes status.probe, a `Probed` Event, cluster-calibration samples and the plan's copy."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+from blackwell_operator.calibration.cluster import ImplausibleSample, Sample
+from blackwell_operator.handlers import cluster_calibration
 from blackwell_operator.handlers.api import ApiError, resource_path
-from blackwell_operator.handlers.btjstatus import CHILD_DELETED, write_status_logged
+from blackwell_operator.handlers.btjstatus import CHILD_DELETED, btj_path, write_status_logged
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import post_event
 from blackwell_operator.lifecycle.failures import (
@@ -19,29 +22,33 @@ from blackwell_operator.lifecycle.failures import (
 )
 from blackwell_operator.lifecycle.message import describe
 from blackwell_operator.lifecycle.ownership import Lineage, lineage
+from blackwell_operator.lifecycle.probe import config_map_copy, joined, probe_pass, probe_result_of
 from blackwell_operator.lifecycle.replan import REPLANNED_REASON, replacing_child
 from blackwell_operator.lifecycle.writers import POD_WATCHER
 from blackwell_operator.models.status import StatusChange
 from blackwell_operator.render.kinds import ChildKind, job_kind
+from blackwell_operator.render.pod import plan_config_map_name
 from blackwell_operator.timefmt import now_rfc3339
+from blackwell_trainer.config import Plan, ProbeResult
 
 WORKER_FAILED = "WorkerFailed"
 
 
 def on_pod_event(ctx: OperatorContext, event_type: str | None, pod: Mapping[str, Any], logger: Any) -> None:
-    """Record one pod's trainer failure on its BTJ (a no-op when there is none or it is stored already)."""
+    """Record one pod's trainer failure and probe result on its BTJ (a no-op when there is none, it is
+    not a worker of the BTJ's own child, or it is stored already)."""
     meta = pod.get("metadata") or {}
     uid = str(meta.get("uid") or "")
     if event_type == "DELETED":
         ctx.forget_pod(uid)
     else:
         ctx.note_pod(pod)  # for the stuck-pod sweep (being deleted) and the measure loop (running)
-    failure = worker_failure(pod)
+    failure, probe = worker_failure(pod), probe_result_of(pod)
     namespace = meta.get("namespace")
-    if failure is None or not namespace:
+    if (failure is None and probe is None) or not namespace:
         return
-    key = failure_key(failure)
-    # Pods keep lastState.terminated in every later event: skip the BTJ read for a failure already handled.
+    key = _seen_key(failure, probe)
+    # Pods keep lastState.terminated in every later event: skip the BTJ read for a result already handled.
     if ctx.pod_failure_seen(uid, key):
         return
     try:
@@ -52,36 +59,142 @@ def on_pod_event(ctx: OperatorContext, event_type: str | None, pod: Mapping[str,
         return  # the pod's next event tries again
     if found is None:
         # The trainer's labels, but no child of a BTJ controls it (made by hand, or forged): its
-        # termination message fails nothing, deletes nothing and re-plans nothing.
+        # termination message fails nothing, deletes nothing, re-plans nothing and teaches nothing.
         logger.warning(
             f"Pod {namespace}/{meta.get('name')} carries the trainer's labels but no BlackwellTrainingJob's "
             "job controls it: its result is ignored"
         )
         ctx.remember_pod_failure(uid, key)
         return
-    name = found.btj_name
+    if probe is not None and not apply_probe(ctx, namespace, found, pod, probe, logger):
+        return  # the pod's next event tries again
+    if _record(ctx, namespace, found, pod, failure, probe, logger):
+        ctx.remember_pod_failure(uid, key)
+
+
+def _seen_key(failure: Mapping[str, Any] | None, probe: ProbeResult | None) -> tuple[str, str]:
+    """What a pod's handled result is remembered by: its failure's identity and its probe line."""
+    ended = "/".join(failure_key(failure) or ())
+    return ended, probe.to_line() if probe is not None else ""
+
+
+def _record(
+    ctx: OperatorContext,
+    namespace: str,
+    found: Lineage,
+    pod: Mapping[str, Any],
+    failure: Mapping[str, Any] | None,
+    probe: ProbeResult | None,
+    logger: Any,
+) -> bool:
+    """The pass's one status write (the failure and status.probe together), then the failure's Events
+    and, for a permanent error, the child's deletion; False to try again on the pod's next event."""
     posted: dict[str, Any] = {}
+    now = now_rfc3339()
 
     def update(btj: Mapping[str, Any]) -> StatusChange | None:
-        changes, new = failure_changes(btj, pod, failure, now=now_rfc3339(), found=found)
+        changes, new = (None, False)
+        if failure is not None:
+            changes, new = failure_changes(btj, pod, failure, now=now, found=found)
+        probed = probe_pass(btj, pod, probe, found=found, now=now) if probe is not None else None
         posted.update(event=new, btj=btj)
-        return changes
+        return joined(changes, probed.change if probed is not None else None)
 
     done, written = write_status_logged(
-        ctx, namespace, name, update, POD_WATCHER, logger, purpose="record a worker failure"
+        ctx, namespace, found.btj_name, update, POD_WATCHER, logger, purpose="record a worker's result"
     )
     if not done:
-        return  # logged; the pod's next event tries again
+        return False  # logged; the pod's next event tries again
+    if failure is None:
+        return True
     if written is not None and posted.get("event"):
         post_event(written, WORKER_FAILED, describe(failure), warning=True)
         if replacing_child(written.get("status") or {}):
             ctx.metrics.replans.inc()
             post_event(written, REPLANNED_REASON, str(written["status"].get("message", "")), warning=True)
     btj = written or posted.get("btj")
-    if btj is not None and is_permanent(failure) and not _stop_child(ctx, btj, logger):
-        return  # the child is not deleted yet: the pod's next event tries again
-    # Written, or nothing to write (stored already, older than the stored one, a predecessor's pod).
-    ctx.remember_pod_failure(uid, key)
+    # Written, or nothing to write (stored already, older than the stored one, a predecessor's pod); a
+    # child not deleted yet after a permanent error: the pod's next event tries again.
+    return btj is None or not is_permanent(failure) or _stop_child(ctx, btj, logger)
+
+
+def apply_probe(
+    ctx: OperatorContext,
+    namespace: str,
+    found: Lineage,
+    pod: Mapping[str, Any],
+    probe: ProbeResult,
+    logger: Any,
+) -> bool:
+    """A probe result new to the BTJ's status (lifecycle/probe.py decides): its calibration samples, the
+    plan ConfigMap's copy and the `Probed` Event, before the status write that records it (so a status
+    that says it means they were made). False when an API call failed: the pod's next event tries again."""
+    try:
+        btj = ctx.api.get(btj_path(namespace, found.btj_name))
+    except ApiError as exc:
+        ctx.metrics.record_error(exc.metric_reason)
+        logger.warning(f"Cannot read BlackwellTrainingJob {namespace}/{found.btj_name}: {exc}")
+        return False
+    if btj is None:
+        return True
+    decided = probe_pass(btj, pod, probe, found=found, now=now_rfc3339())
+    if decided.problem is not None:
+        logger.warning(
+            f"Not taking the probe result of pod {namespace}/{pod['metadata'].get('name')}: {decided.problem}"
+        )
+    if not decided.new:
+        return True
+    for line in decided.refused:
+        ctx.metrics.record_error("ImplausibleSample")
+        logger.warning(f"Not recording a probe reading in the cluster calibration: {line}")
+    if not _teach(ctx, decided.samples, logger):
+        return False
+    if decided.plan is not None and not _copy_plan(ctx, btj, decided.plan, logger):
+        return False
+    if decided.event is not None:
+        post_event(btj, *decided.event)
+    return True
+
+
+def _teach(ctx: OperatorContext, samples: tuple[Sample, ...], logger: Any) -> bool:
+    """Every probed family's sample into the cluster calibration, when one is kept."""
+    where = cluster_calibration.calibration_namespace()
+    if where is None:
+        return True
+    for sample in samples:
+        try:
+            cluster_calibration.record(ctx.api, where, sample, logger)
+        except ImplausibleSample as exc:  # refused before; the store's own check, said once
+            ctx.metrics.record_error("ImplausibleSample")
+            logger.warning(f"Not recording a probe reading in the cluster calibration: {exc}")
+        except cluster_calibration.UnreadableCalibration as exc:
+            logger.warning(f"Not recording the probe of {sample.job}: {exc}")
+            return True  # nothing to do until it is reset
+        except ApiError as exc:
+            ctx.metrics.record_error(exc.metric_reason)
+            logger.warning(f"Cannot record the probe of {sample.job} in the cluster calibration: {exc}")
+            return False
+    return True
+
+
+def _copy_plan(ctx: OperatorContext, btj: Mapping[str, Any], plan: Plan, logger: Any) -> bool:
+    """The plan ConfigMap with the probe's result (plan.probe.result), so a restart trains with it."""
+    meta = btj["metadata"]
+    path = resource_path("v1", "configmaps", meta["namespace"], plan_config_map_name(meta["name"]))
+    try:
+        existing = ctx.api.get(path)
+        if existing is None:
+            return True  # none yet: the reconciler renders it with the result from status.probe
+        patch, problem = config_map_copy(existing, btj, plan)
+        if problem is not None:
+            logger.warning(problem)
+        if patch is not None:
+            ctx.api.patch(path, patch)
+        return True
+    except ApiError as exc:
+        ctx.metrics.record_error(exc.metric_reason)
+        logger.warning(f"Cannot copy the probe's choice into {path}: {exc}")
+        return False
 
 
 def pod_lineage(ctx: OperatorContext, pod: Mapping[str, Any]) -> Lineage | None:

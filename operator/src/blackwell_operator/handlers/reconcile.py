@@ -54,6 +54,7 @@ from blackwell_operator.lifecycle.child_apply import (
 )
 from blackwell_operator.lifecycle.elastic import stored_choice
 from blackwell_operator.lifecycle.outcome import PassOutcome, SeenChild
+from blackwell_operator.lifecycle.probe import with_probe_result
 from blackwell_operator.lifecycle.replan import correction_of
 from blackwell_operator.lifecycle.status_read import read_status
 from blackwell_operator.lifecycle.writers import RECONCILE
@@ -219,6 +220,8 @@ class Reconciler:
             )
         except SpecError as exc:
             return outcomes.invalid(generation, exc.reason, exc.message)
+        # The choice this generation's probe made (status.probe): the plan ConfigMap keeps it for a restart.
+        plan = with_probe_result(plan, stored, generation)
         outcome = outcomes.planned(
             plan,
             generation,
@@ -444,7 +447,7 @@ class Reconciler:
         if decision.hold:
             child = replace(child, obj=calls.hold(job_path, child.obj))
         if isinstance(decision, UpToDate | PatchInPlace):
-            calls.ensure_supporting(supporting)
+            calls.ensure_supporting_of(job_path, child.obj, supporting)
         if isinstance(decision, PatchInPlace):
             child = replace(child, obj=calls.patch(child.kind, job_path, name, decision.patch))
         return replace(outcome, child=child).recording(decision.effects)

@@ -4,19 +4,17 @@ reads the pods, writes the status and records the sample)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
-from blackwell_operator.calibration.cluster import ImplausibleSample, Sample, peak_over_bf16
+from blackwell_operator.calibration.cluster import ImplausibleSample, Sample, unphysical
 from blackwell_operator.lifecycle.failures import belongs_to
 from blackwell_operator.lifecycle.measure import Reading
 from blackwell_operator.lifecycle.ownership import Lineage
 from blackwell_operator.lifecycle.progress import as_status
 from blackwell_operator.lifecycle.status_read import read_status
 from blackwell_operator.models.status import JobProgress, MeasuredThroughput, Phase, StatusChange
-from blackwell_operator.planner.cluster_figures import figures_of
-from blackwell_trainer.config import Plan
+from blackwell_operator.planner.cluster_figures import candidate_figures, figures_of, probe_winner
 
 # A reading this close to the stored one is not written (a status write per job per minute otherwise).
 UNCHANGED = 0.01
@@ -68,30 +66,6 @@ def measured_changes(
 WARMUP_STEPS = 3
 
 
-# Peak reserved memory may read a little above the catalog's usable memory (the driver's own share is
-# outside both), never much more.
-RESERVED_SLACK = 1.05
-
-
-def unphysical(plan: Plan, tokens_per_s: float, reserved_bytes: int) -> str | None:
-    """Why a job's reading cannot be what its GPUs did (None: it can): a rate that is not finite or not
-    positive, one whose MFU is above the GPU's peak for the plan's recipe, or more memory reserved than
-    the GPU has. The plan's predicted MFU scales with its predicted rate, so the measured MFU follows."""
-    if not math.isfinite(tokens_per_s) or tokens_per_s <= 0:
-        return f"{tokens_per_s:g} tokens/s per GPU is not a rate"
-    predicted = plan.predicted.tokens_per_second_per_gpu
-    mfu = plan.predicted.model_flops_utilization * tokens_per_s / predicted if predicted > 0 else 0.0
-    ceiling = peak_over_bf16(plan.chosen.precision_recipe)
-    if mfu > ceiling:
-        return (
-            f"{tokens_per_s:,.0f} tokens/s per GPU is {mfu:.2f} of the BF16 dense peak, above the "
-            f"{ceiling:g} the GPU can do with recipe {plan.chosen.precision_recipe.value}"
-        )
-    if reserved_bytes > RESERVED_SLACK * plan.gpu.memory_bytes:
-        return f"{reserved_bytes} bytes reserved is more than the GPU's {plan.gpu.memory_bytes}"
-    return None
-
-
 def sample_of(
     btj: Mapping[str, Any], earlier: Reading, later: Reading, tokens_per_s: float, now: str
 ) -> Sample | None:
@@ -109,6 +83,14 @@ def sample_of(
     if plan is None:
         return None
     figures = figures_of(plan)
+    if plan.probe is not None and plan.probe.enabled:
+        # A probed job trains with the probe's winner: its figures are the ones to compare with, and until
+        # the operator knows which it is (the pod's termination message), the reading teaches nothing.
+        won = probe_winner(plan)
+        if won is None:
+            return None
+        figures = candidate_figures(won)
+        plan = plan.model_copy(update={"chosen": won.candidate, "predicted": won.prediction})
     modelled, peak = figures.modelled_tokens_per_second_per_gpu, figures.modelled_peak_reserved
     if modelled <= 0:
         return None

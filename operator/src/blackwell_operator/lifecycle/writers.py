@@ -43,7 +43,7 @@ CHILD_WATCHER = StatusWriter(
 )
 POD_WATCHER = StatusWriter(
     "pod watcher",
-    _PLAN_KEYS | {"phase", "message", "headline", "lastFailure", "memoryCorrection", "planHistory"},
+    _PLAN_KEYS | {"phase", "message", "headline", "lastFailure", "memoryCorrection", "planHistory", "probe"},
     frozenset({C.FAILED, C.PLANNED}),
 )
 MEASURE_LOOP = StatusWriter("measure loop", frozenset({"measured", "progress"}), frozenset())

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from blackwell_trainer.config import Candidate, OomResult, Plan, WireModel
+from blackwell_trainer.config import Candidate, OomResult, Plan, ProbeMeasurement, WireModel
 
 
 class Phase(StrEnum):
@@ -168,6 +168,36 @@ class ElasticStatus(WireModel):
     waiting: str = Field(default="", description="Why a resize waits (grace period, cooldown, minNodes).")
 
 
+class ProbedCandidate(ProbeMeasurement):
+    """One configuration the trainer's probe timed: the planner's prediction beside the measurement."""
+
+    configuration: Candidate = Field(description="The configuration (plan.probe's candidate or growth).")
+
+
+class ProbeStatus(WireModel):
+    """What the trainer's probe measured before the first step, and what the job trains with."""
+
+    winner: int = Field(ge=0, description="Index of the candidate the job trains with (candidates[].index).")
+    chosen: Candidate = Field(description="The configuration the job trains with.")
+    pick_behind: float | None = Field(
+        default=None,
+        ge=0,
+        description="How far the planner's pick measured behind the winner (0.03: 3% slower); none when the "
+        "pick won or was not measured.",
+    )
+    candidates: list[ProbedCandidate] = Field(
+        default_factory=list, description="Each candidate's prediction and measurement, in probe order."
+    )
+    seconds: float = Field(ge=0, description="Wall time of the whole probe.")
+    stopped_early: bool = Field(default=False, description="The time budget ran out before every candidate.")
+    child_uid: str | None = Field(default=None, description="UID of the child whose workers probed.")
+    generation: int | None = Field(
+        default=None,
+        description="The spec generation it was probed for: a later plan of it keeps the choice.",
+    )
+    observed_at: str = Field(description="RFC 3339 time the operator read it from the pod.")
+
+
 class BlackwellTrainingJobStatus(WireModel):
     """What the operator decided and observed."""
 
@@ -203,6 +233,9 @@ class BlackwellTrainingJobStatus(WireModel):
     elastic: ElasticStatus | None = Field(
         default=None, description="An elastic job's view of the nodes and its resizes (docs/elastic.md)."
     )
+    probe: ProbeStatus | None = Field(
+        default=None, description="The trainer's probe of the top candidates and its winner (docs/probe.md)."
+    )
     # Short copies for printer columns (JSONPath cannot reach into status.plan comfortably and
     # `kubectl get` should stay readable).
     nodes: int | None = Field(default=None, description="Nodes of the current plan (printer column).")
@@ -233,6 +266,7 @@ class StatusChange(WireModel):
     memory_correction: MemoryCorrection | None = None
     plan_history: list[PlanChange] | None = Field(default=None, max_length=PLAN_HISTORY_LIMIT)
     elastic: ElasticStatus | None = None
+    probe: ProbeStatus | None = None
     nodes: int | None = None
     precision: str | None = None
     micro_batch_size: int | None = None

@@ -90,3 +90,18 @@ def candidate_figures(candidate: ProbeCandidate) -> PlanFigures:
         corrected_peak_reserved=corrected_peak(peak, factors),
         factors=factors,
     )
+
+
+def probe_winner(plan: Plan) -> ProbeCandidate | None:
+    """The probe option a probed job trains with, once its result is known (plan.probe.result, the
+    operator's copy): the same rule as the trainer's (the result's configuration must be the plan's
+    option at that index). None without a probe result that fits this plan."""
+    probe = plan.probe
+    result = probe.result if probe is not None else None
+    if probe is None or result is None:
+        return None
+    options = probe.options
+    if result.winner >= len(options):
+        return None
+    won = options[result.winner]
+    return won if result.chosen is None or result.chosen == won.candidate else None

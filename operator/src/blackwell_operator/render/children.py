@@ -47,8 +47,20 @@ def render_plan_config_map(
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": plan_config_map_name(name), "namespace": namespace, "labels": labels},
-        "data": {PLAN_FILE: plan.to_json()},
+        "data": _data(plan),
     }
+
+
+def unprobed(plan: Plan) -> Plan:
+    """The plan without its probe's kept result: the pods' plan hash is of the plan, and the result (the
+    job's own record of what it chose, which a restart reads) changes no pod."""
+    if plan.probe is None or plan.probe.result is None:
+        return plan
+    return plan.model_copy(update={"probe": plan.probe.model_copy(update={"result": None})})
+
+
+def _data(plan: Plan) -> dict[str, str]:
+    return {PLAN_FILE: plan.to_json()}
 
 
 def render_children(
@@ -76,7 +88,7 @@ def render_children(
         spec = spec.model_copy(update={"image": default_image})
     common = child_labels(name, labels)
     config_map = render_plan_config_map(name, namespace, plan, labels=dict(common))
-    plan_sha256 = sha256_of(config_map["data"])
+    plan_sha256 = sha256_of(_data(unprobed(plan)))
     job_labels = dict(sorted({**common, **kueue_labels(spec)}.items()))
     # The pods: the BTJ's propagated labels, then spec.podLabels over them, then ours (the spec refuses
     # our keys, so nothing the user asked for is dropped).

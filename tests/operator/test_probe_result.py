@@ -1,0 +1,216 @@
+"""A trainer's probe result reaches its BTJ: the real operator under KopfRunner reads the probe line of a
+worker's termination message and writes status.probe, posts one `Probed` Event, adds a sample for every
+probed family to the cluster calibration and copies the result into the plan ConfigMap (a restart trains
+with it; the job and its pods are untouched, and an operator restart keeps it). After three such jobs, a
+later BTJ in the same namespace plans without a probe: its candidates' families are measured now. A worker
+that failed and carries a probe line is one status write; a pod no child of a BTJ controls teaches nothing."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import kmock
+import pytest
+
+from blackwell_operator.calibration.cluster import MIN_RUNS, ClusterCalibration
+from blackwell_operator.handlers import cluster_calibration as store
+from blackwell_operator.render.environment import PLAN_FILE
+from blackwell_operator.render.labels import PLAN_HASH_ANNOTATION
+from blackwell_operator.render.pod import plan_config_map_name
+from blackwell_trainer import probe as trainer_probe
+from blackwell_trainer.config import Plan, ProbeMeasurement, ProbeOutcome, ProbeResult
+from tests.helm.conftest import NAMESPACE as HOME
+from tests.operator.harness import NAMESPACE, Cluster, btj, from_operator, running_operator, wait_for
+from tests.operator.pods import T2, container, pod, pod_status, terminated
+
+# Long enough that the probe pays for itself (auto probes: 2 candidates of modelled families).
+TRAINING = {"sequenceLength": 8192, "steps": 20_000}
+JOBS = ("a", "b", "c")[:MIN_RUNS]
+SPEED = [0.92, 0.97]  # measured over predicted tokens/s: the runner-up (candidate 1) wins, by ~2%
+PEAK = 0.92  # measured over predicted peak reserved
+
+
+def result_for(plan: Plan) -> ProbeResult:
+    """What the trainer's probe reports for `plan`: each candidate at SPEED times its prediction."""
+    assert plan.probe is not None
+    measurements = [
+        ProbeMeasurement(
+            index=i,
+            outcome=ProbeOutcome.MEASURED,
+            predicted_tokens_per_second_per_gpu=c.prediction.tokens_per_second_per_gpu,
+            predicted_peak_reserved_bytes=c.prediction.memory.peak_reserved,
+            tokens_per_second_per_gpu=round(SPEED[i] * c.prediction.tokens_per_second_per_gpu, 1),
+            peak_reserved_bytes=int(PEAK * c.prediction.memory.peak_reserved),
+            seconds=50.0,
+        )
+        for i, c in enumerate(plan.probe.candidates)
+    ]
+    return ProbeResult(
+        winner=1, chosen=plan.probe.candidates[1].candidate, measurements=measurements, seconds=104.0
+    )
+
+
+async def probed_job(cluster: Cluster, name: str) -> tuple[Plan, ProbeResult, dict[str, Any]]:
+    """Apply BTJ `name`; its worker completes with the probe line in its termination message."""
+    await cluster.apply(btj(name, training=TRAINING))
+    job = await wait_for(lambda: cluster.job(name), what=f"{name}'s PyTorchJob")
+    raw = await wait_for(lambda: cluster.status(name).get("plan"), what=f"{name}'s plan")
+    plan = Plan.model_validate(raw)
+    assert plan.probe is not None and plan.probe.enabled and len(plan.probe.candidates) == len(SPEED)
+    result = result_for(plan)
+    done = container(state={"terminated": terminated(0, "Completed", T2, f"done\n{result.to_line()}\n")})
+    await cluster.add_pod(pod(f"{name}-worker-0", job=name, owner=job), pod_status(done))
+    return plan, result, job
+
+
+def probed_events(cluster: Cluster, name: str) -> list[dict[str, Any]]:
+    return [e for e in cluster.events(name) if e.get("reason") == "Probed"]
+
+
+def stored_calibration(cluster: Cluster) -> ClusterCalibration | None:
+    found = cluster.k.get_object("v1/configmaps", HOME, store.NAME)
+    return None if found is None else store.parse(found)
+
+
+def config_map_plan(cluster: Cluster, name: str) -> Plan:
+    found = cluster.config_map(plan_config_map_name(name))
+    assert found is not None
+    return Plan.model_validate_json(found["data"][PLAN_FILE])
+
+
+@pytest.mark.integration
+async def test_a_probe_result_becomes_status_an_event_samples_and_the_plans_copy(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(store.NAMESPACE_ENV, HOME)
+    async with running_operator(cluster):
+        plan, result, job = await probed_job(cluster, "a")
+        probe = await wait_for(lambda: cluster.status("a").get("probe"), what="status.probe")
+        (event,) = await wait_for(lambda: probed_events(cluster, "a"), what="the Probed Event")
+        # The same pod's next event (a status update) changes nothing and posts nothing.
+        await cluster.set_pod_status(
+            "a-worker-0",
+            pod_status(
+                container(
+                    state={"terminated": terminated(0, "Completed", T2, f"done\n{result.to_line()}\n")}
+                ),
+                podIP="10.0.0.9",
+            ),
+        )
+        await cluster.settle("a")
+        for name in JOBS[1:]:
+            await probed_job(cluster, name)
+            await wait_for(lambda n=name: cluster.status(n).get("probe"), what=f"{name}'s status.probe")
+        calibration = await wait_for(
+            lambda: (c := stored_calibration(cluster)) is not None and len(c.samples) == 2 * len(JOBS) and c,
+            what="a sample of every probed family of every job",
+        )
+        await cluster.apply(btj("later", training=TRAINING))
+        later = await wait_for(lambda: cluster.status("later").get("plan"), what="the later plan")
+    assert len(probed_events(cluster, "a")) == 1
+
+    # status.probe: each candidate's configuration, prediction and measurement; the winner; the gap.
+    assert probe["winner"] == 1 and probe["chosen"] == plan.probe.candidates[1].candidate.model_dump(
+        by_alias=True, mode="json"
+    )
+    pick, won = (m.tokens_per_second_per_gpu or 0.0 for m in result.measurements)
+    assert probe["pickBehind"] == pytest.approx(1 - pick / won, abs=1e-4) and won > pick
+    assert probe["childUid"] == job["metadata"]["uid"] and probe["generation"] == 1
+    for i, c in enumerate(probe["candidates"]):
+        wanted = plan.probe.candidates[i]
+        assert c["configuration"] == wanted.candidate.model_dump(by_alias=True, mode="json")
+        assert c["predictedTokensPerSecondPerGpu"] == wanted.prediction.tokens_per_second_per_gpu
+        assert c["tokensPerSecondPerGpu"] == result.measurements[i].tokens_per_second_per_gpu
+        assert c["peakReservedBytes"] == result.measurements[i].peak_reserved_bytes
+    assert event["type"] == "Normal" and event["message"].startswith(
+        "probed 2 candidates in 104 s: training with candidate 1 at "
+    )
+    assert f"the planner's pick measured {1 - pick / won:.1%} slower" in event["message"]
+
+    # The plan's copy: the ConfigMap and status.plan carry the result, so a restart of the trainer trains
+    # with candidate 1 and never probes (the trainer's own reading of the copy); the job is untouched.
+    copied = config_map_plan(cluster, "a")
+    assert copied.probe is not None and copied.probe.result == result
+    assert trainer_probe.earlier_choice(copied, "") == result
+    assert Plan.model_validate(cluster.status("a")["plan"]).probe.result == result  # type: ignore[union-attr]
+    now = cluster.job("a")
+    assert now is not None and now["metadata"]["resourceVersion"] == job["metadata"]["resourceVersion"]
+
+    # Every probed family of every job is one sample, keyed by job; the winner's by the job's own uid (the
+    # measure loop's later reading of the running job replaces it).
+    uids = {cluster.btj(n)["metadata"]["uid"]: n for n in JOBS}  # type: ignore[index]
+    assert {s.uid for s in calibration.samples} == {u for u in uids} | {f"{u}/probe-0" for u in uids}
+    for s in calibration.samples:
+        assert s.job.startswith(f"{NAMESPACE}/") and s.memory_ratio == pytest.approx(PEAK, abs=1e-3)
+        assert s.tokens_ratio == pytest.approx(SPEED[0] if "/probe-0" in s.uid else SPEED[1], abs=1e-3)
+
+    # A later job of the same spec in that namespace: every candidate's family is measured, no probe.
+    assert later["probe"]["enabled"] is False, later["probe"]
+    assert "measured" in later["probe"]["reason"]
+    assert all(c["measured"] for c in later["probe"]["candidates"])
+
+
+@pytest.mark.integration
+async def test_an_operator_restart_keeps_the_copy_and_says_nothing_twice(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(store.NAMESPACE_ENV, HOME)
+    async with running_operator(cluster):
+        _, result, job = await probed_job(cluster, "a")
+        await wait_for(lambda: probed_events(cluster, "a"), what="the Probed Event")
+        await wait_for(lambda: config_map_plan(cluster, "a").probe.result, what="the copy")  # type: ignore[union-attr]
+    hashed = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["metadata"]["annotations"]
+    # A new operator reconciles the BTJ afresh (a resume pass) and reads the pod again.
+    async with running_operator(cluster):
+        await cluster.settle("a")
+    copied = config_map_plan(cluster, "a")
+    assert copied.probe is not None and copied.probe.result == result
+    assert len(probed_events(cluster, "a")) == 1
+    now = cluster.job("a")
+    assert now is not None and now["metadata"]["resourceVersion"] == job["metadata"]["resourceVersion"]
+    assert (
+        now["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["metadata"]["annotations"][
+            PLAN_HASH_ANNOTATION
+        ]
+        == hashed[PLAN_HASH_ANNOTATION]
+    )
+    assert json.loads(json.dumps(cluster.status("a")["probe"]))["winner"] == 1
+
+
+@pytest.mark.integration
+async def test_a_failed_worker_with_a_probe_line_is_one_status_write_and_a_forged_pod_teaches_nothing(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv(store.NAMESPACE_ENV, HOME)
+    async with running_operator(cluster):
+        await cluster.apply(btj("f", training=TRAINING))
+        job = await wait_for(lambda: cluster.job("f"), what="f's PyTorchJob")
+        plan = Plan.model_validate(await wait_for(lambda: cluster.status("f").get("plan"), what="f's plan"))
+        await cluster.settle("f")
+        line = result_for(plan).to_line()
+        # Our labels, but no child of a BTJ controls it: its probe line is ignored.
+        await cluster.add_pod(
+            pod("f-forged", job="f"),
+            pod_status(container(state={"terminated": terminated(0, "Completed", T2, line)})),
+        )
+        await wait_for(lambda: "f-forged carries the trainer's labels" in caplog.text, what="the refusal")
+        assert "probe" not in cluster.status("f") and stored_calibration(cluster) is None
+        since = len(list(cluster.k.requests))
+        failed = container(state={"terminated": terminated(1, "Error", T2, f"error: NCCL timeout\n{line}")})
+        await cluster.add_pod(pod("f-worker-0", job="f", owner=job), pod_status(failed))
+        await wait_for(
+            lambda: cluster.status("f").get("probe") and cluster.status("f").get("lastFailure"),
+            what="status.probe and lastFailure",
+        )
+        await cluster.settle("f")
+    writes = [
+        r
+        for r in list(cluster.k.requests)[since:]
+        if from_operator(r) and r.method == kmock.method.PATCH and r.subresource == "status" and r.name == "f"
+    ]
+    assert len(writes) == 1, "the failure and the probe are one write"
+    assert cluster.status("f")["lastFailure"]["pod"] == "f-worker-0"
+    calibration = stored_calibration(cluster)
+    assert calibration is not None and {s.job for s in calibration.samples} == {f"{NAMESPACE}/f"}
+    assert len(calibration.samples) == len(SPEED) and len(probed_events(cluster, "f")) == 1
