@@ -313,10 +313,15 @@ async def soak(
                 k.chaos = None
                 calm = time.monotonic()
                 run.kill()
+                run.watches = run._count_watches()  # the killed one's watches do not count
                 run.start()  # one last start, after the faults
+                # The window opens once the operator watches again: its start-up (imports, warm-up) is not
+                # what is judged, and on a loaded machine it alone took 40-50 s of the old window.
+                await run.serving()
+                serving = time.monotonic()
                 waiting = set(run.names)
                 converged_at: dict[str, float] = {}
-                while waiting and time.monotonic() - calm < converge_s:
+                while waiting and time.monotonic() - serving < converge_s:
                     for name in sorted(waiting):
                         if run.converged(name):
                             converged_at[name] = time.monotonic() - calm
@@ -360,6 +365,7 @@ async def soak(
         **report,
         "not_converged": not_converged,
         "details": details,
+        "seconds_from_calm_to_serving": round(serving - calm, 2),
         "seconds_from_calm_to_converged": {
             "median": round(sorted(converged_at.values())[len(converged_at) // 2], 2)
             if converged_at

@@ -13,7 +13,8 @@ torch.compile per block), in priority order until ``--budget-s`` is spent (what 
 as skipped):
 - the single-device path (tuning.py ``single_device=auto``, the new default on one GPU) against FSDP2 on
   one rank (``single_device=fsdp``, the trainer before it), BF16 and FP8 tensorwise (torchao), batch 2 and 4;
-  the single-device path with Q/K/V and gate/up fused (``fuse_projections``, BF16);
+  the single-device path with Q/K/V and gate/up fused (``fuse_projections``, BF16), and with each block's
+  bf16 weight copies freed after its forward and cast again in backward (``recast_blocks``);
 - inside each single-device process, step-level switches timed in interleaved windows of the same process
   (``clip_in_optimizer``, ``parameter_check=false``, both): they change no memory;
 - other switches in their own process: loss chunk 16384 at batch 4, FP8 power-of-two scales, compile
@@ -81,19 +82,23 @@ def _cfg(model: str, mbs: int, fp8: bool, **kw: Any) -> base.Config:
 
 def _gpu_grid() -> list[AB]:
     m, auto, fsdp = "3b-untied", "single_device=auto", "single_device=fsdp"
-    fused = "single_device=auto,fuse_projections=true"
+    fused, recast = f"{auto},fuse_projections=true", f"{auto},recast_blocks=true"
     grid = [
         AB(_cfg(m, 2, False), auto, "single", toggles=True, estimate_s=55),
         AB(_cfg(m, 2, False), fsdp, "fsdp", estimate_s=50),
         AB(_cfg(m, 2, True), auto, "single", toggles=True, estimate_s=55),
         AB(_cfg(m, 2, True), fsdp, "fsdp", estimate_s=50),
-        AB(_cfg(m, 2, False), fused, "single-fused", toggles=True, estimate_s=55),
-        # Where the time and the memory go, before the batch-4 half of the grid.
+        AB(_cfg(m, 2, False), recast, "single-recast", estimate_s=50),
+        # Where the time and the memory go, before the rest.
         AB(_cfg(m, 2, False), auto, "single-profiled", profile=True, estimate_s=55),
+        AB(_cfg(m, 2, False), fused, "single-fused", toggles=True, estimate_s=55),
+        AB(_cfg(m, 2, True), recast, "single-recast", estimate_s=50),
         AB(_cfg(m, 4, False), auto, "single", toggles=True, estimate_s=60),
         AB(_cfg(m, 4, True), auto, "single", toggles=True, estimate_s=60),
         AB(_cfg(m, 4, False), fsdp, "fsdp", estimate_s=55),
         AB(_cfg(m, 4, True), fsdp, "fsdp", estimate_s=55),
+        AB(_cfg(m, 4, False), recast, "single-recast", estimate_s=55),
+        AB(_cfg(m, 4, True), recast, "single-recast", estimate_s=55),
         AB(_cfg(m, 4, False), fused, "single-fused", estimate_s=55),
         AB(_cfg(m, 4, False, loss_chunk=16384), auto, "single-chunk16k", estimate_s=50),
         AB(_cfg(m, 2, True), f"{auto},fp8_pow2_scales=true", "single-pow2", estimate_s=50),
@@ -115,6 +120,7 @@ def _cpu_grid() -> list[AB]:
         AB(tiny(), "single_device=auto", "single", toggles=True, estimate_s=5),
         AB(tiny(), "single_device=fsdp", "fsdp", estimate_s=5),
         AB(tiny(), "single_device=auto,fuse_projections=true", "single-fused", estimate_s=5),
+        AB(tiny(), "single_device=auto,recast_blocks=true", "single-recast", estimate_s=5),
         AB(tiny(), "single_device=auto", "single-profiled", profile=True, estimate_s=5),
         AB(tiny(), "single_device=auto", "never-fits", estimate_s=10**6),  # the budget's skip path
     ]
@@ -132,6 +138,7 @@ class Result:
     config: dict[str, Any]
     status: str  # ok | oom | error | skipped | timeout
     single_device: bool | None = None
+    architecture: dict[str, Any] = field(default_factory=dict)  # trainer_h200.SHAPES[model], as trained
     parameters: int | None = None
     tokens_per_s: float | None = None
     step_seconds: list[float] = field(default_factory=list)
@@ -140,6 +147,7 @@ class Result:
     losses: list[float] = field(default_factory=list)
     peak_allocated_gib: float | None = None
     peak_reserved_gib: float | None = None
+    alloc_retries: int | None = None  # the caching allocator's cudaFree-and-retry count (slow steps)
     first_step_seconds: float | None = None
     setup_seconds: float | None = None
     wall_seconds: float | None = None
@@ -182,7 +190,7 @@ def worker(ab: AB, out: Path) -> None:
     from blackwell_trainer.tuning import Tuning
 
     cfg = ab.cfg
-    rec = Result(ab.name, ab.tuning, asdict(cfg), "error")
+    rec = Result(ab.name, ab.tuning, asdict(cfg), "error", architecture=dict(base.SHAPES[cfg.model]))
     cuda = torch.cuda.is_available()
     try:
         if ab.profile and cuda:
@@ -219,6 +227,7 @@ def worker(ab: AB, out: Path) -> None:
         if cuda:
             rec.peak_allocated_gib = round(torch.cuda.max_memory_allocated() / 2**30, 3)
             rec.peak_reserved_gib = round(torch.cuda.max_memory_reserved() / 2**30, 3)
+            rec.alloc_retries = int(torch.cuda.memory_stats().get("num_alloc_retries", 0))
         rec.status = "ok"
         if ab.profile:
             _write_profile(trainer, batches, out / "profile.json", ab.name, cuda)

@@ -73,6 +73,49 @@ def test_a_child_seen_before_reconcile_recorded_it_is_named() -> None:
     assert result.change.child.uid == "c1"
 
 
+def _deleted_report() -> dict[str, Any]:
+    """A BTJ whose recorded child c1 the watcher saw deleted (re-creation under way)."""
+    deleted = _condition(ConditionType.CHILD_CREATED, "False", "ChildDeleted")
+    return _btj(phase="Running", observedGeneration=1, child=RECORDED, conditions=[deleted])
+
+
+def _applied(btj: dict[str, Any], change: Any) -> dict[str, Any]:
+    """The BTJ with a mirror's change written (the keys these tests look at)."""
+    status = dict(btj["status"])
+    if change.child is not None:
+        status["child"] = change.child.model_dump(by_alias=True, exclude_none=True)
+    if change.conditions is not None:
+        status["conditions"] = [c.model_dump(by_alias=True, exclude_none=True) for c in change.conditions]
+    if change.phase is not None:
+        status["phase"] = change.phase.value
+    return {**btj, "status": status}
+
+
+def test_a_replacement_child_that_reports_before_reconcile_recorded_it_is_recorded() -> None:
+    # The soak's stuck state: c2 re-created in place of the deleted c1 runs before reconcile writes status.
+    # Ignored (the recorded uid is c1), reconcile would then write c2's creation-time phase (Pending) for
+    # ever, no later event of c2 correcting it.
+    result = mirror(_deleted_report(), _child("c2", "Running"), going=False, now=NOW)
+    assert result.change is not None and result.change.phase == Phase.RUNNING
+    assert result.change.child is not None and result.change.child.uid == "c2"
+    assert result.change.conditions is not None
+    assert not [c for c in result.change.conditions if c.type == ConditionType.CHILD_CREATED]
+    after = _applied(_deleted_report(), result.change)
+    assert not wants_child_back(after)  # the deletion report is over: nothing re-creates c2
+    assert needs_reconcile(after) == "no child recorded"  # until reconcile says ChildCreated itself
+    # c2's next phase is followed like a recorded child's; c1's late event still changes nothing.
+    assert mirror(after, _child("c2", "Succeeded"), going=False, now=NOW).change is not None
+    assert mirror(after, _child("c1", "Running"), going=False, now=NOW).change is None
+
+
+def test_a_replacement_child_deleted_before_reconcile_recorded_it_is_named_deleted() -> None:
+    result = mirror(_deleted_report(), _child("c2"), going=True, now=NOW)
+    assert result.change is not None and result.change.child is not None
+    assert result.change.child.uid == "c2"  # reconcile's write of c2 then keeps the report
+    after = _applied(_deleted_report(), result.change)
+    assert wants_child_back(after) and not result.finished
+
+
 @pytest.mark.parametrize(
     ("phase", "child_conditions", "finished", "words"),
     [

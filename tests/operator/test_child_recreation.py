@@ -362,6 +362,69 @@ async def test_a_child_deleted_before_reconcile_records_it_is_still_recreated(
     assert reasons(cluster, "racy").count("ChildRecreated") == 1
 
 
+async def test_a_recreated_child_that_runs_before_reconcile_records_it_is_followed(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The race the soak met under CPU load: reconcile re-creates a deleted child, the training operator marks
+    # the new child Running and its event reaches the child watcher, and only then does reconcile write
+    # status.child from its creation-time copy (no status yet). The watcher must take the new child as the
+    # one on record (the recorded one is gone), and reconcile's write must keep the phase it reported: else
+    # the BTJ says Pending for ever over a running child, with no event left to correct it.
+    original = HardenedEmulator._handle_one
+    first: list[str] = []
+    seen: list[bool] = []
+
+    async def run_before_the_answer(emulator: HardenedEmulator, request: Any) -> Any:
+        response = await original(emulator, request)
+        if (
+            first
+            and not seen
+            and request.method.value == "POST"
+            and request.resource is not None
+            and request.resource.plural == "pytorchjobs"
+            and from_operator(request)
+        ):
+            second = child_uid(cluster, "quick")
+            await cluster.set_child_status("quick", RUNNING)
+            try:  # bounded: without the watcher's record the test fails below, not here
+                await wait_for(
+                    lambda: (
+                        cluster.status("quick").get("phase") == "Running"
+                        and cluster.status("quick")["child"]["uid"] == second
+                    ),
+                    timeout=10.0,
+                    what="the watcher's record of the new child",
+                )
+                seen.append(True)
+            except AssertionError:
+                seen.append(False)
+        return response  # only now does reconcile learn that its create succeeded, and write status
+
+    monkeypatch.setattr(HardenedEmulator, "_handle_one", run_before_the_answer)
+    async with running_operator(cluster):
+        await cluster.apply(btj("quick"))
+        await wait_for(lambda: cluster.condition("quick", "ChildCreated"), what="ChildCreated")
+        await cluster.set_child_status("quick", RUNNING)
+        await wait_for(lambda: cluster.status("quick").get("phase") == "Running", what="phase Running")
+        first.append(str(child_uid(cluster, "quick")))
+        await cluster.delete_child("quick")
+        await wait_for(
+            lambda: (
+                cluster.status("quick")["child"]["uid"] not in (None, *first)
+                and child_created(cluster, "quick").get("reason") == "Created"
+            ),
+            what="the re-created child recorded by reconcile",
+        )
+        await cluster.settle("quick")
+        status = cluster.status("quick")
+    assert status["phase"] == "Running", status  # the stuck state: Pending over a running child
+    assert seen == [True], "the child watcher recorded the new child's phase before reconcile's write"
+    assert status["child"]["uid"] == child_uid(cluster, "quick") and status["child"].get("configMap")
+    assert child_created(cluster, "quick").get("status") == "True"
+    assert cluster.creates("pytorchjobs") == 2 and live_children(cluster) == 1
+    assert reasons(cluster, "quick").count("ChildRecreated") == 1
+
+
 def status_writes(cluster: Cluster, name: str) -> list[dict[str, Any]]:
     """BTJ `name`'s status after each PATCH of its /status, in the order the API server took them."""
     statuses = []

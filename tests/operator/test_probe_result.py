@@ -2,13 +2,15 @@
 worker's termination message and writes status.probe, posts one `Probed` Event, adds a sample for every
 probed family to the cluster calibration and copies the result into the plan ConfigMap (a restart trains
 with it; the job and its pods are untouched, and an operator restart keeps it). After three such jobs, a
-later BTJ in the same namespace plans without a probe: its candidates' families are measured now."""
+later BTJ in the same namespace plans without a probe: its candidates' families are measured now. A worker
+that failed and carries a probe line is one status write; a pod no child of a BTJ controls teaches nothing."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+import kmock
 import pytest
 
 from blackwell_operator.calibration.cluster import MIN_RUNS, ClusterCalibration
@@ -19,7 +21,7 @@ from blackwell_operator.render.pod import plan_config_map_name
 from blackwell_trainer import probe as trainer_probe
 from blackwell_trainer.config import Plan, ProbeMeasurement, ProbeOutcome, ProbeResult
 from tests.helm.conftest import NAMESPACE as HOME
-from tests.operator.harness import NAMESPACE, Cluster, btj, running_operator, wait_for
+from tests.operator.harness import NAMESPACE, Cluster, btj, from_operator, running_operator, wait_for
 from tests.operator.pods import T2, container, pod, pod_status, terminated
 
 # Long enough that the probe pays for itself (auto probes: 2 candidates of modelled families).
@@ -174,3 +176,41 @@ async def test_an_operator_restart_keeps_the_copy_and_says_nothing_twice(
         == hashed[PLAN_HASH_ANNOTATION]
     )
     assert json.loads(json.dumps(cluster.status("a")["probe"]))["winner"] == 1
+
+
+@pytest.mark.integration
+async def test_a_failed_worker_with_a_probe_line_is_one_status_write_and_a_forged_pod_teaches_nothing(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv(store.NAMESPACE_ENV, HOME)
+    async with running_operator(cluster):
+        await cluster.apply(btj("f", training=TRAINING))
+        job = await wait_for(lambda: cluster.job("f"), what="f's PyTorchJob")
+        plan = Plan.model_validate(await wait_for(lambda: cluster.status("f").get("plan"), what="f's plan"))
+        await cluster.settle("f")
+        line = result_for(plan).to_line()
+        # Our labels, but no child of a BTJ controls it: its probe line is ignored.
+        await cluster.add_pod(
+            pod("f-forged", job="f"),
+            pod_status(container(state={"terminated": terminated(0, "Completed", T2, line)})),
+        )
+        await wait_for(lambda: "f-forged carries the trainer's labels" in caplog.text, what="the refusal")
+        assert "probe" not in cluster.status("f") and stored_calibration(cluster) is None
+        since = len(list(cluster.k.requests))
+        failed = container(state={"terminated": terminated(1, "Error", T2, f"error: NCCL timeout\n{line}")})
+        await cluster.add_pod(pod("f-worker-0", job="f", owner=job), pod_status(failed))
+        await wait_for(
+            lambda: cluster.status("f").get("probe") and cluster.status("f").get("lastFailure"),
+            what="status.probe and lastFailure",
+        )
+        await cluster.settle("f")
+    writes = [
+        r
+        for r in list(cluster.k.requests)[since:]
+        if from_operator(r) and r.method == kmock.method.PATCH and r.subresource == "status" and r.name == "f"
+    ]
+    assert len(writes) == 1, "the failure and the probe are one write"
+    assert cluster.status("f")["lastFailure"]["pod"] == "f-worker-0"
+    calibration = stored_calibration(cluster)
+    assert calibration is not None and {s.job for s in calibration.samples} == {f"{NAMESPACE}/f"}
+    assert len(calibration.samples) == len(SPEED) and len(probed_events(cluster, "f")) == 1

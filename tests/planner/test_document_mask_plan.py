@@ -1,5 +1,5 @@
-"""A chat data set (packed rows, FlexAttention document mask) is planned slower in attention and says that
-its mask kernel is unverified on a GPU here."""
+"""A chat data set (packed rows, FlexAttention document mask) is planned slower in attention and says what
+its mask's speed rests on: measured on the H200, modelled elsewhere."""
 
 from __future__ import annotations
 
@@ -31,11 +31,15 @@ def test_the_document_mask_costs_attention_time_by_its_modelled_factor() -> None
     assert masked.breakdown["gemm"] == dense.breakdown["gemm"]
 
 
-def test_a_chat_plan_says_its_document_mask_is_unverified() -> None:
+def test_a_chat_plan_says_its_document_mask_is_modelled_off_the_h200_and_measured_on_it() -> None:
     plain = plan_job(make_spec(nodes=2, seq=8192))
     chat = plan_job(chat_spec(nodes=2, seq=8192))  # type: ignore[arg-type]
     item = next(c for c in chat.provenance if c.choice == "documentMask")
-    assert item.basis is Basis.UNVERIFIED and "FlexAttention" in item.detail
+    assert chat.gpu.name == "B200"
+    assert item.basis is Basis.MODELLED and "FlexAttention" in item.detail and "not on a B200" in item.detail
+    h200 = plan_job(chat_spec(instance="ml.p5en.48xlarge", nodes=1, seq=4096))  # type: ignore[arg-type]
+    measured = next(c for c in h200.provenance if c.choice == "documentMask")
+    assert measured.basis is Basis.MEASURED and "measured on a H200 here" in measured.detail
     assert not any(c.choice == "documentMask" for c in plain.provenance)
     assert chat.predicted.tokens_per_second_per_gpu < plain.predicted.tokens_per_second_per_gpu
 

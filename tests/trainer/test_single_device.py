@@ -158,3 +158,32 @@ def test_fused_projections_give_the_losses_of_separate_ones(world_of_one: None) 
     # FSDP2 keeps separate matmuls (its weights are gathered copies, a concatenation would be one more).
     fsdp = Trainer(plan, ONE, tuning=Tuning(single_device="fsdp", fuse_projections=True))
     assert not any(m.fuse for m in fsdp.model.modules() if hasattr(m, "fuse"))
+
+
+def test_recast_blocks_keep_no_bf16_weight_for_backward_and_give_the_same_losses(
+    world_of_one: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from blackwell_trainer import recast
+
+    packed: list[tuple[int, ...]] = []
+    init = recast._Recast.__init__
+
+    def counting(self: recast._Recast, param: torch.Tensor, dtype: torch.dtype, view: torch.Tensor) -> None:
+        packed.append(tuple(param.shape))
+        init(self, param, dtype, view)
+
+    monkeypatch.setattr(recast._Recast, "__init__", counting)
+    plan, steps = _plan(), _batches(5, 4)
+    tuned = Trainer(plan, ONE, tuning=Tuning(recast_blocks=True), compute_dtype=torch.bfloat16)
+    assert tuned.model.recast_blocks
+    plain = Trainer(plan, ONE, tuning=SINGLE, compute_dtype=torch.bfloat16)
+    assert not plain.model.recast_blocks  # a CPU keeps its copies unless asked (no memory rule there)
+    ours = _train(tuned, steps)
+    # Every matrix of every block was saved for backward as its fp32 parameter, not as a bf16 copy.
+    matrices = [tuple(p.shape) for n, p in tuned.model.layers.named_parameters() if p.dim() == 2]
+    assert set(matrices) <= set(packed) and len(packed) >= len(steps) * len(matrices)
+    torch.testing.assert_close(ours, _train(plain, steps), rtol=1e-6, atol=1e-6)
+    # Under AC the recompute would see the restored fp32 weights: the switch is not taken there.
+    ac = Trainer(_plan(activationCheckpointing="full"), ONE, tuning=Tuning(recast_blocks=True),
+                 compute_dtype=torch.bfloat16)  # fmt: skip
+    assert not ac.model.recast_blocks

@@ -19,6 +19,7 @@ from torch import nn
 from .config import Architecture, RopeScaling
 from .document_mask import DocumentMask, build_document_mask, document_attention, document_positions
 from .loss import LossFn, chunked_cross_entropy
+from .recast import call_recast
 
 
 class RMSNorm(nn.Module):
@@ -218,6 +219,8 @@ class Transformer(nn.Module):
         # The dtype the model computes in when its parameters are fp32 (the single-device path sets
         # bf16 on GPUs); None: the parameters' own dtype (FSDP2 hands the blocks bf16 copies itself).
         self.compute_dtype: torch.dtype | None = None
+        # Run each block through recast.call_recast (its bf16 copies freed after forward; tuning.py).
+        self.recast_blocks = False
         self.rope: torch.Tensor
         self.register_buffer("rope", torch.empty(2, max_seq_len, arch.resolved_head_dim), persistent=False)
         self.loss_fn: LossFn = chunked_cross_entropy
@@ -251,8 +254,12 @@ class Transformer(nn.Module):
             positions = document_positions(documents)
             mask = build_document_mask(documents)
         rope: torch.Tensor = self.rope if positions is None else self.rope[:, positions]
+        extra = () if mask is None else (mask,)
         for block in self.layers.values():
-            h = block(h, rope) if mask is None else block(h, rope, mask)
+            if self.recast_blocks and self.compute_dtype is not None:
+                h = call_recast(block, self.compute_dtype, h, rope, *extra)
+            else:
+                h = block(h, rope, *extra)
         out: torch.Tensor = self.norm(h)
         return out
 

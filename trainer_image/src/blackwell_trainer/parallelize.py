@@ -183,7 +183,10 @@ def apply_fsdp(
 
 
 def _should_reshard(
-    model: Transformer, mesh: DeviceMesh, device: torch.device, gpu_memory_bytes: int | None = None
+    model: Transformer,
+    mesh: DeviceMesh | None,
+    device: torch.device,
+    gpu_memory_bytes: int | None = None,
 ) -> bool:
     """Free each block's gathered bf16 weights after forward, unless `keeps_gathered_weights` says keep.
 
@@ -193,7 +196,8 @@ def _should_reshard(
     if device.type != "cuda":
         return True
     total = gpu_memory_bytes or torch.cuda.get_device_properties(device).total_memory
-    return not keeps_gathered_weights(model.arch.parameter_count(), mesh.size(-1), total)
+    shard = 1 if mesh is None else mesh.size(-1)
+    return not keeps_gathered_weights(model.arch.parameter_count(), shard, total)
 
 
 def parallelize(
@@ -209,6 +213,7 @@ def parallelize(
     compile_mode: str = "default",
     fp8_pow2_scales: bool = False,
     fuse_projections: bool = False,
+    recast_blocks: bool = False,
 ) -> PrecisionSetup:
     """Apply every technique in ONE fixed order, then materialise and initialise the weights.
 
@@ -249,6 +254,15 @@ def parallelize(
             model.compute_dtype = dtype
         if fuse_projections:
             apply_fused_projections(model)
+        # Without AC the compiled blocks would keep every bf16 copy until backward: free them after each
+        # block's forward where FSDP2 would reshard (too little room beside the rest), or when asked.
+        # Not under AC: it recomputes the casts anyway, and its recompute would run the block on the
+        # fp32 parameters the swap has restored.
+        free = recast_blocks or (
+            device.type == "cuda" and _should_reshard(model, None, device, gpu_memory_bytes)
+        )
+        none = candidate.activation_checkpointing == ActivationCheckpointing.NONE
+        model.recast_blocks = free and none and model.compute_dtype is not None
     model.to_empty(device=device)
     # Same seed on every rank: DTensor's RNG tracker then gives each shard its slice of one global init.
     torch.manual_seed(seed)

@@ -111,6 +111,7 @@ class Trainer:
             compile_mode=self.tuning.compile_mode,
             fp8_pow2_scales=self.tuning.fp8_pow2_scales,
             fuse_projections=self.tuning.fuse_projections,
+            recast_blocks=self.tuning.recast_blocks,
         )
         self.optimizer = build_optimizer(self.model, plan, runtime.device)
         self.step_index = 0

@@ -41,6 +41,9 @@ class Tuning:
     # Single-device path: Q/K/V and gate/up each as one matmul over concatenated weights (BF16 blocks;
     # float8 and TE Linears keep their own). The same products; the last bit may differ (GEMM blocking).
     fuse_projections: bool = False
+    # Single-device path without AC: each block runs on bf16 copies made before it and cast again in
+    # backward instead of kept (recast.py): 2 bytes a parameter less at the peak, one more cast per step.
+    recast_blocks: bool = False
 
     def use_single_device(self, *, world_size: int, context_parallel: int, backend: str) -> bool:
         """Whether this process trains without FSDP2 (see ``single_device``)."""

@@ -120,14 +120,33 @@ class ChildCalls:
         refs = [_reference(obj) for obj in supporting]
         drop_supporting(self.api, namespace, refs, self.owner_uid, self.logger)
 
-    def ensure_supporting(self, objects: list[dict[str, Any]]) -> None:
-        """Each object the child references exists, is ours and holds this render."""
-        for obj in objects:
-            self._ensure_owned(obj)
+    def ensure_supporting(self, objects: list[dict[str, Any]]) -> bool:
+        """Each object the child references exists, is ours and holds this render; whether one was made."""
+        made = [self._ensure_owned(obj) for obj in objects]
+        return any(made)
 
-    def _ensure_owned(self, obj: dict[str, Any]) -> None:
+    def ensure_supporting_of(
+        self, job_path: str, job: Mapping[str, Any], objects: list[dict[str, Any]]
+    ) -> None:
+        """ensure_supporting for `job`, a job this pass read earlier, which may have finished and gone since.
+
+        The child watcher drops a finished job's supporting objects when the job goes: one missing now may
+        have been dropped after this pass's read, so one made again is dropped again unless the job is
+        still there and not going (if it goes later, the watcher's drop comes after this create).
+        """
+        if not self.ensure_supporting(objects):
+            return
+        current = named(lambda: self.api.get(job_path), f"the read of {job.get('kind')}")
+        uid = job["metadata"].get("uid")
+        if current is not None and current["metadata"].get("uid") != uid:
+            return  # another job took the name (its own pass made what it references)
+        if current is None or current["metadata"].get("deletionTimestamp"):
+            self.logger.info("The job went while this pass ran: what it referenced is removed again")
+            self.drop_supporting(objects)
+
+    def _ensure_owned(self, obj: dict[str, Any]) -> bool:
         """One object the child references (the plan ConfigMap, a TrainingRuntime) exists, is ours and
-        holds this render (GET first: a resume creates and patches nothing)."""
+        holds this render (GET first: a resume creates and patches nothing); whether it was made."""
         kind, meta = obj["kind"], obj["metadata"]
         collection = resource_path(obj["apiVersion"], SUPPORTING_PLURALS[kind], meta["namespace"])
         path = f"{collection}/{meta['name']}"
@@ -135,7 +154,7 @@ class ChildCalls:
         if existing is None:
             try:
                 named(lambda: self.api.create(collection, obj), f"the create of {kind} {meta['name']}")
-                return
+                return True
             except ApiError as exc:
                 if exc.status != 409:
                     raise
@@ -147,6 +166,7 @@ class ChildCalls:
         patch = supporting_patch(existing, obj)
         if patch is not None:
             named(lambda: self.api.patch(path, patch), f"the patch of {kind} {meta['name']}", create=False)
+        return False
 
     def _create_or_get(self, kind: ChildKind, job: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
         """Create the job; on 409 (a retry, a restart, a lost answer) take the existing one if it is ours."""

@@ -473,7 +473,7 @@ class Reconciler:
         if decision.hold:
             child = replace(child, obj=calls.hold(job_path, child.obj))
         if isinstance(decision, UpToDate | PatchInPlace):
-            calls.ensure_supporting(supporting)
+            calls.ensure_supporting_of(job_path, child.obj, supporting)
         if isinstance(decision, PatchInPlace):
             child = replace(child, obj=calls.patch(child.kind, job_path, name, decision.patch))
         return replace(outcome, child=child).recording(decision.effects)

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from blackwell_operator.lifecycle.child_apply import Notice
-from blackwell_operator.lifecycle.child_record import CHILD_DELETED, is_finished
-from blackwell_operator.lifecycle.conditions import find_condition, set_condition
+from blackwell_operator.lifecycle.child_record import CHILD_DELETED, deleted_child_uid, is_finished
+from blackwell_operator.lifecycle.conditions import find_condition, remove_condition, set_condition
 from blackwell_operator.lifecycle.failures import stopping_child
 from blackwell_operator.lifecycle.message import set_message
 from blackwell_operator.lifecycle.phase import TERMINAL_PHASES, child_conditions, child_headline, child_phase
@@ -66,6 +66,24 @@ def _reference(child: Mapping[str, Any]) -> ChildReference:
     )
 
 
+def unrecorded(stored: BlackwellTrainingJobStatus, child_uid: str | None) -> bool:
+    """Whether the status names no live child, so that this child (its BTJ's, by the owner reference) is
+    one that reconcile made and has not written yet: none is recorded, or the recorded one was seen deleted
+    and this is another, its replacement.
+
+    Such a child can report before that write (its training operator is quick, the operator slow): its
+    phase is recorded with its name, or reconcile would write the phase of its creation-time copy, and the
+    phases that came before would never come again.
+    """
+    recorded = stored.child.uid if stored.child is not None else None
+    return not recorded or (recorded != child_uid and deleted_child_uid(stored) == recorded)
+
+
+def _replacement(stored: BlackwellTrainingJobStatus, child_uid: str | None) -> bool:
+    """This child replaces the recorded one, which was seen deleted (`unrecorded`, with one on record)."""
+    return stored.child is not None and bool(stored.child.uid) and unrecorded(stored, child_uid)
+
+
 def _generation(btj: Mapping[str, Any], stored: BlackwellTrainingJobStatus) -> int | None:
     # Before reconcile's first status write there is no observedGeneration yet: the child was made from the
     # current spec, so stamp that generation (else these conditions would keep none).
@@ -112,7 +130,13 @@ def deleted_child_changes(
     else:
         what = f"{kind} {meta['name']} was deleted; re-creating it"
     recorded = find_condition(conds, ConditionType.CHILD_CREATED)
-    if recorded is not None and recorded.reason == CHILD_DELETED and recorded.status == "False":
+    replacement = _replacement(stored, meta.get("uid"))
+    if (
+        recorded is not None
+        and recorded.reason == CHILD_DELETED
+        and recorded.status == "False"
+        and not replacement
+    ):
         # Told again (the DELETED event after the one that marked it Terminating): the first record's
         # generation stands, so that an edit made in between reads as made after the deletion.
         generation = recorded.observed_generation or generation
@@ -124,9 +148,10 @@ def deleted_child_changes(
         conds, ConditionType.CHILD_CREATED, "False", CHILD_DELETED, f"{what}.", generation=generation, now=now
     )
     set_message(change, what, phase, stored.last_failure)
-    if stored.child is None or not stored.child.uid:
-        # Name the deleted child, so that a reconcile that created it and writes status only now sees it
-        # is gone and keeps this report (lifecycle/outcome.py) instead of claiming it exists.
+    if unrecorded(stored, meta.get("uid")):
+        # Name the deleted child (a first one, or the replacement of one deleted before), so that a
+        # reconcile that created it and writes status only now sees it is gone and keeps this report
+        # (lifecycle/outcome.py) instead of claiming it exists.
         change.child = _reference(child)
     return change
 
@@ -138,8 +163,8 @@ def mirror(btj: Mapping[str, Any], child: Mapping[str, Any], *, going: bool, now
         return Mirror(None)  # a new BTJ with the old name: this child belongs to its deleted predecessor
     stored = read_status(btj.get("status")).status
     recorded, child_uid = (stored.child.uid if stored.child else None), child["metadata"].get("uid")
-    if recorded and recorded != child_uid:
-        return Mirror(None)
+    if recorded and recorded != child_uid and not unrecorded(stored, child_uid):
+        return Mirror(None)  # an earlier child's late event: the recorded one speaks for the BTJ
     generation = _generation(btj, stored)
     if going:
         # Reported here; the BTJ's own event handler (recreate-child) brings the child back when
@@ -169,6 +194,11 @@ def _phase_change(
         queue_name=(btj.get("spec") or {}).get("queueName"),
         child_kind=kind,
     )
+    child_uid = child["metadata"].get("uid")
+    if _replacement(stored, child_uid):
+        # The deleted child's report is over; ChildCreated is reconcile's to say of the new one (until it
+        # has, the resync loop reconciles: lifecycle/convergence.py).
+        conds = remove_condition(conds, ConditionType.CHILD_CREATED)
     running = find_condition(conds, ConditionType.RUNNING)
     change = StatusChange(phase=phase, conditions=conds)
     # The worker watcher's lastFailure stays in the message while the job restarts or has failed.
@@ -189,7 +219,7 @@ def _phase_change(
     ):
         # The last reading was up to a minute before the end: a finished job shows all its steps done.
         change.progress = done
-    if stored.child is None or not stored.child.uid:
+    if unrecorded(stored, child_uid):
         # The child can report before the reconcile that created it has written status.child. Record which
         # child this phase came from, so that reconcile sees it as known and does not replace this newer
         # phase with the one derived from its creation-time copy of the child.

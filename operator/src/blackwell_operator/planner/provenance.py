@@ -216,18 +216,34 @@ def plan_provenance(
         _context_parallel(cov, cal, hw, setting, cp_fallback),
     ]
     if document_mask:
-        factor = cal.throughput.document_mask_attention_factor
-        items.append(
-            ChoiceProvenance(
-                choice="documentMask",
-                value="flex-attention",
-                basis=Basis.UNVERIFIED,
-                detail="packed chat rows attend through a FlexAttention document mask, whose kernel never "
-                f"ran on a GPU here: its speed is modelled as {factor:g} of dense flash attention, its "
-                "numerics are checked on the CPU against transformers",
-            )
-        )
+        items.append(_document_mask(cal, hw))
     return items
+
+
+# GPUs on which the trainer's document-masked training ran here, with its speed recorded: one H200,
+# 2026-12-01, docs/benchmarks/sft_h200.md (8B, AC full, mbs 2, sequence 4096: 8,030-8,902 tokens/s for
+# conversations of 4,096-512 tokens, against the chat plan's 8,063).
+DOCUMENT_MASK_MEASURED_ON = frozenset({"H200"})
+
+
+def _document_mask(cal: Calibration, hw: Hardware) -> ChoiceProvenance:
+    factor = cal.throughput.document_mask_attention_factor
+    model = f"its attention is modelled as {factor:g} of dense attention over a full causal row"
+    if hw.gpu.name in DOCUMENT_MASK_MEASURED_ON:
+        detail = (
+            f"packed chat rows attend through a FlexAttention document mask, measured on a {hw.gpu.name} "
+            f"here ({model}: right for rows of one long conversation, up to 10% slow for short ones)"
+        )
+        return ChoiceProvenance(
+            choice="documentMask", value="flex-attention", basis=Basis.MEASURED, detail=detail
+        )
+    detail = (
+        "packed chat rows attend through a FlexAttention document mask; its kernel ran on an H200 here, "
+        f"not on a {hw.gpu.name}: {model}"
+    )
+    return ChoiceProvenance(
+        choice="documentMask", value="flex-attention", basis=Basis.MODELLED, detail=detail
+    )
 
 
 def verdict(items: Sequence[ChoiceProvenance]) -> tuple[bool, str, str]:
