@@ -138,6 +138,7 @@ class Result:
     config: dict[str, Any]
     status: str  # ok | oom | error | skipped | timeout
     single_device: bool | None = None
+    architecture: dict[str, Any] = field(default_factory=dict)  # trainer_h200.SHAPES[model], as trained
     parameters: int | None = None
     tokens_per_s: float | None = None
     step_seconds: list[float] = field(default_factory=list)
@@ -189,7 +190,7 @@ def worker(ab: AB, out: Path) -> None:
     from blackwell_trainer.tuning import Tuning
 
     cfg = ab.cfg
-    rec = Result(ab.name, ab.tuning, asdict(cfg), "error")
+    rec = Result(ab.name, ab.tuning, asdict(cfg), "error", architecture=dict(base.SHAPES[cfg.model]))
     cuda = torch.cuda.is_available()
     try:
         if ab.profile and cuda:

@@ -133,13 +133,16 @@ class _OperatorThread:
         except BaseException as exc:  # reported by the demo, not a traceback
             self.error = exc
 
-    def __enter__(self) -> _OperatorThread:
+    async def __aenter__(self) -> _OperatorThread:
         self.thread.start()
         return self
 
-    def __exit__(self, *_: Any) -> None:
+    async def __aexit__(self, *_: Any) -> None:
         self.stop_flag.set()
-        self.thread.join(timeout=30)
+        # Joined off the event loop: the embedded API server runs on this loop, and the operator's last
+        # calls (a loop's request still in flight as it stops) wait for it. A join on the loop itself left
+        # them unanswered until the join's timeout: a dry-run demo often took 30 s longer.
+        await asyncio.to_thread(self.thread.join, 30)
 
 
 async def _wait(predicate: Callable[[], Any], timeout: float = 30.0) -> Any:
@@ -196,7 +199,7 @@ async def _demo(manifest: dict[str, Any], *, nodes: int, pause: float) -> bool:
             def phase() -> str:
                 return str((btj().get("status") or {}).get("phase") or "")
 
-            with _OperatorThread(server, namespace) as operator:
+            async with _OperatorThread(server, namespace) as operator:
                 try:
                     await _wait(
                         lambda: any(
