@@ -121,6 +121,14 @@ def _cpu_grid() -> list[AB]:
         AB(tiny(), "single_device=fsdp", "fsdp", estimate_s=5),
         AB(tiny(), "single_device=auto,fuse_projections=true", "single-fused", estimate_s=5),
         AB(tiny(), "single_device=auto,recast_blocks=true", "single-recast", estimate_s=5),
+        # The compiled blocks (inductor on the CPU), as on the GPU: fused projections, the switches.
+        AB(
+            base.bf16("tiny", 2, "none", warmup=2, timed=2),
+            "single_device=auto,fuse_projections=true",
+            "single-fused",
+            toggles=True,
+            estimate_s=5,
+        ),
         AB(tiny(), "single_device=auto", "single-profiled", profile=True, estimate_s=5),
         AB(tiny(), "single_device=auto", "never-fits", estimate_s=10**6),  # the budget's skip path
     ]
