@@ -212,3 +212,16 @@ def test_a_bad_tuning_entry_stops_the_trainer_with_one_line_before_anything_is_b
         "error: BTJ_TRAINER_TUNING: 'recast=yes' is not key=value with a key among clip_in_optimizer, "
         "compile_mode, fp8_pow2_scales, fuse_projections, parameter_check, recast_blocks, single_device"
     ], stderr[-2000:]
+
+
+def test_only_the_models_own_linears_are_fused() -> None:
+    from blackwell_trainer.model import build_model
+    from blackwell_trainer.parallelize import apply_fused_projections
+
+    model = build_model(tiny_plan().architecture, max_seq_len=32, device="cpu")
+    block = model.layers["0"]
+    old = block.attention.wk
+    # A replacement module (as float8 or TE conversion leaves): its scaling is per weight, not fusable.
+    block.attention.wk = torch.nn.Linear(old.in_features, old.out_features, bias=False)
+    assert apply_fused_projections(model) == 2 * len(model.layers) - 1
+    assert not block.attention.fuse and block.feed_forward.fuse and model.layers["1"].attention.fuse
