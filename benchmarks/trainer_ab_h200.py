@@ -6,7 +6,9 @@ wheel, as for benchmarks/trainer_h200.py):
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && \
     PYTHONPATH=/tmp/site:trainer_image/src python3 benchmarks/trainer_ab_h200.py --out $OUT --budget-s 440
 
-CPU plumbing test (tiny shape, gloo, no compile): ``python benchmarks/trainer_ab_h200.py --grid cpu --out X``.
+A second call: the same with ``--grid gpu-rest`` (the batch-4 half, 1B, the other variants).
+
+CPU plumbing test (tiny shape, gloo): ``python benchmarks/trainer_ab_h200.py --grid cpu --out X``.
 
 What it measures (Llama-3.2-3B shape, untied embeddings: 3.61B parameters; sequence 4096; no AC;
 torch.compile per block), in priority order until ``--budget-s`` is spent (what does not fit is recorded
@@ -121,12 +123,25 @@ def _cpu_grid() -> list[AB]:
         AB(tiny(), "single_device=fsdp", "fsdp", estimate_s=5),
         AB(tiny(), "single_device=auto,fuse_projections=true", "single-fused", estimate_s=5),
         AB(tiny(), "single_device=auto,recast_blocks=true", "single-recast", estimate_s=5),
+        # The compiled blocks (inductor on the CPU), as on the GPU: fused projections, the switches.
+        AB(
+            base.bf16("tiny", 2, "none", warmup=2, timed=2),
+            "single_device=auto,fuse_projections=true",
+            "single-fused",
+            toggles=True,
+            estimate_s=5,
+        ),
         AB(tiny(), "single_device=auto", "single-profiled", profile=True, estimate_s=5),
         AB(tiny(), "single_device=auto", "never-fits", estimate_s=10**6),  # the budget's skip path
     ]
 
 
-GRIDS = {"gpu": _gpu_grid, "cpu": _cpu_grid}
+def _gpu_rest() -> list[AB]:
+    """What one 440 s call of ``gpu`` leaves out (its first 8 processes fit): batch 4 and the rest."""
+    return _gpu_grid()[8:]
+
+
+GRIDS = {"gpu": _gpu_grid, "gpu-rest": _gpu_rest, "cpu": _cpu_grid}
 
 
 @dataclass

@@ -116,6 +116,27 @@ def test_a_replacement_child_deleted_before_reconcile_recorded_it_is_named_delet
     assert wants_child_back(after) and not result.finished
 
 
+def test_a_replan_s_successor_that_finished_before_it_was_recorded_finishes_the_btj() -> None:
+    # c1 ran out of memory and was replaced (the re-plan's record names c1); c2 finished and went before
+    # reconcile recorded it. Its end is the job's (only c1's end was not): never run again.
+    candidate = {
+        "precision": "bf16",
+        "precisionRecipe": "none",
+        "activationCheckpointing": "none",
+        "microBatchSize": 1,
+        "gradientAccumulationSteps": 1,
+        "sharding": "full",
+        "shardDegree": 8,
+        "replicateDegree": 1,
+    }
+    replan = {"at": T0, "generation": 1, "reason": "OutOfMemory", "failed": candidate}
+    btj = _deleted_report()
+    btj["status"]["planHistory"] = [{**replan, "replacement": candidate, "failedChildUid": "c1"}]
+    result = mirror(btj, _child("c2", "Succeeded"), going=True, now=NOW)
+    assert result.finished and result.change is not None and result.change.phase == Phase.SUCCEEDED
+    assert result.change.child is not None and result.change.child.uid == "c2"
+
+
 @pytest.mark.parametrize(
     ("phase", "child_conditions", "finished", "words"),
     [

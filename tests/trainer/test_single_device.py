@@ -26,7 +26,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*torch.distributed.*:UserWarnin
 
 
 @pytest.fixture
-def world_of_one() -> Iterator[None]:
+def one_rank() -> Iterator[None]:
+    """A gloo process group of one in this process (conftest's world_of_one sets only the environment)."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
@@ -53,7 +54,7 @@ def _train(trainer: Trainer, batches: list[list[tuple[torch.Tensor, torch.Tensor
     return [trainer.step(b).loss for b in batches]
 
 
-def test_one_rank_takes_the_single_device_path_unless_told_fsdp(world_of_one: None) -> None:
+def test_one_rank_takes_the_single_device_path_unless_told_fsdp(one_rank: None) -> None:
     single = Trainer(_plan(), ONE, tuning=SINGLE)
     assert single.single_device
     assert not any(hasattr(p, "to_local") for p in single.model.parameters())
@@ -65,7 +66,7 @@ def test_one_rank_takes_the_single_device_path_unless_told_fsdp(world_of_one: No
 
 @pytest.mark.parametrize("accumulation", [1, 2])
 def test_single_device_losses_and_weights_equal_fsdp2_on_one_rank_fp32(
-    world_of_one: None, accumulation: int
+    one_rank: None, accumulation: int
 ) -> None:
     plan = _plan(microBatchSize=4 // accumulation, gradientAccumulationSteps=accumulation)
     steps = [[(i[j::accumulation], lab[j::accumulation]) for j in range(accumulation) for i, lab in b]
@@ -81,7 +82,7 @@ def test_single_device_losses_and_weights_equal_fsdp2_on_one_rank_fp32(
         torch.testing.assert_close(a.detach(), _full(b), rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_single_device_bf16_compute_matches_fsdp2_bf16_mixed_precision(world_of_one: None) -> None:
+def test_single_device_bf16_compute_matches_fsdp2_bf16_mixed_precision(one_rank: None) -> None:
     plan, steps = _plan(), _batches(1, 5)
     single = Trainer(plan, ONE, tuning=SINGLE, compute_dtype=torch.bfloat16)
     fsdp = Trainer(plan, ONE, tuning=FSDP, compute_dtype=torch.bfloat16)
@@ -94,7 +95,7 @@ def test_single_device_bf16_compute_matches_fsdp2_bf16_mixed_precision(world_of_
     assert max(abs(a - b) for a, b in zip(ours, fp32, strict=True)) > 1e-4
 
 
-def test_clipping_inside_the_fused_step_equals_clipping_before_it(world_of_one: None) -> None:
+def test_clipping_inside_the_fused_step_equals_clipping_before_it(one_rank: None) -> None:
     plan, steps = _plan(), _batches(2, 6)
     plan.optimizer.grad_clip_norm = 0.05  # far below the tiny model's gradient norm: clipping acts
     runs = []
@@ -119,7 +120,7 @@ def test_clipping_inside_the_fused_step_equals_clipping_before_it(world_of_one: 
     "saver,loader", [(SINGLE, FSDP), (FSDP, SINGLE)], ids=["single-to-fsdp", "fsdp-to-single"]
 )
 def test_a_checkpoint_of_either_path_resumes_on_the_other(
-    world_of_one: None, tmp_path: Path, saver: Tuning, loader: Tuning
+    one_rank: None, tmp_path: Path, saver: Tuning, loader: Tuning
 ) -> None:
     plan, steps = _plan(), _batches(3, 5)
     first = Trainer(plan, ONE, tuning=saver)
@@ -147,7 +148,7 @@ def test_tuning_is_read_as_key_value_pairs_and_bad_entries_name_the_key() -> Non
     assert not Tuning().use_single_device(world_size=2, context_parallel=1, backend="bf16")
 
 
-def test_fused_projections_give_the_losses_of_separate_ones(world_of_one: None) -> None:
+def test_fused_projections_give_the_losses_of_separate_ones(one_rank: None) -> None:
     plan, steps = _plan(), _batches(4, 5)
     fused = Trainer(plan, ONE, tuning=Tuning(fuse_projections=True))
     blocks = [m for m in fused.model.modules() if hasattr(m, "fuse")]
@@ -161,7 +162,7 @@ def test_fused_projections_give_the_losses_of_separate_ones(world_of_one: None) 
 
 
 def test_recast_blocks_keep_no_bf16_weight_for_backward_and_give_the_same_losses(
-    world_of_one: None, monkeypatch: pytest.MonkeyPatch
+    one_rank: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from blackwell_trainer import recast
 
@@ -187,3 +188,40 @@ def test_recast_blocks_keep_no_bf16_weight_for_backward_and_give_the_same_losses
     ac = Trainer(_plan(activationCheckpointing="full"), ONE, tuning=Tuning(recast_blocks=True),
                  compute_dtype=torch.bfloat16)  # fmt: skip
     assert not ac.model.recast_blocks
+
+
+@pytest.mark.usefixtures("world_of_one")
+def test_a_bad_tuning_entry_stops_the_trainer_with_one_line_before_anything_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from blackwell_trainer.train import main
+    from tests.trainer.conftest import tiny_plan_dict
+
+    plan = tiny_plan_dict(shardDegree=1)
+    plan.update(gpusPerNode=1, parameterCount=tiny_plan().architecture.parameter_count())
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    monkeypatch.setenv("BTJ_TERMINATION_LOG", str(tmp_path / "termination-log"))
+    monkeypatch.setenv("BTJ_TRAINER_TUNING", "single_device=fsdp,recast=yes")
+    assert main(["--plan", str(path)]) == 2
+    stderr = capsys.readouterr().err
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        "error: BTJ_TRAINER_TUNING: 'recast=yes' is not key=value with a key among clip_in_optimizer, "
+        "compile_mode, fp8_pow2_scales, fuse_projections, parameter_check, recast_blocks, single_device"
+    ], stderr[-2000:]
+
+
+def test_only_the_models_own_linears_are_fused() -> None:
+    from blackwell_trainer.model import build_model
+    from blackwell_trainer.parallelize import apply_fused_projections
+
+    model = build_model(tiny_plan().architecture, max_seq_len=32, device="cpu")
+    block = model.layers["0"]
+    old = block.attention.wk
+    # A replacement module (as float8 or TE conversion leaves): its scaling is per weight, not fusable.
+    block.attention.wk = torch.nn.Linear(old.in_features, old.out_features, bias=False)
+    assert apply_fused_projections(model) == 2 * len(model.layers) - 1
+    assert not block.attention.fuse and block.feed_forward.fuse and model.layers["1"].attention.fuse

@@ -123,9 +123,18 @@ class Comparison:
         return None if not self.record.ran or not m else self.predicted_allocated / m - 1.0
 
 
+def as_ran(record: CalibrationRecord, cal: Calibration) -> Calibration:
+    """The calibration as the trainer was when it made the record: a record of FSDP2 on one rank (before the
+    single-device path) is predicted with that path off."""
+    if record.single_device_path or not cal.trainer.single_device_path:
+        return cal
+    trainer = cal.trainer.model_copy(update={"single_device_path": False})
+    return cal.model_copy(update={"trainer": trainer})
+
+
 def compare(record: CalibrationRecord, cal: Calibration) -> Comparison:
-    """Predict one record with a calibration."""
-    ev = evaluate(record_spec(record), record.candidate, calibration=cal)
+    """Predict one record with a calibration (as its trainer ran: `as_ran`)."""
+    ev = evaluate(record_spec(record), record.candidate, calibration=as_ran(record, cal))
     return Comparison(record, ev, gpu_memory_bytes(record))
 
 

@@ -78,6 +78,11 @@ class CalibrationRecord(BaseModel):
         default="btj-trainer",
         description="The trainer that ran: the shipped calibration whose capabilities describe it.",
     )
+    single_device_path: bool = Field(
+        default=False,
+        description="The trainer ran its one GPU without FSDP2 (its single-device path, from 2026-12-01); "
+        "records made before it ran FSDP2 on one rank and are predicted so.",
+    )
     model_name: str = Field(description="Preset name or a custom label (e.g. custom-13b).")
     architecture: Architecture
     instance_type: str = Field(description="Catalog instance type whose GPU ran it, e.g. ml.p5en.48xlarge.")

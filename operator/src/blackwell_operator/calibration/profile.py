@@ -46,6 +46,20 @@ class TrainerCapabilities(_Strict):
         description="With a shard group of one GPU and room to spare, the trainer keeps every block's bf16 "
         "weights from forward to backward (blackwell_trainer.config.keeps_gathered_weights).",
     )
+    single_device_path: bool = Field(
+        default=False,
+        description="A lone GPU (one process, no context parallelism, not a Transformer Engine recipe) "
+        "trains without FSDP2 (the trainer's single-device path): no all-gather or reduce-scatter copies "
+        "(throughput.single_device_cast_bytes_per_param instead) and its gradients are freed into the "
+        "compute stream's pool (no memory.fragmentation_gradients).",
+    )
+    single_device_cast_bytes_per_param: float = Field(
+        default=12.0,
+        gt=0,
+        description="Copy traffic per parameter and micro-batch of the single-device path, derived from its "
+        "code (not fitted yet): each fp32 weight cast to bf16 in forward (4 bytes read, 2 written) and each "
+        "bf16 gradient cast to fp32 (2 read, 4 written).",
+    )
     selective_recomputes_gemms: list[PrecisionRecipe] = Field(
         default_factory=list,
         description="Recipes whose GEMMs selective AC recomputes (not aten ops the op-level save policy can "

@@ -29,9 +29,14 @@ def _ctx(memo: kopf.Memo) -> OperatorContext:
     return ctx
 
 
-def reconcile_btj(body: kopf.Body, memo: kopf.Memo, retry: int, logger: Any, **_: Any) -> None:
-    """on.resume / on.create / on.update(spec): plan, render, create-or-patch, status."""
-    Reconciler(_ctx(memo)).reconcile(body, retry=retry, logger=logger)
+def reconcile_btj(body: kopf.Body, memo: kopf.Memo, retry: int, logger: Any, reason: str, **_: Any) -> None:
+    """on.resume / on.create / on.update(spec): plan, render, create-or-patch, status.
+
+    A create or update pass of a generation this process has reconciled already is not done again; a
+    resume always runs (it repairs what changed while the operator was down).
+    """
+    skip_done = reason in (kopf.Reason.CREATE, kopf.Reason.UPDATE)
+    Reconciler(_ctx(memo)).reconcile(body, retry=retry, logger=logger, skip_done=skip_done)
 
 
 async def track_btj(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:

@@ -56,6 +56,8 @@ class OperatorContext:
     _untraced: OrderedDict[str, None] = field(default_factory=OrderedDict)
     # BTJ uid -> when the sweep last posted a StuckPodIgnored Event on it (at most one per interval).
     _ignored_reported: dict[str, float] = field(default_factory=dict)
+    # BTJ uid -> the generation a pass of this process last reconciled it at, to the end of the pass.
+    _reconciled: dict[str, int] = field(default_factory=dict)
 
     def recreate_lock(self, uid: str) -> threading.Lock:
         """The lock of one BTJ's child re-creates."""
@@ -79,6 +81,7 @@ class OperatorContext:
         with self._guard:
             self._btjs.pop(uid, None)
             self._ignored_reported.pop(uid, None)
+            self._reconciled.pop(uid, None)
             lock = self._recreating.get(uid)
             if lock is not None and not lock.locked():
                 del self._recreating[uid]
@@ -109,6 +112,16 @@ class OperatorContext:
             self._lineages[uid] = found
             while len(self._lineages) > POD_FAILURE_MEMORY:
                 self._lineages.popitem(last=False)
+
+    def note_reconciled(self, uid: str, generation: int) -> None:
+        """A pass of this BTJ at `generation` ran to its end (Kopf's, the resync loop's, a re-create's)."""
+        with self._guard:
+            self._reconciled[uid] = generation
+
+    def reconciled_at(self, uid: str) -> int | None:
+        """The generation a pass of this process last reconciled this BTJ at, to its end (None: none)."""
+        with self._guard:
+            return self._reconciled.get(uid)
 
     def untraced(self, uid: str) -> bool:
         """Whether the stuck-pod sweep found that no child of a BTJ controls this pod."""

@@ -52,6 +52,7 @@ from blackwell_operator.lifecycle.child_apply import (
     refusal,
     resume_note,
 )
+from blackwell_operator.lifecycle.convergence import needs_reconcile
 from blackwell_operator.lifecycle.elastic import stored_choice
 from blackwell_operator.lifecycle.outcome import PassOutcome, SeenChild
 from blackwell_operator.lifecycle.probe import with_probe_result
@@ -103,11 +104,18 @@ class Reconciler:
 
     # ----- entry points -----
 
-    def reconcile(self, body: Mapping[str, Any], *, retry: int, logger: Any) -> None:
-        """Kopf's handler path: one pass; raises kopf.TemporaryError for what a later retry can fix."""
+    def reconcile(self, body: Mapping[str, Any], *, retry: int, logger: Any, skip_done: bool = False) -> None:
+        """Kopf's handler path: one pass; raises kopf.TemporaryError for what a later retry can fix.
+
+        skip_done: the pass does nothing when a pass of this process has reconciled the BTJ's current
+        generation to its end and the BTJ has converged. In a burst Kopf runs a create handler twice
+        when its own annotation patch reaches it more than `consistency_timeout` late, and reaches some
+        create events only after the resync loop has done the pass: the same pass twice would plan,
+        render and read the child twice.
+        """
         with self.ctx.recreate_lock(str(body.get("metadata", {}).get("uid", ""))):
             try:
-                self._guarded(body, logger)
+                self._guarded(body, logger, skip_done=skip_done)
             except ApiError as exc:
                 raise kopf.TemporaryError(
                     f"API call failed, retrying: {exc}", delay=_retry_delay(retry)
@@ -148,14 +156,21 @@ class Reconciler:
             lock.release()
         return False
 
-    def _guarded(self, body: Mapping[str, Any], logger: Any, *, attempts: int = retrying.ATTEMPTS) -> None:
+    def _guarded(
+        self,
+        body: Mapping[str, Any],
+        logger: Any,
+        *,
+        attempts: int = retrying.ATTEMPTS,
+        skip_done: bool = False,
+    ) -> None:
         """One pass under the retry policy (a pass is idempotent: create-or-get, conditional writes)."""
         started = time.perf_counter()
         self._logger = logger
         meta = body.get("metadata", {})
         what = f"reconcile of BlackwellTrainingJob {meta.get('namespace')}/{meta.get('name')}"
         try:
-            retrying.call(what, logger, lambda: self._reconcile(body, logger), attempts=attempts)
+            retrying.call(what, logger, lambda: self._reconcile(body, logger, skip_done), attempts=attempts)
         except ApiError as exc:
             self.ctx.metrics.record_error(exc.metric_reason)
             raise
@@ -179,7 +194,7 @@ class Reconciler:
             if self._logger is not None:
                 self._logger.warning(f"Cannot post Event {reason}: {exc}")
 
-    def _reconcile(self, body: Mapping[str, Any], logger: Any) -> None:
+    def _reconcile(self, body: Mapping[str, Any], logger: Any, skip_done: bool = False) -> None:
         """One pass: read the BTJ as it is now, decide (making the child calls), apply the outcome once."""
         meta = body["metadata"]
         # The event that triggered this pass may be stale (the BTJ changed, or was deleted meanwhile): work
@@ -192,8 +207,19 @@ class Reconciler:
         ):
             logger.info("The BlackwellTrainingJob is gone or going; nothing to create.")
             return
+        if skip_done and self._done(current):
+            logger.info("This generation has been reconciled already; nothing to do.")
+            return
         stored = read_status(current.get("status")).status  # the one typed read of this pass
         self._apply_outcome(current, stored, self._decide(current, stored, logger))
+        # Kopf's create or update handler, run again for this generation, has nothing left to do.
+        self.ctx.note_reconciled(str(meta["uid"]), int(current["metadata"].get("generation") or 1))
+
+    def _done(self, current: Mapping[str, Any]) -> bool:
+        """Whether a pass of this process reconciled this generation to its end and the BTJ converged."""
+        meta = current["metadata"]
+        generation = int(meta.get("generation") or 1)
+        return self.ctx.reconciled_at(str(meta.get("uid"))) == generation and needs_reconcile(current) is None
 
     def _decide(
         self, body: Mapping[str, Any], stored: BlackwellTrainingJobStatus, logger: Any

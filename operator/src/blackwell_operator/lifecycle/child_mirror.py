@@ -105,7 +105,10 @@ def deleted_child_changes(
     change = StatusChange()
     conds, phase = stored.conditions, stored.phase
     being_deleted = bool(btj["metadata"].get("deletionTimestamp"))
-    replaced = replacing_child(stored)  # a re-plan deleted it: its own end is not the job's
+    # The recorded child went before and this is its successor, deleted before reconcile recorded it.
+    replacement = _replacement(stored, meta.get("uid"))
+    # A re-plan deleted it: its own end is not the job's (a re-plan's record names the child it replaced).
+    replaced = replacing_child(stored) and not replacement
     if (
         not being_deleted
         and not replaced
@@ -130,7 +133,6 @@ def deleted_child_changes(
     else:
         what = f"{kind} {meta['name']} was deleted; re-creating it"
     recorded = find_condition(conds, ConditionType.CHILD_CREATED)
-    replacement = _replacement(stored, meta.get("uid"))
     if (
         recorded is not None
         and recorded.reason == CHILD_DELETED

@@ -76,6 +76,11 @@ class Layout:
     replicate_within_node: bool
     process_groups: int
 
+    @property
+    def one_device(self) -> bool:
+        """One process with nothing to shard or split: where the trainer can skip FSDP2 (tuning.py)."""
+        return self.shard_degree * self.replicate_degree == 1 and self.context_parallel == 1
+
     @classmethod
     def of(cls, setting: Setting, hw: Hardware) -> Layout:
         """Lay a setting out over the hardware (the trainer's FSDP2 mesh)."""

@@ -114,6 +114,11 @@ def trainer_keeps_weights(
     )
 
 
+def single_device_path(cal: Calibration, layout: Layout, recipe: PrecisionRecipe) -> bool:
+    """Whether this calibration's trainer runs the setting without FSDP2 (its single-device path)."""
+    return cal.trainer.single_device_path and layout.one_device and recipe not in cal.trainer.eager_recipes
+
+
 def loss_bytes(shapes: Shapes, cal: Calibration, tokens: int) -> float:
     """The logits/cross-entropy transient: full fp32 logits, or one chunk of them."""
     chunk = cal.trainer.loss_chunk_tokens
@@ -198,7 +203,9 @@ def estimate_memory(
     # Gradients are freed after each step (zero_grad sets them to None) into the pool of the stream that
     # made them (FSDP2's reduce-scatter), which the next forward's activations cannot use: on H200 reserved
     # minus allocated equalled the gradient bytes on every 1B/3B run (docs/calibration/README.md).
-    reserved_backward += m.fragmentation_transient * transient + m.fragmentation_gradients * grads
+    # (Without FSDP2 the gradients come from the compute stream and go back to its pool.)
+    stream_grads = 0.0 if single_device_path(cal, layout, setting.recipe) else grads
+    reserved_backward += m.fragmentation_transient * transient + m.fragmentation_gradients * stream_grads
     reserved_optimizer = optimizer + m.fragmentation_base_bytes + m.fragmentation_optimizer * optimizer
     # The caching allocator's pool is a high-water mark: it keeps what the larger phase reserved.
     reserved = max(reserved_backward, reserved_optimizer)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from blackwell_operator.calibration import Calibration, RecipeConstants, ThroughputConstants
 from blackwell_operator.planner.layout import Hardware, Layout, Setting
-from blackwell_operator.planner.memory import tokens_per_gpu, trainer_keeps_weights
+from blackwell_operator.planner.memory import single_device_path, tokens_per_gpu, trainer_keeps_weights
 from blackwell_operator.planner.shapes import Shapes
 from blackwell_trainer.config import ActivationCheckpointing, Precision, PrecisionRecipe
 
@@ -169,6 +169,8 @@ def estimate_time(
     # roomy GPU (the same rule the memory model counts) copies them once.
     kept = trainer_keeps_weights(cal, psi, layout.shard_degree, gpu.memory_bytes)
     copy_bytes = t.fsdp_copy_bytes_per_param + (0.0 if kept else t.fsdp_regather_bytes_per_param)
+    if single_device_path(cal, layout, setting.recipe):  # no FSDP2: a cast each way, nothing gathered
+        copy_bytes = cal.trainer.single_device_cast_bytes_per_param
     fsdp_copies = copy_bytes * psi / bandwidth
     micro = gpu_micro + host_stall + exposed_fsdp + exposed_cp + fsdp_copies
     optimizer = t.optimizer_bytes_per_param * psi / layout.shard_degree / bandwidth
