@@ -212,3 +212,53 @@ def test_a_bad_tuning_entry_stops_the_trainer_with_one_line_before_anything_is_b
         "error: BTJ_TRAINER_TUNING: 'recast=yes' is not key=value with a key among clip_in_optimizer, "
         "compile_mode, fp8_pow2_scales, fuse_projections, parameter_check, recast_blocks, single_device"
     ], stderr[-2000:]
+
+
+def test_only_the_models_own_linears_are_fused() -> None:
+    from blackwell_trainer.model import build_model
+    from blackwell_trainer.parallelize import apply_fused_projections
+
+    model = build_model(tiny_plan().architecture, max_seq_len=32, device="cpu")
+    block = model.layers["0"]
+    old = block.attention.wk
+    # A replacement module (as float8 or TE conversion leaves): its scaling is per weight, not fusable.
+    block.attention.wk = torch.nn.Linear(old.in_features, old.out_features, bias=False)
+    assert apply_fused_projections(model) == 2 * len(model.layers) - 1
+    assert not block.attention.fuse and block.feed_forward.fuse and model.layers["1"].attention.fuse
+
+
+def _clip_on_two_ranks(rank: int, port: int, out: str) -> None:
+    import json
+    import os
+
+    from blackwell_trainer.runtime import init_distributed
+    from tests.trainer.conftest import join_two_rank_world
+
+    join_two_rank_world(rank, port, os.devnull)
+    runtime = Runtime.from_env()
+    init_distributed(runtime)
+    plan = tiny_plan()  # FSDP2 full shard over the two ranks
+    plan.optimizer.grad_clip_norm = 0.05
+    runs, scales = [], []
+    for tuning in (SINGLE, Tuning(clip_in_optimizer=True)):
+        trainer = Trainer(plan, runtime, tuning=tuning)
+        trainer.optimizer = build_optimizer(trainer.model, plan, CPU, fused=True)
+        runs.append(_train(trainer, _batches(10 + rank, 4)))
+        scales.append(getattr(trainer.optimizer, "grad_scale", None) is not None)
+    if rank == 0:
+        Path(out).write_text(json.dumps({"runs": runs, "scaled": scales}))
+    dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_clipping_inside_the_fused_step_holds_for_fsdp2_on_two_ranks(tmp_path: Path) -> None:
+    import json
+
+    from tests.trainer.conftest import spawn_two_ranks
+
+    out = tmp_path / "runs.json"
+    spawn_two_ranks(_clip_on_two_ranks, (free_port(), str(out)))
+    result = json.loads(out.read_text())
+    plain, folded = result["runs"]
+    assert result["scaled"] == [False, True]  # the sharded gradients' step took the folded path
+    torch.testing.assert_close(folded, plain, rtol=1e-5, atol=1e-5)

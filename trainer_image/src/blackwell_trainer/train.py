@@ -202,7 +202,7 @@ class Trainer:
     def _optimizer_step(self, foreach: bool) -> torch.Tensor:
         """Clip (or only measure) the gradient norm, step and zero the gradients; the norm before clipping."""
         clip = self.plan.optimizer.grad_clip_norm
-        in_step = clip > 0 and self.tuning.clip_in_optimizer and self.single_device and _fused(self.optimizer)
+        in_step = clip > 0 and self.tuning.clip_in_optimizer and _fused(self.optimizer)
         if clip > 0 and not in_step:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip, foreach=foreach)
         else:

@@ -30,7 +30,7 @@ class Tuning:
     # torch.compile mode of the per-block compile ("default" is torch's default).
     compile_mode: str = "default"
     # Fold gradient clipping into the fused AdamW step (its grad_scale) instead of a separate pass
-    # over the gradients; the single-device path only (plain tensors). Numerics: a gradient is divided by
+    # over the gradients (both paths; FSDP2's sharded gradients too). Numerics: a gradient is divided by
     # 1/coef instead of multiplied by coef when clipping is active (a last-bit difference); equal otherwise.
     clip_in_optimizer: bool = False
     # Check every parameter for non-finite values after each step (one read of the weights). Off: the
