@@ -9,6 +9,8 @@ import pytest
 
 from blackwell_operator.lifecycle.child_mirror import mirror, owner_reference, phase_event
 from blackwell_operator.lifecycle.convergence import needs_reconcile, wants_child_back
+from blackwell_operator.lifecycle.status_patch import status_patch
+from blackwell_operator.lifecycle.writers import CHILD_WATCHER
 from blackwell_operator.models.status import ConditionType, Phase
 
 NOW = "2026-12-01T10:00:00Z"
@@ -106,6 +108,26 @@ def test_a_replacement_child_that_reports_before_reconcile_recorded_it_is_record
     # c2's next phase is followed like a recorded child's; c1's late event still changes nothing.
     assert mirror(after, _child("c2", "Succeeded"), going=False, now=NOW).change is not None
     assert mirror(after, _child("c1", "Running"), going=False, now=NOW).change is None
+
+
+def test_a_replacement_child_that_reports_first_drops_the_deleted_child_s_failure() -> None:
+    # A permanent error failed the job and deleted c1; a spec change made c2, which reports (Pending) before
+    # reconcile's status write. That write then sees c2 already recorded (not a new child) and would keep
+    # c1's lastFailure for ever: the write that names c2 drops it.
+    failure = {"pod": "w-worker-0", "container": "pytorch", "exitCode": 1, "message": "error: permanent"}
+    btj = _deleted_report()
+    btj["status"].update(phase="Failed", lastFailure=failure)
+    result = mirror(btj, _child("c2"), going=False, now=NOW)
+    assert result.change is not None and result.change.child is not None
+    patch = status_patch(result.change, btj["status"], CHILD_WATCHER)
+    assert "lastFailure" in patch and patch["lastFailure"] is None
+    assert "permanent" not in patch["message"]
+    # The recorded child's own phases keep its failure (the pod watcher's to change).
+    recorded = _btj(phase="Restarting", child=RECORDED, lastFailure=failure)
+    same = mirror(recorded, _child("c1", "Restarting"), going=False, now=NOW)
+    assert same.change is not None and "lastFailure" not in status_patch(
+        same.change, recorded["status"], CHILD_WATCHER
+    )
 
 
 def test_a_replacement_child_deleted_before_reconcile_recorded_it_is_named_deleted() -> None:

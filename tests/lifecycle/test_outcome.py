@@ -10,6 +10,7 @@ import pytest
 
 from blackwell_operator.lifecycle import outcome as outcomes
 from blackwell_operator.lifecycle.child_apply import Notice
+from blackwell_operator.lifecycle.child_record import CHILD_DELETED, runs_again
 from blackwell_operator.lifecycle.conditions import ConditionChange
 from blackwell_operator.lifecycle.outcome import PassOutcome, SeenChild, events_to_post, status_change
 from blackwell_operator.lifecycle.status_read import read_status
@@ -153,3 +154,19 @@ def test_the_stopping_exits_say_why_once_and_count_the_error() -> None:
     for stopped, cause in ((waiting, "NoJobApi"), (conflict, "ChildNameConflict"), (refused, "PatchRefused")):
         (warning,) = [n for n in stopped.events if n.reason == cause]
         assert warning.warning and warning.once is not None
+
+
+def test_a_finished_child_s_deletion_is_stamped_with_the_generation_it_is_written_at() -> None:
+    # A pass of generation 1 records the finished child gone while the spec was edited to 2: the edit came
+    # before the record, so it must not read as one made after it (child_record.runs_again).
+    gone = ConditionChange(ConditionType.CHILD_CREATED, "False", CHILD_DELETED, "not re-created")
+    outcome = PassOutcome(1).adding(gone)
+    stored = _stored(phase="Succeeded", child=_recorded("u1"))
+    change = status_change(outcome, stored, NOW, current_generation=2)
+    written = {**stored.model_dump(by_alias=True, exclude_none=True), "conditions": change.conditions}
+    assert not runs_again(2, written)
+    # A record already stored (the child watcher's) keeps its generation: an edit after it still runs.
+    recorded = _condition(ConditionType.CHILD_CREATED, "False", CHILD_DELETED, "not re-created", generation=1)
+    before = _stored(phase="Succeeded", child=_recorded("u1"), conditions=[recorded])
+    again = status_change(outcome, before, NOW, current_generation=2)
+    assert runs_again(2, {"phase": "Succeeded", "conditions": again.conditions})

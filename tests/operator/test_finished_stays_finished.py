@@ -4,10 +4,12 @@ The real operator under KopfRunner against KMock."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
 
+from blackwell_operator.handlers.child_calls import ChildCalls
 from blackwell_operator.testing.emulator import HardenedEmulator
 from tests.operator.harness import PYTORCHJOBS, Cluster, btj, from_operator, running_operator, wait_for
 from tests.operator.pods import job_condition
@@ -51,6 +53,42 @@ async def test_edited_while_down_then_the_finished_child_deleted_runs_nothing(cl
     assert cluster.creates("pytorchjobs") == 1, "no new child"
     assert status["phase"] == "Succeeded" and status["child"]["uid"] == uid
     assert "not re-created" in _child_created(cluster, "w")["message"]
+
+
+async def test_a_pass_that_read_the_spec_before_an_edit_does_not_run_the_finished_job_again(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A pass (here the resume at a restart) reads the finished BTJ at generation 1. Before it reads the
+    # child, the spec is edited and the finished child deleted (its TTL), and the child watcher records the
+    # deletion at generation 2. The pass's older generation must not read as an edit made after the
+    # deletion: it would re-create the child, from the old spec.
+    async with running_operator(cluster):
+        uid = await _succeeded(cluster, "w")
+    original = ChildCalls.read
+    armed, held, resumed = [True], threading.Event(), threading.Event()
+
+    def read_after_the_edit(calls: ChildCalls, kind: Any, job_path: str, name: str) -> Any:
+        if armed:
+            armed.clear()
+            held.set()
+            resumed.wait(30)
+        return original(calls, kind, job_path, name)
+
+    monkeypatch.setattr(ChildCalls, "read", read_after_the_edit)
+    async with running_operator(cluster):
+        await wait_for(held.is_set, what="the resume pass at its read of the child")
+        await cluster.patch_spec("w", EDIT)
+        await cluster.delete_child("w")
+        await wait_for(lambda: cluster.job("w") is None, what="the finished child released")
+        await wait_for(
+            lambda: _child_created(cluster, "w").get("reason") == "ChildDeleted", what="ChildDeleted"
+        )
+        resumed.set()
+        await cluster.settle("w")  # the resume pass and the edit's pass are done
+    status = cluster.status("w")
+    assert cluster.creates("pytorchjobs") == 1, "no new child"
+    assert status["phase"] == "Succeeded" and status["child"]["uid"] == uid
+    assert _child_created(cluster, "w")["observedGeneration"] == 2
 
 
 async def test_edited_while_up_then_the_finished_child_deleted_runs_nothing(cluster: Cluster) -> None:

@@ -18,7 +18,7 @@ from blackwell_operator.lifecycle.failures import (
 )
 from blackwell_operator.lifecycle.status_patch import status_patch
 from blackwell_operator.lifecycle.writers import POD_WATCHER
-from tests.operator.harness import Cluster, btj, running_operator, wait_for
+from tests.operator.harness import Cluster, btj, from_operator, running_operator, wait_for
 from tests.operator.pods import PERMANENT_TRAINER_ERROR as PERMANENT
 from tests.operator.pods import RESTARTING, T1, T2, container, pod, pod_status, terminated, verified
 
@@ -142,6 +142,20 @@ async def test_a_permanent_worker_error_stops_the_job_until_the_spec_changes(clu
     assert len(_events(cluster, "ChildDeleted")) == 1
 
 
+def _mirror_reads(cluster: Cluster, since: int) -> int:
+    """The operator's reads of BTJ w among the requests after the first `since`: the child watcher reads the
+    BTJ for each child event it mirrors (nothing else reads a converged BTJ)."""
+    return sum(
+        1
+        for r in cluster.k.requests[since:]
+        if r.method.value == "GET"
+        and r.resource is not None
+        and r.resource.plural == "blackwelltrainingjobs"
+        and r.name == "w"
+        and from_operator(r)
+    )
+
+
 @pytest.mark.integration
 async def test_the_child_s_last_phases_do_not_undo_the_stop(cluster: Cluster) -> None:
     # Between the status write and the child's deletion (or while a failed delete is retried) the training
@@ -150,19 +164,25 @@ async def test_the_child_s_last_phases_do_not_undo_the_stop(cluster: Cluster) ->
         await cluster.apply(btj("w"))
         await wait_for(lambda: cluster.job("w"), what="the PyTorchJob")
         await cluster.settle("w")
-        # The Failed condition replaced, as the operator's own write does (one condition per type: the
-        # earlier Failed=False beside it made the outcome depend on which of the two was read).
-        conditions = [
-            *(c for c in cluster.status("w").get("conditions", []) if c["type"] != "Failed"),
-            {
-                "type": "Failed",
-                "status": "True",
-                "reason": PERMANENT_ERROR_REASON,
-                "message": "a worker ended on a permanent error",
-                "lastTransitionTime": T2,
-            },
-        ]
-        await cluster.set_btj_status("w", {"phase": "Failed", "conditions": conditions})
+        # The pod watcher's stop, as it writes it: its Failed condition replaces the child's "no failure".
+        stop = {
+            "type": "Failed",
+            "status": "True",
+            "reason": PERMANENT_ERROR_REASON,
+            "message": "a worker ended on a permanent error",
+            "lastTransitionTime": T2,
+        }
+        conditions = [c for c in cluster.status("w").get("conditions", []) if c["type"] != "Failed"]
+        await cluster.set_btj_status("w", {"phase": "Failed", "conditions": [*conditions, stop]})
+        mark = len(cluster.k.requests)
         await cluster.set_child_status("w", RESTARTING)
+        # settle() syncs the BTJ's handlers only: wait for the child watcher's read of the BTJ for this
+        # event, then delete the child (as the pod watcher does). Kopf handles one child's events in order,
+        # so once the deletion is recorded the Restarting event has been mirrored (or ignored).
+        await wait_for(lambda: _mirror_reads(cluster, mark), what="the child watcher at the Restarting event")
+        await cluster.delete_child("w")
+        await wait_for(lambda: cluster.job("w") is None, what="the child released")
+        await wait_for(lambda: "not re-created" in cluster.status("w")["message"], what="the deletion noted")
         await cluster.settle("w")
         assert cluster.status("w")["phase"] == "Failed"
+        assert cluster.creates("pytorchjobs") == 1

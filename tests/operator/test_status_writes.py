@@ -165,8 +165,8 @@ def test_the_change_model_has_every_status_key() -> None:
 def test_a_writer_may_not_change_a_key_it_does_not_own() -> None:
     with pytest.raises(OwnershipError, match=r"the measure loop changed phase, which it does not own"):
         status_patch(StatusChange(phase=Phase.FAILED), {}, MEASURE_LOOP)
-    with pytest.raises(OwnershipError, match=r"the child watcher changed lastFailure"):
-        status_patch(StatusChange(last_failure=None), {}, CHILD_WATCHER)
+    with pytest.raises(OwnershipError, match=r"the child watcher changed backend"):
+        status_patch(StatusChange(backend="PyTorchJob"), {}, CHILD_WATCHER)
     with pytest.raises(OwnershipError, match=r"observedGeneration"):
         status_patch(StatusChange(observed_generation=2), {}, POD_WATCHER)
 

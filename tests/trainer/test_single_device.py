@@ -21,7 +21,7 @@ from tests.trainer.conftest import tiny_plan
 
 CPU = torch.device("cpu")
 ONE = Runtime(rank=0, local_rank=0, world_size=1, local_world_size=1, device=CPU)
-SINGLE, FSDP = Tuning(), Tuning(single_device="fsdp")
+SINGLE, FSDP = Tuning(single_device="auto"), Tuning()
 pytestmark = pytest.mark.filterwarnings("ignore:.*torch.distributed.*:UserWarning")
 
 
@@ -54,7 +54,8 @@ def _train(trainer: Trainer, batches: list[list[tuple[torch.Tensor, torch.Tensor
     return [trainer.step(b).loss for b in batches]
 
 
-def test_one_rank_takes_the_single_device_path_unless_told_fsdp(one_rank: None) -> None:
+def test_one_rank_takes_the_single_device_path_when_told_auto_and_fsdp2_by_default(one_rank: None) -> None:
+    assert Tuning().single_device == "fsdp"  # until the path has run on a GPU (docs/trainer.md)
     single = Trainer(_plan(), ONE, tuning=SINGLE)
     assert single.single_device
     assert not any(hasattr(p, "to_local") for p in single.model.parameters())
@@ -144,13 +145,14 @@ def test_tuning_is_read_as_key_value_pairs_and_bad_entries_name_the_key() -> Non
         Tuning.parse("compile_mode=fastest")
     with pytest.raises(TuningError, match="parameter_check takes true or false, not 'maybe'"):
         Tuning.parse("parameter_check=maybe")
-    assert not Tuning().use_single_device(world_size=1, context_parallel=1, backend="te")
-    assert not Tuning().use_single_device(world_size=2, context_parallel=1, backend="bf16")
+    assert not SINGLE.use_single_device(world_size=1, context_parallel=1, backend="te")
+    assert not SINGLE.use_single_device(world_size=2, context_parallel=1, backend="bf16")
+    assert SINGLE.use_single_device(world_size=1, context_parallel=1, backend="bf16")
 
 
 def test_fused_projections_give_the_losses_of_separate_ones(one_rank: None) -> None:
     plan, steps = _plan(), _batches(4, 5)
-    fused = Trainer(plan, ONE, tuning=Tuning(fuse_projections=True))
+    fused = Trainer(plan, ONE, tuning=Tuning(single_device="auto", fuse_projections=True))
     blocks = [m for m in fused.model.modules() if hasattr(m, "fuse")]
     assert len(blocks) == 2 * plan.architecture.num_layers and all(m.fuse for m in blocks)
     plain = Trainer(plan, ONE, tuning=SINGLE)
@@ -175,7 +177,9 @@ def test_recast_blocks_keep_no_bf16_weight_for_backward_and_give_the_same_losses
 
     monkeypatch.setattr(recast._Recast, "__init__", counting)
     plan, steps = _plan(), _batches(5, 4)
-    tuned = Trainer(plan, ONE, tuning=Tuning(recast_blocks=True), compute_dtype=torch.bfloat16)
+    tuned = Trainer(
+        plan, ONE, tuning=Tuning(single_device="auto", recast_blocks=True), compute_dtype=torch.bfloat16
+    )
     assert tuned.model.recast_blocks
     plain = Trainer(plan, ONE, tuning=SINGLE, compute_dtype=torch.bfloat16)
     assert not plain.model.recast_blocks  # a CPU keeps its copies unless asked (no memory rule there)
@@ -185,8 +189,8 @@ def test_recast_blocks_keep_no_bf16_weight_for_backward_and_give_the_same_losses
     assert set(matrices) <= set(packed) and len(packed) >= len(steps) * len(matrices)
     torch.testing.assert_close(ours, _train(plain, steps), rtol=1e-6, atol=1e-6)
     # Under AC the recompute would see the restored fp32 weights: the switch is not taken there.
-    ac = Trainer(_plan(activationCheckpointing="full"), ONE, tuning=Tuning(recast_blocks=True),
-                 compute_dtype=torch.bfloat16)  # fmt: skip
+    recast_on = Tuning(single_device="auto", recast_blocks=True)
+    ac = Trainer(_plan(activationCheckpointing="full"), ONE, tuning=recast_on, compute_dtype=torch.bfloat16)
     assert not ac.model.recast_blocks
 
 

@@ -329,7 +329,9 @@ class Reconciler:
             self._event(body, notice.reason, notice.message, warning=notice.warning)
 
         def update(current: Mapping[str, Any]) -> StatusChange:
-            return outcomes.status_change(outcome, read_status(current.get("status")).status, now_rfc3339())
+            stored = read_status(current.get("status")).status
+            generation = int((current.get("metadata") or {}).get("generation") or outcome.generation)
+            return outcomes.status_change(outcome, stored, now_rfc3339(), current_generation=generation)
 
         write_status(self.api, meta["namespace"], meta["name"], update, RECONCILE, self._logger)
         if outcome.requeue is not None:
@@ -416,11 +418,20 @@ class Reconciler:
 
     def _status_after_child(self, body: Mapping[str, Any]) -> BlackwellTrainingJobStatus:
         """The BTJ's status read again, after its child was found gone: a watcher that recorded the child's
-        end (finished, a permanent error) did so before it let the child go, so this read sees it."""
+        end (finished, a permanent error) did so before it let the child go, so this read sees it.
+
+        A spec edited since this pass read the BTJ makes the pass start again from the BTJ as it is now:
+        a finished job runs again only on an edit made after its child's deletion was recorded
+        (child_record.runs_again), and this pass's older generation would read as one.
+        """
         meta = body["metadata"]
         fresh = self.api.get(btj_path(meta["namespace"], meta["name"])) or {}
         fresh_meta = fresh.get("metadata") or {}
-        if fresh_meta.get("uid") != meta["uid"] or fresh_meta.get("deletionTimestamp"):
+        if (
+            fresh_meta.get("uid") != meta["uid"]
+            or fresh_meta.get("deletionTimestamp")
+            or fresh_meta.get("generation") != meta.get("generation")
+        ):
             raise ApiError(409, "Conflict", "the BlackwellTrainingJob changed while it was reconciled")
         return read_status(fresh.get("status")).status
 

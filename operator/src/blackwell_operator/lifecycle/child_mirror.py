@@ -197,19 +197,25 @@ def _phase_change(
         child_kind=kind,
     )
     child_uid = child["metadata"].get("uid")
-    if _replacement(stored, child_uid):
+    replacement = _replacement(stored, child_uid)
+    if replacement:
         # The deleted child's report is over; ChildCreated is reconcile's to say of the new one (until it
         # has, the resync loop reconciles: lifecycle/convergence.py).
         conds = remove_condition(conds, ConditionType.CHILD_CREATED)
     running = find_condition(conds, ConditionType.RUNNING)
     change = StatusChange(phase=phase, conditions=conds)
+    last_failure = stored.last_failure
+    if replacement and last_failure is not None:
+        # The deleted child's worker failure is not the new one's. This write names the new child, so
+        # reconcile's write after it sees a known child and would not clear it (lifecycle/outcome.py).
+        change.last_failure = last_failure = None
     # The worker watcher's lastFailure stays in the message while the job restarts or has failed.
     since = running.last_transition_time if running is not None else None
     set_message(
         change,
         child_headline(phase, kind, name, child.get("status")),
         phase,
-        stored.last_failure,
+        last_failure,
         since=since,
     )
     steps = stored.plan.steps if stored.plan is not None else 0

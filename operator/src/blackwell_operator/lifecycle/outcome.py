@@ -15,9 +15,10 @@ from typing import Any
 from blackwell_operator.calibration.cluster import describe_correction
 from blackwell_operator.lifecycle.capacity import AwsAnswer, NodeCount, capacity_condition, with_aws_capacity
 from blackwell_operator.lifecycle.child_apply import Effects, Notice
-from blackwell_operator.lifecycle.child_record import deleted_child_uid
+from blackwell_operator.lifecycle.child_record import CHILD_DELETED, deleted_child_uid
 from blackwell_operator.lifecycle.conditions import (
     ConditionChange,
+    find_condition,
     remove_condition,
     set_conditions,
 )
@@ -231,11 +232,55 @@ def events_to_post(outcome: PassOutcome, before: BlackwellTrainingJobStatus) -> 
     return tuple(kept)
 
 
-def status_change(outcome: PassOutcome, stored: BlackwellTrainingJobStatus, now: str) -> StatusChange:
-    """What the pass writes into the status as it is now (read again at each write attempt)."""
+def status_change(
+    outcome: PassOutcome,
+    stored: BlackwellTrainingJobStatus,
+    now: str,
+    *,
+    current_generation: int | None = None,
+) -> StatusChange:
+    """What the pass writes into the status as it is now (read again at each write attempt, with the BTJ's
+    generation then: `current_generation`)."""
     if outcome.invalid is not None:
         return _invalid_change(outcome.invalid, stored, outcome.generation, now)
-    return _planned_change(outcome, stored, now)
+    change = _planned_change(outcome, stored, now)
+    if change.conditions is not None:
+        change.conditions = _deletion_stamped(change.conditions, outcome, stored, current_generation)
+    return change
+
+
+def _deletion_stamped(
+    conds: list[Condition],
+    outcome: PassOutcome,
+    stored: BlackwellTrainingJobStatus,
+    current_generation: int | None,
+) -> list[Condition]:
+    """`conds` with this pass's record of a finished child's deletion (ChildCreated False, ChildDeleted)
+    stamped as the child watcher stamps its own: the record already stored keeps its generation, a new
+    one takes the generation the BTJ has as it is written, not the one this pass read.
+
+    A finished job runs again only on an edit made after that record (child_record.runs_again): an edit
+    made while the pass ran came before it, and the pass's older generation would read as one made after.
+    """
+    if not any(_is_deletion(c.type, c.status, c.reason) for c in outcome.conditions):
+        return conds
+    before = find_condition(stored.conditions, ConditionType.CHILD_CREATED)
+    if before is not None and _is_deletion(before.type, before.status, before.reason):
+        generation = before.observed_generation
+    else:
+        generation = current_generation
+    if generation is None:
+        return conds
+    return [
+        c.model_copy(update={"observed_generation": generation})
+        if _is_deletion(c.type, c.status, c.reason)
+        else c
+        for c in conds
+    ]
+
+
+def _is_deletion(type_: str, status: str, reason: str | None) -> bool:
+    return (type_, status, reason) == (ConditionType.CHILD_CREATED, "False", CHILD_DELETED)
 
 
 def _invalid_change(

@@ -39,7 +39,7 @@ RECONCILE = StatusWriter(
     | {C.IMAGE_PULL_SECRETS_FOUND},
 )
 CHILD_WATCHER = StatusWriter(
-    "child watcher", _CHILD_KEYS | {"progress"}, _CHILD_CONDITIONS | {C.CHILD_CREATED}
+    "child watcher", _CHILD_KEYS | {"progress", "lastFailure"}, _CHILD_CONDITIONS | {C.CHILD_CREATED}
 )
 POD_WATCHER = StatusWriter(
     "pod watcher",
