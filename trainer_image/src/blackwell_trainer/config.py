@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
@@ -40,6 +40,29 @@ class WireModel(BaseModel):
         use_enum_values=False,
         frozen=False,
     )
+
+
+class MarkedResult(WireModel):
+    """A result the trainer writes as one marked line of its termination message, and the operator finds."""
+
+    MARKER: ClassVar[str]
+
+    def to_line(self) -> str:
+        """The marker line of the termination message."""
+        return self.MARKER + self.model_dump_json(by_alias=True, exclude_none=True)
+
+    @classmethod
+    def find(cls, text: str | None) -> Self | None:
+        """The last readable marker line of this version in `text` (a termination message), else None."""
+        for line in reversed((text or "").splitlines()):
+            head, marker, body = line.strip().partition(cls.MARKER.strip())
+            if not marker or head:
+                continue
+            try:
+                return cls.model_validate_json(body)
+            except ValueError:
+                continue
+        return None
 
 
 class Precision(StrEnum):
@@ -607,8 +630,10 @@ class ProbeMeasurement(WireModel):
     detail: str = Field(default="", description="Why it was dropped, when it was.")
 
 
-class ProbeResult(WireModel):
+class ProbeResult(MarkedResult):
     """What the probe measured and which candidate the job trains with."""
+
+    MARKER: ClassVar[str] = PROBE_RESULT_MARKER
 
     winner: int = Field(ge=0, description="Index of the candidate the job trains with.")
     chosen: Candidate | None = Field(
@@ -621,23 +646,6 @@ class ProbeResult(WireModel):
     )
     seconds: float = Field(ge=0, description="Wall time of the whole probe.")
     stopped_early: bool = Field(default=False, description="The time budget ran out before every candidate.")
-
-    def to_line(self) -> str:
-        """The marker line of the termination message."""
-        return PROBE_RESULT_MARKER + self.model_dump_json(by_alias=True, exclude_none=True)
-
-    @classmethod
-    def find(cls, text: str | None) -> ProbeResult | None:
-        """The last readable marker line of this version in `text` (a termination message), else None."""
-        for line in reversed((text or "").splitlines()):
-            head, marker, body = line.strip().partition(PROBE_RESULT_MARKER.strip())
-            if not marker or head:
-                continue
-            try:
-                return cls.model_validate_json(body)
-            except ValueError:
-                continue
-        return None
 
 
 class ProbePlan(WireModel):
@@ -778,8 +786,10 @@ class OomPhase(StrEnum):
     OPTIMIZER = "optimizer"  # gradient clipping, the optimizer step and its checks
 
 
-class OomResult(WireModel):
+class OomResult(MarkedResult):
     """What a CUDA out-of-memory error in the trainer measured, beside what the plan predicted (bytes)."""
+
+    MARKER: ClassVar[str] = OOM_RESULT_MARKER
 
     phase: OomPhase = Field(description="setup, forward, backward or optimizer.")
     step: int = Field(ge=0, description="The optimizer step that failed (1 = the first); 0 in setup.")
@@ -809,20 +819,3 @@ class OomResult(WireModel):
         plus the memory outside the allocator."""
         live = self.allocated_bytes + (self.requested_bytes or 0)
         return max(self.peak_reserved_bytes, live) + (self.non_pytorch_bytes or 0)
-
-    def to_line(self) -> str:
-        """The marker line of the termination message."""
-        return OOM_RESULT_MARKER + self.model_dump_json(by_alias=True, exclude_none=True)
-
-    @classmethod
-    def find(cls, text: str | None) -> OomResult | None:
-        """The last readable marker line of this version in `text` (a termination message), else None."""
-        for line in reversed((text or "").splitlines()):
-            head, marker, body = line.strip().partition(OOM_RESULT_MARKER.strip())
-            if not marker or head:
-                continue
-            try:
-                return cls.model_validate_json(body)
-            except ValueError:
-                continue
-        return None
