@@ -28,7 +28,7 @@ skewed pick alone is >= 5% slower; with ``fitted`` ("true"), the probe confirms 
 
 Writes ``OUT/probe_h200.json``: command, date, device, versions, the skew, and per scenario and profile
 each candidate's predicted and measured figures, the probe's winner and wall time, and its overhead as a
-share of a 24-hour run. Not run yet: no GPU in the session that wrote it.
+share of a 24-hour run. Run on one H200 on 2026-12-01: docs/benchmarks/probe_h200.md.
 """
 
 from __future__ import annotations
@@ -36,14 +36,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import platform
 import re
-import socket
 import statistics
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -56,6 +52,12 @@ from blackwell_operator.planner import plan_job
 from blackwell_trainer.config import Candidate, Plan, ProbeResult
 
 ROOT = Path(__file__).resolve().parents[1]
+# Run as a script, benchmarks/ is on the path, not the root that holds it.
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.trainer_process import run_trainer  # noqa: E402
+
 BASE = ROOT / "docs" / "calibration" / "h200-issue6" / "base-btj-trainer.yaml"
 STEP = re.compile(r"step (\d+)/\d+ loss \S+ .* tokens/s/gpu (\d+)")
 DAY_SECONDS = 24 * 3600.0
@@ -150,36 +152,14 @@ def check_skew(plans: dict[str, dict[str, Plan]]) -> list[str]:
     return [s for s, p in plans.items() if ranking(p["skewed"])[0] != ranking(p["fitted"])[0]]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def train(plan: Plan, out: Path, name: str, timeout_s: float) -> dict[str, Any]:
     """One trainer process on `plan`: exit code, seconds, steady tokens/s, the probe's result."""
-    plan = plan.model_copy(update={"log_every_steps": 1, "metrics_port": free_port()})
-    name = name.replace("/", "_")  # a configuration's key ("fp8/none/mbs8") is not a file name
-    plan_path, termination = out / f"{name}.plan.json", out / f"{name}.termination"
-    plan_path.write_text(plan.to_json())
-    termination.write_text("")
-    env = {**os.environ, "BTJ_TERMINATION_LOG": str(termination), "PYTHONUNBUFFERED": "1"}
-    started = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "blackwell_trainer", "--plan", str(plan_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
-    log = proc.stdout + proc.stderr
-    (out / f"{name}.log").write_text(log)
-    rates = [int(m[2]) for m in map(STEP.search, log.splitlines()) if m]
-    result = ProbeResult.find(termination.read_text())
+    run = run_trainer(plan, out, name, timeout_s)
+    rates = [int(m[2]) for m in map(STEP.search, (run.stdout + run.stderr).splitlines()) if m]
+    result = ProbeResult.find(run.termination_message)
     return {
-        "rc": proc.returncode,
-        "seconds": round(time.perf_counter() - started, 1),
+        "rc": run.returncode,
+        "seconds": run.seconds,
         "tokens_per_second_per_gpu": statistics.median(rates[2:]) if len(rates) > 2 else None,
         "probe": None if result is None else result.model_dump(mode="json", by_alias=True),
     }

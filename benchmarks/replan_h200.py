@@ -21,13 +21,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import platform
 import re
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +31,13 @@ from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner import evaluate, plan_job
 from blackwell_operator.planner.correction import learn
 from blackwell_trainer.config import OomResult, Plan
+
+# Run as a script, benchmarks/ is on the path, not the root that holds it.
+_ROOT = Path(__file__).resolve().parents[1]
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+from benchmarks.trainer_process import run_trainer  # noqa: E402
 
 GIB = 2**30
 STEP = re.compile(
@@ -49,33 +52,14 @@ SPEC = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def runnable(plan: Plan, steps: int) -> Plan:
-    """The plan as the trainer gets it here: a few steps, every step logged, a free metrics port."""
-    return plan.model_copy(update={"steps": steps, "log_every_steps": 1, "metrics_port": free_port()})
+    """The plan as the trainer gets it here: a few steps (trainer_process logs every one, on a free port)."""
+    return plan.model_copy(update={"steps": steps})
 
 
 def train(plan: Plan, out: Path, name: str, timeout_s: float) -> dict[str, Any]:
     """One trainer process on `plan`: exit code, seconds, the step lines and the termination message."""
-    plan_path, termination = out / f"{name}.plan.json", out / f"{name}.termination"
-    plan_path.write_text(plan.to_json())
-    termination.write_text("")
-    env = {**os.environ, "BTJ_TERMINATION_LOG": str(termination), "PYTHONUNBUFFERED": "1"}
-    started = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "blackwell_trainer", "--plan", str(plan_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
-    (out / f"{name}.log").write_text(proc.stdout + proc.stderr)
+    run = run_trainer(plan, out, name, timeout_s)
     steps = [
         {
             "step": int(m[1]),
@@ -84,14 +68,14 @@ def train(plan: Plan, out: Path, name: str, timeout_s: float) -> dict[str, Any]:
             "peak_allocated_gib": float(m[4]),
             "peak_reserved_gib": float(m[5]),
         }
-        for m in map(STEP.search, proc.stderr.splitlines())
+        for m in map(STEP.search, run.stderr.splitlines())
         if m
     ]
     return {
-        "exit_code": proc.returncode,
-        "seconds": round(time.perf_counter() - started, 1),
+        "exit_code": run.returncode,
+        "seconds": run.seconds,
         "steps": steps,
-        "termination_message": termination.read_text(),
+        "termination_message": run.termination_message,
     }
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import benchmarks.probe_h200 as script
+import benchmarks.trainer_process as trainer_process
 import pytest
 
 from blackwell_trainer.config import Plan, ProbeMeasurement, ProbeOutcome, ProbeResult
@@ -134,7 +135,7 @@ def test_a_run_name_with_a_configuration_key_is_a_file_name(
         seen.append(cmd)
         raise SystemExit(0)
 
-    monkeypatch.setattr(script.subprocess, "run", fake_run)
+    monkeypatch.setattr(trainer_process.subprocess, "run", fake_run)
     plans = script.profiles()[0]
     plan = script.plan_job(script.spec_for(script.SCENARIOS["3b-seq3072"], 10), calibration=plans["fitted"])
     with pytest.raises(SystemExit):

@@ -1,0 +1,56 @@
+"""One trainer process on a plan, as the GPU record scripts launch it (`python -m blackwell_trainer`).
+
+Every step logged, a free metrics port, and the plan, the log and the termination message kept in `out`
+under the run's name.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from blackwell_trainer.config import Plan
+
+
+@dataclass(frozen=True)
+class TrainerRun:
+    """What one trainer process left: its exit code, wall time, output and termination message."""
+
+    returncode: int
+    seconds: float
+    stdout: str
+    stderr: str
+    termination_message: str
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_trainer(plan: Plan, out: Path, name: str, timeout_s: float) -> TrainerRun:
+    """Run the trainer on `plan` in its own process; `name` names its files in `out`."""
+    plan = plan.model_copy(update={"log_every_steps": 1, "metrics_port": free_port()})
+    name = name.replace("/", "_")  # a configuration's key ("fp8/none/mbs8") is not a file name
+    plan_path, termination = out / f"{name}.plan.json", out / f"{name}.termination"
+    plan_path.write_text(plan.to_json())
+    termination.write_text("")
+    env = {**os.environ, "BTJ_TERMINATION_LOG": str(termination), "PYTHONUNBUFFERED": "1"}
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "blackwell_trainer", "--plan", str(plan_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    (out / f"{name}.log").write_text(proc.stdout + proc.stderr)
+    seconds = round(time.perf_counter() - started, 1)
+    return TrainerRun(proc.returncode, seconds, proc.stdout, proc.stderr, termination.read_text())
