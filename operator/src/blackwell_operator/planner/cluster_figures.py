@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from blackwell_operator.planner.throughput import TimeEstimate
-from blackwell_trainer.config import ClusterCorrection, Plan, ProbeCandidate
+from blackwell_trainer.config import ClusterCorrection, Plan, Prediction, ProbeCandidate
 
 
 @dataclass(frozen=True)
@@ -65,24 +65,19 @@ class PlanFigures:
 def figures_of(plan: Plan) -> PlanFigures:
     """Both figures of a plan: it stores the corrected tokens/s (status.plan.predicted) and the modelled
     peak; the other of each follows from the factors it was planned with (status.plan.clusterCorrection)."""
-    factors = factors_of(plan.cluster_correction)
-    corrected = plan.predicted.tokens_per_second_per_gpu
-    peak = plan.predicted.memory.peak_reserved
-    return PlanFigures(
-        modelled_tokens_per_second_per_gpu=corrected / factors.tokens,
-        corrected_tokens_per_second_per_gpu=corrected,
-        modelled_peak_reserved=peak,
-        corrected_peak_reserved=corrected_peak(peak, factors),
-        factors=factors,
-    )
+    return _figures(plan.predicted, factors_of(plan.cluster_correction))
 
 
 def candidate_figures(candidate: ProbeCandidate) -> PlanFigures:
     """Both figures of a probe candidate: its prediction carries its family's tokens factor
     (ProbeCandidate.tokensFactor) and the modelled peak, as a plan's does."""
-    factors = Factors(tokens=candidate.tokens_factor)
-    corrected = candidate.prediction.tokens_per_second_per_gpu
-    peak = candidate.prediction.memory.peak_reserved
+    return _figures(candidate.prediction, Factors(tokens=candidate.tokens_factor))
+
+
+def _figures(prediction: Prediction, factors: Factors) -> PlanFigures:
+    """A prediction stores the corrected tokens/s and the modelled peak: the other of each follows."""
+    corrected = prediction.tokens_per_second_per_gpu
+    peak = prediction.memory.peak_reserved
     return PlanFigures(
         modelled_tokens_per_second_per_gpu=corrected / factors.tokens,
         corrected_tokens_per_second_per_gpu=corrected,
