@@ -413,6 +413,39 @@ def test_a_poisoned_cached_shard_is_detected_and_fetched_again(
     assert local.stat().st_ino == inode and "does not match" not in caplog.text
 
 
+def test_a_rewrite_that_puts_the_mtime_back_is_still_detected(
+    s3_endpoint: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Same inode, same size, the mtime set back with utime: only the ctime (which no unprivileged process
+    # can set) shows the write, so the cache's signature must hold it.
+    import time
+
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+    client.create_bucket(Bucket="poison3")
+    honest = np.arange(2048, dtype=np.uint16).tobytes()
+    client.put_object(Bucket="poison3", Key="corpus/a.bin", Body=honest)
+    head = client.head_object(Bucket="poison3", Key="corpus/a.bin")
+    local = tmp_path / "cache" / "s3" / "poison3" / "corpus" / "a.bin"
+    fetch = (client, "poison3", "corpus/a.bin", local, len(honest), head["ETag"].strip('"'))
+    cache_module.download_once(*fetch)
+    before = local.stat()
+    time.sleep(0.05)  # past the file system's timestamp granularity: the write below moves the ctime
+    with open(local, "r+b") as f:
+        f.seek(10)
+        f.write(b"\xff\xff" * 4)
+    os.utime(local, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = local.stat()
+    same = ("st_ino", "st_size", "st_mtime_ns")
+    assert [getattr(after, k) for k in same] == [getattr(before, k) for k in same]
+    assert after.st_ctime_ns != before.st_ctime_ns and local.read_bytes() != honest
+    with caplog.at_level("WARNING", logger=cache_module.__name__):
+        cache_module.download_once(*fetch)
+    assert local.read_bytes() == honest
+    assert "does not match s3://poison3/corpus/a.bin's ETag (MD5)" in caplog.text
+
+
 def test_a_poisoned_shard_is_never_read_by_the_data_source(s3_endpoint: str, tmp_path: Path) -> None:
     """Through the trainer's own path: a second data source (a rank starting later) reads the honest bytes."""
     import boto3
