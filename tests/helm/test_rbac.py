@@ -138,18 +138,31 @@ def test_cluster_wide_is_opt_in_and_leaves_the_system_namespaces_to_themselves(h
 
 
 @pytest.mark.parametrize(
-    ("sets", "message"),
+    ("sets", "message", "release_namespace"),
     [
-        (("operator.watchNamespaces={kube-system}",), "kube-system is a system namespace"),
-        (("operator.watchNamespaces={team-a,kube-public}",), "kube-public is a system namespace"),
-        (("operator.clusterWide=true", "operator.watchNamespaces={team-a}"), "set one of them"),
+        (("operator.watchNamespaces={kube-system}",), "kube-system is a system namespace", NAMESPACE),
+        (("operator.watchNamespaces={team-a,kube-public}",), "kube-public is a system namespace", NAMESPACE),
+        (("operator.clusterWide=true", "operator.watchNamespaces={team-a}"), "set one of them", NAMESPACE),
+        # Installed into a system namespace: with no list it would be the watched one (the whole Role
+        # there), and in every mode the calibration Role's ConfigMap writes land there.
+        ((), "release namespace kube-system is a system namespace", "kube-system"),
+        (("operator.watchNamespaces={team-a}",), "release namespace kube-public is a system", "kube-public"),
+        (("operator.clusterWide=true",), "release namespace kube-node-lease is a system", "kube-node-lease"),
     ],
 )
 def test_a_scope_that_reaches_a_system_namespace_or_is_ambiguous_is_refused(
-    helm: str, sets: tuple[str, ...], message: str
+    helm: str, sets: tuple[str, ...], message: str, release_namespace: str
 ) -> None:
     result = subprocess.run(
-        [helm, "template", "t", str(CHART), "-n", NAMESPACE, *(a for s in sets for a in ("--set", s))],
+        [
+            helm,
+            "template",
+            "t",
+            str(CHART),
+            "-n",
+            release_namespace,
+            *(a for s in sets for a in ("--set", s)),
+        ],
         capture_output=True,
         text=True,
         check=False,

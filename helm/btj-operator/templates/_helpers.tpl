@@ -152,6 +152,11 @@ excluded namespaces out ("!a,!b" matches every namespace but those), or none whe
 {{- fail (printf "operator.watchNamespaces: %s is a system namespace, where the operator never acts; remove it" .) }}
 {{- end }}
 {{- end }}
+{{- /* The release namespace gets the operator's own writes in every mode (the calibration Role: ConfigMap
+create and patch), and with no watchNamespaces its whole namespaced Role (pods delete, jobs create). */}}
+{{- if has .Release.Namespace (list "kube-system" "kube-public" "kube-node-lease") }}
+{{- fail (printf "the release namespace %s is a system namespace, where the operator never acts: install it into a namespace of its own (e.g. -n btj-system)" .Release.Namespace) }}
+{{- end }}
 {{- if and .Values.metrics.podMonitor.enabled .Values.metrics.serviceMonitor.enabled }}
 {{- fail "metrics.podMonitor.enabled and metrics.serviceMonitor.enabled both scrape the operator: enable one of them" }}
 {{- end }}
