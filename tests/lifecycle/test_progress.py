@@ -61,6 +61,14 @@ def test_without_a_moving_pair_only_the_step_is_told() -> None:
     assert told(reading(100.0, 130), reading(160.0, 120)) == first  # a restart went back
 
 
+def test_an_absurd_planned_step_count_gives_no_time_left_rather_than_an_error() -> None:
+    # A pod's /metrics said 10**15 planned steps: the ETA lay past the year 9999, and computing it raised,
+    # so the job got no status.measured and a warning every round.
+    got = progress_of(reading(100.0, 100, planned=10**15), reading(160.0, 120, planned=10**15), NOW)
+    assert got is not None
+    assert as_status(got) == {"step": 120, "totalSteps": 10**15, "percent": 0.0, "stepTimeSeconds": 3.0}
+
+
 def test_no_progress_from_a_trainer_without_the_step_gauge() -> None:
     old = Reading(160.0, 1e6, 8, 0.4)
     assert progress_of(None, old, NOW) is None

@@ -6,8 +6,10 @@ scraping the trainer's own metrics exporter (blackwell_trainer.metrics) over HTT
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -70,6 +72,53 @@ def test_a_reading_of_the_trainer_s_own_exposition(trainer_metrics: TrainerMetri
         reserved_bytes=3 << 30,
     )
     assert parse_reading("# not a trainer\nup 1\n", at=0.0) is None
+
+
+def test_a_count_beyond_what_a_gauge_counts_is_not_a_count() -> None:
+    # A step gauge of 1e300 became a 300-digit int in status.progress, which a real API server's int64
+    # refuses, and with it the whole status write (status.measured too).
+    text = (
+        "btj_trainer_tokens_total 4096\nbtj_trainer_gpus 1\n"
+        "btj_trainer_step 1e300\nbtj_trainer_planned_steps 1e18\n"
+    )
+    reading = parse_reading(text, at=0.0)
+    assert reading is not None and reading.tokens == 4096.0
+    assert reading.step is None and reading.planned_steps is None
+
+
+async def test_one_job_s_surprise_does_not_cost_the_jobs_after_it_their_reading(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The measure round's last line of defence: whatever one job's reading raises, the next is still read.
+    import aiohttp
+
+    from blackwell_operator.handlers.measure import Measurer
+
+    errors: list[str] = []
+    pods = [_running(name, 9400) for name in ("a-bad-worker-0", "b-good-worker-0")]
+    for p in pods:
+        p["metadata"]["uid"] = p["metadata"]["name"]
+    ctx: Any = SimpleNamespace(
+        running_pods=lambda: pods,
+        known_btjs=dict,
+        metrics=SimpleNamespace(record_error=errors.append),
+    )
+    lineages = {
+        p["metadata"]["uid"]: Lineage("PyTorchJob", "j", "ju", p["metadata"]["name"][0], "bu") for p in pods
+    }
+    read: list[str] = []
+
+    async def one(self: Measurer, _: Any, namespace: str, name: str, pod: Any, found: Lineage) -> int:
+        read.append(name)
+        if name == "a":
+            raise OverflowError("a reading no job can have")
+        return 1
+
+    monkeypatch.setattr(Measurer, "_lineages", lambda self, _: lineages)
+    monkeypatch.setattr(Measurer, "_one", one)
+    async with aiohttp.ClientSession() as session:
+        written = await Measurer(ctx, logging.getLogger("test")).once(session)
+    assert read == ["a", "b"] and written == 1 and errors == ["MeasureError"]
 
 
 def test_tokens_per_second_per_gpu_between_two_readings() -> None:

@@ -43,9 +43,15 @@ class Reading:
     reserved_bytes: int = 0  # peak reserved GPU memory of local rank 0 (0 on CPU)
 
 
+# Beyond 2**53 a float gauge no longer counts one by one; well below what the status's int64 fields hold,
+# so a pod's absurd count cannot make the API server refuse the BTJ's whole status write.
+MAX_COUNT = 2**53
+
+
 def _count(value: float | None) -> int | None:
-    """A gauge or counter that must be a whole number of something: None unless finite and not negative."""
-    if value is None or not math.isfinite(value) or value < 0:
+    """A gauge or counter that must be a whole number of something: None unless finite, not negative and
+    at most MAX_COUNT."""
+    if value is None or not math.isfinite(value) or not 0 <= value <= MAX_COUNT:
         return None
     return int(value)
 

@@ -8,6 +8,10 @@ from blackwell_operator.lifecycle.measure import Reading
 from blackwell_operator.models.status import JobProgress
 from blackwell_operator.timefmt import format_rfc3339
 
+# A time left beyond a century is no estimate (a pod reporting an absurd planned-step count), and beyond
+# the year 9999 no datetime holds its ETA: computing one raised and cost the job its whole reading.
+MAX_LEFT_S = 100 * 365 * 86400
+
 
 def short_duration(seconds: float) -> str:
     """1d2h, 3h04m, 12m, 45s: the printer column's and the health message's time left."""
@@ -39,6 +43,8 @@ def progress_of(earlier: Reading | None, later: Reading, now: datetime.datetime)
     step_time = (later.at - earlier.at) / (later.step - earlier.step)
     left = (total - step) * step_time
     out.step_time_seconds = round(step_time, 3)
+    if left > MAX_LEFT_S:
+        return out  # no job has that long left: the pod's planned steps are not a plan's
     out.remaining_seconds = round(left)
     out.remaining = short_duration(left)
     out.eta = format_rfc3339(now + datetime.timedelta(seconds=left))
