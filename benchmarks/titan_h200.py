@@ -334,6 +334,8 @@ def environment(argv: list[str]) -> dict[str, Any]:
         "device": smi, "python": platform.python_version(), "git_commit": commit,
         "versions": versions(), "sequence_length": SEQ, "warmup_steps": WARMUP, "timed_steps": TIMED,
         "settings": "one GPU, AC none, torch.compile on, FP8 = torchao float8 tensorwise (output head BF16)",
+        # The command line does not show the environment; this trainer's switches change its figures.
+        "ours_tuning": os.environ.get("BTJ_TRAINER_TUNING", "") or "the trainer's defaults",
     }  # fmt: skip
 
 

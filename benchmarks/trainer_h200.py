@@ -147,6 +147,21 @@ GRIDS: dict[str, list[Config]] = {
         fp8("3b", 8, "full", recipe="delayed"),
         bf16("3b", 8, "selective", compile=False),
     ],
+    # The single-device path (the default on one GPU since 2026-12-02) on the planner's one-GPU picks of
+    # "one", AC and the document mask included, which its A/B (trainer_ab_h200.py) did not run: the
+    # GPU-only failures its CPU tests cannot show, and records to compare with the FSDP2 ones of "one".
+    "single": [
+        bf16("8b", 2, "full", timed=4, docmask=2048),
+        bf16("8b", 2, "full", timed=4),
+        fp8("8b", 4, "full", timed=4),
+        bf16("3b", 8, "selective"),
+        fp8("3b", 8, "selective"),
+        bf16("3b", 4, "none"),
+        fp8("1b", 8, "none"),
+        bf16("1b", 16, "selective"),
+        bf16("8b", 4, "full", timed=4),
+        bf16("1b", 8, "none"),
+    ],
     # Issue 28: packed, document-masked fine-tuning against plain rows of the same 8B-size plan, on one GPU.
     "sft": [
         Config("3b", 2, kind="flex-check"),
@@ -708,6 +723,8 @@ def environment() -> dict[str, Any]:
         "sequence_length": SEQ,
         "peak_bf16_flops_for_mfu": PEAK_BF16,
         "command": " ".join(sys.argv),
+        # The command line does not show the environment; the trainer's switches change its figures.
+        "trainer_tuning": os.environ.get("BTJ_TRAINER_TUNING", "") or "the trainer's defaults",
     }
     for mod in ("torchao", "transformer_engine", "triton"):
         try:
