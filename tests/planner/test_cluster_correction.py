@@ -7,6 +7,7 @@ import pytest
 from blackwell_operator.calibration.cluster import (
     KEEP_PER_FAMILY,
     MAX_PER_NAMESPACE,
+    MAX_SAMPLES,
     MEMORY_BOUNDS,
     MIN_RUNS,
     MIN_TOKENS_RATIO,
@@ -191,6 +192,29 @@ def test_one_namespace_cannot_fill_the_store_for_the_others() -> None:
         cal = cal.record(sample(f"b{i}", 0.8, recipe=recipe, ac=ac, namespace="team-b"))
     assert sum(s.namespace == "team-b" for s in cal.samples) == MAX_PER_NAMESPACE
     assert [s.uid for s in cal.samples if s.namespace == "team-a"] == ["a0"]
+
+
+def test_many_busy_namespaces_do_not_push_out_a_quiet_one_s_samples() -> None:
+    # A quiet namespace measured first, then enough busy namespaces to fill the whole store past its cap:
+    # dropping the oldest of all would take the quiet namespace's three, its only corrections.
+    quiet = [sample(f"q{i}", 0.7, namespace="quiet") for i in range(MIN_RUNS)]
+    cal = calibration(*quiet)
+    families = [(r, a) for r in PrecisionRecipe for a in ActivationCheckpointing]
+    busy = MAX_SAMPLES // MAX_PER_NAMESPACE + 5
+    for n in range(busy):
+        for i in range(MAX_PER_NAMESPACE):
+            recipe, ac = families[i % len(families)]
+            cal = cal.record(sample(f"b{n}-{i}", 0.9, recipe=recipe, ac=ac, namespace=f"busy-{n}"))
+    assert len(cal.samples) == MAX_SAMPLES
+    assert [s.uid for s in cal.samples if s.namespace == "quiet"] == ["q0", "q1", "q2"]
+    assert cal.correction(*KEY, namespace="quiet") is not None
+    # The busy ones share what is left evenly, each losing its own oldest first.
+    held = {s.namespace: 0 for s in cal.samples if s.namespace != "quiet"}
+    for s in cal.samples:
+        if s.namespace != "quiet":
+            held[s.namespace] += 1
+    assert max(held.values()) - min(held.values()) <= 1
+    assert all(f"b{n}-{MAX_PER_NAMESPACE - 1}" in {s.uid for s in cal.samples} for n in range(busy))
 
 
 # ----- what a plan does with it ------------------------------------------------------------------------

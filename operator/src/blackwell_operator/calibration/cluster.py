@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from collections.abc import Callable
 
 from pydantic import Field
@@ -131,6 +132,20 @@ class ImplausibleSample(ValueError):
     """A sample no real reading can give: it is not stored."""
 
 
+def _within_total(samples: list[Sample]) -> list[Sample]:
+    """`samples` (oldest first) cut to MAX_SAMPLES by dropping, one at a time, the oldest sample of the
+    namespace holding the most. Dropping the oldest of all instead would let the jobs of many busy
+    namespaces push out a quiet namespace's only samples: a namespace at or under its share of the
+    store (MAX_SAMPLES over the namespaces in it) never loses one to the others."""
+    kept = list(samples)
+    while len(kept) > MAX_SAMPLES:
+        counts = Counter(s.namespace for s in kept)
+        largest = max(counts.values())
+        # The first sample (the oldest) of a namespace holding the most.
+        kept.pop(next(i for i, s in enumerate(kept) if counts[s.namespace] == largest))
+    return kept
+
+
 def _clamp(value: float, bounds: tuple[float, float]) -> float:
     return min(max(value, bounds[0]), bounds[1])
 
@@ -143,9 +158,9 @@ class ClusterCalibration(WireModel):
 
     def record(self, sample: Sample) -> ClusterCalibration:
         """A copy with `sample` replacing the job's earlier one; beyond KEEP_PER_FAMILY samples of its
-        namespace and family, that namespace's oldest dropped; beyond MAX_SAMPLES, the oldest of all
-        (the same for MAX_PER_NAMESPACE over all its families). ImplausibleSample for one no reading can
-        give (nothing stored)."""
+        namespace and family, that namespace's oldest dropped (the same for MAX_PER_NAMESPACE over all its
+        families); beyond MAX_SAMPLES, the oldest of the namespace that holds the most. ImplausibleSample
+        for one no reading can give (nothing stored)."""
         problem = implausible(sample)
         if problem is not None:
             raise ImplausibleSample(f"{sample.job}: {problem}")
@@ -155,9 +170,8 @@ class ClusterCalibration(WireModel):
         drop = {id(s) for s in same[: max(0, len(same) + 1 - KEEP_PER_FAMILY)]}
         own = [s for s in own if id(s) not in drop]
         drop |= {id(s) for s in own[: max(0, len(own) + 1 - MAX_PER_NAMESPACE)]}
-        kept = [s for s in others if id(s) not in drop]
-        kept = kept[max(0, len(kept) + 1 - MAX_SAMPLES) :]
-        return ClusterCalibration(samples=[*kept, sample])
+        kept = _within_total([*(s for s in others if id(s) not in drop), sample])
+        return ClusterCalibration(samples=kept)
 
     def runs(self, key: FamilyKey, namespace: str | None = None, *, pooled: bool = False) -> list[Sample]:
         """The family's plausible samples that count for a plan in `namespace`: that namespace's own, or
