@@ -61,6 +61,10 @@ __all__ = [
 ]
 
 
+# Cluster.settle's sync point: an annotation the operator never reads.
+SETTLE_ANNOTATION = "btj-test-settle"
+
+
 def node(name: str, instance_type: str = B200, health: str = "Schedulable") -> dict[str, Any]:
     """A HyperPod node with its instance-type and health labels (no allocatable published)."""
     return hyperpod_node(name, instance_type, health=health)
@@ -137,24 +141,28 @@ class Cluster:
     async def settle(self, name: str) -> None:
         """Wait until the operator has handled every event of BTJ `name` seen so far.
 
-        Kopf handles one object's events in order, event handlers first; after a label-only change it
-        stores the new labels in its last-handled-configuration annotation. Once that annotation shows a
-        fresh label, every earlier event of this BTJ went through every handler: a positive sync point,
-        so that "nothing happened" can be asserted without sleeping.
+        Kopf handles one object's events in order, event handlers first, and stores what it handled in its
+        last-handled-configuration annotation, the BTJ's annotations included. Once that annotation shows a
+        fresh value of an annotation of ours, every earlier event of this BTJ went through every handler: a
+        positive sync point, so that "nothing happened" can be asserted without sleeping.
+
+        An annotation, not a label: the operator copies a BTJ's labels onto its children (a label edit is
+        a reconcile pass of its own), so a label would change what the test asserts on; it reads no BTJ
+        annotation, and Kopf has no handler for one.
         """
         self._settles += 1
         token = str(self._settles)
         await self._json(
             "PATCH",
             f"{BTJS}/{name}",
-            {"metadata": {"labels": {"btj-test-settle": token}}},
+            {"metadata": {"annotations": {SETTLE_ANNOTATION: token}}},
             "application/merge-patch+json",
         )
 
         def handled() -> bool:
             annotations = (self.btj(name) or {}).get("metadata", {}).get("annotations") or {}
             stored = json.loads(annotations.get(LAST_HANDLED, "{}"))
-            return bool(stored.get("metadata", {}).get("labels", {}).get("btj-test-settle") == token)
+            return bool(stored.get("metadata", {}).get("annotations", {}).get(SETTLE_ANNOTATION) == token)
 
         await wait_for(handled, what=f"the operator to handle every event of {name}")
 
