@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from blackwell_operator.lifecycle.child_apply import (
     UpToDate,
     Wanted,
     decide,
+    label_patch,
     refusal,
     resume_note,
     supporting_patch,
@@ -31,7 +33,7 @@ from blackwell_operator.lifecycle.conditions import ConditionChange
 from blackwell_operator.models.spec import Backend
 from blackwell_operator.models.status import ConditionType
 from blackwell_operator.render.kinds import JOB_KINDS, ChildKind
-from blackwell_operator.render.labels import RENDER_HASH_ANNOTATION
+from blackwell_operator.render.labels import PROPAGATED_ANNOTATION, RENDER_HASH_ANNOTATION
 
 OWNER, OTHER, OLD, NEW = "btj-uid", "someone-else", "old-child-uid", "new-child-uid"
 PYTORCH, TRAINJOB = JOB_KINDS[Backend.PYTORCH_JOB], JOB_KINDS[Backend.TRAIN_JOB]
@@ -511,3 +513,87 @@ def test_a_refusal_names_the_call_the_server_s_words_and_the_fix(
         "webhook, RBAC, a quota) or the spec; the operator tries again with backoff (at most every "
         "BTJ_CHILD_RETRY_INTERVAL_S, 60 s by default)",
     )
+
+
+def labelled(job: dict[str, Any], labels: dict[str, str], record: str | None) -> dict[str, Any]:
+    """`job` with these labels besides ours, and the record of the BTJ's keys it was given."""
+    out = copy.deepcopy(job)
+    out["metadata"]["labels"].update(labels)
+    if record is not None:
+        out["metadata"]["annotations"][PROPAGATED_ANNOTATION] = record
+    return out
+
+
+def test_a_label_patch_sets_changes_and_removes_only_what_the_btj_gave() -> None:
+    child = in_cluster(labelled(rendered(PYTORCH), {"team": "a", "stale": "1", "theirs": "x"}, "stale,team"))
+    edited = labelled(rendered(PYTORCH), {"team": "b", "cost-center": "7"}, "cost-center,team")
+    assert label_patch(child, edited) == {
+        "metadata": {
+            "annotations": {PROPAGATED_ANNOTATION: "cost-center,team"},
+            # "theirs" was never the BTJ's (another controller's): it stays.
+            "labels": {"team": "b", "cost-center": "7", "stale": None},
+        }
+    }
+    assert label_patch(edited, edited) is None
+    # The last of the BTJ's labels removed: the record goes too.
+    assert label_patch(edited, rendered(PYTORCH)) == {
+        "metadata": {
+            "annotations": {PROPAGATED_ANNOTATION: None},
+            "labels": {"cost-center": None, "team": None},
+        }
+    }
+
+
+@pytest.mark.parametrize(
+    ("status", "digest", "outcome"),
+    [(RUNNING, "h1", UpToDate), (RUNNING, "h2", CannotChange), (SUCCEEDED, "h2", CannotChange)],
+)
+def test_a_child_that_exists_takes_the_btj_s_labels_whatever_its_phase(
+    status: dict[str, Any], digest: str, outcome: type
+) -> None:
+    """A running or finished job cannot take a new render, but its labels are metadata: they follow."""
+    child = in_cluster(labelled(rendered(PYTORCH), {"team": "a"}, "team"), status=status)
+    wanted_now = wanted(digest=digest)
+    wanted_now = replace(wanted_now, job=labelled(dict(wanted_now.job), {"team": "b"}, "team"))
+    decision = decide(wanted_now, child, btj_status())
+    assert isinstance(decision, outcome)
+    assert decision.relabel == {
+        "metadata": {"annotations": {PROPAGATED_ANNOTATION: "team"}, "labels": {"team": "b"}}
+    }
+    unchanged = decide(wanted(digest=digest), in_cluster(rendered(PYTORCH), status=status), btj_status())
+    assert isinstance(unchanged, outcome) and unchanged.relabel is None
+
+
+def test_a_supporting_object_of_a_new_render_drops_a_removed_label_too() -> None:
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "llama-plan", "annotations": {RENDER_HASH_ANNOTATION: "h2"}, "labels": {}},
+        "data": {"plan.json": "{}"},
+    }
+    older = labelled(config_map, {"team": "a"}, "team")
+    older["metadata"]["annotations"][RENDER_HASH_ANNOTATION] = "h1"
+    assert supporting_patch(older, config_map) == {
+        "metadata": {
+            "labels": {"team": None},
+            "annotations": {RENDER_HASH_ANNOTATION: "h2", PROPAGATED_ANNOTATION: None},
+        },
+        "data": {"plan.json": "{}"},
+    }
+    # The same render, a label removed from the BTJ: only the labels are patched.
+    assert supporting_patch(labelled(config_map, {"team": "a"}, "team"), config_map) == {
+        "metadata": {"annotations": {PROPAGATED_ANNOTATION: None}, "labels": {"team": None}}
+    }
+
+
+def test_a_child_an_earlier_version_stamped_with_the_hash_that_counted_labels_is_up_to_date() -> None:
+    """Before the render hash left the BTJ's labels out, it counted them: such a child (here "h0") holds
+    this render; it is not a change a running job cannot take, and it is stamped with today's hash."""
+    child = in_cluster(labelled(rendered(PYTORCH, digest="h0"), {"team": "a"}, None), status=RUNNING)
+    now = replace(wanted(), job=labelled(dict(wanted().job), {"team": "a"}, "team"), earlier_hash="h0")
+    assert decide(now, child, btj_status()) == UpToDate(
+        False,
+        FOUND,
+        {"metadata": {"annotations": {PROPAGATED_ANNOTATION: "team", RENDER_HASH_ANNOTATION: "h1"}}},
+    )
+    assert isinstance(decide(replace(now, earlier_hash="h9"), child, btj_status()), CannotChange)

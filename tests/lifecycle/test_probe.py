@@ -204,23 +204,26 @@ def test_a_failure_and_a_probe_of_one_pod_are_one_status_change() -> None:
 
 
 def test_the_plan_config_map_copy_is_the_reconcilers_render_and_only_of_our_own() -> None:
-    from blackwell_operator.render.children import render_plan_config_map, with_render_hash
+    from blackwell_operator.render.children import plan_config_map
 
     plan = plan_job(spec(), job_name="j")
-    decided = probe_pass(btj_with(plan), worker(), result_for(plan, 1, [0.9, 1.0]), found=LINEAGE, now=NOW)
+    btj = btj_with(plan)
+    labels = {"team": "vision"}  # the BTJ's own, which the reconciler copies onto the ConfigMap
+    btj["metadata"]["labels"] = labels  # type: ignore[index]
+    decided = probe_pass(btj, worker(), result_for(plan, 1, [0.9, 1.0]), found=LINEAGE, now=NOW)
     assert decided.plan is not None
-    labels = {"app.kubernetes.io/managed-by": "btj-operator"}
-    existing = with_render_hash(render_plan_config_map("j", "a", plan, labels=labels))
+    existing = plan_config_map("j", "a", plan, parent_labels=labels)
     existing["metadata"].update(resourceVersion="7", ownerReferences=[{"uid": "u-btj"}])
-    patch, problem = config_map_copy(existing, btj_with(plan), decided.plan)
+    patch, problem = config_map_copy(existing, btj, decided.plan)
     assert problem is None and patch is not None and patch["metadata"]["resourceVersion"] == "7"
-    wanted = with_render_hash(render_plan_config_map("j", "a", decided.plan, labels=labels))
+    wanted = plan_config_map("j", "a", decided.plan, parent_labels=labels)
     assert (
         patch["data"] == wanted["data"]
         and patch["metadata"]["annotations"] == wanted["metadata"]["annotations"]
+        and patch["metadata"]["labels"] == wanted["metadata"]["labels"]
     )
     held = {**wanted, "metadata": {**wanted["metadata"], "ownerReferences": [{"uid": "u-btj"}]}}
-    assert config_map_copy(held, btj_with(plan), decided.plan) == (None, None)  # holds it already
+    assert config_map_copy(held, btj, decided.plan) == (None, None)  # holds it already
     theirs = {**existing, "metadata": {**existing["metadata"], "ownerReferences": [{"uid": "someone"}]}}
-    patch, problem = config_map_copy(theirs, btj_with(plan), decided.plan)
+    patch, problem = config_map_copy(theirs, btj, decided.plan)
     assert patch is None and problem is not None and "not this BlackwellTrainingJob's" in problem

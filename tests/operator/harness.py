@@ -117,6 +117,13 @@ class Cluster:
         )
         return result
 
+    async def patch_labels(self, name: str, labels: Mapping[str, str | None]) -> dict[str, Any]:
+        """Merge-patch a BTJ's labels (None removes one), as `kubectl label` does."""
+        result: dict[str, Any] = await self._json(
+            "PATCH", f"{BTJS}/{name}", {"metadata": {"labels": dict(labels)}}, "application/merge-patch+json"
+        )
+        return result
+
     async def delete_btj(self, name: str) -> None:
         await self._json("DELETE", f"{BTJS}/{name}")
 

@@ -290,3 +290,27 @@ def test_ttl_after_finished_reaches_the_run_policy_only_when_set(backend: str) -
     _, ttl = render(spec_of(backend=backend, ttlSecondsAfterFinished=3600))
     assert "ttlSecondsAfterFinished" not in kept["spec"]["runPolicy"]
     assert ttl["spec"]["runPolicy"]["ttlSecondsAfterFinished"] == 3600
+
+
+@pytest.mark.parametrize("backend", ["PyTorchJob", "HyperPodPyTorchJob", "TrainJob"])
+def test_the_render_hash_leaves_the_btj_s_own_labels_out_and_each_object_records_their_keys(
+    backend: str,
+) -> None:
+    from blackwell_operator.render.children import shape_hash
+    from blackwell_operator.render.labels import PROPAGATED_ANNOTATION, RENDER_HASH_ANNOTATION
+
+    spec = spec_of(backend=backend)
+    plan = plan_for(spec, "job")
+    bare = render_children("job", NAMESPACE, spec, plan)
+    team_a = render_children(
+        "job", NAMESPACE, spec, plan, labels={"team": "a", "app.kubernetes.io/instance": "x"}
+    )
+    team_b = render_children("job", NAMESPACE, spec, plan, labels={"team": "b", "cost-center": "7"})
+    for plain, a, b in zip(bare, team_a, team_b, strict=True):
+        # A label edit is no new render: the same hash, and without labels the hash of all it carries.
+        digests = {o["metadata"]["annotations"][RENDER_HASH_ANNOTATION] for o in (plain, a, b)}
+        assert digests == {shape_hash(plain)}
+        assert a["metadata"]["labels"]["team"] == "a" and b["metadata"]["labels"]["cost-center"] == "7"
+        assert PROPAGATED_ANNOTATION not in plain["metadata"]["annotations"]
+        assert a["metadata"]["annotations"][PROPAGATED_ANNOTATION] == "team"  # Argo CD's is not copied
+        assert b["metadata"]["annotations"][PROPAGATED_ANNOTATION] == "cost-center,team"

@@ -39,6 +39,13 @@ def reconcile_btj(body: kopf.Body, memo: kopf.Memo, retry: int, logger: Any, rea
     Reconciler(_ctx(memo)).reconcile(body, retry=retry, logger=logger, skip_done=skip_done)
 
 
+def reconcile_labels(body: kopf.Body, memo: kopf.Memo, retry: int, logger: Any, **_: Any) -> None:
+    """on.update(metadata.labels): the whole pass, which brings the children's labels to the BTJ's (only
+    their labels when the job runs or has finished). Never skipped as done: a label edit leaves the
+    generation as it was, so "this generation was reconciled" says nothing about the labels."""
+    Reconciler(_ctx(memo)).reconcile(body, retry=retry, logger=logger)
+
+
 async def track_btj(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """on.event for BTJs: keeps btj_operator_jobs{phase} and the resync loop's view current (async: no
     thread hop for a dict update)."""
@@ -89,6 +96,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
     kopf.on.resume(*btj, registry=registry, id="reconcile")(reconcile_btj)
     kopf.on.create(*btj, registry=registry, id="reconcile")(reconcile_btj)
     kopf.on.update(*btj, field="spec", registry=registry, id="reconcile")(reconcile_btj)
+    kopf.on.update(*btj, field="metadata.labels", registry=registry, id="reconcile-labels")(reconcile_labels)
     kopf.on.event(*btj, registry=registry, id="track-phase")(track_btj)
     kopf.on.event(*btj, registry=registry, id="recreate-child", when=wants_child_back_filter)(recreate_child)
     # A bad BTJ_STUCK_POD_TIMEOUT_S or BTJ_MEASURE_INTERVAL_S stops the operator at start, with one line.

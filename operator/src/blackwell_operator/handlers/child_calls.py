@@ -14,7 +14,12 @@ from typing import Any, TypeVar
 from blackwell_operator.handlers import retrying
 from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
 from blackwell_operator.handlers.finalizer import with_finalizer
-from blackwell_operator.lifecycle.child_apply import conflict_message, still_deleting, supporting_patch
+from blackwell_operator.lifecycle.child_apply import (
+    conflict_message,
+    label_patch,
+    still_deleting,
+    supporting_patch,
+)
 from blackwell_operator.lifecycle.child_record import owned_by
 from blackwell_operator.render import trainjob
 from blackwell_operator.render.kinds import CONFIG_MAP, SUPPORTING_KINDS, TRAINING_RUNTIME, ChildKind
@@ -96,6 +101,31 @@ class ChildCalls:
         return named(
             lambda: self.api.patch(job_path, patch), f"the patch of {kind.kind} {name}", create=False
         )
+
+    def relabel(self, kind: ChildKind, job_path: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """Bring the job's labels to the BTJ's (lifecycle/child_apply.label_patch), whatever its phase."""
+        self.logger.info(f"The labels of {kind.kind} {name} follow the BlackwellTrainingJob's")
+        return named(
+            lambda: self.api.patch(job_path, patch), f"the label patch of {kind.kind} {name}", create=False
+        )
+
+    def relabel_supporting(self, objects: list[dict[str, Any]]) -> None:
+        """Bring the labels of each supporting object that exists and is ours to the render's, and nothing
+        else: beside a job that cannot take this render, they keep describing what runs."""
+        for obj in objects:
+            self._relabel_supporting(obj)
+
+    def _relabel_supporting(self, obj: Mapping[str, Any]) -> None:
+        kind, meta = obj["kind"], obj["metadata"]
+        path = resource_path(obj["apiVersion"], SUPPORTING_PLURALS[kind], meta["namespace"], meta["name"])
+        existing = named(lambda: self.api.get(path), f"the read of {kind} {meta['name']}")
+        if existing is None or not owned_by(existing, self.owner_uid):
+            return  # gone with a finished job, or not ours (reported when a job is made)
+        patch = label_patch(existing, obj)
+        if patch is not None:
+            named(
+                lambda: self.api.patch(path, patch), f"the label patch of {kind} {meta['name']}", create=False
+            )
 
     def create_together(
         self, kind: ChildKind, job: dict[str, Any], supporting: list[dict[str, Any]]

@@ -62,6 +62,7 @@ from blackwell_operator.lifecycle.writers import RECONCILE
 from blackwell_operator.models.spec import Backend, BlackwellTrainingJobSpec
 from blackwell_operator.models.status import BlackwellTrainingJobStatus, StatusChange
 from blackwell_operator.render import render_children
+from blackwell_operator.render.children import labelled_hash
 from blackwell_operator.render.kinds import JOB_KINDS, ChildKind
 from blackwell_operator.render.pod import resources
 from blackwell_operator.timefmt import now_rfc3339
@@ -281,6 +282,7 @@ class Reconciler:
         config_map, *supporting, job = render_children(
             meta["name"], meta["namespace"], spec, plan, labels=labels, default_image=self.ctx.default_image
         )
+        earlier_hash = labelled_hash(job)  # before the owner and the finalizer, as the render was hashed
         adopt_children([config_map, *supporting, job], body)
         # The child keeps its final status until this operator has recorded it (handlers/children.py):
         # a finished job deleted while the operator is down (ttlSecondsAfterFinished: 0) is then still
@@ -306,6 +308,7 @@ class Reconciler:
             generation=outcome.generation,
             plan_summary=outcomes.plan_summary(plan),
             resume_note=resume_note(spec.training.checkpoint.path),
+            earlier_hash=earlier_hash,
         )
         supporting = [config_map, *supporting]
         return self._stopping(outcome, lambda: self._apply(body, stored, wanted, supporting, outcome))
@@ -476,15 +479,19 @@ class Reconciler:
         decision: UpToDate | PatchInPlace | CannotChange,
         outcome: PassOutcome,
     ) -> PassOutcome:
-        """The calls for a child that exists: hold it, bring its supporting objects and (before it starts)
-        the job to this render."""
+        """The calls for a child that exists: hold it, bring its labels to the BTJ's, bring its supporting
+        objects and (before it starts) the job to this render."""
         assert outcome.child is not None
         child = outcome.child
         name = str(child.obj["metadata"]["name"])
         if decision.hold:
             child = replace(child, obj=calls.hold(job_path, child.obj))
+        if decision.relabel is not None:
+            child = replace(child, obj=calls.relabel(child.kind, job_path, name, decision.relabel))
         if isinstance(decision, UpToDate | PatchInPlace):
             calls.ensure_supporting_of(job_path, child.obj, supporting)
+        else:  # what a running or finished job reads keeps describing it; only its labels follow the BTJ
+            calls.relabel_supporting(supporting)
         if isinstance(decision, PatchInPlace):
             child = replace(child, obj=calls.patch(child.kind, job_path, name, decision.patch))
         return replace(outcome, child=child).recording(decision.effects)

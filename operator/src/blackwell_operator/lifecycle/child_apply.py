@@ -24,6 +24,7 @@ from blackwell_operator.lifecycle.status_read import StatusLike, typed
 from blackwell_operator.models.status import ConditionType
 from blackwell_operator.render import trainjob
 from blackwell_operator.render.kinds import ChildKind
+from blackwell_operator.render.labels import PROPAGATED_ANNOTATION, RENDER_HASH_ANNOTATION, recorded_keys
 
 APPLIED = ConditionChange(ConditionType.SPEC_APPLIED, "True", "Applied", "The child matches the spec.")
 # ChildCreated / SpecApplied reasons when the API server refuses a create or a patch of a child.
@@ -69,6 +70,9 @@ class Wanted:
     generation: int  # the BTJ's metadata.generation
     plan_summary: str  # one line: the plan's choices and prediction
     resume_note: str  # where a re-created job's training continues from
+    # The hash an operator version before the shape hash stamped on this render (it counted the BTJ's
+    # labels): a child made then holds this render too (render.children.labelled_hash).
+    earlier_hash: str | None = None
 
     @property
     def name(self) -> str:
@@ -157,10 +161,12 @@ class Create:
 @dataclass(frozen=True)
 class Found:
     """The child exists and is ours. `found` is recorded before any call; `hold`: add the final-status
-    finalizer first (a child made by an operator version without it, or by hand)."""
+    finalizer first (a child made by an operator version without it, or by hand). `relabel`: the merge
+    patch that brings its labels to the BTJ's (label_patch), whatever its phase; None when they match."""
 
     hold: bool
     found: ConditionChange
+    relabel: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -253,14 +259,38 @@ def in_place_patch(kind: ChildKind, job: Mapping[str, Any]) -> dict[str, Any]:
     return patch
 
 
+def label_patch(existing: Mapping[str, Any], obj: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The merge patch that brings an existing child's (or supporting object's) labels to the render `obj`:
+    each wanted label set, each key the BTJ gave it before (PROPAGATED_ANNOTATION) and no longer does
+    removed, that record renewed; None when nothing differs. Labels are metadata: they change nothing a
+    job runs, so a running or finished job takes them too. A label another controller added stays."""
+    found = existing.get("metadata", {})
+    have, want = found.get("labels") or {}, obj["metadata"].get("labels") or {}
+    had_record = (found.get("annotations") or {}).get(PROPAGATED_ANNOTATION)
+    record = (obj["metadata"].get("annotations") or {}).get(PROPAGATED_ANNOTATION)
+    dropped = recorded_keys(found.get("annotations")) - set(want)
+    labels: dict[str, str | None] = {k: v for k, v in want.items() if have.get(k) != v}
+    labels |= {k: None for k in sorted(dropped) if k in have}
+    if not labels and had_record == record:
+        return None
+    metadata: dict[str, Any] = {"annotations": {PROPAGATED_ANNOTATION: record}}
+    if labels:
+        metadata["labels"] = labels
+    return {"metadata": metadata}
+
+
 def supporting_patch(existing: Mapping[str, Any], obj: Mapping[str, Any]) -> dict[str, Any] | None:
     """The merge patch that brings an existing supporting object (ours) to the render `obj`, or None when
-    it holds this render already."""
+    it holds this render and its labels already."""
+    relabel = label_patch(existing, obj)
     if render_hash(existing) == render_hash(obj):
-        return None
+        return relabel
     meta = obj["metadata"]
     fields = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
-    return {"metadata": {"labels": meta.get("labels"), "annotations": meta.get("annotations")}, **fields}
+    metadata = {"labels": dict(meta.get("labels") or {}), "annotations": dict(meta.get("annotations") or {})}
+    for key, values in ((relabel or {}).get("metadata") or {}).items():
+        metadata[key].update(values)  # the removed keys, and the renewed record
+    return {"metadata": metadata, **fields}
 
 
 def decide(wanted: Wanted, existing: Mapping[str, Any] | None, status: StatusLike) -> Outcome:
@@ -290,8 +320,16 @@ def decide(wanted: Wanted, existing: Mapping[str, Any] | None, status: StatusLik
 
     hold = not holds(existing)
     found = ConditionChange(ConditionType.CHILD_CREATED, "True", "Exists", wanted.what)
+    relabel = label_patch(existing, wanted.job)
     if render_hash(existing) == render_hash(wanted.job):
-        return UpToDate(hold, found)
+        return UpToDate(hold, found, relabel)
+    if wanted.earlier_hash is not None and render_hash(existing) == wanted.earlier_hash:
+        # Made by an earlier version: the same render, stamped with the hash that counted the labels. The
+        # relabel stamps today's, so a later label edit still reads as no new render.
+        stamp = {RENDER_HASH_ANNOTATION: render_hash(wanted.job)}
+        metadata = dict((relabel or {}).get("metadata") or {})
+        metadata["annotations"] = {**(metadata.get("annotations") or {}), **stamp}
+        return UpToDate(hold, found, {"metadata": metadata})
     child_status = existing.get("status") or {}
     if can_patch_in_place(child_status) and not immutable_change(wanted.kind, existing, wanted.job):
         patched = ConditionChange(
@@ -304,6 +342,7 @@ def decide(wanted: Wanted, existing: Mapping[str, Any] | None, status: StatusLik
         return PatchInPlace(
             hold,
             found,
+            relabel,
             patch=in_place_patch(wanted.kind, wanted.job),
             effects=Effects((patched,), (updated,)),
         )
@@ -322,5 +361,10 @@ def decide(wanted: Wanted, existing: Mapping[str, Any] | None, status: StatusLik
     refused = ConditionChange(ConditionType.SPEC_APPLIED, "False", reason, message)
     notice = Notice(reason, message, warning=True, once=ConditionType.SPEC_APPLIED)
     return CannotChange(
-        hold, found, reason=reason, message=message, effects=Effects((refused,), (notice,), write_plan=False)
+        hold,
+        found,
+        relabel,
+        reason=reason,
+        message=message,
+        effects=Effects((refused,), (notice,), write_plan=False),
     )

@@ -22,7 +22,7 @@ from blackwell_operator.models.status import (
     StatusChange,
 )
 from blackwell_operator.planner.cluster_figures import candidate_figures
-from blackwell_operator.render.children import render_plan_config_map, with_render_hash
+from blackwell_operator.render.children import plan_config_map
 from blackwell_trainer.config import Plan, ProbeMeasurement, ProbeOutcome, ProbeResult
 
 EVENT_REASON = "Probed"
@@ -287,10 +287,8 @@ def config_map_copy(
     found = existing.get("metadata") or {}
     if not owned_by(existing, str(meta.get("uid") or "")):
         return None, f"ConfigMap {found.get('name')} is not this BlackwellTrainingJob's: left as it is"
-    wanted = with_render_hash(
-        render_plan_config_map(
-            str(meta.get("name")), str(meta.get("namespace")), plan, labels=dict(found.get("labels") or {})
-        )
+    wanted = plan_config_map(
+        str(meta.get("name")), str(meta.get("namespace")), plan, parent_labels=meta.get("labels")
     )
     patch = supporting_patch(existing, wanted)
     if patch is None:

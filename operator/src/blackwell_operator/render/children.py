@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from collections.abc import Mapping
@@ -11,11 +12,13 @@ from blackwell_operator.models.spec import DEFAULT_IMAGE, Backend, BlackwellTrai
 from blackwell_operator.render.environment import PLAN_FILE
 from blackwell_operator.render.hyperpod import render_hyperpodpytorchjob
 from blackwell_operator.render.labels import (
+    PROPAGATED_ANNOTATION,
     RENDER_HASH_ANNOTATION,
     auto_resume_annotations,
     child_labels,
-    kueue_labels,
+    job_labels,
     own_labels,
+    propagated_annotation,
 )
 from blackwell_operator.render.pod import plan_config_map_name
 from blackwell_operator.render.pytorchjob import render_pytorchjob
@@ -29,11 +32,33 @@ def sha256_of(document: Any) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def with_render_hash(obj: dict[str, Any]) -> dict[str, Any]:
-    """Stamp the object with the hash of everything it carries, so a handler patches only on change."""
+def shape_hash(obj: Mapping[str, Any]) -> str:
+    """The hash of everything `obj` carries but its own render hash annotation."""
+    copied = copy.deepcopy(dict(obj))
+    meta = copied["metadata"]
+    meta["annotations"] = {
+        k: v for k, v in (meta.get("annotations") or {}).items() if k != RENDER_HASH_ANNOTATION
+    }
+    return sha256_of(copied)
+
+
+def labelled_hash(obj: Mapping[str, Any]) -> str:
+    """The render hash an operator version before the shape hash stamped on `obj` as render_children makes
+    it now: the hash of all it carries, the BTJ's labels included (and no PROPAGATED_ANNOTATION, which it
+    did not write)."""
+    copied = copy.deepcopy(dict(obj))
+    annotations = copied["metadata"].get("annotations") or {}
+    copied["metadata"]["annotations"] = {k: v for k, v in annotations.items() if k != PROPAGATED_ANNOTATION}
+    return shape_hash(copied)
+
+
+def with_render_hash(obj: dict[str, Any], shape: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Stamp the object with the hash of `shape` (by default the object itself), so a handler patches only
+    on change. render_children passes the object as rendered without the BTJ's own labels: a label edit
+    is then no new render (a running job would read it as a change it cannot take), and a pass brings
+    the labels in step apart (lifecycle/child_apply.label_patch)."""
+    digest = shape_hash(obj if shape is None else shape)
     annotations = obj["metadata"].setdefault("annotations", {})
-    annotations.pop(RENDER_HASH_ANNOTATION, None)
-    digest = sha256_of(obj)
     annotations[RENDER_HASH_ANNOTATION] = digest
     obj["metadata"]["annotations"] = dict(sorted(annotations.items()))
     return obj
@@ -49,6 +74,23 @@ def render_plan_config_map(
         "metadata": {"name": plan_config_map_name(name), "namespace": namespace, "labels": labels},
         "data": _data(plan),
     }
+
+
+def plan_config_map(
+    name: str, namespace: str, plan: Plan, *, parent_labels: Mapping[str, str] | None
+) -> dict[str, Any]:
+    """The plan ConfigMap exactly as render_children makes it for a BTJ with labels `parent_labels`."""
+    shape = render_plan_config_map(name, namespace, plan, labels=own_labels(name))
+    config_map = render_plan_config_map(name, namespace, plan, labels=child_labels(name, parent_labels))
+    return with_render_hash(_recording(config_map, parent_labels), shape)
+
+
+def _recording(obj: dict[str, Any], parent_labels: Mapping[str, str] | None) -> dict[str, Any]:
+    """`obj` with the annotation naming the parent's label keys it was given (PROPAGATED_ANNOTATION)."""
+    recorded = propagated_annotation(parent_labels)
+    if recorded:
+        obj["metadata"]["annotations"] = {**(obj["metadata"].get("annotations") or {}), **recorded}
+    return obj
 
 
 def unprobed(plan: Plan) -> Plan:
@@ -86,40 +128,66 @@ def render_children(
         )
     if spec.image is None:
         spec = spec.model_copy(update={"image": default_image})
+    config_map = plan_config_map(name, namespace, plan, parent_labels=labels)
+    # Each object's render hash is of its shape: the object rendered without the BTJ's own labels.
+    shapes = _render(name, namespace, spec, plan, None, None)
+    runtime_sha256 = shape_hash(shapes[0]) if spec.backend == Backend.TRAIN_JOB else None
+    rendered = _render(name, namespace, spec, plan, labels, runtime_sha256)
+    stamped = [
+        with_render_hash(_recording(obj, labels), shape) for obj, shape in zip(rendered, shapes, strict=True)
+    ]
+    return [config_map, *stamped]
+
+
+def _render(
+    name: str,
+    namespace: str,
+    spec: BlackwellTrainingJobSpec,
+    plan: Plan,
+    labels: Mapping[str, str] | None,
+    runtime_sha256: str | None,
+) -> list[dict[str, Any]]:
+    """[(TrainingRuntime,) child job], not stamped; a TrainJob names `runtime_sha256`, by default the hash
+    of the runtime rendered here."""
     common = child_labels(name, labels)
-    config_map = render_plan_config_map(name, namespace, plan, labels=dict(common))
     plan_sha256 = sha256_of(_data(unprobed(plan)))
-    job_labels = dict(sorted({**common, **kueue_labels(spec)}.items()))
+    labels_of_job = job_labels(name, labels, spec)
     # The pods: the BTJ's propagated labels, then spec.podLabels over them, then ours (the spec refuses
     # our keys, so nothing the user asked for is dropped).
     pod_labels = dict(sorted({**common, **(spec.pod_labels or {}), **own_labels(name)}.items()))
-    job: dict[str, Any]
     if spec.backend == Backend.TRAIN_JOB:
         runtime = render_training_runtime(
             name, namespace, spec, plan, labels=dict(common), pod_labels=pod_labels, plan_sha256=plan_sha256
         )
-        runtime = with_render_hash(runtime)
         job = render_trainjob(
             name,
             namespace,
             plan,
-            labels=job_labels,
-            runtime_sha256=runtime["metadata"]["annotations"][RENDER_HASH_ANNOTATION],
+            labels=labels_of_job,
+            runtime_sha256=runtime_sha256 or shape_hash(runtime),
         )
-        return [with_render_hash(config_map), runtime, with_render_hash(job)]
+        return [runtime, job]
     if spec.backend == Backend.HYPERPOD_PYTORCH_JOB:
-        job = render_hyperpodpytorchjob(
-            name, namespace, spec, plan, labels=job_labels, pod_labels=pod_labels, plan_sha256=plan_sha256
-        )
-    else:
-        job = render_pytorchjob(
+        return [
+            render_hyperpodpytorchjob(
+                name,
+                namespace,
+                spec,
+                plan,
+                labels=labels_of_job,
+                pod_labels=pod_labels,
+                plan_sha256=plan_sha256,
+            )
+        ]
+    return [
+        render_pytorchjob(
             name,
             namespace,
             spec,
             plan,
-            labels=job_labels,
+            labels=labels_of_job,
             annotations=auto_resume_annotations(spec),
             pod_labels=pod_labels,
             plan_sha256=plan_sha256,
         )
-    return [with_render_hash(config_map), with_render_hash(job)]
+    ]

@@ -34,6 +34,10 @@ MAX_RETRY_ANNOTATION = "sagemaker.amazonaws.com/job-max-retry-count"
 RENDER_HASH_ANNOTATION = f"{API_GROUP}/render-sha256"
 PLAN_HASH_ANNOTATION = f"{API_GROUP}/plan-sha256"
 
+# The keys of the BTJ's own labels an object was given, recorded on it: a key later removed from the BTJ is
+# removed from the object too, and only such a key (a label another controller added stays).
+PROPAGATED_ANNOTATION = f"{API_GROUP}/propagated-labels"
+
 # Argo CD tracks resources by app.kubernetes.io/instance in `label` tracking mode and by argocd.argoproj.io/*
 # keys; a child carrying them is reported OutOfSync or pruned (docs/reference/hyperpod-pytorchjob.md §3.2).
 ARGO_INSTANCE_LABEL = INSTANCE_LABEL
@@ -64,6 +68,28 @@ def child_labels(name: str, parent_labels: Mapping[str, str] | None) -> dict[str
     merged = strip_tracking_labels(parent_labels)
     merged.update(own_labels(name))
     return dict(sorted(merged.items()))
+
+
+def job_labels(
+    name: str, parent_labels: Mapping[str, str] | None, spec: BlackwellTrainingJobSpec
+) -> dict[str, str]:
+    """The job's own labels: child_labels, then the spec's Kueue labels over them, sorted."""
+    return dict(sorted({**child_labels(name, parent_labels), **kueue_labels(spec)}.items()))
+
+
+def propagated_annotation(parent_labels: Mapping[str, str] | None) -> dict[str, str]:
+    """The annotation recording which of the parent's label keys an object was given (none: no annotation).
+
+    Label keys hold no comma (a DNS prefix, a slash and a name), so a comma-separated list is unambiguous.
+    """
+    keys = sorted(strip_tracking_labels(parent_labels))
+    return {PROPAGATED_ANNOTATION: ",".join(keys)} if keys else {}
+
+
+def recorded_keys(annotations: Mapping[str, str] | None) -> set[str]:
+    """The parent's label keys an object records it was given (propagated_annotation, read back)."""
+    value = (annotations or {}).get(PROPAGATED_ANNOTATION) or ""
+    return {key for key in value.split(",") if key}
 
 
 def kueue_labels(spec: BlackwellTrainingJobSpec) -> dict[str, str]:
