@@ -83,6 +83,24 @@ async def _new_child(cluster: Cluster, backend: str, old_uid: str, name: str = "
     return child
 
 
+async def _replanned_status(cluster: Cluster, replans: int, name: str = "w") -> None:
+    """Waits for the status write of the pass that planned the new child after the `replans`-th re-plan:
+    the pod watcher's write (the re-plan's own Planned message) comes first, the pass's follows."""
+    learned = f"memory corrected after {replans} out-of-memory run"
+
+    def written() -> bool:
+        status = cluster.status(name)
+        planned = cluster.condition(name, "Planned") or {}
+        return (
+            len(status.get("planHistory") or []) == replans
+            and (status.get("memoryCorrection") or {}).get("replans") == replans
+            and planned.get("reason") == "Replanned"
+            and learned in planned.get("message", "")
+        )
+
+    await wait_for(written, what=f"the status of re-plan {replans}")
+
+
 def _chosen_in_config_map(cluster: Cluster, name: str = "w") -> Candidate:
     config_map = cluster.config_map(f"{name}-plan")
     assert config_map is not None
@@ -170,6 +188,8 @@ async def test_oom_re_plans_twice_with_new_children_then_fails_naming_what_to_ch
         # 1: the first plan runs out of memory -> a smaller plan, a new child, the history, the Events.
         await _oom_pod(cluster, "PyTorchJob", "w", "w-worker-0", T1)
         second_child = await _new_child(cluster, "PyTorchJob", first_child["metadata"]["uid"])
+        # The child watcher can record the new child before the re-planning pass writes its status.
+        await _replanned_status(cluster, 1)
         status = cluster.status("w")
         second = _plan(cluster)
         assert second.chosen != first.chosen
@@ -197,6 +217,7 @@ async def test_oom_re_plans_twice_with_new_children_then_fails_naming_what_to_ch
         # 2: the second plan runs out too -> a third plan, neither of the failed ones.
         await _oom_pod(cluster, "PyTorchJob", "w", "w-worker-1", T2)
         third_child = await _new_child(cluster, "PyTorchJob", second_child["metadata"]["uid"])
+        await _replanned_status(cluster, 2)
         third = _plan(cluster)
         assert third.chosen not in (first.chosen, second.chosen)
         status = cluster.status("w")
