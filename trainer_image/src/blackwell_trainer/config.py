@@ -28,6 +28,14 @@ EXPORT_FILE_BYTES = 2 * 2**30
 # per element; without one named there the export is bfloat16, what Llama 3.x, Qwen2.5 and Mistral ship.
 EXPORT_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEFAULT_EXPORT_DTYPE = "bfloat16"
+# The trainer's S3 cache (shard_cache) holds at most this many bytes when the variable is set: the operator
+# sets it from the plan's localStorage.cacheMaxBytes, the share of the pod's declared ephemeral storage the
+# cache may fill (issue 24: the node's disk is shared with other namespaces' pods).
+CACHE_MAX_BYTES_ENV = "BTJ_CACHE_MAX_BYTES"
+# The second guard: the cache also keeps this share of its disk free. The kubelet's default hard eviction
+# thresholds are nodefs.available<10% and imagefs.available<15% (docs/security.md has the source); 20% stays
+# above both, with room for what other pods write between the cache's look and theirs.
+NODE_DISK_KEEP_FREE_FRACTION = 0.20
 
 
 class WireModel(BaseModel):
@@ -376,6 +384,32 @@ class WeightsLoad(WireModel):
     host_memory_limit_bytes: int = Field(ge=0, description="The trainer pod's host memory on one node.")
     node_disk_bytes: int = Field(ge=0, description="Node NVMe the weights take (the S3 cache); 0 otherwise.")
     node_disk_limit_bytes: int = Field(ge=0, description="The node's NVMe the cache may fill.")
+
+
+class LocalStorage(WireModel):
+    """The pod's node-local disk (docs/security.md): what the job writes there by the planner's estimate,
+    and what the pod declares, so the kubelet schedules for it and evicts only this pod when it writes more.
+
+    /local (an emptyDir) holds the S3 cache, export staging, single-node checkpoints and NCCL dumps; the
+    container's writable layer holds /tmp and the torch.compile caches. The container's ephemeral-storage
+    request and limit are `limitBytes` (both, counted against the node's allocatable); the emptyDir's
+    sizeLimit is `volumeBytes`; the S3 cache may hold `cacheMaxBytes` (BTJ_CACHE_MAX_BYTES).
+    """
+
+    weights_cache_bytes: int = Field(ge=0, description="S3 initial weights, downloaded whole, never evicted.")
+    shard_cache_bytes: int = Field(ge=0, description="S3 token shards; least recently used evicted past it.")
+    checkpoint_bytes: int = Field(ge=0, description="Single-node checkpoints under /local; 0 elsewhere.")
+    export_staging_bytes: int = Field(ge=0, description="One export file staged before its S3 upload.")
+    scratch_bytes: int = Field(ge=0, description="Other files on /local: NCCL flight-recorder dumps.")
+    container_bytes: int = Field(
+        ge=0, description="The container's writable layer and log: /tmp, torch.compile and Triton caches."
+    )
+    volume_bytes: int = Field(ge=0, description="The /local emptyDir's sizeLimit (whole GiB).")
+    limit_bytes: int = Field(ge=0, description="The container's ephemeral-storage request and limit (GiB).")
+    cache_max_bytes: int = Field(ge=0, description="What the S3 cache may hold: weights and shards.")
+    from_spec: bool = Field(
+        default=False, description="True when spec.cluster.localStorageGiB set the limit; else the estimate."
+    )
 
 
 class WeightsConfig(WireModel):
@@ -748,6 +782,11 @@ class Plan(WireModel):
     log_every_steps: int = Field(default=10, ge=1, description="Log one line every this many steps.")
     probe: ProbePlan | None = Field(
         default=None, description="The probe of the top candidates before the first step; none: no probe."
+    )
+    local_storage: LocalStorage | None = Field(
+        default=None,
+        description="The pod's node-local disk: the estimate and the ephemeral storage it declares; none in "
+        "plans made before it.",
     )
 
     @property

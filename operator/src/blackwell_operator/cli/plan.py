@@ -106,6 +106,7 @@ def render_plan_tables(
     console.print(memory)
 
     _weights_table(plan, console)
+    _local_storage_line(plan, console)
     if plan.alternatives:
         alts = Table(title="Alternatives")
         for col in ("precision", "AC", "mbs", "sharding", "cp", "tokens/s/GPU", "peak GiB", "why not"):
@@ -178,6 +179,19 @@ def _weights_table(plan: Plan, console: Console) -> None:
     ):
         table.add_row(key, value)
     console.print(table)
+
+
+def _local_storage_line(plan: Plan, console: Console) -> None:
+    """What each pod declares of its node's disk (ephemeral-storage request and limit) and the cache cap."""
+    storage = plan.local_storage
+    if storage is None:
+        return
+    source = "spec.cluster.localStorageGiB" if storage.from_spec else "estimate"
+    console.print(
+        f"Node-local disk per pod: {storage.limit_bytes // GIB:,} GiB ephemeral-storage ({source}); "
+        f"/local sizeLimit {storage.volume_bytes // GIB:,} GiB, S3 cache at most "
+        f"{storage.cache_max_bytes / GIB:,.1f} GiB"
+    )
 
 
 @app.command()

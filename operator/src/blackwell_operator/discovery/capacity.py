@@ -19,6 +19,9 @@ _HINTS = {
     "vpc.amazonaws.com/efa": "is the EFA device plugin running there?",
     "hugepages-2Mi": "the nodes need 2 MiB hugepages configured (HyperPod's default lifecycle sets them)",
     "memory": "the kubelet reserves more of the node's memory than the pod asks to keep",
+    "ephemeral-storage": "the kubelet's disk is smaller than the pod's node-local needs "
+    "(status.plan.localStorage); is the kubelet's folder on the instance's NVMe? Else set "
+    "spec.cluster.localStorageGiB lower",
 }
 
 

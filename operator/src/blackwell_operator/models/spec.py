@@ -50,6 +50,8 @@ DEFAULT_INSTANCE_TYPE = "ml.p6-b200.48xlarge"
 # The trainer image of this release: its tag is the package version.
 MAX_GLOBAL_BATCH_TOKENS = 2**40
 DEFAULT_SEQUENCE_LENGTH = 4096
+# 1 PiB: far above any node's disk (the planner refuses more than the instance's NVMe holds).
+MAX_LOCAL_STORAGE_GIB = 1 << 20
 DEFAULT_IMAGE = f"ghcr.io/blackwell-dev/blackwell-trainer:{__version__}"
 
 
@@ -204,6 +206,16 @@ class ClusterSpec(WireModel):
     nodes: int = Field(default=1, ge=1, le=1024, description="Number of nodes.")
     gpus_per_node: int | None = Field(
         default=None, ge=1, le=8, description="GPUs used per node; defaults to all GPUs of the instance."
+    )
+    local_storage_gib: int | None = Field(
+        default=None,
+        alias="localStorageGiB",
+        ge=1,
+        le=MAX_LOCAL_STORAGE_GIB,
+        description="Node-local disk each trainer pod may use, in GiB: its ephemeral-storage request and "
+        "limit (/local with the S3 cache, export staging and single-node checkpoints, and the container's "
+        "own files). Unset: the plan's estimate (status.plan.localStorage). The S3 cache gets what the rest "
+        "leaves; a pod that writes more is evicted alone, not its neighbours (docs/security.md).",
     )
     topology: TopologySpec | None = Field(
         default=None,

@@ -22,6 +22,7 @@ from blackwell_operator.planner.elastic import plan_elastic
 from blackwell_operator.planner.explain import describe, explain, loss_reason
 from blackwell_operator.planner.inputs import hardware_for, problem_for
 from blackwell_operator.planner.layout import Hardware, Layout, Setting
+from blackwell_operator.planner.local_disk import describe_local_storage, plan_local_storage
 from blackwell_operator.planner.memory import MemoryEstimate
 from blackwell_operator.planner.probe import describe_probe, probe_plan
 from blackwell_operator.planner.provenance import left_out_of_auto, plan_provenance, verdict
@@ -215,7 +216,15 @@ def _plan_fixed(
         None if weights is None else plan_weights(weights.uri, arch, hw, chosen.shard_degree, facts)
     )
     output = spec.training.output
-    notes = _weights_notes(weights_plan, read_architecture)
+    local_storage = plan_local_storage(
+        spec,
+        hw,
+        arch=arch,
+        parameter_count=problem.shapes.total_params,
+        weights=weights_plan,
+        facts=facts,
+    )
+    notes = [*_weights_notes(weights_plan, read_architecture), describe_local_storage(local_storage)]
     from_cluster = cluster(best.setting.recipe, best.setting.activation_checkpointing) if cluster else None
     if from_cluster is not None:
         notes.append(describe_cluster_correction(from_cluster))
@@ -277,6 +286,7 @@ def _plan_fixed(
         output=None if output is None else OutputConfig(uri=output.uri),
         optimizer=spec.training.optimizer.model_copy(deep=True),
         probe=probe,
+        local_storage=local_storage,
     )
 
 

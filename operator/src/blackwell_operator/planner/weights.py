@@ -36,6 +36,7 @@ from blackwell_operator.units import GB
 from blackwell_trainer.config import (
     DEFAULT_EXPORT_DTYPE,
     EXPORT_DTYPE_BYTES,
+    NODE_DISK_KEEP_FREE_FRACTION,
     Architecture,
     WeightsConfig,
     WeightsLoad,
@@ -48,8 +49,8 @@ S3_BYTES_PER_SECOND_PER_NODE = 10 * 5e9 / 8
 VOLUME_BYTES_PER_SECOND = 1.2 * 250e6
 # A bf16 checkpoint (what Llama 3.x, Qwen2.5 and Mistral ship) holds two bytes per parameter.
 ESTIMATED_BYTES_PER_PARAMETER = 2
-# The trainer's S3 shard cache keeps this share of the node's NVMe free (data.DEFAULT_CACHE_KEEP_FREE).
-CACHE_KEEP_FREE_FRACTION = 0.10
+# The trainer's S3 cache keeps this share of the node's NVMe free (above the kubelet's eviction thresholds).
+CACHE_KEEP_FREE_FRACTION = NODE_DISK_KEEP_FREE_FRACTION
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,8 @@ def check_load(load: WeightsLoad, hw: Hardware) -> None:
         raise PlanningError(
             WEIGHTS_FIELD,
             f"{size} do not fit the S3 cache on one {hw.instance.instance_type} node's NVMe "
-            f"({load.node_disk_limit_bytes / GB:,.1f} GB: 90% of {hw.instance.local_nvme_bytes / GB:,.0f})",
+            f"({load.node_disk_limit_bytes / GB:,.1f} GB: {100 * (1 - CACHE_KEEP_FREE_FRACTION):.0f}% of "
+            f"{hw.instance.local_nvme_bytes / GB:,.0f})",
             "put the checkpoint on a shared volume (spec.volumes, e.g. FSx for Lustre) instead of S3",
         )
     if load.host_memory_bytes > load.host_memory_limit_bytes:

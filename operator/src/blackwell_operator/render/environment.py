@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from blackwell_operator.models.spec import OPERATOR_VOLUMES, EnvVar
+from blackwell_trainer.config import CACHE_MAX_BYTES_ENV, Plan
 
 PLAN_DIR = OPERATOR_VOLUMES["plan"]
 PLAN_FILE = "plan.json"
@@ -50,9 +51,17 @@ DEFAULT_ENV: dict[str, str] = {
 }
 
 
-def container_env(overrides: Iterable[EnvVar]) -> list[dict[str, str]]:
-    """Defaults overlaid by the user's variables (the user wins; the last duplicate wins), sorted by name."""
-    merged = dict(DEFAULT_ENV)
+def plan_env(plan: Plan) -> dict[str, str]:
+    """What the plan sets: the S3 cache's cap, its share of the pod's declared node-local disk (issue 24)."""
+    if plan.local_storage is None:
+        return {}
+    return {CACHE_MAX_BYTES_ENV: str(plan.local_storage.cache_max_bytes)}
+
+
+def container_env(overrides: Iterable[EnvVar], planned: dict[str, str] | None = None) -> list[dict[str, str]]:
+    """Defaults, then the plan's values, overlaid by the user's variables (the user wins; the last duplicate
+    wins), sorted by name. A user's BTJ_CACHE_MAX_BYTES above the plan's only risks the pod's own eviction."""
+    merged = {**DEFAULT_ENV, **(planned or {})}
     for variable in overrides:
         merged[variable.name] = variable.value
     return [{"name": name, "value": merged[name]} for name in sorted(merged)]

@@ -19,9 +19,10 @@ from blackwell_operator.nodelabels import (
     NODE_HEALTH_LABEL,
     SCHEDULABLE,
 )
-from blackwell_operator.render.environment import LOCAL_DIR, PLAN_DIR, container_env
+from blackwell_operator.render.environment import LOCAL_DIR, PLAN_DIR, container_env, plan_env
 from blackwell_operator.render.hardware import HUGEPAGES_2MI, efa_interfaces, memory_request
 from blackwell_operator.render.labels import JOB_NAME_LABEL, PLAN_HASH_ANNOTATION, topology_annotations
+from blackwell_operator.units import GIB
 from blackwell_trainer.config import Plan
 
 CONTAINER_NAME = "pytorch"  # the Kubeflow webhook requires exactly one container with this name
@@ -31,6 +32,7 @@ TRAINER_CONTAINER_NAMES = frozenset({CONTAINER_NAME, TRAINJOB_CONTAINER_NAME})
 METRICS_PORT_NAME = "metrics"
 GPU_RESOURCE = "nvidia.com/gpu"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
+EPHEMERAL_STORAGE = "ephemeral-storage"
 
 # The trainer image's user (trainer_image/Dockerfile `USER`); the pods run as it whatever the image says, so a
 # custom image runs as non-root too. Numeric, so the kubelet can check runAsNonRoot (docs/security.md).
@@ -80,15 +82,28 @@ def affinity(name: str) -> dict[str, Any]:
 
 
 def resources(spec: BlackwellTrainingJobSpec, plan: Plan) -> dict[str, Any]:
-    """Requests equal limits: whole GPUs, every EFA device of the node, hugepages and host memory."""
+    """Requests equal limits: whole GPUs, every EFA device of the node, hugepages, host memory and the
+    node-local disk the plan expects the pod to write (/local and the container's own files).
+
+    The ephemeral-storage request makes the scheduler count the disk against the node's allocatable; the
+    limit makes the kubelet evict this pod, alone, when it writes more, before the node reaches its own
+    eviction thresholds and evicts other namespaces' pods (issue 24, docs/security.md).
+    """
     instance = spec.cluster.instance_type.value
-    amounts = {
+    amounts: dict[str, Any] = {
         GPU_RESOURCE: plan.gpus_per_node,
         EFA_RESOURCE: efa_interfaces(instance),
         "hugepages-2Mi": HUGEPAGES_2MI,
         "memory": memory_request(instance, plan.gpus_per_node),
     }
+    if plan.local_storage is not None:  # every plan the planner makes has it; older stored ones may not
+        amounts[EPHEMERAL_STORAGE] = gib_quantity(plan.local_storage.limit_bytes)
     return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def gib_quantity(size: int) -> str:
+    """A byte count as a Kubernetes quantity: whole GiB where it is one (the planner rounds to them)."""
+    return f"{size >> 30}Gi" if size % GIB == 0 else str(size)
 
 
 def container(
@@ -104,7 +119,7 @@ def container(
         "name": name,
         "image": spec.image or DEFAULT_IMAGE,
         "command": command,
-        "env": container_env(spec.env),
+        "env": container_env(spec.env, plan_env(plan)),
         "ports": ports,
         "resources": resources(spec, plan),
         # Why a worker failed, in the pod's status (`kubectl get pod -o yaml`, lastState.terminated): the
@@ -171,7 +186,7 @@ def claim_volume(volume: Volume) -> dict[str, Any]:
     return {"name": volume.name, "persistentVolumeClaim": source}
 
 
-def volumes(name: str, spec: BlackwellTrainingJobSpec) -> list[dict[str, Any]]:
+def volumes(name: str, spec: BlackwellTrainingJobSpec, plan: Plan) -> list[dict[str, Any]]:
     """The plan ConfigMap, the pod's own /dev/shm and node-local scratch, then spec.volumes.
 
     No hostPath (docs/security.md): the node's /dev/shm and NVMe were shared by every pod on the node, so one
@@ -180,11 +195,16 @@ def volumes(name: str, spec: BlackwellTrainingJobSpec) -> list[dict[str, Any]]:
     tmpfs (its pages count against the pod's memory limit, which also bounds its size), /local on the
     kubelet's disk, which on HyperPod and EKS nodes with instance store is the NVMe RAID. They survive a
     container restart in the pod (PyTorchJob's OnFailure, hyperpodrun's process restarts), not a new pod.
+    /local's sizeLimit is the plan's share of the pod's ephemeral storage for it: past it the kubelet evicts
+    the pod (the container's limit bounds /local and the container's own files together).
     """
+    local: dict[str, Any] = {}
+    if plan.local_storage is not None:
+        local["sizeLimit"] = gib_quantity(plan.local_storage.volume_bytes)
     return [
         {"name": "plan", "configMap": {"name": plan_config_map_name(name), "defaultMode": 0o444}},
         {"name": "shm", "emptyDir": {"medium": "Memory"}},
-        {"name": "local", "emptyDir": {}},
+        {"name": "local", "emptyDir": local},
         *(claim_volume(volume) for volume in spec.volumes),
     ]
 
@@ -209,7 +229,7 @@ def pod_template(
         },
         "affinity": affinity(name),
         "containers": [container(spec, plan, command, extra_ports or [], container_name)],
-        "volumes": volumes(name, spec),
+        "volumes": volumes(name, spec, plan),
         "securityContext": pod_security_context(),
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
     }

@@ -23,6 +23,9 @@ from blackwell_operator.units import GIB
 # What an emulated kubelet keeps back from the node's RAM (system and kube reserved, eviction threshold):
 # a round 5%, enough that the trainer pod's request (75% of the RAM) fits as it does on the real nodes.
 _RESERVED_MEMORY_FRACTION = 0.05
+# What an emulated kubelet keeps back from its disk (the instance's NVMe, as the EKS AMI's RAID setup places
+# the kubelet there): the default hard eviction threshold, nodefs.available<10%.
+_RESERVED_DISK_FRACTION = 0.10
 
 
 def allocatable(instance_type: str) -> dict[str, str]:
@@ -33,6 +36,7 @@ def allocatable(instance_type: str) -> dict[str, str]:
         EFA_RESOURCE: str(instance.efa_devices),
         "hugepages-2Mi": HUGEPAGES_2MI,
         "memory": f"{int(instance.host_memory_bytes / GIB * (1 - _RESERVED_MEMORY_FRACTION))}Gi",
+        "ephemeral-storage": f"{int(instance.local_nvme_bytes / GIB * (1 - _RESERVED_DISK_FRACTION))}Gi",
         "pods": "110",
     }
 
