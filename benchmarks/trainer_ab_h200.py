@@ -13,8 +13,8 @@ CPU plumbing test (tiny shape, gloo): ``python benchmarks/trainer_ab_h200.py --g
 What it measures (Llama-3.2-3B shape, untied embeddings: 3.61B parameters; sequence 4096; no AC;
 torch.compile per block), in priority order until ``--budget-s`` is spent (what does not fit is recorded
 as skipped):
-- the single-device path (tuning.py ``single_device=auto``, opt-in until this measures it) against FSDP2 on
-  one rank (``single_device=fsdp``, the default), BF16 and FP8 tensorwise (torchao), batch 2 and 4;
+- the single-device path (tuning.py ``single_device=auto``, the default since this measured it on 2026-12-02)
+  against FSDP2 on one rank (``single_device=fsdp``), BF16 and FP8 tensorwise (torchao), batch 2 and 4;
   the single-device path with Q/K/V and gate/up fused (``fuse_projections``, BF16), and with each block's
   bf16 weight copies freed after its forward and cast again in backward (``recast_blocks``);
 - inside each single-device process, step-level switches timed in interleaved windows of the same process

@@ -4,6 +4,7 @@ that load either way, and the step-level switches of tuning.py."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from tests.trainer.conftest import tiny_plan
 
 CPU = torch.device("cpu")
 ONE = Runtime(rank=0, local_rank=0, world_size=1, local_world_size=1, device=CPU)
-SINGLE, FSDP = Tuning(single_device="auto"), Tuning()
+SINGLE, FSDP = Tuning(), Tuning(single_device="fsdp")
 pytestmark = pytest.mark.filterwarnings("ignore:.*torch.distributed.*:UserWarning")
 
 
@@ -54,8 +55,8 @@ def _train(trainer: Trainer, batches: list[list[tuple[torch.Tensor, torch.Tensor
     return [trainer.step(b).loss for b in batches]
 
 
-def test_one_rank_takes_the_single_device_path_when_told_auto_and_fsdp2_by_default(one_rank: None) -> None:
-    assert Tuning().single_device == "fsdp"  # until the path has run on a GPU (docs/trainer.md)
+def test_one_rank_takes_the_single_device_path_by_default_and_fsdp2_when_told(one_rank: None) -> None:
+    assert Tuning().single_device == "auto"  # since it ran on one H200 (docs/trainer.md)
     single = Trainer(_plan(), ONE, tuning=SINGLE)
     assert single.single_device
     assert not any(hasattr(p, "to_local") for p in single.model.parameters())
@@ -96,11 +97,12 @@ def test_single_device_bf16_compute_matches_fsdp2_bf16_mixed_precision(one_rank:
     assert max(abs(a - b) for a, b in zip(ours, fp32, strict=True)) > 1e-4
 
 
-def test_clipping_inside_the_fused_step_equals_clipping_before_it(one_rank: None) -> None:
+@pytest.mark.parametrize("path", [SINGLE, FSDP], ids=["single-device", "fsdp2"])
+def test_clipping_inside_the_fused_step_equals_clipping_before_it(one_rank: None, path: Tuning) -> None:
     plan, steps = _plan(), _batches(2, 6)
     plan.optimizer.grad_clip_norm = 0.05  # far below the tiny model's gradient norm: clipping acts
     runs = []
-    for tuning in (SINGLE, Tuning(clip_in_optimizer=True)):
+    for tuning in (path, replace(path, clip_in_optimizer=True)):
         trainer = Trainer(plan, ONE, tuning=tuning)
         trainer.optimizer = build_optimizer(trainer.model, plan, CPU, fused=True)
         runs.append((_train(trainer, steps), trainer))
@@ -112,7 +114,7 @@ def test_clipping_inside_the_fused_step_equals_clipping_before_it(one_rank: None
     assert getattr(trainer.optimizer, "grad_scale", None) is not None  # the folded path ran
     torch.testing.assert_close(folded, plain, rtol=1e-5, atol=1e-5)
     # Switched off again (as the A/B script does between windows): no scale is left to divide by twice.
-    trainer.tuning = SINGLE
+    trainer.tuning = path
     trainer.step(steps[0])
     assert trainer.optimizer.grad_scale is None  # type: ignore[attr-defined]
 
@@ -139,6 +141,7 @@ def test_tuning_is_read_as_key_value_pairs_and_bad_entries_name_the_key() -> Non
     assert Tuning.parse("") == Tuning()
     parsed = Tuning.parse("single-device=fsdp, clip_in_optimizer=true,parameter_check=off")
     assert parsed == Tuning(single_device="fsdp", clip_in_optimizer=True, parameter_check=False)
+    assert Tuning.parse("single_device=auto") == Tuning()
     with pytest.raises(TuningError, match="'colour=red' is not key=value with a key among"):
         Tuning.parse("colour=red")
     with pytest.raises(TuningError, match="compile_mode takes one of default, "):
@@ -152,7 +155,7 @@ def test_tuning_is_read_as_key_value_pairs_and_bad_entries_name_the_key() -> Non
 
 def test_fused_projections_give_the_losses_of_separate_ones(one_rank: None) -> None:
     plan, steps = _plan(), _batches(4, 5)
-    fused = Trainer(plan, ONE, tuning=Tuning(single_device="auto", fuse_projections=True))
+    fused = Trainer(plan, ONE, tuning=Tuning(fuse_projections=True))
     blocks = [m for m in fused.model.modules() if hasattr(m, "fuse")]
     assert len(blocks) == 2 * plan.architecture.num_layers and all(m.fuse for m in blocks)
     plain = Trainer(plan, ONE, tuning=SINGLE)
@@ -177,9 +180,7 @@ def test_recast_blocks_keep_no_bf16_weight_for_backward_and_give_the_same_losses
 
     monkeypatch.setattr(recast._Recast, "__init__", counting)
     plan, steps = _plan(), _batches(5, 4)
-    tuned = Trainer(
-        plan, ONE, tuning=Tuning(single_device="auto", recast_blocks=True), compute_dtype=torch.bfloat16
-    )
+    tuned = Trainer(plan, ONE, tuning=Tuning(recast_blocks=True), compute_dtype=torch.bfloat16)
     assert tuned.model.recast_blocks
     plain = Trainer(plan, ONE, tuning=SINGLE, compute_dtype=torch.bfloat16)
     assert not plain.model.recast_blocks  # a CPU keeps its copies unless asked (no memory rule there)
@@ -189,8 +190,8 @@ def test_recast_blocks_keep_no_bf16_weight_for_backward_and_give_the_same_losses
     assert set(matrices) <= set(packed) and len(packed) >= len(steps) * len(matrices)
     torch.testing.assert_close(ours, _train(plain, steps), rtol=1e-6, atol=1e-6)
     # Under AC the recompute would see the restored fp32 weights: the switch is not taken there.
-    recast_on = Tuning(single_device="auto", recast_blocks=True)
-    ac = Trainer(_plan(activationCheckpointing="full"), ONE, tuning=recast_on, compute_dtype=torch.bfloat16)
+    ac = Trainer(_plan(activationCheckpointing="full"), ONE, tuning=Tuning(recast_blocks=True),
+                 compute_dtype=torch.bfloat16)  # fmt: skip
     assert not ac.model.recast_blocks
 
 
