@@ -6,7 +6,8 @@ Usage (on the GPU machine, from the repository root, both packages' src folders 
     python benchmarks/probe_h200.py --out /tmp/p --plan-only     # on CPU: rankings, growth, launches
 
 Three profiles plan each scenario (one H200, ml.p5en.48xlarge with gpusPerNode 1; every scenario is
-outside the issue-6 calibration grid's model/sequence points):
+outside the issue-6 calibration grid's model/sequence points), each with one GPU planned, and run, as FSDP2
+on one rank (``ONE_GPU_TUNING``: the trainer's default when the record was made):
 
 - ``fitted``: the shipped btj-trainer calibration (fitted to the issue-6 H200 grid): the reference pick.
 - ``base``: the unfitted base calibration (docs/calibration/h200-issue6/base-btj-trainer.yaml: constants
@@ -116,10 +117,22 @@ def base_calibration(fitted: Calibration) -> tuple[Calibration, list[str]]:
     return Calibration.model_validate(raw), filled
 
 
+# The record (2026-12-01) ran FSDP2 on one rank, the trainer's default then (the single-device path is since
+# 2026-12-02): every profile plans it so and every launch asks the trainer for it, so that a run measures
+# what its plans predict and the record's plans are reproduced.
+ONE_GPU_TUNING = "single_device=fsdp"
+
+
+def as_recorded(cal: Calibration) -> Calibration:
+    """The profile with one GPU planned as FSDP2 on one rank (ONE_GPU_TUNING)."""
+    trainer = cal.trainer.model_copy(update={"single_device_path": False})
+    return cal.model_copy(update={"trainer": trainer})
+
+
 def profiles() -> tuple[dict[str, Calibration], list[str]]:
-    fitted = load_calibration("btj-trainer")
+    fitted = as_recorded(load_calibration("btj-trainer"))
     base, filled = base_calibration(fitted)
-    return {"fitted": fitted, "base": base, "skewed": skewed(fitted)}, filled
+    return {"fitted": fitted, "base": as_recorded(base), "skewed": skewed(fitted)}, filled
 
 
 def spec_for(scenario: dict[str, Any], steps: int) -> BlackwellTrainingJobSpec:
@@ -154,7 +167,7 @@ def check_skew(plans: dict[str, dict[str, Plan]]) -> list[str]:
 
 def train(plan: Plan, out: Path, name: str, timeout_s: float) -> dict[str, Any]:
     """One trainer process on `plan`: exit code, seconds, steady tokens/s, the probe's result."""
-    run = run_trainer(plan, out, name, timeout_s)
+    run = run_trainer(plan, out, name, timeout_s, tuning=ONE_GPU_TUNING)
     rates = [int(m[2]) for m in map(STEP.search, (run.stdout + run.stderr).splitlines()) if m]
     result = ProbeResult.find(run.termination_message)
     return {

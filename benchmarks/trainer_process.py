@@ -34,14 +34,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_trainer(plan: Plan, out: Path, name: str, timeout_s: float) -> TrainerRun:
-    """Run the trainer on `plan` in its own process; `name` names its files in `out`."""
+def run_trainer(plan: Plan, out: Path, name: str, timeout_s: float, tuning: str | None = None) -> TrainerRun:
+    """Run the trainer on `plan` in its own process; `name` names its files in `out`; `tuning`, where given,
+    is its BTJ_TRAINER_TUNING."""
     plan = plan.model_copy(update={"log_every_steps": 1, "metrics_port": free_port()})
     name = name.replace("/", "_")  # a configuration's key ("fp8/none/mbs8") is not a file name
     plan_path, termination = out / f"{name}.plan.json", out / f"{name}.termination"
     plan_path.write_text(plan.to_json())
     termination.write_text("")
     env = {**os.environ, "BTJ_TERMINATION_LOG": str(termination), "PYTHONUNBUFFERED": "1"}
+    if tuning is not None:
+        env["BTJ_TRAINER_TUNING"] = tuning
     started = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "blackwell_trainer", "--plan", str(plan_path)],

@@ -27,13 +27,27 @@ btj plot -o docs/calibration/btj-plot-example.png
 # on H200 (the grid, trainer_h200 and its Transformer Engine runs); the report judges the grid's records,
 # and every leave-one-out refit starts from the pre-fit base, so no held-out scenario reaches its prediction.
 btj calibrate import benchmarks/results/trainer_h200_te.json -o benchmarks/calibration/records/h200-te/trainer_h200_te.jsonl
+# The single-device path's runs (2026-12-02): trainer_ab_h200's A/B against FSDP2 on one rank, and this trainer's
+# side of titan_h200's two files.
+for f in trainer_ab_h200 titan_h200_same3b titan_h200_1b_best; do
+  btj calibrate import "benchmarks/results/$f.json" -o "benchmarks/calibration/records/h200-single/$f.jsonl"
+done
 I6_BASE=docs/calibration/h200-issue6/base-btj-trainer.yaml
 I6_NOTE="Data: benchmarks/calibration/records/h200-issue6 (thirteen calls of \`benchmarks/calibration/harness.py --grid issue6\` on nvidia-h200-x2, 2026-11-30, over four sessions; commands and consoles in benchmarks/calibration/records/h200-issue6/logs). Measured: every family of the grid: one GPU at sequences 2048, 4096 and 8192 for 1B, 3B and 8B, and two GPUs at the same sequences for 8B and the 13B class. Three ladders stop one rung short of their OOM (see Grid coverage)."
-FIT="btj calibrate fit benchmarks/calibration/records/h200-issue6 benchmarks/calibration/records/h200 benchmarks/calibration/records/h200-te --base $I6_BASE -o docs/calibration/h200-issue6/btj-trainer-h200.yaml"
+FIT="btj calibrate fit benchmarks/calibration/records/h200-issue6 benchmarks/calibration/records/h200 benchmarks/calibration/records/h200-te benchmarks/calibration/records/h200-single --base $I6_BASE -o docs/calibration/h200-issue6/btj-trainer-h200.yaml"
 $FIT
 btj calibrate report benchmarks/calibration/records/h200-issue6 \
   --calibration docs/calibration/h200-issue6/btj-trainer-h200.yaml --base "$I6_BASE" \
   -o docs/calibration/h200-issue6 --fit-command "$FIT" --note "$I6_NOTE" \
   --title "H200, this project's trainer on the issue-6 grid: calibration report"
+I6_FIT=$FIT
+# The single-device path's records against that fit. Held out: each shape's records left out of a refit of the
+# path's one constant of its own (the cast traffic), from the issue-6 fit; the fit's other constants saw them.
+SD_NOTE="Data: benchmarks/calibration/records/h200-single, imported from benchmarks/results/trainer_ab_h200.json (the single-device path and its FSDP2 twins on one rank; the profiled process and the fused and recast variants left out) and this trainer's side of benchmarks/results/titan_h200_same3b.json and titan_h200_1b_best.json (2026-12-02, one H200, Llama-3.2-3B and 1B shapes untied, sequence 4096, AC none, compile on). Records of FSDP2 on one rank are predicted as they ran (no _single in their key). The calibration is the issue-6 fit, to which these records belong; held out, \`throughput.single_device_cast_bytes_per_param\` is refitted without the scenario."
+btj calibrate report benchmarks/calibration/records/h200-single \
+  --calibration docs/calibration/h200-issue6/btj-trainer-h200.yaml --base docs/calibration/h200-issue6/btj-trainer-h200.yaml \
+  --constants throughput.single_device_cast_bytes_per_param \
+  -o docs/calibration/h200-single-device --fit-command "$I6_FIT" --note "$SD_NOTE" \
+  --title "H200, this trainer's single-device path (one GPU without FSDP2): calibration report"
 # The shipped profile is adopted from that fit by hand (a reviewed change), not here:
 #   python benchmarks/calibration/adopt.py docs/calibration/h200-issue6/btj-trainer-h200.yaml --base $I6_BASE

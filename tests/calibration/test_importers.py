@@ -91,3 +91,48 @@ def test_trainer_h200_results(tmp_path: Path) -> None:
     )
     assert oom.gpus == 2 and oom.candidate.shard_degree == 2 and oom.peak_reserved_bytes is None
     assert oom.key == "llama3.1-8b_s4096_g2_fp8-torchao-tensorwise_ac-full_shard-full_mbs8"
+
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+
+
+def test_trainer_ab_h200_keeps_each_paths_default_run_and_says_which_path_ran() -> None:
+    from blackwell_operator.calibrate.importers import from_result_file
+
+    records = from_result_file(RESULTS / "trainer_ab_h200.json")
+    # 15 processes ran: the profiled one, 3 recast and 2 fused variants are left out (switches the
+    # planner does not model; the profiler's allocator history is not a speed figure).
+    assert len(records) == 9
+    single = [r for r in records if r.single_device_path]
+    assert len(single) == 5 and {r.model_name for r in records} == {
+        "llama3.2-3b-untied",
+        "llama3.2-1b-untied",
+    }
+    prefix = "llama3.2-3b-untied_s4096_g1_bf16_ac-none_shard-full_mbs2"
+    bf16_b2 = {r.single_device_path: r for r in records if r.key.startswith(prefix)}
+    assert (
+        bf16_b2[True].tokens_per_second_per_gpu == 22807.5
+        and bf16_b2[False].tokens_per_second_per_gpu == 21786.1
+    )
+    assert bf16_b2[True].key.endswith("_single") and not bf16_b2[False].key.endswith("_single")
+    assert bf16_b2[True].architecture.parameter_count() == 3_606_752_256
+    assert not bf16_b2[True].architecture.tie_word_embeddings
+    assert bf16_b2[True].alloc_retries == 0 and bf16_b2[True].gpu_name == "NVIDIA H200"
+
+
+def test_titan_h200_takes_this_trainers_side_on_the_path_its_meta_names(tmp_path: Path) -> None:
+    from blackwell_operator.calibrate.importers import from_result_file
+
+    records = from_result_file(RESULTS / "titan_h200_1b_best.json")
+    assert len(records) == 4 and all(r.single_device_path for r in records)
+    assert all(r.source == "titan_h200" for r in records)
+    by_key = {r.key: r for r in records}
+    fp8 = by_key["llama3.2-1b-untied_s4096_g1_fp8-torchao-tensorwise_ac-none_shard-full_mbs4_single"]
+    assert fp8.architecture.parameter_count() == 1_498_482_688
+    assert round(fp8.tokens_per_second_per_gpu or 0) == 69677  # torchtitan's own figure is not taken
+    # A file whose meta does not name the path ran this trainer's default before 2026-12-02: FSDP2.
+    data = json.loads((RESULTS / "titan_h200_1b_best.json").read_text())
+    del data["meta"]["ours_tuning"]
+    path = tmp_path / "titan_h200.json"
+    path.write_text(json.dumps(data))
+    assert not any(r.single_device_path for r in from_result_file(path))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from blackwell_operator.calibration import Calibration
 from blackwell_operator.catalogs import get_gpu, get_instance, get_preset
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner.layout import Hardware, Layout, Setting
@@ -81,3 +82,10 @@ def with_remedy(spec: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]
         else:
             node[leaf] = value
     return out
+
+
+def fsdp_on_one_gpu(cal: Calibration) -> Calibration:
+    """The profile with one GPU planned as FSDP2 on one rank (BTJ_TRAINER_TUNING=single_device=fsdp, the
+    trainer's default before 2026-12-02), for tests of what FSDP2 does on one GPU."""
+    trainer = cal.trainer.model_copy(update={"single_device_path": False})
+    return cal.model_copy(update={"trainer": trainer})

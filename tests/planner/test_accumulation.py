@@ -15,7 +15,7 @@ from blackwell_operator.models.spec import MAX_GLOBAL_BATCH_TOKENS, BlackwellTra
 from blackwell_operator.planner import plan_job
 from blackwell_operator.planner.candidates import Pins, families
 from blackwell_operator.planner.search import SIZES_PER_FAMILY, Problem, sizes_to_time
-from tests.planner.conftest import hardware, shapes
+from tests.planner.conftest import fsdp_on_one_gpu, hardware, shapes
 
 BTJ = load_calibration("btj-trainer")
 
@@ -111,9 +111,12 @@ def test_a_micro_batch_that_ends_accumulation_is_found_past_one_that_does_not_fi
             }
         )
 
+    # With FSDP2 on one rank: the gradients' stream pool is what puts 1 x 2 over the budget (the
+    # single-device path frees it, and then 1 x 2 fits too).
+    fsdp = fsdp_on_one_gpu(BTJ)
     with pytest.raises(ValueError, match="microBatchSize"):
-        plan_job(spec(1))  # the accumulating size alone: over the budget
-    pinned = plan_job(spec(2))
-    found = plan_job(spec("auto"))
+        plan_job(spec(1), calibration=fsdp)  # the accumulating size alone: over the budget
+    pinned = plan_job(spec(2), calibration=fsdp)
+    found = plan_job(spec("auto"), calibration=fsdp)
     assert (found.chosen.micro_batch_size, found.chosen.gradient_accumulation_steps) == (2, 1)
     assert found.chosen == pinned.chosen

@@ -14,7 +14,7 @@ from blackwell_operator.planner.memory import (
 from blackwell_operator.units import GIB
 from blackwell_trainer.config import ActivationCheckpointing as AC
 from blackwell_trainer.config import PrecisionRecipe
-from tests.planner.conftest import hardware, layout, setting, shapes
+from tests.planner.conftest import fsdp_on_one_gpu, hardware, layout, setting, shapes
 
 BTJ = load_calibration("btj-trainer")
 REF = load_calibration("h200-reference")
@@ -214,7 +214,9 @@ def test_collective_stream_pools_are_reserved_only_when_parameters_are_sharded()
     st = setting(mbs=1)
     one = hardware("ml.p5en.48xlarge", gpus_per_node=1)
     two = hardware("ml.p5en.48xlarge", gpus_per_node=2)
-    alone = estimate_memory(sh, BTJ, st, layout(st, one), 4096)
+    # FSDP2 on one GPU: its gradients' stream pool without the collectives' (the single-device path has
+    # neither: tests/planner/test_single_device_model.py).
+    alone = estimate_memory(sh, fsdp_on_one_gpu(BTJ), st, layout(st, one), 4096)
     sharded = estimate_memory(sh, BTJ, st, layout(st, two), 4096)
     comm = BTJ.memory.fragmentation_comm_bytes
     assert comm > 0

@@ -9,7 +9,7 @@ from blackwell_operator.calibration import load_calibration
 from blackwell_operator.catalogs import get_gpu
 from blackwell_operator.planner.throughput import estimate_time, linear_time
 from blackwell_trainer.config import PrecisionRecipe
-from tests.planner.conftest import hardware, layout, setting, shapes
+from tests.planner.conftest import fsdp_on_one_gpu, hardware, layout, setting, shapes
 
 BTJ = load_calibration("btj-trainer")
 REF = load_calibration("h200-reference")
@@ -220,13 +220,14 @@ def test_overlapped_collectives_still_cost_their_interference_share() -> None:
 
 
 def test_weights_resharded_after_forward_pay_the_regather_copies() -> None:
-    # On one H200 the trainer keeps 1B's bf16 weights (no second gather) but reshards 8B's, whose backward
+    # FSDP2 on one H200 keeps 1B's bf16 weights (no second gather) but reshards 8B's, whose backward
     # casts and splits every weight again: only 8B pays fsdp_regather_bytes_per_param.
     one = hardware("ml.p5en.48xlarge", gpus_per_node=1)
     st = setting(mbs=1)
     bw = H200.hbm_bandwidth * BTJ.throughput.memory_bandwidth_efficiency
-    without = with_constants(BTJ, {"throughput.fsdp_regather_bytes_per_param": 0.0})
-    with_ = with_constants(BTJ, {"throughput.fsdp_regather_bytes_per_param": 10.0})
+    fsdp = fsdp_on_one_gpu(BTJ)
+    without = with_constants(fsdp, {"throughput.fsdp_regather_bytes_per_param": 0.0})
+    with_ = with_constants(fsdp, {"throughput.fsdp_regather_bytes_per_param": 10.0})
     for preset, pays in (("llama3.2-1b", False), ("llama3.1-8b", True)):
         sh = shapes(preset)
         t0 = estimate_time(sh, without, one, st, layout(st, one), 4096)

@@ -2,7 +2,10 @@
 
 - the plain-PyTorch reference grid (tests/planner/data/h200_reference_grid.yaml, from
   docs/reference/h200-measurements.md) -> trainer ``h200-reference``;
-- ``benchmarks/trainer_h200.py`` output (``trainer_h200*.json``) -> trainer ``btj-trainer``.
+- ``benchmarks/trainer_h200.py`` output (``trainer_h200*.json``) -> trainer ``btj-trainer``;
+- ``benchmarks/trainer_ab_h200.py`` output (``trainer_ab_h200.json``): the single-device path and its FSDP2
+  twins on one rank, each record saying which it ran;
+- ``benchmarks/titan_h200.py`` output (``titan_h200*.json``): this trainer's side of each row.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from blackwell_operator.models.spec import ModelSpec
 from blackwell_operator.units import GIB
 from blackwell_trainer.config import (
     ActivationCheckpointing,
+    Architecture,
     Candidate,
     Precision,
     PrecisionRecipe,
@@ -32,6 +36,12 @@ REFERENCE_TORCH = "2.11.0+cu130"
 # trainer_h200.py's short model names and the presets they hard-code.
 TRAINER_LOSS_CHUNK = 8192  # btj-trainer calibration: trainer.loss_chunk_tokens
 TRAINER_H200_PRESETS = {"1b": "llama3.2-1b", "3b": "llama3.2-3b", "8b": "llama3.1-8b"}
+# The untied shapes trainer_ab_h200.py and titan_h200.py run (torchtitan's llama3 ties nothing): the preset
+# with its own output projection (benchmarks/trainer_h200.py SHAPES; tests hold the counts equal).
+UNTIED_PRESETS = {"1b-untied": "llama3.2-1b", "3b-untied": "llama3.2-3b"}
+# trainer_ab_h200.py's tunings of the two paths as the trainer runs them by default; its variants (fused
+# projections, recast blocks, another loss chunk or compile mode) are switches the planner does not model.
+AB_PATHS = {"single_device=auto": True, "single_device=fsdp": False}
 # The reference's second table: Llama-3.1-8B on two H200s, eager BF16 (its compiled columns ran another
 # trainer).
 REFERENCE_TWO_GPU_EAGER: list[dict[str, Any]] = [{"mbs": 2, "ac": "none", "tokens_per_second": 9413}]
@@ -161,3 +171,155 @@ def from_trainer_h200(path: str | Path) -> list[CalibrationRecord]:
             )
         )
     return out
+
+
+def _untied(short: str) -> tuple[str, Architecture]:
+    preset = UNTIED_PRESETS[short]
+    _, arch = resolve_model(ModelSpec(preset=preset))
+    return f"{preset}-untied", arch.model_copy(update={"tie_word_embeddings": False})
+
+
+def _one_gpu_record(
+    *,
+    source: str,
+    cfg: dict[str, Any],
+    run: dict[str, Any],
+    tokens_per_second: float | None,
+    single_device: bool,
+    meta: dict[str, Any],
+    versions: Versions,
+) -> CalibrationRecord:
+    """One run of this trainer on one H200 at the config's micro-batch (no accumulation)."""
+    name, arch = _untied(str(cfg["model"]))
+    times = [float(t) for t in run.get("step_seconds") or []]
+    losses = [float(v) for v in run.get("losses") or []]
+    retries = run.get("alloc_retries")
+    return CalibrationRecord(
+        source=source,
+        trainer="btj-trainer",
+        single_device_path=single_device,
+        model_name=name,
+        architecture=arch,
+        instance_type=H200_INSTANCE,
+        gpus_per_node=1,
+        sequence_length=int(meta.get("sequence_length", 4096)),
+        candidate=Candidate(
+            precision=Precision(cfg.get("precision", "bf16")),
+            precision_recipe=PrecisionRecipe(cfg.get("recipe", "none")),
+            activation_checkpointing=ActivationCheckpointing(cfg.get("ac", "none")),
+            micro_batch_size=int(cfg["mbs"]),
+            gradient_accumulation_steps=1,
+            sharding=Sharding.FULL,
+            shard_degree=1,
+            replicate_degree=1,
+            compile=bool(cfg.get("compile", True)),
+            loss_chunk_tokens=int(cfg.get("loss_chunk", TRAINER_LOSS_CHUNK)),
+        ),
+        status=RecordStatus.OK,
+        tokens_per_second_per_gpu=tokens_per_second,
+        step_time_seconds=sorted(times)[len(times) // 2] if times else None,
+        step_times_seconds=times,
+        peak_allocated_bytes=_bytes(run.get("peak_allocated_gib")),
+        peak_reserved_bytes=_bytes(run.get("peak_reserved_gib")),
+        alloc_retries=None if retries is None else int(retries),
+        loss=losses[-1] if losses else None,
+        losses=losses,
+        gpu_name=str(meta.get("device", "")).split(",")[0],
+        date=str(meta.get("date_utc", "")),
+        versions=versions,
+        command=str(meta.get("command", "")),
+        detail=str(run.get("detail", ""))[:500],
+    )
+
+
+def _usable_one_gpu_run(cfg: dict[str, Any], status: str) -> bool:
+    """A completed training run of an untied shape with the trainer's own loss chunk and attention."""
+    return (
+        status == RecordStatus.OK
+        and cfg.get("kind", "train") == "train"
+        and cfg.get("model") in UNTIED_PRESETS
+        and int(cfg.get("gpus", 1)) == 1
+        and cfg.get("sdpa", "default") == "default"
+        and int(cfg.get("loss_chunk", TRAINER_LOSS_CHUNK)) == TRAINER_LOSS_CHUNK
+        and not cfg.get("profile", False)  # the profiler's own overhead is in its step times
+        and not cfg.get("docmask", 0)
+    )
+
+
+def from_trainer_ab_h200(path: str | Path) -> list[CalibrationRecord]:
+    """Records of a ``benchmarks/trainer_ab_h200.py`` result: each path's run with the default switches."""
+    data: dict[str, Any] = json.loads(Path(path).read_text())
+    meta: dict[str, Any] = data.get("meta", {})
+    versions = Versions(
+        torch=meta.get("torch"), cuda=meta.get("cuda"), torchao=meta.get("torchao"), triton=meta.get("triton")
+    )
+    out = []
+    for rec in data.get("records", []):
+        cfg: dict[str, Any] = rec.get("config") or {}
+        tuning = str(rec.get("tuning", ""))
+        if tuning not in AB_PATHS or not _usable_one_gpu_run(cfg, str(rec.get("status"))):
+            continue
+        if str(rec.get("name", "")).endswith("-profiled"):
+            continue  # it records the allocator history as it runs: not a speed figure (the script says so)
+        # The record says which path the process took (a TE backend or CP would have kept FSDP2).
+        single = bool(rec.get("single_device", AB_PATHS[tuning]))
+        out.append(
+            _one_gpu_record(
+                source="trainer_ab_h200",
+                cfg=cfg,
+                run=rec,
+                tokens_per_second=rec.get("tokens_per_s"),
+                single_device=single,
+                meta=meta,
+                versions=versions,
+            )
+        )
+    return out
+
+
+def from_titan_h200(path: str | Path) -> list[CalibrationRecord]:
+    """Records of this trainer's side of a ``benchmarks/titan_h200.py`` result (torchtitan's is left out).
+
+    Which path this trainer ran: the run's own ``single_device`` where it carries one, else the file's
+    ``meta.ours_tuning`` (the 2026-12-02 files ran with ``BTJ_TRAINER_TUNING=single_device=auto`` exported,
+    recorded there by hand); neither is FSDP2 on one rank, the default before 2026-12-02.
+    """
+    data: dict[str, Any] = json.loads(Path(path).read_text())
+    meta: dict[str, Any] = data.get("meta", {})
+    found: dict[str, Any] = meta.get("versions") or {}
+    versions = Versions(
+        python=meta.get("python"),
+        torch=found.get("torch"),
+        torchao=found.get("torchao"),
+        triton=found.get("triton"),
+    )
+    tuned = "single_device=auto" in str(meta.get("ours_tuning", ""))
+    out = []
+    for row in data.get("rows", []):
+        ours: dict[str, Any] = row.get("ours") or {}
+        cfg: dict[str, Any] = ours.get("config") or {}
+        if not _usable_one_gpu_run(cfg, str(ours.get("status"))):
+            continue
+        out.append(
+            _one_gpu_record(
+                source="titan_h200",
+                cfg=cfg,
+                run=ours,
+                tokens_per_second=ours.get("tokens_per_s_per_gpu"),
+                single_device=bool(ours.get("single_device", tuned)),
+                meta=meta,
+                versions=versions,
+            )
+        )
+    return out
+
+
+def from_result_file(path: str | Path) -> list[CalibrationRecord]:
+    """Records of any of the trainer's result files above, told apart by their shape."""
+    data: Any = json.loads(Path(path).read_text())
+    if isinstance(data, dict) and "rows" in data:
+        return from_titan_h200(path)
+    records = data.get("records", []) if isinstance(data, dict) else []
+    if any(isinstance(r, dict) and "tuning" in r for r in records):
+        return from_trainer_ab_h200(path)
+    return from_trainer_h200(path)

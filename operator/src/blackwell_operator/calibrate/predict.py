@@ -124,11 +124,12 @@ class Comparison:
 
 
 def as_ran(record: CalibrationRecord, cal: Calibration) -> Calibration:
-    """The calibration as the trainer was when it made the record: a record of FSDP2 on one rank (before the
-    single-device path) is predicted with that path off."""
-    if record.single_device_path or not cal.trainer.single_device_path:
+    """The calibration as the trainer was when it made the record, whatever the profile plans with: a record
+    of FSDP2 on one rank (every record before 2026-12-02, and `single_device=fsdp` since) is predicted with
+    the single-device path off, a record of the path with it on."""
+    if record.single_device_path == cal.trainer.single_device_path:
         return cal
-    trainer = cal.trainer.model_copy(update={"single_device_path": False})
+    trainer = cal.trainer.model_copy(update={"single_device_path": record.single_device_path})
     return cal.model_copy(update={"trainer": trainer})
 
 

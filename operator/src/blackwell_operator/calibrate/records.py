@@ -137,7 +137,13 @@ class CalibrationRecord(BaseModel):
     @property
     def key(self) -> str:
         """Unique name of the configuration (scenario + candidate)."""
-        return config_key(self.model_name, self.sequence_length, self.gpus, self.candidate)
+        return config_key(
+            self.model_name,
+            self.sequence_length,
+            self.gpus,
+            self.candidate,
+            single_device=self.single_device_path,
+        )
 
     def spec(self, memory_headroom: float = 0.0) -> BlackwellTrainingJobSpec:
         """The BTJ spec this configuration answers (architecture given explicitly).
@@ -155,8 +161,11 @@ class CalibrationRecord(BaseModel):
         )
 
 
-def config_key(model: str, sequence_length: int, gpus: int, c: Candidate) -> str:
-    """A readable unique name: model, sequence, GPUs, precision/recipe, AC, sharding, CP, micro-batch."""
+def config_key(
+    model: str, sequence_length: int, gpus: int, c: Candidate, *, single_device: bool = False
+) -> str:
+    """A readable unique name: model, sequence, GPUs, precision/recipe, AC, sharding, CP, micro-batch, and
+    `single` for the trainer's single-device path (so a run and its FSDP2 twin on one rank differ)."""
     prec = (
         c.precision.value
         if c.precision_recipe.value == "none"
@@ -170,6 +179,8 @@ def config_key(model: str, sequence_length: int, gpus: int, c: Candidate) -> str
         parts.append(f"ga{c.gradient_accumulation_steps}")
     if not c.compile:
         parts.append("eager")
+    if single_device:
+        parts.append("single")
     return "_".join(parts)
 
 

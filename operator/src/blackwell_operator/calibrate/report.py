@@ -116,7 +116,15 @@ def _planner_table(records: Sequence[CalibrationRecord], cal: Calibration) -> li
         except PlanningError as err:
             lines.append(f"| {scenario.label()} | no plan: {err.problem} | | | |")
             continue
-        key = config_key(scenario.model, scenario.sequence_length, scenario.gpus, plan.chosen)
+        c = plan.chosen
+        # The plan runs the single-device path where the profile's trainer takes it (planner.memory's rule).
+        single = (
+            cal.trainer.single_device_path
+            and scenario.gpus == 1
+            and c.context_parallel == 1
+            and c.precision_recipe not in cal.trainer.eager_recipes
+        )
+        key = config_key(scenario.model, scenario.sequence_length, scenario.gpus, c, single_device=single)
         hit = measured.get(key)
         status = "no" if hit is None else hit.status.value
         tps = _num(hit.tokens_per_second_per_gpu) if hit else ""

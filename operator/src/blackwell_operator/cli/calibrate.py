@@ -74,21 +74,27 @@ def _constants(text: str) -> list[str] | None:
 
 @calibrate_app.command("import")
 def import_records(
-    source: Annotated[Path, typer.Argument(help="Reference grid YAML or a trainer_h200*.json result file.")],
+    source: Annotated[
+        Path,
+        typer.Argument(
+            help="Reference grid YAML, or a result JSON of benchmarks/trainer_h200.py, trainer_ab_h200.py or "
+            "titan_h200.py."
+        ),
+    ],
     output: Annotated[Path, typer.Option("-o", "--output", help="JSON Lines file to write.")],
 ) -> None:
-    """Convert earlier measurements (reference grid YAML, trainer_h200 JSON) into calibration records."""
-    from blackwell_operator.calibrate.importers import from_reference_grid, from_trainer_h200
+    """Convert earlier measurements (reference grid YAML, benchmark JSON) into calibration records."""
+    from blackwell_operator.calibrate.importers import from_reference_grid, from_result_file
     from blackwell_operator.calibrate.records import write_records
 
     if not source.is_file():
         fail(f"SOURCE: {source} is not a file")
     try:
-        records = from_trainer_h200(source) if source.suffix == ".json" else from_reference_grid(source)
+        records = from_result_file(source) if source.suffix == ".json" else from_reference_grid(source)
     except yaml.YAMLError as err:
         fail(f"SOURCE: {source} is not valid YAML ({yaml_problem(err)})")
     except (KeyError, ValueError, TypeError, AttributeError, OSError) as err:  # JSON errors are ValueErrors
-        fail(f"SOURCE: {source} is neither a reference grid nor a trainer_h200 result ({err!r:.200})")
+        fail(f"SOURCE: {source} is neither a reference grid nor a trainer benchmark result ({err!r:.200})")
     write_records(output, records)
     typer.echo(f"{len(records)} records -> {output}")
 

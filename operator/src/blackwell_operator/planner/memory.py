@@ -169,9 +169,16 @@ def estimate_memory(
     # FSDP2 keeps the root (embeddings, head) unsharded through forward and backward, and gathers blocks
     # one or two ahead; backward adds one block's unsharded gradients before the reduce-scatter.
     fsdp_fwd = m.compute_param_bytes * (shapes.root_params + m.fsdp_blocks_in_flight * shapes.block_params)
+    single = single_device_path(cal, layout, setting.recipe)
     if trainer_keeps_weights(cal, psi, shard, gpu_memory_bytes):
         # Unsharded on a roomy GPU, the trainer keeps every block's bf16 copy until backward reaches it.
         fsdp_fwd = m.compute_param_bytes * psi
+        if single and setting.recipe is not PrecisionRecipe.NONE:
+            # Without FSDP2 a torchao float8 Linear quantises its fp32 weight directly: no bf16 copy of the
+            # block linears exists to keep (the only low-precision recipes on this path: TE runs FSDP2).
+            # Measured on H200 (3B untied, FP8, batch 2 and 4): 5.3 GiB less allocated than FSDP2 on one
+            # rank, 2 bytes x the 2.82e9 block-linear parameters (benchmarks/results/trainer_ab_h200.json).
+            fsdp_fwd -= m.compute_param_bytes * shapes.layers * shapes.block_linear_params
     fsdp_bwd = m.fsdp_grad_bytes * shapes.block_params
     precision = (
         m.precision_weight_bytes.get(setting.recipe, 0.0)
@@ -204,7 +211,7 @@ def estimate_memory(
     # made them (FSDP2's reduce-scatter), which the next forward's activations cannot use: on H200 reserved
     # minus allocated equalled the gradient bytes on every 1B/3B run (docs/calibration/README.md).
     # (Without FSDP2 the gradients come from the compute stream and go back to its pool.)
-    stream_grads = 0.0 if single_device_path(cal, layout, setting.recipe) else grads
+    stream_grads = 0.0 if single else grads
     reserved_backward += m.fragmentation_transient * transient + m.fragmentation_gradients * stream_grads
     reserved_optimizer = optimizer + m.fragmentation_base_bytes + m.fragmentation_optimizer * optimizer
     # The caching allocator's pool is a high-water mark: it keeps what the larger phase reserved.

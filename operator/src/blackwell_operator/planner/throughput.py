@@ -170,7 +170,7 @@ def estimate_time(
     kept = trainer_keeps_weights(cal, psi, layout.shard_degree, gpu.memory_bytes)
     copy_bytes = t.fsdp_copy_bytes_per_param + (0.0 if kept else t.fsdp_regather_bytes_per_param)
     if single_device_path(cal, layout, setting.recipe):  # no FSDP2: a cast each way, nothing gathered
-        copy_bytes = cal.trainer.single_device_cast_bytes_per_param
+        copy_bytes = t.single_device_cast_bytes_per_param
     fsdp_copies = copy_bytes * psi / bandwidth
     micro = gpu_micro + host_stall + exposed_fsdp + exposed_cp + fsdp_copies
     optimizer = t.optimizer_bytes_per_param * psi / layout.shard_degree / bandwidth
