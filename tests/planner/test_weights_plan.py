@@ -11,6 +11,7 @@ from blackwell_operator.errors import PlanningError, SpecError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner import CheckpointFacts, plan_job
 from blackwell_operator.planner.weights import (
+    CACHE_KEEP_FREE_FRACTION,
     S3_BYTES_PER_SECOND_PER_NODE,
     VOLUME_BYTES_PER_SECOND,
     largest_tensor_elements,
@@ -49,9 +50,17 @@ def random_init() -> Plan:
 def test_weights_change_only_the_weights_section(random_init: Plan) -> None:
     with_weights = plan_job(spec("s3://models/llama-3.1-8b"))
     assert with_weights.weights is not None and random_init.weights is None
-    *explanation, note = with_weights.explanation
+    (note,) = [n for n in with_weights.explanation if n.startswith("initial weights")]
     assert note.startswith("initial weights s3://models/llama-3.1-8b: 16.1 GB, estimated from the parameters")
-    assert with_weights.model_copy(update={"weights": None, "explanation": explanation}) == random_init
+    # S3 weights are downloaded to the node, so the pod's declared local disk grows with them too.
+    assert with_weights.local_storage is not None and random_init.local_storage is not None
+    assert with_weights.local_storage != random_init.local_storage
+
+    def without_weights(plan: Plan) -> Plan:
+        notes = [n for n in plan.explanation if not n.startswith(("initial weights", "node-local disk"))]
+        return plan.model_copy(update={"weights": None, "local_storage": None, "explanation": notes})
+
+    assert without_weights(with_weights) == without_weights(random_init)
 
 
 def test_s3_weights_download_whole_to_each_nodes_nvme() -> None:
@@ -64,7 +73,7 @@ def test_s3_weights_download_whole_to_each_nodes_nvme() -> None:
     assert load.load_seconds == pytest.approx(size / S3_BYTES_PER_SECOND_PER_NODE, abs=0.1)
     assert load.load_seconds == pytest.approx(2.6, abs=0.05)  # 16 GB at 6.25 GB/s
     p6 = get_instance("ml.p6-b200.48xlarge")
-    assert load.node_disk_limit_bytes == int(0.9 * p6.local_nvme_bytes)
+    assert load.node_disk_limit_bytes == int((1 - CACHE_KEEP_FREE_FRACTION) * p6.local_nvme_bytes)
     assert load.host_memory_limit_bytes == 1536 << 30  # the rendered pod's request on 8 GPUs
     # Hybrid sharding within each node: every node holds, so reads, the whole checkpoint once.
     assert (plan.chosen.sharding.value, plan.chosen.shard_degree) == ("hybrid", 8)
@@ -124,7 +133,7 @@ def test_a_checkpoint_too_large_for_the_nodes_nvme_is_refused_with_the_figures()
     with pytest.raises(PlanningError) as caught:
         plan_job(spec("s3://models/huge"), checkpoint=CheckpointFacts(size_bytes=30 * 10**12))
     assert caught.value.field == "spec.model.weights.uri"
-    assert "30,000.0 GB do not fit the S3 cache on one ml.p6-b200.48xlarge node's NVMe (27,648.0 GB" in (
+    assert "30,000.0 GB do not fit the S3 cache on one ml.p6-b200.48xlarge node's NVMe (24,576.0 GB" in (
         caught.value.message
     )
     assert "Fix: put the checkpoint on a shared volume" in caught.value.message

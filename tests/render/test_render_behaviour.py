@@ -117,7 +117,7 @@ def test_trainer_command_and_plan_mount() -> None:
     assert volumes["plan"]["configMap"]["name"] == "job-plan"
     # The pod's own tmpfs and node-local scratch, never a path of the node (docs/security.md).
     assert volumes["shm"]["emptyDir"] == {"medium": "Memory"}
-    assert volumes["local"]["emptyDir"] == {}
+    assert set(volumes["local"]["emptyDir"]) == {"sizeLimit"}  # bounded: docs/security.md, "Node disk"
     assert {"name": "metrics", "containerPort": 9400, "protocol": "TCP"} in pytorch["ports"]
 
 
