@@ -53,13 +53,15 @@ class TimedEmulator(HardenedEmulator):
 
 # --profile: the operator under cProfile in every thread (Kopf runs the sync handlers in a thread pool,
 # which a profiler of the main thread alone would miss), the stats of all threads merged into one file.
+# Each profiler counts its thread's CPU time (time.thread_time), not wall time: in wall time the threads'
+# waits on sockets, locks and queues hide what costs CPU.
 PROFILE: Path | None = None
 PROFILED = """
-import cProfile, pstats, threading
-profiles = [cProfile.Profile()]
+import cProfile, pstats, threading, time
+profiles = [cProfile.Profile(time.thread_time)]
 def _start(*_):
     sys.setprofile(None)
-    profile = cProfile.Profile()
+    profile = cProfile.Profile(time.thread_time)
     profiles.append(profile)
     profile.enable()
 threading.setprofile(_start)
