@@ -19,6 +19,7 @@ from blackwell_operator.discovery.capacity import NodeCapacityReader
 from blackwell_operator.handlers import watch_gone
 from blackwell_operator.handlers.api import KubeApi, load_api_client, resource_path
 from blackwell_operator.handlers.context import OperatorContext
+from blackwell_operator.handlers.diffbase import StatuslessDiffBaseStorage
 from blackwell_operator.handlers.elastic import elastic_forever, elastic_interval
 from blackwell_operator.handlers.measure import measure_forever, measure_interval
 from blackwell_operator.handlers.resync import resync_forever, resync_interval
@@ -43,7 +44,7 @@ def default_trainer_image() -> str:
 def configure(settings: kopf.OperatorSettings) -> None:
     """Kopf settings the operator relies on."""
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="training.blackwell.dev")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    settings.persistence.diffbase_storage = StatuslessDiffBaseStorage(
         prefix="training.blackwell.dev", key="last-handled-configuration"
     )
     settings.posting.level = 20  # INFO and above from kopf.info/warn become Events

@@ -1,0 +1,56 @@
+"""The diff base Kopf stores and compares is the same essence as Kopf's own storage builds (handlers/diffbase.py
+only skips copying the status it would delete)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import kopf
+import pytest
+
+from blackwell_operator.handlers.diffbase import StatuslessDiffBaseStorage
+
+KEY = {"prefix": "training.blackwell.dev", "key": "last-handled-configuration"}
+
+
+def _btj() -> dict[str, Any]:
+    return {
+        "apiVersion": "training.blackwell.dev/v1alpha1",
+        "kind": "BlackwellTrainingJob",
+        "metadata": {
+            "name": "a",
+            "namespace": "ns",
+            "uid": "u1",
+            "resourceVersion": "7",
+            "labels": {"team": "a"},
+            "annotations": {
+                "training.blackwell.dev/last-handled-configuration": json.dumps({"spec": {"x": 1}}),
+                "training.blackwell.dev/reconcile": "{}",
+                "kubectl.kubernetes.io/last-applied-configuration": "{}",
+                "note": "kept",
+            },
+        },
+        "spec": {"model": {"preset": "llama3.1-8b"}, "cluster": {"nodes": 2}},
+        "status": {"phase": "Running", "plan": {"alternatives": [{"a": 1}] * 50}, "observedGeneration": 1},
+    }
+
+
+@pytest.mark.parametrize(
+    "extra_fields",
+    [None, [], ["spec"], [("spec", "cluster")], ["status.phase"], [("status", "plan")], ["status"]],
+)
+def test_the_essence_is_kopfs_own(extra_fields: Any) -> None:
+    body = kopf.Body(_btj())
+    ours = StatuslessDiffBaseStorage(**KEY).build(body=body, extra_fields=extra_fields)
+    kopfs = kopf.AnnotationsDiffBaseStorage(**KEY).build(body=body, extra_fields=extra_fields)
+    assert ours == kopfs
+    assert ("status" in ours) == ("status" in kopfs)
+
+
+def test_the_essence_is_a_copy_and_the_body_is_left_alone() -> None:
+    raw = _btj()
+    before = json.dumps(raw, sort_keys=True)
+    essence: Any = StatuslessDiffBaseStorage(**KEY).build(body=kopf.Body(raw), extra_fields=["spec"])
+    essence["spec"]["cluster"]["nodes"] = 9
+    assert json.dumps(raw, sort_keys=True) == before
