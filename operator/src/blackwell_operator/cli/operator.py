@@ -38,10 +38,12 @@ def run(
     import kopf
 
     import blackwell_operator.handlers  # noqa: F401  (registers the handlers on Kopf's default registry)
+    from blackwell_operator.handlers.runtime import settle_heap
 
     _need_cluster_credentials()
     os.environ["BTJ_METRICS_BIND"] = metrics_bind
     kopf.configure(verbose=verbose)
+    settle_heap()
     # One replica (Deployment strategy Recreate): peering is not needed, and its CRDs are not installed.
     kopf.run(standalone=True, clusterwide=not namespace, namespaces=namespace or ())
 
