@@ -1,17 +1,17 @@
-"""The diff base Kopf stores and compares is the same essence as Kopf's own storage builds (handlers/diffbase.py
-only skips copying the status it would delete)."""
+"""The diff base Kopf stores and compares is the essence Kopf's own storage builds (handlers/diffbase.py only
+skips copying the status that Kopf would delete)."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 import kopf
 import pytest
 
 from blackwell_operator.handlers.diffbase import StatuslessDiffBaseStorage
 
-KEY = {"prefix": "training.blackwell.dev", "key": "last-handled-configuration"}
+PREFIX, KEY = "training.blackwell.dev", "last-handled-configuration"
 
 
 def _btj() -> dict[str, Any]:
@@ -41,9 +41,11 @@ def _btj() -> dict[str, Any]:
     [None, [], ["spec"], [("spec", "cluster")], ["status.phase"], [("status", "plan")], ["status"]],
 )
 def test_the_essence_is_kopfs_own(extra_fields: Any) -> None:
-    body = kopf.Body(_btj())
-    ours = StatuslessDiffBaseStorage(**KEY).build(body=body, extra_fields=extra_fields)
-    kopfs = kopf.AnnotationsDiffBaseStorage(**KEY).build(body=body, extra_fields=extra_fields)
+    body = kopf.Body(cast(kopf.RawBody, _btj()))
+    ours = StatuslessDiffBaseStorage(prefix=PREFIX, key=KEY).build(body=body, extra_fields=extra_fields)
+    kopfs = kopf.AnnotationsDiffBaseStorage(prefix=PREFIX, key=KEY).build(
+        body=body, extra_fields=extra_fields
+    )
     assert ours == kopfs
     assert ("status" in ours) == ("status" in kopfs)
 
@@ -51,6 +53,8 @@ def test_the_essence_is_kopfs_own(extra_fields: Any) -> None:
 def test_the_essence_is_a_copy_and_the_body_is_left_alone() -> None:
     raw = _btj()
     before = json.dumps(raw, sort_keys=True)
-    essence: Any = StatuslessDiffBaseStorage(**KEY).build(body=kopf.Body(raw), extra_fields=["spec"])
+    essence: Any = StatuslessDiffBaseStorage(prefix=PREFIX, key=KEY).build(
+        body=kopf.Body(cast(kopf.RawBody, raw)), extra_fields=["spec"]
+    )
     essence["spec"]["cluster"]["nodes"] = 9
     assert json.dumps(raw, sort_keys=True) == before

@@ -10,7 +10,7 @@ fields, so it is built from the body without it, and is the same essence.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -29,5 +29,7 @@ class StatuslessDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
     def build(self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None) -> Any:
         fields = list(extra_fields or ())
         if "status" in body and not any(_under_status(field) for field in fields):
-            body = kopf.Body({key: value for key, value in body.items() if key != "status"})
+            body = kopf.Body(
+                cast(kopf.RawBody, {key: value for key, value in body.items() if key != "status"})
+            )
         return super().build(body=body, extra_fields=fields)
