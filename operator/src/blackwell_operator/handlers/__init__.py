@@ -17,7 +17,7 @@ from blackwell_operator.handlers.reconcile import Reconciler
 from blackwell_operator.handlers.resync import resync_interval
 from blackwell_operator.handlers.stuck import stuck_pod_timeout
 from blackwell_operator.lifecycle.convergence import wants_child_back
-from blackwell_operator.lifecycle.status_read import read_status
+from blackwell_operator.lifecycle.status_read import read_keys
 from blackwell_operator.models.spec import API_GROUP, API_VERSION, PLURAL
 from blackwell_operator.models.status import Phase
 from blackwell_operator.render.kinds import JOB_KINDS
@@ -50,7 +50,7 @@ async def track_btj(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any
     """on.event for BTJs: keeps btj_operator_jobs{phase} and the resync loop's view current (async: no
     thread hop for a dict update)."""
     uid = body.get("metadata", {}).get("uid", "")
-    stored = read_status(body.get("status")).status
+    stored = read_keys(body.get("status"), "phase")  # on every BTJ event: not the whole status
     phase = None if type == "DELETED" else (stored.phase or Phase.PENDING).value
     _ctx(memo).metrics.observe_job(uid, phase)
     if type == "DELETED":

@@ -10,17 +10,24 @@ from blackwell_operator.lifecycle.child_record import deleted_child_uid, is_fini
 from blackwell_operator.lifecycle.conditions import find_condition
 from blackwell_operator.lifecycle.outcome import NO_JOB_API
 from blackwell_operator.lifecycle.references import SERVICE_ACCOUNT_MISSING
-from blackwell_operator.lifecycle.status_read import read_status
-from blackwell_operator.models.status import ConditionType, Phase
+from blackwell_operator.lifecycle.status_read import read_keys
+from blackwell_operator.models.status import BlackwellTrainingJobStatus, ConditionType, Phase
 
 # The ChildCreated / SpecApplied reasons that mean "not there yet, try again" (no watch on ServiceAccounts:
 # the loop looks for a missing one with its backoff).
 RETRY_REASONS = frozenset({CREATE_REFUSED, PATCH_REFUSED, NO_JOB_API, SERVICE_ACCOUNT_MISSING})
 
 
+# The status keys these checks read (lifecycle/status_read.read_keys: not the plan, most of a status).
+_KEYS = ("observedGeneration", "conditions", "child", "phase")
+
+
 def wants_child_back(btj: Mapping[str, Any]) -> bool:
     """A BTJ whose child was deleted while the job had not finished, and that is not being deleted itself."""
-    stored = read_status(btj.get("status")).status
+    return _wants_child_back(btj, read_keys(btj.get("status"), *_KEYS))
+
+
+def _wants_child_back(btj: Mapping[str, Any], stored: BlackwellTrainingJobStatus) -> bool:
     return (
         deleted_child_uid(stored) is not None
         and not is_finished(stored)
@@ -33,10 +40,10 @@ def needs_reconcile(btj: Mapping[str, Any]) -> str | None:
     meta = btj.get("metadata") or {}
     if meta.get("deletionTimestamp"):
         return None
-    stored = read_status(btj.get("status")).status
+    stored = read_keys(btj.get("status"), *_KEYS)
     if stored.observed_generation != int(meta.get("generation") or 1):
         return "its spec has not been reconciled"
-    if wants_child_back(btj):
+    if _wants_child_back(btj, stored):
         return "its child was deleted before the job finished"
     for type_ in (ConditionType.CHILD_CREATED, ConditionType.SPEC_APPLIED):
         cond = find_condition(stored.conditions, type_)
