@@ -44,6 +44,9 @@ class Resync:
         self.interval_s = interval_s
         self.logger = logger
         self._waiting: dict[str, _Waiting] = {}
+        # uid -> (resourceVersion, needs_reconcile's answer): a round every half second asks about every
+        # BTJ, and a BTJ that has not changed since the last round has the same answer.
+        self._verdicts: dict[str, tuple[str, str | None]] = {}
 
     def backoff(self, attempts: int) -> float:
         """Seconds of quiet before pass number `attempts + 1`: 1 s doubling up to the interval."""
@@ -54,12 +57,14 @@ class Resync:
         seen = self.ctx.known_btjs()
         for uid in set(self._waiting) - set(seen):
             del self._waiting[uid]
+        for uid in set(self._verdicts) - set(seen):
+            del self._verdicts[uid]
         ready = []
         for uid, btj in seen.items():
-            if needs_reconcile(btj) is None:
+            rv = str((btj.get("metadata") or {}).get("resourceVersion") or "")
+            if self._why(uid, rv, btj) is None:
                 self._waiting.pop(uid, None)
                 continue
-            rv = str((btj.get("metadata") or {}).get("resourceVersion") or "")
             waiting = self._waiting.get(uid)
             if waiting is None or waiting.resource_version != rv:
                 # New, or changed since: something is at work on it (Kopf's handlers, a watcher).
@@ -69,6 +74,13 @@ class Resync:
             if now - waiting.since >= self.backoff(waiting.attempts):
                 ready.append(btj)
         return ready
+
+    def _why(self, uid: str, rv: str, btj: Mapping[str, Any]) -> str | None:
+        """needs_reconcile(btj), asked once per resourceVersion of the BTJ (a version never changes)."""
+        verdict = self._verdicts.get(uid)
+        if verdict is None or verdict[0] != rv or not rv:
+            verdict = self._verdicts[uid] = (rv, needs_reconcile(btj))
+        return verdict[1]
 
     def pass_for(self, btj: Mapping[str, Any]) -> None:
         """One reconcile of a BTJ (in a worker thread), from the BTJ as it is now."""
