@@ -50,7 +50,7 @@ async def track_btj(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any
     """on.event for BTJs: keeps btj_operator_jobs{phase} and the resync loop's view current (async: no
     thread hop for a dict update)."""
     uid = body.get("metadata", {}).get("uid", "")
-    stored = read_keys(body.get("status"), "phase")  # on every BTJ event: not the whole status
+    stored = read_keys(body.get("status"), "phase").status  # on every BTJ event: not the whole status
     phase = None if type == "DELETED" else (stored.phase or Phase.PENDING).value
     _ctx(memo).metrics.observe_job(uid, phase)
     if type == "DELETED":

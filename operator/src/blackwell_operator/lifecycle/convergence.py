@@ -24,7 +24,7 @@ _KEYS = ("observedGeneration", "conditions", "child", "phase")
 
 def wants_child_back(btj: Mapping[str, Any]) -> bool:
     """A BTJ whose child was deleted while the job had not finished, and that is not being deleted itself."""
-    return _wants_child_back(btj, read_keys(btj.get("status"), *_KEYS))
+    return _wants_child_back(btj, read_keys(btj.get("status"), *_KEYS).status)
 
 
 def _wants_child_back(btj: Mapping[str, Any], stored: BlackwellTrainingJobStatus) -> bool:
@@ -40,7 +40,7 @@ def needs_reconcile(btj: Mapping[str, Any]) -> str | None:
     meta = btj.get("metadata") or {}
     if meta.get("deletionTimestamp"):
         return None
-    stored = read_keys(btj.get("status"), *_KEYS)
+    stored = read_keys(btj.get("status"), *_KEYS).status
     if stored.observed_generation != int(meta.get("generation") or 1):
         return "its spec has not been reconciled"
     if _wants_child_back(btj, stored):

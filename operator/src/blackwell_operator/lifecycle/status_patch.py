@@ -23,7 +23,7 @@ from blackwell_operator.lifecycle.patch import (
     plan_document,
     replacing_patch,
 )
-from blackwell_operator.lifecycle.status_read import StoredStatus, read_status
+from blackwell_operator.lifecycle.status_read import StoredStatus, read_keys
 from blackwell_operator.lifecycle.writers import StatusWriter
 from blackwell_operator.models.status import Condition, StatusChange
 
@@ -81,7 +81,7 @@ def status_patch(
 ) -> dict[str, Any]:
     """The merge patch of status that applies `change` by `writer` to the `stored` status."""
     stored = stored if isinstance(stored, Mapping) else {}
-    read = read_status(stored)
+    read = read_keys(stored, "conditions")  # all it reads of the stored status (not the plan)
     check_ownership(change, read, writer)
     fields = change.model_fields_set
     patch: dict[str, Any] = {}

@@ -81,16 +81,18 @@ def read_status(raw: Mapping[str, Any] | None) -> StoredStatus:
     return StoredStatus(BlackwellTrainingJobStatus.model_validate(good), tuple(problems), tuple(unreadable))
 
 
-def read_keys(raw: Mapping[str, Any] | None, *keys: str) -> BlackwellTrainingJobStatus:
-    """Only these keys of `raw` (wire names, e.g. "phase", "conditions"), each read as read_status reads it.
+def read_keys(raw: Mapping[str, Any] | None, *keys: str) -> StoredStatus:
+    """Only these keys of `raw` (wire names, e.g. "phase", "conditions"), each read as read_status reads it
+    (the problems named are those of these keys).
 
     For the checks that run on every watch event of every BTJ (its phase for the metrics, whether it has
-    converged, whether its child is wanted back): a stored plan is most of a status (about 15 KB), and
-    reading it whole for a few small keys cost a quarter of a millisecond each time. No rule of the
-    status models spans two keys, so a key reads alone as it reads among the others.
+    converged, whether its child is wanted back) and for the serializer, which reads the conditions: a
+    stored plan is most of a status (about 15 KB), and reading it whole for a few small keys cost a quarter
+    of a millisecond each time. No rule of the status models spans two keys, so a key reads alone as it
+    reads among the others.
     """
     raw = raw if isinstance(raw, Mapping) else {}
-    return read_status({key: raw[key] for key in keys if key in raw}).status
+    return read_status({key: raw[key] for key in keys if key in raw})
 
 
 def _type_of(item: Any) -> str:
