@@ -136,7 +136,7 @@ class ChildCalls:
         crash in between leaves them alone for a moment; the next pass (resume, the resync loop) creates
         their job or, when the BTJ wants none, removes them.
         """
-        self.ensure_supporting(supporting)
+        self.ensure_supporting(supporting, absent=True)
         try:
             return self._create_or_get(kind, job)
         except ApiError as exc:
@@ -150,9 +150,13 @@ class ChildCalls:
         refs = [_reference(obj) for obj in supporting]
         drop_supporting(self.api, namespace, refs, self.owner_uid, self.logger)
 
-    def ensure_supporting(self, objects: list[dict[str, Any]]) -> bool:
-        """Each object the child references exists, is ours and holds this render; whether one was made."""
-        made = [self._ensure_owned(obj) for obj in objects]
+    def ensure_supporting(self, objects: list[dict[str, Any]], *, absent: bool = False) -> bool:
+        """Each object the child references exists, is ours and holds this render; whether one was made.
+
+        absent: they are expected not to exist (a pass creating the job it found missing), so each is
+        created first and read only when the create says it exists (409); else each is read first.
+        """
+        made = [self._ensure_owned(obj, absent=absent) for obj in objects]
         return any(made)
 
     def ensure_supporting_of(
@@ -174,13 +178,14 @@ class ChildCalls:
             self.logger.info("The job went while this pass ran: what it referenced is removed again")
             self.drop_supporting(objects)
 
-    def _ensure_owned(self, obj: dict[str, Any]) -> bool:
+    def _ensure_owned(self, obj: dict[str, Any], *, absent: bool = False) -> bool:
         """One object the child references (the plan ConfigMap, a TrainingRuntime) exists, is ours and
-        holds this render (GET first: a resume creates and patches nothing); whether it was made."""
+        holds this render (GET first: a resume creates and patches nothing; with `absent`, the create
+        first, which saves the read that finds nothing); whether it was made."""
         kind, meta = obj["kind"], obj["metadata"]
         collection = resource_path(obj["apiVersion"], SUPPORTING_PLURALS[kind], meta["namespace"])
         path = f"{collection}/{meta['name']}"
-        existing = named(lambda: self.api.get(path), f"the read of {kind} {meta['name']}")
+        existing = None if absent else named(lambda: self.api.get(path), f"the read of {kind} {meta['name']}")
         if existing is None:
             try:
                 named(lambda: self.api.create(collection, obj), f"the create of {kind} {meta['name']}")
