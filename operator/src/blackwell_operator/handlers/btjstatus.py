@@ -52,6 +52,8 @@ def write_status(
     update: StatusUpdate,
     writer: StatusWriter,
     logger: Any = None,
+    *,
+    read: Mapping[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """Apply `update` to the latest BTJ under the retry policy: a conflict (409) re-reads and recomputes.
 
@@ -59,11 +61,16 @@ def write_status(
     owning its keys (lifecycle/writers.py); the resourceVersion precondition makes each write land on what
     its computation saw. Returns the BTJ written, or None when the BTJ is gone or nothing changed; raises
     the last ApiError when the policy gives up.
+
+    read: the BTJ as the caller last read it (a reconcile pass, at its start). The first attempt computes
+    from it instead of reading the BTJ again; if anything wrote since, its resourceVersion is stale, the
+    write is refused with a conflict and the next attempt reads. Nothing else differs.
     """
     log = logger if logger is not None else _LOG
+    unused = [read] if read is not None else []
 
     def once() -> dict[str, Any] | None:
-        current = api.get(btj_path(namespace, name))
+        current = unused.pop() if unused else api.get(btj_path(namespace, name))
         if current is None:
             return None
         report_unreadable(current, log)

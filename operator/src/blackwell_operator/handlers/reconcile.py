@@ -336,7 +336,8 @@ class Reconciler:
             generation = int((current.get("metadata") or {}).get("generation") or outcome.generation)
             return outcomes.status_change(outcome, stored, now_rfc3339(), current_generation=generation)
 
-        write_status(self.api, meta["namespace"], meta["name"], update, RECONCILE, self._logger)
+        # The BTJ this pass read is the first attempt's: a write since then makes it a conflict, re-read.
+        write_status(self.api, meta["namespace"], meta["name"], update, RECONCILE, self._logger, read=body)
         if outcome.requeue is not None:
             raise kopf.TemporaryError(outcome.requeue.message, delay=outcome.requeue.after_s)
 
