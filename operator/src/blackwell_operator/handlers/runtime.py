@@ -17,7 +17,7 @@ from blackwell_operator.catalogs import list_gpus, list_instances, list_presets
 from blackwell_operator.discovery.apis import ServedJobApis
 from blackwell_operator.discovery.aws import HyperPodCapacityReader, boto3_client_factory
 from blackwell_operator.discovery.capacity import NodeCapacityReader
-from blackwell_operator.handlers import watch_gone
+from blackwell_operator.handlers import kopf_patch, watch_gone
 from blackwell_operator.handlers.api import KubeApi, load_api_client, resource_path
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.diffbase import StatuslessDiffBaseStorage
@@ -56,6 +56,8 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.watching.label_selectors["v1", "pods"] = TRAINER_POD_SELECTOR
     # An HTTP 410 answer to a watch request restarts that watch instead of stopping the operator.
     watch_gone.install()
+    # An empty JSON patch is not built from a copy of the whole object (handlers/kopf_patch.py).
+    kopf_patch.install()
 
 
 def build_context(api_client: Any | None = None) -> OperatorContext:
