@@ -129,7 +129,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-async def main(count: int, timeout: float) -> dict[str, Any]:
+async def main(count: int, timeout: float, idle_s: float = 0.0) -> dict[str, Any]:
     async with TimedEmulator() as k, kmock.Server(k):
         k.child_created = {}
         k.declare_resources()
@@ -162,7 +162,10 @@ async def main(count: int, timeout: float) -> dict[str, Any]:
                 stderr=log,
             )
             try:
-                return await _load(k, operator, count, timeout)
+                result = await _load(k, operator, count, timeout)
+                if idle_s > 0:
+                    result["idle_after"] = await _idle(operator, idle_s)
+                return result
             except BaseException:
                 sys.stderr.write((Path(tmp) / "operator.log").read_text()[-3000:])
                 raise
@@ -173,6 +176,18 @@ async def main(count: int, timeout: float) -> dict[str, Any]:
                     await asyncio.to_thread(operator.wait, 30)
                 except subprocess.TimeoutExpired:
                     operator.kill()
+
+
+async def _idle(operator: subprocess.Popen[bytes], seconds: float) -> dict[str, Any]:
+    """The operator's CPU while nothing changes, after the burst: what its loops cost per BTJ it knows."""
+    before = cpu_seconds(operator.pid)
+    await asyncio.sleep(seconds)
+    used = cpu_seconds(operator.pid) - before
+    return {
+        "seconds": seconds,
+        "operator_cpu_seconds": round(used, 2),
+        "cpu_percent": round(100 * used / seconds, 1),
+    }
 
 
 async def _load(
@@ -264,11 +279,14 @@ if __name__ == "__main__":
     parser.add_argument(
         "--profile", type=Path, help="write the operator's cProfile stats (every thread) here"
     )
+    parser.add_argument(
+        "--idle-s", type=float, default=0.0, help="then measure the operator's CPU for this long, idle"
+    )
     args = parser.parse_args()
     PROFILE = args.profile
     load = os.getloadavg()[0]
     planning = planner_milliseconds()
-    result = asyncio.run(main(args.count, args.timeout))
+    result = asyncio.run(main(args.count, args.timeout, args.idle_s))
     result["planner_wall_ms_per_btj"] = planning
     result["load_average_1m_at_end"] = os.getloadavg()[0]
     report = {
