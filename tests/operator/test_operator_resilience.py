@@ -214,7 +214,12 @@ async def test_nodes_without_room_for_a_trainer_pod_are_reported(cluster: Cluste
     # running): the fourth worker would stay Pending with no other sign, so the BTJ says why up front.
     for name, efa in (("ok", "32"), ("no-efa", "0")):
         await cluster.add_node(node(name))
-        allocatable = {"nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": efa, "hugepages-2Mi": "5120Mi"}
+        allocatable = {
+            "nvidia.com/gpu": "8",
+            "vpc.amazonaws.com/efa": efa,
+            "hugepages-2Mi": "5120Mi",
+            "ephemeral-storage": "27000Gi",  # every kubelet publishes its disk; room for the pod's /local
+        }
         await cluster.set_node_status(name, {"allocatable": {**allocatable, "memory": "2000Gi"}})
     async with running_operator(cluster):
         await cluster.apply(btj("pair", cluster={"instanceType": "ml.p6-b200.48xlarge", "nodes": 4}))
