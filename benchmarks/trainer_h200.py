@@ -714,6 +714,8 @@ class Grid:
 def environment() -> dict[str, Any]:
     import torch
 
+    from blackwell_trainer.tuning import Tuning
+
     meta: dict[str, Any] = {
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "torch": torch.__version__,
@@ -723,8 +725,10 @@ def environment() -> dict[str, Any]:
         "sequence_length": SEQ,
         "peak_bf16_flops_for_mfu": PEAK_BF16,
         "command": " ".join(sys.argv),
-        # The command line does not show the environment; the trainer's switches change its figures.
-        "trainer_tuning": os.environ.get("BTJ_TRAINER_TUNING", "") or "the trainer's defaults",
+        # The command line does not show the environment; the trainer's switches change its figures. Written
+        # resolved (every switch, key=value), so the file names the path one GPU ran whatever the default
+        # (`btj calibrate import` reads single_device from it).
+        "trainer_tuning": ",".join(f"{k}={v}" for k, v in asdict(Tuning.from_env()).items()),
     }
     for mod in ("torchao", "transformer_engine", "triton"):
         try:

@@ -136,3 +136,53 @@ def test_titan_h200_takes_this_trainers_side_on_the_path_its_meta_names(tmp_path
     path = tmp_path / "titan_h200.json"
     path.write_text(json.dumps(data))
     assert not any(r.single_device_path for r in from_result_file(path))
+
+
+def test_trainer_h200_path_comes_from_the_files_trainer_tuning(tmp_path: Path) -> None:
+    """trainer_h200.py's files say in meta.trainer_tuning which path one GPU ran; the importer reads it."""
+    from blackwell_operator.calibrate.importers import from_result_file
+
+    records = from_result_file(RESULTS / "trainer_h200_single.json")
+    # Ten runs under BTJ_TRAINER_TUNING=single_device=auto; the packed chat run under a document mask is
+    # left out (a record cannot describe the mask).
+    assert len(records) == 9 and all(r.single_device_path and r.key.endswith("_single") for r in records)
+    assert all(r.source == "trainer_h200" and r.gpus == 1 for r in records)
+    by_key = {r.key: r for r in records}
+    full = by_key["llama3.1-8b_s4096_g1_bf16_ac-full_shard-full_mbs2_single"]
+    assert round(full.tokens_per_second_per_gpu or 0) == 8802  # not the docmask run's 9,044
+
+    def rewritten(tuning: str | None, **cfg: object) -> Path:
+        data = json.loads((RESULTS / "trainer_h200_single.json").read_text())
+        if tuning is None:
+            del data["meta"]["trainer_tuning"]
+        else:
+            data["meta"]["trainer_tuning"] = tuning
+        for rec in data["records"]:
+            rec["config"].update(cfg)
+        path = tmp_path / "trainer_h200.json"
+        path.write_text(json.dumps(data))
+        return path
+
+    # The opt-out, the script's resolved form, and a file from before the key (FSDP2, the only path then).
+    assert not any(r.single_device_path for r in from_result_file(rewritten("single_device=fsdp")))
+    resolved = "single_device=auto,compile_mode=default,clip_in_optimizer=False,parameter_check=True"
+    assert all(r.single_device_path for r in from_result_file(rewritten(resolved)))
+    assert not any(r.single_device_path for r in from_result_file(rewritten(None)))
+    # Two GPUs shard whatever the switch says: FSDP2.
+    assert not any(r.single_device_path for r in from_result_file(rewritten("single_device=auto", gpus=2)))
+    # "the trainer's defaults" names no path (the default changed on 2026-12-02): refused, not assumed.
+    with pytest.raises(ValueError, match="does not say whether one GPU ran"):
+        from_result_file(rewritten("the trainer's defaults"))
+    with pytest.raises(ValueError, match="single_device takes one of"):
+        from_result_file(rewritten("single_device=maybe"))
+
+
+def test_trainer_h200_te_runs_keep_fsdp2_on_one_rank(tmp_path: Path) -> None:
+    data = json.loads((RESULTS / "trainer_h200_te.json").read_text())
+    data["meta"]["trainer_tuning"] = "single_device=auto"
+    path = tmp_path / "trainer_h200_te.json"
+    path.write_text(json.dumps(data))
+    records = from_trainer_h200(path)
+    te = [r for r in records if r.candidate.precision_recipe.value not in ("none", "torchao-tensorwise")]
+    assert te and not any(r.single_device_path for r in te)
+    assert all(r.single_device_path for r in records if r.gpus == 1 and r not in te)

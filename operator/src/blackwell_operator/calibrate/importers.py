@@ -2,7 +2,8 @@
 
 - the plain-PyTorch reference grid (tests/planner/data/h200_reference_grid.yaml, from
   docs/reference/h200-measurements.md) -> trainer ``h200-reference``;
-- ``benchmarks/trainer_h200.py`` output (``trainer_h200*.json``) -> trainer ``btj-trainer``;
+- ``benchmarks/trainer_h200.py`` output (``trainer_h200*.json``) -> trainer ``btj-trainer``, on the path its
+  meta's ``trainer_tuning`` names (FSDP2 on one rank where the meta predates that key);
 - ``benchmarks/trainer_ab_h200.py`` output (``trainer_ab_h200.json``): the single-device path and its FSDP2
   twins on one rank, each record saying which it ran;
 - ``benchmarks/titan_h200.py`` output (``titan_h200*.json``): this trainer's side of each row.
@@ -29,6 +30,7 @@ from blackwell_trainer.config import (
     PrecisionRecipe,
     Sharding,
 )
+from blackwell_trainer.tuning import Tuning, TuningError
 
 H200_INSTANCE = "ml.p5en.48xlarge"
 REFERENCE_DATE = "2026-11-29"
@@ -45,6 +47,12 @@ AB_PATHS = {"single_device=auto": True, "single_device=fsdp": False}
 # The reference's second table: Llama-3.1-8B on two H200s, eager BF16 (its compiled columns ran another
 # trainer).
 REFERENCE_TWO_GPU_EAGER: list[dict[str, Any]] = [{"mbs": 2, "ac": "none", "tokens_per_second": 9413}]
+# Recipes the trainer runs without Transformer Engine (bf16 and torchao); any other runs TE where it is
+# installed, and TE keeps FSDP2 even on one rank (blackwell_trainer.tuning.Tuning.use_single_device).
+NON_TE_RECIPES = {PrecisionRecipe.NONE, PrecisionRecipe.TORCHAO_TENSORWISE, PrecisionRecipe.TORCHAO_ROWWISE}
+# What trainer_h200.py wrote as trainer_tuning when BTJ_TRAINER_TUNING was unset: the defaults of whichever
+# trainer ran, which say nothing of the path (the default changed on 2026-12-02).
+UNNAMED_TUNING = "the trainer's defaults"
 
 
 def _bytes(gib: float | None) -> int | None:
@@ -106,8 +114,35 @@ def from_reference_grid(path: str | Path) -> list[CalibrationRecord]:
     return out
 
 
+def trainer_h200_single_device(meta: dict[str, Any], gpus: int, recipe: PrecisionRecipe) -> bool:
+    """Whether a ``trainer_h200.py`` run took the single-device path, from its file's ``meta.trainer_tuning``.
+
+    No such key: the file predates it (before 2026-12-02), when FSDP2 was the trainer's only path. A
+    ``key=value`` string: the switches the run exported, resolved as the trainer resolves them (one rank, no
+    context parallelism, not Transformer Engine). "the trainer's defaults" names no path: refused.
+    """
+    if "trainer_tuning" not in meta:
+        return False
+    text = str(meta["trainer_tuning"]).strip()
+    if text == UNNAMED_TUNING:
+        raise ValueError(
+            f"meta.trainer_tuning is '{UNNAMED_TUNING}': the file does not say whether one GPU ran the "
+            "single-device path or FSDP2 (rerun with BTJ_TRAINER_TUNING=single_device=auto or =fsdp)"
+        )
+    try:
+        tuning = Tuning.parse(text)
+    except TuningError as err:
+        raise ValueError(f"meta.trainer_tuning: {err}") from err
+    te = recipe not in NON_TE_RECIPES and bool(meta.get("transformer_engine"))
+    return tuning.use_single_device(world_size=gpus, context_parallel=1, backend="te" if te else "")
+
+
 def from_trainer_h200(path: str | Path) -> list[CalibrationRecord]:
-    """Records of a ``benchmarks/trainer_h200.py`` result file (checks, variants and skipped runs dropped)."""
+    """Records of a ``benchmarks/trainer_h200.py`` result file (checks, variants and skipped runs dropped).
+
+    Document-masked runs (``config.docmask``, packed chat) are left out: a record has no field for the
+    mask, and the planner models causal attention over the whole sequence.
+    """
     data: dict[str, Any] = json.loads(Path(path).read_text())
     meta: dict[str, Any] = data.get("meta", {})
     seq = int(meta.get("sequence_length", 4096))
@@ -128,9 +163,12 @@ def from_trainer_h200(path: str | Path) -> list[CalibrationRecord]:
             continue
         if status == RecordStatus.SKIPPED or int(cfg.get("loss_chunk", 8192)) != TRAINER_LOSS_CHUNK:
             continue  # the planner models the trainer's one loss chunk size, not variants of it
+        if cfg.get("docmask", 0):
+            continue  # packed documents under a mask: attention the records cannot describe
         preset = TRAINER_H200_PRESETS[cfg["model"]]
         name, arch = resolve_model(ModelSpec(preset=preset))
         gpus = int(cfg.get("gpus", 1))
+        recipe = PrecisionRecipe(cfg.get("recipe", "none"))
         times = [float(t) for t in rec.get("step_seconds") or []]
         losses = [float(v) for v in rec.get("losses") or []]
         ok = status == RecordStatus.OK
@@ -138,6 +176,7 @@ def from_trainer_h200(path: str | Path) -> list[CalibrationRecord]:
             CalibrationRecord(
                 source="trainer_h200",
                 trainer="btj-trainer",
+                single_device_path=trainer_h200_single_device(meta, gpus, recipe),
                 model_name=name,
                 architecture=arch,
                 instance_type=H200_INSTANCE,
@@ -145,7 +184,7 @@ def from_trainer_h200(path: str | Path) -> list[CalibrationRecord]:
                 sequence_length=seq,
                 candidate=Candidate(
                     precision=Precision(cfg.get("precision", "bf16")),
-                    precision_recipe=PrecisionRecipe(cfg.get("recipe", "none")),
+                    precision_recipe=recipe,
                     activation_checkpointing=ActivationCheckpointing(cfg.get("ac", "none")),
                     micro_batch_size=int(cfg["mbs"]),
                     gradient_accumulation_steps=1,

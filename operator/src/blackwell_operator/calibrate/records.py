@@ -225,6 +225,7 @@ def _read_file(file: Path) -> list[CalibrationRecord]:
 
 def write_records(path: str | Path, records: Iterable[CalibrationRecord]) -> None:
     """Write records as JSON Lines (one configuration per line)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text("".join(r.model_dump_json() + "\n" for r in records))
 
 
