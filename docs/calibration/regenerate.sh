@@ -32,6 +32,19 @@ btj calibrate import benchmarks/results/trainer_h200_te.json -o benchmarks/calib
 for f in trainer_ab_h200 titan_h200_same3b titan_h200_1b_best; do
   btj calibrate import "benchmarks/results/$f.json" -o "benchmarks/calibration/records/h200-single/$f.jsonl"
 done
+# The single-device path with activation checkpointing (full, selective), FP8 and 8B (2026-12-02, a later call:
+# trainer_h200.py --grid single under BTJ_TRAINER_TUNING=single_device=auto, which its meta records; the
+# packed chat run under a document mask is left out by the importer).
+btj calibrate import benchmarks/results/trainer_h200_single.json -o benchmarks/calibration/records/h200-single-ac/trainer_h200_single.jsonl
+# Held out first: those runs against the profile shipped before they existed (a frozen copy), no refit. The
+# report's leave-one-out refits offer only a constant one GPU is not sensitive to, so they change nothing and
+# both of its prediction columns are that profile.
+HO_CAL=docs/calibration/h200-single-device-heldout/btj-trainer-shipped-2026-12-02.yaml
+HO_NOTE="Data: benchmarks/calibration/records/h200-single-ac, imported from benchmarks/results/trainer_h200_single.json (2026-12-02, one H200, sequence 4096, \`trainer_h200.py --grid single\` with BTJ_TRAINER_TUNING=single_device=auto as its meta records; the packed chat run under a document mask, 8b mbs 2 full AC docs2048, is left out: a record cannot describe the mask). HELD OUT: the calibration is the profile shipped before these runs existed ($HO_CAL, the btj-trainer profile of commit e2ace09, fitted without them), not refitted: the leave-one-out refits offer only throughput.comm_overlap, which no one-GPU run is sensitive to, so the 'fit' and 'LOO' columns are both that profile's prediction."
+btj calibrate report benchmarks/calibration/records/h200-single-ac \
+  --calibration "$HO_CAL" --base "$HO_CAL" --constants throughput.comm_overlap \
+  -o docs/calibration/h200-single-device-heldout --note "$HO_NOTE" \
+  --title "H200, the single-device path with AC, FP8 and 8B: held out against the profile shipped before them"
 I6_BASE=docs/calibration/h200-issue6/base-btj-trainer.yaml
 I6_NOTE="Data: benchmarks/calibration/records/h200-issue6 (thirteen calls of \`benchmarks/calibration/harness.py --grid issue6\` on nvidia-h200-x2, 2026-11-30, over four sessions; commands and consoles in benchmarks/calibration/records/h200-issue6/logs). Measured: every family of the grid: one GPU at sequences 2048, 4096 and 8192 for 1B, 3B and 8B, and two GPUs at the same sequences for 8B and the 13B class. Three ladders stop one rung short of their OOM (see Grid coverage)."
 FIT="btj calibrate fit benchmarks/calibration/records/h200-issue6 benchmarks/calibration/records/h200 benchmarks/calibration/records/h200-te benchmarks/calibration/records/h200-single --base $I6_BASE -o docs/calibration/h200-issue6/btj-trainer-h200.yaml"
