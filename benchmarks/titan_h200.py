@@ -52,6 +52,7 @@ for _path in (REPO, REPO / "trainer_image" / "src"):
 
 from benchmarks import trainer_h200  # noqa: E402
 from benchmarks.titan_shapes import MODELS, TRAIN_SPEC  # noqa: E402
+from blackwell_trainer.tuning import Tuning  # noqa: E402
 
 SEQ = trainer_h200.SEQ
 WARMUP, TIMED = 3, 6  # steps: the first compiles; the median of the TIMED after WARMUP is the figure
@@ -335,7 +336,8 @@ def environment(argv: list[str]) -> dict[str, Any]:
         "versions": versions(), "sequence_length": SEQ, "warmup_steps": WARMUP, "timed_steps": TIMED,
         "settings": "one GPU, AC none, torch.compile on, FP8 = torchao float8 tensorwise (output head BF16)",
         # The command line does not show the environment; this trainer's switches change its figures.
-        "ours_tuning": os.environ.get("BTJ_TRAINER_TUNING", "") or "the trainer's defaults",
+        # Written resolved (every switch), so the file names the path it ran whatever the default was.
+        "ours_tuning": ",".join(f"{k}={v}" for k, v in asdict(Tuning.from_env()).items()),
     }  # fmt: skip
 
 

@@ -136,6 +136,12 @@ def test_titan_h200_takes_this_trainers_side_on_the_path_its_meta_names(tmp_path
     path = tmp_path / "titan_h200.json"
     path.write_text(json.dumps(data))
     assert not any(r.single_device_path for r in from_result_file(path))
+    # Files written since name every switch resolved (titan_h200.py's meta), the opt-out included.
+    cases = (("single_device=fsdp,compile_mode=default", False), ("single_device=auto", True))
+    for resolved, single in cases:
+        data["meta"]["ours_tuning"] = resolved
+        path.write_text(json.dumps(data))
+        assert all(r.single_device_path is single for r in from_result_file(path))
 
 
 def test_trainer_h200_path_comes_from_the_files_trainer_tuning(tmp_path: Path) -> None:
