@@ -15,12 +15,15 @@ PURE_PACKAGES = ("planner", "render", "models", "catalogs", "calibration", "cali
 CLUSTER_CLIENTS = {"kopf", "kubernetes", "boto3", "botocore", "aiohttp"}
 # The trainer's wire contracts, the only trainer modules the operator may import: the plan (config), the
 # prepared data's manifest (shard_manifest, which `btj plan` checks as the trainer does) and the names of
-# the metrics the trainer exports (metric_names, which the measure loop reads). All are pure pydantic or
-# plain Python, so the operator image, which has no torch, can import them.
+# the metrics the trainer exports (metric_names, which the measure loop reads) and the trainer's switches
+# (tuning: the BTJ_TRAINER_TUNING string GPU result files carry, and the rule for which path one GPU takes,
+# which `btj calibrate import` resolves as the trainer does). All are pure pydantic or plain Python, so the
+# operator image, which has no torch, can import them.
 OPERATOR_VISIBLE = {
     "blackwell_trainer.config",
     "blackwell_trainer.shard_manifest",
     "blackwell_trainer.metric_names",
+    "blackwell_trainer.tuning",
 }
 
 
