@@ -59,7 +59,7 @@ def test_the_pick_keeps_the_planners_headroom(base: Calibration) -> None:
 
 
 def test_a_refusal_passes_only_when_every_run_measured_over_the_budget(base: Calibration) -> None:
-    # 8B on one H200: nothing is predicted to fit with 5% headroom.
+    # 8B on one H200 under FSDP2 (these records predate the single-device path): nothing fits with 5%.
     over = [_ran("llama3.1-8b", m, "full", 9000.0 + m, 136.0) for m in (4, 8)]
     comps = [compare(r, base) for r in over]
     scenario = comps[0].record.scenario

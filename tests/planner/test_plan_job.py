@@ -159,9 +159,9 @@ def test_an_impossible_job_names_the_memory_and_the_smallest_node_count(seq: int
 
 
 def test_a_job_using_part_of_its_node_is_told_to_use_more_of_its_gpus_first() -> None:
-    # 8B on one of an H200 node's eight GPUs does not fit with 5% headroom (measured: every configuration
-    # reserved over the budget, docs/calibration/h200-issue6); two of the node's GPUs do.
-    spec = make_spec(preset="llama3.1-8b", instance="ml.p5en.48xlarge", gpus_per_node=1)
+    # Qwen2.5-14B on one of an H200 node's eight GPUs does not fit (16 bytes a parameter of states alone
+    # are 220 GiB); two of the node's GPUs do. (8B on one H200 now plans: the single-device path.)
+    spec = make_spec(preset="qwen2.5-14b", instance="ml.p5en.48xlarge", gpus_per_node=1)
     with pytest.raises(PlanningError) as err:
         plan_job(spec)
     e = err.value
@@ -170,13 +170,14 @@ def test_a_job_using_part_of_its_node_is_told_to_use_more_of_its_gpus_first() ->
     found = re.match(r"use spec\.cluster\.gpusPerNode: (\d+) \(the instance has 8\)", e.fix)
     assert found, e.fix
     gpus = int(found.group(1))
-    plan_job(make_spec(preset="llama3.1-8b", instance="ml.p5en.48xlarge", gpus_per_node=gpus))
+    plan_job(make_spec(preset="qwen2.5-14b", instance="ml.p5en.48xlarge", gpus_per_node=gpus))
 
 
 def test_a_job_just_over_the_budget_is_also_told_the_headroom_that_would_fit() -> None:
-    # 8B on one H200 misses the 5% headroom by under 1 GiB; the fix also names the smaller headroom, and that
-    # headroom really plans (FP8 full AC mbs 4: measured 12,887 tok/s at 131.6 GiB reserved, not at capacity).
-    spec = make_spec(preset="llama3.1-8b", instance="ml.p5en.48xlarge", gpus_per_node=1)
+    # 70B on seven of a B200 node's GPUs at 2048 misses the 5% headroom by about 4 GiB; the fix also names
+    # the smaller headroom, and that headroom really plans. (8B on one H200, the example before, now plans
+    # at 5%: the single-device path's optimizer step has no FSDP2 root copies.)
+    spec = make_spec(preset="llama3.1-70b", instance="ml.p6-b200.48xlarge", gpus_per_node=7, seq=2048)
     with pytest.raises(PlanningError) as err:
         plan_job(spec)
     found = re.search(r"or on these GPUs, spec\.tuning\.memoryHeadroom: (0\.\d\d) ", err.value.fix)
@@ -184,7 +185,13 @@ def test_a_job_just_over_the_budget_is_also_told_the_headroom_that_would_fit() -
     room = float(found.group(1))
     assert 0.01 <= room < 0.05
     plan = plan_job(
-        make_spec(preset="llama3.1-8b", instance="ml.p5en.48xlarge", gpus_per_node=1, memoryHeadroom=room)
+        make_spec(
+            preset="llama3.1-70b",
+            instance="ml.p6-b200.48xlarge",
+            gpus_per_node=7,
+            seq=2048,
+            memoryHeadroom=room,
+        )
     )
     assert plan.predicted.memory.peak_reserved <= 0.99 * plan.gpu.memory_bytes
     # Far over the budget (70B on one node) there is no headroom to offer, only more nodes.

@@ -59,6 +59,28 @@ def test_torchao_float8_on_one_gpu_keeps_no_bf16_copy_of_the_block_linears() -> 
     assert off.peak_allocated - on.peak_allocated == pytest.approx(copies, abs=2)
 
 
+@pytest.mark.parametrize("recipe", ["none", "torchao-tensorwise"])
+def test_the_optimizer_phase_on_one_gpu_has_no_fsdp2_root_copies_nor_its_fragmentation(recipe: str) -> None:
+    one = hardware("ml.p5en.48xlarge", gpus_per_node=1)
+    sh = shapes("llama3.1-8b")
+    st = setting(mbs=2, ac="full", precision="bf16" if recipe == "none" else "fp8", recipe=recipe)
+    off, on = (estimate_memory(sh, c, st, layout(st, one), 4096, gpu_memory_bytes=one.gpu.memory_bytes)
+               for c in (OFF, ON))  # fmt: skip
+    m = BTJ.memory
+    # The end of backward: every state, the embedding's bf16 gradient beside its fp32 cast, the workspace
+    # (H200, 8B full AC, BF16 and FP8, mbs 2 and 4: 120.7 GiB allocated; this counts 120.9).
+    states = (m.master_param_bytes + m.gradient_bytes + m.optimizer_bytes) * sh.total_params
+    table = m.compute_param_bytes * sh.vocab * sh.hidden
+    assert on.peak_phase == off.peak_phase == "optimizer"
+    assert on.peak_allocated == pytest.approx(states + table + m.allocator_workspace_bytes, abs=2)
+    assert on.allocator_reserved == pytest.approx(on.peak_allocated + m.fragmentation_base_bytes, abs=2)
+    assert on.fsdp_transient == 0 and on.precision_overhead == 0
+    # FSDP2 on one rank keeps its root copies and its optimizer-phase fragmentation.
+    root = m.optimizer_phase_root_bytes * sh.root_params
+    assert off.fsdp_transient == round(root)
+    assert off.allocator_reserved - off.peak_allocated > m.fragmentation_optimizer * off.peak_allocated
+
+
 @pytest.mark.parametrize("gpus,recipe", [(2, "none"), (1, "delayed")], ids=["two-gpus", "te-recipe"])
 def test_fsdp2_layouts_and_transformer_engine_are_unchanged(gpus: int, recipe: str) -> None:
     hw = hardware("ml.p5en.48xlarge", gpus_per_node=gpus)

@@ -202,6 +202,16 @@ def estimate_memory(
     # Phase 2, end of backward into the optimizer step: all states plus the root's unsharded copies.
     root_copies = m.optimizer_phase_root_bytes * shapes.root_params
     optimizer = params + grads + optim + root_copies + precision + workspace_inside
+    if single:
+        # Without FSDP2 nothing is gathered: no root copies, and no FP8 weights outside a block's own
+        # forward and backward (float8 quantises the fp32 weight at use). The peak is the last step of
+        # backward: the embedding lookup ran on the table's bf16 cast, so its gradient is a dense bf16
+        # table (tied: the head's gradient summed in) that is alive while its fp32 cast, the parameter's
+        # .grad, is made; the fused AdamW step and clipping then work in place. Measured on H200 (8B
+        # full AC, BF16 and FP8, mbs 2 and 4): 16 bytes x parameters + 1.12-1.24 GB allocated, where
+        # this bf16 table is 1.05 GB (benchmarks/results/trainer_h200_single.json).
+        root_copies = m.compute_param_bytes * shapes.vocab * shapes.hidden
+        optimizer = params + grads + optim + root_copies + workspace_inside
 
     # Pools of the collectives' CUDA streams: a block freed on one stream serves only that stream, so the
     # all-gather and reduce-scatter buffers of a sharded job stay reserved beside the default pool.
@@ -213,7 +223,10 @@ def estimate_memory(
     # (Without FSDP2 the gradients come from the compute stream and go back to its pool.)
     stream_grads = 0.0 if single else grads
     reserved_backward += m.fragmentation_transient * transient + m.fragmentation_gradients * stream_grads
-    reserved_optimizer = optimizer + m.fragmentation_base_bytes + m.fragmentation_optimizer * optimizer
+    # FSDP2's optimizer-phase fragmentation (fitted on its runs) does not apply to the single-device path:
+    # one stream, no gathered or reduce-scattered buffers; its 8B runs reserved 1.1-1.7% over allocated.
+    frag_optimizer = 0.0 if single else m.fragmentation_optimizer * optimizer
+    reserved_optimizer = optimizer + m.fragmentation_base_bytes + frag_optimizer
     # The caching allocator's pool is a high-water mark: it keeps what the larger phase reserved.
     reserved = max(reserved_backward, reserved_optimizer)
     if backward >= optimizer:
@@ -227,7 +240,11 @@ def estimate_memory(
         phase = "backward"
     else:
         allocated = optimizer
-        parts = {"gradients": grads, "activations": 0.0, "loss": 0.0, "fsdp_transient": root_copies}
+        if single:  # the embedding's bf16 gradient, not an FSDP2 copy; no FP8 weights at this point
+            parts = {"gradients": grads + root_copies, "activations": 0.0, "loss": 0.0, "fsdp_transient": 0.0}
+            precision = 0.0
+        else:
+            parts = {"gradients": grads, "activations": 0.0, "loss": 0.0, "fsdp_transient": root_copies}
         phase = "optimizer"
     return MemoryEstimate(
         parameters=params,
