@@ -11,12 +11,11 @@ from blackwell_operator.errors import PlanningError, SpecError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner import CheckpointFacts, plan_job
 from blackwell_operator.planner.weights import (
-    CACHE_KEEP_FREE_FRACTION,
     S3_BYTES_PER_SECOND_PER_NODE,
     VOLUME_BYTES_PER_SECOND,
     largest_tensor_elements,
 )
-from blackwell_trainer.config import EXPORT_FILE_BYTES, Plan, WeightsSource
+from blackwell_trainer.config import EXPORT_FILE_BYTES, NODE_DISK_KEEP_FREE_FRACTION, Plan, WeightsSource
 
 FSX = {"name": "fsx", "claimName": "fsx-claim", "mountPath": "/fsx"}
 LLAMA_8B = get_preset("llama3.1-8b")
@@ -73,7 +72,7 @@ def test_s3_weights_download_whole_to_each_nodes_nvme() -> None:
     assert load.load_seconds == pytest.approx(size / S3_BYTES_PER_SECOND_PER_NODE, abs=0.1)
     assert load.load_seconds == pytest.approx(2.6, abs=0.05)  # 16 GB at 6.25 GB/s
     p6 = get_instance("ml.p6-b200.48xlarge")
-    assert load.node_disk_limit_bytes == int((1 - CACHE_KEEP_FREE_FRACTION) * p6.local_nvme_bytes)
+    assert load.node_disk_limit_bytes == int((1 - NODE_DISK_KEEP_FREE_FRACTION) * p6.local_nvme_bytes)
     assert load.host_memory_limit_bytes == 1536 << 30  # the rendered pod's request on 8 GPUs
     # Hybrid sharding within each node: every node holds, so reads, the whole checkpoint once.
     assert (plan.chosen.sharding.value, plan.chosen.shard_degree) == ("hybrid", 8)

@@ -23,7 +23,7 @@ from blackwell_operator.errors import PlanningError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner.layout import Hardware
 from blackwell_operator.planner.storage import CHECKPOINT_FIELD, DATASET_FIELD, NODE_LOCAL, WEIGHTS_FIELD, on
-from blackwell_operator.planner.weights import CheckpointFacts, export_buffer_bytes
+from blackwell_operator.planner.weights import CheckpointFacts, export_buffer_bytes, usable_node_disk_bytes
 from blackwell_operator.units import GB, GIB
 from blackwell_trainer.config import (
     NODE_DISK_KEEP_FREE_FRACTION,
@@ -107,15 +107,14 @@ def plan_local_storage(
     return storage
 
 
+def _fixed_volume_bytes(parts: LocalStorage) -> int:
+    """What /local holds beside the shard cache, whose share is what the rest leaves."""
+    held = parts.weights_cache_bytes + parts.checkpoint_bytes
+    return held + parts.export_staging_bytes + parts.scratch_bytes
+
+
 def _totalled(parts: LocalStorage, shard_bytes: int, *, from_spec: bool) -> LocalStorage:
-    volume = (
-        parts.weights_cache_bytes
-        + shard_bytes
-        + parts.checkpoint_bytes
-        + parts.export_staging_bytes
-        + parts.scratch_bytes
-    )
-    limit = _whole_gib(volume + parts.container_bytes)
+    limit = _whole_gib(_fixed_volume_bytes(parts) + shard_bytes + parts.container_bytes)
     return parts.model_copy(
         update={
             "shard_cache_bytes": shard_bytes,
@@ -130,13 +129,7 @@ def _totalled(parts: LocalStorage, shard_bytes: int, *, from_spec: bool) -> Loca
 
 def _shard_share(parts: LocalStorage, requested: int, s3_data: bool) -> int:
     """The shard cache's share of a limit the spec sets: whatever the rest leaves, at least its minimum."""
-    rest = (
-        parts.weights_cache_bytes
-        + parts.checkpoint_bytes
-        + parts.export_staging_bytes
-        + parts.scratch_bytes
-        + parts.container_bytes
-    )
+    rest = _fixed_volume_bytes(parts) + parts.container_bytes
     least = _whole_gib(rest + (MIN_SHARD_CACHE_BYTES if s3_data else 0))
     if requested < least:
         shards = f", and at least {MIN_SHARD_CACHE_BYTES // GIB} GiB for the S3 shard cache" * s3_data
@@ -164,7 +157,7 @@ def _check_node(storage: LocalStorage, hw: Hardware) -> None:
     """Refuse a declaration the node's disk cannot hold above the kubelet's eviction thresholds, naming
     what takes the most."""
     disk = hw.instance.local_nvme_bytes
-    usable = int(disk * (1 - NODE_DISK_KEEP_FREE_FRACTION))
+    usable = usable_node_disk_bytes(hw)
     if storage.limit_bytes <= usable:
         return
     figures = (

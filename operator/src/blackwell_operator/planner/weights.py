@@ -49,8 +49,6 @@ S3_BYTES_PER_SECOND_PER_NODE = 10 * 5e9 / 8
 VOLUME_BYTES_PER_SECOND = 1.2 * 250e6
 # A bf16 checkpoint (what Llama 3.x, Qwen2.5 and Mistral ship) holds two bytes per parameter.
 ESTIMATED_BYTES_PER_PARAMETER = 2
-# The trainer's S3 cache keeps this share of the node's NVMe free (above the kubelet's eviction thresholds).
-CACHE_KEEP_FREE_FRACTION = NODE_DISK_KEEP_FREE_FRACTION
 
 
 @dataclass(frozen=True)
@@ -137,8 +135,14 @@ def predict_load(
         host_memory_bytes=node_read + export_buffer_bytes(arch, facts),
         host_memory_limit_bytes=hw.instance.pod_memory_bytes(hw.gpus_per_node),
         node_disk_bytes=checkpoint if source is WeightsSource.S3 else 0,
-        node_disk_limit_bytes=int(hw.instance.local_nvme_bytes * (1 - CACHE_KEEP_FREE_FRACTION)),
+        node_disk_limit_bytes=usable_node_disk_bytes(hw),
     )
+
+
+def usable_node_disk_bytes(hw: Hardware) -> int:
+    """What one pod may fill of a node's NVMe: all of it but the share the trainer's cache keeps free,
+    above the kubelet's eviction thresholds (config.NODE_DISK_KEEP_FREE_FRACTION)."""
+    return int(hw.instance.local_nvme_bytes * (1 - NODE_DISK_KEEP_FREE_FRACTION))
 
 
 def check_load(load: WeightsLoad, hw: Hardware) -> None:
@@ -149,7 +153,7 @@ def check_load(load: WeightsLoad, hw: Hardware) -> None:
         raise PlanningError(
             WEIGHTS_FIELD,
             f"{size} do not fit the S3 cache on one {hw.instance.instance_type} node's NVMe "
-            f"({load.node_disk_limit_bytes / GB:,.1f} GB: {100 * (1 - CACHE_KEEP_FREE_FRACTION):.0f}% of "
+            f"({load.node_disk_limit_bytes / GB:,.1f} GB: {100 * (1 - NODE_DISK_KEEP_FREE_FRACTION):.0f}% of "
             f"{hw.instance.local_nvme_bytes / GB:,.0f})",
             "put the checkpoint on a shared volume (spec.volumes, e.g. FSx for Lustre) instead of S3",
         )
