@@ -115,25 +115,32 @@ def from_reference_grid(path: str | Path) -> list[CalibrationRecord]:
 
 
 def trainer_h200_single_device(meta: dict[str, Any], gpus: int, recipe: PrecisionRecipe) -> bool:
-    """Whether a ``trainer_h200.py`` run took the single-device path, from its file's ``meta.trainer_tuning``.
+    """Whether a ``trainer_h200.py`` run took the single-device path, from its file's ``meta.trainer_tuning``
+    (ran_single_device)."""
+    te = recipe not in NON_TE_RECIPES and bool(meta.get("transformer_engine"))
+    return ran_single_device(meta, "trainer_tuning", gpus=gpus, te=te)
+
+
+def ran_single_device(meta: dict[str, Any], key: str, *, gpus: int, te: bool) -> bool:
+    """Whether a run of this trainer took the single-device path, from the switches its result file's
+    ``meta[key]`` records (BTJ_TRAINER_TUNING as the benchmark scripts write it).
 
     No such key: the file predates it (before 2026-12-02), when FSDP2 was the trainer's only path. A
     ``key=value`` string: the switches the run exported, resolved as the trainer resolves them (one rank, no
     context parallelism, not Transformer Engine). "the trainer's defaults" names no path: refused.
     """
-    if "trainer_tuning" not in meta:
+    if key not in meta:
         return False
-    text = str(meta["trainer_tuning"]).strip()
+    text = str(meta[key]).strip()
     if text == UNNAMED_TUNING:
         raise ValueError(
-            f"meta.trainer_tuning is '{UNNAMED_TUNING}': the file does not say whether one GPU ran the "
+            f"meta.{key} is '{UNNAMED_TUNING}': the file does not say whether one GPU ran the "
             "single-device path or FSDP2 (rerun with BTJ_TRAINER_TUNING=single_device=auto or =fsdp)"
         )
     try:
         tuning = Tuning.parse(text)
     except TuningError as err:
-        raise ValueError(f"meta.trainer_tuning: {err}") from err
-    te = recipe not in NON_TE_RECIPES and bool(meta.get("transformer_engine"))
+        raise ValueError(f"meta.{key}: {err}") from err
     return tuning.use_single_device(world_size=gpus, context_parallel=1, backend="te" if te else "")
 
 
@@ -319,9 +326,9 @@ def from_trainer_ab_h200(path: str | Path) -> list[CalibrationRecord]:
 def from_titan_h200(path: str | Path) -> list[CalibrationRecord]:
     """Records of this trainer's side of a ``benchmarks/titan_h200.py`` result (torchtitan's is left out).
 
-    Which path this trainer ran: the run's own ``single_device`` where it carries one, else the file's
-    ``meta.ours_tuning`` (the 2026-12-02 files ran with ``BTJ_TRAINER_TUNING=single_device=auto`` exported,
-    recorded there by hand); neither is FSDP2 on one rank, the default before 2026-12-02.
+    Which path this trainer ran: the run's own ``single_device`` where it carries one, else the switches
+    the file's ``meta.ours_tuning`` records (ran_single_device; the two 2026-12-02 files were annotated by
+    hand, ``meta.ours_tuning_note`` says so); neither is FSDP2 on one rank, the default before 2026-12-02.
     """
     data: dict[str, Any] = json.loads(Path(path).read_text())
     meta: dict[str, Any] = data.get("meta", {})
@@ -332,7 +339,8 @@ def from_titan_h200(path: str | Path) -> list[CalibrationRecord]:
         torchao=found.get("torchao"),
         triton=found.get("triton"),
     )
-    tuned = "single_device=auto" in str(meta.get("ours_tuning", ""))
+    # One GPU, torchao or BF16: the Transformer Engine never runs here.
+    tuned = ran_single_device(meta, "ours_tuning", gpus=1, te=False)
     out = []
     for row in data.get("rows", []):
         ours: dict[str, Any] = row.get("ours") or {}
