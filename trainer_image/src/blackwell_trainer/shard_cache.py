@@ -111,21 +111,21 @@ def _evictable(root: Path, keep: Path) -> list[Path]:
     return sorted(found, key=last_used)
 
 
-def _evict(shard: Path, need: int) -> bool:
-    """Evict one cached file unless another rank holds its lock; whether it went."""
+def _evict(shard: Path, need: int) -> int | None:
+    """Evict one cached file and its record unless another rank holds its lock: the bytes freed, None when
+    it is held."""
     with open(shard.with_name(shard.name + ".lock"), "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            return False  # another rank is downloading or checking it right now
-        try:
-            size = shard.stat().st_size
-        except FileNotFoundError:
-            return True
-        shard.unlink(missing_ok=True)  # a reader that has it mapped keeps its pages until it unmaps
-        shard.with_name(shard.name + ".etag").unlink(missing_ok=True)
-    log.info("cache: evicted %s (%d bytes) to make room for %d bytes", shard, size, need)
-    return True
+            return None  # another rank is downloading or checking it right now
+        freed = 0
+        for path in (shard, shard.with_name(shard.name + ".etag")):
+            with contextlib.suppress(FileNotFoundError):
+                freed += path.stat().st_size
+                path.unlink()  # a reader that has it mapped keeps its pages until it unmaps
+    log.info("cache: evicted %s (%d bytes) to make room for %d bytes", shard, freed, need)
+    return freed
 
 
 def make_room(root: Path, need: int, keep: Path) -> bool:
@@ -146,8 +146,12 @@ def make_room(root: Path, need: int, keep: Path) -> bool:
             "prepare smaller shards"
         )
 
+    # Walked once: under space_lock no other rank downloads into the cache or evicts from it meanwhile (a
+    # cache hit rewrites at most its small record), so what this call evicts is what changes.
+    cached = cache_bytes(root) if cap is not None else 0
+
     def over_cap() -> bool:
-        return cap is not None and cache_bytes(root) + need + RECORD_BYTES > cap
+        return cap is not None and cached + need + RECORD_BYTES > cap
 
     def short_of_free() -> bool:
         usage = shutil.disk_usage(root)
@@ -157,9 +161,11 @@ def make_room(root: Path, need: int, keep: Path) -> bool:
         return True
     held = False
     for shard in _evictable(root, keep):
-        if not _evict(shard, need):
+        freed = _evict(shard, need)
+        if freed is None:
             held = True
             continue
+        cached -= freed
         if not over_cap() and not short_of_free():
             return True
     if over_cap():
