@@ -154,7 +154,11 @@ async def test_warnings_are_posted_once_per_cause_not_per_restart(cluster: Clust
             lambda: (cluster.condition("busy", "SpecApplied") or {}).get("reason") == "RunningJobImmutable",
             what="RunningJobImmutable",
         )
+        # The pass queues its Events before its status write, and Kopf posts them asynchronously: wait for
+        # them before the operator stops (one stop right after the write lost it, 1 CI run in 5).
+        await wait_for(lambda: "RunningJobImmutable" in reasons(cluster, "busy"), what="its Warning Event")
         await wait_for(lambda: cluster.status("bad").get("phase") == "Invalid", what="phase Invalid")
+        await wait_for(lambda: "InvalidSpec" in reasons(cluster, "bad"), what="its Warning Event")
     for _ in range(2):  # two restarts: each resumes (re-reconciles) every BTJ
         async with running_operator(cluster):
             await cluster.settle("busy")
