@@ -34,13 +34,19 @@ for links in ${PIP_FIND_LINKS:-} $("$PY" -m pip config get global.find-links 2>/
   if [ -d "$links" ]; then FIND_LINKS+=(--find-links "$links"); fi
 done
 
+# Every install goes through requirements.lock (scripts/lock.sh writes it): each package at the version the
+# project was last tested with, whatever PyPI has published since. BTJ_UNLOCKED=1 takes the newest versions
+# pyproject.toml's ranges allow instead (scripts/test.sh --latest).
+LOCK=(-c requirements.lock)
+if [ "${BTJ_UNLOCKED:-}" = "1" ]; then LOCK=(-c scripts/lock-pins.txt --upgrade); fi
+
 install() {
   if python -m uv --version >/dev/null 2>&1; then
-    if python -m uv pip install "${FIND_LINKS[@]}" "$@"; then return 0; fi
+    if python -m uv pip install "${FIND_LINKS[@]}" "${LOCK[@]}" "$@"; then return 0; fi
     say "uv could not install $*; trying pip"
   fi
   python -m pip --version >/dev/null 2>&1 || python -m ensurepip --default-pip >/dev/null
-  python -m pip install -q "$@"
+  python -m pip install -q "${LOCK[@]}" "$@"
 }
 
 say "installing btj and its base dependencies (pydantic, typer, rich, jsonschema, cel-python)"
