@@ -62,7 +62,9 @@ def test_plan_and_render_agree_on_any_bytes(tmp_path: Path, data: bytes) -> None
 
 
 # The corpus of files a machine can read (issue 26): render skipped the data-manifest checks plan makes
-# and said readable weights "cannot be read here". Each case: (name, weights, data, tuning, job name).
+# and said readable weights "cannot be read here". Issue 39: weights alone, readable here, were planned
+# offline while the operator marked the same BTJ Invalid; now both commands refuse them as it does.
+# Each case: (name, weights, data, tuning, job name).
 CORPUS = {
     "data-and-weights-that-match": ("llama", "shards", "uint16", {"microBatchSize": 8}, "ft"),
     "data-of-another-dtype": ("llama", "shards", "uint32", {"microBatchSize": 8}, "ft"),
@@ -98,12 +100,15 @@ def test_plan_and_render_agree_on_the_corpus(corpus_root: Path, tmp_path: Path, 
     training: dict[str, Any] = {"sequenceLength": 128, "steps": 10}
     if data is not None:
         training["dataset"] = {"kind": "shards", "uri": str(corpus_root / data), "tokenDtype": dtype}
+    model: dict[str, Any] = {"weights": {"uri": str(corpus_root / weights)}}
+    if case != "weights-only-readable-here":  # that one names no model: refused, as the operator refuses it
+        model["architecture"] = named_architecture(corpus_root / weights)
     manifest = {
         "apiVersion": "training.blackwell.dev/v1alpha1",
         "kind": "BlackwellTrainingJob",
         "metadata": {"name": name},
         "spec": {
-            "model": {"weights": {"uri": str(corpus_root / weights)}},
+            "model": model,
             "cluster": {"instanceType": "ml.p5en.48xlarge", "nodes": 1, "gpusPerNode": 2},
             "training": training,
             "tuning": tuning,
@@ -120,8 +125,20 @@ def test_plan_and_render_agree_on_the_corpus(corpus_root: Path, tmp_path: Path, 
         outcomes[command] = (result.exit_code, errors)
     assert outcomes["plan"] == outcomes["render"], outcomes
     assert "cannot be read here" not in str(outcomes)
-    accepted = case in ("data-and-weights-that-match", "weights-only-readable-here")
+    accepted = case == "data-and-weights-that-match"
     assert (outcomes["plan"][0] == 0) == accepted, outcomes
+    if case == "weights-only-readable-here":  # the fix is the model its config.json describes
+        ((line,),) = {tuple(errors) for _, errors in outcomes.values()}
+        assert line.startswith("error: spec.model: neither preset nor architecture is set"), line
+        assert "Fix: set spec.model.architecture: {" in line, line
+
+
+def named_architecture(folder: Path) -> dict[str, Any]:
+    """The architecture a saved model's config.json describes, as spec.model.architecture writes it."""
+    from tests.trainer.hf_models import architecture_of
+
+    named: dict[str, Any] = architecture_of(folder).model_dump(mode="json", by_alias=True, exclude_none=True)
+    return named
 
 
 # Issue 26: what the API server refuses on the pods (not on the job that templates them) is refused

@@ -16,7 +16,7 @@ from blackwell_trainer.config import DatasetConfig, DatasetKind
 from blackwell_trainer.data import DataError, DataLayout, build_token_source
 from blackwell_trainer.prepare import Options, prepare
 from blackwell_trainer.weights_load import check_data_tokenizer
-from tests.cli.test_plan_weights import job
+from tests.cli.test_plan_weights import job, named
 from tests.trainer.hf_models import save_hf_model
 from tests.trainer.text_data import make_documents, save_tokenizer
 
@@ -51,7 +51,8 @@ def plan(
     """`btj plan` of a job mounting one volume that holds both (pytest's temporary root)."""
     volume = Path(os.path.commonpath([weights, shards]))
     dataset = {"kind": "shards", "uri": str(shards), "tokenDtype": dtype}
-    path = job(volume, {"weights": {"uri": str(weights)}}, dataset=dataset)
+    # The model named, as the operator needs it (issue 39): the checkpoint's own.
+    path = job(volume, {"architecture": named(weights), "weights": {"uri": str(weights)}}, dataset=dataset)
     manifest = yaml.safe_load(path.read_text())
     manifest["spec"]["tuning"] = FITTING if tuning is None else tuning
     path.write_text(yaml.safe_dump(manifest))

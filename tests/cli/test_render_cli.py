@@ -131,3 +131,19 @@ def test_render_on_a_terminal_shows_the_plan_and_names_not_the_yaml(monkeypatch:
     for asked in (["-o", "yaml"], ["-o", "json"]):
         asked_for = runner.invoke(app, ["render", *asked])
         assert asked_for.exit_code == 0 and "apiVersion" in asked_for.stdout, "an explicit -o is obeyed"
+
+
+def test_render_is_a_preview_that_says_to_apply_the_btj(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 39: children applied by hand have no owner, status, re-plan or finalizer.
+    import blackwell_operator.cli.render as render_cli
+
+    for terminal in (True, False):
+        monkeypatch.setattr(render_cli, "_stdout_is_terminal", lambda terminal=terminal: terminal)
+        result = runner.invoke(app, ["render"])
+        assert result.exit_code == 0, result.output
+        assert "apply the BlackwellTrainingJob itself (kubectl apply -f job.yaml)" in result.output
+        assert "kubectl apply -f -" not in result.output
+    help_text = runner.invoke(app, ["render", "--help"]).stdout
+    assert "Preview" in help_text and "kubectl apply -f -" not in help_text
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert "render | kubectl" not in readme and "render |kubectl" not in readme

@@ -87,7 +87,8 @@ def test_the_export_buffer_is_the_exporters_rule_in_the_checkpoints_dtype(dtype:
     # A vocabulary of 262,144 at width 8,192: the embedding (2.1 G elements) is larger than one export file.
     arch = LLAMA_8B.architecture.model_copy(update={"hidden_size": 8192, "vocab_size": 262144})
     facts = CheckpointFacts(architecture=arch, size_bytes=40 * 10**9, export_dtype=dtype)
-    plan = plan_job(spec("/fsx/models/wide", model={"preset": None}, sharding="full"), checkpoint=facts)
+    named = {"preset": None, "architecture": arch.model_dump(mode="json", by_alias=True, exclude_none=True)}
+    plan = plan_job(spec("/fsx/models/wide", model=named, sharding="full"), checkpoint=facts)
     assert plan.weights is not None and plan.weights.load is not None
     load = plan.weights.load
     embedding = itemsize * 262144 * 8192
@@ -147,12 +148,19 @@ def test_a_checkpoint_too_large_for_host_memory_is_refused_with_the_figures() ->
     assert "Fix: shard the model over more GPUs" in message
 
 
-def test_the_checkpoints_architecture_is_used_when_the_spec_names_none() -> None:
+def test_a_spec_naming_no_model_is_refused_even_where_the_checkpoint_was_read() -> None:
+    # Issue 39: the operator reads no checkpoint, so nothing read here may make such a spec plan.
     arch = LLAMA_8B.architecture.model_copy(update={"num_layers": 4})
     weights_only = spec("/fsx/models/small", model={"preset": None})
-    plan = plan_job(weights_only, checkpoint=CheckpointFacts(architecture=arch))
-    assert plan.architecture == arch and plan.model_name == "custom"
-    assert plan.parameter_count == arch.parameter_count()
+    with pytest.raises(SpecError) as caught:
+        plan_job(weights_only, checkpoint=CheckpointFacts(architecture=arch))
+    assert caught.value.field == "spec.model"
+    assert "Fix: set spec.model.architecture: {" in caught.value.message
+    assert '"numLayers": 4' in caught.value.message
+    with pytest.raises(SpecError) as caught:
+        plan_job(weights_only, checkpoint=CheckpointFacts(architecture=LLAMA_8B.architecture))
+    fix = "Fix: set spec.model.preset: llama3.1-8b (what /fsx/models/small/config.json"
+    assert fix in caught.value.message
 
 
 def test_weights_only_without_a_readable_folder_names_the_fix() -> None:
@@ -160,7 +168,7 @@ def test_weights_only_without_a_readable_folder_names_the_fix() -> None:
     with pytest.raises(SpecError) as caught:
         plan_job(spec("/fsx/models/small", model={"preset": None}))
     assert caught.value.field == "spec.model"
-    assert "weights.uri /fsx/models/small cannot be read here" in caught.value.message
+    assert "weights.uri /fsx/models/small alone: the operator reads no checkpoint" in caught.value.message
     assert "Fix: set spec.model.preset or spec.model.architecture" in caught.value.message
 
 

@@ -2,7 +2,7 @@
 
 The admission reader (admission/goyaml.py) reads a manifest's values with it, and the renderer
 (render/yamlio.py) quotes every string it would read as something else (`y`, `1e3`, `0o17`), so
-`btj render | kubectl apply -f -` sends the strings it printed. docs/reference/kubectl-yaml.md has the
+`btj render -o yaml` read back by kubectl gives the strings it printed. docs/reference/kubectl-yaml.md has the
 rules and the kubectl 1.35 outputs they were checked against.
 """
 

@@ -1,8 +1,9 @@
-"""One offline admission for `btj plan` and `btj render`: the same checks, so they never disagree.
+"""One offline admission for `btj plan`, `btj render` and `btj train`: the same checks, never disagreeing.
 
-`btj render | kubectl apply` must never ship a job `btj plan` refuses: both read the weights and the
-data set this machine can read, check the object names the children take, and plan with the same
-calibration; a refusal ends either command with the same line.
+All of them refuse what the operator refuses (its planning is the same plan_job, which reads no
+checkpoint), check the object names the children take, and check the weights and the data set this
+machine can read as the trainer will; a refusal ends each command with the same line. Where the children
+are printed or run (`for_children`), the plan is the operator's own: made without what was read here.
 """
 
 from __future__ import annotations
@@ -25,10 +26,13 @@ def admit(
     shown_as: str,
     calibration: Calibration | None = None,
     cluster: ClusterCalibration | None = None,
+    for_children: bool = False,
 ) -> Plan:
     """The plan of an admitted job, or the command ends with the one line that refuses it.
 
     `spec` is the job's spec with the backend resolved offline; `shown_as` names the manifest in errors.
+    `for_children`: return the plan the operator would write (no checkpoint size or dtype read here, no
+    line about the data read here), not `btj plan`'s, which uses them.
     """
     problem = name_problem(job.metadata.name)
     if problem:
@@ -38,24 +42,27 @@ def admit(
     from blackwell_operator.planner import plan_job  # imported only when needed: `btj crd` stays light
     from blackwell_trainer.shard_manifest import ManifestMismatch
 
-    try:
-        plan = plan_job(
-            spec,
-            job_name=job.metadata.name,
-            calibration=calibration,
-            checkpoint=read_checkpoint(spec),
-            # As the operator plans it: the manifest's namespace's own runs (or the pool, when set).
-            cluster=cluster.corrector(
-                spec.cluster.instance_type,
-                job.metadata.namespace or "default",
-                pooled=operator_environment().cluster_calibration_pool,
-            )
-            if cluster
-            else None,
+    corrector = (
+        # As the operator plans it: the manifest's namespace's own runs (or the pool, when set).
+        cluster.corrector(
+            spec.cluster.instance_type,
+            job.metadata.namespace or "default",
+            pooled=operator_environment().cluster_calibration_pool,
         )
+        if cluster
+        else None
+    )
+    try:
+        local = read_checkpoint(spec)
+        plan = plan_job(
+            spec, job_name=job.metadata.name, calibration=calibration, checkpoint=local, cluster=corrector
+        )
+        if for_children and local is not None:
+            # The checks above used the files read here; the operator's plan is made without them.
+            plan = plan_job(spec, job_name=job.metadata.name, calibration=calibration, cluster=corrector)
         # Prepared data readable here is checked as the trainer will check it, in the trainer's words.
         manifest = check_local_dataset(plan)
-        if manifest is not None and manifest.kind == "chat":
+        if manifest is not None and manifest.kind == "chat" and not for_children:
             plan.explanation.append(describe_chat_data(manifest, str(plan.dataset.uri)))
     except SpecError as exc:
         fail(exc.message)

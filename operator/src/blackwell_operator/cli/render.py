@@ -1,4 +1,4 @@
-"""`btj render` (every object the operator would create, offline) and `btj crd` (the CRD YAML)."""
+"""`btj render` (a preview of the objects the operator would create, offline) and `btj crd` (the CRD YAML)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,11 @@ from blackwell_operator.units import GIB
 from blackwell_trainer.config import Plan
 
 DEFAULT_NAMESPACE = "default"
+# A preview: children applied by hand have no owner, no status, no re-plan and no finalizer.
+APPLY_THE_BTJ = (
+    "a preview: apply the BlackwellTrainingJob itself (kubectl apply -f job.yaml) and the operator creates "
+    "these; applied by hand they would be nobody's (no status, no re-plan, no clean-up)"
+)
 
 
 class OutputFormat(StrEnum):
@@ -86,7 +91,10 @@ def render(
     calibration: CalibrationOption = DEFAULT_CALIBRATION,
     cluster_calibration: ClusterCalibrationOption = None,
 ) -> None:
-    """Print every object the operator would create for a BTJ (plan ConfigMap and job), offline."""
+    """Preview every object the operator would create for a BTJ (plan ConfigMap and job), offline.
+
+    Apply the BTJ itself; the operator creates these objects and owns them.
+    """
     cal = read_calibration(calibration)
     cluster = None if cluster_calibration is None else read_cluster_calibration(cluster_calibration)
     job = load_manifest_or_fail(file)
@@ -99,8 +107,11 @@ def render(
     )
     from blackwell_operator.cli.admit import admit
 
-    # The same admission as `btj plan`: what render prints, plan accepts, and the other way round.
-    plan = admit(job, spec, shown_as=str(file or "the manifest"), calibration=cal, cluster=cluster)
+    # The same admission as `btj plan`: what render prints, plan accepts, and the other way round; the
+    # plan in the objects is the operator's own (made without the files read here).
+    plan = admit(
+        job, spec, shown_as=str(file or "the manifest"), calibration=cal, cluster=cluster, for_children=True
+    )
     objects = render_children(name, namespace, spec, plan, labels=labels)
     typer.echo(plan_summary(plan, spec.tuning.memory_headroom), err=True)
     typer.echo(backend_note, err=True)
@@ -116,7 +127,7 @@ def render(
         )
     if output is None and _stdout_is_terminal():
         # A person at a terminal reads the plan, not hundreds of lines of YAML scrolling it away;
-        # a pipe or a file (`btj render | kubectl apply -f -`) still gets the YAML.
+        # a pipe or a file (`btj render > children.yaml`, a diff) still gets the YAML.
         lines = dump_documents(objects).count("\n")
         typer.echo("objects the operator would create:")
         for obj in objects:
@@ -124,7 +135,9 @@ def render(
         typer.echo(
             f"`btj render -o yaml` prints them ({lines} lines of YAML), as btj render does into a pipe"
         )
+        typer.echo(APPLY_THE_BTJ)
         return
+    typer.echo(f"  {APPLY_THE_BTJ}", err=True)
     if output == OutputFormat.JSON:
         document = {"apiVersion": "v1", "kind": "List", "items": objects}
         sys.stdout.write(json.dumps(document, indent=2) + "\n")

@@ -77,8 +77,8 @@ class Backend(StrEnum):
 class ModelSpec(WireModel):
     """The model to train: a named preset or an explicit architecture (at most one), and initial weights.
 
-    With weights in a folder `btj plan` can read, neither is needed: it takes the architecture from the
-    checkpoint's config.json. The operator reads no checkpoint, so a BTJ it runs names one of them.
+    The operator reads no checkpoint, so a BTJ names one of them even with weights; `btj plan` on a
+    machine that can read the weights' folder prints the one its config.json describes.
     """
 
     preset: str | None = Field(

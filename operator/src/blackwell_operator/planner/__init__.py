@@ -181,7 +181,6 @@ def _plan_fixed(
 ) -> Plan:
     """plan_job on the spec's own node count."""
     facts = checkpoint or CheckpointFacts()
-    read_architecture = spec.model.preset is None and spec.model.architecture is None
     spec = with_checkpoint_architecture(spec, facts)
     cal = calibration or load_calibration()
     if correction is not None:
@@ -224,7 +223,7 @@ def _plan_fixed(
         weights=weights_plan,
         facts=facts,
     )
-    notes = [*_weights_notes(weights_plan, read_architecture), describe_local_storage(local_storage)]
+    notes = [*_weights_notes(weights_plan), describe_local_storage(local_storage)]
     from_cluster = cluster(best.setting.recipe, best.setting.activation_checkpointing) if cluster else None
     if from_cluster is not None:
         notes.append(describe_cluster_correction(from_cluster))
@@ -355,12 +354,11 @@ def provenance_line(items: list[ChoiceProvenance]) -> str:
     return f"provenance: {verdict(items)[2]}"
 
 
-def _weights_notes(weights: WeightsConfig | None, read_architecture: bool) -> list[str]:
-    """Where the architecture came from, and what loading the initial weights takes."""
+def _weights_notes(weights: WeightsConfig | None) -> list[str]:
+    """What loading the initial weights takes."""
     if weights is None or weights.load is None:
         return []
-    source = [f"architecture from {weights.uri}/config.json"] if read_architecture else []
-    return [*source, describe_load(weights.uri, weights.load)]
+    return [describe_load(weights.uri, weights.load)]
 
 
 def _batch_note(problem: Problem, best: Scored) -> list[str]:

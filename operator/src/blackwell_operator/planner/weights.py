@@ -25,9 +25,10 @@ Bandwidths (docs/fine-tuning.md has the sources):
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
-from blackwell_operator.catalogs import resolve_model
+from blackwell_operator.catalogs import list_presets, resolve_model
 from blackwell_operator.errors import PlanningError, SpecError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner.layout import Hardware
@@ -64,20 +65,21 @@ class CheckpointFacts:
 def with_checkpoint_architecture(
     spec: BlackwellTrainingJobSpec, facts: CheckpointFacts
 ) -> BlackwellTrainingJobSpec:
-    """The spec with the model the checkpoint's config.json describes, when the spec names none; a named
-    model must be the checkpoint's."""
+    """The spec, checked against the checkpoint where it was read: a named model must be the checkpoint's.
+
+    A spec that names no model is refused whether or not the checkpoint was read here: the operator reads
+    no checkpoint, so `btj plan` and `btj render` refuse what it would (issue 39); where config.json was
+    read, the fix is the model to name.
+    """
     model, read = spec.model, facts.architecture
     if model.preset is None and model.architecture is None:
-        if read is None:
-            uri = model.weights.uri if model.weights else ""
-            raise SpecError(
-                "spec.model",
-                f"neither preset nor architecture is set, and weights.uri {uri} cannot be read here (the "
-                "operator reads no checkpoint)",
-                "set spec.model.preset or spec.model.architecture (`btj plan` on a machine that mounts the "
-                "folder reads it from config.json and prints it)",
-            )
-        return spec.model_copy(update={"model": model.model_copy(update={"architecture": read})})
+        uri = model.weights.uri if model.weights else ""
+        raise SpecError(
+            "spec.model",
+            f"neither preset nor architecture is set (weights.uri {uri} alone: the operator reads no "
+            "checkpoint)",
+            _name_the_model(uri, read),
+        )
     if read is not None:
         _, named = resolve_model(model)
         difference = architecture_mismatch(named, read)
@@ -85,10 +87,23 @@ def with_checkpoint_architecture(
             raise SpecError(
                 WEIGHTS_FIELD,
                 f"{model.weights.uri if model.weights else ''}: {difference}",
-                "name the checkpoint's model in spec.model, or leave preset and architecture out to take "
-                "the checkpoint's",
+                "name the checkpoint's model in spec.model (`btj plan` prints it when spec.model names none)",
             )
     return spec
+
+
+def _name_the_model(uri: str, read: Architecture | None) -> str:
+    """The fix for a spec that names no model: the preset or architecture config.json describes, if read."""
+    if read is None:
+        return (
+            "set spec.model.preset or spec.model.architecture (`btj plan` on a machine that mounts the "
+            "folder reads its config.json and prints the one to set)"
+        )
+    for preset in list_presets():
+        if architecture_mismatch(preset.architecture, read) is None:
+            return f"set spec.model.preset: {preset.name} (what {uri}/config.json describes)"
+    fields = json.dumps(read.model_dump(mode="json", by_alias=True, exclude_none=True))
+    return f"set spec.model.architecture: {fields} (what {uri}/config.json describes)"
 
 
 def largest_tensor_elements(arch: Architecture) -> int:

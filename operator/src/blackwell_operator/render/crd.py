@@ -64,8 +64,8 @@ _NEW_JOB = "create a new BlackwellTrainingJob instead"
 SPEC_RULES: dict[str, list[dict[str, str]]] = {
     "model": [
         {
-            # Weights alone are allowed: `btj plan` reads the architecture from a local config.json; the
-            # operator, which reads no checkpoint, then reports the spec Invalid with the fix.
+            # Weights alone pass admission: the operator, which reads no checkpoint, then reports the
+            # spec Invalid with the fix (`btj plan` prints the model a readable config.json describes).
             "rule": "!(has(self.preset) && has(self.architecture)) "
             "&& (has(self.preset) || has(self.architecture) || has(self.weights))",
             "message": "set exactly one of spec.model.preset or spec.model.architecture",
