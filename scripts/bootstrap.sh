@@ -10,22 +10,24 @@ cd "$(dirname "$0")/.."
 PY=$("${PYTHON:-python3}" -c 'import sys; print(sys.executable)')
 ALL=0
 if [ "${1:-}" = "--all" ]; then ALL=1; fi
+# BTJ_VENV names another environment (scripts/test.sh --latest keeps its unlocked one in .venv-latest).
+VENV=${BTJ_VENV:-.venv}
 started=$SECONDS
 say() { printf '[bootstrap %3ds] %s\n' "$((SECONDS - started))" "$*" >&2; }
 
-if [ ! -x .venv/bin/python ]; then
-  say "creating .venv with $("$PY" --version 2>&1)"
+if [ ! -x "$VENV/bin/python" ]; then
+  say "creating $VENV with $("$PY" --version 2>&1)"
   # No pip inside (ensurepip alone takes 20 s on a loaded 2-core machine): uv installs; pip only if uv
   # cannot be had.
-  "$PY" -m venv --without-pip .venv
+  "$PY" -m venv --without-pip "$VENV"
 fi
-. .venv/bin/activate
+. "$VENV/bin/activate"
 
 # uv installs in parallel and resolves in seconds: minutes become seconds on a 2-core machine. It comes
 # from PyPI through the Python that made the venv (its pip puts it into the venv).
 if ! python -m uv --version >/dev/null 2>&1; then
   say "installing uv (the installer) from PyPI"
-  "$PY" -m pip --python .venv/bin/python install -q uv || say "no uv: pip installs instead (slower)"
+  "$PY" -m pip --python "$VENV/bin/python" install -q uv || say "no uv: pip installs instead (slower)"
 fi
 # uv does not read pip's configuration: hand it pip's find-links, where wheels on this disk lie (the
 # torch 2.13.0 CPU wheel on the project's machines, which uv then prefers to PyPI's CUDA build).
@@ -51,7 +53,7 @@ install() {
 
 say "installing btj and its base dependencies (pydantic, typer, rich, jsonschema, cel-python)"
 install -e .
-say "btj is ready: .venv/bin/btj"
+say "btj is ready: $VENV/bin/btj"
 if [ "$ALL" = 0 ]; then
   say "for the tests, the trainer and \`btj demo\`: bash scripts/bootstrap.sh --all (bash scripts/test.sh runs it)"
   exit 0

@@ -6,6 +6,9 @@
 #   bash scripts/test.sh --area planner   the lint checks are skipped; only tests/planner (repeatable)
 #   bash scripts/test.sh --quick          no gloo ranks, no operator under KopfRunner (-m "not distributed
 #                                         and not integration"); combines with --area
+#   bash scripts/test.sh --latest         the same, in .venv-latest with the newest releases pyproject.toml's
+#                                         ranges allow instead of requirements.lock's (what a user who
+#                                         installs the package gets today); combines with the others
 #   bash scripts/test.sh -- ARGS          ARGS go to pytest as they are (-n 0: one process, -x, -k ...)
 #
 # What some tests run on is fetched here when it is missing: Debian's prometheus package, unpacked into
@@ -24,6 +27,7 @@ while [ $# -gt 0 ]; do
       areas+=("$2"); shift 2 ;;
     --area=*) areas+=("${1#--area=}"); shift ;;
     --quick) marks=(-m "not distributed and not integration"); shift ;;
+    --latest) export BTJ_UNLOCKED=1 BTJ_VENV=.venv-latest; shift ;;
     --) shift; break ;;
     *) break ;;
   esac
@@ -63,7 +67,7 @@ fi
 
 bash scripts/bootstrap.sh --all
 phase "set-up (scripts/bootstrap.sh --all)"
-. .venv/bin/activate
+. "${BTJ_VENV:-.venv}/bin/activate"
 export PATH="$PWD/.tools/helm:$PWD/.tools/kubectl:$PATH"
 
 mypy_pid=

@@ -35,8 +35,17 @@ def kubernetes_errors(obj: dict[str, Any]) -> str | None:
 
 ROOT = Path(__file__).resolve().parents[2]
 # The upstream CRDs are not vendored (docs/reference/crd-schemas.md): BTJ_CRD_SCHEMAS names their folder;
-# by default the one CI provides beside the repository's folder.
-SHARED_SCHEMAS = Path(os.environ.get("BTJ_CRD_SCHEMAS") or ROOT.parent / "shared" / "schemas")
+# by default the one CI provides beside the repository's folder, else the one scripts/fetch_crd_schemas.py
+# fills from a fresh clone.
+_BESIDE = ROOT.parent / "shared" / "schemas"
+SHARED_SCHEMAS = Path(
+    os.environ.get("BTJ_CRD_SCHEMAS") or (_BESIDE if _BESIDE.is_dir() else ROOT / ".tools" / "crd-schemas")
+)
+# What a skipped schema check says: the one command that makes it run.
+SCHEMA_MISSING = (
+    "is absent: run python3 scripts/fetch_crd_schemas.py "
+    "(or set BTJ_CRD_SCHEMAS; docs/reference/crd-schemas.md)"
+)
 PYTORCHJOB_CRDS = {
     "kubeflow-release-1.9": SHARED_SCHEMAS / "kubeflow.org_pytorchjobs.yaml",
     "hyperpod-training-operator-v1.7": SHARED_SCHEMAS

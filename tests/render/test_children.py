@@ -14,6 +14,7 @@ from blackwell_operator.models.spec import InstanceType
 from blackwell_operator.render import render_children
 from tests.render.k8s_schema import (
     PYTORCHJOB_CRDS,
+    SCHEMA_MISSING,
     crd_open_api_schema,
     kubernetes_errors,
     load_crd,
@@ -34,7 +35,7 @@ TRAINJOB_CHECKED_ELSEWHERE = "TrainJob children: tests/render/test_trainjob.py"
 def pytorchjob_validator(request: pytest.FixtureRequest) -> jsonschema.Draft4Validator:
     path = PYTORCHJOB_CRDS[request.param]
     if not path.is_file():
-        pytest.skip(f"{path} is absent: set BTJ_CRD_SCHEMAS (docs/reference/crd-schemas.md)")
+        pytest.skip(f"{path} {SCHEMA_MISSING}")
     crd = load_crd(path)
     return strict_validator(crd_open_api_schema(crd, "v1"), api_version="kubeflow.org/v1", kind="PyTorchJob")
 

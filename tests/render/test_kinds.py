@@ -17,7 +17,7 @@ from blackwell_operator.render.kinds import (
     ChildKind,
     job_kind,
 )
-from tests.render.k8s_schema import PYTORCHJOB_CRDS, SHARED_SCHEMAS, load_crd
+from tests.render.k8s_schema import PYTORCHJOB_CRDS, SCHEMA_MISSING, SHARED_SCHEMAS, load_crd
 from tests.render.plans import plan_for
 
 # The CRD each row is checked against. HyperPod publishes no HyperPodPyTorchJob CRD
@@ -58,7 +58,7 @@ def test_rows_split_their_api_version() -> None:
 def test_rows_match_the_upstream_crds(row: ChildKind) -> None:
     path = UPSTREAM_CRDS[row]
     if not path.is_file():
-        pytest.skip(f"{path} is absent: set BTJ_CRD_SCHEMAS (docs/reference/crd-schemas.md)")
+        pytest.skip(f"{path} {SCHEMA_MISSING}")
     crd = load_crd(path)
     names = crd["spec"]["names"]
     served = [v["name"] for v in crd["spec"]["versions"] if v.get("served")]

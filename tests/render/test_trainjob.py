@@ -13,6 +13,7 @@ from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.render import render_children
 from blackwell_operator.render.trainjob import RUNTIME_HASH_ANNOTATION
 from tests.render.k8s_schema import (
+    SCHEMA_MISSING,
     SHARED_SCHEMAS,
     Schema,
     admit,
@@ -34,7 +35,7 @@ UPSTREAM_RUNTIME = SHARED_SCHEMAS / "kubeflow-trainer-v2.3.0.runtime.torch-distr
 def _crd(kind: str) -> tuple[Schema, Any]:
     path = TRAINER_CRDS[kind]
     if not path.is_file():
-        pytest.skip(f"{path} is absent: set BTJ_CRD_SCHEMAS (docs/reference/crd-schemas.md)")
+        pytest.skip(f"{path} {SCHEMA_MISSING}")
     open_api = crd_open_api_schema(load_crd(path), "v1alpha1")
     return open_api, strict_validator(open_api, api_version="trainer.kubeflow.org/v1alpha1", kind=kind)
 

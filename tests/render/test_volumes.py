@@ -20,6 +20,7 @@ from blackwell_operator.render import render_children
 from blackwell_operator.render.crd import generate_crd
 from tests.render.k8s_schema import (
     PYTORCHJOB_CRDS,
+    SCHEMA_MISSING,
     admit,
     btj_schema_and_validator,
     crd_open_api_schema,
@@ -107,7 +108,7 @@ def test_operator_volumes_are_the_reserved_ones() -> None:
 def test_pytorchjob_with_claims_validates_against_the_crd(crd: str) -> None:
     path = PYTORCHJOB_CRDS[crd]
     if not path.is_file():
-        pytest.skip(f"{path} is absent: set BTJ_CRD_SCHEMAS (docs/reference/crd-schemas.md)")
+        pytest.skip(f"{path} {SCHEMA_MISSING}")
     validator = strict_validator(
         crd_open_api_schema(load_crd(path), "v1"), api_version="kubeflow.org/v1", kind="PyTorchJob"
     )
