@@ -52,3 +52,22 @@ def test_the_check_counts_nested_functions_and_methods() -> None:
     assert [line.split(" ")[1] for line in long_functions(nested, "x.py")] == ["outer", "f"]
     method = f"class C:\n    async def m(self) -> None:\n{body}\n"
     assert long_functions(method, "x.py") == ["x.py:2 m (61 lines)"]
+
+
+# The reconciler reads its pass's inputs in handlers/pass_inputs.py and makes the child calls in
+# handlers/child_calls.py (issue 34): what grows here is a decision that belongs in lifecycle/.
+RECONCILE = ROOT / "operator/src/blackwell_operator/handlers/reconcile.py"
+RECONCILE_LINES, RECONCILER_LINES = 400, 300
+
+
+def test_the_reconciler_stays_small() -> None:
+    source = RECONCILE.read_text()
+    assert len(source.splitlines()) <= RECONCILE_LINES, f"{RECONCILE.name} is over {RECONCILE_LINES} lines"
+    (reconciler,) = (
+        node
+        for node in ast.parse(source).body
+        if isinstance(node, ast.ClassDef) and node.name == "Reconciler"
+    )
+    assert reconciler.end_lineno is not None
+    length = reconciler.end_lineno - reconciler.lineno + 1
+    assert length < RECONCILER_LINES, f"Reconciler is {length} lines, under {RECONCILER_LINES}"

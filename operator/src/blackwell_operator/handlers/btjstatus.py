@@ -11,7 +11,7 @@ from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.lifecycle.child_record import CHILD_DELETED as CHILD_DELETED
 from blackwell_operator.lifecycle.status_patch import changes_nothing, status_patch
-from blackwell_operator.lifecycle.status_read import read_status
+from blackwell_operator.lifecycle.status_read import ReadBtj, read_btj
 from blackwell_operator.lifecycle.writers import StatusWriter
 from blackwell_operator.models.spec import API_GROUP, API_VERSION, PLURAL
 from blackwell_operator.models.status import StatusChange
@@ -32,11 +32,11 @@ def btj_path(namespace: str, name: str, subresource: str | None = None) -> str:
     return resource_path(BTJ_API_VERSION, PLURAL, namespace, name, subresource)
 
 
-def report_unreadable(btj: Mapping[str, Any], logger: Any) -> None:
+def report_unreadable(read: ReadBtj, logger: Any) -> None:
     """Log, once per BTJ and problem, each part of its stored status the models cannot read (the writers
     work from the rest; lifecycle/status_read.py)."""
-    uid = str((btj.get("metadata") or {}).get("uid") or "")
-    for problem in read_status(btj.get("status")).problems:
+    uid = str((read.body.get("metadata") or {}).get("uid") or "")
+    for problem in read.stored.problems:
         if (uid, problem) in _REPORTED:
             continue
         if len(_REPORTED) >= _REPORTED_LIMIT:
@@ -53,7 +53,7 @@ def write_status(
     writer: StatusWriter,
     logger: Any = None,
     *,
-    read: Mapping[str, Any] | None = None,
+    read: ReadBtj | None = None,
 ) -> dict[str, Any] | None:
     """Apply `update` to the latest BTJ under the retry policy: a conflict (409) re-reads and recomputes.
 
@@ -62,23 +62,29 @@ def write_status(
     its computation saw. Returns the BTJ written, or None when the BTJ is gone or nothing changed; raises
     the last ApiError when the policy gives up.
 
-    read: the BTJ as the caller last read it (a reconcile pass, at its start). The first attempt computes
-    from it instead of reading the BTJ again; if anything wrote since, its resourceVersion is stale, the
-    write is refused with a conflict and the next attempt reads. Nothing else differs.
+    read: the BTJ as the caller last read it, its status parsed (a reconcile pass, at its start). The first
+    attempt computes from it instead of reading the BTJ again (and parses nothing again); if anything wrote
+    since, its resourceVersion is stale, the write is refused with a conflict and the next attempt reads.
+    Nothing else differs. `update` is handed `read.body` itself on that attempt.
     """
     log = logger if logger is not None else _LOG
     unused = [read] if read is not None else []
 
     def once() -> dict[str, Any] | None:
-        current = unused.pop() if unused else api.get(btj_path(namespace, name))
-        if current is None:
+        if unused:
+            known: ReadBtj | None = unused.pop()
+        else:
+            fetched = api.get(btj_path(namespace, name))
+            known = read_btj(fetched) if fetched is not None else None
+        if known is None:
             return None
-        report_unreadable(current, log)
+        current = known.body
+        report_unreadable(known, log)
         change = update(current)
         if change is None:
             return None
         stored = current.get("status") or {}
-        patch = status_patch(change, stored, writer)
+        patch = status_patch(change, stored, writer, read=known.stored)
         if changes_nothing(patch, stored):
             return None
         body = {"metadata": {"resourceVersion": current["metadata"]["resourceVersion"]}, "status": patch}

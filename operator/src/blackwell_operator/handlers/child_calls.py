@@ -9,18 +9,23 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from blackwell_operator.handlers import retrying
 from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
 from blackwell_operator.handlers.finalizer import with_finalizer
 from blackwell_operator.lifecycle.child_apply import (
+    CannotChange,
+    PatchInPlace,
+    UpToDate,
     conflict_message,
     label_patch,
     still_deleting,
     supporting_patch,
 )
 from blackwell_operator.lifecycle.child_record import owned_by
+from blackwell_operator.lifecycle.outcome import PassOutcome
 from blackwell_operator.render import trainjob
 from blackwell_operator.render.kinds import CONFIG_MAP, SUPPORTING_KINDS, TRAINING_RUNTIME, ChildKind
 from blackwell_operator.render.pod import plan_config_map_name
@@ -223,3 +228,28 @@ class ChildCalls:
         if existing["metadata"].get("deletionTimestamp"):
             raise ApiError(409, "Conflict", still_deleting(kind.kind, name))
         return False, existing
+
+
+def update_child(
+    calls: ChildCalls,
+    job_path: str,
+    supporting: list[dict[str, Any]],
+    decision: UpToDate | PatchInPlace | CannotChange,
+    outcome: PassOutcome,
+) -> PassOutcome:
+    """The calls for a child that exists: hold it, bring its labels to the BTJ's, bring its supporting
+    objects and (before it starts) the job to this render."""
+    assert outcome.child is not None
+    child = outcome.child
+    name = str(child.obj["metadata"]["name"])
+    if decision.hold:
+        child = replace(child, obj=calls.hold(job_path, child.obj))
+    if decision.relabel is not None:
+        child = replace(child, obj=calls.relabel(child.kind, job_path, name, decision.relabel))
+    if isinstance(decision, UpToDate | PatchInPlace):
+        calls.ensure_supporting_of(job_path, child.obj, supporting)
+    else:  # what a running or finished job reads keeps describing it; only its labels follow the BTJ
+        calls.relabel_supporting(supporting)
+    if isinstance(decision, PatchInPlace):
+        child = replace(child, obj=calls.patch(child.kind, job_path, name, decision.patch))
+    return replace(outcome, child=child).recording(decision.effects)

@@ -17,8 +17,8 @@ from blackwell_operator.lifecycle.references import (
     service_account_missing,
     would_create,
 )
-from blackwell_operator.lifecycle.status_read import read_status
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
+from blackwell_operator.models.status import BlackwellTrainingJobStatus
 from blackwell_operator.settings import operator_environment
 
 
@@ -37,9 +37,12 @@ def check_references(
     spec: BlackwellTrainingJobSpec,
     job_path: str,
     logger: Any,
+    *,
+    stored: BlackwellTrainingJobStatus,
 ) -> Preflight:
     """Read what the rendered child's pods name: spec.serviceAccountName (a create waits for it) and, when
-    BTJ_CHECK_IMAGE_PULL_SECRETS is on, spec.imagePullSecrets (a Warning condition only)."""
+    BTJ_CHECK_IMAGE_PULL_SECRETS is on, spec.imagePullSecrets (a Warning condition only). `stored`: the
+    BTJ's status as the pass parsed it."""
     meta, found = body["metadata"], Preflight()
     namespace = str(meta["namespace"])
     if operator_environment().check_image_pull_secrets:
@@ -56,6 +59,6 @@ def check_references(
             logger.warning(f"Cannot read the child {job_path}: {exc}")
             return found  # the create path reads it again and reports what it finds
         generation = int(meta.get("generation") or 1)
-        if would_create(read_status(body.get("status")).status, generation, child_exists=child_exists):
+        if would_create(stored, generation, child_exists=child_exists):
             found.blocked = service_account_missing(account, namespace)
     return found

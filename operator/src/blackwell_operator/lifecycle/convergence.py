@@ -35,12 +35,14 @@ def _wants_child_back(btj: Mapping[str, Any], stored: BlackwellTrainingJobStatus
     )
 
 
-def needs_reconcile(btj: Mapping[str, Any]) -> str | None:
-    """Why this BTJ has not converged (None when it has): what the loop would reconcile it for."""
+def needs_reconcile(btj: Mapping[str, Any], stored: BlackwellTrainingJobStatus | None = None) -> str | None:
+    """Why this BTJ has not converged (None when it has): what the loop would reconcile it for. `stored`:
+    its status as the caller parsed it (a reconcile pass); else only the keys read here are parsed."""
     meta = btj.get("metadata") or {}
     if meta.get("deletionTimestamp"):
         return None
-    stored = read_keys(btj.get("status"), *_KEYS).status
+    if stored is None:
+        stored = read_keys(btj.get("status"), *_KEYS).status
     if stored.observed_generation != int(meta.get("generation") or 1):
         return "its spec has not been reconciled"
     if _wants_child_back(btj, stored):

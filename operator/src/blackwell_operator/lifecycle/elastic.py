@@ -22,6 +22,7 @@ from blackwell_operator.lifecycle.status_read import read_status
 from blackwell_operator.models.spec import ElasticSpec
 from blackwell_operator.models.status import (
     PLAN_HISTORY_LIMIT,
+    BlackwellTrainingJobStatus,
     ConditionType,
     ElasticStatus,
     Phase,
@@ -110,14 +111,17 @@ def decide(
     return Decision(Action.RESIZE, target, f"{schedulable} nodes schedulable for {waited:.0f} s", seen)
 
 
-def stored_choice(btj: Mapping[str, Any]) -> NodeChoice | None:
+def stored_choice(
+    btj: Mapping[str, Any], stored: BlackwellTrainingJobStatus | None = None
+) -> NodeChoice | None:
     """The node choice of the stored plan, when it belongs to the BTJ's current spec generation: every
-    later pass plans the same count (only a resize changes it). None: plan from the healthy nodes."""
+    later pass plans the same count (only a resize changes it). None: plan from the healthy nodes.
+    `stored`: the BTJ's status as the caller parsed it (a reconcile pass parses it once)."""
     status = btj.get("status") or {}
     generation = int((btj.get("metadata") or {}).get("generation") or 1)
     if status.get("observedGeneration") != generation:
         return None
-    plan = read_status(status).status.plan
+    plan = (stored if stored is not None else read_status(status).status).plan
     return plan.elastic if plan is not None else None
 
 

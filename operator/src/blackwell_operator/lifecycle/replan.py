@@ -16,6 +16,7 @@ from blackwell_operator.lifecycle.phase import fail
 from blackwell_operator.lifecycle.status_read import StatusLike, read_status, typed
 from blackwell_operator.models.status import (
     PLAN_HISTORY_LIMIT,
+    BlackwellTrainingJobStatus,
     ConditionType,
     MemoryCorrection,
     Phase,
@@ -85,15 +86,18 @@ def learned_for(spec: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def correction_of(btj: Mapping[str, Any]) -> MemoryCorrection | None:
+def correction_of(
+    btj: Mapping[str, Any], stored: BlackwellTrainingJobStatus | None = None
+) -> MemoryCorrection | None:
     """status.memoryCorrection when it applies to the BTJ's current spec: learned on this generation, or
     on an earlier one whose LEARNED_FOR fields this spec keeps (then rebased onto this generation, so that
     a later out-of-memory run adds to it and its re-plan count goes on). Else None.
 
     One written by another version, or by hand, that does not read is left out (lifecycle/status_read.py):
-    the job is planned without it rather than failed.
+    the job is planned without it rather than failed. `stored`: the BTJ's status as the caller parsed it
+    (a reconcile pass parses it once); parsed here otherwise.
     """
-    correction = read_status(btj.get("status")).status.memory_correction
+    correction = (stored if stored is not None else read_status(btj.get("status")).status).memory_correction
     if correction is None:
         return None
     generation = int((btj.get("metadata") or {}).get("generation") or 1)

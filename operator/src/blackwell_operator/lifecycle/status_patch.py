@@ -77,11 +77,19 @@ def check_ownership(change: StatusChange, stored: StoredStatus, writer: StatusWr
 
 
 def status_patch(
-    change: StatusChange, stored: Mapping[str, Any] | None, writer: StatusWriter
+    change: StatusChange,
+    stored: Mapping[str, Any] | None,
+    writer: StatusWriter,
+    *,
+    read: StoredStatus | None = None,
 ) -> dict[str, Any]:
-    """The merge patch of status that applies `change` by `writer` to the `stored` status."""
+    """The merge patch of status that applies `change` by `writer` to the `stored` status.
+
+    read: `stored` as the caller parsed it already (read_status: a reconcile pass parses its BTJ once);
+    else only its conditions are read here, all this reads of it besides the raw keys."""
     stored = stored if isinstance(stored, Mapping) else {}
-    read = read_keys(stored, "conditions")  # all it reads of the stored status (not the plan)
+    if read is None:
+        read = read_keys(stored, "conditions")  # not the plan, which the other writers never read
     check_ownership(change, read, writer)
     fields = change.model_fields_set
     patch: dict[str, Any] = {}

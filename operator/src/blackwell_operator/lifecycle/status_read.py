@@ -81,6 +81,31 @@ def read_status(raw: Mapping[str, Any] | None) -> StoredStatus:
     return StoredStatus(BlackwellTrainingJobStatus.model_validate(good), tuple(problems), tuple(unreadable))
 
 
+@dataclass(frozen=True)
+class ReadBtj:
+    """A BTJ as one GET returned it, with its status parsed once: a reconcile pass's stored status, handed
+    to everything in the pass that reads it (the re-plan's correction, an elastic job's node count, the
+    preflight, the write) so that none parses it again."""
+
+    body: Mapping[str, Any]
+    stored: StoredStatus
+
+    @property
+    def status(self) -> BlackwellTrainingJobStatus:
+        """The typed status (what validates)."""
+        return self.stored.status
+
+    @property
+    def generation(self) -> int:
+        """The spec generation of the BTJ read (metadata.generation, 1 when missing)."""
+        return int((self.body.get("metadata") or {}).get("generation") or 1)
+
+
+def read_btj(body: Mapping[str, Any]) -> ReadBtj:
+    """`body` with its status parsed (read_status)."""
+    return ReadBtj(body, read_status(body.get("status")))
+
+
 def read_keys(raw: Mapping[str, Any] | None, *keys: str) -> StoredStatus:
     """Only these keys of `raw` (wire names, e.g. "phase", "conditions"), each read as read_status reads it
     (the problems named are those of these keys).
