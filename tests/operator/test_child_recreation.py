@@ -10,10 +10,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from blackwell_operator.discovery.capacity import NodeCapacityReader
-from blackwell_operator.handlers import child_retry_interval
 from blackwell_operator.handlers.api import KubeApi
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.reconcile import Reconciler
+from blackwell_operator.handlers.resync import resync_interval
 from blackwell_operator.lifecycle.child_mirror import deleted_child_changes
 from blackwell_operator.lifecycle.convergence import wants_child_back
 from blackwell_operator.lifecycle.status_patch import status_patch
@@ -205,12 +205,12 @@ def test_the_resync_loop_leaves_a_btj_whose_reconcile_is_in_progress_alone(
 def test_the_child_retry_interval_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BTJ_CHILD_RETRY_INTERVAL_S", "soon")
     with pytest.raises(ValueError, match=r"BTJ_CHILD_RETRY_INTERVAL_S='soon'.*Fix"):
-        child_retry_interval()
+        resync_interval()
     monkeypatch.setenv("BTJ_CHILD_RETRY_INTERVAL_S", "0")
     with pytest.raises(ValueError, match="must be positive"):
-        child_retry_interval()
+        resync_interval()
     monkeypatch.delenv("BTJ_CHILD_RETRY_INTERVAL_S")
-    assert child_retry_interval() == 60.0
+    assert resync_interval() == 60.0
 
 
 async def test_a_deleted_hyperpod_job_is_recreated_too(cluster: Cluster) -> None:

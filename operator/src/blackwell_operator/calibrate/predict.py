@@ -116,12 +116,6 @@ class Comparison:
         m = self.record.peak_reserved_bytes
         return None if not self.record.ran or not m else self.predicted_reserved / m - 1.0
 
-    @property
-    def allocated_error(self) -> float | None:
-        """Predicted / measured allocated memory - 1."""
-        m = self.record.peak_allocated_bytes
-        return None if not self.record.ran or not m else self.predicted_allocated / m - 1.0
-
 
 def as_ran(record: CalibrationRecord, cal: Calibration) -> Calibration:
     """The calibration as the trainer was when it made the record, whatever the profile plans with: a record

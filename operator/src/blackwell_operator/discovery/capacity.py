@@ -126,15 +126,3 @@ class NodeCapacityReader:
             with self._lock:
                 self._cache[instance_type] = (self._clock(), nodes)
         return count_capacity(nodes, instance_type, requests)
-
-
-def kubernetes_node_lister(core_api: Any) -> NodeLister:
-    """A lister over kubernetes.client.CoreV1Api (plain dicts, no model deserialisation)."""
-
-    def list_nodes(label_selector: str) -> list[dict[str, Any]]:
-        response = core_api.list_node(label_selector=label_selector, _preload_content=False)
-        import json
-
-        return list(json.loads(response.data).get("items", []))
-
-    return list_nodes

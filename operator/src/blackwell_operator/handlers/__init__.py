@@ -75,9 +75,6 @@ def recreate_child(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> N
     Reconciler(_ctx(memo)).reconcile_now(body, logger=logger)
 
 
-child_retry_interval = resync_interval  # the name the chart's setting was documented under
-
-
 def track_child(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
     """on.event for the child kinds we label: mirror their status onto the owner BTJ."""
     on_child_event(_ctx(memo), type, body, logger)
