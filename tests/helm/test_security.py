@@ -82,7 +82,7 @@ def test_watch_scope_follows_values(helm: str) -> None:
 
 def test_the_served_namespaces_match_kopfs_patterns(helm: str) -> None:
     """What the chart's arguments make Kopf serve, with Kopf's own matcher: kube-system never."""
-    from kopf._cogs.structs.references import match_namespace
+    from blackwell_operator.handlers.kopf_private import match_namespace
 
     for values in (None, CI / "namespaced-values.yaml", CI / "cluster-wide-values.yaml"):
         patterns = [a.removeprefix("--namespace=") for a in container_args(render(helm, values))]

@@ -7,9 +7,9 @@ from typing import Any
 
 import kopf
 import pytest
-from kopf._cogs.structs import patches
 
 from blackwell_operator.handlers import kopf_patch
+from blackwell_operator.handlers.kopf_private import patches
 from blackwell_operator.handlers.runtime import configure
 
 

@@ -5,14 +5,14 @@ patch, usually nothing, for its JSON-patch operations (`Patch.as_json_patch`). T
 whole object it is given before it finds the patch empty and returns []: for a BTJ, its status and plan,
 about 0.7 ms in the event loop per handled event (py-spy, `benchmarks/operator_load.py`). The wrapper
 returns that [] at once, as Kopf's own code does after the copy; any other patch goes to Kopf's method. It
-wraps an internal method, which is why the project pins `kopf<2` (as for handlers/watch_gone.py).
+wraps an internal method (through handlers/kopf_private.py), which is why the project pins `kopf<2`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from kopf._cogs.structs import patches
+from blackwell_operator.handlers.kopf_private import patches
 
 _original = patches.Patch.as_json_patch
 

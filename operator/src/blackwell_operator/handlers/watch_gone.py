@@ -6,7 +6,7 @@ may instead answer the watch request itself with HTTP 410; Kopf 1.45 (and its ma
 2026-12-01) raises that out of the watcher as an APIClientError, and the whole operator stops. This
 wrapper turns that answer into the ERROR event Kopf already handles, so the same restart path runs:
 back off `settings.watching.reconnect_backoff`, list, watch. It wraps Kopf's `watch_objs`, an internal
-function, which is why the project pins `kopf<2`.
+function (through handlers/kopf_private.py), which is why the project pins `kopf<2`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from kopf._cogs.clients import errors, watching
+from blackwell_operator.handlers.kopf_private import errors, watching
 
 GONE = 410
 _original = watching.watch_objs
