@@ -44,7 +44,22 @@ def test_btj_plot_writes_a_png(tmp_path: Path, runner: CliRunner) -> None:
     result = runner.invoke(app, ["plot", "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert out.read_bytes()[:4] == PNG and out.stat().st_size > 10_000
-    assert "tokens/s per GPU predicted" in result.output
+    assert "tokens/s per GPU predicted (modelled, not measured)" in result.output
+
+
+def test_btj_plot_says_modelled_on_the_picture(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 39: the picture travels alone; its B200 figures are modelled, and it says so.
+    import matplotlib
+
+    from blackwell_operator.calibrate.plots import plot_btj
+    from blackwell_operator.cli.manifest import load_manifest
+
+    monkeypatch.setitem(matplotlib.rcParams, "svg.fonttype", "none")  # text as text, to be read back
+    out = tmp_path / "plan.svg"
+    job = load_manifest(None)
+    plot_btj(job.spec, load_any_calibration("btj-trainer"), out, title=job.metadata.name)
+    svg = out.read_text()
+    assert svg.count("modelled, not measured") == 3, "the title and both axes of predicted figures"
 
 
 def test_btj_plot_draws_a_job_that_does_not_fit(tmp_path: Path, runner: CliRunner) -> None:

@@ -96,6 +96,7 @@ def a_plan() -> Any:
             model_flops_utilization=0.45,
             memory=memory,
         ),
+        provenance=[c.ChoiceProvenance(choice="gpu", value="B200", basis=c.Basis.MODELLED)],
     )
 
 
@@ -287,3 +288,18 @@ def test_grid_positions_do_not_overlap() -> None:
                 cells[(x, y)] = panel["title"]
     for row in (p for p in PANELS if p["type"] == "row"):
         assert row["gridPos"]["w"] == 24 and row["gridPos"]["h"] == 1
+
+
+def test_every_predicted_line_names_what_it_rests_on() -> None:
+    # Issue 39: a screenshot of a modelled prediction carries the word.
+    predicted = [
+        (panel["title"], target)
+        for panel in DASHBOARD["panels"]
+        for target in panel.get("targets", [])
+        # A predicted figure drawn as it is (the measured / predicted ratios are not predictions).
+        if "btj_trainer_predicted" in target.get("expr", "") and " / " not in target["expr"]
+    ]
+    assert len(predicted) >= 3
+    for title, target in predicted:
+        assert target["legendFormat"].startswith("predicted ({{prediction_basis}})"), title
+        assert "group_left (prediction_basis)" in target["expr"], title

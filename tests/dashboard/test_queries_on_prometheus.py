@@ -160,3 +160,13 @@ def test_per_gpu_throughput_divides_by_the_gpus_a_pod_serves(prometheus: str) ->
     gpus = float(api(prometheus, "query", query="sum(btj_trainer_gpus)", time=at)["result"][0]["value"][1])
     assert gpus == 8
     assert gpu_rate == pytest.approx(job_rate / gpus, rel=1e-6)
+
+
+def test_the_predicted_series_carry_their_basis(prometheus: str) -> None:
+    # The plan's choices are modelled (a_plan): the legend's label says so beside the figure.
+    at = f"{time.time() - 2:.3f}"
+    for title, expr in queries():
+        if "prediction_basis" not in expr:
+            continue
+        result = api(prometheus, "query", query=substitute(expr), time=at)["result"]
+        assert [series["metric"]["prediction_basis"] for series in result] == ["modelled"], title

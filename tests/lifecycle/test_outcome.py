@@ -170,3 +170,22 @@ def test_a_finished_child_s_deletion_is_stamped_with_the_generation_it_is_writte
     before = _stored(phase="Succeeded", child=_recorded("u1"), conditions=[recorded])
     again = status_change(outcome, before, NOW, current_generation=2)
     assert runs_again(2, {"phase": "Succeeded", "conditions": again.conditions})
+
+
+@pytest.mark.parametrize(
+    ("bases", "words"),
+    [
+        (["measured", "measured"], "; predicted 1"),
+        (["measured", "modelled"], "; predicted (modelled, not measured) 1"),
+        (["modelled", "unverified"], "; predicted (modelled, trainer path unverified) 1"),
+        ([], "; predicted (basis unknown: an older planner's plan) 1"),
+    ],
+)
+def test_the_summary_says_what_the_prediction_rests_on(bases: list[str], words: str) -> None:
+    # Issue 39: Planned's message and the Created Event are pasted into capacity requests.
+    from blackwell_trainer.config import Basis, ChoiceProvenance
+
+    provenance = [ChoiceProvenance(choice=f"c{i}", value="v", basis=Basis(b)) for i, b in enumerate(bases)]
+    plan = _plan().model_copy(update={"provenance": provenance}, deep=True)
+    plan.predicted.tokens_per_second_per_gpu = 1234.0
+    assert words in outcomes.plan_summary(plan)

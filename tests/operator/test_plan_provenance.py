@@ -37,6 +37,15 @@ async def test_a_modelled_plan_says_so_in_status_a_condition_and_one_event(clust
     assert event["type"] == "Normal"
     assert event["message"] == f"Plan provenance: {verified['message']}"
 
+    # Issue 39: the lines pasted into capacity requests carry the word beside the figures.
+    planned = cluster.condition("modelled", "Planned")
+    (created,) = _events(cluster, "modelled", "Created")
+    predicted = (
+        f"predicted (modelled, not measured) {plan.predicted.tokens_per_second_per_gpu:,.0f} tokens/s/GPU"
+    )
+    assert planned is not None and predicted in planned["message"], planned
+    assert predicted in created["message"], created
+
 
 async def test_a_pinned_unverified_recipe_is_obeyed_with_a_warning(cluster: Cluster) -> None:
     tuning = {"precision": "nvfp4"}
@@ -55,6 +64,8 @@ async def test_a_pinned_unverified_recipe_is_obeyed_with_a_warning(cluster: Clus
     assert event["type"] == "Warning"
     assert "precision nvfp4/nvfp4-block" in event["message"]
     assert event["message"].startswith("Plan rests on an unverified recipe: unverified (trainer path never ")
+    planned = cluster.condition("fp4", "Planned")
+    assert planned is not None and "predicted (modelled, trainer path unverified) " in planned["message"]
 
 
 async def test_an_invalid_spec_has_no_plan_to_verify(cluster: Cluster) -> None:

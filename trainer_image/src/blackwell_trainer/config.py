@@ -795,6 +795,19 @@ class Plan(WireModel):
         return [c for c in self.provenance if c.basis is not Basis.MEASURED]
 
     @property
+    def prediction_basis(self) -> str:
+        """What the predicted figures rest on, as one word that goes wherever they go (issue 39): measured
+        (every choice measured on this GPU here), modelled, unverified (a choice's trainer path never ran
+        on a GPU here) or unknown (a plan made before provenance existed)."""
+        if not self.provenance:
+            return "unknown"
+        bases = {c.basis for c in self.provenance}
+        for basis in (Basis.UNVERIFIED, Basis.MODELLED):
+            if basis in bases:
+                return basis.value
+        return Basis.MEASURED.value
+
+    @property
     def world_size(self) -> int:
         """Trainer processes in the job."""
         return self.nodes * self.gpus_per_node

@@ -49,6 +49,8 @@ def build_labels(plan: Plan) -> dict[str, str]:
         "context_parallel": str(chosen.context_parallel),
         "compile": str(chosen.compile).lower(),
         "loss_chunk_tokens": str(chosen.loss_chunk_tokens),
+        # What the predicted_* gauges rest on: the dashboard's legends carry it beside the figures.
+        "prediction_basis": plan.prediction_basis,
     }
 
 

@@ -14,7 +14,7 @@ from blackwell_operator.errors import PlanningError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner import evaluate, plan_job
 from blackwell_operator.units import GIB
-from blackwell_trainer.config import MEMORY_COMPONENTS, Candidate, Precision, PrecisionRecipe, Sharding
+from blackwell_trainer.config import MEMORY_COMPONENTS, Candidate, Plan, Precision, PrecisionRecipe, Sharding
 
 
 def _pyplot() -> Any:
@@ -102,6 +102,18 @@ def _fallback_candidate(cal: Calibration) -> Candidate:
     )
 
 
+def _basis_words(plan: Plan | None) -> str:
+    """What the picture's predicted figures rest on (a sweep with no plan is the model's alone)."""
+    basis = "modelled" if plan is None else plan.prediction_basis
+    if basis == "measured":
+        return "fitted to runs measured on this GPU here"
+    if basis == "unverified":
+        return "modelled, not measured; a trainer path never ran here"
+    if basis == "unknown":
+        return "modelled; basis unknown"
+    return "modelled, not measured"
+
+
 def plot_btj(spec: BlackwellTrainingJobSpec, cal: Calibration, path: Path, title: str = "") -> str:
     """Plan memory breakdown, tokens/s and memory against micro-batch per AC mode; returns a summary."""
     plt = _pyplot()
@@ -111,6 +123,9 @@ def plot_btj(spec: BlackwellTrainingJobSpec, cal: Calibration, path: Path, title
     except PlanningError as err:
         chosen, summary = _fallback_candidate(cal), f"no plan: {err.problem}"
         plan = None
+    # The picture and its line travel alone (into a capacity request): what the figures rest on goes too.
+    basis = _basis_words(plan)
+    summary = f"{summary} ({basis})"
     # The pinned micro-batch would stop the sweep; sweep an unpinned copy of the spec.
     sweep_spec = spec.model_copy(deep=True)
     sweep_spec.tuning.micro_batch_size = "auto"
@@ -169,7 +184,10 @@ def plot_btj(spec: BlackwellTrainingJobSpec, cal: Calibration, path: Path, title
     prec = chosen.precision.value + (
         "" if chosen.precision_recipe.value == "none" else f" {chosen.precision_recipe.value}"
     )
-    for ax, ylabel in ((ax_t, "predicted tokens/s per GPU"), (ax_m, "predicted peak GiB per GPU")):
+    for ax, ylabel in (
+        (ax_t, f"predicted tokens/s per GPU\n({basis})"),
+        (ax_m, f"predicted peak GiB per GPU\n({basis})"),
+    ):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("micro-batch size (o fits, x does not)")
         ax.set_ylabel(ylabel)

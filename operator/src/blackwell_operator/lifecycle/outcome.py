@@ -118,17 +118,30 @@ class PassOutcome:
 
 
 def plan_summary(plan: Plan) -> str:
-    """One line: the chosen settings and the prediction."""
+    """One line: the chosen settings and the prediction, with what the prediction rests on beside it (the
+    line is pasted into capacity requests: a modelled figure never travels without the word)."""
     chosen, predicted = plan.chosen, plan.predicted
     return (
         f"{plan.model_name} on {plan.nodes}x{plan.gpus_per_node} {plan.gpu.name}: {chosen.precision.value}, "
         f"micro-batch {chosen.micro_batch_size}, AC {chosen.activation_checkpointing.value}, "
-        f"{chosen.sharding.value} sharding; predicted "
+        f"{chosen.sharding.value} sharding; predicted{_basis_caveat(plan)} "
         f"{predicted.tokens_per_second_per_gpu:,.0f} tokens/s/GPU, "
         f"MFU {predicted.model_flops_utilization:.0%} of BF16 dense peak, "
         f"peak {predicted.memory.peak_reserved / GIB:.1f} GiB/GPU"
         + (f"; {describe_correction(plan.cluster_correction)}" if plan.cluster_correction else "")
     )
+
+
+def _basis_caveat(plan: Plan) -> str:
+    """Beside a predicted figure: " (modelled, not measured)" unless every choice was measured here."""
+    basis = plan.prediction_basis
+    if basis == "measured":
+        return ""
+    if basis == "unknown":
+        return " (basis unknown: an older planner's plan)"
+    if basis == "unverified":
+        return " (modelled, trainer path unverified)"
+    return " (modelled, not measured)"
 
 
 def invalid(generation: int, reason: str, message: str) -> PassOutcome:
