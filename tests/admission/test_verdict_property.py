@@ -1,7 +1,8 @@
 """Property: the CLI's verdict on a manifest equals the shipped CRD's (its schema and CEL rules).
 
 The reference is tests/render/k8s_schema.py, a separate evaluation of the committed crds/ file (Draft 4
-JSON Schema plus cel-python), not the product's admission package. Manifests are the embedded example
+JSON Schema plus cel-python), not the product's admission package; only the null pruning and defaulting
+before it are the product's (admission/openapi.py). Manifests are the embedded example
 with a few fields set to values drawn from each field's valid range and from every YAML type.
 """
 

@@ -18,6 +18,11 @@ import yaml
 from celpy.adapter import json_to_cel
 from celpy.evaluation import CELEvalError
 
+# Null pruning and structural defaulting are the product's own (one home: what the API server does before it
+# validates); the checks after them, Draft 4 JSON Schema and cel-python, are this module's, apart from the
+# product's admission package.
+from blackwell_operator.admission.openapi import apply_defaults, prune_nulls
+
 Schema = dict[str, Any]
 
 # The Kubernetes release whose built-in schemas (Pod, ConfigMap) the rendered objects are checked against.
@@ -126,28 +131,6 @@ def schema_errors(validator: jsonschema.Draft4Validator, obj: Any) -> list[str]:
         f"{'.'.join(str(part) for part in error.absolute_path) or '<root>'}: {error.message}"
         for error in validator.iter_errors(obj)
     )
-
-
-def prune_nulls(obj: Any) -> Any:
-    """The API server drops nulls of non-nullable fields before defaulting (none of ours is nullable)."""
-    if isinstance(obj, dict):
-        return {key: prune_nulls(value) for key, value in obj.items() if value is not None}
-    if isinstance(obj, list):
-        return [prune_nulls(item) for item in obj]
-    return obj
-
-
-def apply_defaults(schema: Schema, obj: Any) -> Any:
-    """Structural defaulting, top-down: a defaulted `{}` gets its own fields' defaults in turn."""
-    if isinstance(obj, dict) and "properties" in schema:
-        for name, child in schema["properties"].items():
-            if name not in obj and "default" in child:
-                obj[name] = copy.deepcopy(child["default"])
-            if name in obj:
-                obj[name] = apply_defaults(child, obj[name])
-    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
-        return [apply_defaults(schema["items"], item) for item in obj]
-    return obj
 
 
 def list_map_errors(schema: Schema, obj: Any, path: str = "") -> list[str]:

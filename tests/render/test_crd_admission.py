@@ -100,7 +100,7 @@ def test_there_are_bad_manifests() -> None:
 
 
 def test_defaults_are_applied_by_the_schema() -> None:
-    from tests.render.k8s_schema import apply_defaults
+    from blackwell_operator.admission.openapi import apply_defaults
 
     obj = apply_defaults(SCHEMA, copy.deepcopy(manifest()))
     spec = obj["spec"]
@@ -163,7 +163,8 @@ def test_cel_rules_alone_reject_what_the_schema_also_rejects(
     tuning: dict[str, Any], cluster: dict[str, Any], expected: str
 ) -> None:
     # The schema catches these first; the CEL rules are the backstop with a clearer message.
-    from tests.render.k8s_schema import apply_defaults, cel_errors
+    from blackwell_operator.admission.openapi import apply_defaults
+    from tests.render.k8s_schema import cel_errors
 
     obj = apply_defaults(SCHEMA, manifest(tuning=tuning, cluster=cluster))
     assert any(expected in error for error in cel_errors(SCHEMA, obj))

@@ -10,9 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from blackwell_operator.admission.openapi import apply_defaults
 from blackwell_operator.models import BlackwellTrainingJob, BlackwellTrainingJobSpec
 from blackwell_operator.render.crd import generate_crd
-from tests.render.k8s_schema import admit, apply_defaults, btj_schema_and_validator
+from tests.render.k8s_schema import admit, btj_schema_and_validator
 from tests.render.manifests import good_manifests
 
 SCHEMA, VALIDATOR = btj_schema_and_validator(generate_crd())

@@ -175,7 +175,8 @@ def test_list_map_keys_are_required_or_defaulted(schema: dict[str, Any]) -> None
 def test_every_default_validates_against_its_own_schema(schema: dict[str, Any]) -> None:
     import jsonschema
 
-    from tests.render.k8s_schema import apply_defaults, to_json_schema
+    from blackwell_operator.admission.openapi import apply_defaults
+    from tests.render.k8s_schema import to_json_schema
 
     checked = 0
     for _path, node in nodes(schema):
