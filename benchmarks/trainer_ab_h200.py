@@ -200,8 +200,9 @@ def worker(ab: AB, out: Path) -> None:
     """Run one process's measurement; writes ``out/record.json`` (and ``out/profile.json``)."""
     import torch
 
+    from blackwell_trainer.data import Batch
     from blackwell_trainer.runtime import Runtime, init_distributed
-    from blackwell_trainer.train import Trainer
+    from blackwell_trainer.trainer import Trainer
     from blackwell_trainer.tuning import Tuning
 
     cfg = ab.cfg
@@ -219,8 +220,8 @@ def worker(ab: AB, out: Path) -> None:
         _reinit(trainer.model, runtime.device)
         gen = torch.Generator(device=runtime.device).manual_seed(1234)
         vocab, shape = trainer.plan.architecture.vocab_size, (cfg.mbs, trainer.plan.sequence_length)
-        batches = [(torch.randint(0, vocab, shape, device=runtime.device, generator=gen),
-                    torch.randint(0, vocab, shape, device=runtime.device, generator=gen))]  # fmt: skip
+        batches = [Batch(torch.randint(0, vocab, shape, device=runtime.device, generator=gen),
+                         torch.randint(0, vocab, shape, device=runtime.device, generator=gen))]  # fmt: skip
         rec.setup_seconds = round(time.perf_counter() - started, 2)
         losses: list[float] = []
         warm = _time_window(trainer, batches, cfg.warmup, losses)

@@ -382,8 +382,9 @@ def _te_check(out: Path) -> Record:
     # symbol (libcudnn_graph.so.9) once torch's attention has loaded the pip package's cuDNN (2026-11-29).
     import transformer_engine.pytorch  # noqa: F401
 
+    from blackwell_trainer.data import Batch
     from blackwell_trainer.runtime import Runtime, init_distributed
-    from blackwell_trainer.train import Trainer
+    from blackwell_trainer.trainer import Trainer
 
     runtime = Runtime.from_env()
     init_distributed(runtime)
@@ -399,8 +400,8 @@ def _te_check(out: Path) -> Record:
             gen = torch.Generator(device=runtime.device).manual_seed(1234)
             shape = (cfg.mbs, trainer.plan.sequence_length)
             vocab = trainer.plan.architecture.vocab_size
-            batch = [(torch.randint(0, vocab, shape, device=runtime.device, generator=gen),
-                      torch.randint(0, vocab, shape, device=runtime.device, generator=gen))]  # fmt: skip
+            batch = [Batch(torch.randint(0, vocab, shape, device=runtime.device, generator=gen),
+                           torch.randint(0, vocab, shape, device=runtime.device, generator=gen))]  # fmt: skip
             curves[cfg.name] = [trainer.step(batch).loss for _ in range(6)]
             losses = " ".join(f"{v:.4f}" for v in curves[cfg.name])
             note = f"{cfg.name} ({trainer.precision.backend}): {losses}"
@@ -546,8 +547,9 @@ def worker(cfg: Config, out: Path) -> None:
     """Run one configuration in this process (rank 0 writes ``out/record.json``)."""
     import torch
 
+    from blackwell_trainer.data import Batch
     from blackwell_trainer.runtime import Runtime, init_distributed
-    from blackwell_trainer.train import Trainer
+    from blackwell_trainer.trainer import Trainer
 
     runtime = Runtime.from_env()
     rec = Record(cfg.name, asdict(cfg), "error")
@@ -569,10 +571,10 @@ def worker(cfg: Config, out: Path) -> None:
             gen = torch.Generator(device=runtime.device).manual_seed(1234 + runtime.rank)
             vocab = plan.architecture.vocab_size
             shape = (cfg.mbs, plan.sequence_length)
-            batches = [(torch.randint(0, vocab, shape, device=runtime.device, generator=gen),
-                        torch.randint(0, vocab, shape, device=runtime.device, generator=gen))]  # fmt: skip
+            inputs = torch.randint(0, vocab, shape, device=runtime.device, generator=gen)
+            batches = [Batch(inputs, torch.randint(0, vocab, shape, device=runtime.device, generator=gen))]
             if cfg.docmask:
-                batches = [_packed_rows(batches[0], cfg.docmask, gen)]
+                batches = [Batch(*_packed_rows((batches[0].inputs, batches[0].labels), cfg.docmask, gen))]
             rec.setup_seconds = time.perf_counter() - started
             times, losses = [], []
             for i in range(cfg.warmup + cfg.timed):

@@ -43,9 +43,10 @@ def worker(plan_path: Path, result_dir: Path, warmup: int, timed: int) -> None:
 
     import torch
 
+    from blackwell_trainer.data import Batch
     from blackwell_trainer.runtime import Runtime, init_distributed
     from blackwell_trainer.step_report import allocator_stats
-    from blackwell_trainer.train import Trainer
+    from blackwell_trainer.trainer import Trainer
 
     lap("import")
     runtime = Runtime.from_env()
@@ -60,7 +61,7 @@ def worker(plan_path: Path, result_dir: Path, warmup: int, timed: int) -> None:
         shape = (plan.chosen.micro_batch_size, plan.sequence_length)
         vocab = plan.architecture.vocab_size
         batches = [
-            (
+            Batch(
                 torch.randint(0, vocab, shape, device=runtime.device, generator=gen),
                 torch.randint(0, vocab, shape, device=runtime.device, generator=gen),
             )

@@ -1,5 +1,5 @@
 """Short functions where the orchestration lives: none over 60 lines in the operator's handlers and in the
-trainer's loop (train.py), issue 23.
+trainer's loop (train.py and its Trainer's step, trainer.py), issues 23 and 34.
 
 The handlers read, call and apply: a long one holds a decision that belongs in lifecycle/. train.py keeps
 the training loop; its components live in their own modules. Measured with ast, from the `def` line to the
@@ -16,7 +16,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 60
 # Files (or folders) held to LIMIT: the handlers, and the loop that reads as calls to its components.
-HELD = ["operator/src/blackwell_operator/handlers", "trainer_image/src/blackwell_trainer/train.py"]
+HELD = [
+    "operator/src/blackwell_operator/handlers",
+    "trainer_image/src/blackwell_trainer/train.py",
+    "trainer_image/src/blackwell_trainer/trainer.py",
+]
 
 
 def long_functions(source: str, where: str, limit: int = LIMIT) -> list[str]:

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from blackwell_trainer.config import Plan
 from blackwell_trainer.metrics import TrainerMetrics
-from blackwell_trainer.train import Trainer
+from blackwell_trainer.trainer import Trainer
 from tests.ports import free_port
 
 TINY_ARCHITECTURE: dict[str, Any] = {

@@ -16,7 +16,8 @@ import torch.distributed as dist
 from blackwell_trainer.config import Plan
 from blackwell_trainer.prepare import Options, prepare
 from blackwell_trainer.runtime import Runtime, free_port, init_distributed
-from blackwell_trainer.train import Trainer, _token_source, next_micro_batch
+from blackwell_trainer.train import _token_source
+from blackwell_trainer.trainer import Trainer
 
 from .chat_data_fixtures import CONVERSATIONS, save_chat_checkpoint, write_conversations
 from .conftest import join_two_rank_world, spawn_two_ranks, tiny_plan_dict
@@ -84,7 +85,7 @@ def train_losses(plan_dict: dict[str, Any]) -> list[float]:
         same_weights(trainer.model)
         source = _token_source(plan, runtime)
         accum = plan.chosen.gradient_accumulation_steps
-        return [trainer.step([next_micro_batch(source) for _ in range(accum)]).loss for _ in range(STEPS)]
+        return [trainer.step([source.next_batch() for _ in range(accum)]).loss for _ in range(STEPS)]
     finally:
         dist.destroy_process_group()
 

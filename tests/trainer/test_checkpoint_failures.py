@@ -20,7 +20,8 @@ from blackwell_trainer.checkpoint import list_complete
 from blackwell_trainer.checkpoint_manager import MAX_FAILED_SAVES_IN_A_ROW
 from blackwell_trainer.config import PERMANENT_ERROR_PREFIX, Plan
 from blackwell_trainer.preemption import PreemptionGuard
-from blackwell_trainer.train import Trainer, main
+from blackwell_trainer.train import main
+from blackwell_trainer.trainer import Trainer
 from tests.ports import free_port
 
 from .conftest import spawn_two_ranks, tiny_plan_dict

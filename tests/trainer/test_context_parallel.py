@@ -29,7 +29,8 @@ from blackwell_trainer.loss import IGNORE_INDEX
 from blackwell_trainer.model import Attention, build_model
 from blackwell_trainer.parallelize import ParallelismError, build_mesh, parallelize, validate_layout
 from blackwell_trainer.runtime import Runtime
-from blackwell_trainer.train import Trainer, _token_source
+from blackwell_trainer.train import _token_source
+from blackwell_trainer.trainer import Trainer
 from tests.ports import free_port
 
 from .conftest import spawn_two_ranks, tiny_plan

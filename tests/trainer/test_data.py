@@ -44,11 +44,12 @@ def shards(uri: str, rank: int = 0, world: int = 1, mbs: int = 2, dtype: str = "
 
 
 def batches(source: TokenSource, n: int) -> list[torch.Tensor]:
-    return [source.next_batch()[0] for _ in range(n)]
+    return [source.next_batch().inputs for _ in range(n)]
 
 
 def test_batches_have_the_contract_shape_and_shifted_labels() -> None:
-    inputs, labels = synthetic(mbs=3).next_batch()
+    batch = synthetic(mbs=3).next_batch()
+    inputs, labels = batch.inputs, batch.labels
     assert inputs.shape == labels.shape == (3, SEQ)
     assert inputs.dtype == labels.dtype == torch.int64
     assert torch.equal(inputs[:, 1:], labels[:, :-1])
@@ -59,13 +60,14 @@ def test_synthetic_is_deterministic_per_seed_and_rank() -> None:
         torch.equal(a, b) for a, b in zip(batches(synthetic(), 3), batches(synthetic(), 3), strict=True)
     )
     assert not torch.equal(
-        synthetic(rank=0, world=2).next_batch()[0], synthetic(rank=1, world=2).next_batch()[0]
+        synthetic(rank=0, world=2).next_batch().inputs, synthetic(rank=1, world=2).next_batch().inputs
     )
-    assert not torch.equal(synthetic(seed=1).next_batch()[0], synthetic(seed=2).next_batch()[0])
+    assert not torch.equal(synthetic(seed=1).next_batch().inputs, synthetic(seed=2).next_batch().inputs)
 
 
 def test_synthetic_task_is_learnable_from_the_previous_two_tokens() -> None:
-    inputs, labels = synthetic(mbs=16).next_batch()
+    batch = synthetic(mbs=16).next_batch()
+    inputs, labels = batch.inputs, batch.labels
     stride = (inputs[:, 1:2] - inputs[:, 0:1]) % VOCAB
     # The next token is always the current one plus the sequence's stride: a model can learn it.
     assert torch.equal(labels, (inputs + stride) % VOCAB)
@@ -76,7 +78,7 @@ def test_ranks_split_one_global_sequence_of_samples() -> None:
     two = [synthetic(rank=r, world=2, mbs=2) for r in (0, 1)]
     one = synthetic(rank=0, world=1, mbs=4)
     for _ in range(3):
-        assert torch.equal(torch.cat([s.next_batch()[0] for s in two]), one.next_batch()[0])
+        assert torch.equal(torch.cat([s.next_batch().inputs for s in two]), one.next_batch().inputs)
 
 
 def test_resume_continues_with_the_next_batch() -> None:
@@ -95,10 +97,10 @@ def test_resume_on_fewer_ranks_skips_and_repeats_nothing() -> None:
         batches(s, 5)
     states = [s.state_dict() for s in two]
     assert states[0] == states[1]  # the position is global: every rank saves the same one
-    expected = torch.cat([s.next_batch()[0] for s in two])
+    expected = torch.cat([s.next_batch().inputs for s in two])
     one = synthetic(rank=0, world=1, mbs=4)
     one.load_state_dict(states[0])
-    assert torch.equal(one.next_batch()[0], expected)
+    assert torch.equal(one.next_batch().inputs, expected)
 
 
 def test_resume_refuses_another_sequence_length_or_seed() -> None:
@@ -126,7 +128,8 @@ def shard_dir(tmp_path: Path) -> Path:
 
 
 def test_shard_windows_are_contiguous_slices_of_the_files(shard_dir: Path) -> None:
-    inputs, labels = shards(str(shard_dir)).next_batch()
+    batch = shards(str(shard_dir)).next_batch()
+    inputs, labels = batch.inputs, batch.labels
     assert torch.equal(inputs[:, 1:], labels[:, :-1])
     for row in torch.cat([inputs, labels[:, -1:]], dim=1):
         assert torch.equal(row, torch.arange(int(row[0]), int(row[0]) + SEQ + 1))
@@ -135,7 +138,7 @@ def test_shard_windows_are_contiguous_slices_of_the_files(shard_dir: Path) -> No
 def test_an_epoch_visits_every_window_once_across_ranks(shard_dir: Path) -> None:
     # Windows per shard: (41-1)//8 + (25-1)//8 + (33-1)//8 = 5 + 3 + 4 = 12; 2 ranks x 2 take 4 a step.
     sources = [shards(str(shard_dir), rank=r, world=2) for r in (0, 1)]
-    starts = [int(x) for _ in range(3) for s in sources for x in s.next_batch()[0][:, 0]]
+    starts = [int(x) for _ in range(3) for s in sources for x in s.next_batch().inputs[:, 0]]
     assert len(starts) == len(set(starts)) == 12
     # The fourth step starts epoch 1: the same windows in another shard order.
     assert sources[0].state_dict()["epoch"] == 0
@@ -145,7 +148,8 @@ def test_an_epoch_visits_every_window_once_across_ranks(shard_dir: Path) -> None
 
 def test_uint32_shards(tmp_path: Path) -> None:
     np.arange(100, 100 + 50, dtype=np.uint32).tofile(tmp_path / "x.bin")
-    inputs, _ = shards(str(tmp_path), dtype="uint32", mbs=1).next_batch()
+    batch = shards(str(tmp_path), dtype="uint32", mbs=1).next_batch()
+    inputs = batch.inputs
     assert int(inputs[0, 0]) in range(100, 150)
 
 
@@ -269,7 +273,7 @@ def test_many_shards_are_read_with_few_files_open(tmp_path: Path) -> None:
         np.arange(i * 17, i * 17 + 17, dtype=np.uint16).tofile(tmp_path / f"{i:02d}.bin")
     source = shards(str(tmp_path), mbs=4)
     assert isinstance(source, ShardTokenSource)
-    starts = [int(x) for _ in range(10) for x in source.next_batch()[0][:, 0]]
+    starts = [int(x) for _ in range(10) for x in source.next_batch().inputs[:, 0]]
     assert sorted(starts) == sorted(i * 17 + w * SEQ for i in range(20) for w in range(2))
     assert len(source._open) <= MAX_OPEN_SHARDS
 

@@ -91,7 +91,7 @@ def finetune_plan(folder: Path, prepared: Prepared, *, nproc: int = 2, **dataset
 def first_global_batch(plan: Plan) -> tuple[torch.Tensor, torch.Tensor]:
     """The samples both ranks train on at step 1, in rank order (what the logged loss averages)."""
     batches = first_step_batches(plan)
-    return torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+    return torch.cat([b.inputs for b in batches]), torch.cat([b.labels for b in batches])
 
 
 def final_trainer_model(plan: Plan, ckpt: Path) -> torch.nn.Module:

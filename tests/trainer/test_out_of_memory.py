@@ -18,7 +18,8 @@ import torch
 from blackwell_trainer.config import PERMANENT_ERROR_PREFIX, OomPhase, OomResult, Plan
 from blackwell_trainer.metrics import TrainerMetrics
 from blackwell_trainer.oom import parse_message
-from blackwell_trainer.train import Trainer, main
+from blackwell_trainer.train import main
+from blackwell_trainer.trainer import Trainer
 from blackwell_trainer.units import GIB
 from tests.ports import free_port
 

@@ -91,8 +91,8 @@ def test_the_global_rows_are_the_same_on_one_rank_and_two(chat_data: tuple[Path,
     one = source_of(data, manifest, mbs=2)
     two = [source_of(data, manifest, rank=r, world=2, mbs=1) for r in (0, 1)]
     for _ in range(4):
-        batch = one.next_packed()
-        halves = [s.next_packed() for s in two]
+        batch = one.next_batch()
+        halves = [s.next_batch() for s in two]
         assert np.array_equal(batch.inputs.numpy(), np.concatenate([h.inputs.numpy() for h in halves]))
         assert np.array_equal(batch.labels.numpy(), np.concatenate([h.labels.numpy() for h in halves]))
         assert np.array_equal(batch.documents.numpy(), np.concatenate([h.documents.numpy() for h in halves]))
@@ -101,15 +101,15 @@ def test_the_global_rows_are_the_same_on_one_rank_and_two(chat_data: tuple[Path,
 def test_a_resume_continues_after_the_last_row(chat_data: tuple[Path, ShardManifest]) -> None:
     data, manifest = chat_data
     straight = source_of(data, manifest)
-    expected = [straight.next_packed().inputs.numpy() for _ in range(5)]
+    expected = [straight.next_batch().inputs.numpy() for _ in range(5)]
     first = source_of(data, manifest)
-    got = [first.next_packed().inputs.numpy() for _ in range(2)]
+    got = [first.next_batch().inputs.numpy() for _ in range(2)]
     state = json.loads(json.dumps(first.state_dict()))
     resumed = [source_of(data, manifest, rank=r, world=2, mbs=1) for r in (0, 1)]  # resharded
     for part in resumed:
         part.load_state_dict(state)
     for _ in range(3):
-        got.append(np.concatenate([part.next_packed().inputs.numpy() for part in resumed]))
+        got.append(np.concatenate([part.next_batch().inputs.numpy() for part in resumed]))
     for ours, theirs in zip(got, expected, strict=True):
         assert np.array_equal(ours, theirs)
 

@@ -67,7 +67,7 @@ def reference_loss(model: torch.nn.Module, plan: Plan) -> float:
     """transformers on each conversation of step 1's rows alone, averaged over the trained labels."""
     assert plan.dataset.kind is DatasetKind.CHAT
     layout = DataLayout(plan.chosen.micro_batch_size, SEQ, vocab_size=VOCAB)
-    batch = build_chat_source(plan.dataset, layout).next_packed()
+    batch = build_chat_source(plan.dataset, layout).next_batch()
     total, count = 0.0, 0
     for tokens, labels, documents in zip(batch.inputs, batch.labels, batch.documents, strict=True):
         for number in documents.unique():

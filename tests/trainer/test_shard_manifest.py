@@ -49,7 +49,8 @@ def source(uri: str, *, dtype: str = "uint16", vocab: int = 300) -> TokenSource:
 
 
 def test_a_matching_folder_trains(copy: Path) -> None:
-    inputs, labels = source(str(copy)).next_batch()
+    batch = source(str(copy)).next_batch()
+    inputs, labels = batch.inputs, batch.labels
     assert inputs.shape == (2, SEQ) and int(labels.max()) < 300
 
 
@@ -109,4 +110,4 @@ def test_the_s3_copy_is_checked_the_same_way(s3_endpoint: str, copy: Path) -> No
     with pytest.raises(DataError, match=r"dataset.uri s3://prepared/corpus lacks part-00000-00003.bin"):
         source("s3://prepared/corpus")
     client.upload_file(str(copy / "part-00000-00003.bin"), "prepared", "corpus/part-00000-00003.bin")
-    assert source("s3://prepared/corpus").next_batch()[0].shape == (2, SEQ)
+    assert source("s3://prepared/corpus").next_batch().inputs.shape == (2, SEQ)

@@ -13,9 +13,10 @@ import torch.distributed as dist
 
 from blackwell_trainer.checkpoint import Checkpointer
 from blackwell_trainer.config import CheckpointConfig, Plan
+from blackwell_trainer.data import Batch
 from blackwell_trainer.optimizer import build_optimizer
 from blackwell_trainer.runtime import Runtime
-from blackwell_trainer.train import Trainer
+from blackwell_trainer.trainer import Trainer
 from blackwell_trainer.tuning import Tuning, TuningError
 from tests.ports import free_port
 from tests.trainer.conftest import tiny_plan
@@ -40,10 +41,10 @@ def _plan(**chosen: object) -> Plan:
     return plan
 
 
-def _batches(seed: int, count: int) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+def _batches(seed: int, count: int) -> list[list[Batch]]:
     """One random batch, `count` times: the loss falls as the model learns it by heart."""
     tokens = torch.randint(0, 256, (4, 33), generator=torch.Generator().manual_seed(seed))
-    return [[(tokens[:, :-1], tokens[:, 1:])] for _ in range(count)]
+    return [[Batch(tokens[:, :-1], tokens[:, 1:])] for _ in range(count)]
 
 
 def _full(param: torch.Tensor) -> torch.Tensor:
@@ -51,7 +52,7 @@ def _full(param: torch.Tensor) -> torch.Tensor:
     return (full() if callable(full) else param).detach()
 
 
-def _train(trainer: Trainer, batches: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> list[float]:
+def _train(trainer: Trainer, batches: list[list[Batch]]) -> list[float]:
     return [trainer.step(b).loss for b in batches]
 
 
@@ -71,8 +72,8 @@ def test_single_device_losses_and_weights_equal_fsdp2_on_one_rank_fp32(
     one_rank: None, accumulation: int
 ) -> None:
     plan = _plan(microBatchSize=4 // accumulation, gradientAccumulationSteps=accumulation)
-    steps = [[(i[j::accumulation], lab[j::accumulation]) for j in range(accumulation) for i, lab in b]
-             for b in _batches(0, 6)]  # fmt: skip
+    steps = [[Batch(m.inputs[j::accumulation], m.labels[j::accumulation]) for j in range(accumulation)
+              for m in b] for b in _batches(0, 6)]  # fmt: skip
     single, fsdp = Trainer(plan, ONE, tuning=SINGLE), Trainer(plan, ONE, tuning=FSDP)
     # A control: the two start from the same initial weights (one seed, one RNG stream on CPU).
     for (name, a), b in zip(single.model.named_parameters(), fsdp.model.parameters(), strict=True):

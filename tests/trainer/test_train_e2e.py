@@ -31,6 +31,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from blackwell_trainer.config import Plan
+from blackwell_trainer.data import Batch
 from blackwell_trainer.runtime import Runtime
 from blackwell_trainer.train import _token_source, main
 from tests.ports import free_port
@@ -199,8 +200,8 @@ def run_to_end(plan: Path, env: dict[str, str] | None = None, nproc: int = 2) ->
     return trainer
 
 
-def first_step_batches(plan: Plan) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Each rank's (inputs, labels) of step 1, in rank order: the batches the first logged loss averages."""
+def first_step_batches(plan: Plan) -> list[Batch]:
+    """Each rank's micro-batch of step 1, in rank order: the batches the first logged loss averages."""
     world, cpu = plan.world_size, torch.device("cpu")
     return [_token_source(plan, Runtime(rank, rank, world, world, cpu)).next_batch() for rank in range(world)]
 

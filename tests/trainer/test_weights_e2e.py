@@ -49,9 +49,9 @@ def _first_synthetic_loss(reference: torch.nn.Module, plan: Path) -> float:
     parsed = Plan.from_file(plan)
     assert parsed.world_size == 2
     losses = []
-    for inputs, labels in first_step_batches(parsed):
-        logits = hf_logits(reference, inputs)
-        losses.append(float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))))
+    for batch in first_step_batches(parsed):
+        logits = hf_logits(reference, batch.inputs)
+        losses.append(float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch.labels.reshape(-1))))
     return sum(losses) / 2
 
 

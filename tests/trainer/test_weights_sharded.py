@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from blackwell_trainer.config import Plan
 from blackwell_trainer.runtime import Runtime
-from blackwell_trainer.train import Trainer
+from blackwell_trainer.trainer import Trainer
 from blackwell_trainer.weights_export import export_model
 from blackwell_trainer.weights_load import load_pretrained
 from tests.ports import free_port

@@ -44,15 +44,40 @@ MAX_OPEN_SHARDS = 8
 PREFETCH_JOIN_TIMEOUT_S = 60.0
 
 
+@dataclass(frozen=True)
+class Batch:
+    """One micro-batch, the one shape of every source: int64 [micro_batch_size, sequence_length] each, on
+    the CPU, the labels shifted by one (IGNORE_INDEX where nothing is trained on).
+
+    `documents`: for packed chat rows, each token's document number in its row (document_mask.py), and the
+    step's loss is then the mean over the trained tokens of the whole step; None for plain token data,
+    where every label is trained on.
+    """
+
+    inputs: torch.Tensor
+    labels: torch.Tensor
+    documents: torch.Tensor | None = None
+
+
 class TokenSource(Protocol):
     """What the training loop reads batches from; its position travels in checkpoints."""
 
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(inputs, labels): int64 [micro_batch_size, sequence_length] on CPU, labels shifted by one."""
+    def next_batch(self) -> Batch:
+        """This rank's next micro-batch."""
         ...
 
     position: GlobalPosition  # where the whole job is in the data (the same on every rank)
     samples_per_epoch: int | None  # None: an endless source
+
+    @property
+    def uri(self) -> str | None:
+        """The data set's folder or s3:// prefix; None for synthetic tokens (no tokenizer to check)."""
+        ...
+
+    @property
+    def manifest(self) -> ShardManifest | None:
+        """The data set's checked manifest.json, where it has one."""
+        ...
 
     def state_dict(self) -> dict[str, Any]:
         """The position, identical on every rank (see `GlobalPosition`)."""
@@ -186,6 +211,8 @@ class SyntheticTokenSource:
         self.vocab_size = layout.vocab_size
         self.position = GlobalPosition.start(layout)
         self.samples_per_epoch: int | None = None  # endless: every index is a sample
+        self.uri: str | None = None  # no data set, no tokenizer to check against the weights
+        self.manifest: ShardManifest | None = None
 
     def _sample(self, index: int) -> np.ndarray:
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, index]))
@@ -193,10 +220,10 @@ class SyntheticTokenSource:
         stride = SYNTHETIC_STRIDES[int(rng.integers(0, len(SYNTHETIC_STRIDES)))]
         return (start + stride * np.arange(self.sequence_length + 1, dtype=np.int64)) % self.vocab_size
 
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def next_batch(self) -> Batch:
         _, indices = self.position.take(None)
         window = torch.from_numpy(np.stack([self._sample(i) for i in indices]))
-        return window[:, :-1].contiguous(), window[:, 1:].contiguous()
+        return Batch(window[:, :-1].contiguous(), window[:, 1:].contiguous())
 
     def _identity(self) -> dict[str, Any]:
         return {"seed": self.seed, "sequence_length": self.sequence_length}
@@ -346,11 +373,11 @@ class ShardTokenSource:
                 PREFETCH_JOIN_TIMEOUT_S,
             )
 
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def next_batch(self) -> Batch:
         epoch, indices = self.position.take(self.samples_per_epoch)
         window = torch.from_numpy(np.stack([self._window(epoch, i) for i in indices]))
         check_token_ids(window, self.vocab_size, self.uri, "use shards tokenized for this model")
-        return window[:, :-1].contiguous(), window[:, 1:].contiguous()
+        return Batch(window[:, :-1].contiguous(), window[:, 1:].contiguous())
 
     def _identity(self) -> dict[str, Any]:
         return {"seed": self.seed, "fingerprint": self.fingerprint, "sequence_length": self.sequence_length}
@@ -553,7 +580,7 @@ def build_token_source(dataset: DatasetConfig, layout: DataLayout) -> TokenSourc
     if dataset.kind == DatasetKind.SYNTHETIC:
         return SyntheticTokenSource(seed=dataset.seed, layout=layout)
     if dataset.kind == DatasetKind.CHAT:
-        # Packed rows with documents: packed_data.build_chat_source, which the trainer calls for chat.
+        # Packed rows with documents: packed_data.build_chat_source (token_sources opens every kind).
         raise DataError("dataset.kind chat is read by packed_data.build_chat_source, not as token shards")
     uri = dataset.uri or ""
     shards, manifest = list_shards(dataset)

@@ -16,7 +16,6 @@ import bisect
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,6 +24,7 @@ import torch
 from blackwell_trainer.config import DatasetConfig, DatasetKind
 from blackwell_trainer.data import (
     MAX_OPEN_SHARDS,
+    Batch,
     DataError,
     DataLayout,
     GlobalPosition,
@@ -49,15 +49,6 @@ from blackwell_trainer.shard_manifest import (
 )
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class PackedBatch:
-    """One micro-batch of packed rows: int64 [micro_batch_size, sequence_length] each, on the CPU."""
-
-    inputs: torch.Tensor
-    labels: torch.Tensor
-    documents: torch.Tensor
 
 
 def pack_rows(starts: Sequence[int], num_tokens: int, row_tokens: int) -> tuple[list[tuple[int, int]], int]:
@@ -198,20 +189,15 @@ class ChatTokenSource:
             at += take
         return out_tokens, out_labels, out_docs
 
-    def next_packed(self) -> PackedBatch:
-        """This rank's next micro-batch of packed rows."""
+    def next_batch(self) -> Batch:
+        """This rank's next micro-batch of packed rows, with each token's document."""
         epoch, indices = self.position.take(self.samples_per_epoch)
         rows = [self.row(epoch, i) for i in indices]
         tokens = torch.from_numpy(np.stack([r[0] for r in rows]))
         check_token_ids(tokens, self.vocab_size, self.uri, "use data prepared with this model's tokenizer")
         labels = torch.from_numpy(np.stack([r[1] for r in rows]))
         documents = torch.from_numpy(np.stack([r[2] for r in rows]))
-        return PackedBatch(tokens, labels, documents)
-
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """TokenSource: inputs and labels only (the trainer asks for next_packed, which keeps documents)."""
-        batch = self.next_packed()
-        return batch.inputs, batch.labels
+        return Batch(tokens, labels, documents)
 
     def _identity(self) -> dict[str, Any]:
         return {"seed": self.seed, "fingerprint": self.fingerprint, "sequence_length": self.sequence_length}

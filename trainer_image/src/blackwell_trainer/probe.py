@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.distributed as dist
@@ -27,6 +27,9 @@ from torch.distributed import ProcessGroup
 
 from .config import Plan, ProbeCandidate, ProbeGrowth, ProbeMeasurement, ProbeOutcome, ProbePlan, ProbeResult
 from .step_report import StepResult
+
+if TYPE_CHECKING:
+    from .data import Batch
 
 log = logging.getLogger("blackwell_trainer.probe")
 # Where a checkpointing job keeps its probe's choice (beside its step folders): a restart trains with it.
@@ -46,13 +49,13 @@ class ProbeError(RuntimeError):
 class Steppable(Protocol):
     """What the probe needs of a built candidate: one optimizer step over a step's micro-batches."""
 
-    def step(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> StepResult: ...
+    def step(self, batches: Sequence[Batch]) -> StepResult: ...
 
 
 class Batches(Protocol):
     """What the probe needs of a token source: the next micro-batch, and closing it."""
 
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def next_batch(self) -> Batch: ...
 
     def close(self) -> None: ...
 

@@ -8,7 +8,8 @@ interval saves in a row) or none that verifies and loads, or a plan that ran out
 OOM result line, oom.py), 3 a step whose loss, gradient norm or
 parameters are not finite (nothing of it is saved).
 
-The loop's components live beside it, one per module: runtime (rank, device, process group),
+The loop's components live beside it, one per module: trainer (the model, its optimizer and one step),
+runtime (rank, device, process group),
 plan_check, optimizer (AdamW and the LR schedule), finite_check, step_report, checkpoint_manager (what a
 checkpoint holds and when it is saved), termination (the pod's termination message) and errors.
 """
@@ -19,7 +20,6 @@ import argparse
 import logging
 import os
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,28 +27,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from .config import DatasetKind, OomPhase, Plan
-from .context_parallel import ContextParallel, data_parallel_rank
+from .config import Plan
+from .context_parallel import data_parallel_rank
 from .errors import DataError, NonFiniteStep, PlanError
-from .finite_check import reduce_loss_checked
-from .loss import IGNORE_INDEX
-from .model import Attention, Transformer, build_model, flops_per_token
 from .oom import GpuOutOfMemory, PhaseTracker, earlier_result, oom_result
-from .optimizer import build_optimizer, set_lr
-from .parallelize import ParallelismError, build_mesh, parallelize, validate_layout
+from .parallelize import ParallelismError, validate_layout
 from .plan_check import PLAN_ENV, check_plan, load_plan
-from .precision import (
-    PrecisionError,
-    PrecisionSetup,
-    device_capability,
-    resolve_backend,
-    te_available,
-    torchao_available,
-)
+from .precision import PrecisionError, device_capability
 from .preemption import PreemptionGuard
 from .runtime import Runtime, init_distributed
 from .step_report import StepReport, StepResult
 from .termination import fail, read_message, remember_probe, succeeded
+from .trainer import Trainer
 from .tuning import Tuning, TuningError
 
 if TYPE_CHECKING:  # imported where run() needs them, not at start-up
@@ -59,169 +49,6 @@ if TYPE_CHECKING:  # imported where run() needs them, not at start-up
 
 log = logging.getLogger("blackwell_trainer")
 EXIT_NON_FINITE = 3
-# A micro-batch: inputs and labels, and for packed chat rows each token's document (document_mask.py).
-MicroBatch = tuple[torch.Tensor, ...]
-
-
-class Trainer:
-    """Model, optimizer and one ``step()``; ``run()`` adds data, checkpoints, metrics and preemption."""
-
-    def __init__(
-        self,
-        plan: Plan,
-        runtime: Runtime,
-        tracker: PhaseTracker | None = None,
-        *,
-        tuning: Tuning | None = None,
-        compute_dtype: torch.dtype | None = None,
-    ) -> None:
-        self.plan = plan
-        self.runtime = runtime
-        self.tuning = tuning if tuning is not None else Tuning.from_env()
-        # Where a CUDA OOM happens (setup until the first step): the run's tracker, or a private one.
-        self.tracker = tracker or PhaseTracker()
-        self._stepped = False  # the first step of this process runs torch.compile (a compiled plan)
-        chosen = plan.chosen
-        self.mesh = build_mesh(chosen, runtime.world_size, runtime.device.type)
-        self.model: Transformer = build_model(
-            plan.architecture, max_seq_len=plan.sequence_length, loss_chunk_tokens=chosen.loss_chunk_tokens
-        )
-        self.cp: ContextParallel | None = None
-        if chosen.context_parallel > 1:
-            self.cp = ContextParallel.create(
-                chosen.context_parallel, sequence_length=plan.sequence_length, device=runtime.device
-            )
-            for module in self.model.modules():
-                if isinstance(module, Attention):
-                    module.attend = self.cp
-        backend, _ = resolve_backend(chosen, te=te_available(), torchao=torchao_available())
-        # One rank with nothing to shard trains the plain module (parallelize.py): no FSDP2 copies.
-        self.single_device = self.tuning.use_single_device(
-            world_size=runtime.world_size, context_parallel=chosen.context_parallel, backend=backend
-        )
-        self.precision: PrecisionSetup = parallelize(
-            self.model,
-            chosen,
-            None if self.single_device else self.mesh,
-            device=runtime.device,
-            amax_group=dist.group.WORLD if dist.is_initialized() else None,
-            seed=plan.dataset.seed,
-            gpu_memory_bytes=plan.gpu.memory_bytes or None,
-            compute_dtype=compute_dtype,
-            compile_mode=self.tuning.compile_mode,
-            fp8_pow2_scales=self.tuning.fp8_pow2_scales,
-            fuse_projections=self.tuning.fuse_projections,
-            recast_blocks=self.tuning.recast_blocks,
-        )
-        self.optimizer = build_optimizer(self.model, plan, runtime.device)
-        self.step_index = 0
-        self.flops_per_token = flops_per_token(plan.architecture, plan.sequence_length)
-        # Tokens this rank processes: a context-parallel rank holds 1/cp of each sequence.
-        self.tokens_per_micro_batch = (
-            chosen.micro_batch_size * plan.sequence_length // chosen.context_parallel
-        )
-
-    def step(self, batches: Sequence[MicroBatch]) -> StepResult:
-        """One optimizer step over ``len(batches)`` micro-batches (gradient accumulation)."""
-        started = time.perf_counter()
-        step = self.step_index + 1
-        compiling = self.plan.chosen.compile and not self._stepped
-        set_lr(self.optimizer, self.step_index, self.plan)
-        accum = len(batches)
-        loss_sum = self._forward_backward(batches, step, compiling)
-        self.tracker.mark(OomPhase.OPTIMIZER, step, compiling=compiling)
-        self._stepped = True
-        foreach = self.runtime.device.type == "cuda"
-        grad_norm = self._optimizer_step(foreach)
-        self.step_index += 1
-        loss_value = reduce_loss_checked(
-            self.step_index,
-            loss_sum,
-            accum,
-            grad_norm,
-            self.model if self.tuning.parameter_check else None,
-            foreach=foreach,
-        )
-        seconds = time.perf_counter() - started
-        tokens = self.tokens_per_micro_batch * accum
-        mfu = (
-            self.flops_per_token * tokens / seconds / self.plan.gpu.peak_bf16_flops
-            if self.plan.gpu.peak_bf16_flops
-            else 0.0
-        )
-        return StepResult(loss=loss_value, seconds=seconds, tokens=tokens, mfu=mfu)
-
-    def _forward_backward(self, batches: Sequence[MicroBatch], step: int, compiling: bool) -> torch.Tensor:
-        """Forward and backward of each micro-batch; the sum of their (detached) losses."""
-        accum, tracker = len(batches), self.tracker
-        loss_sum = torch.zeros((), device=self.runtime.device)
-        weights = self._trained_token_weights(batches)
-        for index, (inputs, labels, *packed) in enumerate(batches):
-            documents = packed[0].to(self.runtime.device, non_blocking=True) if packed else None
-            # Gradients are reduce-scattered after every micro-batch (FSDP2's default): sharded
-            # accumulation keeps memory at what the planner modelled, and the NCCL work overlaps compute.
-            positions = None
-            if self.cp is not None:
-                # Every rank of the cp group holds the same sequences; keep this rank's two chunks.
-                part = self.cp.batch(inputs, labels)
-                inputs, labels, positions = part.inputs, part.labels, self.cp.positions
-            inputs = inputs.to(self.runtime.device, non_blocking=True)
-            labels = labels.to(self.runtime.device, non_blocking=True)
-            tracker.mark(OomPhase.FORWARD, step, compiling=compiling)
-            with self.precision.forward_context():
-                loss = self.model(inputs, labels, positions, documents)
-            if self.cp is not None:
-                loss = loss * part.loss_weight
-            if weights is not None:
-                loss = loss * weights[index]
-            tracker.mark(OomPhase.BACKWARD, step, compiling=compiling)
-            (loss / accum).backward()
-            loss_sum += loss.detach()
-        return loss_sum
-
-    def _trained_token_weights(self, batches: Sequence[MicroBatch]) -> list[torch.Tensor] | None:
-        """For packed chat rows, each micro-batch's share of the step's trained tokens, on every rank.
-
-        A micro-batch's loss is the mean over its own trained (unmasked) tokens, and chat rows hold
-        different numbers of them. Weighting each mean by n_mb * ranks * accum / N (N: the trained tokens of
-        the whole global batch) makes the step's loss the mean over all N tokens, whatever the ranks and the
-        micro-batch / accumulation split: FSDP averages gradients over the ranks, the loop over `accum`.
-        Plain token data (every label trained on) keeps its unweighted means, bit for bit.
-        """
-        if not batches or len(batches[0]) < 3:
-            return None
-        counts = torch.stack([(b[1] != IGNORE_INDEX).sum() for b in batches]).to(self.runtime.device)
-        total = counts.sum().to(torch.float64)
-        ranks = 1
-        if dist.is_initialized():
-            dist.all_reduce(total)
-            ranks = dist.get_world_size()
-        scale = ranks * len(batches) / total.clamp(min=1.0)
-        return [(n * scale).to(torch.float32) for n in counts]
-
-    def _optimizer_step(self, foreach: bool) -> torch.Tensor:
-        """Clip (or only measure) the gradient norm, step and zero the gradients; the norm before clipping."""
-        clip = self.plan.optimizer.grad_clip_norm
-        in_step = clip > 0 and self.tuning.clip_in_optimizer and _fused(self.optimizer)
-        if clip > 0 and not in_step:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip, foreach=foreach)
-        else:
-            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-            grad_norm = torch.nn.utils.get_total_norm(grads, foreach=foreach)
-        # clip_grad_norm_'s coefficient, applied inside the fused kernel (it divides by grad_scale)
-        # instead of a separate multiply over every gradient; 1 (exactly) when nothing is clipped. Reset
-        # to None otherwise: a scale left from an earlier step would divide already clipped gradients.
-        coef = (clip / (grad_norm.float() + 1e-6)).clamp(max=1.0) if in_step else None
-        self.optimizer.grad_scale = None if coef is None else 1.0 / coef  # type: ignore[attr-defined]
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.precision.after_optimizer_step(self.model)
-        return grad_norm
-
-
-def _fused(optimizer: torch.optim.Optimizer) -> bool:
-    """AdamW built with fused kernels (optimizer.py: on CUDA, and where a test asks for them)."""
-    return all(group.get("fused") for group in optimizer.param_groups)
 
 
 class LoopState:
@@ -363,7 +190,8 @@ def _loop(
 
 
 def _token_source(plan: Plan, runtime: Runtime) -> TokenSource:
-    from .data import DataLayout, build_token_source
+    from .data import DataLayout
+    from .token_sources import open_token_source
 
     # Context-parallel peers (consecutive ranks) read the same samples: index the data by dp rank.
     dp_rank, dp_world = data_parallel_rank(runtime.rank, runtime.world_size, plan.chosen.context_parallel)
@@ -376,11 +204,7 @@ def _token_source(plan: Plan, runtime: Runtime) -> TokenSource:
         # The global batch (with the ranks and micro-batch): what a resume on another layout must keep.
         accumulation=plan.chosen.gradient_accumulation_steps,
     )
-    if plan.dataset.kind == DatasetKind.CHAT:
-        from .packed_data import build_chat_source
-
-        return build_chat_source(plan.dataset, layout)
-    return build_token_source(plan.dataset, layout)
+    return open_token_source(plan.dataset, layout)
 
 
 def _resume_or_start(
@@ -391,12 +215,10 @@ def _resume_or_start(
     if checkpoints.resume():
         log.info(state.resumed)
     elif plan.weights is not None:  # the job's own checkpoint wins; the initial weights start it
-        from .data import ShardTokenSource
-        from .packed_data import ChatTokenSource
         from .weights_load import check_data_tokenizer, load_pretrained
 
         # Before the (long) load: shards of another tokenizer would train the model on the wrong ids.
-        if isinstance(source, ShardTokenSource | ChatTokenSource):  # synthetic tokens have no tokenizer
+        if source.uri is not None:  # synthetic tokens have no tokenizer
             check_data_tokenizer(plan.weights.uri, source.uri, source.manifest)
         loaded = load_pretrained(trainer.model, plan.weights.uri, plan.architecture, plan.sequence_length)
         metrics.record_weights_load(loaded.seconds)
@@ -426,7 +248,7 @@ def _finite_step(
     try:
         batches = []
         for _ in range(trainer.plan.chosen.gradient_accumulation_steps):
-            batches.append(next_micro_batch(source))
+            batches.append(source.next_batch())
             ledger.took(*source.position.last)
         result = trainer.step(batches)
         ledger.trained(trainer.step_index)
@@ -439,16 +261,6 @@ def _finite_step(
             f"stopped before saving it; {resume}. If it recurs at this step, lower "
             "optimizer.learningRate (spec.training) or inspect the data it reads"
         ) from None
-
-
-def next_micro_batch(source: TokenSource) -> MicroBatch:
-    """The source's next micro-batch; packed chat rows come with their documents."""
-    from .packed_data import ChatTokenSource
-
-    if isinstance(source, ChatTokenSource):
-        packed = source.next_packed()
-        return packed.inputs, packed.labels, packed.documents
-    return source.next_batch()
 
 
 def main(argv: Sequence[str] | None = None, guard: PreemptionGuard | None = None) -> int:
