@@ -60,7 +60,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
     """Mean cross-entropy of ``hidden @ weight.T`` against ``labels``, chunk by chunk (module docstring)."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk_tokens: int
     ) -> torch.Tensor:
         n_tokens = hidden.shape[0]
@@ -93,7 +93,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         return loss_sum * scale
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         grad_hidden, grad_weight = ctx.saved_tensors
         gh = grad_hidden * grad_out.to(grad_hidden.dtype) if ctx.needs_input_grad[0] else None
         gw = grad_weight * grad_out.to(grad_weight.dtype) if ctx.needs_input_grad[1] else None

@@ -112,7 +112,7 @@ def fused_linear(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> tuple[torch
     """
     weight = torch.cat([lin.weight.to(x.dtype) for lin in linears])
     biases = [lin.bias for lin in linears]
-    bias = None if any(b is None for b in biases) else torch.cat([b.to(x.dtype) for b in biases])  # type: ignore[union-attr]
+    bias = None if any(b is None for b in biases) else torch.cat([b.to(x.dtype) for b in biases])
     out = F.linear(x, weight, bias)
     return tuple(torch.split(out, [lin.out_features for lin in linears], dim=-1))
 

@@ -467,7 +467,7 @@ def _manifest(
     )
     return ShardManifest(
         **chat,
-        token_dtype=dtype,  # type: ignore[arg-type]  # choose_dtype returns uint16 or uint32
+        token_dtype=dtype,
         vocab_size=info.vocab_size,
         max_token_id=max((int(r["maxTokenId"]) for r in kept), default=0),
         eos_token_id=info.eos_token_id,

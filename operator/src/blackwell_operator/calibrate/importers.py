@@ -93,7 +93,7 @@ def from_reference_grid(path: str | Path) -> list[CalibrationRecord]:
                 else int(run["mbs"]) * int(grid["sequence_length"]) / float(run["tokens_per_second"]),
                 peak_allocated_bytes=None if oom else _bytes(run["allocated_gib"]),
                 peak_reserved_bytes=None if oom else _bytes(run["reserved_gib"]),
-                **common,  # type: ignore[arg-type]
+                **common,
             )
         )
     if "8b" in names:

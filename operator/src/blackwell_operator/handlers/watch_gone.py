@@ -36,4 +36,4 @@ async def watch_objs_surviving_gone(**kwargs: Any) -> AsyncIterator[Any]:
 
 def install() -> None:
     """Put the wrapper in place of Kopf's watch_objs (once; continuous_watch looks it up at each call)."""
-    watching.watch_objs = watch_objs_surviving_gone  # type: ignore[assignment]
+    watching.watch_objs = watch_objs_surviving_gone
