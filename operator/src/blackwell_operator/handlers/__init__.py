@@ -11,6 +11,7 @@ from blackwell_operator.handlers import runtime
 from blackwell_operator.handlers.children import on_child_event
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.elastic import elastic_interval
+from blackwell_operator.handlers.logs import Logger
 from blackwell_operator.handlers.measure import measure_interval
 from blackwell_operator.handlers.pods import on_pod_event
 from blackwell_operator.handlers.reconcile import Reconciler
@@ -29,7 +30,9 @@ def _ctx(memo: kopf.Memo) -> OperatorContext:
     return ctx
 
 
-def reconcile_btj(body: kopf.Body, memo: kopf.Memo, retry: int, logger: Any, reason: str, **_: Any) -> None:
+def reconcile_btj(
+    body: kopf.Body, memo: kopf.Memo, retry: int, logger: Logger, reason: str, **_: Any
+) -> None:
     """on.resume / on.create / on.update(spec): plan, render, create-or-patch, status.
 
     A create or update pass of a generation this process has reconciled already is not done again; a
@@ -39,7 +42,7 @@ def reconcile_btj(body: kopf.Body, memo: kopf.Memo, retry: int, logger: Any, rea
     Reconciler(_ctx(memo)).reconcile(body, retry=retry, logger=logger, skip_done=skip_done)
 
 
-def reconcile_labels(body: kopf.Body, memo: kopf.Memo, retry: int, logger: Any, **_: Any) -> None:
+def reconcile_labels(body: kopf.Body, memo: kopf.Memo, retry: int, logger: Logger, **_: Any) -> None:
     """on.update(metadata.labels): the whole pass, which brings the children's labels to the BTJ's (only
     their labels when the job runs or has finished). Never skipped as done: a label edit leaves the
     generation as it was, so "this generation was reconciled" says nothing about the labels."""
@@ -64,7 +67,7 @@ def wants_child_back_filter(type: str | None, body: kopf.Body, **_: Any) -> bool
     return type != "DELETED" and wants_child_back(body)
 
 
-def recreate_child(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+def recreate_child(body: kopf.Body, memo: kopf.Memo, logger: Logger, **_: Any) -> None:
     """on.event for a BTJ whose child was deleted before the job finished: the reconcile path re-creates it.
 
     An event handler of the BTJ runs in that BTJ's Kopf worker, one event at a time with the reconcile
@@ -75,12 +78,12 @@ def recreate_child(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> N
     Reconciler(_ctx(memo)).reconcile_now(body, logger=logger)
 
 
-def track_child(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+def track_child(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: Logger, **_: Any) -> None:
     """on.event for the child kinds we label: mirror their status onto the owner BTJ."""
     on_child_event(_ctx(memo), type, body, logger)
 
 
-def track_pod(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+def track_pod(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: Logger, **_: Any) -> None:
     """on.event for trainer pods: a failed trainer container becomes the owner BTJ's status.lastFailure."""
     on_pod_event(_ctx(memo), type, body, logger)
 

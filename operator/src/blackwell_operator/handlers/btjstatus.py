@@ -9,6 +9,7 @@ from typing import Any
 from blackwell_operator.handlers import retrying
 from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
 from blackwell_operator.handlers.context import OperatorContext
+from blackwell_operator.handlers.logs import Logger
 from blackwell_operator.lifecycle.child_record import CHILD_DELETED as CHILD_DELETED
 from blackwell_operator.lifecycle.status_patch import changes_nothing, status_patch
 from blackwell_operator.lifecycle.status_read import ReadBtj, read_btj
@@ -32,7 +33,7 @@ def btj_path(namespace: str, name: str, subresource: str | None = None) -> str:
     return resource_path(BTJ_API_VERSION, PLURAL, namespace, name, subresource)
 
 
-def report_unreadable(read: ReadBtj, logger: Any) -> None:
+def report_unreadable(read: ReadBtj, logger: Logger) -> None:
     """Log, once per BTJ and problem, each part of its stored status the models cannot read (the writers
     work from the rest; lifecycle/status_read.py)."""
     uid = str((read.body.get("metadata") or {}).get("uid") or "")
@@ -51,7 +52,7 @@ def write_status(
     name: str,
     update: StatusUpdate,
     writer: StatusWriter,
-    logger: Any = None,
+    logger: Logger | None = None,
     *,
     read: ReadBtj | None = None,
 ) -> dict[str, Any] | None:
@@ -99,7 +100,7 @@ def write_status_logged(
     name: str,
     update: StatusUpdate,
     writer: StatusWriter,
-    logger: Any,
+    logger: Logger,
     *,
     purpose: str,
 ) -> tuple[bool, dict[str, Any] | None]:

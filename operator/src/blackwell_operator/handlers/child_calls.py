@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from blackwell_operator.handlers import retrying
 from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
 from blackwell_operator.handlers.finalizer import with_finalizer
+from blackwell_operator.handlers.logs import Logger
 from blackwell_operator.lifecycle.child_apply import (
     CannotChange,
     PatchInPlace,
@@ -51,7 +52,7 @@ def supporting_of(namespace: str, btj_name: str, child_kind: str) -> list[tuple[
 
 
 def drop_supporting(
-    api: KubeApi, namespace: str, objects: list[tuple[str, str, str]], owner_uid: str, logger: Any
+    api: KubeApi, namespace: str, objects: list[tuple[str, str, str]], owner_uid: str, logger: Logger
 ) -> None:
     """Delete what a job referenced, when the BTJ owns it (its job is gone or was never made); a failure
     is logged only (the next pass that wants no job tries again)."""
@@ -82,7 +83,7 @@ def _reference(obj: Mapping[str, Any]) -> tuple[str, str, str]:
 class ChildCalls:
     """The calls for one BTJ's children (its uid owns them)."""
 
-    def __init__(self, api: KubeApi, owner_uid: str, logger: Any = None) -> None:
+    def __init__(self, api: KubeApi, owner_uid: str, logger: Logger | None = None) -> None:
         self.api, self.owner_uid = api, owner_uid
         self.logger = logger if logger is not None else _LOG
 

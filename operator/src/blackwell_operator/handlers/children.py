@@ -11,6 +11,7 @@ from blackwell_operator.handlers.btjstatus import write_status_logged
 from blackwell_operator.handlers.child_calls import drop_supporting, supporting_of
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import post_event
+from blackwell_operator.handlers.logs import Logger
 from blackwell_operator.lifecycle.child_mirror import Mirror, mirror, owner_reference, phase_event
 from blackwell_operator.lifecycle.writers import CHILD_WATCHER
 from blackwell_operator.models.status import StatusChange
@@ -26,7 +27,7 @@ def on_child_event(
     ctx: OperatorContext,
     event_type: str | None,
     child: Mapping[str, Any],
-    logger: Any,
+    logger: Logger,
     *,
     post: EventPoster = post_event,
 ) -> bool:
@@ -66,7 +67,7 @@ def on_child_event(
     return done
 
 
-def _release(ctx: OperatorContext, child: Mapping[str, Any], logger: Any) -> None:
+def _release(ctx: OperatorContext, child: Mapping[str, Any], logger: Logger) -> None:
     kind = job_kind(child.get("kind"))
     if kind is None:
         return

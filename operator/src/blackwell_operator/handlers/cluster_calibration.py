@@ -20,6 +20,7 @@ from blackwell_operator.calibration.cluster import ClusterCalibration, Sample
 from blackwell_operator.handlers import retrying
 from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
 from blackwell_operator.handlers.context import OperatorContext
+from blackwell_operator.handlers.logs import Logger
 from blackwell_operator.settings import env_name, operator_environment
 
 NAME = "btj-cluster-calibration"
@@ -82,7 +83,7 @@ def load(api: KubeApi, namespace: str) -> ClusterCalibration:
     return ClusterCalibration() if found is None else parse(found)
 
 
-def read_cluster_calibration(ctx: OperatorContext, logger: Any) -> ClusterCalibration | None:
+def read_cluster_calibration(ctx: OperatorContext, logger: Logger) -> ClusterCalibration | None:
     """For planning: the stored calibration, or None (off, unreadable, the API down: plan on the model)."""
     namespace = calibration_namespace()
     if namespace is None:
@@ -97,7 +98,7 @@ def read_cluster_calibration(ctx: OperatorContext, logger: Any) -> ClusterCalibr
     return None
 
 
-def record(api: KubeApi, namespace: str, sample: Sample, logger: Any = None) -> ClusterCalibration:
+def record(api: KubeApi, namespace: str, sample: Sample, logger: Logger | None = None) -> ClusterCalibration:
     """Add one job's sample: create the ConfigMap, or patch it on the resourceVersion read (409: again)."""
 
     def once() -> ClusterCalibration:

@@ -21,6 +21,7 @@ from blackwell_operator.handlers.api import ApiError, resource_path
 from blackwell_operator.handlers.btjstatus import CHILD_DELETED, btj_path, write_status_logged
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import create_event
+from blackwell_operator.handlers.logs import Logger
 from blackwell_operator.handlers.periodic import every
 from blackwell_operator.handlers.planning import plan_within
 from blackwell_operator.lifecycle.elastic import ELASTIC_PHASES, Action, decide, resize_changes
@@ -56,7 +57,7 @@ def _elastic_spec(btj: Mapping[str, Any]) -> BlackwellTrainingJobSpec | None:
 
 
 def check_job(
-    ctx: OperatorContext, btj: Mapping[str, Any], logger: Any, now: datetime.datetime | None = None
+    ctx: OperatorContext, btj: Mapping[str, Any], logger: Logger, now: datetime.datetime | None = None
 ) -> PlanChange | None:
     """One check of one BTJ (in a worker thread): the timeline written, a resize made; the resize's
     history entry, or None."""
@@ -114,7 +115,7 @@ def check_job(
     return entry
 
 
-def _resized(ctx: OperatorContext, btj: Mapping[str, Any], entry: PlanChange, logger: Any) -> None:
+def _resized(ctx: OperatorContext, btj: Mapping[str, Any], entry: PlanChange, logger: Logger) -> None:
     """After the resize is written: the metric, the Event, and the child deleted for its re-create."""
     direction = "grow" if (entry.nodes_after or 0) > (entry.nodes_before or 0) else "shrink"
     ctx.metrics.resizes.labels(direction=direction).inc()
@@ -123,7 +124,7 @@ def _resized(ctx: OperatorContext, btj: Mapping[str, Any], entry: PlanChange, lo
     _delete_child(ctx, btj, logger)
 
 
-def _delete_child(ctx: OperatorContext, btj: Mapping[str, Any], logger: Any) -> None:
+def _delete_child(ctx: OperatorContext, btj: Mapping[str, Any], logger: Logger) -> None:
     """Delete the child a resize replaces (its uid: never a newer one of the same name); a failure is
     logged, and the pod watcher's and the next check's view of the re-plan make it again."""
     child = (btj.get("status") or {}).get("child") or {}
@@ -144,7 +145,7 @@ def _delete_child(ctx: OperatorContext, btj: Mapping[str, Any], logger: Any) -> 
 
 
 def _event(
-    ctx: OperatorContext, btj: Mapping[str, Any], reason: str, message: str, *, warning: bool, logger: Any
+    ctx: OperatorContext, btj: Mapping[str, Any], reason: str, message: str, *, warning: bool, logger: Logger
 ) -> None:
     """An Event through the API (this loop runs outside Kopf's handlers); best effort."""
     try:
@@ -154,7 +155,7 @@ def _event(
         logger.warning(f"Cannot post the {reason} Event on {btj['metadata'].get('name')}: {exc}")
 
 
-def check_all(ctx: OperatorContext, logger: Any) -> int:
+def check_all(ctx: OperatorContext, logger: Logger) -> int:
     """One round over the elastic BTJs the watch has shown; how many were resized."""
     resized = 0
     for btj in list(ctx.known_btjs().values()):
@@ -174,6 +175,6 @@ def check_all(ctx: OperatorContext, logger: Any) -> int:
     return resized
 
 
-async def elastic_forever(ctx: OperatorContext, interval_s: float, logger: Any) -> None:
+async def elastic_forever(ctx: OperatorContext, interval_s: float, logger: Logger) -> None:
     """The loop, for the operator's lifetime."""
     await every(interval_s, lambda: asyncio.to_thread(check_all, ctx, logger), logger, "Elastic check")

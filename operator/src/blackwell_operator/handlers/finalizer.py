@@ -7,6 +7,7 @@ from typing import Any
 
 from blackwell_operator.handlers import retrying
 from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
+from blackwell_operator.handlers.logs import Logger
 
 # The finalizer's name and the pure checks live with the rest of what a child records (lifecycle).
 from blackwell_operator.lifecycle.child_record import FINAL_STATUS_FINALIZER as FINAL_STATUS_FINALIZER
@@ -14,7 +15,7 @@ from blackwell_operator.lifecycle.child_record import holds as holds
 from blackwell_operator.lifecycle.child_record import with_finalizer as with_finalizer
 
 
-def release(api: KubeApi, child: Mapping[str, Any], plural: str, logger: Any) -> None:
+def release(api: KubeApi, child: Mapping[str, Any], plural: str, logger: Logger) -> None:
     """Remove the finalizer from the child (the same object: uid checked), leaving any other finalizer.
 
     A merge patch of the list guarded by resourceVersion: a concurrent change (another controller's

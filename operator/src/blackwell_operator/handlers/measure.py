@@ -23,6 +23,7 @@ from blackwell_operator.handlers import cluster_calibration
 from blackwell_operator.handlers.api import ApiError
 from blackwell_operator.handlers.btjstatus import write_status
 from blackwell_operator.handlers.context import OperatorContext
+from blackwell_operator.handlers.logs import Logger
 from blackwell_operator.handlers.periodic import every
 from blackwell_operator.handlers.pods import pod_lineage
 from blackwell_operator.lifecycle.measure import (
@@ -71,7 +72,7 @@ def one_pod_per_job(
 class Measurer:
     """Reads the chosen pods and writes status.measured; remembers each pod's previous reading."""
 
-    def __init__(self, ctx: OperatorContext, logger: Any) -> None:
+    def __init__(self, ctx: OperatorContext, logger: Logger) -> None:
         self.ctx, self.logger = ctx, logger
         self.previous: dict[str, Reading] = {}
         self.sampled: dict[str, float] = {}  # BTJ uid -> the tokens ratio last given to the calibration
@@ -200,7 +201,7 @@ class Measurer:
         return None
 
 
-async def measure_forever(ctx: OperatorContext, interval_s: float, logger: Any) -> None:
+async def measure_forever(ctx: OperatorContext, interval_s: float, logger: Logger) -> None:
     """Read every running job's throughput each interval, for the operator's lifetime."""
     measurer = Measurer(ctx, logger)
     timeout = aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)

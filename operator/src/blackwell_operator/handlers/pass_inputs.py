@@ -21,6 +21,7 @@ from blackwell_operator.errors import SpecError
 from blackwell_operator.handlers.api import ApiError
 from blackwell_operator.handlers.cluster_calibration import pooled, read_cluster_calibration
 from blackwell_operator.handlers.context import OperatorContext
+from blackwell_operator.handlers.logs import Logger
 from blackwell_operator.lifecycle.backends import CONCRETE, backend_of_kind, choose_backend
 from blackwell_operator.lifecycle.elastic import stored_choice
 from blackwell_operator.lifecycle.replan import correction_of
@@ -70,7 +71,7 @@ class PassInputs:
         return self.read.generation
 
 
-def read_inputs(ctx: OperatorContext, read: ReadBtj, logger: Any) -> PassInputs:
+def read_inputs(ctx: OperatorContext, read: ReadBtj, logger: Logger) -> PassInputs:
     """The pass's inputs from the BTJ `read`; SpecError for a spec the API server would refuse."""
     body, stored = read.body, read.status
     spec = parse_spec(body)
@@ -91,7 +92,7 @@ def cluster_corrector(
     spec: BlackwellTrainingJobSpec,
     generation: int,
     namespace: str,
-    logger: Any,
+    logger: Logger,
 ) -> Corrector | None:
     """What this cluster measured, for the plan: the factors already planned with when this generation
     was planned before (a resync or a re-created child never re-plans a running job differently), else
@@ -106,7 +107,7 @@ def cluster_corrector(
     return calibration.corrector(spec.cluster.instance_type, namespace, pooled=pooled())
 
 
-def schedulable_nodes(ctx: OperatorContext, spec: BlackwellTrainingJobSpec, logger: Any) -> int | None:
+def schedulable_nodes(ctx: OperatorContext, spec: BlackwellTrainingJobSpec, logger: Logger) -> int | None:
     """Healthy schedulable nodes of the spec's instance type (None when they cannot be read)."""
     try:
         return ctx.capacity.read(spec.cluster.instance_type.value).schedulable
@@ -125,7 +126,7 @@ class Surroundings:
     backend: Backend | None
 
 
-def read_surroundings(ctx: OperatorContext, inputs: PassInputs, plan: Plan, logger: Any) -> Surroundings:
+def read_surroundings(ctx: OperatorContext, inputs: PassInputs, plan: Plan, logger: Logger) -> Surroundings:
     """The cluster reads a planned pass makes, in this order: node capacity, AWS capacity, the backend."""
     nodes = _node_capacity(ctx, inputs.spec, plan, logger)
     aws = _aws_capacity(ctx, inputs.spec, logger)
@@ -133,7 +134,7 @@ def read_surroundings(ctx: OperatorContext, inputs: PassInputs, plan: Plan, logg
 
 
 def _node_capacity(
-    ctx: OperatorContext, spec: BlackwellTrainingJobSpec, plan: Plan, logger: Any
+    ctx: OperatorContext, spec: BlackwellTrainingJobSpec, plan: Plan, logger: Logger
 ) -> Capacity | None:
     try:
         # One trainer pod's requests against each node's allocatable: a node that cannot hold it
@@ -145,7 +146,7 @@ def _node_capacity(
         return None
 
 
-def _aws_capacity(ctx: OperatorContext, spec: BlackwellTrainingJobSpec, logger: Any) -> AwsCapacity | None:
+def _aws_capacity(ctx: OperatorContext, spec: BlackwellTrainingJobSpec, logger: Logger) -> AwsCapacity | None:
     """What AWS says about the named HyperPod cluster (None: no cluster named, or no reader)."""
     reader, cluster = ctx.hyperpod_capacity, spec.cluster.hyperpod_cluster
     if reader is None or cluster is None:

@@ -6,8 +6,10 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from blackwell_operator.handlers.logs import Logger
 
-async def every(interval_s: float, round_: Callable[[], Awaitable[Any]], logger: Any, what: str) -> None:
+
+async def every(interval_s: float, round_: Callable[[], Awaitable[Any]], logger: Logger, what: str) -> None:
     """Await `round_()` every `interval_s` until cancelled; a failed round is logged, not fatal."""
     while True:
         await asyncio.sleep(interval_s)

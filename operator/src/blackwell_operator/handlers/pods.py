@@ -12,6 +12,7 @@ from blackwell_operator.handlers.api import ApiError, resource_path
 from blackwell_operator.handlers.btjstatus import CHILD_DELETED, btj_path, write_status_logged
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import post_event
+from blackwell_operator.handlers.logs import Logger
 from blackwell_operator.lifecycle.failures import (
     failure_changes,
     failure_key,
@@ -34,7 +35,9 @@ from blackwell_trainer.config import Plan, ProbeResult
 WORKER_FAILED = "WorkerFailed"
 
 
-def on_pod_event(ctx: OperatorContext, event_type: str | None, pod: Mapping[str, Any], logger: Any) -> None:
+def on_pod_event(
+    ctx: OperatorContext, event_type: str | None, pod: Mapping[str, Any], logger: Logger
+) -> None:
     """Record one pod's trainer failure and probe result on its BTJ (a no-op when there is none, it is
     not a worker of the BTJ's own child, or it is stored already)."""
     meta = pod.get("metadata") or {}
@@ -85,7 +88,7 @@ def _record(
     pod: Mapping[str, Any],
     failure: Mapping[str, Any] | None,
     probe: ProbeResult | None,
-    logger: Any,
+    logger: Logger,
 ) -> bool:
     """The pass's one status write (the failure and status.probe together), then the failure's Events
     and, for a permanent error, the child's deletion; False to try again on the pod's next event."""
@@ -124,7 +127,7 @@ def apply_probe(
     found: Lineage,
     pod: Mapping[str, Any],
     probe: ProbeResult,
-    logger: Any,
+    logger: Logger,
 ) -> bool:
     """A probe result new to the BTJ's status (lifecycle/probe.py decides): its calibration samples, the
     plan ConfigMap's copy and the `Probed` Event, before the status write that records it (so a status
@@ -156,7 +159,7 @@ def apply_probe(
     return True
 
 
-def _teach(ctx: OperatorContext, samples: tuple[Sample, ...], logger: Any) -> bool:
+def _teach(ctx: OperatorContext, samples: tuple[Sample, ...], logger: Logger) -> bool:
     """Every probed family's sample into the cluster calibration, when one is kept."""
     where = cluster_calibration.calibration_namespace()
     if where is None:
@@ -177,7 +180,7 @@ def _teach(ctx: OperatorContext, samples: tuple[Sample, ...], logger: Any) -> bo
     return True
 
 
-def _copy_plan(ctx: OperatorContext, btj: Mapping[str, Any], plan: Plan, logger: Any) -> bool:
+def _copy_plan(ctx: OperatorContext, btj: Mapping[str, Any], plan: Plan, logger: Logger) -> bool:
     """The plan ConfigMap with the probe's result (plan.probe.result), so a restart trains with it."""
     meta = btj["metadata"]
     path = resource_path("v1", "configmaps", meta["namespace"], plan_config_map_name(meta["name"]))
@@ -214,7 +217,7 @@ def pod_lineage(ctx: OperatorContext, pod: Mapping[str, Any]) -> Lineage | None:
     return found
 
 
-def _stop_child(ctx: OperatorContext, btj: Mapping[str, Any], logger: Any) -> bool:
+def _stop_child(ctx: OperatorContext, btj: Mapping[str, Any], logger: Logger) -> bool:
     """Delete the child of a BTJ stopped on a permanent error (its GPUs are freed), or one a re-plan
     replaces; False to try again.
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
+from blackwell_operator.handlers.logs import Logger
 from blackwell_operator.lifecycle.references import (
     Preflight,
     pull_secrets_condition,
@@ -22,7 +23,7 @@ from blackwell_operator.models.status import BlackwellTrainingJobStatus
 from blackwell_operator.settings import operator_environment
 
 
-def _exists(api: KubeApi, plural: str, namespace: str, name: str, logger: Any) -> bool | None:
+def _exists(api: KubeApi, plural: str, namespace: str, name: str, logger: Logger) -> bool | None:
     """Whether the core object exists; None when the read failed (logged)."""
     try:
         return api.get(resource_path("v1", plural, namespace, name)) is not None
@@ -36,7 +37,7 @@ def check_references(
     body: Mapping[str, Any],
     spec: BlackwellTrainingJobSpec,
     job_path: str,
-    logger: Any,
+    logger: Logger,
     *,
     stored: BlackwellTrainingJobStatus,
 ) -> Preflight:

@@ -24,6 +24,7 @@ from blackwell_operator.handlers.child_calls import ChildCalls, ChildConflict, u
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import adopt_children, create_event, post_event
 from blackwell_operator.handlers.finalizer import release, with_finalizer
+from blackwell_operator.handlers.logs import Logger
 from blackwell_operator.handlers.pass_inputs import PassInputs, read_inputs, read_surroundings
 from blackwell_operator.handlers.planning import plan_within
 from blackwell_operator.handlers.preflight import check_references
@@ -72,11 +73,13 @@ class Reconciler:
         self.ctx = ctx
         self.api: KubeApi = ctx.api
         self.direct_events = direct_events
-        self._logger: Any = None
+        self._logger: Logger | None = None
 
     # ----- entry points -----
 
-    def reconcile(self, body: Mapping[str, Any], *, retry: int, logger: Any, skip_done: bool = False) -> None:
+    def reconcile(
+        self, body: Mapping[str, Any], *, retry: int, logger: Logger, skip_done: bool = False
+    ) -> None:
         """Kopf's handler path: one pass; raises kopf.TemporaryError for what a later retry can fix.
 
         skip_done: the pass does nothing when a pass of this process has reconciled the BTJ's current
@@ -103,7 +106,7 @@ class Reconciler:
         self,
         body: Mapping[str, Any],
         *,
-        logger: Any,
+        logger: Logger,
         attempts: int = retrying.ATTEMPTS,
         wait: bool = True,
     ) -> bool:
@@ -131,7 +134,7 @@ class Reconciler:
     def _guarded(
         self,
         body: Mapping[str, Any],
-        logger: Any,
+        logger: Logger,
         *,
         attempts: int = retrying.ATTEMPTS,
         skip_done: bool = False,
@@ -166,7 +169,7 @@ class Reconciler:
             if self._logger is not None:
                 self._logger.warning(f"Cannot post Event {reason}: {exc}")
 
-    def _reconcile(self, body: Mapping[str, Any], logger: Any, skip_done: bool = False) -> None:
+    def _reconcile(self, body: Mapping[str, Any], logger: Logger, skip_done: bool = False) -> None:
         """One pass: read the BTJ as it is now, decide (making the child calls), apply the outcome once."""
         meta = body["metadata"]
         # The event that triggered this pass may be stale (the BTJ changed, or was deleted meanwhile): work
@@ -199,7 +202,7 @@ class Reconciler:
         done = self.ctx.reconciled_at(uid) == read.generation
         return done and needs_reconcile(read.body, read.status) is None
 
-    def _decide(self, inputs: PassInputs, logger: Any) -> PassOutcome:
+    def _decide(self, inputs: PassInputs, logger: Logger) -> PassOutcome:
         """Plan from the pass's inputs, read what the cluster offers the plan; then the children
         (`_children`)."""
         spec = inputs.spec
@@ -239,7 +242,7 @@ class Reconciler:
         spec: BlackwellTrainingJobSpec,
         plan: Plan,
         outcome: PassOutcome,
-        logger: Any,
+        logger: Logger,
     ) -> PassOutcome:
         """Render the children, check what their pods name, then create or patch them (`_apply`)."""
         body = read.body

@@ -19,6 +19,7 @@ from blackwell_operator.handlers.btjstatus import btj_path
 from blackwell_operator.handlers.children import on_child_event
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import create_event
+from blackwell_operator.handlers.logs import Logger
 from blackwell_operator.lifecycle.child_mirror import owner_reference
 from blackwell_operator.lifecycle.phase import child_phase
 from blackwell_operator.render.kinds import JOB_KINDS, ChildKind
@@ -84,7 +85,7 @@ def _owner_name(child: Mapping[str, Any]) -> str:
     return f"{child['metadata'].get('namespace')}/{owner.get('name')}"
 
 
-def _api_poster(ctx: OperatorContext, logger: Any) -> Any:
+def _api_poster(ctx: OperatorContext, logger: Logger) -> Any:
     """Events through the API (no Kopf event queue here); a refused Event is logged, not fatal."""
 
     def post(obj: Mapping[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
@@ -97,7 +98,7 @@ def _api_poster(ctx: OperatorContext, logger: Any) -> Any:
 
 
 def release_child(
-    ctx: OperatorContext, kind: ChildKind, child: dict[str, Any], logger: Any, *, dry_run: bool
+    ctx: OperatorContext, kind: ChildKind, child: dict[str, Any], logger: Logger, *, dry_run: bool
 ) -> Outcome:
     """Record one child's state on its BTJ as the child watcher would, then remove the finalizer."""
     meta = child["metadata"]
@@ -130,7 +131,7 @@ def release_child(
 
 
 def release_all(
-    ctx: OperatorContext, namespaces: Sequence[str] | None, logger: Any, *, dry_run: bool
+    ctx: OperatorContext, namespaces: Sequence[str] | None, logger: Logger, *, dry_run: bool
 ) -> Iterator[Outcome]:
     """release_child for every held child in `namespaces` (None: all), one outcome each."""
     for kind, child in held_children(ctx.api, namespaces):

@@ -19,6 +19,7 @@ from typing import Any
 
 from blackwell_operator.handlers.btjstatus import btj_path
 from blackwell_operator.handlers.context import OperatorContext
+from blackwell_operator.handlers.logs import Logger
 from blackwell_operator.handlers.periodic import every
 from blackwell_operator.handlers.reconcile import Reconciler
 from blackwell_operator.lifecycle.convergence import needs_reconcile
@@ -39,7 +40,7 @@ class _Waiting:
 class Resync:
     """The loop's state: the BTJs waiting, by uid."""
 
-    def __init__(self, ctx: OperatorContext, interval_s: float, logger: Any) -> None:
+    def __init__(self, ctx: OperatorContext, interval_s: float, logger: Logger) -> None:
         self.ctx = ctx
         self.interval_s = interval_s
         self.logger = logger
@@ -122,7 +123,7 @@ def tick(interval_s: float) -> float:
     return min(FIRST_BACKOFF_S / 2, interval_s)
 
 
-async def resync_forever(ctx: OperatorContext, interval_s: float, logger: Any) -> None:
+async def resync_forever(ctx: OperatorContext, interval_s: float, logger: Logger) -> None:
     """The loop, for the operator's lifetime."""
     resync = Resync(ctx, interval_s, logger)
     await every(tick(interval_s), resync.round, logger, "Resync")

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import tenacity
 
 from blackwell_operator.handlers.api import ApiError
+from blackwell_operator.handlers.logs import Logger
 
 T = TypeVar("T")
 
@@ -40,7 +41,7 @@ def refused(exc: BaseException) -> bool:
     return isinstance(exc, ApiError) and 400 <= exc.status < 500 and not exc.retryable
 
 
-def _log_retry(what: str, logger: Any) -> Callable[[tenacity.RetryCallState], None]:
+def _log_retry(what: str, logger: Logger) -> Callable[[tenacity.RetryCallState], None]:
     def before_sleep(state: tenacity.RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome is not None else None
         wait = state.next_action.sleep if state.next_action is not None else 0.0
@@ -90,7 +91,7 @@ def _stop(attempts: int) -> Callable[[tenacity.RetryCallState], bool]:
     return stop
 
 
-def retrying(what: str, logger: Any, *, attempts: int = ATTEMPTS) -> tenacity.Retrying:
+def retrying(what: str, logger: Logger, *, attempts: int = ATTEMPTS) -> tenacity.Retrying:
     """The policy: retry transient API errors (conflicts at once, the rest with jittered exponential
     backoff), then re-raise the last."""
     return tenacity.Retrying(
@@ -102,6 +103,6 @@ def retrying(what: str, logger: Any, *, attempts: int = ATTEMPTS) -> tenacity.Re
     )
 
 
-def call(what: str, logger: Any, fn: Callable[[], T], *, attempts: int = ATTEMPTS) -> T:
+def call(what: str, logger: Logger, fn: Callable[[], T], *, attempts: int = ATTEMPTS) -> T:
     """`fn()` under the policy: an idempotent unit (one request, or a read-modify-write) retried whole."""
     return retrying(what, logger, attempts=attempts)(fn)

@@ -22,6 +22,7 @@ from blackwell_operator.handlers.api import KubeApi, load_api_client, resource_p
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.diffbase import StatuslessDiffBaseStorage
 from blackwell_operator.handlers.elastic import elastic_forever, elastic_interval
+from blackwell_operator.handlers.logs import Logger
 from blackwell_operator.handlers.measure import measure_forever, measure_interval
 from blackwell_operator.handlers.resync import resync_forever, resync_interval
 from blackwell_operator.handlers.stuck import stuck_pod_timeout, sweep_forever
@@ -121,7 +122,7 @@ def settle_heap() -> None:
     gc.freeze()
 
 
-async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Logger, **_: Any) -> None:
     """Kopf on.startup: settings, API client, metrics server, the stuck-pod, measure and resync loops."""
     configure(settings)
     await asyncio.to_thread(warm_up)

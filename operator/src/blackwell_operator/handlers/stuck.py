@@ -19,6 +19,7 @@ from blackwell_operator.handlers.api import ApiError, resource_path
 from blackwell_operator.handlers.btjstatus import btj_path
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import create_event
+from blackwell_operator.handlers.logs import Logger
 from blackwell_operator.handlers.periodic import every
 from blackwell_operator.handlers.pods import pod_lineage
 from blackwell_operator.lifecycle.failures import belongs_to
@@ -40,7 +41,9 @@ def stuck_pod_timeout() -> float | None:
     return operator_environment().stuck_pod_timeout_s or None
 
 
-def release_stuck_pods(ctx: OperatorContext, timeout_s: float, logger: Any, now: float | None = None) -> int:
+def release_stuck_pods(
+    ctx: OperatorContext, timeout_s: float, logger: Logger, now: float | None = None
+) -> int:
     """Force-delete the trainer pods stuck Terminating on a gone or not-Ready node; how many."""
     now = time.time() if now is None else now
     overdue = terminating_overdue(ctx.terminating_pods(), now, timeout_s)
@@ -96,7 +99,9 @@ def _owning_btj(ctx: OperatorContext, pod: Mapping[str, Any]) -> Mapping[str, An
     return btj if btj is not None and belongs_to(pod, btj, found) else None
 
 
-def _ignore(ctx: OperatorContext, pod: Mapping[str, Any], stuck: StuckPod, logger: Any, now: float) -> None:
+def _ignore(
+    ctx: OperatorContext, pod: Mapping[str, Any], stuck: StuckPod, logger: Logger, now: float
+) -> None:
     """A stuck pod with the trainer's labels that no child of a BTJ controls: left alone, said once."""
     ctx.remember_untraced(stuck.uid)
     meta = pod["metadata"]
@@ -116,7 +121,7 @@ def _ignore(ctx: OperatorContext, pod: Mapping[str, Any], stuck: StuckPod, logge
 
 
 def _report(
-    ctx: OperatorContext, btj: Mapping[str, Any], stuck: StuckPod, reason: str, message: str, logger: Any
+    ctx: OperatorContext, btj: Mapping[str, Any], stuck: StuckPod, reason: str, message: str, logger: Logger
 ) -> None:
     """A Warning Event on the BlackwellTrainingJob (best effort: the delete is what matters)."""
     try:
@@ -127,7 +132,7 @@ def _report(
         logger.warning(f"Cannot report the stuck pod {stuck.name} on BlackwellTrainingJob {name}: {exc}")
 
 
-async def sweep_forever(ctx: OperatorContext, timeout_s: float, logger: Any) -> None:
+async def sweep_forever(ctx: OperatorContext, timeout_s: float, logger: Logger) -> None:
     """Run the sweep a few times per timeout (a stuck pod is released within about 1.2 x the timeout)."""
     await every(
         min(60.0, timeout_s / 5),
