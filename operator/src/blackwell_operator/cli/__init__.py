@@ -46,6 +46,7 @@ def _register_commands() -> None:
         plot,  # noqa: F401
         release,  # noqa: F401
         render,  # noqa: F401
+        train,  # noqa: F401
     )
 
 
