@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
 from blackwell_operator.cli import _register_commands, app
 from blackwell_operator.cli.manifest import load_manifest
 from blackwell_operator.planner import plan_job
+from blackwell_trainer.config import Plan
 
 _register_commands()
 runner = CliRunner()
@@ -146,3 +148,48 @@ def test_plan_table_says_what_each_choice_rests_on(tmp_path: Path) -> None:
     assert "provenance: unverified (trainer path never ran on a GPU here): precision nvfp4/nvfp4-block" in (
         " ".join(pinned.stdout.split())
     )
+
+
+@pytest.mark.parametrize("columns", ["80", "200"])
+def test_the_alternatives_key_is_never_cut(columns: str) -> None:
+    # Issue 39: at 80 columns fp8/torchao-tensorwise and fp8/current both read `fp8/torc…` / `fp8/curr…`.
+    result = runner.invoke(app, ["plan"], env={"COLUMNS": columns})
+    assert result.exit_code == 0, result.output
+    table = result.stdout.split("Alternatives", 1)[1]
+    assert all(len(line) <= int(columns) for line in table.splitlines())
+    plan = Plan.model_validate_json(runner.invoke(app, ["plan", "-o", "json"]).stdout)
+    assert plan.alternatives
+    for alternative in plan.alternatives:
+        assert alternative.candidate.precision_recipe.value in table
+        assert alternative.candidate.activation_checkpointing.value in table
+    key_columns = [line.split()[:2] for line in table.splitlines() if line.strip()]
+    assert not any("…" in word for words in key_columns for word in words), table
+
+
+def test_one_plan_shows_one_budget(tmp_path: Path) -> None:
+    # Issue 39: one H200's budget read 133.4 GiB in the memory table and 133.3 in the alternatives.
+    import re
+
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "training.blackwell.dev/v1alpha1",
+                "kind": "BlackwellTrainingJob",
+                "metadata": {"name": "one-h200"},
+                "spec": {
+                    "model": {"preset": "llama3.1-8b"},
+                    "cluster": {"instanceType": "ml.p5en.48xlarge", "nodes": 1, "gpusPerNode": 1},
+                    "training": {"sequenceLength": 4096, "steps": 100},
+                },
+            }
+        )
+    )
+    tables = runner.invoke(app, ["plan", str(path), "--explain"], env={"COLUMNS": "200"})
+    summary = runner.invoke(app, ["render", str(path)])
+    assert tables.exit_code == 0 and summary.exit_code == 0, tables.output + summary.output
+    text = tables.stdout + summary.stderr
+    shown = set(re.findall(r"(\d+\.\d) GiB budget", text))
+    shown |= set(re.findall(r"GiB GPU less 5% headroom\s*│\s*(\d+\.\d)", text))
+    assert len(re.findall(r"(\d+\.\d) GiB budget", text)) >= 3, text
+    assert shown == {"133.3"}, shown  # 133.38 GiB, rounded down as a limit is

@@ -13,6 +13,7 @@ from blackwell_operator.calibration import Calibration
 from blackwell_operator.errors import PlanningError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner import evaluate, plan_job
+from blackwell_operator.planner.figures import limit_gib
 from blackwell_operator.units import GIB
 from blackwell_trainer.config import MEMORY_COMPONENTS, Candidate, Plan, Precision, PrecisionRecipe, Sharding
 
@@ -131,7 +132,7 @@ def plot_btj(spec: BlackwellTrainingJobSpec, cal: Calibration, path: Path, title
     sweep_spec.tuning.micro_batch_size = "auto"
     fig, (ax_b, ax_t, ax_m) = plt.subplots(1, 3, figsize=(16, 4.8), gridspec_kw={"width_ratios": [1, 2, 2]})
     chosen_ev = evaluate(sweep_spec, chosen, calibration=cal)
-    budget = chosen_ev.budget_bytes / GIB
+    budget = limit_gib(chosen_ev.budget_bytes)  # rounded down, as the plan's tables show it
     bottom = 0.0
     mem = chosen_ev.prediction.memory
     for i, part in enumerate(MEMORY_COMPONENTS):

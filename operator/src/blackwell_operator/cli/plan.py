@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 import yaml
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -25,7 +26,7 @@ from blackwell_operator.cli.options import (
     read_cluster_calibration,
 )
 from blackwell_operator.models.spec import TuningSpec
-from blackwell_operator.planner.figures import memory_budget, tenths
+from blackwell_operator.planner.figures import limit_gib, memory_budget, tenths
 from blackwell_operator.planner.provenance import verdict
 from blackwell_operator.units import GB, GIB
 from blackwell_trainer.config import MEMORY_COMPONENTS, Plan
@@ -41,6 +42,10 @@ class PlanFormat(StrEnum):
     YAML = "yaml"
 
 
+# Below this many columns the alternatives' precision and recipe take two lines (the 80 of a plain terminal).
+NARROW_COLUMNS = 110
+
+
 def _gib(n: float) -> str:
     return f"{n / GIB:.1f}"
 
@@ -51,16 +56,18 @@ def memory_rows(plan: Plan, headroom: float) -> list[tuple[str, str]]:
     parts = tenths([getattr(m, key) for key in MEMORY_COMPONENTS], m.peak_reserved)
     named = zip(MEMORY_COMPONENTS, parts, strict=True)
     rows = [(key.replace("_", " "), f"{part:.1f}") for key, part in named]
-    budget = round(memory_budget(plan.gpu.memory_bytes, headroom) / GIB, 1)
+    budget_bytes = memory_budget(plan.gpu.memory_bytes, headroom)
+    budget = limit_gib(budget_bytes)  # rounded down, as every other line of the plan shows it
     peak = round(sum(parts), 1)
     limit = f"budget: {_gib(plan.gpu.memory_bytes)} GiB GPU less {headroom * 100:g}% headroom"
-    left = "left under the budget" if budget >= peak else "[red]over the budget[/]"
+    fits = m.peak_reserved <= budget_bytes  # in bytes: within a tenth the rounded figures may cross
+    left = "left under the budget" if fits else "[red]over the budget[/]"
     return [
         *rows,
         ("[bold]= peak reserved (must fit the budget)[/]", f"{peak:.1f}"),
         ("  of which allocated by PyTorch", _gib(m.peak_allocated)),
         (limit, f"{budget:.1f}"),
-        (left, f"{abs(budget - peak):.1f}"),
+        (left, f"{max(0.0, budget - peak) if fits else peak - budget:.1f}"),
     ]
 
 
@@ -108,13 +115,24 @@ def render_plan_tables(
     _weights_table(plan, console)
     _local_storage_line(plan, console)
     if plan.alternatives:
-        alts = Table(title="Alternatives")
-        for col in ("precision", "AC", "mbs", "sharding", "cp", "tokens/s/GPU", "peak GiB", "why not"):
-            alts.add_column(col)
+        # The key columns never end in "…" (fp8/torchao-tensorwise and fp8/current must stay told apart,
+        # issue 39): on a narrow terminal the recipe goes under its precision, the table drops its
+        # vertical rules, and only the reasons wrap.
+        narrow = console.width < NARROW_COLUMNS
+        alts = (
+            Table(title="Alternatives", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+            if narrow
+            else Table(title="Alternatives")
+        )
+        for col in ("precision", "AC", "mbs", "sharding", "cp", "tokens/s/GPU", "peak GiB"):
+            alts.add_column(
+                col.replace("/GPU", "\n/GPU").replace(" GiB", "\nGiB") if narrow else col, no_wrap=True
+            )
+        alts.add_column("why not", ratio=1)
         for a in plan.alternatives:
             ac = a.candidate
             alts.add_row(
-                f"{ac.precision.value}/{ac.precision_recipe.value}",
+                f"{ac.precision.value}{chr(10) if narrow else '/'}{ac.precision_recipe.value}",
                 ac.activation_checkpointing.value,
                 str(ac.micro_batch_size),
                 ac.sharding.value,

@@ -21,7 +21,7 @@ from blackwell_operator.cli.options import (
     read_cluster_calibration,
 )
 from blackwell_operator.models.spec import DEFAULT_IMAGE
-from blackwell_operator.planner.figures import memory_budget
+from blackwell_operator.planner.figures import limit_gib, memory_budget
 from blackwell_operator.render import dump_documents, render_children
 from blackwell_operator.render.crd import crd_yaml
 from blackwell_operator.units import GIB
@@ -46,7 +46,7 @@ def plan_summary(plan: Plan, headroom: float) -> str:
     """A few human lines about the plan (stderr, so stdout stays valid YAML/JSON)."""
     chosen, predicted = plan.chosen, plan.predicted
     peak = predicted.memory.peak_reserved / GIB
-    budget = memory_budget(plan.gpu.memory_bytes, headroom) / GIB
+    budget = limit_gib(memory_budget(plan.gpu.memory_bytes, headroom))
     return "\n".join(
         [
             f"plan {plan.job_name}: {plan.model_name} ({plan.parameter_count / 1e9:.2f}B parameters) on "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from blackwell_operator.planner.candidates import Pins
-from blackwell_operator.planner.figures import gib, over, tenths
+from blackwell_operator.planner.figures import gib, limit, over, tenths
 from blackwell_operator.planner.search import Scored, SearchResult
 from blackwell_trainer.config import ActivationCheckpointing, Precision
 
@@ -120,7 +120,7 @@ def explain(winner: Scored, result: SearchResult, budget: float, pins: Pins) -> 
     outside = mem.peak_reserved - mem.peak_allocated - mem.fragmentation
     allocated, cached, context = tenths([mem.peak_allocated, mem.fragmentation, outside], mem.peak_reserved)
     lines.append(
-        f"peak {gib(mem.peak_reserved)} of {gib(budget)} budget in the {mem.peak_phase} phase "
+        f"peak {gib(mem.peak_reserved)} of {limit(budget)} budget in the {mem.peak_phase} phase "
         f"(allocated {allocated:.1f} + fragmentation {cached:.1f} + CUDA context and NCCL {context:.1f} GiB)"
     )
     return lines

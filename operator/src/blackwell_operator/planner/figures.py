@@ -1,7 +1,8 @@
 """Memory figures as people read them: one rounding rule, comparisons that read right, parts that add up.
 
 The rule: GiB with one decimal, rounded to nearest; where a need is compared with a limit it cannot
-meet, the need is rounded up and the limit down, so the text never reads `170.1 GiB > 170.1 GiB`; and
+meet, the need is rounded up and the limit down, so the text never reads `170.1 GiB > 170.1 GiB`; a
+budget is a limit wherever it is shown, always rounded down, so one plan never shows two budgets; and
 the parts of a total are rounded so that the parts shown add up to the total shown.
 """
 
@@ -31,8 +32,13 @@ def need(n: float) -> str:
 
 
 def limit(n: float) -> str:
-    """A limit that a need exceeds, rounded down."""
-    return f"{math.floor(n / GIB * _STEP) / _STEP:.1f} GiB"
+    """A limit (a memory budget, wherever it is shown), rounded down."""
+    return f"{limit_gib(n):.1f} GiB"
+
+
+def limit_gib(n: float) -> float:
+    """A limit's GiB, rounded down to a tenth: the one figure of a budget in every table and line."""
+    return math.floor(n / GIB * _STEP) / _STEP
 
 
 def over(needed: float, limit_bytes: float) -> str:
