@@ -212,11 +212,11 @@ def test_the_plan_config_map_copy_is_the_reconcilers_render_and_only_of_our_own(
     btj["metadata"]["labels"] = labels  # type: ignore[index]
     decided = probe_pass(btj, worker(), result_for(plan, 1, [0.9, 1.0]), found=LINEAGE, now=NOW)
     assert decided.plan is not None
-    existing = plan_config_map("j", "a", plan, parent_labels=labels)
+    existing = plan_config_map("j", "a", plan, parent_labels=labels, uid="u-btj")
     existing["metadata"].update(resourceVersion="7", ownerReferences=[{"uid": "u-btj"}])
     patch, problem = config_map_copy(existing, btj, decided.plan)
     assert problem is None and patch is not None and patch["metadata"]["resourceVersion"] == "7"
-    wanted = plan_config_map("j", "a", decided.plan, parent_labels=labels)
+    wanted = plan_config_map("j", "a", decided.plan, parent_labels=labels, uid="u-btj")
     assert (
         patch["data"] == wanted["data"]
         and patch["metadata"]["annotations"] == wanted["metadata"]["annotations"]

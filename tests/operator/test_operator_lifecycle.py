@@ -45,6 +45,8 @@ async def test_apply_creates_configmap_and_pytorchjob_with_owner_and_plan(cluste
         assert "app.kubernetes.io/instance" not in child["metadata"]["labels"]
     status = cluster.status("llama")
     plan = json.loads(config_map["data"]["plan.json"])
+    # Beside the plan, the job it is for: the trainer records it in every checkpoint (docs/trainer.md).
+    assert json.loads(config_map["data"]["job.json"]) == {"namespace": NAMESPACE, "name": "llama", "uid": uid}
     # status.plan is the trainer's plan file (nulls dropped: a merge patch cannot carry them).
     assert Plan.model_validate(status["plan"]) == Plan.model_validate(plan)
     assert status["precision"] == plan["chosen"]["precision"]

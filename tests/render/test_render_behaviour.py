@@ -60,11 +60,18 @@ def test_config_map_then_job_without_owner_references() -> None:
         assert "ownerReferences" not in obj["metadata"]
 
 
-def test_config_map_carries_the_plan_json_exactly() -> None:
+def test_config_map_carries_the_plan_json_exactly_and_the_job_it_is_for() -> None:
     spec = spec_of()
-    config_map, _ = render(spec)
-    assert config_map["data"] == {"plan.json": plan_for(spec, "job").to_json()}
+    config_map, job = render(spec)
+    assert set(config_map["data"]) == {"plan.json", "job.json"}
+    assert config_map["data"]["plan.json"] == plan_for(spec, "job").to_json()
     assert json.loads(config_map["data"]["plan.json"])["jobName"] == "job"
+    # The trainer's checkpoints record whose they are: the BTJ's namespace, name and uid (docs/trainer.md).
+    owned = render_children("job", NAMESPACE, spec, plan_for(spec, "job"), uid="uid-1")
+    assert json.loads(owned[0]["data"]["job.json"]) == {"namespace": NAMESPACE, "name": "job", "uid": "uid-1"}
+    assert json.loads(config_map["data"]["job.json"])["uid"] == ""  # offline (btj render): none
+    # job.json is no part of the pods' plan hash: a job made before it is not re-rendered by it.
+    assert owned[-1] == job
 
 
 def test_worker_only_elastic_pytorchjob() -> None:

@@ -11,7 +11,8 @@ from torch import nn
 
 from blackwell_trainer.checkpoint import list_complete
 from blackwell_trainer.checkpoint_manager import CheckpointManager
-from blackwell_trainer.config import CheckpointConfig
+from blackwell_trainer.checkpoint_owner import Owner
+from blackwell_trainer.config import CheckpointConfig, JobIdentity
 from tests.trainer.test_checkpoint import make, params, train_step
 
 # Single-process on purpose: DCP then warns that torch.distributed is uninitialised.
@@ -48,12 +49,15 @@ class Recorded:
         self.skipped += 1
 
 
+OWNER = Owner(JobIdentity(namespace="team", name="job", uid="u1"), "model", "data", 4096)
+
+
 def manager(root: Path, seed: int, recorder: Recorded) -> tuple[CheckpointManager, nn.Module, Counter]:
     model, optimizer = make(seed)
     state = Counter()
     config = CheckpointConfig(path=str(root), interval_steps=2, keep_latest=5)
     built = CheckpointManager(
-        config, rank=0, model=model, optimizer=optimizer, state=state, steps=5, recorder=recorder
+        config, rank=0, model=model, optimizer=optimizer, state=state, steps=5, recorder=recorder, owner=OWNER
     )
     return built, model, state
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from blackwell_trainer.checkpoint import list_complete
+from blackwell_trainer.checkpoint import MARKER, list_complete
 from blackwell_trainer.config import PERMANENT_ERROR_PREFIX, Plan
 from blackwell_trainer.train import main
 from tests.ports import free_port
@@ -120,3 +120,73 @@ def test_when_no_checkpoint_verifies_one_permanent_error_line_and_exit_2(
     # Exactly one line, and it tells the operator no restart can help.
     assert termination.read_text() == PERMANENT_ERROR_PREFIX + line.removeprefix("error: ") + "\n"
     assert [c.step for c in list_complete(root)] == [2, 4]  # both kept for whoever restores them
+
+
+def as_version_1(folder: Path) -> None:
+    """Rewrite a step folder's marker as a trainer before checksums (and owner records) wrote it."""
+    marker = folder / MARKER
+    raw = json.loads(marker.read_text())
+    raw.pop("owner", None)
+    raw.update(version=1, files={name: entry["size"] for name, entry in raw["files"].items()})
+    marker.write_text(json.dumps(raw))
+
+
+def blow_up(folder: Path, name: str) -> None:
+    """Overwrite one model tensor's bytes in the shard with 3e38: finite, so no load-time scan sees it, and
+    the same size, so no size check does; the first step's logits overflow."""
+    import numpy as np
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    whole = folder.parent / f"{folder.name}.pt"
+    dcp_to_torch_save(folder, whole)
+    tensor = torch.load(whole, weights_only=True)["model"][name]
+    whole.unlink()
+    shard = next(folder.glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    raw = tensor.contiguous().numpy().tobytes()
+    assert data.count(raw) == 1, "the tensor's bytes are stored once, as they are"
+    at = data.find(raw)
+    data[at : at + len(raw)] = np.full(tensor.numel(), 3e38, dtype=np.float32).tobytes()
+    shard.write_bytes(bytes(data))
+
+
+@pytest.mark.usefixtures("world_of_one")
+def test_a_damaged_checkpoint_from_before_checksums_falls_back_to_the_one_before_it(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Before: the damaged checkpoint loaded (sizes match, every value finite), its first step was not
+    # finite (exit 3), and every restart resumed it again into the same failure.
+    plan = write_plan(tmp_path, steps=4, interval=2)
+    assert train(plan, monkeypatch, caplog)[0] == 0
+    root = tmp_path / "ckpt"
+    for step in (2, 4):
+        as_version_1(root / f"step-00000{step}")
+    plan.write_text(json.dumps({**json.loads(plan.read_text()), "steps": 6}))
+    # The reference: the same resume from an undamaged step 2.
+    reference = tmp_path / "reference"
+    shutil.copytree(root, reference / "ckpt")
+    shutil.rmtree(reference / "ckpt" / "step-000004")
+    edit = json.loads(plan.read_text())
+    edit["checkpoint"]["path"] = str(reference / "ckpt")
+    (reference / "plan.json").write_text(json.dumps(edit))
+    rc, expected = train(reference / "plan.json", monkeypatch, caplog)
+    assert rc == 0 and sorted(expected) == [3, 4, 5, 6]
+    capsys.readouterr()
+
+    blow_up(root / "step-000004", "output.weight")
+    rc, losses = train(plan, monkeypatch, caplog)
+    assert rc == 3 and losses == {}
+    (line,) = error_lines(capsys.readouterr().err)
+    assert line.startswith("error: step 5: the loss is not finite")
+    assert "checkpoint step-000004 is marked so that the next start skips it for the one before it" in line
+    rc, resumed = train(plan, monkeypatch, caplog)
+    assert rc == 0
+    (skip,) = [m for m in caplog.messages if m.startswith("skipping checkpoint")]
+    assert "step 5, the first after resuming it, was not finite, and it has no checksums" in skip
+    assert resumed == expected  # steps 3-6 from step 2: the losses of the undamaged resume
+    assert error_lines(capsys.readouterr().err) == []
+    assert [c.step for c in list_complete(root)] == [4, 6]  # step 4 saved again over the damaged one

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -146,3 +148,44 @@ def test_too_few_rows_for_one_step_names_the_micro_batch_that_fits(
     assert f"{rows:,} packed rows" in text and f"spec.tuning.microBatchSize: {rows} or smaller" in text, text
     assert "sequenceLength" not in text
     assert source_of(*chat_data, mbs=rows).samples_per_epoch == rows
+
+
+def test_a_mask_that_is_not_the_one_prepared_is_refused_naming_the_file_and_the_fix(
+    chat_data: tuple[Path, ShardManifest], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    data, manifest = chat_data
+    assert all(shard.mask_crc32 for shard in manifest.shards)  # prepare records each mask's checksum
+    source_of(data, manifest)  # the folder as prepared passes
+    copy = tmp_path / "copy"
+    shutil.copytree(data, copy)
+    first = manifest.shards[0]
+    mask = copy / companion(first.name, MASK_SUFFIX)
+    prepared = mask.read_bytes()
+
+    # All ones, the right size: it would train on the user's turns and the template's text too.
+    mask.write_bytes(b"\x01" * len(prepared))
+    assert first.trained_tokens is not None and first.trained_tokens < first.tokens
+    with pytest.raises(DataError) as refused:
+        source_of(copy, manifest)
+    assert str(refused.value) == (
+        f"dataset.uri {copy}: {mask.name} trains on {first.tokens} of {first.tokens} tokens (100.0%) but "
+        f"manifest.json says {first.trained_tokens} ({first.trained_tokens / first.tokens:.1%}): it is not "
+        "the mask prepare wrote. Fix: prepare the data again (python -m blackwell_trainer.prepare --chat) "
+        "and copy the whole folder"
+    )
+    # The same coverage on other tokens: only the checksum sees it.
+    mask.write_bytes(prepared[::-1])
+    with pytest.raises(DataError, match=rf"{mask.name} fails its checksum \(crc32 [0-9a-f]{{8}}, manifest"):
+        source_of(copy, manifest)
+
+    # A manifest from before mask checksums: the coverage is still checked, with a warning about the rest.
+    older = json.loads((copy / "manifest.json").read_text())
+    for shard in older["shards"]:
+        shard.pop("maskCrc32")
+    (copy / "manifest.json").write_text(json.dumps(older))
+    with caplog.at_level(logging.WARNING):
+        source_of(copy, ShardManifest.model_validate(older))  # reversed: same coverage, not caught
+    assert any("has no mask checksums (prepared before them)" in m for m in caplog.messages)
+    mask.write_bytes(b"\x01" * len(prepared))
+    with pytest.raises(DataError, match=r"trains on \d+ of \d+ tokens \(100\.0%\)"):
+        source_of(copy, ShardManifest.model_validate(older))

@@ -37,6 +37,7 @@ from blackwell_trainer.checkpoint_manifest import (
     entries,
     written_by,
 )
+from blackwell_trainer.checkpoint_owner import CHECKPOINT_FIELD, START_FROM_FIELD, Owner, judge
 from blackwell_trainer.config import CheckpointConfig
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,9 @@ log = logging.getLogger(__name__)
 EXTRA_DIR = "extra"
 STEP_DIR = re.compile(r"^step-(\d+)$")
 TMP_PREFIX = ".tmp-"
+# Written into a step folder without checksums whose resume was followed by a non-finite first step: its
+# damage may be of the kind only checksums see, so later starts skip it for the one before it.
+SUSPECT = "NON_FINITE_AFTER_RESUME.json"
 
 
 class CheckpointError(RuntimeError):
@@ -56,6 +60,20 @@ class StorageFailed(CheckpointError):
 
 class NoUsableCheckpoint(CheckpointError):
     """Complete checkpoints exist but none verifies and loads: a restart would read the same files."""
+
+
+class ForeignCheckpoint(CheckpointError):
+    """The checkpoint to resume records another job, or this job with another model, data or global batch."""
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """The checkpoint a load resumed: its step, whether it records this job, whether it had checksums."""
+
+    path: Path
+    step: int
+    own: bool
+    verifiable: bool
 
 
 class SaveFailed(CheckpointError):
@@ -208,11 +226,21 @@ def find_candidates(root: Path) -> list[Candidate]:
         match = STEP_DIR.match(path.name)
         if not match or not (path / MARKER).exists():
             continue  # a temporary, or a save that never finished: never a checkpoint
+        if (path / SUSPECT).exists():
+            found.append((int(match[1]), Candidate(path, None, _suspect_reason(path))))
+            continue
         try:
             found.append((int(match[1]), Candidate(path, Manifest.read(path), None)))
         except (OSError, ManifestError) as err:
             found.append((int(match[1]), Candidate(path, None, str(err))))
     return [c for _, c in sorted(found, key=lambda pair: -pair[0])]
+
+
+def _suspect_reason(path: Path) -> str:
+    try:
+        return str(json.loads((path / SUSPECT).read_text())["reason"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{SUSPECT} says the first step after resuming it was not finite"
 
 
 class SkipCallback(Protocol):
@@ -259,9 +287,11 @@ class Checkpointer:
         rank: this process's global rank.
     """
 
-    def __init__(self, config: CheckpointConfig, *, rank: int) -> None:
+    def __init__(self, config: CheckpointConfig, *, rank: int, owner: Owner | None = None) -> None:
         self.config = config
         self.rank = rank
+        self.owner = owner  # recorded in every checkpoint; a resume refuses another's (checkpoint_owner)
+        self.resumed: Resumed | None = None
         self.root: Path | None = None
         if config.path:
             if "://" in str(config.path):
@@ -332,6 +362,7 @@ class Checkpointer:
                     world_size=world_size,
                     timestamp=time.time(),
                     files=_all_entries(tmp, files_key, world_size, mine),
+                    owner=None if self.owner is None else self.owner.to_json(),
                 )
                 with open(tmp / MARKER, "w") as f:
                     json.dump(marker.to_json(), f, indent=1)
@@ -374,12 +405,50 @@ class Checkpointer:
 
         None when there is no complete checkpoint (a fresh start). Each one that fails is skipped with
         one line (rank 0) and `on_skip(path, reason)` (every rank); NoUsableCheckpoint when all fail.
+        ForeignCheckpoint when the newest complete one records another job (checkpoint_owner.judge).
         """
         if self.root is None:
             return None
-        candidates = self._candidates()
+        found = self._newest(self.root, CHECKPOINT_FIELD, model, optimizer, on_skip)
+        if found is None:
+            return None
+        candidate, extra, own = found
+        assert candidate.manifest is not None
+        self.resumed = Resumed(candidate.path, candidate.manifest.step, own, candidate.manifest.verifiable)
+        self.last_saved_step = candidate.manifest.step
+        self._prune_after = candidate.manifest.step
+        return extra
+
+    def load_weights(self, model: nn.Module, on_skip: SkipCallback | None = None) -> Path:
+        """Load the model weights of the newest good checkpoint under checkpoint.startFrom (collective).
+
+        Another job's checkpoints, read only: whose they are is not asked (the spec named them), nothing
+        is pruned or recorded as this job's. CheckpointError when the folder holds none that loads.
+        """
+        root = Path(str(self.config.start_from))
+        found = self._newest(root, START_FROM_FIELD, model, None, on_skip)
+        if found is None:
+            raise CheckpointError(
+                f"{START_FROM_FIELD} {root} holds no complete checkpoint; point it at the "
+                "checkpoint.path folder of the job whose weights this one starts from"
+            )
+        return found[0].path
+
+    def _newest(
+        self,
+        root: Path,
+        field: str,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        on_skip: SkipCallback | None,
+    ) -> tuple[Candidate, dict[str, Any], bool] | None:
+        """The newest candidate under `root` that verifies and loads into model (and optimizer), with its
+        extra and whether it records this job (checkpoint.path: ForeignCheckpoint when it records another);
+        None when `root` holds no candidate."""
+        candidates = self._candidates(root, field)
         failed: list[str] = []
         for index, candidate in enumerate(candidates):
+            own = self._judge(candidate) if field == CHECKPOINT_FIELD else False
             reason = self._verify(candidate)
             extra = None
             if reason is None:
@@ -387,7 +456,7 @@ class Checkpointer:
             if reason is None and extra is not None:
                 if failed and self.rank == 0:
                     log.warning("resuming from %s, older than the %d skipped", candidate.path, len(failed))
-                return extra
+                return candidate, extra, own
             failed.append(f"{candidate.path.name}: {reason}")
             if self.rank == 0:
                 then = "trying the next older one" if index + 1 < len(candidates) else "none older is left"
@@ -396,21 +465,42 @@ class Checkpointer:
                 on_skip(candidate.path, str(reason))
         if failed:
             raise NoUsableCheckpoint(
-                f"no checkpoint under spec.training.checkpoint.path {self.root} can be resumed: "
+                f"no checkpoint under {field} {root} can be resumed: "
                 f"{'; '.join(failed)}. Restore a good copy, or move these step folders aside to start "
                 "from step 0"
             )
         return None
 
-    def _candidates(self) -> list[Candidate]:
+    def _judge(self, candidate: Candidate) -> bool:
+        """Whether `candidate` records this job; ForeignCheckpoint when it is another's (every rank has rank
+        0's candidate, so every rank raises alike). A candidate without a readable record is left to
+        `_verify`, which skips it."""
+        if self.owner is None or candidate.manifest is None:
+            return False
+        recorded = None
+        if candidate.manifest.owner is not None:
+            try:
+                recorded = Owner.from_json(candidate.manifest.owner)
+            except (KeyError, TypeError, ValueError) as err:
+                raise ForeignCheckpoint(
+                    f"{CHECKPOINT_FIELD}: checkpoint {candidate.path} has an unreadable owner record "
+                    f"({type(err).__name__}: {err}); give this job a checkpoint.path of its own"
+                ) from None
+        verdict = judge(recorded, self.owner, str(candidate.path))
+        if verdict.refusal is not None:
+            raise ForeignCheckpoint(verdict.refusal)
+        if verdict.note is not None and self.rank == 0:
+            log.warning("%s", verdict.note)
+        return verdict.own
+
+    def _candidates(self, root: Path, field: str) -> list[Candidate]:
         """Rank 0's list of step folders with a completion record (ranks must try the same ones)."""
-        assert self.root is not None
         payload: list[Any] = [None]
         if self.rank == 0:
             try:
-                payload = [find_candidates(self.root)]
+                payload = [find_candidates(root)]
             except OSError as err:
-                payload = [f"cannot list spec.training.checkpoint.path {self.root}: {err}"]
+                payload = [f"cannot list {field} {root}: {err}"]
         if dist.is_available() and dist.is_initialized():
             # Shared-file-system caches can lag between nodes: rank 0's view decides for all.
             dist.broadcast_object_list(payload, src=0)
@@ -478,7 +568,7 @@ class Checkpointer:
         reason = _first_problem([] if reason is None else [reason])
         if reason is not None:
             return None, reason
-        if written_by_ranks != world_size and rank == 0:
+        if written_by_ranks != world_size and rank == 0 and optimizer is not None:
             log.warning(
                 "checkpoint %s was written by %d ranks and resumes on %d: model and optimizer are "
                 "resharded by DCP, and every rank takes rank 0's step and data position (global, so "
@@ -487,11 +577,42 @@ class Checkpointer:
                 written_by_ranks,
                 world_size,
             )
-        self.last_saved_step = candidate.manifest.step
-        self._prune_after = candidate.manifest.step
         if rank == 0:
-            log.info("resumed from checkpoint %s", candidate.path)
+            log.info(
+                "%s checkpoint %s",
+                "resumed from" if optimizer is not None else "loaded the weights of",
+                candidate.path,
+            )
         return extra, None
+
+    def mark_suspect(self, step: int) -> str | None:
+        """After a non-finite `step`: if it was the first after resuming a checkpoint without checksums,
+        mark that checkpoint so that later starts skip it for the one before it (rank 0 writes; every rank
+        returns the same line for the error). None when it does not apply.
+
+        Damage of the right size loads silently from such a checkpoint; when what it turns into is finite
+        (a huge weight, a negative second moment) only the first step shows it, and every restart would
+        resume the same checkpoint into the same failure. A checkpoint with checksums is known undamaged:
+        its non-finite first step is the run's own (data, learning rate), and a restart retries it.
+        """
+        resumed = self.resumed
+        if resumed is None or resumed.verifiable or step != resumed.step + 1:
+            return None
+        reason = (
+            f"step {step}, the first after resuming it, was not finite, and it has no checksums to tell "
+            "damage from a loss spike"
+        )
+        if self.rank == 0:
+            try:
+                with open(resumed.path / SUSPECT, "w") as f:
+                    json.dump({"step": step, "reason": reason}, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError as err:
+                log.error("could not mark checkpoint %s as suspect: %s", resumed.path, err)
+        return (
+            f"checkpoint {resumed.path.name} is marked so that the next start skips it for the one before it"
+        )
 
     def confirm_finite(self, step: int) -> None:
         """Record that `step` ended finite; the checkpoint before it is now known good, so prune."""

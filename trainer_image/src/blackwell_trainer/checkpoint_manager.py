@@ -13,7 +13,8 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.stateful import Stateful
 
-from .checkpoint import Checkpointer, SaveFailed, StorageFailed
+from .checkpoint import Checkpointer, CheckpointError, SaveFailed, StorageFailed
+from .checkpoint_owner import CHECKPOINT_FIELD, Owner
 from .config import CheckpointConfig
 
 # The manager's lines are the training loop's: they keep its logger name, which log queries match.
@@ -24,6 +25,10 @@ log = logging.getLogger("blackwell_trainer")
 # the next interval tries again. Three in a row means it is not recovering: stop (exit 2) rather than
 # train on for hours or days whose work a crash or preemption would lose, and say why.
 MAX_FAILED_SAVES_IN_A_ROW = 3
+
+
+class NothingToTrain(CheckpointError):
+    """The checkpoint to resume leaves no step to train, and it is not this job's own finished run."""
 
 
 class CheckpointRecorder(Protocol):
@@ -53,6 +58,7 @@ class CheckpointManager:
         state: the rest of what a resume needs, saved beside them and handed back by `resume()`.
         steps: the plan's last step.
         recorder: told of each checkpoint written, each interval save that failed, each one skipped.
+        owner: this job, recorded in each checkpoint; a resume refuses another job's (checkpoint_owner).
     """
 
     def __init__(
@@ -65,8 +71,9 @@ class CheckpointManager:
         state: Stateful,
         steps: int,
         recorder: CheckpointRecorder,
+        owner: Owner,
     ) -> None:
-        self.checkpointer = Checkpointer(config, rank=rank)
+        self.checkpointer = Checkpointer(config, rank=rank, owner=owner)
         self.model, self.optimizer, self.state = model, optimizer, state
         self.steps = steps
         self.interval = config.interval_steps
@@ -81,7 +88,9 @@ class CheckpointManager:
     def resume(self) -> bool:
         """Load the newest checkpoint that verifies and loads into what it holds (collective).
 
-        False on a fresh start (no complete checkpoint); NoUsableCheckpoint when none can be resumed.
+        False on a fresh start (no complete checkpoint); NoUsableCheckpoint when none can be resumed,
+        ForeignCheckpoint when it is another job's, NothingToTrain when it leaves nothing to train and is
+        not this job's own finished run.
         """
         extra = self.checkpointer.load(
             self.model, self.optimizer, on_skip=lambda path, reason: self.recorder.record_checkpoint_skipped()
@@ -89,7 +98,50 @@ class CheckpointManager:
         if extra is None:
             return False
         self.state.load_state_dict(extra)
+        self._check_steps_left()
         return True
+
+    def _check_steps_left(self) -> None:
+        """A run never ends in success without training the steps the plan asks for: resuming at the last
+        step is done only when the checkpoint records this job (its own finished run, restarted to redo the
+        export, say); past it, or at it without that record, NothingToTrain."""
+        resumed = self.checkpointer.resumed
+        if resumed is None or resumed.step < self.steps:
+            return
+        where = f"{CHECKPOINT_FIELD} {self.checkpointer.config.path}: {resumed.path.name}"
+        if resumed.step > self.steps:
+            raise NothingToTrain(
+                f"{where} is at step {resumed.step}, past spec.training.steps {self.steps}: this job would "
+                f"end having trained none of its {self.steps} steps, with weights trained further than it "
+                f"asks. Fix: set spec.training.steps to more than {resumed.step} to train on, or give the "
+                "job a new checkpoint.path to train from the start"
+            )
+        if not resumed.own:
+            raise NothingToTrain(
+                f"{where} is at the last step ({self.steps}) but records no owner (written before "
+                "ownership records), so it cannot be told from another job's finished run, and this job "
+                "would report success having trained nothing. Fix: if it is this job's finished run, its "
+                "weights are there and nothing is left to do; to train, give the job a new checkpoint.path "
+                "(with checkpoint.startFrom to start from these weights)"
+            )
+        log.info(
+            "checkpoint %s is this job's own finished run (step %d of %d): nothing is left to train",
+            resumed.path,
+            resumed.step,
+            self.steps,
+        )
+
+    def start_from(self) -> None:
+        """Load the model weights of checkpoint.startFrom's newest good checkpoint (collective): step 0."""
+        path = self.checkpointer.load_weights(
+            self.model, on_skip=lambda path, reason: self.recorder.record_checkpoint_skipped()
+        )
+        log.info("starting a new run at step 0 from the weights of %s (checkpoint.startFrom)", path)
+
+    def mark_suspect(self, step: int) -> str | None:
+        """After a non-finite `step`: what a restart resumes from, when the resumed checkpoint is now
+        skipped (Checkpointer.mark_suspect); None when it is not."""
+        return self.checkpointer.mark_suspect(step)
 
     def confirm_finite(self, step: int) -> None:
         """`step` ended finite: the checkpoint before it is known good, so pruning may go on."""

@@ -52,6 +52,8 @@ class Manifest:
     world_size: int
     timestamp: float
     files: dict[str, FileEntry]
+    # Whose checkpoint it is (checkpoint_owner.Owner's JSON); None in one written before the records.
+    owner: dict[str, Any] | None = None
 
     @property
     def verifiable(self) -> bool:
@@ -59,12 +61,15 @@ class Manifest:
         return all(entry.crc32 is not None for entry in self.files.values())
 
     def to_json(self) -> dict[str, Any]:
+        # `owner` is an added key of version 2: a reader without it ignores it.
+        owner = {} if self.owner is None else {"owner": self.owner}
         return {
             "version": self.version,
             "step": self.step,
             "world_size": self.world_size,
             "timestamp": self.timestamp,
             "checksum": CHECKSUM,
+            **owner,
             "files": {name: entry.to_json() for name, entry in sorted(self.files.items())},
         }
 
@@ -83,12 +88,16 @@ class Manifest:
                 raise ManifestError(f"{MARKER} version {version} is not 1 or {MARKER_VERSION}")
             if ".metadata" not in files:
                 raise ManifestError(f"{MARKER} lists no .metadata")
+            owner = raw.get("owner")
+            if owner is not None and not isinstance(owner, dict):
+                raise ManifestError(f"{MARKER} owner is not a JSON object")
             return cls(
                 version=version,
                 step=int(raw["step"]),
                 world_size=int(raw["world_size"]),
                 timestamp=float(raw["timestamp"]),
                 files=files,
+                owner=owner,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             if isinstance(err, ManifestError):

@@ -432,16 +432,72 @@ class OutputConfig(WireModel):
 
 
 class CheckpointConfig(WireModel):
-    """Where and how often the trainer saves distributed checkpoints."""
+    """Where and how often the trainer saves distributed checkpoints, and whose weights start the job."""
 
     path: str | None = Field(
         default=None,
-        description="Folder for torch.distributed.checkpoint step folders; none disables saving.",
+        description="Folder for torch.distributed.checkpoint step folders; none disables saving. The folder "
+        "belongs to this job: a resume refuses checkpoints another job wrote there.",
     )
     interval_steps: int = Field(
         default=500, ge=1, le=100_000_000, description="Save every this many optimizer steps."
     )
     keep_latest: int = Field(default=2, ge=1, le=1000, description="Complete checkpoints to keep.")
+    start_from: str | None = Field(
+        default=None,
+        description="Another job's checkpoint folder (the checkpoint.path it saved to): this job starts a "
+        "new run at step 0 from the model weights of its newest good checkpoint (a fresh optimizer, data "
+        "position and learning-rate schedule). Only read, never written; once this job has a checkpoint "
+        "of its own in path, it resumes that instead.",
+    )
+
+    @model_validator(mode="after")
+    def _start_elsewhere(self) -> CheckpointConfig:
+        if self.start_from is not None and "://" in self.start_from:
+            raise ValueError(
+                f"checkpoint.startFrom {self.start_from} is not a file system path; mount the storage that "
+                "holds it (spec.volumes) and give its path"
+            )
+        if self.start_from and self.path and self.start_from.rstrip("/") == self.path.rstrip("/"):
+            raise ValueError(
+                f"checkpoint.startFrom {self.start_from} is also checkpoint.path: this job would save over "
+                "the checkpoints it starts from; give it a checkpoint.path of its own"
+            )
+        return self
+
+
+# Beside plan.json in the plan ConfigMap: which BlackwellTrainingJob the trainer runs for (JobIdentity).
+JOB_FILE = "job.json"
+
+
+class JobIdentity(WireModel):
+    """The BlackwellTrainingJob the trainer runs for, as the operator renders it (job.json beside the plan).
+
+    Every checkpoint records it, so that a resume can refuse another job's (docs/trainer.md, "Whose
+    checkpoint it is"). Outside the operator (no job.json) the plan's jobName stands for it alone.
+    """
+
+    namespace: str = Field(default="", description="The BlackwellTrainingJob's namespace; empty: unknown.")
+    name: str = Field(min_length=1, description="The BlackwellTrainingJob's name.")
+    uid: str = Field(
+        default="", description="Its metadata.uid (a re-created job has a new one); empty: unknown."
+    )
+
+    @classmethod
+    def beside(cls, plan_path: str | Path, plan: Plan) -> JobIdentity:
+        """The job.json next to the plan file; the plan's jobName alone when there is none.
+
+        ValueError when the file is there but is not a JobIdentity.
+        """
+        path = Path(plan_path).with_name(JOB_FILE)
+        if not path.is_file():
+            return cls(name=plan.job_name)
+        return cls.model_validate_json(path.read_text())
+
+    def describe(self) -> str:
+        """namespace/name (uid ...), as much of it as is known."""
+        who = f"{self.namespace}/{self.name}" if self.namespace else self.name
+        return f"{who} (uid {self.uid})" if self.uid else who
 
 
 class OptimizerConfig(WireModel):

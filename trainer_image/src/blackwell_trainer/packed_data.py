@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import bisect
 import logging
+import time
+import zlib
 from collections import OrderedDict
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,6 +47,7 @@ from blackwell_trainer.shard_manifest import (
     ManifestMismatch,
     ShardManifest,
     check_manifest,
+    check_mask,
     companion,
     step_shortfall,
 )
@@ -212,6 +216,46 @@ class ChatTokenSource:
         """Nothing runs in the background."""
 
 
+_MASK_CHUNK = 8 * 2**20
+
+
+def read_mask(path: Path) -> tuple[str, int]:
+    """A mask file's CRC32 (8 hex digits) and how many tokens it trains on (bytes not 0), in one read."""
+    crc, trained = 0, 0
+    with path.open("rb") as f:
+        while chunk := f.read(_MASK_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+            trained += int(np.count_nonzero(np.frombuffer(chunk, dtype=np.uint8)))
+    return f"{crc:08x}", trained
+
+
+def check_masks(shards: Sequence[Shard], manifest: ShardManifest, uri: str) -> None:
+    """DataError naming the first .mask that is not the one prepare wrote (shard_manifest.check_mask): every
+    mask is read once at start (S3 data: fetched into the node's cache first), so a replaced mask stops the
+    job before it trains on what the mask should have hidden."""
+    entries = {entry.name: entry for entry in manifest.shards}
+    if not any(entry.mask_crc32 for entry in manifest.shards):
+        log.warning(
+            "dataset.uri %s: %s has no mask checksums (prepared before them): each .mask is checked for "
+            "the tokens it trains on only; prepare the data again to have them checked in full",
+            uri,
+            MANIFEST_NAME,
+        )
+    started, read = time.monotonic(), 0
+    for shard in shards:
+        entry = entries[shard.name]
+        if entry.trained_tokens is None and entry.mask_crc32 is None:
+            continue  # nothing recorded to compare with
+        path = Path(ChatTokenSource._companion(shard, MASK_SUFFIX))
+        crc32, trained = read_mask(path)
+        problem = check_mask(entry, path.name, crc32, trained, uri=uri)
+        if problem is not None:
+            raise DataError(problem)
+        read += path.stat().st_size
+    seconds = time.monotonic() - started
+    log.info("dataset.uri %s: %d loss masks (%d bytes) checked in %.1f s", uri, len(shards), read, seconds)
+
+
 def build_chat_source(dataset: DatasetConfig, layout: DataLayout) -> ChatTokenSource:
     """The packed chat source of dataset.uri, after its manifest is checked against the plan."""
     uri = dataset.uri or ""
@@ -235,6 +279,7 @@ def build_chat_source(dataset: DatasetConfig, layout: DataLayout) -> ChatTokenSo
         )
     except ManifestMismatch as err:
         raise DataError(str(err)) from err
+    check_masks(shards, manifest, uri)
     log.info(
         "dataset.uri %s: %d conversations, %d tokens, %.1f%% of them trained on (the assistant's)",
         uri,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from pydantic import ValidationError
 
-from .config import DatasetKind, Plan
+from .config import JOB_FILE, DatasetKind, JobIdentity, Plan
 from .errors import PlanError
 from .precision import check_precision, parse_capability
 from .runtime import Runtime
@@ -30,6 +30,16 @@ def load_plan(path: str | None) -> Plan:
         raise PlanError(f"plan file not found: {path}; mount the plan ConfigMap or pass --plan") from None
     except ValidationError as err:
         raise PlanError(f"invalid plan {path}: {_validation_line(err)}") from None
+
+
+def job_identity(plan_path: str, plan: Plan) -> JobIdentity:
+    """The job.json beside the plan (the operator renders both into the plan ConfigMap), else the plan's
+    jobName alone; PlanError with one line when the file is there but unreadable."""
+    try:
+        return JobIdentity.beside(plan_path, plan)
+    except (OSError, ValidationError) as err:
+        problem = _validation_line(err) if isinstance(err, ValidationError) else str(err)
+        raise PlanError(f"invalid {JOB_FILE} beside the plan {plan_path}: {problem}") from None
 
 
 def check_plan(plan: Plan, runtime: Runtime, capability: tuple[int, int] | None) -> None:

@@ -20,6 +20,7 @@ import logging
 import os
 import shutil
 import sys
+import zlib
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -242,7 +243,9 @@ def _run_chat_unit(job: dict[str, Any]) -> dict[str, Any]:
         starts = np.cumsum([0, *(int(p.size) for p in ids_parts[:-1])], dtype=np.uint64)
         flat = np.concatenate(ids_parts)
         # The mask and the starts first: the token shard's rename is what makes the unit's output count.
-        _write_array(out / companion(name, MASK_SUFFIX), np.concatenate(mask_parts))
+        mask = np.concatenate(mask_parts)
+        _write_array(out / companion(name, MASK_SUFFIX), mask)
+        mask_crc32 = f"{zlib.crc32(mask.tobytes()):08x}"  # the trainer checks the file against it
         _write_array(out / companion(name, DOCS_SUFFIX), starts)
         _write_array(out / name, flat.astype(dtype))
     top = int(max((int(p.max()) for p in ids_parts if p.size), default=0))
@@ -253,6 +256,7 @@ def _run_chat_unit(job: dict[str, Any]) -> dict[str, Any]:
         "skipped": 0,
         "maxTokenId": top,
         "trainedTokens": trained,
+        **({"maskCrc32": mask_crc32} if docs else {}),
         "source": unit.describe(),
     }
     _write_atomic(out / STATE_DIR / f"{name}.json", json.dumps(record))
@@ -482,6 +486,7 @@ def _manifest(
                 tokens=r["tokens"],
                 documents=r["documents"],
                 trained_tokens=r.get("trainedTokens"),
+                mask_crc32=r.get("maskCrc32"),  # none in a unit an older prepare recorded before a resume
                 source=r["source"],
             )
             for r in kept

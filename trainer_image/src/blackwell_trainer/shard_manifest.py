@@ -48,6 +48,11 @@ class ShardEntry(WireModel):
     trained_tokens: int | None = Field(
         default=None, ge=0, description="Chat data: tokens the loss mask trains on (the assistant's)."
     )
+    mask_crc32: str | None = Field(
+        default=None,
+        pattern="^[0-9a-f]{8}$",
+        description="Chat data: CRC32 of the shard's .mask file (8 hex digits); none in manifests before it.",
+    )
     source: str = Field(description="The input file and the part of it the shard holds.")
 
 
@@ -171,6 +176,31 @@ def _check_companions(manifest: ShardManifest, files: Mapping[str, int], where: 
                     "the data again)"
                 )
     return names
+
+
+def check_mask(entry: ShardEntry, name: str, crc32: str, trained: int, *, uri: str) -> str | None:
+    """Whether the .mask `name`, read as `crc32` with `trained` tokens not 0, is the one `prepare --chat`
+    wrote for `entry`: its trained tokens (the loss mask's coverage), then its CRC32; None when it is, else
+    one line naming the file and the fix.
+
+    A mask of the right size but other content (all ones trains on every token, the user's turns and the
+    template's text included) passes the size check; this one catches it. A manifest from before mask
+    checksums still has each shard's trained tokens, which the coverage check compares.
+    """
+    fix = "Fix: prepare the data again (python -m blackwell_trainer.prepare --chat) and copy the whole folder"
+    if entry.trained_tokens is not None and trained != entry.trained_tokens:
+        share, listed = trained / max(entry.tokens, 1), entry.trained_tokens / max(entry.tokens, 1)
+        return (
+            f"dataset.uri {uri}: {name} trains on {trained} of {entry.tokens} tokens ({share:.1%}) but "
+            f"{MANIFEST_NAME} says {entry.trained_tokens} ({listed:.1%}): it is not the mask prepare wrote. "
+            f"{fix}"
+        )
+    if entry.mask_crc32 is not None and crc32 != entry.mask_crc32:
+        return (
+            f"dataset.uri {uri}: {name} fails its checksum (crc32 {crc32}, {MANIFEST_NAME} says "
+            f"{entry.mask_crc32}): it is not the mask prepare wrote. {fix}"
+        )
+    return None
 
 
 def tokenizer_sha256(path: Path) -> str:

@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from .config import Plan
+from .config import JobIdentity, Plan
 from .context_parallel import data_parallel_rank
 from .errors import DataError, NonFiniteStep, PlanError
 from .oom import GpuOutOfMemory, PhaseTracker, earlier_result, oom_result
 from .parallelize import ParallelismError, validate_layout
-from .plan_check import PLAN_ENV, check_plan, load_plan
+from .plan_check import PLAN_ENV, check_plan, job_identity, load_plan
 from .precision import PrecisionError, device_capability
 from .preemption import PreemptionGuard
 from .runtime import Runtime, init_distributed
@@ -43,6 +43,7 @@ from .tuning import Tuning, TuningError
 
 if TYPE_CHECKING:  # imported where run() needs them, not at start-up
     from .checkpoint_manager import CheckpointManager
+    from .checkpoint_owner import Owner
     from .data import TokenSource
     from .metrics import TrainerMetrics
     from .sample_ledger import SampleLedger
@@ -73,11 +74,12 @@ class LoopState:
         self.resumed = check_resume(state_dict["data"], self.trainer.step_index, self.source)
 
 
-def run(plan: Plan, runtime: Runtime, guard: PreemptionGuard) -> int:
+def run(plan: Plan, runtime: Runtime, guard: PreemptionGuard, identity: JobIdentity | None = None) -> int:
     """Train to plan.steps, resuming from the latest complete checkpoint; 0 on completion or preemption.
 
     `guard` is the SIGTERM guard main() holds (``python -m blackwell_trainer`` installs it before torch is
-    imported); main() also restores it.
+    imported); main() also restores it. `identity`: the job it trains for (job.json beside the plan; by
+    default the plan's jobName), recorded in its checkpoints.
     """
     from .metrics import TrainerMetrics
 
@@ -88,7 +90,7 @@ def run(plan: Plan, runtime: Runtime, guard: PreemptionGuard) -> int:
         if runtime.local_rank == 0:
             metrics.serve(plan.metrics_port)
         plan = _probed(plan, runtime, metrics)
-        return _train(plan, runtime, guard, metrics, tracker)
+        return _train(plan, runtime, guard, metrics, tracker, identity or JobIdentity(name=plan.job_name))
     except torch.OutOfMemoryError as err:
         # Read the allocator's figures before the traceback (and the tensors its frames hold) goes.
         result = oom_result(err, tracker, plan, runtime.device, runtime.rank)
@@ -133,13 +135,26 @@ def _probed(plan: Plan, runtime: Runtime, metrics: TrainerMetrics) -> Plan:
 
 
 def _train(
-    plan: Plan, runtime: Runtime, guard: PreemptionGuard, metrics: TrainerMetrics, tracker: PhaseTracker
+    plan: Plan,
+    runtime: Runtime,
+    guard: PreemptionGuard,
+    metrics: TrainerMetrics,
+    tracker: PhaseTracker,
+    identity: JobIdentity,
 ) -> int:
     """run()'s body: build, then train (_loop); the data source is closed however it ends."""
+    from .checkpoint_owner import Owner, data_fingerprint, model_fingerprint
+
     trainer = Trainer(plan, runtime, tracker)
     source = _token_source(plan, runtime)
+    owner = Owner(
+        job=identity,
+        model=model_fingerprint(plan.architecture),
+        data=data_fingerprint(source.state_dict()),
+        global_batch_tokens=plan.global_batch_tokens,
+    )
     try:
-        return _loop(plan, runtime, guard, metrics, trainer, source)
+        return _loop(plan, runtime, guard, metrics, trainer, source, owner)
     finally:
         source.close()  # its background fetch is joined before run() destroys the process group
 
@@ -151,6 +166,7 @@ def _loop(
     metrics: TrainerMetrics,
     trainer: Trainer,
     source: TokenSource,
+    owner: Owner,
 ) -> int:
     """Resume, then step until done or preempted; 0 either way."""
     from .checkpoint_manager import CheckpointManager
@@ -165,6 +181,7 @@ def _loop(
         state=state,
         steps=plan.steps,
         recorder=metrics,
+        owner=owner,
     )
     ledger = SampleLedger.from_env(runtime.rank)
     _resume_or_start(plan, state, checkpoints, metrics)
@@ -210,16 +227,23 @@ def _token_source(plan: Plan, runtime: Runtime) -> TokenSource:
 def _resume_or_start(
     plan: Plan, state: LoopState, checkpoints: CheckpointManager, metrics: TrainerMetrics
 ) -> None:
-    """The newest good checkpoint of this job (collective), else the plan's initial weights, if any."""
+    """The newest good checkpoint of this job (collective), else the weights of checkpoint.startFrom or the
+    plan's initial weights, if any: the job's own checkpoint wins, the others start it at step 0."""
     trainer, source = state.trainer, state.source
     if checkpoints.resume():
         log.info(state.resumed)
-    elif plan.weights is not None:  # the job's own checkpoint wins; the initial weights start it
-        from .weights_load import check_data_tokenizer, load_pretrained
+        return
+    if plan.weights is not None:
+        from .weights_load import check_data_tokenizer
 
         # Before the (long) load: shards of another tokenizer would train the model on the wrong ids.
         if source.uri is not None:  # synthetic tokens have no tokenizer
             check_data_tokenizer(plan.weights.uri, source.uri, source.manifest)
+    if plan.checkpoint.start_from:  # the weights another job trained (spec.model.weights then names the
+        checkpoints.start_from()  # tokenizer and config.json the export copies)
+    elif plan.weights is not None:
+        from .weights_load import load_pretrained
+
         loaded = load_pretrained(trainer.model, plan.weights.uri, plan.architecture, plan.sequence_length)
         metrics.record_weights_load(loaded.seconds)
 
@@ -256,7 +280,10 @@ def _finite_step(
     except NonFiniteStep as err:  # raised on every rank alike, before any save of that step
         ledger.discard()
         kept = checkpoints.last_saved_step
-        resume = f"a restart resumes from step {kept}" if kept is not None else "no checkpoint yet"
+        # The first step after resuming a checkpoint without checksums: it may be damaged, so it is skipped.
+        resume = checkpoints.mark_suspect(err.step) or (
+            f"a restart resumes from step {kept}" if kept is not None else "no checkpoint yet"
+        )
         raise err.explained(
             f"stopped before saving it; {resume}. If it recurs at this step, lower "
             "optimizer.learningRate (spec.training) or inspect the data it reads"
@@ -287,6 +314,7 @@ def _main(argv: Sequence[str] | None, guard: PreemptionGuard) -> int:
     runtime = Runtime.from_env()
     try:
         plan = load_plan(args.plan)
+        identity = job_identity(args.plan, plan)
         check_plan(plan, runtime, device_capability())
         validate_layout(plan.chosen, runtime.world_size, sequence_length=plan.sequence_length)
         Tuning.from_env()  # a bad BTJ_TRAINER_TUNING is refused before anything is built
@@ -300,7 +328,7 @@ def _main(argv: Sequence[str] | None, guard: PreemptionGuard) -> int:
     from .weights_store import WeightsError
 
     try:
-        code = run(plan, runtime, guard)
+        code = run(plan, runtime, guard, identity)
         succeeded()
         return code
     except NonFiniteStep as err:

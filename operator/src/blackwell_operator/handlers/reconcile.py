@@ -250,7 +250,13 @@ class Reconciler:
         kind = JOB_KINDS[spec.backend]
         labels = meta.get("labels") or {}
         config_map, *supporting, job = render_children(
-            meta["name"], meta["namespace"], spec, plan, labels=labels, default_image=self.ctx.default_image
+            meta["name"],
+            meta["namespace"],
+            spec,
+            plan,
+            labels=labels,
+            default_image=self.ctx.default_image,
+            uid=str(meta["uid"]),
         )
         earlier_hash = labelled_hash(job)  # before the owner and the finalizer, as the render was hashed
         adopt_children([config_map, *supporting, job], body)

@@ -288,7 +288,11 @@ def config_map_copy(
     if not owned_by(existing, str(meta.get("uid") or "")):
         return None, f"ConfigMap {found.get('name')} is not this BlackwellTrainingJob's: left as it is"
     wanted = plan_config_map(
-        str(meta.get("name")), str(meta.get("namespace")), plan, parent_labels=meta.get("labels")
+        str(meta.get("name")),
+        str(meta.get("namespace")),
+        plan,
+        parent_labels=meta.get("labels"),
+        uid=str(meta.get("uid") or ""),
     )
     patch = supporting_patch(existing, wanted)
     if patch is None:

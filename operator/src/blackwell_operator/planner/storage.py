@@ -15,6 +15,7 @@ from blackwell_operator.models.spec import OPERATOR_VOLUMES, BlackwellTrainingJo
 from blackwell_trainer.config import DatasetKind
 
 CHECKPOINT_FIELD = "spec.training.checkpoint.path"
+START_FROM_FIELD = "spec.training.checkpoint.startFrom"
 DATASET_FIELD = "spec.training.dataset.uri"
 WEIGHTS_FIELD = "spec.model.weights.uri"
 OUTPUT_FIELD = "spec.training.output.uri"
@@ -136,6 +137,14 @@ def check_storage(spec: BlackwellTrainingJobSpec) -> None:
     path = spec.training.checkpoint.path
     if path:  # None or "" disables saving
         _check_checkpoint(spec, path)
+    start_from = spec.training.checkpoint.start_from
+    if start_from and volume_holding(spec, start_from) is None:
+        # Another job's checkpoints are on the shared storage it saved to; nowhere else holds any.
+        raise SpecError(
+            START_FROM_FIELD,
+            f"{start_from} is not on a volume, so no checkpoint of another job is there",
+            f"mount the storage that job saved to and give the path under its mountPath ({FSX_EXAMPLE})",
+        )
     dataset = spec.training.dataset
     if dataset.kind == DatasetKind.SHARDS and dataset.uri:
         _check_dataset(spec, dataset.uri)

@@ -23,7 +23,7 @@ from blackwell_operator.render.labels import (
 from blackwell_operator.render.pod import plan_config_map_name
 from blackwell_operator.render.pytorchjob import render_pytorchjob
 from blackwell_operator.render.trainjob import render_training_runtime, render_trainjob
-from blackwell_trainer.config import Plan
+from blackwell_trainer.config import JOB_FILE, JobIdentity, Plan
 
 
 def sha256_of(document: Any) -> str:
@@ -65,23 +65,29 @@ def with_render_hash(obj: dict[str, Any], shape: Mapping[str, Any] | None = None
 
 
 def render_plan_config_map(
-    name: str, namespace: str, plan: Plan, *, labels: dict[str, str]
+    name: str, namespace: str, plan: Plan, *, labels: dict[str, str], uid: str
 ) -> dict[str, Any]:
-    """The ConfigMap the trainer reads its plan from (mounted at /etc/btj/plan.json)."""
+    """The ConfigMap the trainer reads its plan from (mounted at /etc/btj/plan.json), and beside it the
+    job it trains for (/etc/btj/job.json), which its checkpoints record (docs/trainer.md, "Whose checkpoint
+    it is"). job.json is not part of the pods' plan hash: it changes no pod."""
+    job = JobIdentity(namespace=namespace, name=name, uid=uid)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": plan_config_map_name(name), "namespace": namespace, "labels": labels},
-        "data": _data(plan),
+        "data": {**_data(plan), JOB_FILE: job.model_dump_json(by_alias=True)},
     }
 
 
 def plan_config_map(
-    name: str, namespace: str, plan: Plan, *, parent_labels: Mapping[str, str] | None
+    name: str, namespace: str, plan: Plan, *, parent_labels: Mapping[str, str] | None, uid: str
 ) -> dict[str, Any]:
-    """The plan ConfigMap exactly as render_children makes it for a BTJ with labels `parent_labels`."""
-    shape = render_plan_config_map(name, namespace, plan, labels=own_labels(name))
-    config_map = render_plan_config_map(name, namespace, plan, labels=child_labels(name, parent_labels))
+    """The plan ConfigMap exactly as render_children makes it for a BTJ with labels `parent_labels` and
+    metadata.uid `uid` ("" where there is none: `btj render`)."""
+    shape = render_plan_config_map(name, namespace, plan, labels=own_labels(name), uid=uid)
+    config_map = render_plan_config_map(
+        name, namespace, plan, labels=child_labels(name, parent_labels), uid=uid
+    )
     return with_render_hash(_recording(config_map, parent_labels), shape)
 
 
@@ -113,11 +119,13 @@ def render_children(
     *,
     labels: Mapping[str, str] | None = None,
     default_image: str = DEFAULT_IMAGE,
+    uid: str = "",
 ) -> list[dict[str, Any]]:
     """[plan ConfigMap, (TrainingRuntime,) child job] for a BTJ; `labels` are the BTJ's own (Argo CD
     tracking is stripped). The job comes last: what it references is created before it.
 
-    `default_image` is the trainer image for a spec that names none (the operator's setting).
+    `default_image` is the trainer image for a spec that names none (the operator's setting); `uid` the
+    BTJ's metadata.uid, for the plan ConfigMap's job.json ("" offline, where there is none).
 
     Pure and deterministic: the same input gives byte-identical YAML. No ownerReferences: the
     handler adopts the children (kopf.adopt) before sending them.
@@ -128,7 +136,7 @@ def render_children(
         )
     if spec.image is None:
         spec = spec.model_copy(update={"image": default_image})
-    config_map = plan_config_map(name, namespace, plan, parent_labels=labels)
+    config_map = plan_config_map(name, namespace, plan, parent_labels=labels, uid=uid)
     # Each object's render hash is of its shape: the object rendered without the BTJ's own labels.
     shapes = _render(name, namespace, spec, plan, None, None)
     runtime_sha256 = shape_hash(shapes[0]) if spec.backend == Backend.TRAIN_JOB else None

@@ -176,6 +176,8 @@ _NODES = (
 _ELASTIC = "has(self.cluster) && has(self.cluster.elastic)"
 _SEQUENCE = f"(has(self.training.sequenceLength) ? self.training.sequenceLength : {DEFAULT_SEQUENCE_LENGTH})"
 _CHECKPOINT = "self.training.checkpoint.path"
+_START_FROM = "self.training.checkpoint.startFrom"
+_HAS_START_FROM = f"has(self.training) && has(self.training.checkpoint) && has({_START_FROM})"
 _DATASET = "self.training.dataset"
 _LOCAL = OPERATOR_VOLUMES["local"]
 _FSX = "{name: fsx, claimName: fsx-claim, mountPath: /fsx}"
@@ -213,6 +215,17 @@ SPEC_ROOT_RULES = [
         f"that is not readOnly (shared storage, e.g. {_FSX}), or under {_LOCAL} (the pod's node-local "
         "scratch, kept across container restarts) for a single node: elsewhere the checkpoint is in the "
         "container, lost on restart, and ranks on other nodes cannot write it",
+    },
+    {
+        "rule": f"!({_HAS_START_FROM}) || {_on_a_volume(_START_FROM, writable=False)}",
+        "message": "spec.training.checkpoint.startFrom must lie under the mountPath of a spec.volumes entry "
+        f"(the shared storage the other job saved to, e.g. {_FSX}; readOnly: true is fine)",
+    },
+    {
+        "rule": f"!({_HAS_START_FROM}) || !has({_CHECKPOINT}) || ({_START_FROM} != {_CHECKPOINT} "
+        f"&& {_START_FROM} + '/' != {_CHECKPOINT} && {_START_FROM} != {_CHECKPOINT} + '/')",
+        "message": "spec.training.checkpoint.startFrom must not be spec.training.checkpoint.path: the job "
+        "would save over the checkpoints it starts from; give it a checkpoint.path of its own",
     },
     {
         "rule": f"!has(self.training) || !has({_DATASET}) || !has({_DATASET}.kind) "
@@ -276,6 +289,7 @@ SPEC_EXTRAS: dict[str, Schema] = {
     "priorityClass": {"maxLength": 63, "pattern": LABEL_VALUE},
     "training.dataset.uri": {"maxLength": 4096},
     "training.checkpoint.path": {"maxLength": 4096},
+    "training.checkpoint.startFrom": {"maxLength": 4096},
     "env": {"maxItems": 128, "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     "env[].name": {"maxLength": 256},
     "env[].value": {"maxLength": 32768},
