@@ -51,7 +51,8 @@ def test_auto_never_chooses_nvfp4_or_a_recipe_whose_path_never_ran() -> None:
     for key, plan in plans.items():
         assert plan.chosen.precision is not Precision.NVFP4, key
         assert recipe_ran(coverage, plan.chosen.precision_recipe), key
-        assert [c.choice for c in plan.provenance] == CHOICES, key
+        # The model is named too where its size lies outside what ran on the GPU (issue 39).
+        assert [c.choice for c in plan.provenance if c.choice != "model"] == CHOICES, key
         assert all(c.basis is not Basis.UNVERIFIED and c.detail for c in plan.provenance), key
         _, reason, message = verdict(plan.provenance)
         assert reason in {"Measured", "Modelled"}, key
@@ -153,3 +154,63 @@ def test_a_calibration_derived_from_a_trainers_has_its_coverage() -> None:
     assert recipe.basis is Basis.UNVERIFIED
     assert "no run of trainer someone-elses-trainer is recorded here" in recipe.detail
     assert all(c.basis is not Basis.MEASURED for c in plan.provenance)
+
+
+def _tiny_on_one_h200(**tuning: object) -> Plan:
+    from blackwell_operator.models.spec import BlackwellTrainingJobSpec
+
+    tiny = {
+        "hiddenSize": 64,
+        "numLayers": 2,
+        "numAttentionHeads": 4,
+        "numKeyValueHeads": 2,
+        "intermediateSize": 128,
+        "vocabSize": 256,
+    }
+    spec = BlackwellTrainingJobSpec.model_validate(
+        {
+            "model": {"architecture": tiny},
+            "cluster": {"instanceType": "ml.p5en.48xlarge", "nodes": 1, "gpusPerNode": 1},
+            "training": {"sequenceLength": 128, "steps": 3, "globalBatchTokens": 512},
+            "tuning": {"precision": "bf16", "compile": False, "microBatchSize": 4, **tuning},
+        }
+    )
+    return plan_job(spec)
+
+
+def test_a_model_smaller_than_any_that_ran_is_not_called_measured() -> None:
+    # Issue 39: a 106,816-parameter model on one H200 was "custom (0.00B)", every choice "measured".
+    plan = _tiny_on_one_h200()
+    by = {c.choice: c for c in plan.provenance}
+    assert by["gpu"].basis is Basis.MEASURED and by["precision"].basis is Basis.MEASURED
+    assert by["model"].basis is Basis.MODELLED and by["model"].value == "106.8K parameters"
+    assert "1.24B to 12.32B parameters" in by["model"].detail
+    verified, reason, _ = verdict(plan.provenance)
+    assert not verified and reason == "Modelled"
+    assert plan.explanation[0].startswith("custom (106.8K params) on 1 x H200")
+    # A model of a size that ran keeps its verdict: no model item is added.
+    llama = plan_job(make_spec("llama3.2-1b", "ml.p5en.48xlarge", gpus_per_node=1, seq=4096))
+    assert "model" not in {c.choice for c in llama.provenance}
+
+
+def test_pinned_bf16_is_said_to_be_pinned() -> None:
+    # Issue 39: pinned bf16 on an H200 (which runs FP8) read "the only precision this GPU and trainer offer".
+    lines = _tiny_on_one_h200().explanation
+    assert "precision bf16: pinned by spec.tuning.precision" in lines
+    assert not any("the only precision" in line for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("count", "text"),
+    [
+        (8_030_261_248, "8.03B"),
+        (494_032_768, "0.49B"),
+        (27_500_000, "27.5M"),
+        (106_816, "106.8K"),
+        (512, "512"),
+    ],
+)
+def test_parameter_counts_read_as_people_read_them(count: int, text: str) -> None:
+    from blackwell_operator.planner.figures import parameters_text
+
+    assert parameters_text(count) == text

@@ -113,9 +113,25 @@ def _path_checks(root: Path) -> list[PathCheck]:
     return checks
 
 
+def _parameter_ranges(records: Iterable[tuple[CalibrationRecord, str]]) -> dict[str, dict[str, list[int]]]:
+    """Per trainer and GPU, the smallest and largest model whose steps ran (outside them: extrapolated)."""
+    sizes: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for rec, _ in records:
+        if rec.ran:
+            sizes[rec.trainer][catalog_gpu(rec.gpu_name, rec.instance_type)].append(
+                rec.architecture.parameter_count()
+            )
+    return {
+        trainer: {gpu: [min(counts), max(counts)] for gpu, counts in sorted(by_gpu.items())}
+        for trainer, by_gpu in sizes.items()
+    }
+
+
 def build_coverage(root: Path) -> dict[str, MeasuredCoverage]:
     """The coverage of every trainer that has records under `root` (the repository)."""
-    combos = _combinations(_record_sources(root))
+    records = _record_sources(root)
+    combos = _combinations(records)
+    ranges = _parameter_ranges(records)
     checks = _path_checks(root)
     return {
         trainer: MeasuredCoverage(
@@ -123,6 +139,7 @@ def build_coverage(root: Path) -> dict[str, MeasuredCoverage]:
             combinations=found,
             # The GPU checks run this project's trainer.
             path_checks=checks if trainer == "btj-trainer" else [],
+            parameter_range=ranges.get(trainer, {}),
         )
         for trainer, found in sorted(combos.items())
     }

@@ -53,6 +53,10 @@ class MeasuredCoverage(_Strict):
     trainer: str
     combinations: list[MeasuredCombination] = Field(default_factory=list)
     path_checks: list[PathCheck] = Field(default_factory=list)
+    parameter_range: dict[str, list[int]] = Field(
+        default_factory=dict,
+        description="Per GPU, the smallest and the largest model (parameters) whose steps ran on it here.",
+    )
 
     def to_json(self) -> str:
         """The generated file's text."""

@@ -26,7 +26,7 @@ from blackwell_operator.cli.options import (
     read_cluster_calibration,
 )
 from blackwell_operator.models.spec import TuningSpec
-from blackwell_operator.planner.figures import limit_gib, memory_budget, tenths
+from blackwell_operator.planner.figures import limit_gib, memory_budget, parameters_text, tenths
 from blackwell_operator.planner.provenance import verdict
 from blackwell_operator.units import GB, GIB
 from blackwell_trainer.config import MEMORY_COMPONENTS, Plan
@@ -80,9 +80,9 @@ def render_plan_tables(
     """
     c, p, m = plan.chosen, plan.predicted, plan.predicted.memory
     console.print(
-        f"[bold]{plan.job_name}[/]: {plan.model_name} ({plan.parameter_count / 1e9:.2f}B) on {plan.nodes} x "
-        f"{plan.instance_type} ({plan.world_size} x {plan.gpu.name}), sequence {plan.sequence_length}, "
-        f"calibration {plan.calibration}"
+        f"[bold]{plan.job_name}[/]: {plan.model_name} ({parameters_text(plan.parameter_count)}) on "
+        f"{plan.nodes} x {plan.instance_type} ({plan.world_size} x {plan.gpu.name}), sequence "
+        f"{plan.sequence_length}, calibration {plan.calibration}"
     )
     chosen = Table(title="Chosen configuration", show_header=False)
     for key, value in (

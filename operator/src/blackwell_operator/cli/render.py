@@ -21,7 +21,7 @@ from blackwell_operator.cli.options import (
     read_cluster_calibration,
 )
 from blackwell_operator.models.spec import DEFAULT_IMAGE
-from blackwell_operator.planner.figures import limit_gib, memory_budget
+from blackwell_operator.planner.figures import limit_gib, memory_budget, parameters_text
 from blackwell_operator.render import dump_documents, render_children
 from blackwell_operator.render.crd import crd_yaml
 from blackwell_operator.units import GIB
@@ -49,8 +49,8 @@ def plan_summary(plan: Plan, headroom: float) -> str:
     budget = limit_gib(memory_budget(plan.gpu.memory_bytes, headroom))
     return "\n".join(
         [
-            f"plan {plan.job_name}: {plan.model_name} ({plan.parameter_count / 1e9:.2f}B parameters) on "
-            f"{plan.nodes} x {plan.instance_type} ({plan.world_size} x {plan.gpu.name})",
+            f"plan {plan.job_name}: {plan.model_name} ({parameters_text(plan.parameter_count)} parameters) "
+            f"on {plan.nodes} x {plan.instance_type} ({plan.world_size} x {plan.gpu.name})",
             f"  chosen: precision {chosen.precision.value} ({chosen.precision_recipe.value}), "
             f"activation checkpointing {chosen.activation_checkpointing.value}, micro-batch "
             f"{chosen.micro_batch_size} x {chosen.gradient_accumulation_steps} accumulation, sharding "

@@ -20,6 +20,7 @@ from blackwell_operator.planner.correction import (
 )
 from blackwell_operator.planner.elastic import plan_elastic
 from blackwell_operator.planner.explain import describe, explain, loss_reason
+from blackwell_operator.planner.figures import parameters_text
 from blackwell_operator.planner.inputs import hardware_for, problem_for
 from blackwell_operator.planner.layout import Hardware, Layout, Setting
 from blackwell_operator.planner.local_disk import describe_local_storage, plan_local_storage
@@ -235,11 +236,12 @@ def _plan_fixed(
         precision_pinned=pins.precision is not None,
         cp_fallback=cp_fallback,
         document_mask=problem.document_mask,
+        parameters=problem.shapes.total_params,
     )
     probe = _probe(spec, best, result, problem, cal, cluster, pins)
     gpu = hw.gpu
     headline = (
-        f"{model_name} ({problem.shapes.total_params / 1e9:.2f}B params) on {hw.world} x {gpu.name} "
+        f"{model_name} ({parameters_text(problem.shapes.total_params)} params) on {hw.world} x {gpu.name} "
         f"({hw.nodes} x {hw.instance.instance_type}), sequence {seq}: {describe(best)} -> "
         f"{best.tokens_per_second:,.0f} tokens/s per GPU predicted"
     )
@@ -312,6 +314,7 @@ def _probe(
             s.setting,
             precision_pinned=pins.precision is not None,
             document_mask=problem.document_mask,
+            parameters=problem.shapes.total_params,
         )
         return verdict(items)[0]
 

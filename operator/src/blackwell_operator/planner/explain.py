@@ -52,6 +52,8 @@ def explain(winner: Scored, result: SearchResult, budget: float, pins: Pins) -> 
                 f"{_pct(best_low.tokens_per_second, winner.tokens_per_second)}"
                 " at these GEMM shapes (casting and host overheads outweigh the faster GEMMs)"
             )
+        elif pins.precision is not None:  # pinned: the GPU may well offer more (an H200 runs FP8)
+            lines.append("precision bf16: pinned by spec.tuning.precision")
         else:
             lines.append("precision bf16: the only precision this GPU and trainer offer")
     elif bf16 is not None:

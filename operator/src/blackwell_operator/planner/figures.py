@@ -1,4 +1,5 @@
-"""Memory figures as people read them: one rounding rule, comparisons that read right, parts that add up.
+"""Memory figures (and parameter counts) as people read them: one rounding rule, comparisons that read
+right, parts that add up.
 
 The rule: GiB with one decimal, rounded to nearest; where a need is compared with a limit it cannot
 meet, the need is rounded up and the limit down, so the text never reads `170.1 GiB > 170.1 GiB`; a
@@ -14,6 +15,18 @@ from collections.abc import Sequence
 from blackwell_operator.units import GIB
 
 _STEP = 10  # tenths of a GiB
+
+
+def parameters_text(count: int) -> str:
+    """A parameter count: `8.03B` from 100M on (as presets are named), `27.5M` from 1M, `106.8K` from 1,000,
+    else exact: a test model of 106,816 parameters never reads `0.00B` (issue 39)."""
+    if count >= 10**8:
+        return f"{count / 1e9:.2f}B"
+    if count >= 10**6:
+        return f"{count / 1e6:.1f}M"
+    if count >= 10**3:
+        return f"{count / 1e3:.1f}K"
+    return str(count)
 
 
 def memory_budget(gpu_memory_bytes: float, headroom: float) -> float:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from blackwell_operator.calibration import Calibration
 from blackwell_operator.calibration.measured import MeasuredCombination, MeasuredCoverage
+from blackwell_operator.planner.figures import parameters_text
 from blackwell_operator.planner.layout import Hardware, Setting
 from blackwell_trainer.config import Basis, ChoiceProvenance, Precision, PrecisionRecipe
 
@@ -205,9 +206,10 @@ def plan_provenance(
     precision_pinned: bool,
     cp_fallback: bool = False,
     document_mask: bool = False,
+    parameters: int | None = None,
 ) -> list[ChoiceProvenance]:
     """What each choice of a plan rests on, in the order GPU, precision, AC, communication, CP (and the
-    document mask of packed chat rows)."""
+    document mask of packed chat rows, and the model where its size lies outside what ran here)."""
     items = [
         _gpu(cov, cal, hw),
         _precision(cov, cal, hw, setting, precision_pinned),
@@ -217,7 +219,23 @@ def plan_provenance(
     ]
     if document_mask:
         items.append(_document_mask(cal, hw))
+    if parameters is not None:
+        items.extend(_model_size(cov, hw, parameters))
     return items
+
+
+def _model_size(cov: MeasuredCoverage, hw: Hardware, parameters: int) -> list[ChoiceProvenance]:
+    """The model, where no model of its size ran on this GPU here: its speed and memory are extrapolated
+    from larger or smaller ones (a 0.1M-parameter test model's plan is not measured, issue 39)."""
+    span = cov.parameter_range.get(hw.gpu.name)
+    if span is None or span[0] <= parameters <= span[1]:
+        return []  # within what ran (nothing is added), or the GPU item already says modelled
+    detail = (
+        f"the models that ran on a {hw.gpu.name} here have {parameters_text(span[0])} to "
+        f"{parameters_text(span[1])} parameters; this one's speed and memory are extrapolated"
+    )
+    value = f"{parameters_text(parameters)} parameters"
+    return [ChoiceProvenance(choice="model", value=value, basis=Basis.MODELLED, detail=detail)]
 
 
 # GPUs on which the trainer's document-masked training ran here, with its speed recorded: one H200,
