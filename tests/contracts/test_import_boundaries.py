@@ -24,6 +24,8 @@ OPERATOR_VISIBLE = {
     "blackwell_trainer.shard_manifest",
     "blackwell_trainer.metric_names",
     "blackwell_trainer.tuning",
+    # The trainer's environment variables and their checks (env_vars: admission checks spec.env with them).
+    "blackwell_trainer.env_vars",
 }
 
 

@@ -37,6 +37,15 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
         btj("volume-name-map", volumes=[{"name": {"a": 1}, "claimName": "c", "mountPath": "/x"}]),
         "spec.volumes[0].name",
     ),
+    # The operator's own variables and the trainer's checks (blackwell_trainer.env_vars, issue 36).
+    "env-operators-variable": (
+        btj("env-operators-variable", env=[{"name": "PYTORCH_CUDA_ALLOC_CONF", "value": "x"}]),
+        "spec.env[0].name",
+    ),
+    "env-metrics-address": (
+        btj("env-metrics-address", env=[{"name": "BTJ_METRICS_ADDRESS", "value": "localhost"}]),
+        "spec.env[0].value",
+    ),
     "spec-string": (_with_spec("spec-string", "train llama"), "spec"),
     "spec-list": (_with_spec("spec-list", [1, 2]), "spec"),
     "spec-number": (_with_spec("spec-number", 7), "spec"),
@@ -92,3 +101,31 @@ async def test_a_field_the_pods_would_refuse_is_invalid_naming_it(cluster: Clust
     message = cluster.condition(name, "Planned")["message"]
     assert message.startswith(field) and word in message, message
     assert cluster.job(name) is None and cluster.config_map(f"{name}-plan") is None, "no child"
+
+
+# A value no status or Event may repeat: status and Events are read by more people than wrote the spec, and
+# spec.env is where credentials end up.
+SECRET = "hunter2-0451-secret"
+ECHOES: dict[str, dict[str, Any]] = {
+    "env-value-object": btj("env-value-object", env=[{"name": "TOKEN", "value": {"password": SECRET}}]),
+    "env-value-list": btj("env-value-list", env=[{"name": "TOKEN", "value": [SECRET]}]),
+    "metrics-address": btj("metrics-address", env=[{"name": "BTJ_METRICS_ADDRESS", "value": SECRET}]),
+    "image-object": btj("image-object", image={"auth": SECRET}),
+    "backend-enum": btj("backend-enum", backend=SECRET),
+    "label-value": btj("label-value", podLabels={"team": f"{SECRET}!"}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ECHOES))
+async def test_no_spec_value_reaches_status_or_events(cluster: Cluster, case: str) -> None:
+    manifest = ECHOES[case]
+    name = manifest["metadata"]["name"]
+    async with running_operator(cluster) as runner:
+        await cluster.apply(manifest)
+        await wait_for(lambda: cluster.status(name).get("phase") == "Invalid", what="phase Invalid")
+        await wait_for(lambda: cluster.events(name), what="its Event")
+    assert runner.exception is None
+    status, events = cluster.status(name), cluster.events(name)
+    assert SECRET not in repr(status) and SECRET not in repr(events), (status, events)
+    # The field and its type stay: what to fix is still said.
+    assert status["message"].startswith("spec."), status["message"]

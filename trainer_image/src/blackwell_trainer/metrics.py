@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import threading
@@ -10,9 +9,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
-from blackwell_trainer import __version__
+from blackwell_trainer import __version__, env_vars
 from blackwell_trainer import metric_names as names
 from blackwell_trainer.config import OomPhase, OomResult, Plan, ProbeResult
+from blackwell_trainer.env_vars import METRICS_ADDRESS_ENV
 from blackwell_trainer.errors import PlanError
 
 log = logging.getLogger(__name__)
@@ -56,23 +56,16 @@ def build_labels(plan: Plan) -> dict[str, str]:
 
 # The address /metrics binds: every address of the pod by default (a pod's network namespace holds only
 # its loopback and its pod IP, where the operator's measure loop and Prometheus scrape it); an IP address
-# (e.g. 127.0.0.1, to keep the metrics inside the pod, or `::` for IPv6) through spec.env.
-METRICS_ADDRESS_ENV = "BTJ_METRICS_ADDRESS"
-DEFAULT_METRICS_ADDRESS = "0.0.0.0"
+# (e.g. 127.0.0.1, to keep the metrics inside the pod, or `::` for IPv6) through spec.env. The check is
+# env_vars', which admission runs on spec.env too.
 
 
 def metrics_address() -> str:
     """The bind address of /metrics: BTJ_METRICS_ADDRESS, else every IPv4 address of the pod."""
-    address = os.environ.get(METRICS_ADDRESS_ENV, "").strip() or DEFAULT_METRICS_ADDRESS
     try:
-        ipaddress.ip_address(address)
-    except ValueError:
-        raise PlanError(
-            f"{METRICS_ADDRESS_ENV}={address!r} is not an IP address. Fix: set it in spec.env to an address "
-            f"of the pod, e.g. 127.0.0.1 (the pod only) or {DEFAULT_METRICS_ADDRESS} (every address, the "
-            "default)"
-        ) from None
-    return address
+        return env_vars.metrics_address(os.environ.get(METRICS_ADDRESS_ENV, ""))
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
 
 
 class TrainerMetrics:

@@ -6,11 +6,10 @@ import torch
 from pydantic import ValidationError
 
 from .config import JOB_FILE, DatasetKind, JobIdentity, Plan
+from .env_vars import PLAN_PATH_ENV
 from .errors import PlanError
 from .precision import check_precision, parse_capability
 from .runtime import Runtime
-
-PLAN_ENV = "BTJ_PLAN_PATH"
 
 
 def _validation_line(err: ValidationError) -> str:
@@ -23,7 +22,7 @@ def _validation_line(err: ValidationError) -> str:
 def load_plan(path: str | None) -> Plan:
     """Read and validate the plan file; PlanError with one line on any problem."""
     if not path:
-        raise PlanError(f"no plan given: pass --plan PATH or set {PLAN_ENV}")
+        raise PlanError(f"no plan given: pass --plan PATH or set {PLAN_PATH_ENV}")
     try:
         return Plan.from_file(path)
     except FileNotFoundError:

@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-LEDGER_ENV = "BTJ_SAMPLE_LEDGER"
+from blackwell_trainer.env_vars import LEDGER_ENV
 
 
 class SampleLedger:

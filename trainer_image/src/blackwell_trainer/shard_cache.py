@@ -15,17 +15,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from blackwell_trainer import env_vars
 from blackwell_trainer.config import CACHE_MAX_BYTES_ENV, NODE_DISK_KEEP_FREE_FRACTION
+from blackwell_trainer.env_vars import CACHE_DIR_ENV, CACHE_KEEP_FREE_ENV
 from blackwell_trainer.errors import DataError
 from blackwell_trainer.object_hash import ContentHash, content_hashes
 
 log = logging.getLogger(__name__)
 
-CACHE_DIR_ENV = "BTJ_CACHE_DIR"
 DEFAULT_CACHE_DIR = "/tmp/btj-cache"
 # The cache lives on the node's disk with other pods' files: before a download it evicts least recently
 # used shards to leave this share free too (a second guard behind the cap; docs/security.md).
-CACHE_KEEP_FREE_ENV = "BTJ_CACHE_KEEP_FREE_FRACTION"
 DEFAULT_CACHE_KEEP_FREE = NODE_DISK_KEEP_FREE_FRACTION
 # What may be evicted: token shards and their chat companions (shard_manifest.COMPANION_SUFFIXES, a sibling
 # module this one may not import; a test keeps them equal), fetched again when next opened. Weights are read
@@ -49,11 +49,8 @@ def cache_dir() -> Path:
 
 def keep_free_fraction() -> float:
     raw = os.environ.get(CACHE_KEEP_FREE_ENV, "")
-    try:
-        value = float(raw) if raw else DEFAULT_CACHE_KEEP_FREE
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value < 1.0:
+    value = env_vars.keep_free(raw)  # the check admission runs on spec.env too
+    if value is None:
         raise DataError(
             f"{CACHE_KEEP_FREE_ENV}={raw!r}: a share of the disk from 0 to 1 (below 1). Fix: e.g. "
             f"{DEFAULT_CACHE_KEEP_FREE}, or unset it for the default"

@@ -11,11 +11,12 @@ import fcntl
 import os
 import sys
 
+from blackwell_trainer.env_vars import TERMINATION_LOG_ENV
+
 from .config import PERMANENT_ERROR_PREFIX, ProbeResult
 from .errors import NonFiniteStep
 from .oom import GpuOutOfMemory
 
-TERMINATION_LOG_ENV = "BTJ_TERMINATION_LOG"
 TERMINATION_LOG = "/dev/termination-log"
 # The kubelet keeps at most 4096 bytes of the file.
 MESSAGE_LIMIT = 4000

@@ -96,7 +96,7 @@ def dotted(parts: Any) -> str:
     return text
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any) -> str:
     """The value as YAML would show it (true, not True), shortened."""
     scalar = isinstance(value, bool | int | float | str) or value is None
     text = json.dumps(value) if scalar else repr(value)
@@ -139,7 +139,7 @@ def describe(error: ValidationError) -> str:
         kinds = [expected] if isinstance(expected, str) else expected
         words = " or ".join(_KIND_WORDS.get(kind, kind) for kind in kinds)
         given = _KIND_WORDS.get(_kind_of(value), _kind_of(value))
-        return f"{where}: must be {words} (got {_shown(value)}, {given}){_type_fix(kinds, value)}"
+        return f"{where}: must be {words} (got {shown(value)}, {given}){_type_fix(kinds, value)}"
     if kind == "additionalProperties":
         known = error.schema.get("properties", {})
         extra = sorted(set(value) - set(known), key=str)
@@ -155,12 +155,12 @@ def describe(error: ValidationError) -> str:
         choices = ", ".join(map(str, expected))
         hint = did_you_mean(value, expected) if isinstance(value, str) else ""
         hint = hint if hint.startswith("; did") else ""
-        return f"{where}: must be one of {choices} (got {_shown(value)}){hint}"
+        return f"{where}: must be one of {choices} (got {shown(value)}){hint}"
     if kind == "pattern":
         phrase = _PATTERN_WORDS.get(str(expected))
         if phrase:
-            return f"{where}: {_shown(value)} is not {phrase}"
-        return f"{where}: {_shown(value)} does not match the pattern {expected}"
+            return f"{where}: {shown(value)} is not {phrase}"
+        return f"{where}: {shown(value)} does not match the pattern {expected}"
     if kind == "maxLength":
         return f"{where}: at most {expected} characters (got {len(value)})"
     if kind == "minLength":
@@ -170,9 +170,9 @@ def describe(error: ValidationError) -> str:
     if kind in ("minimum", "maximum"):
         exclusive = bool(error.schema.get(f"exclusive{kind.capitalize()}"))
         sign = (">" if exclusive else ">=") if kind == "minimum" else ("<" if exclusive else "<=")
-        return f"{where}: must be {sign} {expected} (got {_shown(value)})"
+        return f"{where}: must be {sign} {expected} (got {shown(value)})"
     if kind == "anyOf":
-        return f"{where}: must be a string or a whole number (got {_shown(value)})"
+        return f"{where}: must be a string or a whole number (got {shown(value)})"
     return f"{where}: {error.message}"
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from blackwell_operator.admission.job import Rejected, validate_body
+from blackwell_operator.admission.redact import redacted
 from blackwell_operator.calibration.cluster import Corrector, frozen
 from blackwell_operator.discovery.aws import AwsCapacity
 from blackwell_operator.discovery.capacity import Capacity
@@ -33,11 +34,12 @@ from blackwell_trainer.config import NodeChoice, Plan
 
 
 def parse_spec(body: Mapping[str, Any]) -> BlackwellTrainingJobSpec:
-    """The spec judged as the API server judges it (admission.job); a refusal names the first field."""
+    """The spec judged as the API server judges it (admission.job); a refusal names the first field, and
+    the status and Events that carry it never the field's value (admission.redact)."""
     try:
         return validate_body(body)
     except Rejected as exc:
-        where, _, problem = exc.lines[0].partition(": ")
+        where, _, problem = redacted(exc.lines[0], body).partition(": ")
         more = f" (and {len(exc.lines) - 1} more)" if len(exc.lines) > 1 else ""
         raise SpecError(
             where, problem + more, "correct the field; `btj plan job.yaml` checks it offline"

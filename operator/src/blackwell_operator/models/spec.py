@@ -6,7 +6,7 @@ import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from blackwell_operator import __version__
@@ -37,6 +37,7 @@ from blackwell_trainer.config import (
     Sharding,
     WireModel,
 )
+from blackwell_trainer.env_vars import refusal
 
 API_GROUP = "training.blackwell.dev"
 API_VERSION = "v1alpha1"
@@ -385,6 +386,20 @@ class EnvVar(WireModel):
                 f"{value!r} is not an environment variable name: the API server refuses the pods. Fix: use "
                 "printable ASCII characters other than '=', e.g. NCCL_DEBUG (the value goes in value)",
             )
+        # A variable the operator sets is the operator's (blackwell_trainer.env_vars.OPERATOR_OWNED).
+        refused = refusal(value, "")
+        if refused is not None and refused[0] == "name":
+            raise _spec_error("env_name", refused[1])
+        return value
+
+    @field_validator("value")
+    @classmethod
+    def _trainer_check(cls, value: str, info: ValidationInfo) -> str:
+        # The trainer's own check of the variable (blackwell_trainer.env_vars), here before any pod exists.
+        # The message names the variable, never its value.
+        refused = refusal(str(info.data.get("name") or ""), value)
+        if refused is not None and refused[0] == "value":
+            raise _spec_error("env_value", refused[1])
         return value
 
 

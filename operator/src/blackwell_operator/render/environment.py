@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 from blackwell_operator.models.spec import OPERATOR_VOLUMES, EnvVar
 from blackwell_trainer.config import CACHE_MAX_BYTES_ENV, Plan
+from blackwell_trainer.env_vars import CACHE_DIR_ENV, PLAN_PATH_ENV
 
 PLAN_DIR = OPERATOR_VOLUMES["plan"]
 PLAN_FILE = "plan.json"
@@ -21,7 +22,8 @@ TORCHRUN_SHUTDOWN_SECONDS = 270
 # examples
 # (llama3_1_8b-fsdp-hpto.yaml, fsdp.yaml-template). The cheatsheet there notes several of these are
 # no-ops on current libfabric/aws-ofi-nccl; they are kept as harmless defaults for older images and
-# every one can be overridden through spec.env.
+# spec.env may override them. What the plan depends on (blackwell_trainer.env_vars.OPERATOR_OWNED: the
+# allocator setting, torchrun's shutdown time, the plan's and the cache's places) spec.env may not set.
 DEFAULT_ENV: dict[str, str] = {
     # EFA through libfabric.
     "FI_PROVIDER": "efa",
@@ -44,10 +46,10 @@ DEFAULT_ENV: dict[str, str] = {
     # PYTHONUNBUFFERED is left to the training operator, which always injects it
     # (docs/reference/hyperpod-pytorchjob.md §1.2).
     # The trainer also finds its plan through this variable (see blackwell_trainer's entry point).
-    "BTJ_PLAN_PATH": PLAN_PATH,
+    PLAN_PATH_ENV: PLAN_PATH,
     # S3 token shards are cached in the pod's node-local scratch, shared by its ranks and kept across
     # container restarts (the trainer's default, /tmp, is the container's root disk, lost on every restart).
-    "BTJ_CACHE_DIR": f"{LOCAL_DIR}/btj-cache",
+    CACHE_DIR_ENV: f"{LOCAL_DIR}/btj-cache",
 }
 
 
@@ -60,7 +62,7 @@ def plan_env(plan: Plan) -> dict[str, str]:
 
 def container_env(overrides: Iterable[EnvVar], planned: dict[str, str] | None = None) -> list[dict[str, str]]:
     """Defaults, then the plan's values, overlaid by the user's variables (the user wins; the last duplicate
-    wins), sorted by name. A user's BTJ_CACHE_MAX_BYTES above the plan's only risks the pod's own eviction."""
+    wins), sorted by name. Admission refuses a user's variable the operator owns (models/spec.py)."""
     merged = {**DEFAULT_ENV, **(planned or {})}
     for variable in overrides:
         merged[variable.name] = variable.value
