@@ -11,9 +11,8 @@ import fcntl
 import os
 import sys
 
-from blackwell_trainer.env_vars import TERMINATION_LOG_ENV
-
 from .config import PERMANENT_ERROR_PREFIX, ProbeResult
+from .env_vars import TERMINATION_LOG_ENV
 from .errors import NonFiniteStep
 from .oom import GpuOutOfMemory
 

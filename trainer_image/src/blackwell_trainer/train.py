@@ -29,10 +29,11 @@ import torch.distributed as dist
 
 from .config import JobIdentity, Plan
 from .context_parallel import data_parallel_rank
+from .env_vars import PLAN_PATH_ENV as PLAN_ENV
 from .errors import DataError, NonFiniteStep, PlanError
 from .oom import GpuOutOfMemory, PhaseTracker, earlier_result, oom_result
 from .parallelize import ParallelismError, validate_layout
-from .plan_check import PLAN_ENV, check_plan, job_identity, load_plan
+from .plan_check import check_plan, job_identity, load_plan
 from .precision import PrecisionError, device_capability
 from .preemption import PreemptionGuard
 from .runtime import Runtime, init_distributed
