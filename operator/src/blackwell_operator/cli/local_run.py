@@ -15,9 +15,10 @@ from typing import Any
 
 from blackwell_operator.render.environment import LOCAL_DIR, PLAN_DIR, PLAN_FILE
 from blackwell_trainer.config import Plan
+from blackwell_trainer.env_vars import TERMINATION_LOG_ENV  # blackwell_trainer.termination reads it
 
 TRAINER_MODULE = "blackwell_trainer"
-TERMINATION_LOG_ENV = "BTJ_TERMINATION_LOG"  # blackwell_trainer.termination reads it (torch-free here)
+
 # The pod's interfaces: every one but loopback for NCCL, eth0 for gloo. One machine talks over loopback.
 LOOPBACK_INTERFACES = {"NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"}
 
