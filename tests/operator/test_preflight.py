@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from blackwell_operator.lifecycle.references import (
+    CHECKPOINT_PATH_IN_USE,
     SERVICE_ACCOUNT_MISSING,
     pull_secrets_condition,
     service_account_missing,
@@ -75,6 +76,67 @@ async def test_a_missing_service_account_holds_the_create_until_it_exists(cluste
     )
     assert cluster.config_map("s3-plan") is not None
     assert cluster.creates("pytorchjobs") == 1
+
+
+def checkpointed(name: str, path: str) -> dict[str, object]:
+    """A BTJ that saves its checkpoints to `path` on the shared volume."""
+    training = {"sequenceLength": 8192, "steps": 1000, "checkpoint": {"path": path}}
+    volumes = [{"name": "fsx", "claimName": "fsx-claim", "mountPath": "/fsx"}]
+    return btj(name, training=training, volumes=volumes)
+
+
+async def test_a_second_btj_with_the_same_checkpoint_path_is_refused_naming_the_first(
+    cluster: Cluster,
+) -> None:
+    async with running_operator(cluster) as runner:
+        await cluster.apply(checkpointed("first", "/fsx/ckpt/llama"))
+        await wait_for(lambda: cluster.job("first"), what="the first job's PyTorchJob")
+        # The same folder, written another way: two jobs would resume each other's checkpoints.
+        await cluster.apply(checkpointed("second", "/fsx/ckpt/llama/"))
+        created = await wait_for(lambda: cluster.condition("second", "ChildCreated"), what="ChildCreated")
+        assert (created["status"], created["reason"]) == ("False", CHECKPOINT_PATH_IN_USE)
+        assert created["message"].startswith(
+            "spec.training.checkpoint.path: /fsx/ckpt/llama is the checkpoint folder of BlackwellTrainingJob "
+            f"first in namespace {NAMESPACE}"
+        )
+        assert "spec.training.checkpoint.startFrom: /fsx/ckpt/llama" in created["message"]
+        status = cluster.status("second")
+        assert status["phase"] == "Pending" and "Waiting for its checkpoint folder" in status["message"]
+        # The resync loop looks again; nothing of the second job is made meanwhile, one Event says why.
+        looked = reads_of_btjs(cluster)
+        await wait_for(lambda: reads_of_btjs(cluster) >= looked + 2, what="two more looks")
+        assert cluster.job("second") is None and cluster.config_map("second-plan") is None
+        assert cluster.creates("pytorchjobs") == 1 and cluster.creates("configmaps") == 1
+        warnings = [e for e in cluster.events("second") if e["reason"] == CHECKPOINT_PATH_IN_USE]
+        assert len(warnings) == 1 and warnings[0]["type"] == "Warning"
+        # A third job of its own folder is not held up.
+        await cluster.apply(checkpointed("third", "/fsx/ckpt/other"))
+        await wait_for(lambda: cluster.job("third"), what="the third job's PyTorchJob")
+        assert cluster.condition("first", "ChildCreated")["status"] == "True"  # type: ignore[index]
+
+        # The folder is free once the first job is gone: the second is created then.
+        await cluster.delete_btj("first")
+        await wait_for(
+            lambda: cluster.job("second"), what="the second job's PyTorchJob, once the folder is free"
+        )
+        await wait_for(
+            lambda: (cluster.condition("second", "ChildCreated") or {}).get("status") == "True",
+            what="ChildCreated True",
+        )
+    assert runner.exception is None
+
+
+def reads_of_btjs(cluster: Cluster) -> int:
+    """The operator's LISTs of the namespace's BTJs (the checkpoint-folder check's read)."""
+    return sum(
+        1
+        for r in cluster.k.requests
+        if from_operator(r)
+        and verb_of(r) == "list"
+        and r.resource is not None
+        and r.resource.plural == "blackwelltrainingjobs"
+        and r.name is None
+    )
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""Before a child is created: the ServiceAccount its pods run as must exist, its pull Secrets should.
+"""Before a child is created: the ServiceAccount its pods run as must exist, its pull Secrets should, and
+no other BlackwellTrainingJob of the namespace may hold its checkpoint folder.
 
 The rules and messages are lifecycle/references.py's; this module makes the reads. A read the API refuses
 (403: a chart without the grant) or cannot answer is advisory: logged, and the pass goes on as if the
@@ -11,14 +12,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
+from blackwell_operator.handlers.btjstatus import BTJ_API_VERSION
 from blackwell_operator.handlers.logs import Logger
 from blackwell_operator.lifecycle.references import (
     Preflight,
+    checkpoint_folder,
+    checkpoint_path_in_use,
+    path_holder,
     pull_secrets_condition,
     service_account_missing,
     would_create,
 )
-from blackwell_operator.models.spec import BlackwellTrainingJobSpec
+from blackwell_operator.models.spec import PLURAL, BlackwellTrainingJobSpec
 from blackwell_operator.models.status import BlackwellTrainingJobStatus
 from blackwell_operator.settings import operator_environment
 
@@ -53,13 +58,38 @@ def check_references(
             missing = [name for name in names if not checked[name]]
             found.conditions.append(pull_secrets_condition(names, missing, namespace))
     account = spec.service_account_name
-    if account and _exists(api, "serviceaccounts", namespace, account, logger) is False:
-        try:
-            child_exists = api.get(job_path) is not None
-        except ApiError as exc:
-            logger.warning(f"Cannot read the child {job_path}: {exc}")
-            return found  # the create path reads it again and reports what it finds
-        generation = int(meta.get("generation") or 1)
-        if would_create(stored, generation, child_exists=child_exists):
-            found.blocked = service_account_missing(account, namespace)
+    no_account = bool(account) and _exists(api, "serviceaccounts", namespace, str(account), logger) is False
+    if not (no_account or spec.training.checkpoint.path) or not _creating(
+        api, job_path, meta, stored, logger
+    ):
+        return found  # only a create needs them: a running job's pods exist already
+    if no_account:
+        found.blocked = service_account_missing(str(account), namespace)
+    else:
+        found.path_in_use = _path_in_use(api, body, namespace, logger)
     return found
+
+
+def _creating(
+    api: KubeApi, job_path: str, meta: Mapping[str, Any], stored: BlackwellTrainingJobStatus, logger: Logger
+) -> bool:
+    """Whether this pass would create the child; False when the child cannot be read (logged: the create
+    path reads it again and reports what it finds)."""
+    try:
+        child_exists = api.get(job_path) is not None
+    except ApiError as exc:
+        logger.warning(f"Cannot read the child {job_path}: {exc}")
+        return False
+    return would_create(stored, int(meta.get("generation") or 1), child_exists=child_exists)
+
+
+def _path_in_use(api: KubeApi, body: Mapping[str, Any], namespace: str, logger: Logger) -> str | None:
+    """ChildCreated's message when another BTJ of the namespace holds this one's checkpoint folder."""
+    try:
+        others = api.list(resource_path(BTJ_API_VERSION, PLURAL, namespace))
+    except ApiError as exc:  # advisory, as the reads above: the trainer refuses another job's checkpoints
+        logger.warning(f"Cannot list the BlackwellTrainingJobs of {namespace} (going on): {exc}")
+        return None
+    holder = path_holder(body, others)
+    folder = checkpoint_folder(body)
+    return None if holder is None or folder is None else checkpoint_path_in_use(folder, holder)

@@ -276,6 +276,8 @@ class Reconciler:
         outcome = outcome.adding(*preflight.conditions, events=warnings)
         if preflight.blocked is not None:
             return outcomes.waiting_for_account(outcome, preflight.blocked)
+        if preflight.path_in_use is not None:
+            return outcomes.checkpoint_path_in_use(outcome, preflight.path_in_use)
         wanted = Wanted(
             kind=kind,
             job=job,

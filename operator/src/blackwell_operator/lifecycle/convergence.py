@@ -9,13 +9,15 @@ from blackwell_operator.lifecycle.child_apply import CREATE_REFUSED, PATCH_REFUS
 from blackwell_operator.lifecycle.child_record import deleted_child_uid, is_finished
 from blackwell_operator.lifecycle.conditions import find_condition
 from blackwell_operator.lifecycle.outcome import NO_JOB_API
-from blackwell_operator.lifecycle.references import SERVICE_ACCOUNT_MISSING
+from blackwell_operator.lifecycle.references import CHECKPOINT_PATH_IN_USE, SERVICE_ACCOUNT_MISSING
 from blackwell_operator.lifecycle.status_read import read_keys
 from blackwell_operator.models.status import BlackwellTrainingJobStatus, ConditionType, Phase
 
 # The ChildCreated / SpecApplied reasons that mean "not there yet, try again" (no watch on ServiceAccounts:
 # the loop looks for a missing one with its backoff).
-RETRY_REASONS = frozenset({CREATE_REFUSED, PATCH_REFUSED, NO_JOB_API, SERVICE_ACCOUNT_MISSING})
+RETRY_REASONS = frozenset(
+    {CREATE_REFUSED, PATCH_REFUSED, NO_JOB_API, SERVICE_ACCOUNT_MISSING, CHECKPOINT_PATH_IN_USE}
+)
 
 
 # The status keys these checks read (lifecycle/status_read.read_keys: not the plan, most of a status).

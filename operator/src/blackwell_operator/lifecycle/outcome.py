@@ -24,7 +24,7 @@ from blackwell_operator.lifecycle.conditions import (
 )
 from blackwell_operator.lifecycle.message import set_message
 from blackwell_operator.lifecycle.phase import CHILD_PHASES, child_conditions, child_headline
-from blackwell_operator.lifecycle.references import SERVICE_ACCOUNT_MISSING
+from blackwell_operator.lifecycle.references import CHECKPOINT_PATH_IN_USE, SERVICE_ACCOUNT_MISSING
 from blackwell_operator.lifecycle.replan import REPLANNED_REASON
 from blackwell_operator.models.spec import Backend
 from blackwell_operator.models.status import (
@@ -203,6 +203,12 @@ def waiting_for_account(outcome: PassOutcome, blocked: str) -> PassOutcome:
     """The pods' ServiceAccount does not exist: nothing is created until it does."""
     condition = ConditionChange(ConditionType.CHILD_CREATED, "False", SERVICE_ACCOUNT_MISSING, blocked)
     return outcome.stopped(condition, Phase.PENDING, f"Waiting for its ServiceAccount: {blocked}")
+
+
+def checkpoint_path_in_use(outcome: PassOutcome, message: str) -> PassOutcome:
+    """Another BTJ of the namespace holds the checkpoint folder: nothing is created while it does."""
+    condition = ConditionChange(ConditionType.CHILD_CREATED, "False", CHECKPOINT_PATH_IN_USE, message)
+    return outcome.stopped(condition, Phase.PENDING, f"Waiting for its checkpoint folder: {message}")
 
 
 def name_conflict(outcome: PassOutcome, message: str) -> PassOutcome:
