@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the tests' tokenizer and documents
 
-from tests.trainer.text_data import make_documents, save_tokenizer  # noqa: E402
+from tests.support.text_data import make_documents, save_tokenizer  # noqa: E402
 
 from blackwell_trainer.prepare import Options, prepare  # noqa: E402
 

@@ -32,10 +32,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the tests' reference model, tokenizer, documents and plans
 
-from tests.trainer.hf_models import save_hf_model  # noqa: E402
+from tests.support.hf_models import save_hf_model  # noqa: E402
+from tests.support.text_data import make_documents, save_tokenizer  # noqa: E402
 from tests.trainer.test_finetune_e2e import VOCAB, Prepared, finetune_plan  # noqa: E402
 from tests.trainer.test_train_e2e import edit_plan, write_plan  # noqa: E402
-from tests.trainer.text_data import make_documents, save_tokenizer  # noqa: E402
 
 from blackwell_trainer.prepare import Options, prepare  # noqa: E402
 

@@ -1,7 +1,7 @@
 """Regenerate every generated file in the repository, or (`--check`) name each committed one that is stale.
 
 Run it through scripts/generate.sh, which puts the repository root on the import path (the golden plans
-are computed by tests/planner/golden_plans.py). Each generator maps a file's committed text to the text
+are computed by tests/support/golden_plans.py). Each generator maps a file's committed text to the text
 it should have, so `--check` compares without writing and `--root` can check another copy of the tree.
 `--calibration` also reruns docs/calibration/regenerate.sh (minutes of fitting; its reports reproduce
 within the tolerances docs/calibration/README.md states, not byte for byte, so `--check` never runs it).
@@ -66,7 +66,7 @@ def generators() -> list[Generated]:
     refresh = _script("scripts/refresh_examples.py")
     golden_report = _script("benchmarks/golden_report.py")
     grid_report = _script("benchmarks/reference_grid_report.py")
-    from tests.planner import golden_plans
+    from tests.support import golden_plans
 
     crd = crd_yaml()
     out = [

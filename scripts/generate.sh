@@ -3,5 +3,5 @@
 # `--check` changes nothing and fails naming each stale file; `--calibration` also refits the reports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The golden plans are computed by tests/planner/golden_plans.py, imported from the repository root.
+# The golden plans are computed by tests/support/golden_plans.py, imported from the repository root.
 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" exec python scripts/generate.py "$@"

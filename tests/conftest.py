@@ -101,3 +101,18 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         "They run in CI (.ci/run); scripts/test.sh installs what it can. docs/development.md: 'Tests'.",
         yellow=True,
     )
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    """The real helm binary; missing helm fails in CI (CI=true) and skips elsewhere (tests/helm, and the
+    operator tests that render the chart's Roles)."""
+    from tests.support.helm import find_helm  # its helm home is made only where helm is used
+
+    binary = find_helm()
+    if binary is None:
+        message = "helm not found on PATH or in .tools/helm/ (run scripts/bootstrap.sh)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return binary

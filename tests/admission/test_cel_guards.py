@@ -15,7 +15,7 @@ from blackwell_operator.admission.cel import cel_errors
 from blackwell_operator.admission.cel_guards import certainly_true, guard_of, split_top_level
 from blackwell_operator.admission.openapi import Schema, apply_defaults, prune_nulls
 from tests.admission.test_verdict_property import ANY, BASE, FIELDS, _set
-from tests.render.manifests import bad_manifests, good_manifests
+from tests.support.crd_manifests import bad_manifests, good_manifests
 
 OPEN_API, _ = _crd()
 CORPUS = {

@@ -78,9 +78,8 @@ CORPUS = {
 
 @pytest.fixture(scope="module")
 def corpus_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.cli.test_plan_dataset import VOCAB
-    from tests.trainer.hf_models import save_hf_model
-    from tests.trainer.text_data import make_documents, save_tokenizer
+    from tests.support.hf_models import save_hf_model
+    from tests.support.text_data import VOCAB, make_documents, save_tokenizer
 
     root = tmp_path_factory.mktemp("fsx")
     save_hf_model("llama3.1", root / "llama", vocab_size=VOCAB)
@@ -135,7 +134,7 @@ def test_plan_and_render_agree_on_the_corpus(corpus_root: Path, tmp_path: Path, 
 
 def named_architecture(folder: Path) -> dict[str, Any]:
     """The architecture a saved model's config.json describes, as spec.model.architecture writes it."""
-    from tests.trainer.hf_models import architecture_of
+    from tests.support.hf_models import architecture_of
 
     named: dict[str, Any] = architecture_of(folder).model_dump(mode="json", by_alias=True, exclude_none=True)
     return named

@@ -1,6 +1,6 @@
 """Property: the CLI's verdict on a manifest equals the shipped CRD's (its schema and CEL rules).
 
-The reference is tests/render/k8s_schema.py, a separate evaluation of the committed crds/ file (Draft 4
+The reference is tests/support/k8s_schema.py, a separate evaluation of the committed crds/ file (Draft 4
 JSON Schema plus cel-python), not the product's admission package; only the null pruning and defaulting
 before it are the product's (admission/openapi.py). Manifests are the embedded example
 with a few fields set to values drawn from each field's valid range and from every YAML type.
@@ -20,7 +20,7 @@ from blackwell_operator.admission import load_documents
 from blackwell_operator.admission.job import Rejected, validate_manifest
 from blackwell_operator.cli.manifest import read_manifest_text
 from blackwell_operator.render.yamlio import dump_yaml
-from tests.render.k8s_schema import ROOT, admit, btj_schema_and_validator, load_crd
+from tests.support.k8s_schema import ROOT, admit, btj_schema_and_validator, load_crd
 
 CRD = load_crd(ROOT / "crds" / "training.blackwell.dev_blackwelltrainingjobs.yaml")
 SCHEMA, VALIDATOR = btj_schema_and_validator(CRD)

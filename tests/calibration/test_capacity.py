@@ -8,7 +8,7 @@ from blackwell_operator.calibrate.predict import compare
 from blackwell_operator.calibrate.records import CalibrationRecord, RecordStatus
 from blackwell_operator.calibration import Calibration
 from blackwell_operator.units import GIB
-from tests.calibration.conftest import candidate, record
+from tests.support.calibration_records import candidate, record
 
 
 def _ran(

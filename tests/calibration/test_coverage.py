@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from blackwell_operator.calibrate.coverage import LADDER_TOP, open_ladders
 from blackwell_operator.calibrate.records import CalibrationRecord, RecordStatus
-from tests.calibration.conftest import candidate, record
+from tests.support.calibration_records import candidate, record
 
 
 def _ladder(ac: str, statuses: dict[int, RecordStatus], source: str = "harness") -> list[CalibrationRecord]:

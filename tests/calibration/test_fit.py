@@ -5,7 +5,7 @@ from __future__ import annotations
 from blackwell_operator.calibrate.fit import fit_calibration, get_constant, with_constants
 from blackwell_operator.calibrate.predict import compare
 from blackwell_operator.calibration import Calibration
-from tests.calibration.conftest import grid_stubs, measure
+from tests.support.calibration_records import grid_stubs, measure
 
 TRUTH = {
     "memory.act_hidden": 10.0,

@@ -8,7 +8,7 @@ from blackwell_operator.calibrate.checks import by_scenario, default_fitter, lea
 from blackwell_operator.calibrate.fit import with_constants
 from blackwell_operator.calibrate.records import CalibrationRecord, RecordStatus
 from blackwell_operator.calibration import Calibration
-from tests.calibration.conftest import grid_stubs, measure
+from tests.support.calibration_records import grid_stubs, measure
 
 CONSTANTS = ["memory.act_hidden", "throughput.recipes.9.none.efficiency"]
 

@@ -16,7 +16,7 @@ from blackwell_operator.calibrate.records import (
     read_records,
     write_records,
 )
-from tests.calibration.conftest import candidate, record
+from tests.support.calibration_records import candidate, record
 
 
 def test_jsonl_round_trip_keeps_every_field(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from blackwell_operator.calibrate.records import write_records
 from blackwell_operator.calibrate.report import write_report
 from blackwell_operator.calibration import Calibration
 from blackwell_operator.cli import _register_commands, app
-from tests.calibration.conftest import grid_stubs, measure
+from tests.support.calibration_records import grid_stubs, measure
 
 REFERENCE_GRID = Path(__file__).resolve().parents[1] / "planner" / "data" / "h200_reference_grid.yaml"
 PNG = b"\x89PNG"

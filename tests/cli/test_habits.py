@@ -57,7 +57,7 @@ def test_planning_commands_share_the_calibration_option() -> None:
 def records(tmp_path: Path) -> Path:
     from blackwell_operator.calibrate.records import write_records
     from blackwell_operator.calibration import load_calibration
-    from tests.calibration.conftest import grid_stubs, measure
+    from tests.support.calibration_records import grid_stubs, measure
 
     path = tmp_path / "records.jsonl"
     write_records(path, measure(grid_stubs(["llama3.2-1b"], [4096], ["none"], [1]), load_calibration(), 0))

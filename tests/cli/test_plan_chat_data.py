@@ -13,7 +13,7 @@ from blackwell_trainer.config import Plan
 from blackwell_trainer.prepare import Options, prepare
 from blackwell_trainer.shard_manifest import MANIFEST_NAME, ShardManifest
 from tests.cli.test_plan_weights import job
-from tests.trainer.chat_data_fixtures import CONVERSATIONS, save_chat_checkpoint, write_conversations
+from tests.support.chat_data import CONVERSATIONS, save_chat_checkpoint, write_conversations
 
 _register_commands()
 runner = CliRunner()

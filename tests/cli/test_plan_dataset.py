@@ -17,12 +17,11 @@ from blackwell_trainer.data import DataError, DataLayout, build_token_source
 from blackwell_trainer.prepare import Options, prepare
 from blackwell_trainer.weights_load import check_data_tokenizer
 from tests.cli.test_plan_weights import job, named
-from tests.trainer.hf_models import save_hf_model
-from tests.trainer.text_data import make_documents, save_tokenizer
+from tests.support.hf_models import save_hf_model
+from tests.support.text_data import VOCAB, make_documents, save_tokenizer
 
 _register_commands()
 runner = CliRunner()
-VOCAB = 320  # the model's rows; the tokenizer uses 300 of them
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from blackwell_operator.cli import _register_commands, app
 from blackwell_trainer.config import Plan
-from tests.trainer.hf_models import architecture_of, save_hf_model
+from tests.support.hf_models import architecture_of, save_hf_model
 
 _register_commands()
 runner = CliRunner()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helm.conftest import CHART, by_kind, render
+from tests.support.helm import CHART, by_kind, render
 
 RULES = CHART / "files" / "alerts" / "btj-training.rules.yaml"
 UNIT_TESTS = Path(__file__).parent / "fixtures" / "alerts-test.yaml"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from tests.helm.conftest import CHART, ROOT
+from tests.support.helm import CHART, ROOT
 
 HEALTH_KEY = "resource.customizations.health.training.blackwell.dev_BlackwellTrainingJob"
 
@@ -29,7 +29,7 @@ def test_argocd_cm_snippet_carries_the_same_lua() -> None:
 
 
 def test_rendered_health_configmap_carries_the_lua(helm: str) -> None:
-    from tests.helm.conftest import render
+    from tests.support.helm import render
 
     objects = render(helm, CHART / "ci" / "everything-on-values.yaml")
     health = next(o for o in objects if o["metadata"]["name"].endswith("-argocd-health"))
@@ -39,7 +39,7 @@ def test_rendered_health_configmap_carries_the_lua(helm: str) -> None:
 def test_rendered_dashboard_configmap_is_the_dashboard_file(helm: str) -> None:
     import json
 
-    from tests.helm.conftest import render
+    from tests.support.helm import render
 
     objects = render(helm, CHART / "ci" / "everything-on-values.yaml")
     dashboard = next(o for o in objects if o["metadata"]["name"].endswith("-dashboard"))

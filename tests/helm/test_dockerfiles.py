@@ -8,7 +8,7 @@ import tomllib
 
 import yaml
 
-from tests.helm.conftest import CHART, ROOT
+from tests.support.helm import CHART, ROOT
 
 OPERATOR = (ROOT / "operator" / "Dockerfile").read_text()
 TRAINER = (ROOT / "trainer_image" / "Dockerfile").read_text()

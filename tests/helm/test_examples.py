@@ -13,7 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.helm.conftest import KUBE_VERSION, ROOT
+from tests.support.helm import KUBE_VERSION, ROOT
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 CRD_PATH = ROOT / "crds" / "training.blackwell.dev_blackwelltrainingjobs.yaml"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helm.conftest import CHART, CI_VALUES, VALUES_CASES, render, run_helm, values_id
+from tests.support.helm import CHART, CI_VALUES, VALUES_CASES, render, run_helm, values_id
 
 
 def test_ci_folder_has_the_promised_cases() -> None:

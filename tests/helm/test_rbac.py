@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.helm.conftest import CHART, NAMESPACE, VALUES_CASES, by_kind, render, values_id
-from tests.helm.rbac import Request, allowed, operator_account
+from tests.support.helm import CHART, NAMESPACE, VALUES_CASES, by_kind, render, values_id
+from tests.support.rbac import Request, allowed, operator_account
 
 Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.helm.conftest import CHART, VALUES_CASES, by_kind, render, values_id
+from tests.support.helm import CHART, VALUES_CASES, by_kind, render, values_id
 
 
 def hook(objects: list[dict[str, Any]]) -> dict[str, Any]:
@@ -95,7 +95,7 @@ def test_the_hook_can_be_turned_off_and_timed(helm: str) -> None:
 
 
 def test_a_bad_hook_value_is_refused_by_the_schema(helm: str) -> None:
-    from tests.helm.conftest import run_helm
+    from tests.support.helm import run_helm
 
     result = run_helm(helm, "template", "btj", str(CHART), "--set", "uninstallHook.timeoutSeconds=0")
     assert result.returncode != 0 and "timeoutSeconds" in result.stderr

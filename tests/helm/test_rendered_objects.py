@@ -9,7 +9,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from tests.helm.conftest import KUBE_VERSION, VALUES_CASES, render, values_id
+from tests.support.helm import KUBE_VERSION, VALUES_CASES, render, values_id
 
 # prometheus-operator kinds: their CRDs are not installed here, so kubernetes-validate has no schema;
 # test_monitors_select_the_right_targets (and tests/helm/test_alert_rules.py) check their shape instead.

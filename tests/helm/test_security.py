@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.helm.conftest import CHART, VALUES_CASES, by_kind, render, values_id
+from tests.support.helm import CHART, VALUES_CASES, by_kind, render, values_id
 
 CI = CHART / "ci"
 

@@ -8,7 +8,7 @@ import yaml
 
 from blackwell_operator.handlers.runtime import DEFAULT_IMAGE_ENV
 from blackwell_operator.models.spec import DEFAULT_IMAGE
-from tests.helm.conftest import CHART, by_kind, render, run_helm
+from tests.support.helm import CHART, by_kind, render, run_helm
 
 ECR = "123456789012.dkr.ecr.us-west-2.amazonaws.com"
 

@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 import yaml
 
-from tests.helm.conftest import CHART, CI_VALUES, run_helm
+from tests.support.helm import CHART, CI_VALUES, run_helm
 
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
 VALUES = yaml.safe_load((CHART / "values.yaml").read_text())

@@ -19,7 +19,7 @@ from blackwell_operator.models.status import BlackwellTrainingJobStatus, Conditi
 from blackwell_operator.planner import plan_job
 from blackwell_operator.render.kinds import JOB_KINDS
 from blackwell_trainer.config import Plan
-from tests.planner.conftest import make_spec
+from tests.support.specs import make_spec
 
 NOW = "2026-12-01T10:00:00Z"
 BEFORE = "2026-12-01T09:00:00Z"

@@ -20,7 +20,7 @@ from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.models.status import BlackwellTrainingJobStatus, StatusChange
 from blackwell_operator.planner import plan_job
 from blackwell_trainer.config import Plan, ProbeMeasurement, ProbeOutcome, ProbeResult
-from tests.planner.conftest import make_spec
+from tests.support.specs import make_spec
 
 NOW = "2026-12-01T10:00:00Z"
 

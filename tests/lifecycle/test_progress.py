@@ -15,9 +15,9 @@ from blackwell_operator.lifecycle.status_patch import status_patch
 from blackwell_operator.lifecycle.writers import MEASURE_LOOP
 from blackwell_operator.models.status import JobProgress
 from blackwell_trainer.config import ClusterCorrection
-from tests.operator.manifests import btj
-from tests.operator.pods import container, pod, pod_status
-from tests.planner.conftest import make_spec
+from tests.support.manifests import btj
+from tests.support.pods import container, pod, pod_status
+from tests.support.specs import make_spec
 
 NOW = datetime.datetime(2026, 12, 1, 10, 0, 0, tzinfo=datetime.UTC)
 

@@ -20,7 +20,7 @@ from blackwell_operator.testing import cluster as testing_cluster
 from blackwell_operator.testing import kubeconfig as testing_kubeconfig
 from blackwell_operator.testing.cluster import hyperpod_node
 from blackwell_operator.testing.emulator import BTJ_RESOURCE, PYTORCHJOB_RESOURCE, HardenedEmulator
-from tests.operator.manifests import (
+from tests.support.manifests import (
     B200,
     BTJS,
     CONFIGMAPS,
@@ -34,7 +34,7 @@ from tests.operator.manifests import (
     btj,
 )
 
-# The plain objects and paths live in tests/operator/manifests.py (no kopf or kmock import); the
+# The plain objects and paths live in tests/support/manifests.py (no kopf or kmock import); the
 # integration tests take them from here with the rest.
 __all__ = [
     "B200",

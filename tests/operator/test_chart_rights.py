@@ -1,6 +1,6 @@
 """Every API call the real operator makes is allowed by the chart's default-shaped RBAC, and no call leaves
 the namespaces it watches: the rendered Roles and bindings evaluated by Kubernetes' RBAC rule
-(tests/helm/rbac.py) against the requests of the scenario that walks every code path calling the API."""
+(tests/support/rbac.py) against the requests of the scenario that walks every code path calling the API."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.helm.conftest import find_helm, render
-from tests.helm.rbac import Request, allowed, operator_account
 from tests.operator.harness import NAMESPACE, Cluster, from_operator, verb_of
 from tests.operator.test_metrics_and_rbac import (
     test_every_call_is_granted_and_every_grant_is_used as scenario,
 )
+from tests.support.helm import find_helm, render
+from tests.support.rbac import Request, allowed, operator_account
 
 pytestmark = pytest.mark.integration
 

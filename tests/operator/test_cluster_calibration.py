@@ -31,12 +31,12 @@ from blackwell_operator.handlers.measure import INTERVAL_ENV
 from blackwell_operator.testing.kubeconfig import write_kubeconfig
 from blackwell_trainer.config import ActivationCheckpointing, PrecisionRecipe
 from blackwell_trainer.metrics import TrainerMetrics
-from tests.helm.conftest import NAMESPACE as RELEASE_NAMESPACE
-from tests.helm.conftest import by_kind, helm, render
 from tests.operator.harness import NAMESPACE, Cluster, btj, from_operator, running_operator, verb_of, wait_for
-from tests.operator.pods import container, job_condition, pod, pod_status
 from tests.ports import free_port
-from tests.trainer.conftest import tiny_plan
+from tests.support.helm import NAMESPACE as RELEASE_NAMESPACE
+from tests.support.helm import by_kind, render
+from tests.support.plans import tiny_plan
+from tests.support.pods import container, job_condition, pod, pod_status
 
 _register_commands()
 runner = CliRunner()
@@ -116,7 +116,6 @@ async def _running_job(cluster: Cluster, name: str, trainer: PacedTrainer) -> di
 
 # The operator keeps its calibration in its own namespace (the chart's release namespace), not the jobs'.
 HOME = RELEASE_NAMESPACE
-__all__ = ["helm"]  # the real helm binary (a fixture), for the chart's Role
 
 
 def _stored(cluster: Cluster) -> ClusterCalibration | None:

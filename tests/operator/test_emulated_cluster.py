@@ -13,7 +13,7 @@ from blackwell_operator.render import render_children
 from blackwell_operator.testing.cluster import allocatable, emulated_cluster, hyperpod_node
 from blackwell_operator.testing.controllers import ControllerStandIn, place, workers_of
 from tests.operator.harness import B200, NAMESPACE
-from tests.render.plans import plan_for
+from tests.support.plans import plan_for
 
 P5 = "ml.p5.48xlarge"
 

@@ -12,7 +12,7 @@ import pytest
 from blackwell_operator.handlers.child_calls import ChildCalls
 from blackwell_operator.testing.emulator import HardenedEmulator
 from tests.operator.harness import PYTORCHJOBS, Cluster, btj, from_operator, running_operator, wait_for
-from tests.operator.pods import job_condition
+from tests.support.pods import job_condition
 
 pytestmark = pytest.mark.integration
 

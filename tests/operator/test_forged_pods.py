@@ -12,10 +12,10 @@ from blackwell_operator.models.spec import Backend, BlackwellTrainingJobSpec
 from blackwell_operator.planner import plan_job
 from blackwell_operator.render.kinds import JOB_KINDS
 from tests.operator.harness import NAMESPACE, Cluster, btj, from_operator, running_operator, wait_for
-from tests.operator.pods import PERMANENT_TRAINER_ERROR as PERMANENT
-from tests.operator.pods import RESTARTING, T2, container, pod, pod_status, terminated
 from tests.operator.test_replan import oom_message
 from tests.operator.test_trainjob_lifecycle import node_job, trainer_pod, trainjob, trainjob_btj
+from tests.support.pods import PERMANENT_TRAINER_ERROR as PERMANENT
+from tests.support.pods import RESTARTING, T2, container, pod, pod_status, terminated
 
 IGNORED = "carries the trainer's labels but no BlackwellTrainingJob's job controls it"
 

@@ -14,7 +14,7 @@ import pytest
 from blackwell_operator.render.labels import RENDER_HASH_ANNOTATION
 from blackwell_operator.render.pod import plan_config_map_name
 from tests.operator.harness import PYTORCHJOBS, Cluster, btj, running_operator, wait_for
-from tests.operator.pods import job_condition
+from tests.support.pods import job_condition
 
 pytestmark = pytest.mark.integration
 

@@ -28,8 +28,8 @@ from blackwell_operator.lifecycle.status_patch import status_patch
 from blackwell_operator.lifecycle.writers import MEASURE_LOOP
 from blackwell_trainer.metrics import TrainerMetrics
 from tests.operator.harness import Cluster, btj, running_operator, wait_for
-from tests.operator.pods import container, job_condition, pod, pod_status
-from tests.trainer.conftest import tiny_plan
+from tests.support.plans import tiny_plan
+from tests.support.pods import container, job_condition, pod, pod_status
 
 STEP = dict(step_seconds=0.5, loss=2.0, peak_allocated_bytes=0, peak_reserved_bytes=0)
 

@@ -24,9 +24,9 @@ from tests.operator.harness import (
     running_operator,
     wait_for,
 )
-from tests.operator.pods import PERMANENT_TRAINER_ERROR, T2, container, pod, pod_status, terminated
 from tests.operator.test_trainjob_lifecycle import node_job, trainer_pod
 from tests.ports import free_port
+from tests.support.pods import PERMANENT_TRAINER_ERROR, T2, container, pod, pod_status, terminated
 
 pytestmark = pytest.mark.integration
 T = TypeVar("T")

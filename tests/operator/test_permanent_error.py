@@ -19,8 +19,8 @@ from blackwell_operator.lifecycle.failures import (
 from blackwell_operator.lifecycle.status_patch import status_patch
 from blackwell_operator.lifecycle.writers import POD_WATCHER
 from tests.operator.harness import Cluster, btj, from_operator, running_operator, wait_for
-from tests.operator.pods import PERMANENT_TRAINER_ERROR as PERMANENT
-from tests.operator.pods import RESTARTING, T1, T2, container, pod, pod_status, terminated, verified
+from tests.support.pods import PERMANENT_TRAINER_ERROR as PERMANENT
+from tests.support.pods import RESTARTING, T1, T2, container, pod, pod_status, terminated, verified
 
 # metav1.Time the pure functions stamp their conditions and history with (the clock is passed in).
 NOW = "2026-12-01T12:00:00Z"

@@ -20,9 +20,9 @@ from blackwell_operator.render.labels import PLAN_HASH_ANNOTATION
 from blackwell_operator.render.pod import plan_config_map_name
 from blackwell_trainer import probe as trainer_probe
 from blackwell_trainer.config import Plan, ProbeMeasurement, ProbeOutcome, ProbeResult
-from tests.helm.conftest import NAMESPACE as HOME
 from tests.operator.harness import NAMESPACE, Cluster, btj, from_operator, running_operator, wait_for
-from tests.operator.pods import T2, container, pod, pod_status, terminated
+from tests.support.helm import NAMESPACE as HOME
+from tests.support.pods import T2, container, pod, pod_status, terminated
 
 # Long enough that the probe pays for itself (auto probes: 2 candidates of modelled families).
 TRAINING = {"sequenceLength": 8192, "steps": 20_000}

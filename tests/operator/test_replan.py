@@ -20,9 +20,9 @@ from blackwell_operator.testing.emulator import HYPERPOD_RESOURCE, PYTORCHJOB_RE
 from blackwell_operator.units import GIB
 from blackwell_trainer.config import PERMANENT_ERROR_PREFIX, Candidate, OomPhase, OomResult, Plan
 from tests.operator.harness import Cluster, btj, running_operator, wait_for
-from tests.operator.pods import T1, T2, T3, container, pod, pod_status, terminated
 from tests.operator.test_trainjob_lifecycle import node_job, trainer_pod
 from tests.ports import free_port
+from tests.support.pods import T1, T2, T3, container, pod, pod_status, terminated
 
 # metav1.Time the pure functions stamp their conditions and history with (the clock is passed in).
 NOW = "2026-12-01T12:00:00Z"

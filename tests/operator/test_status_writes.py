@@ -46,8 +46,8 @@ from blackwell_operator.models.status import (
 from blackwell_operator.planner import plan_job
 from blackwell_trainer.config import Plan
 from tests.operator.harness import Cluster, btj, running_operator, wait_for
-from tests.operator.pods import T1, container, pod, pod_status, terminated, verified
 from tests.operator.test_replan import oom_message
+from tests.support.pods import T1, container, pod, pod_status, terminated, verified
 
 NOW = "2026-12-01T12:00:00Z"
 LATER = "2026-12-01T12:05:00Z"

@@ -30,7 +30,7 @@ from tests.operator.harness import (
     verb_of,
     wait_for,
 )
-from tests.operator.pods import pod
+from tests.support.pods import pod
 
 NOW = datetime.datetime(2026, 11, 30, 12, 0, tzinfo=datetime.UTC).timestamp()
 

@@ -11,7 +11,7 @@ from blackwell_operator.render.labels import own_labels
 from blackwell_operator.testing.emulator import TRAINING_RUNTIME_RESOURCE, TRAINJOB_RESOURCE
 from blackwell_trainer.config import PERMANENT_ERROR_PREFIX
 from tests.operator.harness import NAMESPACE, TRAINJOBS, Cluster, btj, running_operator, wait_for
-from tests.operator.pods import T1, T2, container, pod_status, terminated
+from tests.support.pods import T1, T2, container, pod_status, terminated
 
 pytestmark = pytest.mark.integration
 

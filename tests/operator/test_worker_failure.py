@@ -25,7 +25,7 @@ from blackwell_operator.lifecycle.writers import POD_WATCHER
 from blackwell_operator.models.status import StatusChange, WorkerFailure
 from blackwell_operator.render.labels import JOB_NAME_LABEL
 from tests.operator.harness import NAMESPACE, Cluster, from_operator, running_operator, wait_for
-from tests.operator.pods import (
+from tests.support.pods import (
     RESTARTING,
     T1,
     T2,

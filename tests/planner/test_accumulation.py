@@ -15,7 +15,7 @@ from blackwell_operator.models.spec import MAX_GLOBAL_BATCH_TOKENS, BlackwellTra
 from blackwell_operator.planner import plan_job
 from blackwell_operator.planner.candidates import Pins, families
 from blackwell_operator.planner.search import SIZES_PER_FAMILY, Problem, sizes_to_time
-from tests.planner.conftest import fsdp_on_one_gpu, hardware, shapes
+from tests.support.specs import fsdp_on_one_gpu, hardware, shapes
 
 BTJ = load_calibration("btj-trainer")
 

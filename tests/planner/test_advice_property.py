@@ -19,7 +19,7 @@ from blackwell_operator.catalogs import list_instances, list_presets
 from blackwell_operator.errors import PlanningError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner import plan_job
-from tests.planner.conftest import with_remedy
+from tests.support.specs import with_remedy
 
 NODES = "spec.cluster.nodes"
 SEQUENCES = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)

@@ -21,7 +21,7 @@ from blackwell_operator.calibration.cluster import (
 )
 from blackwell_operator.planner import plan_job
 from blackwell_trainer.config import ActivationCheckpointing, PrecisionRecipe
-from tests.planner.conftest import make_spec
+from tests.support.specs import make_spec
 
 B200 = "ml.p6-b200.48xlarge"
 

@@ -14,7 +14,7 @@ from blackwell_operator.planner.cluster_figures import (
 )
 from blackwell_operator.planner.throughput import TimeEstimate
 from blackwell_trainer.config import ActivationCheckpointing, ClusterCorrection, PrecisionRecipe
-from tests.planner.conftest import make_spec
+from tests.support.specs import make_spec
 
 B200 = "ml.p6-b200.48xlarge"
 

@@ -10,7 +10,7 @@ from blackwell_operator.errors import PlanningError
 from blackwell_operator.planner import plan_job
 from blackwell_operator.planner.throughput import estimate_time
 from blackwell_trainer.config import Basis, DatasetConfig, DatasetKind
-from tests.planner.conftest import hardware, layout, make_spec, setting, shapes
+from tests.support.specs import hardware, layout, make_spec, setting, shapes
 
 
 def chat_spec(**knobs: object) -> object:

@@ -19,7 +19,7 @@ from blackwell_operator.errors import PlanningError, SpecError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner import plan_job
 from blackwell_operator.planner.candidates import MIN_TOKENS_PER_CP_RANK
-from tests.planner.conftest import with_remedy
+from tests.support.specs import with_remedy
 
 B200, H100, H200 = "ml.p6-b200.48xlarge", "ml.p5.48xlarge", "ml.p5en.48xlarge"
 FSX = {"name": "fsx", "claimName": "fsx-claim", "mountPath": "/fsx"}

@@ -1,6 +1,6 @@
 """Golden plans over every preset on P6-B200 and P5en (1-2 nodes, sequence 4096/8192).
 
-Regenerate with `scripts/generate.sh` (tests/planner/golden_plans.py computes them) and explain changes
+Regenerate with `scripts/generate.sh` (tests/support/golden_plans.py computes them) and explain changes
 in docs/planner.md. The rules of thumb checked at the end come out of the models; nothing in the planner
 encodes them.
 """
@@ -14,8 +14,8 @@ import pytest
 
 from blackwell_operator.catalogs import get_preset, list_presets
 from blackwell_operator.planner import plan_job
-from tests.planner.conftest import make_spec
-from tests.planner.golden_plans import CASES, GOLDEN, case_id, summarise
+from tests.support.golden_plans import CASES, GOLDEN, case_id, summarise
+from tests.support.specs import make_spec
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from blackwell_operator.planner.memory import (
 from blackwell_operator.units import GIB
 from blackwell_trainer.config import ActivationCheckpointing as AC
 from blackwell_trainer.config import PrecisionRecipe
-from tests.planner.conftest import fsdp_on_one_gpu, hardware, layout, setting, shapes
+from tests.support.specs import fsdp_on_one_gpu, hardware, layout, setting, shapes
 
 BTJ = load_calibration("btj-trainer")
 REF = load_calibration("h200-reference")

@@ -14,7 +14,7 @@ from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner import evaluate, plan_job
 from blackwell_operator.units import GIB
 from blackwell_trainer.config import ActivationCheckpointing, Plan, Precision, Sharding
-from tests.planner.conftest import make_spec
+from tests.support.specs import make_spec
 
 
 @pytest.fixture(scope="module")

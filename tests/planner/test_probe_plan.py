@@ -13,7 +13,7 @@ from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner import plan_job
 from blackwell_operator.planner.probe import FIT_MARGIN, PROBE_BUDGET_CAP, PROBE_SHARE, PROBE_WITHIN
 from blackwell_trainer.config import Plan, ProbeMeasurement, ProbeOutcome, ProbePolicy
-from tests.planner.conftest import make_spec
+from tests.support.specs import make_spec
 
 
 def spec_with(steps: int = 20_000, **probe: Any) -> BlackwellTrainingJobSpec:

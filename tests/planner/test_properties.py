@@ -14,7 +14,7 @@ from blackwell_operator.planner.layout import Hardware, Layout
 from blackwell_operator.planner.memory import estimate_memory
 from blackwell_operator.planner.search import Problem, largest_fitting
 from blackwell_trainer.config import Plan
-from tests.planner.conftest import hardware, make_spec, setting, shapes
+from tests.support.specs import hardware, make_spec, setting, shapes
 
 BTJ = load_calibration("btj-trainer")
 PRESETS = st.sampled_from(["llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "qwen2.5-14b", "llama3.1-70b"])

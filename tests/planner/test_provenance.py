@@ -15,7 +15,7 @@ from blackwell_operator.errors import SpecError
 from blackwell_operator.planner import plan_job
 from blackwell_operator.planner.provenance import recipe_ran, verdict
 from blackwell_trainer.config import Basis, Plan, Precision
-from tests.planner.conftest import make_spec
+from tests.support.specs import make_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 B200 = "ml.p6-b200.48xlarge"

@@ -12,7 +12,9 @@ import yaml
 from blackwell_operator.models import BlackwellTrainingJob, BlackwellTrainingJobSpec
 from blackwell_operator.models.spec import InstanceType
 from blackwell_operator.render import render_children
-from tests.render.k8s_schema import (
+from tests.render.webhook import webhook_errors
+from tests.support.crd_manifests import good_manifests
+from tests.support.k8s_schema import (
     PYTORCHJOB_CRDS,
     SCHEMA_MISSING,
     crd_open_api_schema,
@@ -21,9 +23,7 @@ from tests.render.k8s_schema import (
     schema_errors,
     strict_validator,
 )
-from tests.render.manifests import good_manifests
-from tests.render.plans import plan_for
-from tests.render.webhook import webhook_errors
+from tests.support.plans import plan_for
 
 NAMESPACE = "hyperpod-ns-team-a"
 # A TrainJob child (ConfigMap, TrainingRuntime, TrainJob) is checked, with its pod template, against the

@@ -12,8 +12,8 @@ from pydantic import ValidationError
 
 from blackwell_operator.models import BlackwellTrainingJob
 from blackwell_operator.render.crd import generate_crd
-from tests.render.k8s_schema import admit, btj_schema_and_validator
-from tests.render.manifests import bad_manifests, good_manifests
+from tests.support.crd_manifests import bad_manifests, good_manifests
+from tests.support.k8s_schema import admit, btj_schema_and_validator
 
 SCHEMA, VALIDATOR = btj_schema_and_validator(generate_crd())
 GOOD = good_manifests()
@@ -164,7 +164,7 @@ def test_cel_rules_alone_reject_what_the_schema_also_rejects(
 ) -> None:
     # The schema catches these first; the CEL rules are the backstop with a clearer message.
     from blackwell_operator.admission.openapi import apply_defaults
-    from tests.render.k8s_schema import cel_errors
+    from tests.support.k8s_schema import cel_errors
 
     obj = apply_defaults(SCHEMA, manifest(tuning=tuning, cluster=cluster))
     assert any(expected in error for error in cel_errors(SCHEMA, obj))

@@ -13,8 +13,8 @@ from pydantic import ValidationError
 from blackwell_operator.admission.openapi import apply_defaults
 from blackwell_operator.models import BlackwellTrainingJob, BlackwellTrainingJobSpec
 from blackwell_operator.render.crd import generate_crd
-from tests.render.k8s_schema import admit, btj_schema_and_validator
-from tests.render.manifests import good_manifests
+from tests.support.crd_manifests import good_manifests
+from tests.support.k8s_schema import admit, btj_schema_and_validator
 
 SCHEMA, VALIDATOR = btj_schema_and_validator(generate_crd())
 SPEC_SCHEMA = SCHEMA["properties"]["spec"]

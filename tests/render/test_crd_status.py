@@ -11,9 +11,9 @@ import pytest
 
 from blackwell_operator.models import BlackwellTrainingJob, BlackwellTrainingJobStatus
 from blackwell_operator.render.crd import generate_crd
-from tests.render.k8s_schema import crd_open_api_schema, schema_errors, to_json_schema
-from tests.render.manifests import good_manifests
-from tests.render.plans import plan_for
+from tests.support.crd_manifests import good_manifests
+from tests.support.k8s_schema import crd_open_api_schema, schema_errors, to_json_schema
+from tests.support.plans import plan_for
 
 STATUS_SCHEMA = crd_open_api_schema(generate_crd(), "v1alpha1")["properties"]["status"]
 

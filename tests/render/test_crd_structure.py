@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from blackwell_operator.render.crd import crd_yaml, generate_crd
-from tests.render.k8s_schema import ROOT, cel_rules, crd_open_api_schema
+from tests.support.k8s_schema import ROOT, cel_rules, crd_open_api_schema
 
 CRD_FILE = ROOT / "crds" / "training.blackwell.dev_blackwelltrainingjobs.yaml"
 FORBIDDEN_KEYS = {"$ref", "$defs", "anyOf", "oneOf", "allOf", "not", "title", "const", "definitions"}
@@ -176,7 +176,7 @@ def test_every_default_validates_against_its_own_schema(schema: dict[str, Any]) 
     import jsonschema
 
     from blackwell_operator.admission.openapi import apply_defaults
-    from tests.render.k8s_schema import to_json_schema
+    from tests.support.k8s_schema import to_json_schema
 
     checked = 0
     for _path, node in nodes(schema):

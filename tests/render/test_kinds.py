@@ -17,8 +17,8 @@ from blackwell_operator.render.kinds import (
     ChildKind,
     job_kind,
 )
-from tests.render.k8s_schema import PYTORCHJOB_CRDS, SCHEMA_MISSING, SHARED_SCHEMAS, load_crd
-from tests.render.plans import plan_for
+from tests.support.k8s_schema import PYTORCHJOB_CRDS, SCHEMA_MISSING, SHARED_SCHEMAS, load_crd
+from tests.support.plans import plan_for
 
 # The CRD each row is checked against. HyperPod publishes no HyperPodPyTorchJob CRD
 # (docs/reference/crd-schemas.md), so that row is checked against the renderer only.

@@ -27,10 +27,10 @@ from blackwell_operator.planner.local_disk import (
 from blackwell_operator.render.pod import EPHEMERAL_STORAGE, resources
 from blackwell_operator.units import GIB
 from blackwell_trainer.config import CACHE_MAX_BYTES_ENV, NODE_DISK_KEEP_FREE_FRACTION, LocalStorage, Plan
-from tests.planner.conftest import make_spec
-from tests.planner.golden_plans import CASES as GOLDEN_CASES
-from tests.render.plans import plan_for
 from tests.render.test_pod_security import BACKENDS, example_specs, rendered_pods
+from tests.support.golden_plans import CASES as GOLDEN_CASES
+from tests.support.plans import plan_for
+from tests.support.specs import make_spec
 
 P6 = "ml.p6-b200.48xlarge"
 

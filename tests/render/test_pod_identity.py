@@ -24,7 +24,7 @@ from blackwell_operator.render import render_children
 from blackwell_operator.render.crd import generate_crd
 from blackwell_operator.render.labels import own_labels
 from blackwell_operator.render.pod import PLAN_HASH_ANNOTATION
-from tests.render.k8s_schema import (
+from tests.support.k8s_schema import (
     PYTORCHJOB_CRDS,
     admit,
     btj_schema_and_validator,
@@ -34,7 +34,7 @@ from tests.render.k8s_schema import (
     schema_errors,
     strict_validator,
 )
-from tests.render.plans import plan_for
+from tests.support.plans import plan_for
 
 SCHEMA, VALIDATOR = btj_schema_and_validator(generate_crd())
 NAMESPACE = "hyperpod-ns-team-a"

@@ -19,12 +19,12 @@ from blackwell_operator.render import render_children
 from blackwell_operator.render.hyperpod import KIND as HYPERPOD_KIND
 from blackwell_operator.render.pytorchjob import KIND as PYTORCHJOB_KIND
 from blackwell_operator.render.trainjob import RUNTIME_KIND
-from tests.planner.conftest import make_spec
-from tests.planner.golden_plans import CASES as GOLDEN_CASES
-from tests.planner.golden_plans import case_id
 from tests.pod_security import RESTRICTED, violations
-from tests.render.manifests import good_manifests
-from tests.render.plans import plan_for
+from tests.support.crd_manifests import good_manifests
+from tests.support.golden_plans import CASES as GOLDEN_CASES
+from tests.support.golden_plans import case_id
+from tests.support.plans import plan_for
+from tests.support.specs import make_spec
 
 NAMESPACE = "hyperpod-ns-team-a"
 BACKENDS = (Backend.PYTORCH_JOB, Backend.HYPERPOD_PYTORCH_JOB, Backend.TRAIN_JOB)

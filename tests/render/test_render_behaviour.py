@@ -10,7 +10,7 @@ import pytest
 from blackwell_operator.models import BlackwellTrainingJobSpec
 from blackwell_operator.render import dump_documents, render_children, strip_tracking_labels
 from blackwell_operator.render.environment import DEFAULT_ENV
-from tests.render.plans import plan_for
+from tests.support.plans import plan_for
 
 NAMESPACE = "hyperpod-ns-team-a"
 

@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from tests.render.k8s_schema import ROOT, SCHEMA_MISSING, SHARED_SCHEMAS
+from tests.support.k8s_schema import ROOT, SCHEMA_MISSING, SHARED_SCHEMAS
 
 
 def _script() -> ModuleType:
@@ -25,7 +25,7 @@ def _script() -> ModuleType:
 
 def test_every_schema_a_test_reads_is_fetched() -> None:
     read = set()
-    for test in (ROOT / "tests" / "render").glob("*.py"):
+    for test in [*(ROOT / "tests" / "render").glob("*.py"), *(ROOT / "tests" / "support").glob("*.py")]:
         read |= set(re.findall(r'SHARED_SCHEMAS\s*/\s*"([^"]+)"', test.read_text()))
     assert len(read) >= 5, read  # both PyTorchJob CRDs, TrainJob, TrainingRuntime, the upstream runtime
     assert read <= set(_script().SCHEMAS), read - set(_script().SCHEMAS)

@@ -11,9 +11,9 @@ from pydantic import ValidationError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.render import render_children
 from blackwell_operator.render.labels import KUEUE_PREFERRED_TOPOLOGY, KUEUE_REQUIRED_TOPOLOGY
-from tests.render.k8s_schema import kubernetes_errors
-from tests.render.plans import plan_for
 from tests.render.test_children import pod_from_template
+from tests.support.k8s_schema import kubernetes_errors
+from tests.support.plans import plan_for
 
 LAYER_3 = "topology.k8s.aws/network-node-layer-3"
 QUEUE = "hyperpod-ns-team-a-localqueue"

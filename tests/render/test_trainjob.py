@@ -12,7 +12,8 @@ import yaml
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.render import render_children
 from blackwell_operator.render.trainjob import RUNTIME_HASH_ANNOTATION
-from tests.render.k8s_schema import (
+from tests.render.test_children import CASES, NAMESPACE, pod_from_template
+from tests.support.k8s_schema import (
     SCHEMA_MISSING,
     SHARED_SCHEMAS,
     Schema,
@@ -22,8 +23,7 @@ from tests.render.k8s_schema import (
     load_crd,
     strict_validator,
 )
-from tests.render.plans import plan_for
-from tests.render.test_children import CASES, NAMESPACE, pod_from_template
+from tests.support.plans import plan_for
 
 TRAINER_CRDS = {
     "TrainJob": SHARED_SCHEMAS / "kubeflow-trainer-v2.3.0.trainer.kubeflow.org_trainjobs.yaml",

@@ -18,7 +18,8 @@ from blackwell_operator.planner import plan_job
 from blackwell_operator.planner.storage import check_storage
 from blackwell_operator.render import render_children
 from blackwell_operator.render.crd import generate_crd
-from tests.render.k8s_schema import (
+from tests.support.crd_manifests import bad_manifests
+from tests.support.k8s_schema import (
     PYTORCHJOB_CRDS,
     SCHEMA_MISSING,
     admit,
@@ -29,8 +30,7 @@ from tests.render.k8s_schema import (
     schema_errors,
     strict_validator,
 )
-from tests.render.manifests import bad_manifests
-from tests.render.plans import plan_for
+from tests.support.plans import plan_for
 
 NAMESPACE = "hyperpod-ns-team-a"
 SCHEMA, VALIDATOR = btj_schema_and_validator(generate_crd())

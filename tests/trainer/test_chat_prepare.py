@@ -22,8 +22,7 @@ from blackwell_trainer.shard_manifest import (
     companion,
 )
 from blackwell_trainer.text_inputs import InputError
-
-from .chat_data_fixtures import CONVERSATIONS, save_chat_checkpoint, write_conversations
+from tests.support.chat_data import CONVERSATIONS, save_chat_checkpoint, write_conversations
 
 STYLES = ["llama3", "qwen25", "mistral"]
 END_OF_TURN = {"llama3": "<|eot_id|>", "qwen25": "<|im_end|>", "mistral": "</s>"}

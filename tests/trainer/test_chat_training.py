@@ -18,9 +18,10 @@ from blackwell_trainer.prepare import Options, prepare
 from blackwell_trainer.runtime import Runtime, free_port, init_distributed
 from blackwell_trainer.train import _token_source
 from blackwell_trainer.trainer import Trainer
+from tests.support.chat_data import CONVERSATIONS, save_chat_checkpoint, write_conversations
+from tests.support.plans import tiny_plan_dict
 
-from .chat_data_fixtures import CONVERSATIONS, save_chat_checkpoint, write_conversations
-from .conftest import join_two_rank_world, spawn_two_ranks, tiny_plan_dict
+from .conftest import join_two_rank_world, spawn_two_ranks
 
 STEPS = 3
 SEQ = 64

@@ -23,8 +23,9 @@ from blackwell_trainer.preemption import PreemptionGuard
 from blackwell_trainer.train import main
 from blackwell_trainer.trainer import Trainer
 from tests.ports import free_port
+from tests.support.plans import tiny_plan_dict
 
-from .conftest import spawn_two_ranks, tiny_plan_dict
+from .conftest import spawn_two_ranks
 
 ENOSPC = "No space left on device"
 

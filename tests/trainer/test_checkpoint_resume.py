@@ -17,8 +17,8 @@ from blackwell_trainer.checkpoint import MARKER, list_complete
 from blackwell_trainer.config import PERMANENT_ERROR_PREFIX, Plan
 from blackwell_trainer.train import main
 from tests.ports import free_port
+from tests.support.plans import tiny_plan_dict
 
-from .conftest import tiny_plan_dict
 from .test_checkpoint_verify import flip, zero
 
 STEP_LINE = re.compile(r"^step (\d+)/\d+ loss (\d+\.\d+)")

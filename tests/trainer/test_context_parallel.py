@@ -32,8 +32,9 @@ from blackwell_trainer.runtime import Runtime
 from blackwell_trainer.train import _token_source
 from blackwell_trainer.trainer import Trainer
 from tests.ports import free_port
+from tests.support.plans import tiny_plan
 
-from .conftest import spawn_two_ranks, tiny_plan
+from .conftest import spawn_two_ranks
 from .test_train_e2e import edit_plan, run_to_end, write_plan
 
 SEQ = 16

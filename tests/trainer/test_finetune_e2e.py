@@ -21,8 +21,7 @@ from blackwell_trainer.config import Plan
 from blackwell_trainer.prepare import Options, prepare
 from blackwell_trainer.shard_manifest import ShardManifest, tokenizer_sha256
 from blackwell_trainer.weights_load import check_data_tokenizer
-
-from .hf_models import (
+from tests.support.hf_models import (
     ATOL,
     RTOL,
     architecture_of,
@@ -31,6 +30,8 @@ from .hf_models import (
     save_hf_model,
     trainer_logits,
 )
+from tests.support.text_data import make_documents, read_documents, save_tokenizer
+
 from .test_train_e2e import (
     complete_steps,
     edit_plan,
@@ -39,7 +40,6 @@ from .test_train_e2e import (
     run_to_end,
     write_plan,
 )
-from .text_data import make_documents, read_documents, save_tokenizer
 
 pytest.importorskip("transformers")
 STEPS = 3

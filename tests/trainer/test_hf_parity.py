@@ -14,8 +14,7 @@ import torch
 
 from blackwell_trainer.model import RMSNorm, rope_tables
 from blackwell_trainer.weights_load import load_pretrained
-
-from .hf_models import (
+from tests.support.hf_models import (
     ATOL,
     FAMILIES,
     RTOL,

@@ -119,7 +119,7 @@ def _two_ranks_poisoned(rank: int, plan: str, port: int, folder: str) -> None:
 
 @pytest.mark.distributed
 def test_two_ranks_stop_together_naming_the_rank_whose_parameters_went_bad(tmp_path: Path) -> None:
-    from .conftest import tiny_plan_dict
+    from tests.support.plans import tiny_plan_dict
 
     raw = tiny_plan_dict()
     plan_path = write_plan(tmp_path, steps=20, interval=2, keep=1)

@@ -206,7 +206,7 @@ def _two_ranks_out_of_memory(rank: int, plan: str, port: int, folder: str) -> No
 
 @pytest.mark.distributed
 def test_two_ranks_that_run_out_together_leave_one_whole_message(tmp_path: Path) -> None:
-    from .conftest import tiny_plan_dict
+    from tests.support.plans import tiny_plan_dict
 
     raw = tiny_plan_dict()
     raw.update(steps=5, metricsPort=free_port(), logEverySteps=1)

@@ -20,8 +20,7 @@ from blackwell_trainer.loss import IGNORE_INDEX
 from blackwell_trainer.packed_data import ChatTokenSource, build_chat_source, pack_rows
 from blackwell_trainer.prepare import Options, prepare
 from blackwell_trainer.shard_manifest import MASK_SUFFIX, ShardManifest, companion
-
-from .chat_data_fixtures import CONVERSATIONS, save_chat_checkpoint, write_conversations
+from tests.support.chat_data import CONVERSATIONS, save_chat_checkpoint, write_conversations
 
 SEQ = 256  # longer than every test conversation: none is cut
 

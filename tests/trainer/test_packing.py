@@ -12,8 +12,7 @@ import torch.nn.functional as F
 from blackwell_trainer.document_mask import build_document_mask, document_attention, document_positions
 from blackwell_trainer.loss import IGNORE_INDEX
 from blackwell_trainer.weights_load import load_pretrained
-
-from .hf_models import ATOL, RTOL, SEQ, architecture_of, empty_trainer_model, save_hf_model
+from tests.support.hf_models import ATOL, RTOL, SEQ, architecture_of, empty_trainer_model, save_hf_model
 
 pytest.importorskip("transformers")
 

@@ -11,8 +11,7 @@ from torch import nn
 from blackwell_trainer.config import Candidate, PrecisionRecipe
 from blackwell_trainer.precision import PrecisionError, apply_precision, check_precision, resolve_backend
 from blackwell_trainer.train import main
-
-from .conftest import tiny_plan, tiny_plan_dict
+from tests.support.plans import tiny_plan, tiny_plan_dict
 
 HOPPER, ADA, AMPERE, BLACKWELL = (9, 0), (8, 9), (8, 0), (10, 0)
 

@@ -18,8 +18,7 @@ import pytest
 from blackwell_trainer.prepare import STATE_DIR, Options, PrepareError, main, prepare
 from blackwell_trainer.shard_manifest import MANIFEST_NAME, ShardManifest
 from blackwell_trainer.text_inputs import InputError
-
-from .text_data import EOS, make_documents, read_documents, save_tokenizer
+from tests.support.text_data import EOS, make_documents, read_documents, save_tokenizer
 
 KILL_TIMEOUT_S = 60  # safety net for the subprocess; no assertion depends on timing
 

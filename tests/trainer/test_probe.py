@@ -24,8 +24,9 @@ from blackwell_trainer.config import (
 )
 from blackwell_trainer.train import main
 from tests.ports import free_port
+from tests.support.plans import tiny_plan_dict
 
-from .conftest import join_two_rank_world, spawn_two_ranks, tiny_plan_dict
+from .conftest import join_two_rank_world, spawn_two_ranks
 
 STEP_LINE = re.compile(r"step (\d+)/\d+ loss (\d+\.\d+)")
 # The probe's candidates: the planner's pick, then two with the same global batch (2 ranks x 128 tokens).

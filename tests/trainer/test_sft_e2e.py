@@ -18,9 +18,9 @@ from blackwell_trainer.data import DataLayout
 from blackwell_trainer.loss import IGNORE_INDEX
 from blackwell_trainer.packed_data import build_chat_source
 from blackwell_trainer.prepare import Options, prepare
+from tests.support.chat_data import CONVERSATIONS, save_chat_checkpoint, write_conversations
+from tests.support.hf_models import ATOL, RTOL, architecture_of, hf_logits, save_hf_model, trainer_logits
 
-from .chat_data_fixtures import CONVERSATIONS, save_chat_checkpoint, write_conversations
-from .hf_models import ATOL, RTOL, architecture_of, hf_logits, save_hf_model, trainer_logits
 from .test_finetune_e2e import final_trainer_model
 from .test_train_e2e import STEP_LINE, complete_steps, edit_plan, run_one_process, write_plan
 

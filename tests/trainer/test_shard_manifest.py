@@ -12,9 +12,9 @@ from blackwell_trainer.config import DatasetConfig, DatasetKind
 from blackwell_trainer.data import DataError, DataLayout, TokenSource, build_token_source
 from blackwell_trainer.prepare import Options, prepare
 from blackwell_trainer.shard_manifest import MANIFEST_NAME
+from tests.support.text_data import make_documents, save_tokenizer
 
 from .test_data import s3_endpoint
-from .text_data import make_documents, save_tokenizer
 
 __all__ = ["s3_endpoint"]  # the moto server fixture, shared with test_data
 

@@ -19,7 +19,7 @@ from blackwell_trainer.runtime import Runtime
 from blackwell_trainer.trainer import Trainer
 from blackwell_trainer.tuning import Tuning, TuningError
 from tests.ports import free_port
-from tests.trainer.conftest import tiny_plan
+from tests.support.plans import tiny_plan
 
 CPU = torch.device("cpu")
 ONE = Runtime(rank=0, local_rank=0, world_size=1, local_world_size=1, device=CPU)
@@ -203,7 +203,7 @@ def test_a_bad_tuning_entry_stops_the_trainer_with_one_line_before_anything_is_b
     import json
 
     from blackwell_trainer.train import main
-    from tests.trainer.conftest import tiny_plan_dict
+    from tests.support.plans import tiny_plan_dict
 
     plan = tiny_plan_dict(shardDegree=1)
     plan.update(gpusPerNode=1, parameterCount=tiny_plan().architecture.parameter_count())

@@ -35,8 +35,8 @@ from blackwell_trainer.data import Batch
 from blackwell_trainer.runtime import Runtime
 from blackwell_trainer.train import _token_source, main
 from tests.ports import free_port
+from tests.support.plans import tiny_plan, tiny_plan_dict
 
-from .conftest import tiny_plan, tiny_plan_dict
 from .test_metrics import EXPECTED_TYPES
 
 STEP_LINE = re.compile(r"step (\d+)/\d+ loss (\d+\.\d+)")

@@ -20,9 +20,7 @@ from blackwell_trainer.export import main as export_main
 from blackwell_trainer.weights_export import export_model
 from blackwell_trainer.weights_load import load_pretrained
 from blackwell_trainer.weights_store import WeightsError
-
-from .conftest import tiny_plan_dict
-from .hf_models import (
+from tests.support.hf_models import (
     ATOL,
     RTOL,
     SEQ,
@@ -33,6 +31,7 @@ from .hf_models import (
     tokens,
     trainer_logits,
 )
+from tests.support.plans import tiny_plan_dict
 
 pytest.importorskip("transformers")
 _ARCH = architecture_from_hf_config(

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from blackwell_trainer.export import main as export_main
+from tests.support.hf_models import architecture_of, hf_logits, save_hf_model, tokens
 
-from .hf_models import architecture_of, hf_logits, save_hf_model, tokens
 from .test_train_e2e import STEP_LINE, edit_plan, first_step_batches, run_one_process, run_to_end, write_plan
 
 pytest.importorskip("transformers")

@@ -23,9 +23,10 @@ from blackwell_trainer.trainer import Trainer
 from blackwell_trainer.weights_export import export_model
 from blackwell_trainer.weights_load import load_pretrained
 from tests.ports import free_port
+from tests.support.hf_models import SEQ, architecture_of, hf_logits, save_hf_model, tokens
+from tests.support.plans import tiny_plan_dict
 
-from .conftest import spawn_two_ranks, tiny_plan_dict
-from .hf_models import SEQ, architecture_of, hf_logits, save_hf_model, tokens
+from .conftest import spawn_two_ranks
 
 pytest.importorskip("transformers")
 FAMILY = "qwen2.5"  # Q/K/V biases (1-D shards) and an untied head

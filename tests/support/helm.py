@@ -1,4 +1,5 @@
-"""Shared fixtures for the chart tests: the real helm binary and cached renders of the chart."""
+"""The chart's tests' helpers: the real helm binary, found, and cached renders of the chart (the `helm`
+fixture is in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,18 +30,6 @@ def find_helm() -> str | None:
         return on_path
     local = ROOT / ".tools" / "helm" / "helm"
     return str(local) if local.is_file() and os.access(local, os.X_OK) else None
-
-
-@pytest.fixture(scope="session")
-def helm() -> str:
-    """The real helm binary; missing helm fails in CI (CI=true) and skips elsewhere."""
-    binary = find_helm()
-    if binary is None:
-        message = "helm not found on PATH or in .tools/helm/ (run scripts/bootstrap.sh)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    return binary
 
 
 # helm's cache, config and data homes: this process's own (parallel test workers, other people's runs).

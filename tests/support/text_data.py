@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+VOCAB = 320  # the model's rows; the tokenizer uses 300 of them
+
 BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
 WORDS = [
     "the",

@@ -9,7 +9,7 @@ from typing import Any
 from blackwell_operator.lifecycle.ownership import Lineage
 from blackwell_operator.render.labels import own_labels
 from blackwell_trainer.config import PERMANENT_ERROR_PREFIX
-from tests.operator.manifests import NAMESPACE
+from tests.support.manifests import NAMESPACE
 
 
 def _at(offset_s: float) -> str:

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from blackwell_operator.cli.manifest import read_manifest_text
-from tests.render.k8s_schema import ROOT
+from tests.support.k8s_schema import ROOT
 
 EXAMPLES = ROOT / "examples"
-BAD = Path(__file__).resolve().parent / "bad"
+BAD = ROOT / "tests" / "render" / "bad"
 
 
 def btj_documents(text: str) -> list[dict[str, Any]]:

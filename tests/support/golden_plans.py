@@ -13,9 +13,9 @@ from blackwell_operator.catalogs import list_presets
 from blackwell_operator.errors import PlanningError
 from blackwell_operator.planner import plan_job
 from blackwell_operator.units import GIB
-from tests.planner.conftest import make_spec
+from tests.support.specs import make_spec
 
-GOLDEN = Path(__file__).resolve().parent / "golden" / "plans.json"
+GOLDEN = Path(__file__).resolve().parents[1] / "planner" / "golden" / "plans.json"
 INSTANCES = ("ml.p6-b200.48xlarge", "ml.p5en.48xlarge")
 CASES = [
     (preset.name, instance, nodes, seq)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-TEMPLATES = Path(__file__).parent / "chat_templates"
+TEMPLATES = Path(__file__).resolve().parents[1] / "trainer" / "chat_templates"
 SPECIAL = {
     "llama3": [
         "<|begin_of_text|>",
