@@ -17,7 +17,7 @@ from blackwell_operator.cli import _register_commands, app
 from blackwell_operator.cli.local_run import TERMINATION_LOG_ENV, local_run, trainer_container
 from blackwell_operator.render import render_children
 from tests.ports import free_port
-from tests.render.plans import plan_for
+from tests.support.plans import plan_for
 
 _register_commands()
 runner = CliRunner()
