@@ -126,7 +126,14 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
     """A PyYAML error as `line L, column C: problem`, without its multi-line excerpt."""
     if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
         mark = exc.problem_mark
-        return f"line {mark.line + 1}, column {mark.column + 1}: {exc.problem or exc.context}"
+        problem = exc.problem or exc.context or ""
+        if "'\\t'" in problem or "tab character" in problem:
+            # PyYAML's own words ("found character '\t' that cannot start any token") name no fix.
+            problem = (
+                "a tab indents or separates this line; YAML allows only spaces there: replace each tab "
+                "with spaces"
+            )
+        return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
     if isinstance(exc, yaml.reader.ReaderError):
         code = exc.character if isinstance(exc.character, int) else ord(exc.character)
         return f"character U+{code:04X} at position {exc.position} is not allowed in YAML"

@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from blackwell_operator import __version__
+
+
+def _flags_take_no_value() -> None:
+    """Help shows no `<bool>` after a flag (`--explain`, `--help`): it takes no value (issue 39).
+
+    typer 0.29's rich help prints every option's type, flags' included; a flag's type column is left empty.
+    """
+    from typer.core import TyperOption
+
+    shown = TyperOption.display_type_rich
+
+    def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
+        return None if self.is_flag and not self.metavar else shown(self, ctx)
+
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_flags_take_no_value()
 
 app = typer.Typer(
     name="btj",

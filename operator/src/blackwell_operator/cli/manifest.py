@@ -79,6 +79,13 @@ def pick_job_document(documents: list[Any], name: str) -> dict[str, Any]:
                 f"{name}: document {number} is {_kind_of(document)}, not a Kubernetes object (kubectl "
                 "refuses it too); each document must be a mapping with apiVersion, kind and metadata"
             )
+        kind = str(document.get("kind", ""))
+        if kind.endswith("List") and isinstance(document.get("items"), list):
+            raise ManifestError(
+                f"{name}: document {number} is a {kind} (what `kubectl get -o yaml` writes), which btj does "
+                f"not read: it reads one {KIND} object; save the job alone (`kubectl get btj NAME -o yaml`) "
+                "or copy the item out of items"
+            )
     jobs = [d for d in documents if d.get("kind") == KIND]
     if not jobs and len(documents) == 1:
         return dict(documents[0])  # judged as a BTJ: its errors (kind, apiVersion, ...) name the fix
@@ -92,6 +99,41 @@ def pick_job_document(documents: list[Any], name: str) -> dict[str, Any]:
             "each in its own file (kubectl apply -f takes a folder of them)"
         )
     return dict(jobs[0])
+
+
+# What the API server sets on an object, which `kubectl get -o yaml` writes and a create does not take: it
+# refuses a create that sets metadata.resourceVersion ("resourceVersion should not be set on objects to be
+# created"; kubectl apply of an object that exists sends it as a precondition), and fills uid, generation,
+# creationTimestamp and managedFields itself; status is the status subresource's, dropped on create.
+SERVER_SET_METADATA = ("resourceVersion", "uid", "generation", "creationTimestamp", "managedFields")
+
+
+def server_set_fields(document: dict[str, Any]) -> list[str]:
+    """The fields of a manifest that came from `kubectl get` (the API server's own), in manifest order."""
+    metadata = document.get("metadata")
+    found = (
+        [f"metadata.{key}" for key in metadata if key in SERVER_SET_METADATA]
+        if isinstance(metadata, dict)
+        else []
+    )
+    return [*found, *(["status"] if "status" in document else [])]
+
+
+def _server_set_note(document: dict[str, Any], name: str) -> str | None:
+    """The warning for a manifest pasted from `kubectl get`: which fields, and what the cluster does."""
+    fields = server_set_fields(document)
+    if not fields:
+        return None
+    refused = (
+        "; `kubectl create` refuses metadata.resourceVersion, and `kubectl apply` uses it as a precondition "
+        "on a job that exists"
+        if "metadata.resourceVersion" in fields
+        else ""
+    )
+    return (
+        f"{name}: {', '.join(fields)} come from `kubectl get` (the API server sets them and ignores them on "
+        f"create{refused}); btj ignores them: delete them before applying the file as a new job"
+    )
 
 
 def _warn(notes: list[str]) -> None:
@@ -109,7 +151,11 @@ def load_manifest(path: Path | None) -> BlackwellTrainingJob:
         raise ManifestError(str(exc)) from None
     _warn(notes)
     try:
-        return validate_manifest(pick_job_document(documents, name))
+        document = pick_job_document(documents, name)
+        pasted = _server_set_note(document, name)
+        if pasted:
+            _warn([pasted])
+        return validate_manifest(document)
     except Rejected as exc:
         header = "" if exc.spec_error else f"{name}: invalid BlackwellTrainingJob\n"
         raise ManifestError(f"{header}{exc}") from None
