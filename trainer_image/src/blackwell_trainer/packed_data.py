@@ -247,13 +247,24 @@ def check_masks(shards: Sequence[Shard], manifest: ShardManifest, uri: str) -> N
         if entry.trained_tokens is None and entry.mask_crc32 is None:
             continue  # nothing recorded to compare with
         path = Path(ChatTokenSource._companion(shard, MASK_SUFFIX))
+        stat = path.stat()
+        key = (str(path), stat.st_size, stat.st_mtime_ns, entry.trained_tokens, entry.mask_crc32)
+        if key in _MASKS_CHECKED:
+            continue  # the probe builds a source per candidate: each file is read once per process
         crc32, trained = read_mask(path)
         problem = check_mask(entry, path.name, crc32, trained, uri=uri)
         if problem is not None:
             raise DataError(problem)
-        read += path.stat().st_size
+        _MASKS_CHECKED.add(key)
+        read += stat.st_size
     seconds = time.monotonic() - started
-    log.info("dataset.uri %s: %d loss masks (%d bytes) checked in %.1f s", uri, len(shards), read, seconds)
+    log.info(
+        "dataset.uri %s: %d loss masks (%d bytes read) checked in %.1f s", uri, len(shards), read, seconds
+    )
+
+
+# The masks this process checked: the file (path, size, modification time) and what it was checked against.
+_MASKS_CHECKED: set[tuple[str, int, int, int | None, str | None]] = set()
 
 
 def build_chat_source(dataset: DatasetConfig, layout: DataLayout) -> ChatTokenSource:
