@@ -130,7 +130,7 @@ def test_without_the_trainer_extra_it_says_what_to_install(monkeypatch: pytest.M
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a)
     )
-    result = runner.invoke(app, ["train"])
+    result = runner.invoke(app, ["train", "job.yaml"])
     assert result.exit_code == 2
     assert result.stderr.strip() == (
         "error: btj train runs the trainer, which needs torch and the trainer extra: pip install "

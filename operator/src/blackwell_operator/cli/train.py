@@ -31,9 +31,8 @@ TRAINER_EXTRA = (
 
 @app.command()
 def train(
-    file: Annotated[
-        Path | None, typer.Argument(help="BlackwellTrainingJob manifest; the embedded example if omitted.")
-    ] = None,
+    # Required: the embedded example is 8B on sixteen B200s, sixteen processes no workstation holds.
+    file: Annotated[Path, typer.Argument(help="BlackwellTrainingJob manifest (`-`: standard input).")],
     workdir: Annotated[
         Path | None,
         typer.Option(
@@ -70,9 +69,7 @@ def train(
     from blackwell_operator.render import render_children
 
     # Planned and rendered as `btj render` does, so the pods' plan and environment are the ones run here.
-    plan = admit(
-        job, spec, shown_as=str(file or "the manifest"), calibration=cal, cluster=cluster, for_children=True
-    )
+    plan = admit(job, spec, shown_as=str(file), calibration=cal, cluster=cluster, for_children=True)
     name = job.metadata.name
     objects = render_children(name, job.metadata.namespace or DEFAULT_NAMESPACE, spec, plan)
     _check_gpus(plan.world_size)
