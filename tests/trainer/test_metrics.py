@@ -211,3 +211,44 @@ def test_the_bind_address_is_an_option_of_the_pod(plan: Plan, monkeypatch: pytes
         PlanError, match=r"BTJ_METRICS_ADDRESS='pod-ip' is not an IP address\. Fix: set it in"
     ):
         TrainerMetrics(plan).serve(0)
+
+
+def test_idle_connections_hold_a_bounded_number_of_threads(
+    plan: Plan, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """300 idle connections (issue 36: once 302 threads): at most metrics_server.WORKERS are served, the
+    rest closed at once, and a connection that sends nothing is let go after its read timeout."""
+    import socket
+    import threading
+    import time
+
+    from blackwell_trainer import metrics_server
+
+    monkeypatch.setattr(metrics_server._Handler, "timeout", 1.0)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    before = threading.active_count()
+    metrics = TrainerMetrics(plan)
+    metrics.serve(0)
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(300):
+            conn = socket.create_connection(("127.0.0.1", int(metrics.port or 0)), timeout=10)
+            idle.append(conn)
+        # Every connection is answered, in time: served (then let go after its timeout) or closed at once.
+        for conn in idle:
+            assert conn.recv(1) == b""  # EOF; a thread-per-connection server never sends it
+        during = threading.active_count()
+        assert during <= before + metrics_server.WORKERS + 1, during  # the pool and the accept thread
+        deadline = time.monotonic() + 30
+        while True:  # a scraper is served again once the idle connections are gone
+            try:
+                assert metric_names.STEP in scrape(int(metrics.port or 0))
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "no scrape served after the idle connections"
+                time.sleep(0.1)
+    finally:
+        for conn in idle:
+            conn.close()
+        metrics.close()

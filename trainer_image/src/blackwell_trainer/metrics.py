@@ -7,9 +7,9 @@ import os
 import threading
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, make_wsgi_app
 
-from blackwell_trainer import __version__, env_vars
+from blackwell_trainer import __version__, env_vars, metrics_server
 from blackwell_trainer import metric_names as names
 from blackwell_trainer.config import OomPhase, OomResult, Plan, ProbeResult
 from blackwell_trainer.env_vars import METRICS_ADDRESS_ENV
@@ -216,7 +216,8 @@ class TrainerMetrics:
             return
         address = metrics_address()
         try:
-            self._server, self._thread = start_http_server(port, addr=address, registry=self.registry)
+            # A bounded pool of threads, each connection bounded in time (metrics_server.py).
+            self._server, self._thread = metrics_server.start(address, port, make_wsgi_app(self.registry))
         except OSError as err:
             raise RuntimeError(
                 f"cannot serve metrics on {address} port {port}: {err}; set metricsPort in the plan to a "
