@@ -1,4 +1,4 @@
-"""CPU check of benchmarks/titan_h200.py's torchtitan side: no GPU, nothing trained.
+"""CPU check of benchmarks/titan_side_by_side.py's torchtitan side: no GPU, nothing trained.
 
 For each configuration, the exact arguments the GPU run passes to `torchtitan.train` go through torchtitan's
 own ConfigManager (TOML + overrides, tyro), the custom import registers the flavors, and the model is built
@@ -7,7 +7,7 @@ default dtype): its parameter count (torchtitan's `get_nparams_and_flops`) must 
 the Plan and from the model it builds. Then torchtitan's tokenizer and data loader read the carried
 tokenizer and text offline and yield one batch of the configured shape. FP8 is checked as far as a CPU
 allows: torchtitan's converter refuses to build without an SM89+ GPU, so only its registration is.
-Writes OUT/titan_h200_dry_run.json; exits 1 if a count differs.
+Writes OUT/titan_dry_run.json; exits 1 if a count differs or torchtitan would not log at its default cadence.
 """
 
 from __future__ import annotations
@@ -20,8 +20,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.titan_h200 import SEQ, TOML, Point, our_parameters, titan_args, titan_command
 from benchmarks.titan_shapes import MODELS
+from benchmarks.titan_side_by_side import (
+    SEQ,
+    TITAN_LOG_FREQ,
+    TOML,
+    Point,
+    our_parameters,
+    titan_args,
+    titan_command,
+)
 
 
 def _titan_model(point: Point, assets: Path, dump: Path) -> dict[str, Any]:
@@ -57,6 +65,7 @@ def _titan_model(point: Point, assets: Path, dump: Path) -> dict[str, Any]:
             "activation_checkpoint": config.activation_checkpoint.mode, "converters": config.model.converters,
             "float8": [config.quantize.linear.float8.recipe_name, config.quantize.linear.float8.filter_fqns],
             "data_parallel_shard_degree": config.parallelism.data_parallel_shard_degree,
+            "log_freq": config.metrics.log_freq,
             "rope_scaling": vars(model_args.rope_scaling_args), "vocab_size": model_args.vocab_size,
         },
     }  # fmt: skip
@@ -85,6 +94,9 @@ def check(point: Point, assets: Path) -> dict[str, Any]:
         "ours": {"plan_parameters": plan_count, "model_parameters": model_count, "mbs": point.our_batch},
         "expected_parameters": expected,
         "equal": built["parameters"] == plan_count == model_count == expected,
+        # The harness reads torchtitan's log lines as windows of its default cadence; a config that changed
+        # it would change what torchtitan pays for logging and what a window covers.
+        "log_freq_default": built["settings"]["log_freq"] == TITAN_LOG_FREQ,
         "one_batch": {"shape": batch[:2], "max_label": batch[2], "ok": batch[:2] == [point.titan_batch, SEQ]},
     }
 
@@ -93,7 +105,7 @@ def dry_run(points: list[Point], assets: Path, out: Path) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     results = [check(p, assets) for p in points]
-    (out / "titan_h200_dry_run.json").write_text(json.dumps({"toml": str(TOML), "rows": results}, indent=1))
+    (out / "titan_dry_run.json").write_text(json.dumps({"toml": str(TOML), "rows": results}, indent=1))
     for r in results:
         t = r["torchtitan"]
         print(f"{r['name']:16s} torchtitan {t['parameters']:,} (ffn {t['ffn_hidden']}) ours plan "
@@ -101,5 +113,5 @@ def dry_run(points: list[Point], assets: Path, out: Path) -> None:
               f"{'EQUAL' if r['equal'] else 'DIFFER'}; batch {r['one_batch']['shape']} "
               f"max id {r['one_batch']['max_label']}")  # fmt: skip
         print(f"    {r['command']}")
-    if not all(r["equal"] and r["one_batch"]["ok"] for r in results):
+    if not all(r["equal"] and r["one_batch"]["ok"] and r["log_freq_default"] for r in results):
         sys.exit(1)

@@ -78,6 +78,12 @@ class Config:
     # mask). Conversations of lengths drawn around it fill each row; the first half of each is masked
     # out of the loss (the user's turn), as a chat data set's mask would.
     docmask: int = 0
+    # This run's trainer switches (BTJ_TRAINER_TUNING syntax, over the environment's): a process-level A/B.
+    tuning: str = ""
+    # In-process A/B after the timed steps: ";"-separated switch sets, each timed over `window` steps and
+    # followed by `window` steps of the run's own switches, so each variant has a baseline beside it.
+    windows: str = ""
+    window: int = 10
 
     @property
     def name(self) -> str:
@@ -87,6 +93,9 @@ class Config:
         extra += "" if self.loss_chunk else "-fullce"
         extra += "" if self.sdpa == "default" else f"-{self.sdpa}"
         extra += f"-docs{self.docmask}" if self.docmask else ""
+        extra += "".join(
+            f"-{item.strip().replace('=', '_')}" for item in self.tuning.split(",") if item.strip()
+        )
         return f"{self.model}-g{self.gpus}-mbs{self.mbs}-{self.ac}-{prec}{extra}"
 
 
@@ -210,6 +219,10 @@ class Record:
     first_step_seconds: float | None = None
     losses: list[float] = field(default_factory=list)
     detail: str = ""
+    # Tokens over the wall time of all timed steps together (host clock from the end of the last warm-up
+    # step to the end of the last timed one): what a peer's tokens/s over a logging window measures.
+    window_tokens_per_s: float | None = None
+    ab_windows: list[dict[str, Any]] = field(default_factory=list)
 
 
 # ----------------------------------------------------------------------------------------------- worker
@@ -543,6 +556,42 @@ def _packed_rows(batch: tuple[Any, Any], mean_tokens: int, gen: Any) -> tuple[An
     return inputs, labels, documents
 
 
+def run_tuning(cfg: Config, variant: str = "") -> Any:
+    """The switches of this run: the environment's BTJ_TRAINER_TUNING, then cfg.tuning, then `variant`."""
+    from blackwell_trainer.tuning import TUNING_ENV, Tuning
+
+    return Tuning.parse(",".join([os.environ.get(TUNING_ENV, ""), cfg.tuning, variant]))
+
+
+def _timed_window(trainer: Any, batches: list[Any], steps: int) -> tuple[float, list[float]]:
+    """One settling step (a switch's first use), then `steps` timed ones: (tokens/s, their losses)."""
+    trainer.step(batches)
+    start = time.perf_counter()
+    losses = [trainer.step(batches).loss for _ in range(steps)]
+    return trainer.tokens_per_micro_batch * steps / (time.perf_counter() - start), losses
+
+
+def _ab_windows(trainer: Any, batches: list[Any], cfg: Config) -> list[dict[str, Any]]:
+    """cfg.windows' switch sets in this process, each beside a window of the run's own switches."""
+    import gc
+
+    base = run_tuning(cfg)
+    results = []
+    for variant in filter(None, (v.strip() for v in cfg.windows.split(";"))):
+        trainer.tuning = run_tuning(cfg, variant)
+        tps, losses = _timed_window(trainer, batches, cfg.window)
+        trainer.tuning = base
+        if not base.manual_gc:
+            gc.enable()  # manual_gc turned the collector off; the baseline runs Python's own schedule
+        base_tps, _ = _timed_window(trainer, batches, cfg.window)
+        results.append({
+            "tuning": variant, "tokens_per_s": round(tps, 1), "base_tokens_per_s": round(base_tps, 1),
+            "gain": round(tps / base_tps - 1, 4), "losses": [round(v, 5) for v in losses],
+        })  # fmt: skip
+        print(f"window {variant}: {tps:,.0f} against {base_tps:,.0f} tok/s", flush=True)
+    return results
+
+
 def worker(cfg: Config, out: Path) -> None:
     """Run one configuration in this process (rank 0 writes ``out/record.json``)."""
     import torch
@@ -567,7 +616,7 @@ def worker(cfg: Config, out: Path) -> None:
         plan = make_plan(cfg)
         init_distributed(runtime)
         with _sdpa_context(cfg.sdpa):
-            trainer = Trainer(plan, runtime)
+            trainer = Trainer(plan, runtime, tuning=run_tuning(cfg))
             gen = torch.Generator(device=runtime.device).manual_seed(1234 + runtime.rank)
             vocab = plan.architecture.vocab_size
             shape = (cfg.mbs, plan.sequence_length)
@@ -577,13 +626,18 @@ def worker(cfg: Config, out: Path) -> None:
                 batches = [Batch(*_packed_rows((batches[0].inputs, batches[0].labels), cfg.docmask, gen))]
             rec.setup_seconds = time.perf_counter() - started
             times, losses = [], []
+            window_start = time.perf_counter()
             for i in range(cfg.warmup + cfg.timed):
-                result = trainer.step(batches)
+                result = trainer.step(batches)  # ends in a synchronising read of the loss
                 losses.append(result.loss)
                 if i == 0:
                     rec.first_step_seconds = result.seconds
                 if i >= cfg.warmup:
                     times.append(result.seconds)
+                if i == cfg.warmup - 1:
+                    window_start = time.perf_counter()
+            window_seconds = time.perf_counter() - window_start
+            rec.window_tokens_per_s = trainer.tokens_per_micro_batch * cfg.timed / window_seconds
             median = statistics.median(times)
             rec.step_seconds = [round(t, 4) for t in times]
             rec.losses = [round(v, 4) for v in losses]
@@ -593,6 +647,8 @@ def worker(cfg: Config, out: Path) -> None:
                 rec.peak_allocated_gib = torch.cuda.max_memory_allocated() / 2**30
                 rec.peak_reserved_gib = torch.cuda.max_memory_reserved() / 2**30
             rec.status = "ok"
+            if cfg.windows:
+                rec.ab_windows = _ab_windows(trainer, batches, cfg)
             if cfg.profile and runtime.rank == 0:
                 _profile(trainer, batches, out / "profile.txt", cfg.name)
             elif cfg.profile:

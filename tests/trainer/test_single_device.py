@@ -149,6 +149,9 @@ def test_tuning_is_read_as_key_value_pairs_and_bad_entries_name_the_key() -> Non
         Tuning.parse("compile_mode=fastest")
     with pytest.raises(TuningError, match="parameter_check takes true or false, not 'maybe'"):
         Tuning.parse("parameter_check=maybe")
+    assert Tuning.parse("attention=cudnn,manual_gc=on") == Tuning(attention="cudnn", manual_gc=True)
+    with pytest.raises(TuningError, match="attention takes one of default, cudnn, flash, not 'xformers'"):
+        Tuning.parse("attention=xformers")
     assert not SINGLE.use_single_device(world_size=1, context_parallel=1, backend="te")
     assert not SINGLE.use_single_device(world_size=2, context_parallel=1, backend="bf16")
     assert SINGLE.use_single_device(world_size=1, context_parallel=1, backend="bf16")
@@ -194,6 +197,45 @@ def test_recast_blocks_keep_no_bf16_weight_for_backward_and_give_the_same_losses
     ac = Trainer(_plan(activationCheckpointing="full"), ONE, tuning=Tuning(recast_blocks=True),
                  compute_dtype=torch.bfloat16)  # fmt: skip
     assert not ac.model.recast_blocks
+
+
+@pytest.mark.parametrize("backend", ["cudnn", "flash"])
+def test_an_attention_kernel_order_gives_the_default_losses(one_rank: None, backend: str) -> None:
+    """The order only picks SDPA's kernel: on CPU every order ends in the math kernel, bit for bit."""
+    from blackwell_trainer.model import Attention, causal_attention
+
+    plan, steps = _plan(), _batches(6, 4)
+    ordered = Trainer(plan, ONE, tuning=Tuning(attention=backend))
+    attends = [m.attend for m in ordered.model.modules() if isinstance(m, Attention)]
+    assert len(attends) == plan.architecture.num_layers
+    assert all(a is not causal_attention for a in attends)  # every block got the ordered call
+    plain = Trainer(plan, ONE, tuning=SINGLE)
+    assert all(m.attend is causal_attention for m in plain.model.modules() if isinstance(m, Attention))
+    torch.testing.assert_close(_train(ordered, steps), _train(plain, steps), rtol=0, atol=0)
+
+
+def test_manual_gc_turns_the_collector_off_and_collects_the_young_every_50_steps(
+    one_rank: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gc
+
+    from blackwell_trainer.tuning import GC_EVERY_STEPS
+
+    collected: list[int] = []
+    monkeypatch.setattr(gc, "collect", lambda generation=2: collected.append(generation) or 0)
+    plan, steps = _plan(), _batches(7, 3)
+    manual = Trainer(plan, ONE, tuning=Tuning(manual_gc=True))
+    try:
+        manual.step_index = GC_EVERY_STEPS - 2  # the next steps are 49, 50 and 51
+        losses = _train(manual, steps)
+        assert not gc.isenabled()
+        assert collected == [1]  # step 50 only, the young generations only
+    finally:
+        gc.enable()
+    plain = Trainer(plan, ONE, tuning=SINGLE)
+    plain.step_index = GC_EVERY_STEPS - 2  # the same learning rates
+    torch.testing.assert_close(losses, _train(plain, steps), rtol=0, atol=0)
+    assert gc.isenabled() and collected == [1]  # the default leaves Python's collector alone
 
 
 @pytest.mark.usefixtures("world_of_one")

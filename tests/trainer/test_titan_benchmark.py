@@ -1,24 +1,31 @@
-"""benchmarks/titan_h200.py's CPU-testable parts: its reading of torchtitan's log, its configurations, and
-the two models being one shape in both trainers' words.
+"""benchmarks/titan_side_by_side.py's CPU-testable parts: its reading of torchtitan's log, its
+configurations, and the two models being one shape in both trainers' words.
 
-The GPU figures come from the H200 run (docs/benchmarks/titan_h200.md). The full check against torchtitan
-itself (its config parser on the real arguments, its model built on the meta device, its data loader on the
-carried files) is `python benchmarks/titan_h200.py --configs all --dry-run`, which needs torchtitan's wheel.
+The GPU figures come from the H100 and H200 runs (docs/benchmarks/titan_h100.md, titan_h200.md). The full
+check against torchtitan itself (its config parser on the real arguments, its model built on the meta
+device, its data loader on the carried files, its default log cadence) is `python
+benchmarks/titan_side_by_side.py --configs all --dry-run`, which needs torchtitan's wheel.
 """
 
 from __future__ import annotations
 
 import os
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
 from benchmarks import trainer_h200
-from benchmarks.titan_h200 import (
+from benchmarks.titan_shapes import MODELS, ROPE_SCALING_TITAN
+from benchmarks.titan_side_by_side import (
     SUBSETS,
+    TIMED,
+    TITAN_LOG_FREQ,
+    TOML,
     WARMUP,
     Point,
     TitanResult,
+    check_card,
     expand,
     launch,
     markdown,
@@ -28,7 +35,6 @@ from benchmarks.titan_h200 import (
     table,
     titan_args,
 )
-from benchmarks.titan_shapes import MODELS, ROPE_SCALING_TITAN
 
 from blackwell_trainer.config import Architecture
 
@@ -45,39 +51,53 @@ def step_line(step: int, tps: float, reserved: float, *, colour: bool = False) -
     )
 
 
-def log(tps: list[float], reserved: list[float], *, colour: bool = False) -> str:
+def log(tps: dict[int, float], reserved: float, *, colour: bool = False) -> str:
+    """A run's log with a line at each step of `tps` (torchtitan logs step 1 and every log_freq-th)."""
     head = [
         f"{PREFIX}Model btj_llama3 3B_untied size: 3,606,752,256 total parameters",
         f"{PREFIX}Training starts",
     ]
-    steps = [
-        step_line(i + 1, t, r, colour=colour) for i, (t, r) in enumerate(zip(tps, reserved, strict=True))
-    ]
+    steps = [step_line(step, t, reserved + step / 100, colour=colour) for step, t in sorted(tps.items())]
     return "\n".join(head + steps + [f"{PREFIX}Training completed"])
 
 
-def test_the_median_of_the_steady_steps_and_the_largest_reserved_memory() -> None:
-    tps = [312.0, 20_100, 22_000, 24_001, 24_400, 23_900, 24_200, 25_000, 24_100]
-    reserved = [95.5, 96.0, 96.0, 96.25, 96.25, 96.25, 96.25, 96.25, 96.25]
-    got = parse_titan_log(log(tps, reserved), warmup=3)
+def test_the_window_after_warm_up_and_the_largest_reserved_memory() -> None:
+    """At its default cadence torchtitan logs steps 1, 10, 20 and 30: the lines at 20 and 30 each cover
+    ten steps after warm-up; the line at 10 covers steps 2-10 (compile tails) and is left out."""
+    got = parse_titan_log(log({1: 312.0, 10: 20_100, 20: 24_000, 30: 26_000}, 70.0), warmup=10)
     assert got.status == "ok"
-    assert got.tps_steps == [24_001, 24_400, 23_900, 24_200, 25_000, 24_100]
-    assert got.tokens_per_s_per_gpu == 24_150  # the compiling step 1 and warm-up steps 2-3 are left out
-    assert got.peak_reserved_gib == 96.25
+    assert got.tps_steps == [24_000, 26_000] and got.window_steps == [10, 10]
+    # 20 steps' tokens over the time of both windows: 20 / (10/24000 + 10/26000) = 24,960
+    assert got.tokens_per_s_per_gpu == pytest.approx(24_960.0)
+    assert got.peak_reserved_gib == pytest.approx(70.3)  # the largest memory line, not the last
     assert got.parameters == 3_606_752_256
-    assert len(got.losses) == 9
+    assert got.logged_steps == [1, 10, 20, 30] and len(got.losses) == 4
+
+
+def test_a_line_whose_window_reaches_into_warm_up_is_left_out() -> None:
+    """Logged every step (the old harness's log_freq 1), the lines after step `warmup` are the windows."""
+    got = parse_titan_log(log({s: 1000.0 * s for s in range(1, 7)}, 60.0), warmup=3)
+    assert got.tps_steps == [4000, 5000, 6000] and got.window_steps == [1, 1, 1]
+    assert got.tokens_per_s_per_gpu == pytest.approx(3 / (1 / 4000 + 1 / 5000 + 1 / 6000))
 
 
 def test_colours_and_a_large_tps_are_read_too() -> None:
-    got = parse_titan_log(log([1e3] * 4 + [1_234_567.0] * 5, [60.0] * 9, colour=True), warmup=WARMUP)
-    assert got.tokens_per_s_per_gpu == 1_234_567
-    assert got.peak_reserved_gib == 60.0
+    got = parse_titan_log(log({1: 1e3, 10: 1e3, 20: 1_234_567.0}, 60.0, colour=True), warmup=WARMUP)
+    assert got.tokens_per_s_per_gpu == pytest.approx(1_234_567)
+    assert got.peak_reserved_gib == pytest.approx(60.2)
+
+
+def test_the_harness_leaves_torchtitans_log_cadence_at_its_default() -> None:
+    """torchtitan 0.2.2's metrics.log_freq defaults to 10; the TOML must not set it, and the warm-up and
+    the timed steps are whole windows of it."""
+    assert "log_freq" not in tomllib.loads(TOML.read_text()).get("metrics", {})
+    assert WARMUP % TITAN_LOG_FREQ == 0 and TIMED % TITAN_LOG_FREQ == 0 and TIMED > 0
 
 
 def test_an_out_of_memory_is_named_and_gives_no_figure() -> None:
-    text = log([300.0], [139.0]) + (
+    text = log({1: 300.0}, 79.0) + (
         "\n[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.91 GiB. "
-        "GPU 0 has a total capacity of 139.81 GiB"
+        "GPU 0 has a total capacity of 79.19 GiB"
     )
     got = parse_titan_log(text)
     assert got.status == "oom"
@@ -86,17 +106,28 @@ def test_an_out_of_memory_is_named_and_gives_no_figure() -> None:
 
 
 def test_a_run_that_never_got_past_warm_up_is_an_error_with_its_tail() -> None:
-    got = parse_titan_log(log([300.0, 2e4], [90.0, 90.0]) + "\nRuntimeError: NCCL went away", warmup=3)
+    got = parse_titan_log(log({1: 300.0, 10: 2e4}, 70.0) + "\nRuntimeError: NCCL went away", warmup=10)
     assert got.status == "error"
     assert "NCCL went away" in got.detail
+
+
+def test_the_card_must_be_the_one_nvidia_smi_reports() -> None:
+    assert check_card("h100", "NVIDIA H100 80GB HBM3, 580.159.04, 81559 MiB") is None
+    wrong = check_card("h200", "NVIDIA H100 80GB HBM3, 580.159.04, 81559 MiB")
+    assert wrong is not None and "--card h200" in wrong and "H100 80GB" in wrong
 
 
 def test_configurations_and_subsets() -> None:
     assert parse_point("3b-fp8-b4") == Point("3b-fp8-b4", "3b", "fp8", 4, 4)
     assert parse_point("3b-fp8-t8-o9") == Point("3b-fp8-t8-o9", "3b", "fp8", 8, 9)
+    alone = parse_point("ours-3b-bf16-b2+attention=cudnn+manual_gc=true")
+    assert alone == Point(alone.name, "3b", "bf16", 2, 2, True, "attention=cudnn,manual_gc=true")
+    chunked = parse_point("ours-3b-fp8-b2+loss_chunk=4096")
+    assert (chunked.loss_chunk, chunked.tuning, parse_point("3b-fp8-b2").loss_chunk) == (4096, "", 8192)
+    assert set(SUBSETS["same"]) == {"3b-bf16-b2", "3b-fp8-b2", "1b-bf16-b4", "1b-fp8-b4"}
     assert [p.name for p in expand("same-3b,3b-bf16-b2,1b-fp8-b4")] == [*SUBSETS["same-3b"], "1b-fp8-b4"]
     assert set(SUBSETS["all"]) == set(SUBSETS["same-3b"]) | set(SUBSETS["1b-best"])
-    for bad in ("3b-fp16-b4", "8b-bf16-b2", "3b-bf16-b0", "3b-bf16", "same"):
+    for bad in ("3b-fp16-b4", "8b-bf16-b2", "3b-bf16-b0", "3b-bf16", "sam", "ours-3b-bf16-b2+colour=red"):
         with pytest.raises(ValueError, match="--configs"):
             expand(bad)
 
@@ -131,7 +162,8 @@ def test_both_trainers_get_one_shape(key: str) -> None:
 
 def test_a_row_holds_both_figures_their_ratio_and_the_table_shows_them() -> None:
     point = parse_point("1b-bf16-b4")
-    ours = trainer_h200.Record(point.name, {}, "ok", tokens_per_s_per_gpu=66_000.0, peak_reserved_gib=60.0)
+    ours = trainer_h200.Record(point.name, {}, "ok", tokens_per_s_per_gpu=65_000.0, peak_reserved_gib=60.0,
+                               window_tokens_per_s=66_000.0)  # fmt: skip
     titan = TitanResult(status="ok", tokens_per_s_per_gpu=60_000.0, peak_reserved_gib=55.5,
                         parameters=MODELS["1b"].parameters)  # fmt: skip
     got = row(point, ours, titan)

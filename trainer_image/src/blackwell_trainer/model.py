@@ -15,6 +15,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .config import Architecture, RopeScaling
 from .document_mask import DocumentMask, build_document_mask, document_attention, document_positions
@@ -131,6 +132,31 @@ class AttentionFn(Protocol):
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """The whole sequence on this device: one SDPA call (context parallelism swaps in its own)."""
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+
+
+# SDPA kernels in the order each attention backend tries them (tuning.ATTENTION_BACKENDS; "default" is
+# torch's own order). Math last, so CPU runs (tests) and shapes the fused kernels refuse still work.
+_SDPA_ORDER: dict[str, tuple[SDPBackend, ...]] = {
+    "cudnn": (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+              SDPBackend.MATH),
+    "flash": (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH),
+}  # fmt: skip
+
+
+def ordered_attention(backend: str) -> AttentionFn:
+    """``causal_attention`` with SDPA's kernels tried in ``backend``'s order (torch's own for "default").
+
+    The order is set inside the call, so a compiled block traces it (torchtitan does the same for cuDNN).
+    """
+    if backend == "default":
+        return causal_attention
+    order = list(_SDPA_ORDER[backend])
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        with sdpa_kernel(order, set_priority=True):
+            return causal_attention(q, k, v)
+
+    return attend
 
 
 class Attention(nn.Module):

@@ -15,7 +15,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from .config import ActivationCheckpointing, Candidate, Sharding, keeps_gathered_weights
-from .model import Attention, FeedForward, Transformer, can_fuse
+from .model import Attention, FeedForward, Transformer, can_fuse, causal_attention, ordered_attention
 from .precision import PrecisionSetup, apply_precision
 
 log = logging.getLogger(__name__)
@@ -116,6 +116,20 @@ def apply_fused_projections(model: Transformer) -> int:
     return fused
 
 
+def apply_attention_backend(model: Transformer, backend: str) -> int:
+    """Every block's causal attention with SDPA's kernels in ``backend``'s order (model.ordered_attention);
+    context parallelism's own attention is left alone. The number of blocks changed."""
+    changed = 0
+    if backend == "default":
+        return changed
+    attend = ordered_attention(backend)
+    for module in model.layers.modules():
+        if isinstance(module, Attention) and module.attend is causal_attention:
+            module.attend = attend
+            changed += 1
+    return changed
+
+
 def validate_layout(candidate: Candidate, world_size: int, *, sequence_length: int | None = None) -> None:
     """Refuse a parallel layout that does not fit the job's processes (pure: no process group needed).
 
@@ -214,6 +228,7 @@ def parallelize(
     fp8_pow2_scales: bool = False,
     fuse_projections: bool = False,
     recast_blocks: bool = False,
+    attention: str = "default",
 ) -> PrecisionSetup:
     """Apply every technique in ONE fixed order, then materialise and initialise the weights.
 
@@ -235,6 +250,7 @@ def parallelize(
     setup = apply_precision(
         model, candidate, blocks=model.layers, amax_group=amax_group, pow2_scales=fp8_pow2_scales
     )
+    apply_attention_backend(model, attention)  # before compile: the blocks trace the kernel order
     apply_ac(model.layers, candidate.activation_checkpointing, te=setup.backend == "te")
     if candidate.compile and setup.compile_ok:
         apply_compile(model.layers, compile_mode)

@@ -6,6 +6,7 @@ metrics and preemption around it; the probe builds one per candidate.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -24,7 +25,7 @@ from .parallelize import build_mesh, parallelize
 from .precision import PrecisionSetup, resolve_backend, te_available, torchao_available
 from .runtime import Runtime
 from .step_report import StepResult
-from .tuning import Tuning
+from .tuning import GC_EVERY_STEPS, Tuning
 
 if TYPE_CHECKING:
     from .data import Batch
@@ -79,6 +80,7 @@ class Trainer:
             fp8_pow2_scales=self.tuning.fp8_pow2_scales,
             fuse_projections=self.tuning.fuse_projections,
             recast_blocks=self.tuning.recast_blocks,
+            attention=self.tuning.attention,
         )
         self.optimizer = build_optimizer(self.model, plan, runtime.device)
         self.step_index = 0
@@ -92,6 +94,7 @@ class Trainer:
         """One optimizer step over ``len(batches)`` micro-batches (gradient accumulation)."""
         started = time.perf_counter()
         step = self.step_index + 1
+        self._collect_garbage(step)
         compiling = self.plan.chosen.compile and not self._stepped
         set_lr(self.optimizer, self.step_index, self.plan)
         accum = len(batches)
@@ -117,6 +120,16 @@ class Trainer:
             else 0.0
         )
         return StepResult(loss=loss_value, seconds=seconds, tokens=tokens, mfu=mfu)
+
+    def _collect_garbage(self, step: int) -> None:
+        """tuning.manual_gc: the cyclic collector off, a young-generation pass every GC_EVERY_STEPS steps,
+        at the step's start (before any kernel of it is queued); Python's own schedule otherwise."""
+        if not self.tuning.manual_gc:
+            return
+        if gc.isenabled():
+            gc.disable()
+        if step % GC_EVERY_STEPS == 0:
+            gc.collect(1)
 
     def _forward_backward(self, batches: Sequence[Batch], step: int, compiling: bool) -> torch.Tensor:
         """Forward and backward of each micro-batch; the sum of their (detached) losses.

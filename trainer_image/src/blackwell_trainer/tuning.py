@@ -13,6 +13,11 @@ from typing import Any
 
 TUNING_ENV = "BTJ_TRAINER_TUNING"
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead")
+# SDPA kernel order for causal attention: "default" leaves the choice to torch (flash attention first on
+# Hopper in torch 2.11), "cudnn" puts cuDNN's fused attention first and flash second (torchtitan's order),
+# "flash" pins flash attention. The same function; the kernels round differently in the last bits.
+ATTENTION_BACKENDS = ("default", "cudnn", "flash")
+GC_EVERY_STEPS = 50  # manual_gc: a generation-1 collection every this many steps (torchtitan's default)
 
 
 class TuningError(ValueError):
@@ -47,6 +52,12 @@ class Tuning:
     # Single-device path without AC: each block runs on bf16 copies made before it and cast again in
     # backward instead of kept (recast.py): 2 bytes a parameter less at the peak, one more cast per step.
     recast_blocks: bool = False
+    # SDPA's kernel order for causal attention (ATTENTION_BACKENDS); last-bit differences only.
+    attention: str = "default"
+    # Python's cyclic garbage collector off while training, a generation-1 collection every
+    # GC_EVERY_STEPS steps instead, so no collection pause lands between a step's kernel launches
+    # (torchtitan does the same). Numerics unchanged.
+    manual_gc: bool = False
 
     def use_single_device(self, *, world_size: int, context_parallel: int, backend: str) -> bool:
         """Whether this process trains without FSDP2 (see ``single_device``)."""
@@ -82,7 +93,11 @@ def _value(name: str, value: str, kind: object) -> str | bool:
         if value.lower() in ("0", "false", "off", "no"):
             return False
         raise TuningError(f"{TUNING_ENV}: {name} takes true or false, not '{value}'")
-    choices = {"single_device": ("auto", "fsdp"), "compile_mode": COMPILE_MODES}[name]
+    choices = {
+        "single_device": ("auto", "fsdp"),
+        "compile_mode": COMPILE_MODES,
+        "attention": ATTENTION_BACKENDS,
+    }[name]
     if value not in choices:
         raise TuningError(f"{TUNING_ENV}: {name} takes one of {', '.join(choices)}, not '{value}'")
     return value

@@ -1,26 +1,34 @@
 """Side by side on one GPU: torchtitan (its published wheel, run as its users run it) and this trainer.
 
 Usage, on the GPU machine from the repository root, with the wheels of benchmarks/titan_prepare.py on
-PYTHONPATH (docs/benchmarks/titan_h200.md has the whole device command):
+PYTHONPATH (docs/benchmarks/titan_h100.md has the whole device command):
 
-    python benchmarks/titan_h200.py --configs same-3b --out $OUT --budget-s 540
-    python benchmarks/titan_h200.py --configs 1b-best --out $OUT --budget-s 540
-    python benchmarks/titan_h200.py --configs all --dry-run     # CPU: commands, configs, parameter counts
+    python benchmarks/titan_side_by_side.py --card h100 --configs same --out $OUT --budget-s 520
+    python benchmarks/titan_side_by_side.py --configs all --dry-run   # CPU: commands, parameter counts
 
 A configuration is `{3b|1b}-{bf16|fp8}-b{N}` (both trainers at local batch N) or `...-t{N}-o{M}`
-(torchtitan at N, this trainer at M: each one's best batch). Every configuration: sequence 4096, no
-activation checkpointing, torch.compile on, FP8 = torchao float8 tensorwise on the blocks' Linear layers
-(output head BF16). This trainer runs through benchmarks/trainer_h200.py's worker (its Plan, Trainer and
-FSDP2 wrapping, random tokens); torchtitan through `torchrun ... -m torchtitan.train --job.config_file
-benchmarks/titan_h200.toml` plus overrides, on the tokenizer and text of .titan/. Each launch is its own
-process tree, one after another on GPU 0. Tokens/s per GPU: the median over the steps after WARMUP of
-(tokens of the step / its wall time): torchtitan's own `tps` log field (labels.numel() per step, no padding
-in its packed text rows, over the time between two step logs, one a step), and this trainer's step time.
-Memory: the peak reserved by the caching allocator over the run (torchtitan's `memory: X GiB` is
-`reserved_bytes.all.peak` since its last log line: the largest over all steps is the run's peak).
-OUT/titan_h200.json is rewritten after every launch (a timeout keeps what finished); a table is printed last.
-First, torchtitan's side is dry-run on this machine (benchmarks/titan_dry_run.py): a failure there stops the
-script before any GPU time is spent.
+(torchtitan at N, this trainer at M: each one's best batch); `ours-` in front runs this trainer alone, and
+`+key=value` after it sets this trainer's switches for that run (BTJ_TRAINER_TUNING's keys), e.g.
+`ours-3b-bf16-b2+attention=cudnn`: a process-level A/B beside the same call's pair. Every configuration:
+sequence 4096, no activation checkpointing, torch.compile on, FP8 = torchao float8 tensorwise on the blocks'
+Linear layers (output head BF16). This trainer runs through benchmarks/trainer_h200.py's worker (its Plan,
+Trainer and single-device path, random tokens); torchtitan through `torchrun ... -m torchtitan.train
+--job.config_file benchmarks/titan_side_by_side.toml` plus overrides, on the tokenizer and text of .titan/,
+at its own defaults for everything not compared (logging every 10 steps included). Each launch is its own
+process tree, one after another on GPU 0.
+
+Both are read the same way: WARMUP steps (the first compiles), then TIMED steps whose tokens are divided by
+their wall time together. torchtitan's figure is its `tps` log field on the lines after warm-up (at its
+default log_freq of 10 a line every 10 steps: the tokens of those steps over the time since the previous
+line, which ended in a synchronising loss read); this trainer's is the same window measured by a host clock
+from the end of its last warm-up step to the end of its last timed one (each step ends in a synchronising
+loss read). Memory: the peak reserved by the caching allocator over the run (torchtitan's `memory: X GiB` is
+`reserved_bytes.all.peak` since its last log line: the largest over the lines is the run's peak).
+`--windows-on NAME --windows "a=b;c=d"` adds in-process A/B windows to this trainer's run of NAME: each
+switch set for TIMED steps, then as many of the run's own, so every variant has its baseline beside it.
+OUT/titan_side_by_side_<card>.json is rewritten after every launch (a timeout keeps what finished); a table
+is printed last. First, torchtitan's side is dry-run on this machine (benchmarks/titan_dry_run.py): a
+failure there stops the script before any GPU time is spent. `--card` must name the GPU nvidia-smi reports.
 """
 
 from __future__ import annotations
@@ -28,13 +36,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.metadata
+import itertools
 import json
 import os
 import platform
 import re
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,8 +52,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-# `python benchmarks/titan_h200.py` puts benchmarks/, not the root, on the path; the parent process also
-# reads this trainer's Plan (parameter counts), as trainer_h200's workers do.
+# `python benchmarks/titan_side_by_side.py` puts benchmarks/, not the root, on the path; the parent
+# process also reads this trainer's Plan (parameter counts), as trainer_h200's workers do.
 for _path in (REPO, REPO / "trainer_image" / "src"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
@@ -55,16 +63,23 @@ from benchmarks.titan_shapes import MODELS, TRAIN_SPEC  # noqa: E402
 from blackwell_trainer.tuning import Tuning  # noqa: E402
 
 SEQ = trainer_h200.SEQ
-WARMUP, TIMED = 3, 6  # steps: the first compiles; the median of the TIMED after WARMUP is the figure
-TOML = REPO / "benchmarks" / "titan_h200.toml"
+# Steps: the first compiles; the TIMED after WARMUP are the figure. torchtitan 0.2.2 logs at step 1 and every
+# TITAN_LOG_FREQ steps (its default metrics.log_freq, not overridden), so both are multiples of it: each
+# timed log line then covers TITAN_LOG_FREQ steps after warm-up and nothing before.
+TITAN_LOG_FREQ = 10
+WARMUP, TIMED = 10, 10
+TOML = REPO / "benchmarks" / "titan_side_by_side.toml"
+CARDS = ("h100", "h200")
 ASSETS = REPO / ".titan"
 FLAVORS_MODULE = "benchmarks.titan_flavors"
 FP8_CONVERTER = "quantize.linear.float8"  # torchtitan 0.2.2's registered name for torchao float8 Linear
 # Seconds a launch needs, start to exit (compile included), before the budget lets it start.
-LAUNCH_SECONDS = {("titan", "3b"): 80, ("ours", "3b"): 50, ("titan", "1b"): 60, ("ours", "1b"): 40}
+LAUNCH_SECONDS = {("titan", "3b"): 90, ("ours", "3b"): 60, ("titan", "1b"): 65, ("ours", "1b"): 45}
 HANG_FACTOR = 3  # a torchtitan launch is killed (its process group) past this many times its estimate
 PREFLIGHT_SECONDS = 180
 SUBSETS: dict[str, list[str]] = {
+    # Issue 38's same-batch rows on an 80 GB card: 3B at batch 2, 1B at batch 4, BF16 and FP8.
+    "same": ["3b-bf16-b2", "3b-fp8-b2", "1b-bf16-b4", "1b-fp8-b4"],
     # Issue 25's same-batch rows: 3B at batch 2 and 4, BF16 and FP8 (8 launches, about 7 minutes).
     "same-3b": ["3b-bf16-b2", "3b-bf16-b4", "3b-fp8-b2", "3b-fp8-b4"],
     # 1B at batch 4, and each one's best 3B batch: torchtitan's found by hand (FP8 batch 8 in the issue),
@@ -73,7 +88,8 @@ SUBSETS: dict[str, list[str]] = {
 }
 SUBSETS["all"] = SUBSETS["same-3b"] + SUBSETS["1b-best"]
 POINT = re.compile(
-    r"^(?P<model>3b|1b)-(?P<precision>bf16|fp8)-(?:b(?P<both>\d+)|t(?P<titan>\d+)-o(?P<ours>\d+))$"
+    r"^(?P<only>ours-)?(?P<model>3b|1b)-(?P<precision>bf16|fp8)-"
+    r"(?:b(?P<both>\d+)|t(?P<titan>\d+)-o(?P<ours>\d+))(?P<tuning>(?:\+[a-z_]+=[a-z0-9_.-]+)*)$"
 )
 # torchtitan 0.2.2's per-step log line (components/metrics.py, MetricsProcessor.log), colours off.
 STEP_LINE = re.compile(
@@ -94,6 +110,9 @@ class Point:
     precision: str  # bf16 | fp8
     titan_batch: int
     our_batch: int
+    ours_only: bool = False  # this trainer alone: no torchtitan launch
+    tuning: str = ""  # this trainer's switches for the run, BTJ_TRAINER_TUNING's syntax
+    loss_chunk: int = trainer_h200.Config.loss_chunk  # the plan's loss_chunk_tokens (`+loss_chunk=N`)
 
 
 def parse_point(name: str) -> Point:
@@ -101,13 +120,25 @@ def parse_point(name: str) -> Point:
     if not m:
         raise ValueError(
             f"--configs: {name!r} is neither a subset ({', '.join(SUBSETS)}) nor a configuration "
-            "like 3b-bf16-b4 (both at batch 4) or 3b-fp8-t8-o9 (torchtitan at 8, this trainer at 9)"
+            "like 3b-bf16-b4 (both at batch 4), 3b-fp8-t8-o9 (torchtitan at 8, this trainer at 9) or "
+            "ours-3b-bf16-b2+attention=cudnn (this trainer alone, with a switch)"
         )
     both = m["both"]
     titan, ours = (int(both), int(both)) if both else (int(m["titan"]), int(m["ours"]))
     if min(titan, ours) < 1:
         raise ValueError(f"--configs: {name!r}: a batch is at least 1")
-    return Point(name, m["model"], m["precision"], titan, ours)
+    items = [item for item in m["tuning"].split("+") if item]
+    chunks = [int(item.split("=")[1]) for item in items if item.startswith("loss_chunk=")]
+    tuning = ",".join(item for item in items if not item.startswith("loss_chunk="))
+    if tuning:
+        from blackwell_trainer.tuning import Tuning, TuningError
+
+        try:
+            Tuning.parse(tuning)
+        except TuningError as err:
+            raise ValueError(f"--configs: {name!r}: {err}") from None
+    chunk = chunks[-1] if chunks else trainer_h200.Config.loss_chunk
+    return Point(name, m["model"], m["precision"], titan, ours, bool(m["only"]), tuning, chunk)
 
 
 def expand(configs: str) -> list[Point]:
@@ -126,8 +157,10 @@ class TitanResult:
     tokens_per_s_per_gpu: float | None = None
     peak_reserved_gib: float | None = None
     parameters: int | None = None
-    tps_steps: list[int] = field(default_factory=list)
-    losses: list[float] = field(default_factory=list)
+    tps_steps: list[int] = field(default_factory=list)  # the tps of each log line after warm-up
+    window_steps: list[int] = field(default_factory=list)  # the steps each of those lines covers
+    losses: list[float] = field(default_factory=list)  # those of the logged steps
+    logged_steps: list[int] = field(default_factory=list)
     wall_seconds: float | None = None
     command: str = ""
     detail: str = ""
@@ -173,7 +206,12 @@ def titan_command(point: Point, assets: Path, dump: Path) -> list[str]:
 
 
 def parse_titan_log(text: str, warmup: int = WARMUP) -> TitanResult:
-    """Figures from a torchtitan log: median `tps` of the steps after `warmup`, the largest `memory`."""
+    """Figures from a torchtitan log: the tokens/s of the steps after `warmup`, the largest `memory`.
+
+    Each log line's `tps` covers the steps since the previous line; the lines whose window starts at or
+    after `warmup` make the figure: their tokens over their time together (equal tokens per step, so the
+    step-weighted harmonic mean of their tps).
+    """
     res = TitanResult()
     steps: dict[int, tuple[int, float, float]] = {}
     for raw in text.splitlines():
@@ -182,17 +220,22 @@ def parse_titan_log(text: str, warmup: int = WARMUP) -> TitanResult:
             steps[int(m["step"])] = (int(m["tps"].replace(",", "")), float(m["reserved"]), float(m["loss"]))
         elif m := PARAMS_LINE.search(line):
             res.parameters = int(m["n"].replace(",", ""))
+    logged = sorted(steps)
     if steps:
         res.peak_reserved_gib = max(r for _, r, _ in steps.values())
-        res.losses = [steps[s][2] for s in sorted(steps)]
-    steady = [steps[s][0] for s in sorted(steps) if s > warmup]
-    res.tps_steps = steady
+        res.losses = [steps[s][2] for s in logged]
+        res.logged_steps = logged
+    for before, step in itertools.pairwise(logged):
+        if before >= warmup:
+            res.tps_steps.append(steps[step][0])
+            res.window_steps.append(step - before)
     if any(marker in text for marker in OOM):
         res.status, res.detail = "oom", _first_line_with(text, OOM)
-    elif steady:
-        res.status, res.tokens_per_s_per_gpu = "ok", float(statistics.median(steady))
+    elif res.tps_steps and all(res.tps_steps):
+        seconds_per_token = sum(n / t for n, t in zip(res.window_steps, res.tps_steps, strict=True))
+        res.status, res.tokens_per_s_per_gpu = "ok", sum(res.window_steps) / seconds_per_token
     else:
-        res.detail = f"no step after {warmup} logged; log tail: {text[-1500:]}"
+        res.detail = f"no log line after step {warmup} logged; log tail: {text[-1500:]}"
     return res
 
 
@@ -239,7 +282,7 @@ def run_titan(point: Point, assets: Path, out: Path, deadline: float) -> TitanRe
     res = parse_titan_log(text)
     res.wall_seconds = round(time.time() - started, 1)
     res.command = " ".join(cmd)
-    if rc is None and not (res.status == "ok" and len(res.tps_steps) == TIMED):
+    if rc is None and not (res.status == "ok" and sum(res.window_steps) == TIMED):
         res.status, res.detail = "timeout", f"killed after {res.wall_seconds:.0f} s; {res.detail}"[:2000]
     elif rc is None:
         res.detail = f"all steps logged, then killed at exit after {res.wall_seconds:.0f} s"
@@ -268,11 +311,14 @@ def preflight(point: Point, assets: Path, out: Path) -> str | None:
 # ------------------------------------------------------------------------------------------ this trainer
 
 
-def our_config(point: Point) -> trainer_h200.Config:
+def our_config(point: Point, windows: str = "") -> trainer_h200.Config:
+    """This trainer's run of `point`; `windows`: in-process A/B switch sets after its timed steps."""
     shape = MODELS[point.model].ours
+    common: dict[str, Any] = dict(warmup=WARMUP, timed=TIMED, tuning=point.tuning, windows=windows,
+                                  window=TIMED, loss_chunk=point.loss_chunk)  # fmt: skip
     if point.precision == "fp8":
-        return trainer_h200.fp8(shape, point.our_batch, "none", warmup=WARMUP, timed=TIMED)
-    return trainer_h200.bf16(shape, point.our_batch, "none", warmup=WARMUP, timed=TIMED)
+        return trainer_h200.fp8(shape, point.our_batch, "none", **common)
+    return trainer_h200.bf16(shape, point.our_batch, "none", **common)
 
 
 def our_parameters(point: Point) -> tuple[int, int]:
@@ -284,8 +330,8 @@ def our_parameters(point: Point) -> tuple[int, int]:
     return plan.parameter_count, sum(p.numel() for p in model.parameters())
 
 
-def run_ours(point: Point, out: Path, deadline: float) -> trainer_h200.Record:
-    cfg = our_config(point)
+def run_ours(point: Point, out: Path, deadline: float, windows: str = "") -> trainer_h200.Record:
+    cfg = our_config(point, windows)
     remaining = deadline - time.time()
     if remaining < LAUNCH_SECONDS[("ours", point.model)]:
         return trainer_h200.Record(cfg.name, asdict(cfg), "skipped", detail=f"budget: {remaining:.0f} s left")
@@ -307,7 +353,7 @@ def versions() -> dict[str, str | None]:
     return found
 
 
-def environment(argv: list[str]) -> dict[str, Any]:
+def environment(argv: list[str], card: str) -> dict[str, Any]:
     """Command, date, device and versions. nvidia-smi, not torch.cuda: the parent holds no CUDA context."""
     try:
         smi = subprocess.run(
@@ -332,8 +378,11 @@ def environment(argv: list[str]) -> dict[str, Any]:
     return {
         "command": " ".join([Path(sys.executable).name, *argv]),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "device": smi, "python": platform.python_version(), "git_commit": commit,
+        "card": card, "device": smi, "python": platform.python_version(), "git_commit": commit,
         "versions": versions(), "sequence_length": SEQ, "warmup_steps": WARMUP, "timed_steps": TIMED,
+        "torchtitan_log_freq": TITAN_LOG_FREQ,
+        "measure": "tokens of the timed steps over their wall time together, both trainers: torchtitan's "
+                   "tps of its log lines after warm-up (its default log_freq), this trainer's host clock",
         "settings": "one GPU, AC none, torch.compile on, FP8 = torchao float8 tensorwise (output head BF16)",
         # The command line does not show the environment; this trainer's switches change its figures.
         # Written resolved (every switch), so the file names the path it ran whatever the default was.
@@ -345,13 +394,13 @@ def row(point: Point, ours: trainer_h200.Record | None, titan: TitanResult | Non
     model = MODELS[point.model]
     plan_count, built_count = our_parameters(point)
     ratio = None
-    if ours and titan and ours.tokens_per_s_per_gpu and titan.tokens_per_s_per_gpu:
-        ratio = round(ours.tokens_per_s_per_gpu / titan.tokens_per_s_per_gpu, 4)
+    if ours and titan and ours.window_tokens_per_s and titan.tokens_per_s_per_gpu:
+        ratio = round(ours.window_tokens_per_s / titan.tokens_per_s_per_gpu, 4)
     counts = {plan_count, built_count, model.parameters} | (
         {titan.parameters} if titan and titan.parameters else set()
     )
     return {
-        "name": point.name, "model": point.model, "precision": point.precision,
+        "name": point.name, "model": point.model, "precision": point.precision, "ours_tuning": point.tuning,
         "batch": {"ours": point.our_batch, "torchtitan": point.titan_batch},
         "parameters": {"expected": model.parameters, "ours_plan": plan_count, "ours_model": built_count,
                        "torchtitan": titan.parameters if titan else None, "equal": len(counts) == 1},
@@ -360,8 +409,12 @@ def row(point: Point, ours: trainer_h200.Record | None, titan: TitanResult | Non
     }  # fmt: skip
 
 
+def result_name(card: str) -> str:
+    return f"titan_side_by_side_{card}.json"
+
+
 def save(out: Path, meta: dict[str, Any], rows: list[dict[str, Any]]) -> None:
-    (out / "titan_h200.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    (out / result_name(meta["card"])).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -369,7 +422,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines = [head + f" {'resv ours/titan GiB':>20s} params"]
     for r in rows:
         o, t = r["ours"] or {}, r["torchtitan"] or {}
-        ot, tt = o.get("tokens_per_s_per_gpu"), t.get("tokens_per_s_per_gpu")
+        ot, tt = _ours_figure(o), t.get("tokens_per_s_per_gpu")
         om, tm = o.get("peak_reserved_gib"), t.get("peak_reserved_gib")
         ours_tps = f"{ot:,.0f}" if ot else o.get("status", "-")
         titan_tps = f"{tt:,.0f}" if tt else t.get("status", "-")
@@ -380,12 +433,18 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _ours_figure(ours: dict[str, Any]) -> float | None:
+    """This trainer's figure: the timed window's (files before 2026-12-06: the median step's)."""
+    figure = ours.get("window_tokens_per_s") or ours.get("tokens_per_s_per_gpu")
+    return float(figure) if figure else None
+
+
 def _figure(tps: float | None, status: str) -> str:
     return f"{tps:,.0f}" if tps else status
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    """docs/benchmarks/titan_h200.md's table from saved rows (`--report`)."""
+    """docs/benchmarks/titan_h100.md's table from saved rows (`--report`)."""
     head = (
         "| config | this trainer tok/s | torchtitan tok/s | ratio | peak reserved GiB (ours / torchtitan) |"
     )
@@ -397,7 +456,10 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         label = f"{r['model'].upper()} {'BF16' if r['precision'] == 'bf16' else 'FP8 tensorwise'}, " + (
             f"batch {batch['ours']}" if both else f"batch {batch['ours']} / {batch['torchtitan']}"
         )
-        figures = [_figure(x.get("tokens_per_s_per_gpu"), x.get("status", "-")) for x in (o, t)]
+        figures = [
+            _figure(_ours_figure(o), o.get("status", "-")),
+            _figure(t.get("tokens_per_s_per_gpu"), t.get("status", "-")),
+        ]
         ratio = f"{r['ratio_tokens_per_s']:.2f}" if r["ratio_tokens_per_s"] else ""
         memory = " / ".join(
             f"{x['peak_reserved_gib']:.1f}" if x.get("peak_reserved_gib") else "-" for x in (o, t)
@@ -417,30 +479,63 @@ def ensure_assets(assets: Path) -> None:
         make_assets(assets, repository_text())
 
 
-def run(points: list[Point], out: Path, budget_s: float, assets: Path) -> list[dict[str, Any]]:
-    deadline = time.time() + budget_s
-    meta = environment(sys.argv)
+@dataclass(frozen=True)
+class Call:
+    """One call's settings beside its configurations."""
+
+    card: str
+    budget_s: float
+    assets: Path
+    windows: str = ""  # in-process A/B switch sets (";"-separated) for this trainer's runs in windows_on
+    windows_on: frozenset[str] = frozenset()
+
+
+def check_card(card: str, device: str) -> str | None:
+    """Why `--card` does not name the GPU nvidia-smi reports (None when it does): figures name their card."""
+    if card.upper() not in device.upper():
+        return f"--card {card} but nvidia-smi reports {device!r}: rerun with the card this machine has"
+    return None
+
+
+def _skipped(point: Point, note: str) -> dict[str, Any]:
+    cfg = our_config(point)
+    skipped = trainer_h200.Record(cfg.name, asdict(cfg), "skipped", detail=note)
+    return row(point, skipped, None if point.ours_only else TitanResult(status="skipped", detail=note))
+
+
+def run(points: list[Point], out: Path, call: Call) -> list[dict[str, Any]]:
+    deadline = time.time() + call.budget_s
+    meta = environment(sys.argv, call.card)
+    meta["ours_windows"] = {"switch_sets": call.windows, "on": sorted(call.windows_on)}
     print(json.dumps(meta), flush=True)
-    ensure_assets(assets)
     rows: list[dict[str, Any]] = []
-    if points and (failed := preflight(points[0], assets, out)):
+    if wrong := check_card(call.card, meta["device"]):
+        meta["card_error"] = wrong
+        save(out, meta, rows)
+        raise SystemExit(wrong)
+    ensure_assets(call.assets)
+    paired = [p for p in points if not p.ours_only]
+    if paired and (failed := preflight(paired[0], call.assets, out)):
         meta["preflight_error"] = failed
         save(out, meta, rows)
         raise SystemExit(f"torchtitan's dry run failed here; nothing launched:\n{failed}")
     for point in points:
-        pair = LAUNCH_SECONDS[("ours", point.model)] + LAUNCH_SECONDS[("titan", point.model)]
-        if deadline - time.time() < pair:  # half a row is no comparison
-            note = f"budget: {deadline - time.time():.0f} s left, the pair needs about {pair} s"
-            cfg = our_config(point)
-            skipped = trainer_h200.Record(cfg.name, asdict(cfg), "skipped", detail=note)
-            rows.append(row(point, skipped, TitanResult(status="skipped", detail=note)))
+        need = LAUNCH_SECONDS[("ours", point.model)]
+        need += 0 if point.ours_only else LAUNCH_SECONDS[("titan", point.model)]
+        if deadline - time.time() < need:  # half a row is no comparison
+            rows.append(
+                _skipped(point, f"budget: {deadline - time.time():.0f} s left, the row needs ~{need} s")
+            )
             save(out, meta, rows)
             continue
-        ours = run_ours(point, out, deadline)
+        windows = call.windows if point.name in call.windows_on else ""
+        ours = run_ours(point, out, deadline, windows)
         rows.append(row(point, ours, None))
         save(out, meta, rows)
-        _say(point, "ours", ours.status, ours.tokens_per_s_per_gpu, ours.detail)
-        titan = run_titan(point, assets, out, deadline)
+        _say(point, "ours", ours.status, ours.window_tokens_per_s, ours.detail)
+        if point.ours_only:
+            continue
+        titan = run_titan(point, call.assets, out, deadline)
         rows[-1] = row(point, ours, titan)
         save(out, meta, rows)
         _say(point, "torchtitan", titan.status, titan.tokens_per_s_per_gpu, titan.detail)
@@ -456,7 +551,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--configs", default="same-3b", help="comma-separated subsets or configurations")
+    parser.add_argument("--configs", default="same", help="comma-separated subsets or configurations")
+    parser.add_argument("--card", choices=CARDS, help="the GPU this runs on (checked against nvidia-smi)")
+    parser.add_argument("--windows", default="", help="in-process A/B switch sets, ';'-separated")
+    parser.add_argument("--windows-on", default="", help="comma-separated configurations that get --windows")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench-out")))
     parser.add_argument(
         "--budget-s", type=float, default=540.0, help="start no launch that cannot end by then"
@@ -481,7 +579,16 @@ def main() -> None:
         ensure_assets(args.assets)
         dry_run(points, args.assets, args.out)
         return
-    rows = run(points, args.out, args.budget_s, args.assets)
+    if not args.card:
+        parser.error("--card: name the GPU (h100 or h200): every figure is kept with its card")
+    call = Call(
+        args.card,
+        args.budget_s,
+        args.assets,
+        args.windows,
+        frozenset(filter(None, args.windows_on.split(","))),
+    )
+    rows = run(points, args.out, call)
     print(table(rows))
 
 
