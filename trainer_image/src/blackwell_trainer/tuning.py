@@ -40,7 +40,10 @@ class Tuning:
     # Fold gradient clipping into the fused AdamW step (its grad_scale) instead of a separate pass
     # over the gradients (both paths; FSDP2's sharded gradients too). Numerics: a gradient is divided by
     # 1/coef instead of multiplied by coef when clipping is active (a last-bit difference); equal otherwise.
-    clip_in_optimizer: bool = False
+    # On by default since it ran on one H100 (2026-12-06, benchmarks/results/titan_side_by_side_h100.json):
+    # +1.2% tokens/s at 3B BF16 batch 2 (in-process windows against the separate clip), the losses of a
+    # fixed batch equal to float tolerance (tests/trainer/test_single_device.py). Off: torch's foreach clip.
+    clip_in_optimizer: bool = True
     # Check every parameter for non-finite values after each step (one read of the weights). Off: the
     # finite gradient norm is checked every step and every checkpoint is still checked before it is kept.
     parameter_check: bool = True
