@@ -40,7 +40,7 @@ class Tuning:
     # Fold gradient clipping into the fused AdamW step (its grad_scale) instead of a separate pass
     # over the gradients (both paths; FSDP2's sharded gradients too). Numerics: a gradient is divided by
     # 1/coef instead of multiplied by coef when clipping is active (a last-bit difference); equal otherwise.
-    # On by default since it ran on one H100 (2026-12-06, benchmarks/results/titan_side_by_side_h100.json):
+    # On by default since it ran on one H100 (2026-12-06, results/titan_side_by_side_h100_before.json):
     # +1.2% tokens/s at 3B BF16 batch 2 (in-process windows against the separate clip), the losses of a
     # fixed batch equal to float tolerance (tests/trainer/test_single_device.py). Off: torch's foreach clip.
     clip_in_optimizer: bool = True
