@@ -72,6 +72,16 @@ def test_every_example_is_admitted_at_restricted(case: str, backend: Backend) ->
 
 
 @pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: b.value)
+@pytest.mark.parametrize("case", sorted(EXAMPLES))
+def test_no_trainer_pod_mounts_an_api_token(case: str, backend: Backend) -> None:
+    """The trainer never calls the Kubernetes API (issue 36): whatever its ServiceAccount may do, its pods
+    hold no token for it. IRSA's and Pod Identity's own projected tokens are not this one."""
+    name, spec = EXAMPLES[case]
+    for pod in rendered_pods(name, spec, backend):
+        assert pod["spec"]["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: b.value)
 def test_every_golden_case_is_admitted_at_restricted(backend: Backend) -> None:
     admitted = 0
     for case in GOLDEN_CASES:

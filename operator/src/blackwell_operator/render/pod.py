@@ -232,6 +232,10 @@ def pod_template(
         "volumes": volumes(name, spec, plan),
         "securityContext": pod_security_context(),
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        # The trainer never calls the Kubernetes API: no API token in its pods, whatever rights their
+        # ServiceAccount holds. IRSA and EKS Pod Identity mount their own projected tokens for AWS, which
+        # this does not touch (docs/security.md).
+        "automountServiceAccountToken": False,
     }
     if restart_policy:
         pod_spec["restartPolicy"] = restart_policy
