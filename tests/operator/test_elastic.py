@@ -220,3 +220,21 @@ async def test_fewer_nodes_than_min_nodes_wait_and_say_so(four_nodes: Cluster) -
         assert waiting
         assert plan_nodes(cluster, "wait") == 4 and replicas(cluster, "wait") == 4
         assert resized_events(cluster, "wait") == [] and not cluster.status("wait").get("planHistory")
+
+
+async def test_a_malformed_btj_never_stops_the_others_from_resizing(four_nodes: Cluster) -> None:
+    """Issue 36: a BTJ whose spec.cluster is not a mapping made every round raise; seen first, it kept every
+    other elastic BTJ from resizing."""
+    cluster = four_nodes
+    async with running_operator(cluster) as runner:
+        malformed = elastic_btj("malformed")
+        malformed["spec"]["cluster"] = "four nodes, please"
+        await cluster.apply(malformed)  # the first the watch shows, so the first each round reads
+        await wait_for(lambda: cluster.status("malformed").get("phase") == "Invalid", what="phase Invalid")
+        await cluster.apply(elastic_btj("shrink"))
+        await started(cluster, "shrink", 4)
+        await set_health(cluster, 3, "Unschedulable")
+        await wait_for(
+            lambda: replicas(cluster, "shrink") == 3, timeout=TIMEOUT_S, what="the other BTJ resized to 3"
+        )
+    assert runner.exception is None

@@ -40,13 +40,18 @@ def elastic_interval() -> float | None:
     return operator_environment().elastic_interval_s or None
 
 
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
 def _elastic_spec(btj: Mapping[str, Any]) -> BlackwellTrainingJobSpec | None:
     """The spec of an elastic BTJ whose stored plan runs a child (None: nothing to check)."""
     if (btj.get("metadata") or {}).get("deletionTimestamp"):
         return None
-    raw = ((btj.get("spec") or {}).get("cluster") or {}).get("elastic")
-    status = btj.get("status") or {}
-    if not raw or status.get("phase") not in ELASTIC_PHASES or not (status.get("child") or {}).get("uid"):
+    # Read as a user may have written it: any part may be of another type (reconcile says so in status).
+    spec, status = _mapping(btj.get("spec")), _mapping(btj.get("status"))
+    raw = _mapping(_mapping(spec.get("cluster")).get("elastic"))
+    if not raw or status.get("phase") not in ELASTIC_PHASES or not _mapping(status.get("child")).get("uid"):
         return None
     if replacing_child(status):
         return None  # a re-plan replaces the child already; the next check sees the new one
@@ -159,20 +164,29 @@ def check_all(ctx: OperatorContext, logger: Logger) -> int:
     """One round over the elastic BTJs the watch has shown; how many were resized."""
     resized = 0
     for btj in list(ctx.known_btjs().values()):
-        if _elastic_spec(btj) is None:
-            continue
-        uid = str(btj["metadata"].get("uid") or "")
-        with ctx.recreate_lock(uid):
-            try:
-                current = ctx.api.get(btj_path(btj["metadata"]["namespace"], btj["metadata"]["name"]))
-            except ApiError as exc:
-                ctx.metrics.record_error(exc.metric_reason)
-                continue
-            if current is None or current["metadata"].get("uid") != uid:
-                continue
-            if check_job(ctx, current, logger) is not None:
-                resized += 1
+        try:
+            resized += _check_one(ctx, btj, logger)
+        except Exception as exc:  # one BTJ's surprise must not cost the others their resize
+            ctx.metrics.record_error("InternalError")
+            meta = _mapping(btj.get("metadata"))
+            logger.warning(f"Elastic check of {meta.get('namespace')}/{meta.get('name')} failed: {exc!r}")
     return resized
+
+
+def _check_one(ctx: OperatorContext, btj: Mapping[str, Any], logger: Logger) -> int:
+    """1 when this BTJ was resized."""
+    if _elastic_spec(btj) is None:
+        return 0
+    uid = str(btj["metadata"].get("uid") or "")
+    with ctx.recreate_lock(uid):
+        try:
+            current = ctx.api.get(btj_path(btj["metadata"]["namespace"], btj["metadata"]["name"]))
+        except ApiError as exc:
+            ctx.metrics.record_error(exc.metric_reason)
+            return 0
+        if current is None or current["metadata"].get("uid") != uid:
+            return 0
+        return int(check_job(ctx, current, logger) is not None)
 
 
 async def elastic_forever(ctx: OperatorContext, interval_s: float, logger: Logger) -> None:
