@@ -1,11 +1,13 @@
 """The probe: time the plan's top candidates on the job's own GPUs and data, then train with the fastest.
 
 Every rank times every candidate, and the ranks agree on one figure each (the tokens/s the slowest rank
-saw, the peak reserved memory the fullest rank saw), so they choose the same winner. A candidate whose
-measured peak shows room the model did not see makes the larger micro-batches that now fit candidates
-too. Each candidate is built, warmed up, timed and freed (model, optimizer, compiled graphs, the
-allocator's cache) before the next; the run itself is built afterwards from scratch, so the probe
-leaves no trace in its weights, optimizer, data position or loss curve. docs/probe.md has the design.
+saw, the peak reserved memory the fullest rank saw), so they choose the same winner. After the
+candidates, the larger micro-batches of their settings whose peak, corrected by what was measured,
+fits the memory budget are tried too, most promising first, each correction resting on the latest
+measurement of its setting. Each candidate is built, warmed up, timed and released (model, optimizer,
+compiled graphs, the allocator's cache) before the next; the run itself is built afterwards from
+scratch, so the probe leaves no trace in its weights, optimizer, data position, loss curve or memory.
+docs/probe.md has the design.
 """
 
 from __future__ import annotations
@@ -36,10 +38,8 @@ log = logging.getLogger("blackwell_trainer.probe")
 PROBE_FILE = "probe.json"
 # Added to the budget for the probe's own agreement collectives: a rank that is this late is stuck.
 COLLECTIVE_GRACE_SECONDS = 300.0
-# A measured peak at least this share below its prediction shows room the model did not see (a smaller
-# gap is the allocator's noise between runs): the larger micro-batches of that setting are then corrected
-# by the measurement (corrected_growth) and tried where they fit (the OOM re-plan's correction, upwards).
-ROOM_BELOW = 0.05
+# Outcomes that say a size of a setting does not fit: no larger size of that setting is tried after one.
+_TOO_LARGE = (ProbeOutcome.OUT_OF_MEMORY, ProbeOutcome.OVER_MEMORY)
 
 
 class ProbeError(RuntimeError):
@@ -181,46 +181,70 @@ def run_probe(
     return result
 
 
-def grown_options(probe: ProbePlan, measurements: Sequence[ProbeMeasurement]) -> list[int]:
-    """The grown candidates worth trying (indexes into probe.options), most promising first, at most
-    probe.maxGrown. Each comes from a measured candidate whose peak stayed ROOM_BELOW or more under its
-    prediction: of that setting's larger micro-batches (probe.growth) not timed yet, the fastest predicted
-    whose peak, corrected by the candidate's measurement (corrected_growth), stays probe.fitMargin under
-    the memory budget. They are ordered by that prediction scaled by the candidate's measured speed share.
-    The figures are the agreed ones, so every rank returns the same list."""
+@dataclass(frozen=True)
+class GrowthStep:
+    """A grown candidate the measurements so far say fits: its option, the measurement of its setting its
+    peak is corrected by (the largest smaller micro-batch measured), that corrected peak, and its promise
+    (its predicted tokens/s times that measurement's measured share of its own prediction)."""
+
+    index: int
+    basis: ProbeMeasurement
+    corrected_peak: float
+    promise: float
+
+
+def growth_steps(probe: ProbePlan, measurements: Sequence[ProbeMeasurement]) -> list[GrowthStep]:
+    """The larger micro-batches (probe.growth) worth trying now, most promising first. One qualifies when
+    it was not timed yet, no size of its setting at or below it ran out of memory or over the budget, and
+    its peak, corrected by the latest measurement of its setting below it (corrected_growth), stays
+    probe.fitMargin under the memory budget. No share of room is asked for first: the correction is the
+    measurement's own verdict, and a size that then does not fit is dropped like any candidate. The
+    figures are the agreed ones, so every rank returns the same list."""
     if not probe.memory_budget_bytes or not probe.max_grown:
         return []
     limit = (1.0 - probe.fit_margin) * probe.memory_budget_bytes
     options = probe.options
     tried = [options[m.index].candidate for m in measurements]
     first = len(probe.candidates)
-    found: list[tuple[float, int]] = []
-    for m in measurements:
-        if (
-            m.outcome is not ProbeOutcome.MEASURED
-            or not m.peak_reserved_bytes
-            or not m.predicted_peak_reserved_bytes
-            or not m.tokens_per_second_per_gpu
-            or m.index >= first
+    steps: list[GrowthStep] = []
+    for i, grown in enumerate(probe.growth):
+        size = grown.candidate.micro_batch_size
+        mine = [m for m in measurements if _setting_of(probe, m.index) == grown.grows]
+        if grown.candidate in tried or any(
+            m.outcome in _TOO_LARGE and options[m.index].candidate.micro_batch_size <= size for m in mine
         ):
             continue
-        if m.peak_reserved_bytes > (1.0 - ROOM_BELOW) * m.predicted_peak_reserved_bytes:
-            continue
-        predicted = m.predicted_tokens_per_second_per_gpu
-        speed = m.tokens_per_second_per_gpu / predicted if predicted > 0 else 1.0
-        parent = options[m.index]
-        fitting = [
-            (g.prediction.tokens_per_second_per_gpu, first + i)
-            for i, g in enumerate(probe.growth)
-            if g.grows == m.index
-            and g.candidate not in tried
-            and corrected_growth(parent, g, m.peak_reserved_bytes) <= limit
+        below = [
+            m
+            for m in mine
+            if m.outcome is ProbeOutcome.MEASURED
+            and m.peak_reserved_bytes
+            and m.tokens_per_second_per_gpu
+            and options[m.index].candidate.micro_batch_size < size
         ]
-        if fitting:
-            rate, index = max(fitting, key=lambda f: (f[0], -f[1]))
-            found.append((rate * speed, index))
-    found.sort(key=lambda f: (-f[0], f[1]))
-    return [index for _, index in found[: probe.max_grown]]
+        if not below:
+            continue
+        basis = max(below, key=lambda m: (options[m.index].candidate.micro_batch_size, -m.index))
+        assert basis.peak_reserved_bytes is not None and basis.tokens_per_second_per_gpu is not None
+        peak = corrected_growth(options[basis.index], grown, basis.peak_reserved_bytes)
+        if peak > limit:
+            continue
+        predicted = basis.predicted_tokens_per_second_per_gpu
+        share = basis.tokens_per_second_per_gpu / predicted if predicted > 0 else 1.0
+        steps.append(GrowthStep(first + i, basis, peak, grown.prediction.tokens_per_second_per_gpu * share))
+    steps.sort(key=lambda g: (-g.promise, g.index))
+    return steps
+
+
+def grown_options(probe: ProbePlan, measurements: Sequence[ProbeMeasurement]) -> list[int]:
+    """growth_steps' options (indexes into probe.options), most promising first."""
+    return [step.index for step in growth_steps(probe, measurements)]
+
+
+def _setting_of(probe: ProbePlan, index: int) -> int:
+    """The candidate whose setting option `index` has (itself, or the one a grown option enlarges)."""
+    option = probe.options[index]
+    return option.grows if isinstance(option, ProbeGrowth) else index
 
 
 def corrected_growth(parent: ProbeCandidate, grown: ProbeCandidate, measured_peak: int) -> float:
@@ -249,18 +273,29 @@ def _grown(
     timing: Timing,
     group: ProcessGroup | None,
 ) -> list[ProbeMeasurement]:
-    """Time the grown candidates while the budget holds one more (its estimate: what the candidate it
-    grows from took, the same build and the same tokens per step; the slowest rank's sum decides)."""
-    took = {m.index: m.seconds for m in measurements}
+    """Time grown candidates one at a time, the most promising that fits by the measurements so far
+    (each one measured, or dropped, refines the next choice), at most probe.maxGrown, while the budget
+    holds one more (its estimate: what the measurement its correction rests on took; the slowest rank's
+    sum decides)."""
     done: list[ProbeMeasurement] = []
-    for index in grown_options(probe, measurements):
-        option = probe.options[index]
-        assert isinstance(option, ProbeGrowth)
-        finish = _all_reduce_max([timing.elapsed() + took.get(option.grows, 0.0)], group)[0]
-        if finish > probe.budget_seconds:
-            log.info("probe: no time left in the budget for grown candidate %d", index)
+    while len(done) < probe.max_grown:
+        steps = growth_steps(probe, [*measurements, *done])
+        if not steps:
             break
-        done.append(measure(index).model_copy(update={"grown_from": option.grows}))
+        step = steps[0]
+        finish = _all_reduce_max([timing.elapsed() + step.basis.seconds], group)[0]
+        if finish > probe.budget_seconds:
+            log.info("probe: no time left in the budget for grown candidate %d", step.index)
+            break
+        option = probe.options[step.index]
+        assert isinstance(option, ProbeGrowth)
+        log.info(
+            "probe: trying grown candidate %d, its peak corrected by option %d's measurement to %.0f bytes",
+            step.index,
+            step.basis.index,
+            step.corrected_peak,
+        )
+        done.append(measure(step.index).model_copy(update={"grown_from": option.grows}))
     return done
 
 
@@ -288,47 +323,18 @@ def _candidate(
     gauge: Gauge,
     group: ProcessGroup | None,
 ) -> ProbeMeasurement:
-    """Build, warm up and time one candidate on this rank, free it, and agree on its figures."""
+    """Build, warm up and time one candidate on this rank, release it, and agree on its figures."""
     probe = plan.probe
     assert probe is not None
     began = timing.elapsed()
-    candidate_plan = plan_for(plan, index)
-    chosen = candidate_plan.chosen
     gauge.reset(index)
-    seconds = tokens = 0.0
-    error: BaseException | None = None
-    trainer: Steppable | None = None
-    source: Batches | None = None
-    try:
-        trainer = builders.trainer(candidate_plan)
-        source = builders.source(candidate_plan)
-        step_trainer, step_source = trainer, source
-
-        def one_step() -> StepResult:
-            batches = [step_source.next_batch() for _ in range(chosen.gradient_accumulation_steps)]
-            return step_trainer.step(batches)
-
-        for _ in range(probe.warmup_steps):
-            one_step()
-        counted: list[int] = []
-
-        def timed() -> None:
-            counted.extend(one_step().tokens for _ in range(probe.timed_steps))
-
-        seconds = timing.measure(index, timed)
-        tokens = float(sum(counted))
-    except torch.OutOfMemoryError as err:  # catchable: the allocator's state is whole; free and go on
-        error = err
-    except Exception as err:  # any other failure of a candidate is reported and it is dropped
-        error = err
+    # Everything the candidate builds lives in _timed's frame only, and its failure comes back as a line
+    # (never the exception, whose traceback would keep that frame's tensors): gone when it returns.
+    seconds, tokens, failure = _timed(plan_for(plan, index), index, builders, timing)
     peak = gauge.peak(index)
-    # Free everything this candidate built before the next one (and before the run) is built.
-    if source is not None:
-        source.close()
-    del trainer, source
-    _free(device)
-    rate = tokens / seconds if seconds > 0 and error is None else 0.0
-    failed = 0.0 if error is None else (1.0 if isinstance(error, torch.OutOfMemoryError) else 2.0)
+    release(device)
+    rate = tokens / seconds if seconds > 0 and failure is None else 0.0
+    failed = 0.0 if failure is None else (1.0 if failure[0] else 2.0)
     # One all-reduce, MAX: the worst failure, the slowest rank's rate (as -rate), the fullest rank's peak
     # (-1: no reading, CPU).
     agreed = _all_reduce_max([failed, -rate, float(-1 if peak is None else peak)], group)
@@ -336,7 +342,7 @@ def _candidate(
     outcome, detail = ProbeOutcome.MEASURED, ""
     if worst >= 1.0:  # every rank knows it: all gather the first failing rank's line, so all report it
         outcome = ProbeOutcome.FAILED if worst >= 2.0 else ProbeOutcome.OUT_OF_MEMORY
-        detail = _first_failure(None if error is None else _one_line(error), group)
+        detail = _first_failure(None if failure is None else failure[1], group)
     elif probe.memory_budget_bytes and fullest > probe.memory_budget_bytes:
         outcome = ProbeOutcome.OVER_MEMORY
         detail = f"peak reserved {fullest:,} bytes over the budget of {probe.memory_budget_bytes:,}"
@@ -352,6 +358,41 @@ def _candidate(
         seconds=round(timing.elapsed() - began, 3),
         detail=detail,
     )
+
+
+def _timed(
+    candidate_plan: Plan, index: int, builders: Builders, timing: Timing
+) -> tuple[float, float, tuple[bool, str] | None]:
+    """Build the candidate, run its warm-up steps and time its timed steps: (seconds, tokens, failure),
+    the failure as (out of memory?, its line). Its trainer and token source are closed and unreferenced
+    when this returns, however it ended."""
+    probe = candidate_plan.probe
+    assert probe is not None
+    chosen = candidate_plan.chosen
+    counted: list[int] = []
+    source: Batches | None = None
+    try:
+        trainer = builders.trainer(candidate_plan)
+        source = builders.source(candidate_plan)
+
+        def one_step() -> StepResult:
+            assert source is not None
+            return trainer.step([source.next_batch() for _ in range(chosen.gradient_accumulation_steps)])
+
+        for _ in range(probe.warmup_steps):
+            one_step()
+
+        def timed() -> None:
+            counted.extend(one_step().tokens for _ in range(probe.timed_steps))
+
+        return timing.measure(index, timed), float(sum(counted)), None
+    except torch.OutOfMemoryError as err:  # catchable: the allocator's state is whole; release and go on
+        return 0.0, 0.0, (True, _one_line(err))
+    except Exception as err:  # any other failure of a candidate is reported and it is dropped
+        return 0.0, 0.0, (False, _one_line(err))
+    finally:
+        if source is not None:
+            source.close()
 
 
 def _not_run(probe: ProbePlan, index: int) -> ProbeMeasurement:
@@ -406,13 +447,22 @@ def _agree_flag(flag: bool, group: ProcessGroup | None) -> bool:
     return _all_reduce_max([1.0 if flag else 0.0], group)[0] > 0
 
 
-def _free(device: torch.device) -> None:
-    """Drop a candidate's compiled graphs, garbage and cached blocks."""
+def release(device: torch.device) -> None:
+    """Release what a candidate built once nothing references it: its compiled graphs and the guards that
+    hold its modules (torch._dynamo.reset), then the garbage (reference cycles of modules, hooks and
+    optimizer state), then the allocator's cached blocks and its peak statistics, so the next candidate,
+    and the run after the probe, start from the memory of a process that never built it."""
     import torch._dynamo
 
     torch._dynamo.reset()
     gc.collect()
+    empty_cache(device)
+
+
+def empty_cache(device: torch.device) -> None:
+    """Give the allocator's cached blocks back to the driver and restart its peak statistics (CUDA only)."""
     if device.type == "cuda":
+        torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
 
