@@ -18,9 +18,10 @@ import torch.distributed as dist
 
 from blackwell_trainer import probe
 from blackwell_trainer.config import Plan, ProbeOutcome
+from blackwell_trainer.data import Batch
 from blackwell_trainer.runtime import Runtime
 from blackwell_trainer.step_report import StepResult
-from blackwell_trainer.train import Trainer
+from blackwell_trainer.trainer import Trainer
 from blackwell_trainer.tuning import Tuning
 from tests.ports import free_port
 
@@ -69,7 +70,7 @@ class OutOfMemoryAfterStep:
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
 
-    def step(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> StepResult:
+    def step(self, batches: Sequence[Batch]) -> StepResult:
         self.trainer.step(batches)
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
 
@@ -78,9 +79,9 @@ class Tokens:
     def __init__(self, plan: Plan) -> None:
         self.shape = (plan.chosen.micro_batch_size, plan.sequence_length + 1)
 
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def next_batch(self) -> Batch:
         tokens = torch.randint(0, 256, self.shape)
-        return tokens[:, :-1], tokens[:, 1:]
+        return Batch(tokens[:, :-1], tokens[:, 1:])
 
     def close(self) -> None:
         pass
