@@ -24,8 +24,7 @@ from blackwell_trainer.step_report import StepResult
 from blackwell_trainer.trainer import Trainer
 from blackwell_trainer.tuning import Tuning
 from tests.ports import free_port
-
-from .conftest import tiny_plan_dict
+from tests.support.plans import tiny_plan_dict
 
 CPU = torch.device("cpu")
 ONE = Runtime(rank=0, local_rank=0, world_size=1, local_world_size=1, device=CPU)
