@@ -50,7 +50,7 @@ import yaml
 from blackwell_operator.calibration import Calibration, load_calibration
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner import plan_job
-from blackwell_trainer.config import Candidate, Plan, ProbeResult
+from blackwell_trainer.plan.config import Candidate, Plan, ProbeResult
 
 ROOT = Path(__file__).resolve().parents[1]
 # Run as a script, benchmarks/ is on the path, not the root that holds it.

@@ -30,7 +30,7 @@ from typing import Any
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner import evaluate, plan_job
 from blackwell_operator.planner.correction import learn
-from blackwell_trainer.config import OomResult, Plan
+from blackwell_trainer.plan.config import OomResult, Plan
 
 # Run as a script, benchmarks/ is on the path, not the root that holds it.
 _ROOT = Path(__file__).resolve().parents[1]

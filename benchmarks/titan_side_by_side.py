@@ -60,7 +60,7 @@ for _path in (REPO, REPO / "trainer_image" / "src"):
 
 from benchmarks import trainer_h200  # noqa: E402
 from benchmarks.titan_shapes import MODELS, TRAIN_SPEC  # noqa: E402
-from blackwell_trainer.tuning import Tuning  # noqa: E402
+from blackwell_trainer.plan.tuning import Tuning  # noqa: E402
 
 SEQ = trainer_h200.SEQ
 # Steps: the first compiles; the TIMED after WARMUP are the figure. torchtitan 0.2.2 logs at step 1 and every
@@ -133,7 +133,7 @@ def parse_point(name: str) -> Point:
     chunks = [int(item.split("=")[1]) for item in items if item.startswith("loss_chunk=")]
     tuning = ",".join(item for item in items if not item.startswith("loss_chunk="))
     if tuning:
-        from blackwell_trainer.tuning import Tuning, TuningError
+        from blackwell_trainer.plan.tuning import Tuning, TuningError
 
         try:
             Tuning.parse(tuning)
@@ -325,7 +325,7 @@ def our_config(point: Point, windows: str = "") -> trainer_h200.Config:
 
 def our_parameters(point: Point) -> tuple[int, int]:
     """(the plan's count, the count of the model the trainer builds, on the meta device)."""
-    from blackwell_trainer.model import build_model
+    from blackwell_trainer.model.transformer import build_model
 
     plan = trainer_h200.make_plan(our_config(point))
     model = build_model(plan.architecture, max_seq_len=SEQ)

@@ -200,10 +200,10 @@ def worker(ab: AB, out: Path) -> None:
     """Run one process's measurement; writes ``out/record.json`` (and ``out/profile.json``)."""
     import torch
 
-    from blackwell_trainer.data import Batch
-    from blackwell_trainer.runtime import Runtime, init_distributed
-    from blackwell_trainer.trainer import Trainer
-    from blackwell_trainer.tuning import Tuning
+    from blackwell_trainer.data.tokens import Batch
+    from blackwell_trainer.loop.trainer import Trainer
+    from blackwell_trainer.parallel.runtime import Runtime, init_distributed
+    from blackwell_trainer.plan.tuning import Tuning
 
     cfg = ab.cfg
     rec = Result(ab.name, ab.tuning, asdict(cfg), "error", architecture=dict(base.SHAPES[cfg.model]))
@@ -317,7 +317,9 @@ def _category(frames: list[dict[str, Any]]) -> str:
     # The compiled backward runs as Python on autograd's device thread: its frames say "backward".
     if any("backward" in f.get("name", "") for f in frames):
         return "backward thread (gradients, backward temporaries)"
-    if any(k in f.get("filename", "") for f in frames for k in ("model.py", "inductor", "_dynamo")):
+    if any(
+        k in f.get("filename", "") for f in frames for k in ("model/transformer.py", "inductor", "_dynamo")
+    ):
         return "activations (forward)"
     return "other"
 

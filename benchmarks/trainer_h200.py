@@ -229,7 +229,7 @@ class Record:
 
 
 def make_plan(cfg: Config) -> Any:
-    from blackwell_trainer.config import (
+    from blackwell_trainer.plan.config import (
         Architecture,
         Candidate,
         GpuInfo,
@@ -341,10 +341,10 @@ def _check(out: Path) -> Record:
     """GPU correctness: chunked loss vs plain CE (values, grads), AC modes vs none, FP8 step runs."""
     import torch
 
-    from blackwell_trainer.config import ActivationCheckpointing, Architecture
-    from blackwell_trainer.loss import chunked_cross_entropy, plain_cross_entropy
-    from blackwell_trainer.model import build_model
-    from blackwell_trainer.parallelize import apply_ac, apply_compile
+    from blackwell_trainer.model.loss import chunked_cross_entropy, plain_cross_entropy
+    from blackwell_trainer.model.transformer import build_model
+    from blackwell_trainer.parallel.parallelize import apply_ac, apply_compile
+    from blackwell_trainer.plan.config import ActivationCheckpointing, Architecture
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     notes = []
@@ -395,9 +395,9 @@ def _te_check(out: Path) -> Record:
     # symbol (libcudnn_graph.so.9) once torch's attention has loaded the pip package's cuDNN (2026-11-29).
     import transformer_engine.pytorch  # noqa: F401
 
-    from blackwell_trainer.data import Batch
-    from blackwell_trainer.runtime import Runtime, init_distributed
-    from blackwell_trainer.trainer import Trainer
+    from blackwell_trainer.data.tokens import Batch
+    from blackwell_trainer.loop.trainer import Trainer
+    from blackwell_trainer.parallel.runtime import Runtime, init_distributed
 
     runtime = Runtime.from_env()
     init_distributed(runtime)
@@ -443,7 +443,7 @@ def _flex_check(out: Path, mbs: int) -> Record:
     import torch
     import torch.nn.functional as F
 
-    from blackwell_trainer.document_mask import build_document_mask, document_attention
+    from blackwell_trainer.model.document_mask import build_document_mask, document_attention
 
     gen = torch.Generator(device="cuda").manual_seed(7)
     heads, kv, dim = 24, 8, 128
@@ -538,7 +538,7 @@ def _packed_rows(batch: tuple[Any, Any], mean_tokens: int, gen: Any) -> tuple[An
     in [mean/2, 3*mean/2]), the labels of each conversation's first half and its last token ignored."""
     import torch
 
-    from blackwell_trainer.loss import IGNORE_INDEX
+    from blackwell_trainer.model.loss import IGNORE_INDEX
 
     inputs, labels = batch
     rows, seq = inputs.shape
@@ -558,7 +558,7 @@ def _packed_rows(batch: tuple[Any, Any], mean_tokens: int, gen: Any) -> tuple[An
 
 def run_tuning(cfg: Config, variant: str = "") -> Any:
     """The switches of this run: the environment's BTJ_TRAINER_TUNING, then cfg.tuning, then `variant`."""
-    from blackwell_trainer.tuning import TUNING_ENV, Tuning
+    from blackwell_trainer.plan.tuning import TUNING_ENV, Tuning
 
     return Tuning.parse(",".join([os.environ.get(TUNING_ENV, ""), cfg.tuning, variant]))
 
@@ -596,9 +596,9 @@ def worker(cfg: Config, out: Path) -> None:
     """Run one configuration in this process (rank 0 writes ``out/record.json``)."""
     import torch
 
-    from blackwell_trainer.data import Batch
-    from blackwell_trainer.runtime import Runtime, init_distributed
-    from blackwell_trainer.trainer import Trainer
+    from blackwell_trainer.data.tokens import Batch
+    from blackwell_trainer.loop.trainer import Trainer
+    from blackwell_trainer.parallel.runtime import Runtime, init_distributed
 
     runtime = Runtime.from_env()
     rec = Record(cfg.name, asdict(cfg), "error")
@@ -772,7 +772,7 @@ class Grid:
 def environment() -> dict[str, Any]:
     import torch
 
-    from blackwell_trainer.tuning import Tuning
+    from blackwell_trainer.plan.tuning import Tuning
 
     meta: dict[str, Any] = {
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from blackwell_trainer.config import Plan
+from blackwell_trainer.plan.config import Plan
 
 
 @dataclass(frozen=True)

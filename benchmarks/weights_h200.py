@@ -186,7 +186,7 @@ IDENTITY_LR = 1e-30  # far below a bf16 ulp of any weight: the exported weights 
 def make_plan(arch: Any, *, steps: int, device: str, compile_: bool, seq: int, weights: str | None,
               output: str | None, precision: str = "bf16", learning_rate: float = 1e-5,
               weight_decay: float = 0.1) -> Any:  # fmt: skip
-    from blackwell_trainer.config import (
+    from blackwell_trainer.plan.config import (
         Candidate,
         GpuInfo,
         MemoryBreakdown,
@@ -293,8 +293,8 @@ def logits_check(folder: Path, arch: Any, device: str) -> dict[str, Any]:
     """The export reloaded by the trainer's loader and by transformers (float32): logits on 64 tokens."""
     import torch
 
-    from blackwell_trainer.model import build_model
-    from blackwell_trainer.weights_load import load_pretrained
+    from blackwell_trainer.model.transformer import build_model
+    from blackwell_trainer.weights.load import load_pretrained
 
     record: dict[str, Any] = {}
     seq = 64
@@ -410,7 +410,7 @@ def main() -> int:
     args = parser.parse_args()
     import torch
 
-    from blackwell_trainer.config import architecture_from_hf_config
+    from blackwell_trainer.plan.config import architecture_from_hf_config
 
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from blackwell_trainer.shard_cache import CACHE_DIR_ENV
+from blackwell_trainer.data.shard_cache import CACHE_DIR_ENV
 
 # Set before any test imports torch, and inherited by every process a test starts (torchrun already sets
 # it for its workers). The tiny models gain nothing from a second thread; on a machine whose cores all run

@@ -15,7 +15,7 @@ from blackwell_operator.calibration import Calibration
 from blackwell_operator.catalogs import get_gpu, get_instance, resolve_model
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec, ModelSpec
 from blackwell_operator.planner import evaluate
-from blackwell_trainer.config import (
+from blackwell_trainer.plan.config import (
     ActivationCheckpointing,
     Architecture,
     Candidate,

@@ -197,7 +197,7 @@ class Harness:
             str(self.timed),
         ]
         if fam.gpus > 1:
-            from blackwell_trainer.runtime import free_port
+            from blackwell_trainer.parallel.runtime import free_port
 
             port = free_port()
             cmd = [

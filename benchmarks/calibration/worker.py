@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from blackwell_trainer.config import Plan
+from blackwell_trainer.plan.config import Plan
 
 OOM_EXIT = 3
 
@@ -43,10 +43,10 @@ def worker(plan_path: Path, result_dir: Path, warmup: int, timed: int) -> None:
 
     import torch
 
-    from blackwell_trainer.data import Batch
-    from blackwell_trainer.runtime import Runtime, init_distributed
-    from blackwell_trainer.step_report import allocator_stats
-    from blackwell_trainer.trainer import Trainer
+    from blackwell_trainer.data.tokens import Batch
+    from blackwell_trainer.loop.step_report import allocator_stats
+    from blackwell_trainer.loop.trainer import Trainer
+    from blackwell_trainer.parallel.runtime import Runtime, init_distributed
 
     lap("import")
     runtime = Runtime.from_env()

@@ -13,12 +13,12 @@ import yaml
 from blackwell_operator.admission.job import Rejected, validate_manifest
 from blackwell_operator.cli.manifest import read_manifest_text
 from blackwell_operator.render.environment import DEFAULT_ENV
-from blackwell_trainer import shard_cache
-from blackwell_trainer.config import CACHE_MAX_BYTES_ENV
-from blackwell_trainer.env_vars import OPERATOR_OWNED, USER_SETTINGS
+from blackwell_trainer.data import shard_cache
 from blackwell_trainer.errors import DataError, PlanError
-from blackwell_trainer.metrics import metrics_address
-from blackwell_trainer.tuning import Tuning, TuningError
+from blackwell_trainer.loop.metrics import metrics_address
+from blackwell_trainer.plan.config import CACHE_MAX_BYTES_ENV
+from blackwell_trainer.plan.env_vars import OPERATOR_OWNED, USER_SETTINGS
+from blackwell_trainer.plan.tuning import Tuning, TuningError
 
 BASE = yaml.safe_load(read_manifest_text(None)[0])
 

@@ -15,7 +15,7 @@ from blackwell_operator.catalogs import (
 )
 from blackwell_operator.errors import SpecError
 from blackwell_operator.models.spec import ModelSpec
-from blackwell_trainer.config import Architecture, Precision
+from blackwell_trainer.plan.config import Architecture, Precision
 
 # Published totals (Hugging Face safetensors metadata of each model).
 PUBLISHED = {

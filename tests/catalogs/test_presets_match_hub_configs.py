@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from blackwell_operator.catalogs import get_preset
-from blackwell_trainer.config import architecture_from_hf_config, architecture_mismatch
+from blackwell_trainer.plan.config import architecture_from_hf_config, architecture_mismatch
 
 LLAMA3_SCALING = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 HUB_CONFIGS: dict[str, dict[str, Any]] = {

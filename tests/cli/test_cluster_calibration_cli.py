@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from blackwell_operator.calibration.cluster import MIN_RUNS, ClusterCalibration, Sample
 from blackwell_operator.cli import _register_commands, app
 from blackwell_operator.handlers.cluster_calibration import body_of
-from blackwell_trainer.config import ActivationCheckpointing, PrecisionRecipe
+from blackwell_trainer.plan.config import ActivationCheckpointing, PrecisionRecipe
 
 _register_commands()
 runner = CliRunner()

@@ -9,9 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from blackwell_operator.cli import _register_commands, app
-from blackwell_trainer.config import Plan
+from blackwell_trainer.plan.config import Plan
+from blackwell_trainer.plan.shard_manifest import MANIFEST_NAME, ShardManifest
 from blackwell_trainer.prepare import Options, prepare
-from blackwell_trainer.shard_manifest import MANIFEST_NAME, ShardManifest
 from tests.cli.test_plan_weights import job
 from tests.support.chat_data import CONVERSATIONS, save_chat_checkpoint, write_conversations
 

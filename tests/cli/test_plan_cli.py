@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from blackwell_operator.cli import _register_commands, app
 from blackwell_operator.cli.manifest import load_manifest
 from blackwell_operator.planner import plan_job
-from blackwell_trainer.config import Plan
+from blackwell_trainer.plan.config import Plan
 
 _register_commands()
 runner = CliRunner()

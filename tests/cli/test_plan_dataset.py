@@ -12,10 +12,10 @@ import yaml
 from typer.testing import CliRunner
 
 from blackwell_operator.cli import _register_commands, app
-from blackwell_trainer.config import DatasetConfig, DatasetKind
-from blackwell_trainer.data import DataError, DataLayout, build_token_source
+from blackwell_trainer.data.tokens import DataError, DataLayout, build_token_source
+from blackwell_trainer.plan.config import DatasetConfig, DatasetKind
 from blackwell_trainer.prepare import Options, prepare
-from blackwell_trainer.weights_load import check_data_tokenizer
+from blackwell_trainer.weights.load import check_data_tokenizer
 from tests.cli.test_plan_weights import job, named
 from tests.support.hf_models import save_hf_model
 from tests.support.text_data import VOCAB, make_documents, save_tokenizer

@@ -11,7 +11,7 @@ import yaml
 from typer.testing import CliRunner
 
 from blackwell_operator.cli import _register_commands, app
-from blackwell_trainer.config import Plan
+from blackwell_trainer.plan.config import Plan
 from tests.support.hf_models import architecture_of, save_hf_model
 
 _register_commands()

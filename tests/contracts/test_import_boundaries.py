@@ -20,12 +20,12 @@ CLUSTER_CLIENTS = {"kopf", "kubernetes", "boto3", "botocore", "aiohttp"}
 # which `btj calibrate import` resolves as the trainer does). All are pure pydantic or plain Python, so the
 # operator image, which has no torch, can import them.
 OPERATOR_VISIBLE = {
-    "blackwell_trainer.config",
-    "blackwell_trainer.shard_manifest",
-    "blackwell_trainer.metric_names",
-    "blackwell_trainer.tuning",
+    "blackwell_trainer.plan.config",
+    "blackwell_trainer.plan.shard_manifest",
+    "blackwell_trainer.plan.metric_names",
+    "blackwell_trainer.plan.tuning",
     # The trainer's environment variables and their checks (env_vars: admission checks spec.env with them).
-    "blackwell_trainer.env_vars",
+    "blackwell_trainer.plan.env_vars",
 }
 
 
@@ -80,7 +80,7 @@ def test_operator_imports_only_the_trainers_wire_contracts() -> None:
 def test_the_wire_contracts_import_only_pydantic_and_each_other(module: str) -> None:
     import sys
 
-    path = TRAINER / f"{module.rsplit('.', 1)[1]}.py"
+    path = TRAINER / (module.removeprefix("blackwell_trainer.").replace(".", "/") + ".py")
     tree = ast.parse(path.read_text(), filename=str(path))
     relative = {
         f"blackwell_trainer.{node.module}"

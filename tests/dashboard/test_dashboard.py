@@ -43,7 +43,7 @@ def exported_names(registry: CollectorRegistry) -> set[str]:
 
 def a_plan() -> Any:
     """A small, valid plan (built by hand so this test does not depend on the planner)."""
-    from blackwell_trainer import config as c
+    from blackwell_trainer.plan import config as c
 
     memory = c.MemoryBreakdown(
         parameters=1,
@@ -102,7 +102,7 @@ def a_plan() -> Any:
 
 @pytest.fixture(scope="module")
 def trainer_names() -> set[str]:
-    from blackwell_trainer.metrics import TrainerMetrics
+    from blackwell_trainer.loop.metrics import TrainerMetrics
 
     registry = CollectorRegistry()
     metrics = TrainerMetrics(a_plan(), registry)

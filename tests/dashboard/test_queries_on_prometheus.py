@@ -42,7 +42,7 @@ def api(base: str, path: str, **params: str) -> Any:
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from blackwell_operator.metrics import OperatorMetrics
-    from blackwell_trainer.metrics import TrainerMetrics
+    from blackwell_trainer.loop.metrics import TrainerMetrics
 
     trainer = TrainerMetrics(a_plan(), CollectorRegistry())
     trainer.serve(0)

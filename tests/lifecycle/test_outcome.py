@@ -18,7 +18,7 @@ from blackwell_operator.models.spec import Backend
 from blackwell_operator.models.status import BlackwellTrainingJobStatus, ConditionType, Phase
 from blackwell_operator.planner import plan_job
 from blackwell_operator.render.kinds import JOB_KINDS
-from blackwell_trainer.config import Plan
+from blackwell_trainer.plan.config import Plan
 from tests.support.specs import make_spec
 
 NOW = "2026-12-01T10:00:00Z"
@@ -183,7 +183,7 @@ def test_a_finished_child_s_deletion_is_stamped_with_the_generation_it_is_writte
 )
 def test_the_summary_says_what_the_prediction_rests_on(bases: list[str], words: str) -> None:
     # Issue 39: Planned's message and the Created Event are pasted into capacity requests.
-    from blackwell_trainer.config import Basis, ChoiceProvenance
+    from blackwell_trainer.plan.config import Basis, ChoiceProvenance
 
     provenance = [ChoiceProvenance(choice=f"c{i}", value="v", basis=Basis(b)) for i, b in enumerate(bases)]
     plan = _plan().model_copy(update={"provenance": provenance}, deep=True)

@@ -19,7 +19,7 @@ from blackwell_operator.lifecycle.probe import (
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.models.status import BlackwellTrainingJobStatus, StatusChange
 from blackwell_operator.planner import plan_job
-from blackwell_trainer.config import Plan, ProbeMeasurement, ProbeOutcome, ProbeResult
+from blackwell_trainer.plan.config import Plan, ProbeMeasurement, ProbeOutcome, ProbeResult
 from tests.support.specs import make_spec
 
 NOW = "2026-12-01T10:00:00Z"

@@ -14,7 +14,7 @@ from blackwell_operator.lifecycle.progress import as_status, finished, progress_
 from blackwell_operator.lifecycle.status_patch import status_patch
 from blackwell_operator.lifecycle.writers import MEASURE_LOOP
 from blackwell_operator.models.status import JobProgress
-from blackwell_trainer.config import ClusterCorrection
+from blackwell_trainer.plan.config import ClusterCorrection
 from tests.support.manifests import btj
 from tests.support.pods import container, pod, pod_status
 from tests.support.specs import make_spec
@@ -175,7 +175,7 @@ def test_warm_up_and_jobs_not_running_teach_nothing() -> None:
 def test_a_probed_job_teaches_as_its_winner_once_the_operator_knows_it() -> None:
     from blackwell_operator.models.spec import BlackwellTrainingJobSpec
     from blackwell_operator.planner import plan_job
-    from blackwell_trainer.config import Plan, ProbeResult
+    from blackwell_trainer.plan.config import Plan, ProbeResult
 
     raw = make_spec(nodes=2, seq=4096).model_dump(by_alias=True, mode="json")
     raw["training"]["steps"] = 20_000

@@ -37,7 +37,7 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
         btj("volume-name-map", volumes=[{"name": {"a": 1}, "claimName": "c", "mountPath": "/x"}]),
         "spec.volumes[0].name",
     ),
-    # The operator's own variables and the trainer's checks (blackwell_trainer.env_vars, issue 36).
+    # The operator's own variables and the trainer's checks (blackwell_trainer.plan.env_vars, issue 36).
     "env-operators-variable": (
         btj("env-operators-variable", env=[{"name": "PYTORCH_CUDA_ALLOC_CONF", "value": "x"}]),
         "spec.env[0].name",

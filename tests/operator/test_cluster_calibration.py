@@ -29,8 +29,8 @@ from blackwell_operator.handlers import cluster_calibration as store
 from blackwell_operator.handlers.api import ApiError, KubeApi
 from blackwell_operator.handlers.measure import INTERVAL_ENV
 from blackwell_operator.testing.kubeconfig import write_kubeconfig
-from blackwell_trainer.config import ActivationCheckpointing, PrecisionRecipe
-from blackwell_trainer.metrics import TrainerMetrics
+from blackwell_trainer.loop.metrics import TrainerMetrics
+from blackwell_trainer.plan.config import ActivationCheckpointing, PrecisionRecipe
 from tests.operator.harness import NAMESPACE, Cluster, btj, from_operator, running_operator, verb_of, wait_for
 from tests.ports import free_port
 from tests.support.helm import NAMESPACE as RELEASE_NAMESPACE

@@ -1,7 +1,7 @@
 """status.measured: the operator reads a running trainer pod's /metrics (real HTTP) beside the plan.
 
 Pure tests of lifecycle.measure and the status change, then the real operator under KopfRunner
-scraping the trainer's own metrics exporter (blackwell_trainer.metrics) over HTTP.
+scraping the trainer's own metrics exporter (blackwell_trainer.loop.metrics) over HTTP.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from blackwell_operator.lifecycle.measured import measured_changes
 from blackwell_operator.lifecycle.ownership import Lineage
 from blackwell_operator.lifecycle.status_patch import status_patch
 from blackwell_operator.lifecycle.writers import MEASURE_LOOP
-from blackwell_trainer.metrics import TrainerMetrics
+from blackwell_trainer.loop.metrics import TrainerMetrics
 from tests.operator.harness import Cluster, btj, running_operator, wait_for
 from tests.support.plans import tiny_plan
 from tests.support.pods import container, job_condition, pod, pod_status

@@ -19,7 +19,7 @@ from blackwell_operator.render.environment import PLAN_FILE
 from blackwell_operator.render.labels import PLAN_HASH_ANNOTATION
 from blackwell_operator.render.pod import plan_config_map_name
 from blackwell_trainer import probe as trainer_probe
-from blackwell_trainer.config import Plan, ProbeMeasurement, ProbeOutcome, ProbeResult
+from blackwell_trainer.plan.config import Plan, ProbeMeasurement, ProbeOutcome, ProbeResult
 from tests.operator.harness import NAMESPACE, Cluster, btj, from_operator, running_operator, wait_for
 from tests.support.helm import NAMESPACE as HOME
 from tests.support.pods import T2, container, pod, pod_status, terminated

@@ -18,7 +18,7 @@ from blackwell_operator.models.status import PLAN_HISTORY_LIMIT
 from blackwell_operator.planner.correction import family_key
 from blackwell_operator.testing.emulator import HYPERPOD_RESOURCE, PYTORCHJOB_RESOURCE, TRAINJOB_RESOURCE
 from blackwell_operator.units import GIB
-from blackwell_trainer.config import PERMANENT_ERROR_PREFIX, Candidate, OomPhase, OomResult, Plan
+from blackwell_trainer.plan.config import PERMANENT_ERROR_PREFIX, Candidate, OomPhase, OomResult, Plan
 from tests.operator.harness import Cluster, btj, running_operator, wait_for
 from tests.operator.test_trainjob_lifecycle import node_job, trainer_pod
 from tests.ports import free_port

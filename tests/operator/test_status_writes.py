@@ -44,7 +44,7 @@ from blackwell_operator.models.status import (
     WorkerFailure,
 )
 from blackwell_operator.planner import plan_job
-from blackwell_trainer.config import Plan
+from blackwell_trainer.plan.config import Plan
 from tests.operator.harness import Cluster, btj, running_operator, wait_for
 from tests.operator.test_replan import oom_message
 from tests.support.pods import T1, container, pod, pod_status, terminated, verified

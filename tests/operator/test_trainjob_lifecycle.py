@@ -9,7 +9,7 @@ import pytest
 from blackwell_operator.lifecycle.measure import metrics_endpoint
 from blackwell_operator.render.labels import own_labels
 from blackwell_operator.testing.emulator import TRAINING_RUNTIME_RESOURCE, TRAINJOB_RESOURCE
-from blackwell_trainer.config import PERMANENT_ERROR_PREFIX
+from blackwell_trainer.plan.config import PERMANENT_ERROR_PREFIX
 from tests.operator.harness import NAMESPACE, TRAINJOBS, Cluster, btj, running_operator, wait_for
 from tests.support.pods import T1, T2, container, pod_status, terminated
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from blackwell_trainer.config import Plan
+from blackwell_trainer.plan.config import Plan
 from tests.operator.harness import Cluster, btj, running_operator, wait_for
 
 pytestmark = pytest.mark.integration

@@ -9,7 +9,7 @@ import yaml
 from pydantic import ValidationError
 
 from blackwell_operator.calibration import Calibration, list_calibrations, load_calibration
-from blackwell_trainer.config import ActivationCheckpointing, Precision, PrecisionRecipe
+from blackwell_trainer.plan.config import ActivationCheckpointing, Precision, PrecisionRecipe
 
 
 def test_shipped_calibrations() -> None:

@@ -20,7 +20,7 @@ from blackwell_operator.calibration.cluster import (
     implausible,
 )
 from blackwell_operator.planner import plan_job
-from blackwell_trainer.config import ActivationCheckpointing, PrecisionRecipe
+from blackwell_trainer.plan.config import ActivationCheckpointing, PrecisionRecipe
 from tests.support.specs import make_spec
 
 B200 = "ml.p6-b200.48xlarge"

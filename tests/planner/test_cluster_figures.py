@@ -13,7 +13,7 @@ from blackwell_operator.planner.cluster_figures import (
     figures_of,
 )
 from blackwell_operator.planner.throughput import TimeEstimate
-from blackwell_trainer.config import ActivationCheckpointing, ClusterCorrection, PrecisionRecipe
+from blackwell_trainer.plan.config import ActivationCheckpointing, ClusterCorrection, PrecisionRecipe
 from tests.support.specs import make_spec
 
 B200 = "ml.p6-b200.48xlarge"

@@ -20,7 +20,7 @@ from blackwell_operator.planner.correction import (
     overshoot_bytes,
 )
 from blackwell_operator.units import GIB
-from blackwell_trainer.config import OomPhase, OomResult, Plan
+from blackwell_trainer.plan.config import OomPhase, OomResult, Plan
 
 
 def _spec(**tuning: Any) -> BlackwellTrainingJobSpec:

@@ -9,7 +9,7 @@ from blackwell_operator.calibration import load_calibration
 from blackwell_operator.errors import PlanningError
 from blackwell_operator.planner import plan_job
 from blackwell_operator.planner.throughput import estimate_time
-from blackwell_trainer.config import Basis, DatasetConfig, DatasetKind
+from blackwell_trainer.plan.config import Basis, DatasetConfig, DatasetKind
 from tests.support.specs import hardware, layout, make_spec, setting, shapes
 
 

@@ -12,8 +12,8 @@ from blackwell_operator.planner.memory import (
     loss_bytes,
 )
 from blackwell_operator.units import GIB
-from blackwell_trainer.config import ActivationCheckpointing as AC
-from blackwell_trainer.config import PrecisionRecipe
+from blackwell_trainer.plan.config import ActivationCheckpointing as AC
+from blackwell_trainer.plan.config import PrecisionRecipe
 from tests.support.specs import fsdp_on_one_gpu, hardware, layout, setting, shapes
 
 BTJ = load_calibration("btj-trainer")
@@ -183,7 +183,7 @@ def test_torchao_float8_keeps_saved_linear_inputs_in_fp8() -> None:
 
 
 def test_one_roomy_gpu_keeps_every_blocks_bf16_weights_as_the_trainer_does() -> None:
-    from blackwell_trainer.config import keeps_gathered_weights
+    from blackwell_trainer.plan.config import keeps_gathered_weights
 
     one = hardware("ml.p5en.48xlarge", gpus_per_node=1)
     st = setting(mbs=1)

@@ -13,7 +13,7 @@ from blackwell_operator.errors import PlanningError, SpecError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner import evaluate, plan_job
 from blackwell_operator.units import GIB
-from blackwell_trainer.config import ActivationCheckpointing, Plan, Precision, Sharding
+from blackwell_trainer.plan.config import ActivationCheckpointing, Plan, Precision, Sharding
 from tests.support.specs import make_spec
 
 

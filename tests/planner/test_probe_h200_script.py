@@ -12,7 +12,7 @@ import benchmarks.probe_h200 as script
 import benchmarks.trainer_process as trainer_process
 import pytest
 
-from blackwell_trainer.config import Plan, ProbeMeasurement, ProbeOutcome, ProbeResult
+from blackwell_trainer.plan.config import Plan, ProbeMeasurement, ProbeOutcome, ProbeResult
 
 
 def recorder(launched: list[tuple[str, str]], saved: list[int]) -> Any:

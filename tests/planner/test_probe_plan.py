@@ -12,7 +12,7 @@ from blackwell_operator.calibration.cluster import MIN_RUNS, ClusterCalibration,
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner import plan_job
 from blackwell_operator.planner.probe import FIT_MARGIN, PROBE_BUDGET_CAP, PROBE_SHARE, PROBE_WITHIN
-from blackwell_trainer.config import Plan, ProbeMeasurement, ProbeOutcome, ProbePolicy
+from blackwell_trainer.plan.config import Plan, ProbeMeasurement, ProbeOutcome, ProbePolicy
 from tests.support.specs import make_spec
 
 

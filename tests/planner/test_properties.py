@@ -13,7 +13,7 @@ from blackwell_operator.planner.candidates import Pins, families
 from blackwell_operator.planner.layout import Hardware, Layout
 from blackwell_operator.planner.memory import estimate_memory
 from blackwell_operator.planner.search import Problem, largest_fitting
-from blackwell_trainer.config import Plan
+from blackwell_trainer.plan.config import Plan
 from tests.support.specs import hardware, make_spec, setting, shapes
 
 BTJ = load_calibration("btj-trainer")

@@ -14,7 +14,7 @@ from blackwell_operator.catalogs import get_instance, list_instances, list_prese
 from blackwell_operator.errors import SpecError
 from blackwell_operator.planner import plan_job
 from blackwell_operator.planner.provenance import recipe_ran, verdict
-from blackwell_trainer.config import Basis, Plan, Precision
+from blackwell_trainer.plan.config import Basis, Plan, Precision
 from tests.support.specs import make_spec
 
 ROOT = Path(__file__).resolve().parents[2]

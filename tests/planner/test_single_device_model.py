@@ -15,7 +15,7 @@ from blackwell_operator.calibration import load_calibration
 from blackwell_operator.catalogs import get_preset
 from blackwell_operator.planner.memory import estimate_memory
 from blackwell_operator.planner.throughput import estimate_time
-from blackwell_trainer.config import Candidate
+from blackwell_trainer.plan.config import Candidate
 from tests.support.specs import fsdp_on_one_gpu, hardware, layout, setting, shapes
 
 BTJ = load_calibration("btj-trainer")

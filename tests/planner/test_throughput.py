@@ -8,7 +8,7 @@ from blackwell_operator.calibrate.fit import with_constants
 from blackwell_operator.calibration import load_calibration
 from blackwell_operator.catalogs import get_gpu
 from blackwell_operator.planner.throughput import estimate_time, linear_time
-from blackwell_trainer.config import PrecisionRecipe
+from blackwell_trainer.plan.config import PrecisionRecipe
 from tests.support.specs import fsdp_on_one_gpu, hardware, layout, setting, shapes
 
 BTJ = load_calibration("btj-trainer")

@@ -13,7 +13,7 @@ import pytest
 from blackwell_operator.calibrate.importers import from_trainer_h200
 from blackwell_operator.calibrate.predict import Comparison, compare_all
 from blackwell_operator.calibration import load_calibration
-from blackwell_trainer.config import PrecisionRecipe
+from blackwell_trainer.plan.config import PrecisionRecipe
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 BTJ = load_calibration("btj-trainer")

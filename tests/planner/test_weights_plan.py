@@ -15,7 +15,7 @@ from blackwell_operator.planner.weights import (
     VOLUME_BYTES_PER_SECOND,
     largest_tensor_elements,
 )
-from blackwell_trainer.config import EXPORT_FILE_BYTES, NODE_DISK_KEEP_FREE_FRACTION, Plan, WeightsSource
+from blackwell_trainer.plan.config import EXPORT_FILE_BYTES, NODE_DISK_KEEP_FREE_FRACTION, Plan, WeightsSource
 
 FSX = {"name": "fsx", "claimName": "fsx-claim", "mountPath": "/fsx"}
 LLAMA_8B = get_preset("llama3.1-8b")

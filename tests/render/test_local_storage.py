@@ -26,7 +26,12 @@ from blackwell_operator.planner.local_disk import (
 )
 from blackwell_operator.render.pod import EPHEMERAL_STORAGE, resources
 from blackwell_operator.units import GIB
-from blackwell_trainer.config import CACHE_MAX_BYTES_ENV, NODE_DISK_KEEP_FREE_FRACTION, LocalStorage, Plan
+from blackwell_trainer.plan.config import (
+    CACHE_MAX_BYTES_ENV,
+    NODE_DISK_KEEP_FREE_FRACTION,
+    LocalStorage,
+    Plan,
+)
 from tests.render.test_pod_security import BACKENDS, example_specs, rendered_pods
 from tests.support.golden_plans import CASES as GOLDEN_CASES
 from tests.support.plans import plan_for

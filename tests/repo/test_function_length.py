@@ -19,7 +19,7 @@ LIMIT = 60
 HELD = [
     "operator/src/blackwell_operator/handlers",
     "trainer_image/src/blackwell_trainer/train.py",
-    "trainer_image/src/blackwell_trainer/trainer.py",
+    "trainer_image/src/blackwell_trainer/loop/trainer.py",
 ]
 
 

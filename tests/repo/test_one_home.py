@@ -1,5 +1,5 @@
 """One home each: job kinds in render.kinds, byte units in units.py, node labels in nodelabels.py, RFC 3339
-in timefmt.py, the trainer's metric names in blackwell_trainer.metric_names, the app.kubernetes.io label
+in timefmt.py, the trainer's metric names in blackwell_trainer.plan.metric_names, the app.kubernetes.io label
 keys and the managed-by value in applabels.py, the cluster correction's factors in planner.cluster_figures.
 Static, over the packages' sources: a module elsewhere that spells one of them fails here.
 
@@ -49,10 +49,11 @@ FACTOR_NAMES = {"tokens_factor", "memory_factor"}
 FACTOR_HOMES = {"planner/cluster_figures.py", "calibration/cluster.py"}
 RFC3339_CALLS = {"fromisoformat", "isoformat"}
 # A metric the trainer exports, spelled out: the exporter and the operator's measure loop take the names from
-# blackwell_trainer.metric_names. The tests spell them on purpose: they pin the names on the wire (the
+# blackwell_trainer.plan.metric_names. The tests spell them on purpose: they pin the names on the wire (the
 # dashboard, the alert rules and users' queries spell them too), so a renamed metric fails a test.
 TRAINER_METRIC = re.compile(r"\bbtj_trainer_")
-METRIC_NAMES_HOME = "metric_names.py"
+METRIC_NAMES_HOME = "plan/metric_names.py"
+TRAINER_UNITS_HOME = "plan/units.py"
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -113,7 +114,7 @@ def spellings(source: str, home: str, *, units_home: str, metric_names_home: str
         assert isinstance(text, str)
         if home != metric_names_home and TRAINER_METRIC.search(text):
             found.append(
-                f"{home}:{node.lineno}: trainer metric {text!r} (use blackwell_trainer.metric_names)"
+                f"{home}:{node.lineno}: trainer metric {text!r} (use blackwell_trainer.plan.metric_names)"
             )
         if home not in KIND_HOMES | {"render/kinds.py"} and (JOB_API.search(text) or text in KIND_NAMES):
             found.append(f"{home}:{node.lineno}: job kind {text!r} (use render.kinds)")
@@ -149,7 +150,12 @@ def spellings(source: str, home: str, *, units_home: str, metric_names_home: str
 
 
 def _package_findings(
-    package: Path, *, check_kinds: bool, check_metric_names: bool, metric_names_home: str | None = None
+    package: Path,
+    *,
+    check_kinds: bool,
+    check_metric_names: bool,
+    metric_names_home: str | None = None,
+    units_home: str = "units.py",
 ) -> list[str]:
     found = []
     for path in sorted(package.rglob("*.py")):
@@ -157,11 +163,11 @@ def _package_findings(
         found += [
             line
             for line in spellings(
-                path.read_text(), home, units_home="units.py", metric_names_home=metric_names_home
+                path.read_text(), home, units_home=units_home, metric_names_home=metric_names_home
             )
-            if (check_kinds and "(use units.py)" not in line and "metric_names)" not in line)
-            or "(use units.py)" in line
-            or (check_metric_names and "(use blackwell_trainer.metric_names)" in line)
+            if (check_kinds and f"(use {units_home})" not in line and "metric_names)" not in line)
+            or f"(use {units_home})" in line
+            or (check_metric_names and "(use blackwell_trainer.plan.metric_names)" in line)
         ]
     return found
 
@@ -173,7 +179,11 @@ def test_the_operator_spells_each_in_its_one_home() -> None:
 
 def test_the_trainer_has_one_home_for_byte_units_and_metric_names() -> None:
     found = _package_findings(
-        TRAINER, check_kinds=False, check_metric_names=True, metric_names_home=METRIC_NAMES_HOME
+        TRAINER,
+        check_kinds=False,
+        check_metric_names=True,
+        metric_names_home=METRIC_NAMES_HOME,
+        units_home=TRAINER_UNITS_HOME,
     )
     assert not found, "\n".join(found)
 

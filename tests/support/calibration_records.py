@@ -10,7 +10,7 @@ from blackwell_operator.calibrate.records import CalibrationRecord, RecordStatus
 from blackwell_operator.calibration import Calibration
 from blackwell_operator.catalogs import resolve_model
 from blackwell_operator.models.spec import ModelSpec
-from blackwell_trainer.config import (
+from blackwell_trainer.plan.config import (
     ActivationCheckpointing,
     Candidate,
     Precision,

@@ -8,8 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from blackwell_trainer.config import Architecture, architecture_from_hf_config
-from blackwell_trainer.model import Transformer, build_model
+from blackwell_trainer.model.transformer import Transformer, build_model
+from blackwell_trainer.plan.config import Architecture, architecture_from_hf_config
 
 # Sequence length of the comparisons; the Llama 3.1 case scales RoPE from an original context of 64.
 SEQ = 48

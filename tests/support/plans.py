@@ -6,7 +6,7 @@ from typing import Any
 
 from blackwell_operator.models import BlackwellTrainingJobSpec
 from blackwell_operator.planner import plan_job
-from blackwell_trainer.config import Plan
+from blackwell_trainer.plan.config import Plan
 
 
 def plan_for(spec: BlackwellTrainingJobSpec, job_name: str = "btj") -> Plan:

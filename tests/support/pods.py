@@ -8,7 +8,7 @@ from typing import Any
 
 from blackwell_operator.lifecycle.ownership import Lineage
 from blackwell_operator.render.labels import own_labels
-from blackwell_trainer.config import PERMANENT_ERROR_PREFIX
+from blackwell_trainer.plan.config import PERMANENT_ERROR_PREFIX
 from tests.support.manifests import NAMESPACE
 
 

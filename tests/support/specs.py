@@ -10,7 +10,7 @@ from blackwell_operator.catalogs import get_gpu, get_instance, get_preset
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner.layout import Hardware, Layout, Setting
 from blackwell_operator.planner.shapes import Shapes
-from blackwell_trainer.config import ActivationCheckpointing, Precision, PrecisionRecipe, Sharding
+from blackwell_trainer.plan.config import ActivationCheckpointing, Precision, PrecisionRecipe, Sharding
 
 
 def make_spec(

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from blackwell_trainer.config import Plan
-from blackwell_trainer.metrics import TrainerMetrics
-from blackwell_trainer.trainer import Trainer
+from blackwell_trainer.loop.metrics import TrainerMetrics
+from blackwell_trainer.loop.trainer import Trainer
+from blackwell_trainer.plan.config import Plan
 from tests.ports import free_port
 from tests.support.plans import tiny_plan
 

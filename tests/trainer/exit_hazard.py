@@ -1,7 +1,7 @@
 """One rank of a 2-rank gloo world that exits while a gloo worker thread waits for the GIL.
 
 Usage: python -m tests.trainer.exit_hazard RANK PORT MODE CODE FLAG
-MODE `trainer` ends through blackwell_trainer.process_exit, as ``python -m blackwell_trainer`` does;
+MODE `trainer` ends through blackwell_trainer.loop.process_exit, as ``python -m blackwell_trainer`` does;
 MODE `plain` ends with ``SystemExit(CODE)`` and Python's normal finalization.
 
 Rank 0 stages, deterministically, what the trainer met rarely, by chance: its
@@ -39,7 +39,7 @@ def main() -> None:
     rank, port, mode, code, flag = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
     process_exit = None
     if mode == "trainer" and rank == 0:
-        from blackwell_trainer.process_exit import ProcessExit
+        from blackwell_trainer.loop.process_exit import ProcessExit
 
         process_exit = ProcessExit()  # first, as in blackwell_trainer/__main__.py
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)

@@ -6,7 +6,7 @@ from typing import Any
 
 from benchmarks import trainer_ab_h200 as ab
 
-from blackwell_trainer.units import GIB
+from blackwell_trainer.plan.units import GIB
 
 
 def _alloc(addr: int, gib: float, *names: str, filename: str = "x.py") -> dict[str, Any]:
@@ -22,8 +22,8 @@ def test_the_allocator_replay_reports_live_bytes_by_category_at_the_peak() -> No
     trace = [
         _alloc(1, 4, "init_weights"),
         _alloc(2, 8, "_init_group"),
-        _alloc(3, 2, "forward", filename="blackwell_trainer/model.py"),
-        _alloc(4, 1, "forward", filename="blackwell_trainer/loss.py"),
+        _alloc(3, 2, "forward", filename="blackwell_trainer/model/transformer.py"),
+        _alloc(4, 1, "forward", filename="blackwell_trainer/model/loss.py"),
         _free(4, 1),
         _alloc(5, 3, "backward", filename="torch/_functorch/runtime_wrappers.py"),  # the peak: 17 GiB
         _free(3, 2),

@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-import blackwell_trainer.shard_cache as cache_module
-from blackwell_trainer.config import CACHE_MAX_BYTES_ENV
-from blackwell_trainer.data import ShardTokenSource
+import blackwell_trainer.data.shard_cache as cache_module
+from blackwell_trainer.data.tokens import ShardTokenSource
 from blackwell_trainer.errors import DataError
-from blackwell_trainer.shard_manifest import COMPANION_SUFFIXES
+from blackwell_trainer.plan.config import CACHE_MAX_BYTES_ENV
+from blackwell_trainer.plan.shard_manifest import COMPANION_SUFFIXES
 from tests.trainer.test_data import s3_endpoint, shards, used_at
 
 __all__ = ["s3_endpoint"]  # the fixture, shared with test_data

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from blackwell_trainer.chat_data import ChatFormat, assistant_mask, conversation
-from blackwell_trainer.chat_template import ChatTemplateError, Message, load_chat_template
-from blackwell_trainer.prepare import Options, PrepareError, prepare
-from blackwell_trainer.shard_manifest import (
+from blackwell_trainer.data.chat import ChatFormat, assistant_mask, conversation
+from blackwell_trainer.data.chat_template import ChatTemplateError, Message, load_chat_template
+from blackwell_trainer.data.text_inputs import InputError
+from blackwell_trainer.plan.shard_manifest import (
     DOCS_SUFFIX,
     MANIFEST_NAME,
     MASK_SUFFIX,
@@ -21,7 +21,7 @@ from blackwell_trainer.shard_manifest import (
     check_manifest,
     companion,
 )
-from blackwell_trainer.text_inputs import InputError
+from blackwell_trainer.prepare import Options, PrepareError, prepare
 from tests.support.chat_data import CONVERSATIONS, save_chat_checkpoint, write_conversations
 
 STYLES = ["llama3", "qwen25", "mistral"]

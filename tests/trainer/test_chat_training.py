@@ -13,11 +13,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from blackwell_trainer.config import Plan
+from blackwell_trainer.loop.trainer import Trainer
+from blackwell_trainer.parallel.runtime import Runtime, free_port, init_distributed
+from blackwell_trainer.plan.config import Plan
 from blackwell_trainer.prepare import Options, prepare
-from blackwell_trainer.runtime import Runtime, free_port, init_distributed
 from blackwell_trainer.train import _token_source
-from blackwell_trainer.trainer import Trainer
 from tests.support.chat_data import CONVERSATIONS, save_chat_checkpoint, write_conversations
 from tests.support.plans import tiny_plan_dict
 

@@ -12,8 +12,14 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
-from blackwell_trainer.checkpoint import MARKER, Checkpointer, CheckpointError, SaveFailed, list_complete
-from blackwell_trainer.config import CheckpointConfig
+from blackwell_trainer.checkpoint.store import (
+    MARKER,
+    Checkpointer,
+    CheckpointError,
+    SaveFailed,
+    list_complete,
+)
+from blackwell_trainer.plan.config import CheckpointConfig
 
 # Single-process on purpose: DCP then warns that torch.distributed is uninitialised.
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")

@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 from torch.distributed.checkpoint.api import CheckpointException
 
-import blackwell_trainer.checkpoint as checkpoint_module
-from blackwell_trainer.checkpoint import list_complete
-from blackwell_trainer.checkpoint_manager import MAX_FAILED_SAVES_IN_A_ROW
-from blackwell_trainer.config import PERMANENT_ERROR_PREFIX, Plan
-from blackwell_trainer.preemption import PreemptionGuard
+import blackwell_trainer.checkpoint.store as checkpoint_module
+from blackwell_trainer.checkpoint.manager import MAX_FAILED_SAVES_IN_A_ROW
+from blackwell_trainer.checkpoint.store import list_complete
+from blackwell_trainer.loop.preemption import PreemptionGuard
+from blackwell_trainer.loop.trainer import Trainer
+from blackwell_trainer.plan.config import PERMANENT_ERROR_PREFIX, Plan
 from blackwell_trainer.train import main
-from blackwell_trainer.trainer import Trainer
 from tests.ports import free_port
 from tests.support.plans import tiny_plan_dict
 
@@ -180,8 +180,8 @@ def _two_rank_saves(rank: int, init: str, root: str) -> None:
     import torch.distributed as dist
     from torch import nn
 
-    from blackwell_trainer.checkpoint import Checkpointer, SaveFailed
-    from blackwell_trainer.config import CheckpointConfig
+    from blackwell_trainer.checkpoint.store import Checkpointer, SaveFailed
+    from blackwell_trainer.plan.config import CheckpointConfig
 
     # A short timeout: a rank left waiting in a barrier fails the test instead of hanging it.
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2, timeout=timedelta(seconds=60))

@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from blackwell_trainer.checkpoint import list_complete
-from blackwell_trainer.checkpoint_manager import CheckpointManager
-from blackwell_trainer.checkpoint_owner import Owner
-from blackwell_trainer.config import CheckpointConfig, JobIdentity
+from blackwell_trainer.checkpoint.manager import CheckpointManager
+from blackwell_trainer.checkpoint.owner import Owner
+from blackwell_trainer.checkpoint.store import list_complete
+from blackwell_trainer.plan.config import CheckpointConfig, JobIdentity
 from tests.trainer.test_checkpoint import make, params, train_step
 
 # Single-process on purpose: DCP then warns that torch.distributed is uninitialised.

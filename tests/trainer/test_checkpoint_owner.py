@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import torch
 
-from blackwell_trainer.checkpoint import MARKER, Checkpointer, ForeignCheckpoint, list_complete
-from blackwell_trainer.checkpoint_owner import Owner, judge
-from blackwell_trainer.config import JOB_FILE, PERMANENT_ERROR_PREFIX, CheckpointConfig, JobIdentity
+from blackwell_trainer.checkpoint.owner import Owner, judge
+from blackwell_trainer.checkpoint.store import MARKER, Checkpointer, ForeignCheckpoint, list_complete
+from blackwell_trainer.plan.config import JOB_FILE, PERMANENT_ERROR_PREFIX, CheckpointConfig, JobIdentity
 
 from .test_checkpoint import make, params, train_step
 from .test_checkpoint_resume import error_lines, train, write_plan

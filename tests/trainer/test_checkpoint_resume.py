@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from blackwell_trainer.checkpoint import MARKER, list_complete
-from blackwell_trainer.config import PERMANENT_ERROR_PREFIX, Plan
+from blackwell_trainer.checkpoint.store import MARKER, list_complete
+from blackwell_trainer.plan.config import PERMANENT_ERROR_PREFIX, Plan
 from blackwell_trainer.train import main
 from tests.ports import free_port
 from tests.support.plans import tiny_plan_dict

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from blackwell_trainer.checkpoint import MARKER, Checkpointer, NoUsableCheckpoint, list_complete
-from blackwell_trainer.config import CheckpointConfig
+from blackwell_trainer.checkpoint.store import MARKER, Checkpointer, NoUsableCheckpoint, list_complete
+from blackwell_trainer.plan.config import CheckpointConfig
 
 from .conftest import spawn_two_ranks
 from .test_checkpoint import make, params, train_step
@@ -209,7 +209,7 @@ def test_a_damaged_checkpoint_from_before_checksums_is_skipped_not_resumed_into_
 
 
 def test_non_finite_tensor_names_the_first_nan_or_inf_in_a_nested_state() -> None:
-    from blackwell_trainer.checkpoint import non_finite_tensor
+    from blackwell_trainer.checkpoint.store import non_finite_tensor
 
     fine = {"model": {"w": torch.ones(3)}, "optimizer": {"state": {0: {"step": torch.tensor(3)}}}}
     assert non_finite_tensor(fine) is None

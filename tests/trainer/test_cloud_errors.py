@@ -18,7 +18,7 @@ import pytest
 
 from blackwell_operator.lifecycle.failures import is_permanent
 from blackwell_trainer.cloud_errors import PermanentCloudError
-from blackwell_trainer.config import DatasetConfig
+from blackwell_trainer.plan.config import DatasetConfig
 
 from .test_train_e2e import edit_plan, run_one_process, write_plan
 
@@ -89,7 +89,7 @@ READ = {"Action": "s3:GetObject", "Resource": f"arn:aws:s3:::{BUCKET}/*"}
 
 
 def _list_shards(uri: str) -> Any:
-    from blackwell_trainer.data import list_shards
+    from blackwell_trainer.data.tokens import list_shards
 
     return list_shards(DatasetConfig(kind="shards", uri=uri, tokenDtype="uint32"))
 
@@ -145,7 +145,7 @@ def test_a_server_error_stays_retryable() -> None:
 
 def test_an_export_without_delete_permission_is_permanent(s3: S3, tmp_path: Path) -> None:
     """The export removes an earlier export's files it did not write: that needs s3:DeleteObject."""
-    from blackwell_trainer.weights_export import S3Destination
+    from blackwell_trainer.weights.export import S3Destination
 
     s3.admin.put_object(Bucket=BUCKET, Key="out/model-00001-of-00002.safetensors", Body=b"old")
     s3.run_as(LIST, READ, {"Action": "s3:PutObject", "Resource": f"arn:aws:s3:::{BUCKET}/*"})
@@ -158,7 +158,7 @@ def test_an_export_without_delete_permission_is_permanent(s3: S3, tmp_path: Path
 
 
 def test_an_export_without_put_permission_is_permanent(s3: S3, tmp_path: Path) -> None:
-    from blackwell_trainer.weights_export import S3Destination
+    from blackwell_trainer.weights.export import S3Destination
 
     s3.run_as(LIST, READ)
     destination = S3Destination(f"s3://{BUCKET}/out", tmp_path / "staging")

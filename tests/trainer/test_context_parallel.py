@@ -15,8 +15,10 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from blackwell_trainer.config import Architecture, Candidate
-from blackwell_trainer.context_parallel import (
+from blackwell_trainer.loop.trainer import Trainer
+from blackwell_trainer.model.loss import IGNORE_INDEX
+from blackwell_trainer.model.transformer import Attention, build_model
+from blackwell_trainer.parallel.context_parallel import (
     ContextParallel,
     chunk_order,
     data_parallel_rank,
@@ -25,12 +27,10 @@ from blackwell_trainer.context_parallel import (
     merge_sequence,
     split_sequence,
 )
-from blackwell_trainer.loss import IGNORE_INDEX
-from blackwell_trainer.model import Attention, build_model
-from blackwell_trainer.parallelize import ParallelismError, build_mesh, parallelize, validate_layout
-from blackwell_trainer.runtime import Runtime
+from blackwell_trainer.parallel.parallelize import ParallelismError, build_mesh, parallelize, validate_layout
+from blackwell_trainer.parallel.runtime import Runtime
+from blackwell_trainer.plan.config import Architecture, Candidate
 from blackwell_trainer.train import _token_source
-from blackwell_trainer.trainer import Trainer
 from tests.ports import free_port
 from tests.support.plans import tiny_plan
 

@@ -14,9 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-import blackwell_trainer.shard_cache as cache_module
-from blackwell_trainer.config import DatasetConfig, DatasetKind
-from blackwell_trainer.data import (
+import blackwell_trainer.data.shard_cache as cache_module
+from blackwell_trainer.data.tokens import (
     MAX_OPEN_SHARDS,
     DataError,
     DataLayout,
@@ -24,6 +23,7 @@ from blackwell_trainer.data import (
     TokenSource,
     build_token_source,
 )
+from blackwell_trainer.plan.config import DatasetConfig, DatasetKind
 
 SEQ = 8
 VOCAB = 1000

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from blackwell_trainer.shard_manifest import too_little_data, windows
+from blackwell_trainer.plan.shard_manifest import too_little_data, windows
 
 
 def advice(tokens: list[int], seq: int, dp: int, mbs: int, ga: int = 1) -> str:

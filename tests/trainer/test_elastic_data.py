@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from blackwell_trainer.config import DatasetConfig, DatasetKind
-from blackwell_trainer.data import DataError, DataLayout, TokenSource, build_token_source, check_resume
-from blackwell_trainer.sample_ledger import SampleLedger
+from blackwell_trainer.data.tokens import DataError, DataLayout, TokenSource, build_token_source, check_resume
+from blackwell_trainer.loop.sample_ledger import SampleLedger
+from blackwell_trainer.plan.config import DatasetConfig, DatasetKind
 
 SEQ = 8
 VOCAB = 1000

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from blackwell_trainer.sample_ledger import LEDGER_ENV
+from blackwell_trainer.loop.sample_ledger import LEDGER_ENV
 from tests.ports import free_port
 
 from .test_checkpoint_resume import error_lines, train

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from blackwell_trainer.data import DataLayout, Shard, ShardTokenSource
-from blackwell_trainer.metrics import TrainerMetrics
-from blackwell_trainer.process_exit import exit_status
+from blackwell_trainer.data.tokens import DataLayout, Shard, ShardTokenSource
+from blackwell_trainer.loop.metrics import TrainerMetrics
+from blackwell_trainer.loop.process_exit import exit_status
 from blackwell_trainer.train import main
 from tests.ports import free_port
 
@@ -32,7 +32,7 @@ TERMINATE = "terminate called without an active exception"
 
 def exit_with(body: str) -> subprocess.CompletedProcess[str]:
     """Run `body` in a fresh Python after ``process_exit = ProcessExit()``, as __main__ starts."""
-    script = "from blackwell_trainer.process_exit import ProcessExit\nprocess_exit = ProcessExit()\n"
+    script = "from blackwell_trainer.loop.process_exit import ProcessExit\nprocess_exit = ProcessExit()\n"
     return subprocess.run(
         [sys.executable, "-c", script + textwrap.dedent(body)],
         capture_output=True,

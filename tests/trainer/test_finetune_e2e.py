@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from blackwell_trainer.config import Plan
+from blackwell_trainer.plan.config import Plan
+from blackwell_trainer.plan.shard_manifest import ShardManifest, tokenizer_sha256
 from blackwell_trainer.prepare import Options, prepare
-from blackwell_trainer.shard_manifest import ShardManifest, tokenizer_sha256
-from blackwell_trainer.weights_load import check_data_tokenizer
+from blackwell_trainer.weights.load import check_data_tokenizer
 from tests.support.hf_models import (
     ATOL,
     RTOL,
@@ -211,7 +211,7 @@ def test_shards_of_another_tokenizer_are_one_permanent_error_before_the_load(
 def test_the_tokenizer_check_passes_the_checkpoints_own_and_says_what_it_cannot_check(
     prepared: Prepared, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="blackwell_trainer.weights_load")
+    caplog.set_level(logging.INFO, logger="blackwell_trainer.weights.load")
     uri = str(prepared.shards)
     check_data_tokenizer(str(prepared.checkpoint), uri, prepared.manifest)
     assert f"was prepared with weights.uri {prepared.checkpoint}'s tokenizer.json" in caplog.text

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from blackwell_trainer.model import RMSNorm, rope_tables
-from blackwell_trainer.weights_load import load_pretrained
+from blackwell_trainer.model.transformer import RMSNorm, rope_tables
+from blackwell_trainer.weights.load import load_pretrained
 from tests.support.hf_models import (
     ATOL,
     FAMILIES,

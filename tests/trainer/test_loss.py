@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from blackwell_trainer.config import Architecture
-from blackwell_trainer.loss import IGNORE_INDEX, chunked_cross_entropy
-from blackwell_trainer.model import build_model
+from blackwell_trainer.model.loss import IGNORE_INDEX, chunked_cross_entropy
+from blackwell_trainer.model.transformer import build_model
+from blackwell_trainer.plan.config import Architecture
 
 
 def _reference(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -10,9 +10,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from blackwell_trainer import metric_names
-from blackwell_trainer.config import Plan
-from blackwell_trainer.metrics import TrainerMetrics
+from blackwell_trainer.loop.metrics import TrainerMetrics
+from blackwell_trainer.plan import metric_names
+from blackwell_trainer.plan.config import Plan
 
 # Family name (as the parser reports it: counters without _total) -> type.
 EXPECTED_TYPES = {
@@ -170,7 +170,7 @@ def test_allocator_retries_count_up_from_the_cumulative_value(served: TrainerMet
 
 
 def test_a_full_gpu_is_logged_once_per_new_burst(caplog: pytest.LogCaptureFixture) -> None:
-    from blackwell_trainer.step_report import warn_at_capacity
+    from blackwell_trainer.loop.step_report import warn_at_capacity
 
     with caplog.at_level("WARNING", logger="blackwell_trainer"):
         warned = 0
@@ -192,7 +192,7 @@ def test_the_weights_load_time_is_exported(served: TrainerMetrics) -> None:
 def test_the_bind_address_is_an_option_of_the_pod(plan: Plan, monkeypatch: pytest.MonkeyPatch) -> None:
     """BTJ_METRICS_ADDRESS (spec.env) picks the address /metrics binds; unset, every address of the pod."""
     from blackwell_trainer.errors import PlanError
-    from blackwell_trainer.metrics import METRICS_ADDRESS_ENV, metrics_address
+    from blackwell_trainer.loop.metrics import METRICS_ADDRESS_ENV, metrics_address
 
     monkeypatch.delenv(METRICS_ADDRESS_ENV, raising=False)
     assert metrics_address() == "0.0.0.0"  # today's behaviour: the operator scrapes the pod IP
@@ -222,7 +222,7 @@ def test_idle_connections_hold_a_bounded_number_of_threads(
     import threading
     import time
 
-    from blackwell_trainer import metrics_server
+    from blackwell_trainer.loop import metrics_server
 
     monkeypatch.setattr(metrics_server._Handler, "timeout", 1.0)
     monkeypatch.setenv("LOCAL_RANK", "0")

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from blackwell_trainer.config import Architecture
-from blackwell_trainer.model import apply_rope, build_model, flops_per_token, rope_tables
+from blackwell_trainer.model.transformer import apply_rope, build_model, flops_per_token, rope_tables
+from blackwell_trainer.plan.config import Architecture
 
 TINY = dict(
     hidden_size=64,

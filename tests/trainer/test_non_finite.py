@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import torch
 
-from blackwell_trainer.checkpoint import list_complete
+from blackwell_trainer.checkpoint.store import list_complete
+from blackwell_trainer.loop.trainer import Trainer
 from blackwell_trainer.train import EXIT_NON_FINITE, main
-from blackwell_trainer.trainer import Trainer
 from tests.ports import free_port
 
 from .conftest import REAL_STEP, before_step, join_two_rank_world, spawn_two_ranks

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 import torch
 
-from blackwell_trainer.config import PERMANENT_ERROR_PREFIX, OomPhase, OomResult, Plan
-from blackwell_trainer.metrics import TrainerMetrics
-from blackwell_trainer.oom import parse_message
+from blackwell_trainer.loop.metrics import TrainerMetrics
+from blackwell_trainer.loop.oom import parse_message
+from blackwell_trainer.loop.trainer import Trainer
+from blackwell_trainer.plan.config import PERMANENT_ERROR_PREFIX, OomPhase, OomResult, Plan
+from blackwell_trainer.plan.units import GIB
 from blackwell_trainer.train import main
-from blackwell_trainer.trainer import Trainer
-from blackwell_trainer.units import GIB
 from tests.ports import free_port
 
 from .conftest import REAL_STEP, before_step, join_two_rank_world, spawn_two_ranks

@@ -14,12 +14,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from blackwell_trainer.config import DatasetConfig, DatasetKind
-from blackwell_trainer.data import DataError, DataLayout
-from blackwell_trainer.loss import IGNORE_INDEX
-from blackwell_trainer.packed_data import ChatTokenSource, build_chat_source, pack_rows
+from blackwell_trainer.data.packed import ChatTokenSource, build_chat_source, pack_rows
+from blackwell_trainer.data.tokens import DataError, DataLayout
+from blackwell_trainer.model.loss import IGNORE_INDEX
+from blackwell_trainer.plan.config import DatasetConfig, DatasetKind
+from blackwell_trainer.plan.shard_manifest import MASK_SUFFIX, ShardManifest, companion
 from blackwell_trainer.prepare import Options, prepare
-from blackwell_trainer.shard_manifest import MASK_SUFFIX, ShardManifest, companion
 from tests.support.chat_data import CONVERSATIONS, save_chat_checkpoint, write_conversations
 
 SEQ = 256  # longer than every test conversation: none is cut
@@ -128,7 +128,7 @@ def test_chat_data_without_its_mask_or_as_plain_shards_is_refused(
             (copy / path.name).write_bytes(path.read_bytes())
     with pytest.raises(DataError, match=r"\.mask is missing; copy the whole folder"):
         source_of(copy, manifest)
-    from blackwell_trainer.data import build_token_source
+    from blackwell_trainer.data.tokens import build_token_source
 
     plain = DatasetConfig(kind=DatasetKind.SHARDS, uri=str(data), token_dtype=manifest.token_dtype)
     with pytest.raises(DataError, match=r"holds chat data .*set spec.training.dataset.kind: chat"):

@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from blackwell_trainer.document_mask import build_document_mask, document_attention, document_positions
-from blackwell_trainer.loss import IGNORE_INDEX
-from blackwell_trainer.weights_load import load_pretrained
+from blackwell_trainer.model.document_mask import build_document_mask, document_attention, document_positions
+from blackwell_trainer.model.loss import IGNORE_INDEX
+from blackwell_trainer.weights.load import load_pretrained
 from tests.support.hf_models import ATOL, RTOL, SEQ, architecture_of, empty_trainer_model, save_hf_model
 
 pytest.importorskip("transformers")

@@ -9,9 +9,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.checkpoint import CheckpointPolicy
 
-from blackwell_trainer.config import ActivationCheckpointing, Architecture, Candidate
-from blackwell_trainer.model import Transformer, build_model
-from blackwell_trainer.parallelize import (
+from blackwell_trainer.model.transformer import Transformer, build_model
+from blackwell_trainer.parallel.parallelize import (
     ParallelismError,
     _selective_policy,
     apply_ac,
@@ -20,6 +19,7 @@ from blackwell_trainer.parallelize import (
     parallelize,
     validate_layout,
 )
+from blackwell_trainer.plan.config import ActivationCheckpointing, Architecture, Candidate
 from tests.ports import free_port
 
 ARCH = Architecture(
@@ -148,8 +148,8 @@ def test_fsdp2_model_matches_the_single_device_model(
 
 
 def test_the_plans_gpu_memory_decides_whether_bf16_weights_stay_gathered(world_of_one: None) -> None:
-    from blackwell_trainer.config import KEEP_GATHERED_MEMORY_FRACTION, STATE_BYTES_WITH_COMPUTE_COPY
-    from blackwell_trainer.parallelize import _should_reshard
+    from blackwell_trainer.parallel.parallelize import _should_reshard
+    from blackwell_trainer.plan.config import KEEP_GATHERED_MEMORY_FRACTION, STATE_BYTES_WITH_COMPUTE_COPY
 
     model = build_model(ARCH, max_seq_len=SEQ, loss_chunk_tokens=8)
     mesh = build_mesh(_candidate(), 1, "cpu")

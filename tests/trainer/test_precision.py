@@ -8,8 +8,13 @@ from pathlib import Path
 import pytest
 from torch import nn
 
-from blackwell_trainer.config import Candidate, PrecisionRecipe
-from blackwell_trainer.precision import PrecisionError, apply_precision, check_precision, resolve_backend
+from blackwell_trainer.parallel.precision import (
+    PrecisionError,
+    apply_precision,
+    check_precision,
+    resolve_backend,
+)
+from blackwell_trainer.plan.config import Candidate, PrecisionRecipe
 from blackwell_trainer.train import main
 from tests.support.plans import tiny_plan, tiny_plan_dict
 

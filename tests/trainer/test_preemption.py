@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from blackwell_trainer.preemption import PreemptionGuard
+from blackwell_trainer.loop.preemption import PreemptionGuard
 
 from .test_train_e2e import RUN_TIMEOUT_S, STEP_LINE, write_plan
 
@@ -76,7 +76,7 @@ def test_once_agreed_the_stop_stays(guard: PreemptionGuard, world_of_one: None) 
 
 def test_the_guard_imports_no_torch() -> None:
     # Installed before torch loads (seconds on a loaded node), it must not pull torch in itself.
-    probe = "import sys, blackwell_trainer.preemption; print('torch' in sys.modules)"
+    probe = "import sys, blackwell_trainer.loop.preemption; print('torch' in sys.modules)"
     shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert shown.stdout.strip() == "False"
 

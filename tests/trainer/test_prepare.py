@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from blackwell_trainer.data.text_inputs import InputError
+from blackwell_trainer.plan.shard_manifest import MANIFEST_NAME, ShardManifest
 from blackwell_trainer.prepare import STATE_DIR, Options, PrepareError, main, prepare
-from blackwell_trainer.shard_manifest import MANIFEST_NAME, ShardManifest
-from blackwell_trainer.text_inputs import InputError
 from tests.support.text_data import EOS, make_documents, read_documents, save_tokenizer
 
 KILL_TIMEOUT_S = 60  # safety net for the subprocess; no assertion depends on timing

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from blackwell_trainer import probe
-from blackwell_trainer.config import (
+from blackwell_trainer.plan.config import (
     Plan,
     ProbeMeasurement,
     ProbeOutcome,

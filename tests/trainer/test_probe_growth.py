@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from blackwell_trainer import probe
-from blackwell_trainer.config import Plan, ProbeMeasurement, ProbeOutcome, ProbePlan, ProbeResult
+from blackwell_trainer.plan.config import Plan, ProbeMeasurement, ProbeOutcome, ProbePlan, ProbeResult
 
 from .test_probe import measured, probe_plan_dict, run_two
 

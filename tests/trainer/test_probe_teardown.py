@@ -17,12 +17,12 @@ import torch._dynamo
 import torch.distributed as dist
 
 from blackwell_trainer import probe
-from blackwell_trainer.config import Plan, ProbeOutcome
-from blackwell_trainer.data import Batch
-from blackwell_trainer.runtime import Runtime
-from blackwell_trainer.step_report import StepResult
-from blackwell_trainer.trainer import Trainer
-from blackwell_trainer.tuning import Tuning
+from blackwell_trainer.data.tokens import Batch
+from blackwell_trainer.loop.step_report import StepResult
+from blackwell_trainer.loop.trainer import Trainer
+from blackwell_trainer.parallel.runtime import Runtime
+from blackwell_trainer.plan.config import Plan, ProbeOutcome
+from blackwell_trainer.plan.tuning import Tuning
 from tests.ports import free_port
 from tests.support.plans import tiny_plan_dict
 

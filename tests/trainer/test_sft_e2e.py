@@ -13,10 +13,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from blackwell_trainer.config import DatasetKind, Plan
-from blackwell_trainer.data import DataLayout
-from blackwell_trainer.loss import IGNORE_INDEX
-from blackwell_trainer.packed_data import build_chat_source
+from blackwell_trainer.data.packed import build_chat_source
+from blackwell_trainer.data.tokens import DataLayout
+from blackwell_trainer.model.loss import IGNORE_INDEX
+from blackwell_trainer.plan.config import DatasetKind, Plan
 from blackwell_trainer.prepare import Options, prepare
 from tests.support.chat_data import CONVERSATIONS, save_chat_checkpoint, write_conversations
 from tests.support.hf_models import ATOL, RTOL, architecture_of, hf_logits, save_hf_model, trainer_logits

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from blackwell_trainer.config import DatasetConfig, DatasetKind
-from blackwell_trainer.data import DataError, DataLayout, TokenSource, build_token_source
+from blackwell_trainer.data.tokens import DataError, DataLayout, TokenSource, build_token_source
+from blackwell_trainer.plan.config import DatasetConfig, DatasetKind
+from blackwell_trainer.plan.shard_manifest import MANIFEST_NAME
 from blackwell_trainer.prepare import Options, prepare
-from blackwell_trainer.shard_manifest import MANIFEST_NAME
 from tests.support.text_data import make_documents, save_tokenizer
 
 from .test_data import s3_endpoint

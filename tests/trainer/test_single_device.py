@@ -11,13 +11,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from blackwell_trainer.checkpoint import Checkpointer
-from blackwell_trainer.config import CheckpointConfig, Plan
-from blackwell_trainer.data import Batch
-from blackwell_trainer.optimizer import build_optimizer
-from blackwell_trainer.runtime import Runtime
-from blackwell_trainer.trainer import Trainer
-from blackwell_trainer.tuning import Tuning, TuningError
+from blackwell_trainer.checkpoint.store import Checkpointer
+from blackwell_trainer.data.tokens import Batch
+from blackwell_trainer.loop.optimizer import build_optimizer
+from blackwell_trainer.loop.trainer import Trainer
+from blackwell_trainer.parallel.runtime import Runtime
+from blackwell_trainer.plan.config import CheckpointConfig, Plan
+from blackwell_trainer.plan.tuning import Tuning, TuningError
 from tests.ports import free_port
 from tests.support.plans import tiny_plan
 
@@ -174,7 +174,7 @@ def test_fused_projections_give_the_losses_of_separate_ones(one_rank: None) -> N
 def test_recast_blocks_keep_no_bf16_weight_for_backward_and_give_the_same_losses(
     one_rank: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from blackwell_trainer import recast
+    from blackwell_trainer.model import recast
 
     packed: list[tuple[int, ...]] = []
     init = recast._Recast.__init__
@@ -203,7 +203,7 @@ def test_recast_blocks_keep_no_bf16_weight_for_backward_and_give_the_same_losses
 @pytest.mark.parametrize("backend", ["cudnn", "flash"])
 def test_an_attention_kernel_order_gives_the_default_losses(one_rank: None, backend: str) -> None:
     """The order only picks SDPA's kernel: on CPU every order ends in the math kernel, bit for bit."""
-    from blackwell_trainer.model import Attention, causal_attention
+    from blackwell_trainer.model.transformer import Attention, causal_attention
 
     plan, steps = _plan(), _batches(6, 4)
     ordered = Trainer(plan, ONE, tuning=Tuning(attention=backend))
@@ -220,7 +220,7 @@ def test_manual_gc_turns_the_collector_off_and_collects_the_young_every_50_steps
 ) -> None:
     import gc
 
-    from blackwell_trainer.tuning import GC_EVERY_STEPS
+    from blackwell_trainer.plan.tuning import GC_EVERY_STEPS
 
     collected: list[int] = []
     monkeypatch.setattr(gc, "collect", lambda generation=2: collected.append(generation) or 0)
@@ -265,8 +265,8 @@ def test_a_bad_tuning_entry_stops_the_trainer_with_one_line_before_anything_is_b
 
 
 def test_only_the_models_own_linears_are_fused() -> None:
-    from blackwell_trainer.model import build_model
-    from blackwell_trainer.parallelize import apply_fused_projections
+    from blackwell_trainer.model.transformer import build_model
+    from blackwell_trainer.parallel.parallelize import apply_fused_projections
 
     model = build_model(tiny_plan().architecture, max_seq_len=32, device="cpu")
     block = model.layers["0"]
@@ -281,7 +281,7 @@ def _clip_on_two_ranks(rank: int, port: int, out: str) -> None:
     import json
     import os
 
-    from blackwell_trainer.runtime import init_distributed
+    from blackwell_trainer.parallel.runtime import init_distributed
     from tests.trainer.conftest import join_two_rank_world
 
     join_two_rank_world(rank, port, os.devnull)

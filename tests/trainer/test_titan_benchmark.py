@@ -36,7 +36,7 @@ from benchmarks.titan_side_by_side import (
     titan_args,
 )
 
-from blackwell_trainer.config import Architecture
+from blackwell_trainer.plan.config import Architecture
 
 PREFIX = "[rank0]:[titan] 2026-12-01 22:40:01,123 - root - INFO - "
 

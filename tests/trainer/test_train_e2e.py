@@ -30,9 +30,9 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from blackwell_trainer.config import Plan
-from blackwell_trainer.data import Batch
-from blackwell_trainer.runtime import Runtime
+from blackwell_trainer.data.tokens import Batch
+from blackwell_trainer.parallel.runtime import Runtime
+from blackwell_trainer.plan.config import Plan
 from blackwell_trainer.train import _token_source, main
 from tests.ports import free_port
 from tests.support.plans import tiny_plan, tiny_plan_dict

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 import torch
 
-from blackwell_trainer.checkpoint import Checkpointer
-from blackwell_trainer.config import CheckpointConfig, architecture_from_hf_config
+from blackwell_trainer.checkpoint.store import Checkpointer
 from blackwell_trainer.export import main as export_main
-from blackwell_trainer.weights_export import export_model
-from blackwell_trainer.weights_load import load_pretrained
-from blackwell_trainer.weights_store import WeightsError
+from blackwell_trainer.plan.config import CheckpointConfig, architecture_from_hf_config
+from blackwell_trainer.weights.export import export_model
+from blackwell_trainer.weights.load import load_pretrained
+from blackwell_trainer.weights.store import WeightsError
 from tests.support.hf_models import (
     ATOL,
     RTOL,
@@ -284,7 +284,7 @@ def test_an_export_from_random_init_writes_a_llama_config_transformers_reads(tmp
 
 
 def test_an_unwritable_output_is_an_export_failure_a_restart_may_fix(tmp_path: Path) -> None:
-    from blackwell_trainer.checkpoint import StorageFailed
+    from blackwell_trainer.checkpoint.store import StorageFailed
 
     save_hf_model("llama3.1", tmp_path / "in")
     arch = architecture_of(tmp_path / "in")
@@ -350,8 +350,8 @@ def test_the_export_command_refuses_a_folder_without_a_checkpoint(
 def test_the_export_holds_at_most_the_rule_the_planner_budgets(
     dtype: torch.dtype, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from blackwell_trainer import weights_export
-    from blackwell_trainer.config import export_host_bytes
+    from blackwell_trainer.plan.config import export_host_bytes
+    from blackwell_trainer.weights import export as weights_export
 
     # Tensors of 1, 3, 2 and 7 thousand elements against files of at most 5,000 elements' bytes: the
     # writer's buffer is one file's worth, except the tensor larger than a file, which is held alone.

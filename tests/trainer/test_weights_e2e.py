@@ -44,7 +44,7 @@ def _weights_plan(tmp_path: Path, hf: Path, *, steps: int, output: Path) -> Path
 
 def _first_synthetic_loss(reference: torch.nn.Module, plan: Path) -> float:
     """The loss of the checkpoint on the first step's batches (both ranks' micro-batches)."""
-    from blackwell_trainer.config import Plan
+    from blackwell_trainer.plan.config import Plan
 
     parsed = Plan.from_file(plan)
     assert parsed.world_size == 2

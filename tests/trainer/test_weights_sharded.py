@@ -17,11 +17,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from blackwell_trainer.config import Plan
-from blackwell_trainer.runtime import Runtime
-from blackwell_trainer.trainer import Trainer
-from blackwell_trainer.weights_export import export_model
-from blackwell_trainer.weights_load import load_pretrained
+from blackwell_trainer.loop.trainer import Trainer
+from blackwell_trainer.parallel.runtime import Runtime
+from blackwell_trainer.plan.config import Plan
+from blackwell_trainer.weights.export import export_model
+from blackwell_trainer.weights.load import load_pretrained
 from tests.ports import free_port
 from tests.support.hf_models import SEQ, architecture_of, hf_logits, save_hf_model, tokens
 from tests.support.plans import tiny_plan_dict

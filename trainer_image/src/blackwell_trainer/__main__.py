@@ -2,13 +2,13 @@
 
 # First, before anything registers an atexit handler: the process ends from the last one with main()'s
 # code, never through the interpreter teardown that torch's gloo worker threads can abort (process_exit.py).
-from blackwell_trainer.process_exit import ProcessExit
+from blackwell_trainer.loop.process_exit import ProcessExit
 
 process_exit = ProcessExit()
 
 # The SIGTERM guard goes in before torch is imported (seconds, more on a loaded node): a preemption
 # during start-up then ends in a clean exit 0 instead of SIGTERM's default, a silent kill.
-from blackwell_trainer.preemption import PreemptionGuard  # noqa: E402
+from blackwell_trainer.loop.preemption import PreemptionGuard  # noqa: E402
 
 guard = PreemptionGuard()
 

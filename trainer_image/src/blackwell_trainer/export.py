@@ -18,12 +18,12 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import CheckpointError, list_complete, read_complete
-from .config import Plan
-from .hf_layout import export_config, export_dtype, hf_name
-from .model import build_model
-from .weights_export import DEFAULT_MAX_SHARD_BYTES, ExportTensor, input_checkpoint, write_hf
-from .weights_store import WeightsError
+from blackwell_trainer.checkpoint.store import CheckpointError, list_complete, read_complete
+from blackwell_trainer.model.transformer import build_model
+from blackwell_trainer.plan.config import Plan
+from blackwell_trainer.weights.export import DEFAULT_MAX_SHARD_BYTES, ExportTensor, input_checkpoint, write_hf
+from blackwell_trainer.weights.hf_layout import export_config, export_dtype, hf_name
+from blackwell_trainer.weights.store import WeightsError
 
 log = logging.getLogger("blackwell_trainer.export")
 

@@ -30,19 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from blackwell_trainer.chat_data import ChatFormat, assistant_mask, conversation, detect_format
-from blackwell_trainer.chat_template import ChatTemplate, ChatTemplateError, load_chat_template
-from blackwell_trainer.shard_manifest import (
-    DOCS_SUFFIX,
-    ITEMSIZE,
-    MANIFEST_NAME,
-    MASK_SUFFIX,
-    ShardEntry,
-    ShardManifest,
-    companion,
-    tokenizer_sha256,
-)
-from blackwell_trainer.text_inputs import (
+from blackwell_trainer.data.chat import ChatFormat, assistant_mask, conversation, detect_format
+from blackwell_trainer.data.chat_template import ChatTemplate, ChatTemplateError, load_chat_template
+from blackwell_trainer.data.text_inputs import (
     InputError,
     InputFormat,
     Unit,
@@ -53,7 +43,17 @@ from blackwell_trainer.text_inputs import (
     line_number,
     plan_units,
 )
-from blackwell_trainer.units import MIB
+from blackwell_trainer.plan.shard_manifest import (
+    DOCS_SUFFIX,
+    ITEMSIZE,
+    MANIFEST_NAME,
+    MASK_SUFFIX,
+    ShardEntry,
+    ShardManifest,
+    companion,
+    tokenizer_sha256,
+)
+from blackwell_trainer.plan.units import MIB
 
 log = logging.getLogger("blackwell_trainer.prepare")
 

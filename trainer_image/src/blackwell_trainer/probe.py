@@ -27,11 +27,19 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from .config import Plan, ProbeCandidate, ProbeGrowth, ProbeMeasurement, ProbeOutcome, ProbePlan, ProbeResult
-from .step_report import StepResult
+from blackwell_trainer.loop.step_report import StepResult
+from blackwell_trainer.plan.config import (
+    Plan,
+    ProbeCandidate,
+    ProbeGrowth,
+    ProbeMeasurement,
+    ProbeOutcome,
+    ProbePlan,
+    ProbeResult,
+)
 
 if TYPE_CHECKING:
-    from .data import Batch
+    from blackwell_trainer.data.tokens import Batch
 
 log = logging.getLogger("blackwell_trainer.probe")
 # Where a checkpointing job keeps its probe's choice (beside its step folders): a restart trains with it.

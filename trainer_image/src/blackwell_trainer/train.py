@@ -27,27 +27,27 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from .config import JobIdentity, Plan
-from .context_parallel import data_parallel_rank
-from .env_vars import PLAN_PATH_ENV as PLAN_ENV
-from .errors import DataError, NonFiniteStep, PlanError
-from .oom import GpuOutOfMemory, PhaseTracker, earlier_result, oom_result
-from .parallelize import ParallelismError, validate_layout
-from .plan_check import check_plan, job_identity, load_plan
-from .precision import PrecisionError, device_capability
-from .preemption import PreemptionGuard
-from .runtime import Runtime, init_distributed
-from .step_report import StepReport, StepResult
-from .termination import fail, read_message, remember_probe, succeeded
-from .trainer import Trainer
-from .tuning import Tuning, TuningError
+from blackwell_trainer.errors import DataError, NonFiniteStep, PlanError
+from blackwell_trainer.loop.oom import GpuOutOfMemory, PhaseTracker, earlier_result, oom_result
+from blackwell_trainer.loop.plan_check import check_plan, job_identity, load_plan
+from blackwell_trainer.loop.preemption import PreemptionGuard
+from blackwell_trainer.loop.step_report import StepReport, StepResult
+from blackwell_trainer.loop.termination import fail, read_message, remember_probe, succeeded
+from blackwell_trainer.loop.trainer import Trainer
+from blackwell_trainer.parallel.context_parallel import data_parallel_rank
+from blackwell_trainer.parallel.parallelize import ParallelismError, validate_layout
+from blackwell_trainer.parallel.precision import PrecisionError, device_capability
+from blackwell_trainer.parallel.runtime import Runtime, init_distributed
+from blackwell_trainer.plan.config import JobIdentity, Plan
+from blackwell_trainer.plan.env_vars import PLAN_PATH_ENV as PLAN_ENV
+from blackwell_trainer.plan.tuning import Tuning, TuningError
 
 if TYPE_CHECKING:  # imported where run() needs them, not at start-up
-    from .checkpoint_manager import CheckpointManager
-    from .checkpoint_owner import Owner
-    from .data import TokenSource
-    from .metrics import TrainerMetrics
-    from .sample_ledger import SampleLedger
+    from blackwell_trainer.checkpoint.manager import CheckpointManager
+    from blackwell_trainer.checkpoint.owner import Owner
+    from blackwell_trainer.data.tokens import TokenSource
+    from blackwell_trainer.loop.metrics import TrainerMetrics
+    from blackwell_trainer.loop.sample_ledger import SampleLedger
 
 log = logging.getLogger("blackwell_trainer")
 EXIT_NON_FINITE = 3
@@ -67,7 +67,7 @@ class LoopState:
         return {"step": self.trainer.step_index, "data": self.source.state_dict()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        from .data import check_resume
+        from blackwell_trainer.data.tokens import check_resume
 
         self.trainer.step_index = int(state_dict["step"])
         self.source.load_state_dict(state_dict["data"])
@@ -82,7 +82,7 @@ def run(plan: Plan, runtime: Runtime, guard: PreemptionGuard, identity: JobIdent
     imported); main() also restores it. `identity`: the job it trains for (job.json beside the plan; by
     default the plan's jobName), recorded in its checkpoints.
     """
-    from .metrics import TrainerMetrics
+    from blackwell_trainer.loop.metrics import TrainerMetrics
 
     init_distributed(runtime)
     metrics = TrainerMetrics(plan)
@@ -106,7 +106,7 @@ def run(plan: Plan, runtime: Runtime, guard: PreemptionGuard, identity: JobIdent
 def _probed(plan: Plan, runtime: Runtime, metrics: TrainerMetrics) -> Plan:
     """The plan with the configuration the probe chose (docs/probe.md): probed now, before the first
     step, or kept from an earlier start of this job; the plan as it is without a probe or on a resume."""
-    from . import probe
+    from blackwell_trainer import probe
 
     if plan.probe is None or not plan.probe.enabled:
         return plan
@@ -116,7 +116,7 @@ def _probed(plan: Plan, runtime: Runtime, metrics: TrainerMetrics) -> Plan:
         metrics.record_probe(plan, earlier)
         remember_probe(earlier)
         return probe.plan_for(plan, earlier.winner)
-    from .checkpoint import list_complete
+    from blackwell_trainer.checkpoint.store import list_complete
 
     if plan.checkpoint.path is not None and list_complete(Path(plan.checkpoint.path)):
         # Checkpoints from before the probe existed: they resume in the plan's own configuration.
@@ -144,7 +144,7 @@ def _train(
     identity: JobIdentity,
 ) -> int:
     """run()'s body: build, then train (_loop); the data source is closed however it ends."""
-    from .checkpoint_owner import Owner, data_fingerprint, model_fingerprint
+    from blackwell_trainer.checkpoint.owner import Owner, data_fingerprint, model_fingerprint
 
     trainer = Trainer(plan, runtime, tracker)
     source = _token_source(plan, runtime)
@@ -170,8 +170,8 @@ def _loop(
     owner: Owner,
 ) -> int:
     """Resume, then step until done or preempted; 0 either way."""
-    from .checkpoint_manager import CheckpointManager
-    from .sample_ledger import SampleLedger
+    from blackwell_trainer.checkpoint.manager import CheckpointManager
+    from blackwell_trainer.loop.sample_ledger import SampleLedger
 
     state = LoopState(trainer, source)
     checkpoints = CheckpointManager(
@@ -208,8 +208,8 @@ def _loop(
 
 
 def _token_source(plan: Plan, runtime: Runtime) -> TokenSource:
-    from .data import DataLayout
-    from .token_sources import open_token_source
+    from blackwell_trainer.data.sources import open_token_source
+    from blackwell_trainer.data.tokens import DataLayout
 
     # Context-parallel peers (consecutive ranks) read the same samples: index the data by dp rank.
     dp_rank, dp_world = data_parallel_rank(runtime.rank, runtime.world_size, plan.chosen.context_parallel)
@@ -235,7 +235,7 @@ def _resume_or_start(
         log.info(state.resumed)
         return
     if plan.weights is not None:
-        from .weights_load import check_data_tokenizer
+        from blackwell_trainer.weights.load import check_data_tokenizer
 
         # Before the (long) load: shards of another tokenizer would train the model on the wrong ids.
         if source.uri is not None:  # synthetic tokens have no tokenizer
@@ -243,7 +243,7 @@ def _resume_or_start(
     if plan.checkpoint.start_from:  # the weights another job trained (spec.model.weights then names the
         checkpoints.start_from()  # tokenizer and config.json the export copies)
     elif plan.weights is not None:
-        from .weights_load import load_pretrained
+        from blackwell_trainer.weights.load import load_pretrained
 
         loaded = load_pretrained(trainer.model, plan.weights.uri, plan.architecture, plan.sequence_length)
         metrics.record_weights_load(loaded.seconds)
@@ -254,7 +254,7 @@ def _export(plan: Plan, trainer: Trainer, runtime: Runtime) -> None:
     crash interrupted is redone)."""
     if plan.output is None:
         return
-    from .weights_export import export_model
+    from blackwell_trainer.weights.export import export_model
 
     export_model(
         trainer.model,
@@ -324,9 +324,9 @@ def _main(argv: Sequence[str] | None, guard: PreemptionGuard) -> int:
     earlier = earlier_result(read_message(), plan)
     if earlier is not None:  # torchrun restarted us in place with the plan that ran out: do not run it
         return fail(GpuOutOfMemory(earlier, earlier=True))
-    from .checkpoint import CheckpointError
-    from .cloud_errors import PermanentCloudError
-    from .weights_store import WeightsError
+    from blackwell_trainer.checkpoint.store import CheckpointError
+    from blackwell_trainer.cloud_errors import PermanentCloudError
+    from blackwell_trainer.weights.store import WeightsError
 
     try:
         code = run(plan, runtime, guard, identity)

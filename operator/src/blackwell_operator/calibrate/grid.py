@@ -9,7 +9,7 @@ from blackwell_operator.calibration.profile import Calibration
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner import evaluate
 from blackwell_operator.units import GIB
-from blackwell_trainer.config import (
+from blackwell_trainer.plan.config import (
     ActivationCheckpointing,
     Candidate,
     Precision,

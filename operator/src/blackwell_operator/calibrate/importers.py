@@ -22,7 +22,7 @@ from blackwell_operator.calibrate.records import CalibrationRecord, RecordStatus
 from blackwell_operator.catalogs import resolve_model
 from blackwell_operator.models.spec import ModelSpec
 from blackwell_operator.units import GIB
-from blackwell_trainer.config import (
+from blackwell_trainer.plan.config import (
     ActivationCheckpointing,
     Architecture,
     Candidate,
@@ -30,7 +30,7 @@ from blackwell_trainer.config import (
     PrecisionRecipe,
     Sharding,
 )
-from blackwell_trainer.tuning import Tuning, TuningError
+from blackwell_trainer.plan.tuning import Tuning, TuningError
 
 H200_INSTANCE = "ml.p5en.48xlarge"
 REFERENCE_DATE = "2026-11-29"
@@ -48,7 +48,7 @@ AB_PATHS = {"single_device=auto": True, "single_device=fsdp": False}
 # trainer).
 REFERENCE_TWO_GPU_EAGER: list[dict[str, Any]] = [{"mbs": 2, "ac": "none", "tokens_per_second": 9413}]
 # Recipes the trainer runs without Transformer Engine (bf16 and torchao); any other runs TE where it is
-# installed, and TE keeps FSDP2 even on one rank (blackwell_trainer.tuning.Tuning.use_single_device).
+# installed, and TE keeps FSDP2 even on one rank (blackwell_trainer.plan.tuning.Tuning.use_single_device).
 NON_TE_RECIPES = {PrecisionRecipe.NONE, PrecisionRecipe.TORCHAO_TENSORWISE, PrecisionRecipe.TORCHAO_ROWWISE}
 # What trainer_h200.py wrote as trainer_tuning when BTJ_TRAINER_TUNING was unset: the defaults of whichever
 # trainer ran, which say nothing of the path (the default changed on 2026-12-02).

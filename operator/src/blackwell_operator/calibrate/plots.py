@@ -15,7 +15,14 @@ from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner import evaluate, plan_job
 from blackwell_operator.planner.figures import limit_gib
 from blackwell_operator.units import GIB
-from blackwell_trainer.config import MEMORY_COMPONENTS, Candidate, Plan, Precision, PrecisionRecipe, Sharding
+from blackwell_trainer.plan.config import (
+    MEMORY_COMPONENTS,
+    Candidate,
+    Plan,
+    Precision,
+    PrecisionRecipe,
+    Sharding,
+)
 
 
 def _pyplot() -> Any:

@@ -13,7 +13,7 @@ from typing import Any, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field
 
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
-from blackwell_trainer.config import Architecture, Candidate, Prediction
+from blackwell_trainer.plan.config import Architecture, Candidate, Prediction
 
 RECORD_SCHEMA_VERSION = 1
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from pydantic import Field
 
-from blackwell_trainer.config import (
+from blackwell_trainer.plan.config import (
     ActivationCheckpointing,
     ClusterCorrection,
     Plan,

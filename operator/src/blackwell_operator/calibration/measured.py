@@ -12,7 +12,7 @@ from importlib import resources
 from pydantic import BaseModel, ConfigDict, Field
 
 from blackwell_operator.shared_cache import shared_cache
-from blackwell_trainer.config import ActivationCheckpointing, Precision, PrecisionRecipe, Sharding
+from blackwell_trainer.plan.config import ActivationCheckpointing, Precision, PrecisionRecipe, Sharding
 
 MEASURED_FOLDER = "measured"
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from blackwell_trainer.config import ActivationCheckpointing, Precision, PrecisionRecipe, Sharding
+from blackwell_trainer.plan.config import ActivationCheckpointing, Precision, PrecisionRecipe, Sharding
 
 
 class _Strict(BaseModel):
@@ -44,7 +44,7 @@ class TrainerCapabilities(_Strict):
     keeps_unsharded_weights: bool = Field(
         default=False,
         description="With a shard group of one GPU and room to spare, the trainer keeps every block's bf16 "
-        "weights from forward to backward (blackwell_trainer.config.keeps_gathered_weights).",
+        "weights from forward to backward (blackwell_trainer.plan.config.keeps_gathered_weights).",
     )
     single_device_path: bool = Field(
         default=False,

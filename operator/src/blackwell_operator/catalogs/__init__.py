@@ -11,7 +11,7 @@ from blackwell_operator.catalogs.models import GpuSpec, InstanceSpec, ModelPrese
 from blackwell_operator.errors import SpecError
 from blackwell_operator.models.spec import ModelSpec
 from blackwell_operator.shared_cache import shared_cache
-from blackwell_trainer.config import Architecture
+from blackwell_trainer.plan.config import Architecture
 
 __all__ = [
     "GpuSpec",

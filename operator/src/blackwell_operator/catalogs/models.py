@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from blackwell_operator.units import GIB
-from blackwell_trainer.config import Architecture, Precision, PrecisionRecipe, WireModel
+from blackwell_trainer.plan.config import Architecture, Precision, PrecisionRecipe, WireModel
 
 # Share of a node's RAM the trainer pods may request together (see InstanceSpec.pod_memory_bytes).
 POD_MEMORY_FRACTION = 0.75

@@ -16,7 +16,7 @@ from blackwell_operator.models import BlackwellTrainingJob
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.render.names import name_problem
 from blackwell_operator.settings import operator_environment
-from blackwell_trainer.config import Plan
+from blackwell_trainer.plan.config import Plan
 
 
 def admit(
@@ -40,7 +40,7 @@ def admit(
     from blackwell_operator.cli.checkpoint import read_checkpoint
     from blackwell_operator.cli.dataset import check_local_dataset, describe_chat_data
     from blackwell_operator.planner import plan_job  # imported only when needed: `btj crd` stays light
-    from blackwell_trainer.shard_manifest import ManifestMismatch
+    from blackwell_trainer.plan.shard_manifest import ManifestMismatch
 
     corrector = (
         # As the operator plans it: the manifest's namespace's own runs (or the pool, when set).

@@ -9,7 +9,7 @@ from blackwell_operator.errors import SpecError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner import CheckpointFacts
 from blackwell_operator.planner.storage import WEIGHTS_FIELD
-from blackwell_trainer.config import HfConfigError, architecture_from_hf_config, export_dtype_name
+from blackwell_trainer.plan.config import HfConfigError, architecture_from_hf_config, export_dtype_name
 
 CONFIG_FILE = "config.json"
 HF_FOLDER = "a Hugging Face checkpoint folder (config.json and *.safetensors)"

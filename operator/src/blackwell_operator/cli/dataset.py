@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from blackwell_trainer.config import DatasetKind, Plan
-from blackwell_trainer.shard_manifest import (
+from blackwell_trainer.plan.config import DatasetKind, Plan
+from blackwell_trainer.plan.shard_manifest import (
     COMPANION_SUFFIXES,
     ITEMSIZE,
     MANIFEST_NAME,

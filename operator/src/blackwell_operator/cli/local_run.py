@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from blackwell_operator.render.environment import LOCAL_DIR, PLAN_DIR, PLAN_FILE
-from blackwell_trainer.config import Plan
-from blackwell_trainer.env_vars import TERMINATION_LOG_ENV  # blackwell_trainer.termination reads it
+from blackwell_trainer.plan.config import Plan
+from blackwell_trainer.plan.env_vars import TERMINATION_LOG_ENV  # blackwell_trainer.loop.termination reads it
 
 TRAINER_MODULE = "blackwell_trainer"
 

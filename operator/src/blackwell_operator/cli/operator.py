@@ -164,7 +164,7 @@ async def _demo(manifest: dict[str, Any], *, nodes: int, pause: float) -> bool:
     from blackwell_operator.testing.cluster import allocatable, emulated_cluster, hyperpod_node
     from blackwell_operator.testing.emulator import BTJ_RESOURCE
     from blackwell_operator.testing.kubeconfig import write_kubeconfig
-    from blackwell_trainer.config import Plan
+    from blackwell_trainer.plan.config import Plan
 
     console = _console
     name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]

@@ -29,7 +29,7 @@ from blackwell_operator.models.spec import TuningSpec
 from blackwell_operator.planner.figures import limit_gib, memory_budget, parameters_text, tenths
 from blackwell_operator.planner.provenance import verdict
 from blackwell_operator.units import GB, GIB
-from blackwell_trainer.config import MEMORY_COMPONENTS, Plan
+from blackwell_trainer.plan.config import MEMORY_COMPONENTS, Plan
 
 DEFAULT_HEADROOM: float = TuningSpec.model_fields["memory_headroom"].default
 

@@ -25,7 +25,7 @@ from blackwell_operator.planner.figures import limit_gib, memory_budget, paramet
 from blackwell_operator.render import dump_documents, render_children
 from blackwell_operator.render.crd import crd_yaml
 from blackwell_operator.units import GIB
-from blackwell_trainer.config import Plan
+from blackwell_trainer.plan.config import Plan
 
 DEFAULT_NAMESPACE = "default"
 # A preview: children applied by hand have no owner, no status, no re-plan and no finalizer.

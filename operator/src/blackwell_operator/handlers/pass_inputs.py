@@ -30,7 +30,7 @@ from blackwell_operator.lifecycle.status_read import ReadBtj
 from blackwell_operator.models.spec import Backend, BlackwellTrainingJobSpec
 from blackwell_operator.models.status import BlackwellTrainingJobStatus, MemoryCorrection
 from blackwell_operator.render.pod import resources
-from blackwell_trainer.config import NodeChoice, Plan
+from blackwell_trainer.plan.config import NodeChoice, Plan
 
 
 def parse_spec(body: Mapping[str, Any]) -> BlackwellTrainingJobSpec:

@@ -11,7 +11,7 @@ from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.models.status import MemoryCorrection
 from blackwell_operator.planner import plan_job
 from blackwell_operator.settings import env_name, operator_environment
-from blackwell_trainer.config import NodeChoice, Plan
+from blackwell_trainer.plan.config import NodeChoice, Plan
 
 PLAN_DEADLINE_ENV = env_name("plan_deadline_s")
 

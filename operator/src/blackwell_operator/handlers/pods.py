@@ -30,7 +30,7 @@ from blackwell_operator.models.status import StatusChange
 from blackwell_operator.render.kinds import ChildKind, job_kind
 from blackwell_operator.render.pod import plan_config_map_name
 from blackwell_operator.timefmt import now_rfc3339
-from blackwell_trainer.config import Plan, ProbeResult
+from blackwell_trainer.plan.config import Plan, ProbeResult
 
 WORKER_FAILED = "WorkerFailed"
 

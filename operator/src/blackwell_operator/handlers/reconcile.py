@@ -52,7 +52,7 @@ from blackwell_operator.render import render_children
 from blackwell_operator.render.children import labelled_hash
 from blackwell_operator.render.kinds import JOB_KINDS
 from blackwell_operator.timefmt import now_rfc3339
-from blackwell_trainer.config import Plan
+from blackwell_trainer.plan.config import Plan
 
 _LOG = logging.getLogger(__name__)
 

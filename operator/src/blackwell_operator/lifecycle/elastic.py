@@ -30,7 +30,7 @@ from blackwell_operator.models.status import (
     StatusChange,
 )
 from blackwell_operator.timefmt import format_rfc3339, rfc3339_seconds
-from blackwell_trainer.config import NodeChoice, Plan
+from blackwell_trainer.plan.config import NodeChoice, Plan
 
 # Phases in which the job holds (or is about to hold) its nodes: a resize re-creates its child.
 ELASTIC_PHASES = frozenset({Phase.PENDING, Phase.QUEUED, Phase.RUNNING, Phase.RESTARTING})

@@ -21,7 +21,7 @@ from blackwell_operator.models.status import (
 )
 from blackwell_operator.render.pod import TRAINER_CONTAINER_NAMES
 from blackwell_operator.timefmt import rfc3339_seconds
-from blackwell_trainer.config import PERMANENT_ERROR_PREFIX, OomResult
+from blackwell_trainer.plan.config import PERMANENT_ERROR_PREFIX, OomResult
 
 STOP_EXIT_CODES = frozenset({130, 137, 143})  # 128 + SIGINT, SIGKILL, SIGTERM
 # The Failed condition's reason when a worker ended on an error no restart can fix; the operator then

@@ -15,7 +15,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from blackwell_operator.render.pod import METRICS_PORT_NAME, TRAINER_CONTAINER_NAMES
-from blackwell_trainer.metric_names import (
+from blackwell_trainer.plan.metric_names import (
     GPU_MEMORY_PEAK,
     GPUS,
     MEMORY_KIND_LABEL,

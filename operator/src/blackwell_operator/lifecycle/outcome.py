@@ -38,7 +38,7 @@ from blackwell_operator.models.status import (
 from blackwell_operator.planner.provenance import plan_event, verdict
 from blackwell_operator.render.kinds import ChildKind
 from blackwell_operator.units import GIB
-from blackwell_trainer.config import Plan
+from blackwell_trainer.plan.config import Plan
 
 DRY_RUN_MESSAGE = "spec.dryRun is true: planned only, nothing created."
 # spec.backend auto and the cluster serves no job API: the condition reason, and when to look again.

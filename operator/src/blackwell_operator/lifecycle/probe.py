@@ -23,7 +23,7 @@ from blackwell_operator.models.status import (
 )
 from blackwell_operator.planner.cluster_figures import candidate_figures
 from blackwell_operator.render.children import plan_config_map
-from blackwell_trainer.config import Plan, ProbeMeasurement, ProbeOutcome, ProbeResult
+from blackwell_trainer.plan.config import Plan, ProbeMeasurement, ProbeOutcome, ProbeResult
 
 EVENT_REASON = "Probed"
 

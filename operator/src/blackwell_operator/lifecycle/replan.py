@@ -27,7 +27,7 @@ from blackwell_operator.models.status import (
 from blackwell_operator.planner import plan_job
 from blackwell_operator.planner.correction import learn
 from blackwell_operator.units import GIB
-from blackwell_trainer.config import Candidate, OomResult, Plan
+from blackwell_trainer.plan.config import Candidate, OomResult, Plan
 
 # The Planned condition's reason while a re-planned job replaces its child.
 REPLANNED_REASON = "Replanned"

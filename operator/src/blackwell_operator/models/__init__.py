@@ -11,7 +11,7 @@ from blackwell_operator.models.spec import (
     TuningSpec,
 )
 from blackwell_operator.models.status import BlackwellTrainingJobStatus, ChildReference, Condition, Phase
-from blackwell_trainer.config import Architecture, Plan
+from blackwell_trainer.plan.config import Architecture, Plan
 
 __all__ = [
     "AUTO",

@@ -11,7 +11,7 @@ from pydantic_core import PydanticCustomError
 
 from blackwell_operator.applabels import OPERATOR_POD_LABELS
 from blackwell_operator.units import KIB
-from blackwell_trainer.config import WireModel
+from blackwell_trainer.plan.config import WireModel
 
 DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 MAX_SUBDOMAIN = 253

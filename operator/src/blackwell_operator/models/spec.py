@@ -26,7 +26,7 @@ from blackwell_operator.models.pod import (
     key_problem,
 )
 from blackwell_operator.nodelabels import HYPERPOD_CLOSEST_TOPOLOGY
-from blackwell_trainer.config import (
+from blackwell_trainer.plan.config import (
     ActivationCheckpointing,
     Architecture,
     CheckpointConfig,
@@ -37,7 +37,7 @@ from blackwell_trainer.config import (
     Sharding,
     WireModel,
 )
-from blackwell_trainer.env_vars import refusal
+from blackwell_trainer.plan.env_vars import refusal
 
 API_GROUP = "training.blackwell.dev"
 API_VERSION = "v1alpha1"
@@ -386,7 +386,7 @@ class EnvVar(WireModel):
                 f"{value!r} is not an environment variable name: the API server refuses the pods. Fix: use "
                 "printable ASCII characters other than '=', e.g. NCCL_DEBUG (the value goes in value)",
             )
-        # A variable the operator sets is the operator's (blackwell_trainer.env_vars.OPERATOR_OWNED).
+        # A variable the operator sets is the operator's (blackwell_trainer.plan.env_vars.OPERATOR_OWNED).
         refused = refusal(value, "")
         if refused is not None and refused[0] == "name":
             raise _spec_error("env_name", refused[1])
@@ -395,7 +395,8 @@ class EnvVar(WireModel):
     @field_validator("value")
     @classmethod
     def _trainer_check(cls, value: str, info: ValidationInfo) -> str:
-        # The trainer's own check of the variable (blackwell_trainer.env_vars), here before any pod exists.
+        # The trainer's own check of the variable (blackwell_trainer.plan.env_vars), here before any pod
+        # exists.
         # The message names the variable, never its value.
         refused = refusal(str(info.data.get("name") or ""), value)
         if refused is not None and refused[0] == "value":

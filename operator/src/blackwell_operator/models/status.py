@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from blackwell_trainer.config import Candidate, OomResult, Plan, ProbeMeasurement, WireModel
+from blackwell_trainer.plan.config import Candidate, OomResult, Plan, ProbeMeasurement, WireModel
 
 
 class Phase(StrEnum):

@@ -37,7 +37,7 @@ from blackwell_operator.planner.weights import (
     plan_weights,
     with_checkpoint_architecture,
 )
-from blackwell_trainer.config import (
+from blackwell_trainer.plan.config import (
     Alternative,
     Candidate,
     ChoiceProvenance,

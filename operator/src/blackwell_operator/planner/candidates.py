@@ -14,7 +14,7 @@ from blackwell_operator.errors import PlanningError
 from blackwell_operator.models.spec import AUTO, TuningSpec
 from blackwell_operator.planner.layout import Hardware, Setting
 from blackwell_operator.planner.provenance import auto_may_choose
-from blackwell_trainer.config import ActivationCheckpointing, Precision, PrecisionRecipe, Sharding
+from blackwell_trainer.plan.config import ActivationCheckpointing, Precision, PrecisionRecipe, Sharding
 
 # Context-parallel ranks keep at least this many tokens of a sequence (ring-attention chunks below this are
 # launch-bound); pinned and automatic degrees obey the same limit, so the search space is the same.

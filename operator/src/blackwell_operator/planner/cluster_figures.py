@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from blackwell_operator.planner.throughput import TimeEstimate
-from blackwell_trainer.config import ClusterCorrection, Plan, Prediction, ProbeCandidate
+from blackwell_trainer.plan.config import ClusterCorrection, Plan, Prediction, ProbeCandidate
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from blackwell_operator.calibration import Calibration
 from blackwell_operator.models.status import MemoryCorrection
 from blackwell_operator.units import GIB
-from blackwell_trainer.config import Candidate, OomPhase, OomResult, Plan
+from blackwell_trainer.plan.config import Candidate, OomPhase, OomResult, Plan
 
 # The correction covers the measured overshoot and this much more: the measurement is a lower bound (the
 # run stopped at the first allocation that failed, not at its real peak).

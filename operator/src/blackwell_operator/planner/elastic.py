@@ -7,7 +7,7 @@ from collections.abc import Callable
 from blackwell_operator.errors import PlanningError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec, ElasticSpec
 from blackwell_operator.planner.inputs import hardware_for
-from blackwell_trainer.config import NodeChoice, Plan
+from blackwell_trainer.plan.config import NodeChoice, Plan
 
 ELASTIC_FIELD = "spec.cluster.elastic"
 # Refused counts named in full in a plan's reason or an error; the rest are counted.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from blackwell_operator.planner.candidates import Pins
 from blackwell_operator.planner.figures import gib, limit, over, tenths
 from blackwell_operator.planner.search import Scored, SearchResult
-from blackwell_trainer.config import ActivationCheckpointing, Precision
+from blackwell_trainer.plan.config import ActivationCheckpointing, Precision
 
 __all__ = ["describe", "explain", "gib", "loss_reason"]
 

@@ -10,7 +10,7 @@ from blackwell_operator.planner.figures import memory_budget
 from blackwell_operator.planner.layout import Hardware
 from blackwell_operator.planner.search import Problem
 from blackwell_operator.planner.shapes import Shapes
-from blackwell_trainer.config import DatasetKind
+from blackwell_trainer.plan.config import DatasetKind
 
 
 def hardware_for(spec: BlackwellTrainingJobSpec, nodes: int | None = None) -> Hardware:

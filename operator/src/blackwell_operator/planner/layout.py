@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from blackwell_operator.catalogs import GpuSpec, InstanceSpec
-from blackwell_trainer.config import ActivationCheckpointing, Precision, PrecisionRecipe, Sharding
+from blackwell_trainer.plan.config import ActivationCheckpointing, Precision, PrecisionRecipe, Sharding
 
 
 @dataclass(frozen=True)

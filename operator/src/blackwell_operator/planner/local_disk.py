@@ -25,7 +25,7 @@ from blackwell_operator.planner.layout import Hardware
 from blackwell_operator.planner.storage import CHECKPOINT_FIELD, DATASET_FIELD, NODE_LOCAL, WEIGHTS_FIELD, on
 from blackwell_operator.planner.weights import CheckpointFacts, export_buffer_bytes, usable_node_disk_bytes
 from blackwell_operator.units import GB, GIB
-from blackwell_trainer.config import (
+from blackwell_trainer.plan.config import (
     NODE_DISK_KEEP_FREE_FRACTION,
     Architecture,
     DatasetKind,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from blackwell_operator.calibration import Calibration
 from blackwell_operator.planner.layout import Layout, Setting
 from blackwell_operator.planner.shapes import Shapes
-from blackwell_trainer.config import (
+from blackwell_trainer.plan.config import (
     ActivationCheckpointing,
     MemoryBreakdown,
     PrecisionRecipe,

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from blackwell_operator.models.spec import AUTO, ProbeSpec
 from blackwell_operator.planner.figures import gib
 from blackwell_operator.planner.search import Scored
-from blackwell_trainer.config import (
+from blackwell_trainer.plan.config import (
     Candidate,
     Prediction,
     ProbeCandidate,

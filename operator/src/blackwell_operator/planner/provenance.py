@@ -12,7 +12,7 @@ from blackwell_operator.calibration import Calibration
 from blackwell_operator.calibration.measured import MeasuredCombination, MeasuredCoverage
 from blackwell_operator.planner.figures import parameters_text
 from blackwell_operator.planner.layout import Hardware, Setting
-from blackwell_trainer.config import Basis, ChoiceProvenance, Precision, PrecisionRecipe
+from blackwell_trainer.plan.config import Basis, ChoiceProvenance, Precision, PrecisionRecipe
 
 # Never chosen by precision auto, whatever else is allowed: NVFP4 training needs recipe-level care (BF16
 # first and last blocks, random Hadamard transforms, stochastic rounding of gradients) that a plan cannot

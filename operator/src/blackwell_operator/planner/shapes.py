@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from blackwell_trainer.config import Architecture
+from blackwell_trainer.plan.config import Architecture
 
 
 @dataclass(frozen=True)

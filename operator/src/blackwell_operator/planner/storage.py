@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from blackwell_operator.errors import SpecError
 from blackwell_operator.models.spec import OPERATOR_VOLUMES, BlackwellTrainingJobSpec, Volume, path_within
-from blackwell_trainer.config import DatasetKind
+from blackwell_trainer.plan.config import DatasetKind
 
 CHECKPOINT_FIELD = "spec.training.checkpoint.path"
 START_FROM_FIELD = "spec.training.checkpoint.startFrom"

@@ -8,7 +8,7 @@ from blackwell_operator.calibration import Calibration, RecipeConstants, Through
 from blackwell_operator.planner.layout import Hardware, Layout, Setting
 from blackwell_operator.planner.memory import single_device_path, tokens_per_gpu, trainer_keeps_weights
 from blackwell_operator.planner.shapes import Shapes
-from blackwell_trainer.config import ActivationCheckpointing, Precision, PrecisionRecipe
+from blackwell_trainer.plan.config import ActivationCheckpointing, Precision, PrecisionRecipe
 
 AC = ActivationCheckpointing
 

@@ -34,7 +34,7 @@ from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner.layout import Hardware
 from blackwell_operator.planner.storage import NODE_LOCAL, WEIGHTS_FIELD, on
 from blackwell_operator.units import GB
-from blackwell_trainer.config import (
+from blackwell_trainer.plan.config import (
     DEFAULT_EXPORT_DTYPE,
     EXPORT_DTYPE_BYTES,
     NODE_DISK_KEEP_FREE_FRACTION,

@@ -23,7 +23,7 @@ from blackwell_operator.render.labels import (
 from blackwell_operator.render.pod import plan_config_map_name
 from blackwell_operator.render.pytorchjob import render_pytorchjob
 from blackwell_operator.render.trainjob import render_training_runtime, render_trainjob
-from blackwell_trainer.config import JOB_FILE, JobIdentity, Plan
+from blackwell_trainer.plan.config import JOB_FILE, JobIdentity, Plan
 
 
 def sha256_of(document: Any) -> str:

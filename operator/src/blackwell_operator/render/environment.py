@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from blackwell_operator.models.spec import OPERATOR_VOLUMES, EnvVar
-from blackwell_trainer.config import CACHE_MAX_BYTES_ENV, Plan
-from blackwell_trainer.env_vars import CACHE_DIR_ENV, PLAN_PATH_ENV
+from blackwell_trainer.plan.config import CACHE_MAX_BYTES_ENV, Plan
+from blackwell_trainer.plan.env_vars import CACHE_DIR_ENV, PLAN_PATH_ENV
 
 PLAN_DIR = OPERATOR_VOLUMES["plan"]
 PLAN_FILE = "plan.json"
@@ -22,7 +22,7 @@ TORCHRUN_SHUTDOWN_SECONDS = 270
 # examples
 # (llama3_1_8b-fsdp-hpto.yaml, fsdp.yaml-template). The cheatsheet there notes several of these are
 # no-ops on current libfabric/aws-ofi-nccl; they are kept as harmless defaults for older images and
-# spec.env may override them. What the plan depends on (blackwell_trainer.env_vars.OPERATOR_OWNED: the
+# spec.env may override them. What the plan depends on (blackwell_trainer.plan.env_vars.OPERATOR_OWNED: the
 # allocator setting, torchrun's shutdown time, the plan's and the cache's places) spec.env may not set.
 DEFAULT_ENV: dict[str, str] = {
     # EFA through libfabric.

@@ -23,7 +23,7 @@ from blackwell_operator.render.environment import LOCAL_DIR, PLAN_DIR, container
 from blackwell_operator.render.hardware import HUGEPAGES_2MI, efa_interfaces, memory_request
 from blackwell_operator.render.labels import JOB_NAME_LABEL, PLAN_HASH_ANNOTATION, topology_annotations
 from blackwell_operator.units import GIB
-from blackwell_trainer.config import Plan
+from blackwell_trainer.plan.config import Plan
 
 CONTAINER_NAME = "pytorch"  # the Kubeflow webhook requires exactly one container with this name
 # Kubeflow Trainer v2 injects the torchrun environment (PET_*) only into the container named `node`.

@@ -7,7 +7,7 @@ from typing import Any
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.render.environment import PLAN_PATH
 from blackwell_operator.render.pod import pod_template
-from blackwell_trainer.config import Plan
+from blackwell_trainer.plan.config import Plan
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"

@@ -16,7 +16,7 @@ from typing import Any
 from blackwell_operator.models.spec import API_GROUP, BlackwellTrainingJobSpec
 from blackwell_operator.render.pod import TRAINJOB_CONTAINER_NAME, pod_template
 from blackwell_operator.render.pytorchjob import trainer_command
-from blackwell_trainer.config import Plan
+from blackwell_trainer.plan.config import Plan
 
 GROUP = "trainer.kubeflow.org"
 API_VERSION = f"{GROUP}/v1alpha1"

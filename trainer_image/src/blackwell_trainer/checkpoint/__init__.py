@@ -1,0 +1,1 @@
+"""The job's distributed checkpoints: saved, verified, resumed, and when the loop saves them."""

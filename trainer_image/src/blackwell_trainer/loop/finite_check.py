@@ -1,0 +1,69 @@
+"""One step's check, on every rank together, that its loss, gradient norm and parameters are finite."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from blackwell_trainer.errors import NonFiniteStep
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (FSDP2 parameters, gradient norms), or the tensor itself."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) else tensor
+
+
+def _ranks_with(flags: torch.Tensor, world: int) -> list[list[int]]:
+    """For each flag, the ranks where it is set (collective: only called when some rank has one set)."""
+    gathered = [torch.zeros_like(flags) for _ in range(world)]
+    if world > 1:
+        dist.all_gather(gathered, flags)
+    else:
+        gathered = [flags]
+    rows = [row.tolist() for row in gathered]
+    return [[r for r in range(world) if rows[r][k]] for k in range(flags.numel())]
+
+
+def reduce_loss_checked(
+    step: int,
+    loss_sum: torch.Tensor,
+    accum: int,
+    grad_norm: torch.Tensor,
+    model: nn.Module | None,
+    *,
+    foreach: bool,
+) -> float:
+    """The step's loss averaged over ranks; NonFiniteStep on every rank if any value is not finite.
+
+    This rank's view of the step goes into one all-reduce: its loss and whether its loss, its share of
+    the gradient norm and its parameter shards are finite. The largest parameter magnitude is
+    non-finite iff one parameter is: what a checkpoint of this step would hold is checked before any
+    save of it (one read of the local shards; `model` None skips that read, tuning.parameter_check).
+    Called after the optimizer step; `step` is its number.
+    """
+    if model is None:  # the parameter scan is switched off (tuning.parameter_check): finite by fiat
+        largest = torch.zeros((), device=loss_sum.device)
+    else:
+        params = [_local(p.detach()) for p in model.parameters()]
+        largest = torch.nn.utils.get_total_norm(params, norm_type=math.inf, foreach=foreach)
+    local = torch.stack(
+        [
+            loss_sum / accum,
+            (~torch.isfinite(loss_sum)).float(),
+            (~torch.isfinite(_local(grad_norm.detach()))).float(),
+            (~torch.isfinite(largest)).float(),
+        ]
+    )
+    reduced = local.clone()
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if world > 1:
+        dist.all_reduce(reduced, op=dist.ReduceOp.SUM)  # gloo has no AVG: sum, then divide
+    loss_value, *bad = reduced.tolist()  # synchronises: the step's time measured after it is real
+    loss_value /= world
+    if any(bad) or not math.isfinite(loss_value):
+        raise NonFiniteStep(step, loss_value, _ranks_with(local[1:], world))
+    return float(loss_value)

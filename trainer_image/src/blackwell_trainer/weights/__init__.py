@@ -1,0 +1,1 @@
+"""Hugging Face weights: loaded into the sharded model, exported from it, where they are stored."""
