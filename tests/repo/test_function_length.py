@@ -1,5 +1,5 @@
 """Short functions where the orchestration lives: none over 60 lines in the operator's handlers and in the
-trainer's loop (train.py and its Trainer's step, trainer.py), issues 23 and 34.
+trainer's loop (train.py and its Trainer's step, loop/trainer.py), issues 23 and 34.
 
 The handlers read, call and apply: a long one holds a decision that belongs in lifecycle/. train.py keeps
 the training loop; its components live in their own modules. Measured with ast, from the `def` line to the

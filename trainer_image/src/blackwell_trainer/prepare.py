@@ -4,7 +4,7 @@ Each work unit of the inputs (text_inputs.py) becomes one shard file: its docume
 model's own tokenizer.json, each followed by the EOS token, as a flat array of uint16/uint32 token ids.
 With `--chat`, each JSONL record is a conversation rendered with the checkpoint's own chat template
 (chat_template.py), and a mask file beside each shard marks the assistant's tokens, the only ones trained on
-(chat_data.py); a `.docs` file holds where each conversation starts, for packing without crossing them.
+(data/chat.py); a `.docs` file holds where each conversation starts, for packing without crossing them.
 Units run in parallel processes; a unit's shard is written under a temporary name and renamed, then its
 record is written, so a killed run redoes only the units without a record: no document is lost or
 written twice. When every unit is done, manifest.json lists the shards, and the trainer checks it.

@@ -5,13 +5,13 @@ Exit codes: 0 done or preempted after a checkpoint, 2 a bad or impossible plan, 
 checkpoint storage that does not fit it, an export of the trained weights that cannot be written, a
 checkpoint that cannot be written (the final one, the preemption one, or MAX_FAILED_SAVES_IN_A_ROW
 interval saves in a row) or none that verifies and loads, or a plan that ran out of GPU memory (with an
-OOM result line, oom.py), 3 a step whose loss, gradient norm or
-parameters are not finite (nothing of it is saved).
+OOM result line, loop/oom.py), 3 a step whose loss, gradient norm or parameters are not finite (nothing of
+it is saved).
 
-The loop's components live beside it, one per module: trainer (the model, its optimizer and one step),
-runtime (rank, device, process group),
-plan_check, optimizer (AdamW and the LR schedule), finite_check, step_report, checkpoint_manager (what a
-checkpoint holds and when it is saved), termination (the pod's termination message) and errors.
+The loop's components live in loop/, one per module: trainer (the model, its optimizer and one step),
+plan_check, optimizer (AdamW and the LR schedule), finite_check, step_report, termination (the pod's
+termination message); checkpoint/manager (what a checkpoint holds and when it is saved), parallel/runtime
+(rank, device, process group), data/sources (the one way the data opens) and errors beside them.
 """
 
 from __future__ import annotations
