@@ -73,6 +73,7 @@ def manifest(i: int, steps: int) -> dict[str, Any]:
         "metadata": {"name": f"elastic-{i}", "namespace": NAMESPACE},
         "spec": {
             "model": {"preset": "llama3.2-1b"},
+            "volumes": [{"name": "fsx", "claimName": "fsx-claim", "mountPath": "/fsx"}],
             "cluster": {
                 "instanceType": INSTANCE_TYPES[i],
                 "nodes": POOL,
@@ -84,7 +85,12 @@ def manifest(i: int, steps: int) -> dict[str, Any]:
                     "scaleUp": True,
                 },
             },
-            "training": {"sequenceLength": SEQUENCE, "globalBatchTokens": GLOBAL_BATCH, "steps": steps},
+            "training": {
+                "sequenceLength": SEQUENCE,
+                "globalBatchTokens": GLOBAL_BATCH,
+                "steps": steps,
+                "checkpoint": {"path": f"/fsx/checkpoints/elastic-{i}"},
+            },
         },
     }
 

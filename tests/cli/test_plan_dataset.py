@@ -46,6 +46,7 @@ def plan(
     dtype: str = "uint16",
     tuning: dict[str, object] | None = None,
     command: str = "plan",
+    sequences: int = 16,
 ) -> tuple[int, str]:
     """`btj plan` of a job mounting one volume that holds both (pytest's temporary root)."""
     volume = Path(os.path.commonpath([weights, shards]))
@@ -54,6 +55,10 @@ def plan(
     path = job(volume, {"architecture": named(weights), "weights": {"uri": str(weights)}}, dataset=dataset)
     manifest = yaml.safe_load(path.read_text())
     manifest["spec"]["tuning"] = FITTING if tuning is None else tuning
+    # The global batch pinned (the planner's rule would ask for far more than the fixture holds).
+    manifest["spec"]["training"]["globalBatchTokens"] = (
+        sequences * manifest["spec"]["training"]["sequenceLength"]
+    )
     path.write_text(yaml.safe_dump(manifest))
     result = runner.invoke(app, [command, str(path), "-o", "json"])
     return result.exit_code, result.stderr.strip()
@@ -130,7 +135,7 @@ def test_a_broken_manifest_is_refused_in_the_trainers_words(fsx: Path, tmp_path:
 
 def test_data_too_small_for_one_step_is_refused_naming_what_works(fsx: Path) -> None:
     # Issue 26: micro-batch 256 (auto's choice on 2 GPUs at sequence 128) for 12K tokens passed `btj plan`.
-    code, err = plan(fsx / "llama", fsx / "shards", tuning={})
+    code, err = plan(fsx / "llama", fsx / "shards", tuning={}, sequences=512)
     assert code == 2
     assert "fewer than one step needs (2 data-parallel ranks x micro-batch 256 = 512 samples)" in err, err
     # The trainer says the same of the same data and plan.
@@ -142,8 +147,12 @@ def test_data_too_small_for_one_step_is_refused_naming_what_works(fsx: Path) -> 
     assert err == f"error: {caught.value}"
     # The micro-batch it names plans, one more does not; no shorter sequence is offered below the minimum.
     largest = int(err.split("spec.tuning.microBatchSize: ")[1].split()[0])
-    assert plan(fsx / "llama", fsx / "shards", tuning={"microBatchSize": largest})[0] == 0
-    assert plan(fsx / "llama", fsx / "shards", tuning={"microBatchSize": largest + 1})[0] == 2
+    fits = plan(fsx / "llama", fsx / "shards", tuning={"microBatchSize": largest}, sequences=2 * largest)
+    assert fits[0] == 0
+    over = plan(
+        fsx / "llama", fsx / "shards", tuning={"microBatchSize": largest + 1}, sequences=2 * largest + 2
+    )
+    assert over[0] == 2
     assert "sequenceLength" not in err
 
 

@@ -97,12 +97,18 @@ def spec() -> BlackwellTrainingJobSpec:
     return BlackwellTrainingJobSpec.model_validate(
         {
             "model": {"preset": "llama3.2-1b"},
+            "volumes": [{"name": "fsx", "claimName": "fsx-claim", "mountPath": "/fsx"}],
             "cluster": {
                 "instanceType": "ml.p5en.48xlarge",
                 "nodes": 4,
                 "elastic": {"minNodes": 2, "maxNodes": 4, "gracePeriodSeconds": 0},
             },
-            "training": {"sequenceLength": 4096, "globalBatchTokens": 768 * 4096, "steps": 100},
+            "training": {
+                "sequenceLength": 4096,
+                "globalBatchTokens": 768 * 4096,
+                "steps": 100,
+                "checkpoint": {"path": "/fsx/checkpoints/elastic"},
+            },
         }
     )
 

@@ -49,7 +49,13 @@ def elastic_btj(name: str, *, grace: int = 1, cooldown: int = 0, scale_up: bool 
                 "scaleUp": scale_up,
             },
         },
-        training={"sequenceLength": SEQUENCE, "globalBatchTokens": GLOBAL_BATCH, "steps": 1000},
+        volumes=[{"name": "fsx", "claimName": "fsx-claim", "mountPath": "/fsx"}],
+        training={
+            "sequenceLength": SEQUENCE,
+            "globalBatchTokens": GLOBAL_BATCH,
+            "steps": 1000,
+            "checkpoint": {"path": f"/fsx/checkpoints/{name}"},
+        },
     )
 
 

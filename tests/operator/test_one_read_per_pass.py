@@ -41,7 +41,12 @@ def parses(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
 
 def _elastic(name: str) -> dict[str, Any]:
     elastic = {"minNodes": 1, "maxNodes": 2, "gracePeriodSeconds": 60, "cooldownSeconds": 0}
-    return btj(name, cluster={"instanceType": B200, "nodes": 2, "elastic": elastic})
+    return btj(
+        name,
+        cluster={"instanceType": B200, "nodes": 2, "elastic": elastic},
+        volumes=[{"name": "fsx", "claimName": "fsx-claim", "mountPath": "/fsx"}],
+        training={"sequenceLength": 8192, "steps": 1000, "checkpoint": {"path": f"/fsx/checkpoints/{name}"}},
+    )
 
 
 @pytest.mark.parametrize(

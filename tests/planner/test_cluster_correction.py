@@ -255,6 +255,8 @@ def test_a_measured_family_s_prediction_is_corrected_and_explained() -> None:
 
 def test_a_memory_overshoot_shrinks_the_micro_batch() -> None:
     spec = make_spec(nodes=2, seq=8192, precision="bf16", activationCheckpointing="selective")
+    # 840 sequences per rank: every micro-batch up to 8 divides it, so memory alone picks the size.
+    spec.training.global_batch_tokens = 8192 * 16 * 840
     before = plan_job(spec)
     overshoot = calibration(*(sample(f"j{i}", 1.0, MEMORY_BOUNDS[1]) for i in range(MIN_RUNS)))
     after = plan_job(spec, cluster=overshoot.corrector(spec.cluster.instance_type))

@@ -22,12 +22,18 @@ def spec(
     return BlackwellTrainingJobSpec.model_validate(
         {
             "model": {"preset": "llama3.2-1b"},
+            "volumes": [{"name": "fsx", "claimName": "fsx-claim", "mountPath": "/fsx"}],
             "cluster": {
                 "instanceType": "ml.p5en.48xlarge",
                 "nodes": nodes,
                 "elastic": {"minNodes": low, "maxNodes": high, **elastic},
             },
-            "training": {"sequenceLength": SEQUENCE, "globalBatchTokens": sequences * SEQUENCE, "steps": 100},
+            "training": {
+                "sequenceLength": SEQUENCE,
+                "globalBatchTokens": sequences * SEQUENCE,
+                "steps": 100,
+                "checkpoint": {"path": "/fsx/checkpoints/elastic"},
+            },
         }
     )
 
@@ -111,6 +117,11 @@ def test_a_fixed_job_keeps_the_rounding_tolerance_an_elastic_one_does_not() -> N
             {"nodes": 2, "elastic": {"minNodes": 1, "maxNodes": 2}},
             {"globalBatchTokens": 1000},
             "must be a multiple of spec.training.sequenceLength",
+        ),
+        (
+            {"nodes": 2, "elastic": {"minNodes": 1, "maxNodes": 2}},
+            {"sequenceLength": SEQUENCE},
+            "spec.cluster.elastic needs spec.training.checkpoint.path",
         ),
     ],
 )

@@ -182,7 +182,8 @@ CASES: dict[str, tuple[Spec, str | None, str, Follow | None]] = {
         None,
     ),
     "gpus-per-node-left-idle": (
-        spec(preset="llama3.1-70b", gpus=1),
+        # One sequence a GPU of the node a step: on all its GPUs no gradients are held across micro-steps.
+        spec(preset="llama3.1-70b", gpus=1, gbt=8 * 4096),
         None,
         "spec.cluster.gpusPerNode",
         lambda s, fix: [_set(s, "cluster.gpusPerNode", _number(fix, r"gpusPerNode: (\d+)"))],

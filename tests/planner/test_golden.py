@@ -40,10 +40,10 @@ def test_b200_small_models_do_not_checkpoint_when_memory_allows(golden: dict[str
 
 def test_b200_large_models_checkpoint(golden: dict[str, dict[str, Any]]) -> None:
     plans = _b200_single_node(golden)
-    # Those that fit on one node at all: Qwen2.5-72B at 8192 misses it by 0.1 GiB (its states alone are
-    # 144 GB per GPU), and the planner refuses it with a hint instead.
+    # Those that fit on one node at all: the 70B models' states and the gradients held across the
+    # accumulation of their 4 Mi-token global batch miss it, and the planner refuses them with a hint.
     large = [p.name for p in list_presets() if p.parameter_count > 30e9 and p.name in plans]
-    assert len(large) >= 2 and all(plans[name]["ac"] in ("full", "selective") for name in large)
+    assert len(large) >= 1 and all(plans[name]["ac"] in ("full", "selective") for name in large)
 
 
 def test_block_scaled_formats_only_where_gemms_are_large(golden: dict[str, dict[str, Any]]) -> None:
@@ -59,8 +59,12 @@ def test_block_scaled_formats_only_where_gemms_are_large(golden: dict[str, dict[
     # torchao FP8 still wins there by a few percent (docs/planner.md, "Why no MXFP8/NVFP4 on B200").
     ratios = []
     for preset in ("llama3.2-1b", "llama3.1-8b", "llama3.1-70b"):
-        best = plan_job(make_spec(preset)).predicted.tokens_per_second_per_gpu
-        pinned = plan_job(make_spec(preset, precision="nvfp4")).predicted.tokens_per_second_per_gpu
+        nodes = 2 if preset == "llama3.1-70b" else 1  # 70B and its global batch need two nodes
+        auto, nvfp4 = make_spec(preset, nodes=nodes), make_spec(preset, nodes=nodes, precision="nvfp4")
+        for s in (auto, nvfp4):  # the same batch for every width: only the GEMMs differ
+            s.training.global_batch_tokens = 2**21
+        best = plan_job(auto).predicted.tokens_per_second_per_gpu
+        pinned = plan_job(nvfp4).predicted.tokens_per_second_per_gpu
         ratios.append(pinned / best)
     assert ratios == sorted(ratios) and ratios[0] < 0.92 and ratios[-1] > 0.95, ratios
     # Hopper has no block-scaled formats at all.

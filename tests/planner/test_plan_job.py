@@ -178,21 +178,18 @@ def test_a_job_just_over_the_budget_is_also_told_the_headroom_that_would_fit() -
     # the smaller headroom, and that headroom really plans. (8B on one H200, the example before, now plans
     # at 5%: the single-device path's optimizer step has no FSDP2 root copies.)
     spec = make_spec(preset="llama3.1-70b", instance="ml.p6-b200.48xlarge", gpus_per_node=7, seq=2048)
+    spec.training.global_batch_tokens = 7 * 2048  # one sequence a GPU: no gradients held across micro-steps
     with pytest.raises(PlanningError) as err:
         plan_job(spec)
     found = re.search(r"or on these GPUs, spec\.tuning\.memoryHeadroom: (0\.\d\d) ", err.value.fix)
     assert found, err.value.fix
     room = float(found.group(1))
     assert 0.01 <= room < 0.05
-    plan = plan_job(
-        make_spec(
-            preset="llama3.1-70b",
-            instance="ml.p6-b200.48xlarge",
-            gpus_per_node=7,
-            seq=2048,
-            memoryHeadroom=room,
-        )
+    roomy = make_spec(
+        preset="llama3.1-70b", instance="ml.p6-b200.48xlarge", gpus_per_node=7, seq=2048, memoryHeadroom=room
     )
+    roomy.training.global_batch_tokens = 7 * 2048
+    plan = plan_job(roomy)
     assert plan.predicted.memory.peak_reserved <= 0.99 * plan.gpu.memory_bytes
     # Far over the budget (70B on one node) there is no headroom to offer, only more nodes.
     with pytest.raises(PlanningError) as far:
@@ -275,7 +272,8 @@ def test_a_pinned_micro_batch_larger_than_the_global_batch_is_rejected() -> None
 
 def test_evaluate_honours_the_candidates_accumulation_without_a_global_batch(default_plan: Plan) -> None:
     spec = load_manifest(None).spec
-    one = evaluate(spec, default_plan.chosen)
+    spec.training.global_batch_tokens = None
+    one = evaluate(spec, default_plan.chosen.model_copy(update={"gradient_accumulation_steps": 1}))
     four = evaluate(spec, default_plan.chosen.model_copy(update={"gradient_accumulation_steps": 4}))
     assert four.candidate.gradient_accumulation_steps == 4
     assert four.prediction.step_time_seconds > 3 * one.prediction.step_time_seconds

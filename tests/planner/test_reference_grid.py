@@ -12,9 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from blackwell_operator.calibrate.grid import GridRow, compare, grid_spec
+from blackwell_operator.calibrate.grid import GridRow, compare, grid_plan
 from blackwell_operator.calibration import load_calibration
-from blackwell_operator.planner import plan_job
 
 GRID_FILE = Path(__file__).resolve().parent / "data" / "h200_reference_grid.yaml"
 GRID: dict[str, Any] = yaml.safe_load(GRID_FILE.read_text())
@@ -56,7 +55,7 @@ def _measured_bound(model: str, ac: str, mbs: int) -> float:
 
 @pytest.mark.parametrize("model", sorted(GRID["models"]))
 def test_chosen_configuration_is_within_5_percent_of_the_best_measured(model: str) -> None:
-    plan = plan_job(grid_spec(GRID, model), calibration=REF)
+    plan = grid_plan(GRID, model, REF)
     chosen = plan.chosen
     assert chosen.precision.value == "bf16" and not chosen.compile and chosen.loss_chunk_tokens == 0
     best = max(r["tokens_per_second"] for r in GRID["runs"] if r["model"] == model and not r.get("oom"))

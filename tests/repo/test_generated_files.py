@@ -83,7 +83,7 @@ def test_stale_golden_plans_are_named(
     tree: Path, generate: ModuleType, capsys: pytest.CaptureFixture[str]
 ) -> None:
     golden = tree / "tests" / "planner" / "golden" / "plans.json"
-    golden.write_text(golden.read_text().replace('"mbs": 48', '"mbs": 47', 1))
+    golden.write_text(golden.read_text().replace('"mbs": 16', '"mbs": 15', 1))
     assert generate.main(["--check", "--root", str(tree)]) == 1
     assert "stale: tests/planner/golden/plans.json" in capsys.readouterr().err
 

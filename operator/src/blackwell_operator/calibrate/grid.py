@@ -6,12 +6,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from blackwell_operator.calibration.profile import Calibration
+from blackwell_operator.errors import PlanningError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
-from blackwell_operator.planner import evaluate
+from blackwell_operator.planner import evaluate, plan_job
 from blackwell_operator.units import GIB
 from blackwell_trainer.plan.config import (
     ActivationCheckpointing,
     Candidate,
+    Plan,
     Precision,
     PrecisionRecipe,
     Sharding,
@@ -50,16 +52,33 @@ class GridRow:
         return self.predicted_tps / self.measured_tps - 1.0
 
 
-def grid_spec(grid: dict[str, Any], model: str, memory_headroom: float = 0.0) -> BlackwellTrainingJobSpec:
-    """The one-GPU spec a grid model ran as."""
+def grid_spec(
+    grid: dict[str, Any], model: str, memory_headroom: float = 0.0, sequences: int | None = None
+) -> BlackwellTrainingJobSpec:
+    """The one-GPU spec a grid model ran as; `sequences` pins its global batch (else the planner's rule)."""
+    training: dict[str, Any] = {"sequenceLength": grid["sequence_length"]}
+    if sequences is not None:
+        training["globalBatchTokens"] = sequences * grid["sequence_length"]
     return BlackwellTrainingJobSpec.model_validate(
         {
             "model": grid["models"][model],
             "cluster": {"instanceType": grid["instance_type"], "nodes": 1, "gpusPerNode": grid["gpus"]},
-            "training": {"sequenceLength": grid["sequence_length"]},
+            "training": training,
             "tuning": {"memoryHeadroom": memory_headroom},
         }
     )
+
+
+def grid_plan(grid: dict[str, Any], model: str, cal: Calibration) -> Plan:
+    """The planner's choice for a grid model, at the largest measured micro-batch's global batch that plans:
+    the grid's runs had one micro-batch a step, so their batch is the fair one to plan for."""
+    sizes = sorted({r["mbs"] for r in grid["runs"] if r["model"] == model and not r.get("oom")}, reverse=True)
+    for sequences in sizes[:-1]:
+        try:
+            return plan_job(grid_spec(grid, model, sequences=sequences), calibration=cal)
+        except PlanningError:
+            continue
+    return plan_job(grid_spec(grid, model, sequences=sizes[-1]), calibration=cal)
 
 
 def grid_candidate(mbs: int, ac: str, gpus: int = 1) -> Candidate:

@@ -155,6 +155,12 @@ ELASTIC_WHOLE_SEQUENCES = (
     "job: every node count must train the same whole sequences per step. Fix: round globalBatchTokens to "
     "a multiple of sequenceLength"
 )
+ELASTIC_NEEDS_CHECKPOINT = (
+    "spec.cluster.elastic needs spec.training.checkpoint.path: every resize re-creates the job, which "
+    "resumes from its last checkpoint; without one each resize starts training again from step 0. Fix: set "
+    "spec.training.checkpoint.path to a folder on a file system every node shares, under a spec.volumes "
+    "entry's mountPath (e.g. /fsx/checkpoints/JOB with {name: fsx, claimName: fsx-claim, mountPath: /fsx})"
+)
 ELASTIC_RANGE = (
     "spec.cluster.elastic must have minNodes <= spec.cluster.nodes <= maxNodes. Fix: widen the range or "
     "set spec.cluster.nodes inside it"
@@ -762,6 +768,8 @@ class BlackwellTrainingJobSpec(WireModel):
             raise _spec_error("elastic_global_batch", ELASTIC_NEEDS_GLOBAL_BATCH)
         if tokens % self.training.sequence_length:
             raise _spec_error("elastic_global_batch", ELASTIC_WHOLE_SEQUENCES)
+        if self.training.checkpoint.path is None:
+            raise _spec_error("elastic_checkpoint", ELASTIC_NEEDS_CHECKPOINT)
         return self
 
     @model_validator(mode="after")

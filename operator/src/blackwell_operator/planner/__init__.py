@@ -21,7 +21,7 @@ from blackwell_operator.planner.correction import (
 from blackwell_operator.planner.elastic import plan_elastic
 from blackwell_operator.planner.explain import describe, explain, loss_reason
 from blackwell_operator.planner.figures import parameters_text
-from blackwell_operator.planner.inputs import hardware_for, problem_for
+from blackwell_operator.planner.inputs import chosen_global_batch, hardware_for, problem_for
 from blackwell_operator.planner.layout import Hardware, Layout, Setting
 from blackwell_operator.planner.local_disk import describe_local_storage, plan_local_storage
 from blackwell_operator.planner.memory import MemoryEstimate
@@ -103,6 +103,8 @@ def evaluate(
     cal = calibration or load_calibration()
     hw = hardware_for(spec)
     problem = problem_for(spec, cal, hw)
+    if spec.training.global_batch_tokens is None:
+        problem.global_batch_tokens = None  # the candidate's own accumulation is scored, not the rule's
     setting = Setting(
         candidate.precision,
         candidate.precision_recipe,
@@ -273,7 +275,7 @@ def _plan_fixed(
             *_left_out(pins, hw, cal),
             provenance_line(provenance),
             *describe_probe(probe, describe_candidate),
-            *_batch_note(problem, best),
+            *_batch_note(problem, best, spec),
             *notes,
             *([describe_correction(correction)] if correction is not None else []),
         ],
@@ -364,11 +366,17 @@ def _weights_notes(weights: WeightsConfig | None) -> list[str]:
     return [describe_load(weights.uri, weights.load)]
 
 
-def _batch_note(problem: Problem, best: Scored) -> list[str]:
-    """Say when the global batch had to be rounded up to whole micro-batches."""
+def _batch_note(problem: Problem, best: Scored, spec: BlackwellTrainingJobSpec) -> list[str]:
+    """Where the global batch came from (the rule, and how to pin it), or that it was rounded."""
     asked = problem.global_batch_tokens
     got = problem.tokens_per_micro_step(best.setting, best.setting.micro_batch_size)
     got *= best.gradient_accumulation_steps
+    if spec.training.global_batch_tokens is None:
+        chosen = chosen_global_batch(spec, problem.shapes, problem.hw)
+        return [
+            f"global batch {chosen.tokens:,} tokens per step, chosen by the planner: {chosen.reason}; "
+            f"pin it with spec.training.globalBatchTokens: {chosen.tokens}"
+        ]
     if asked is None or got == asked:
         return []
     return [f"global batch {got:,} tokens: {asked:,} requested, rounded to whole micro-batches"]

@@ -7,6 +7,7 @@ from blackwell_operator.catalogs import get_gpu, get_instance, resolve_model
 from blackwell_operator.errors import PlanningError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner.figures import memory_budget
+from blackwell_operator.planner.global_batch import ChosenBatch, choose_global_batch
 from blackwell_operator.planner.layout import Hardware
 from blackwell_operator.planner.search import Problem
 from blackwell_operator.planner.shapes import Shapes
@@ -40,13 +41,26 @@ def problem_for(spec: BlackwellTrainingJobSpec, cal: Calibration, hw: Hardware) 
             "use 1 or auto for chat data",
         )
     budget = memory_budget(hw.gpu.memory_bytes, spec.tuning.memory_headroom)
+    shapes = Shapes.of(arch)
+    tokens = spec.training.global_batch_tokens
+    chosen = tokens is None
+    if tokens is None:
+        tokens = chosen_global_batch(spec, shapes, hw).tokens
     return Problem(
-        Shapes.of(arch),
+        shapes,
         hw,
         cal,
         spec.training.sequence_length,
-        spec.training.global_batch_tokens,
+        tokens,
         budget,
-        exact_batch=spec.cluster.elastic is not None,
+        # The rule's batch is reached exactly, like an elastic job's: the tokens per step are the same on
+        # every node count, never moved by the micro-batch a search (or a re-plan) settles on. A fixed job's
+        # own value may be rounded to whole micro-batches (within 5%, and the plan says so).
+        exact_batch=chosen or spec.cluster.elastic is not None,
         document_mask=chat,
     )
+
+
+def chosen_global_batch(spec: BlackwellTrainingJobSpec, shapes: Shapes, hw: Hardware) -> ChosenBatch:
+    """The rule's global batch for a spec without spec.training.globalBatchTokens (global_batch.py)."""
+    return choose_global_batch(shapes.total_params, spec.training.sequence_length, hw.world)

@@ -120,7 +120,8 @@ def nodes_remedy(spec: BlackwellTrainingJobSpec, ctx: Context, with_changes: Cha
         return None
     per_step = base.training.sequence_length * hardware_for(base, fewest).world
     rounded = max(1, round(gbt / per_step)) * per_step
-    for value, why in ((rounded, "whole sequences on every GPU"), (None, "unset: a micro-batch each")):
+    rule = "unset: the planner's rule, docs/global-batch.md"
+    for value, why in ((rounded, "whole sequences on every GPU"), (None, rule)):
         changes, words = at(fewest, **{GLOBAL_BATCH: value})
         found = _plan_at(spec, ctx, changes)
         if found is not None:
@@ -175,7 +176,8 @@ def no_plan(spec: BlackwellTrainingJobSpec, ctx: Context, solved: Solved) -> Pla
         if nodes is not None:
             remedies.append(nodes)
     if gbt is not None and _plan_at(spec, ctx, {GLOBAL_BATCH: None}) is not None:
-        remedies.append(Remedy({GLOBAL_BATCH: None}, f"leave {GLOBAL_BATCH} unset (a micro-batch each)"))
+        rule = "the planner's rule, docs/global-batch.md"
+        remedies.append(Remedy({GLOBAL_BATCH: None}, f"leave {GLOBAL_BATCH} unset ({rule})"))
     if solved.pins.context_parallel is not None and _plan_at(spec, ctx, {CP: "auto"}) is not None:
         remedies.append(Remedy({CP: "auto"}, f"{CP}: auto (it splits each sequence over GPUs where needed)"))
     if not remedies:

@@ -108,7 +108,7 @@ def _split_families(spec: BlackwellTrainingJobSpec, ctx: Context, pins: Pins, hw
 def _within(problem: Problem) -> str:
     """How close the global batch must be reached, in words."""
     if problem.exact_batch:
-        return "exactly (an elastic job trains the same global batch on every node count)"
+        return "exactly (the same global batch on every node count: docs/global-batch.md)"
     return f"within {problem.batch_tolerance:.0%}"
 
 

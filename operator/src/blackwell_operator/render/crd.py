@@ -19,6 +19,7 @@ from blackwell_operator.models.spec import (
     API_VERSION,
     AUTO_RESUME_TRAINJOB,
     DEFAULT_SEQUENCE_LENGTH,
+    ELASTIC_NEEDS_CHECKPOINT,
     ELASTIC_NEEDS_GLOBAL_BATCH,
     ELASTIC_RANGE,
     ELASTIC_WHOLE_SEQUENCES,
@@ -195,6 +196,11 @@ SPEC_ROOT_RULES = [
         "rule": f"!({_ELASTIC}) || !has(self.training) || !has(self.training.globalBatchTokens) "
         f"|| self.training.globalBatchTokens % {_SEQUENCE} == 0",
         "message": ELASTIC_WHOLE_SEQUENCES,
+    },
+    {
+        "rule": f"!({_ELASTIC}) || (has(self.training) && has(self.training.checkpoint) "
+        "&& has(self.training.checkpoint.path))",
+        "message": ELASTIC_NEEDS_CHECKPOINT,
     },
     {
         "rule": "!has(self.cluster) || !has(self.cluster.topology) "
