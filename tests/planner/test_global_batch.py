@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 import yaml
-from blackwell_trainer.config import OomPhase, OomResult, Plan
 
 from blackwell_operator.calibration.cluster import MEMORY_BOUNDS, MIN_RUNS
 from blackwell_operator.errors import PlanningError
@@ -17,6 +16,7 @@ from blackwell_operator.planner import plan_job
 from blackwell_operator.planner.correction import learn
 from blackwell_operator.planner.global_batch import choose_global_batch, target_tokens
 from blackwell_operator.units import GIB
+from blackwell_trainer.plan.config import OomPhase, OomResult, Plan
 from tests.planner.test_cluster_correction import calibration, sample
 from tests.support.specs import make_spec
 
