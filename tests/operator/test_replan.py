@@ -104,7 +104,7 @@ async def _replanned_status(cluster: Cluster, replans: int, name: str = "w") -> 
 def _chosen_in_config_map(cluster: Cluster, name: str = "w") -> Candidate:
     config_map = cluster.config_map(f"{name}-plan")
     assert config_map is not None
-    (text,) = config_map["data"].values()
+    text = config_map["data"]["plan.json"]
     return Plan.model_validate_json(text).chosen
 
 
