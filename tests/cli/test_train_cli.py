@@ -17,7 +17,7 @@ from blackwell_operator.cli import _register_commands, app
 from blackwell_operator.cli.local_run import TERMINATION_LOG_ENV, local_run, trainer_container
 from blackwell_operator.render import render_children
 from tests.ports import free_port
-from tests.support.plans import plan_for
+from tests.support.plans import TINY_ARCHITECTURE, plan_for
 
 _register_commands()
 runner = CliRunner()
@@ -26,14 +26,7 @@ TIMEOUT_S = 300
 
 # The trainer tests' tiny model (tests/trainer/conftest.py), planned as a BTJ for one node of two GPUs:
 # two CPU processes under torch.distributed.run, gloo, three steps.
-TINY = {
-    "hiddenSize": 64,
-    "numLayers": 2,
-    "numAttentionHeads": 4,
-    "numKeyValueHeads": 2,
-    "intermediateSize": 128,
-    "vocabSize": 256,
-}
+TINY = TINY_ARCHITECTURE
 
 
 def tiny_job(tmp_path: Path, **training: Any) -> Path:

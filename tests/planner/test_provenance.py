@@ -15,6 +15,7 @@ from blackwell_operator.errors import SpecError
 from blackwell_operator.planner import plan_job
 from blackwell_operator.planner.provenance import recipe_ran, verdict
 from blackwell_trainer.plan.config import Basis, Plan, Precision
+from tests.support.plans import TINY_ARCHITECTURE
 from tests.support.specs import make_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -159,14 +160,7 @@ def test_a_calibration_derived_from_a_trainers_has_its_coverage() -> None:
 def _tiny_on_one_h200(**tuning: object) -> Plan:
     from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 
-    tiny = {
-        "hiddenSize": 64,
-        "numLayers": 2,
-        "numAttentionHeads": 4,
-        "numKeyValueHeads": 2,
-        "intermediateSize": 128,
-        "vocabSize": 256,
-    }
+    tiny = TINY_ARCHITECTURE
     spec = BlackwellTrainingJobSpec.model_validate(
         {
             "model": {"architecture": tiny},
