@@ -198,4 +198,6 @@ def test_run_joins_every_thread_it_started_before_it_returns(
     # the interpreter's exit could meet them.
     assert len(started) == 2 and "btj-shard-prefetch" in {t.name for t in started}
     assert not any(t.is_alive() for t in started)
-    assert set(threading.enumerate()) == before
+    # No thread it started outlives it. Threads an earlier test left behind may finish meanwhile, so
+    # the check is that nothing new is alive, not that the set is unchanged.
+    assert set(threading.enumerate()) <= before
