@@ -1,14 +1,19 @@
 """The operator's reading of a probe result (pure): from a pod's termination message to the Probed Event and
 one calibration sample per measured candidate, and a later plan on the same cluster that skips the probe
-because its candidates are now measured."""
+because its candidates are now measured. The first result of a generation's candidates is kept; figures
+no GPU can give are refused whole (the job trains the planner's pick); an all-OOM probe says so."""
 
 from __future__ import annotations
+
+import pytest
 
 from blackwell_operator.calibration.cluster import MIN_RUNS, ClusterCalibration
 from blackwell_operator.lifecycle.ownership import Lineage
 from blackwell_operator.lifecycle.probe import (
+    ProbePass,
     config_map_copy,
     joined,
+    pick_result,
     probe_pass,
     probe_result_of,
     probe_samples,
@@ -16,9 +21,11 @@ from blackwell_operator.lifecycle.probe import (
     result_of,
     with_probe_result,
 )
+from blackwell_operator.lifecycle.replan import candidate_line
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.models.status import BlackwellTrainingJobStatus, StatusChange
 from blackwell_operator.planner import plan_job
+from blackwell_trainer import probe as trainer_probe
 from blackwell_trainer.plan.config import Plan, ProbeMeasurement, ProbeOutcome, ProbeResult
 from tests.support.specs import make_spec
 
@@ -162,15 +169,123 @@ def test_another_childs_pod_a_re_planned_job_and_unreal_figures_teach_nothing() 
     replanned.probe.candidates[1].candidate.micro_batch_size += 1
     decided = probe_pass(btj_with(replanned), worker(), result, found=LINEAGE, now=NOW)
     assert not decided.new and decided.problem is not None and "re-planned" in decided.problem
-    broken = result.model_copy(deep=True)
-    broken.measurements[0].tokens_per_second_per_gpu = float("inf")
-    decided = probe_pass(btj_with(plan), worker(), broken, found=LINEAGE, now=NOW)
-    assert not decided.new and decided.problem is not None and "not a number" in decided.problem
-    # A reading above what the GPU can do is refused as a sample, named; the rest of the result stands.
-    fast = result.model_copy(deep=True)
-    fast.measurements[0].tokens_per_second_per_gpu = 1e9
-    decided = probe_pass(btj_with(plan), worker(), fast, found=LINEAGE, now=NOW)
-    assert decided.new and len(decided.samples) == 1 and "BF16 dense peak" in decided.refused[0]
+
+
+def _refused(plan: Plan, result: ProbeResult) -> ProbePass:
+    """The pass of a result whose figures no GPU can give: refused whole, the planner's pick kept."""
+    assert plan.probe is not None
+    decided = probe_pass(btj_with(plan), worker(), result, found=LINEAGE, now=NOW)
+    assert decided.new and decided.warning and decided.event is not None
+    assert decided.event[0] == "ProbeRefused" and decided.samples == () and decided.refused == ()
+    assert decided.change is not None and decided.change.probe is not None
+    probe = decided.change.probe
+    assert probe.winner == 0 and probe.chosen == plan.probe.candidates[0].candidate and probe.candidates == []
+    assert probe.refused is not None and probe.summary == decided.event[1]
+    assert "training the planner's pick, which is " in decided.event[1]
+    assert decided.plan is not None and decided.plan.probe is not None
+    assert decided.plan.probe.result == pick_result(plan, result.seconds)
+    return decided
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "why"),
+    [
+        ("tokens_per_second_per_gpu", float("inf"), "candidate 0's tokens/s is inf, not a number"),
+        ("tokens_per_second_per_gpu", 1e30, "of the BF16 dense peak, above the"),
+        ("tokens_per_second_per_gpu", 0.0, "is not a rate"),
+        ("peak_reserved_bytes", 2**50, "is more than the GPU's"),
+        ("seconds", float("inf"), "candidate 0's wall time is inf"),
+    ],
+)
+def test_figures_beyond_the_gpu_are_refused_whole_and_the_job_trains_the_pick(
+    field: str, value: float, why: str
+) -> None:
+    plan = plan_job(spec(), job_name="j")
+    result = result_for(plan, winner=1, speed=[0.9, 1.0])
+    result.measurements[0] = result.measurements[0].model_copy(update={field: value})
+    decided = _refused(plan, result)
+    assert decided.event is not None and why in decided.event[1]
+
+
+def test_a_dropped_candidate_above_the_card_is_refused_too() -> None:
+    plan = plan_job(spec(), job_name="j")
+    assert plan.probe is not None
+    result = result_for(plan, winner=0, speed=[1.0, 1.0], oom=1)
+    result.measurements[1].peak_reserved_bytes = 2 * plan.gpu.memory_bytes
+    decided = _refused(plan, result)
+    assert decided.event is not None and "candidate 1: " in decided.event[1]
+
+
+def test_the_first_result_of_a_generation_is_kept_and_a_later_different_one_is_not_taken() -> None:
+    plan = plan_job(spec(), job_name="j")
+    assert plan.probe is not None
+    first = result_for(plan, winner=1, speed=[0.9, 1.0])
+    decided = probe_pass(btj_with(plan), worker(), first, found=LINEAGE, now=NOW)
+    assert decided.change is not None and decided.change.probe is not None
+    stored = btj_with(plan, probe=decided.change.probe.model_dump(mode="json", by_alias=True))
+    # Another worker of the same child reports a different result (its own winner): not taken, logged.
+    other = result_for(plan, winner=0, speed=[1.1, 1.0])
+    later = probe_pass(stored, worker(), other, found=LINEAGE, now=NOW)
+    assert not later.new and later.event is None and later.samples == ()
+    assert later.problem is not None and "first result" in later.problem
+    # A replacement child's pod repeating the kept choice (the trainer read the plan's copy): quiet.
+    replacement = Lineage("PyTorchJob", "j", "u-new-job", "j", "u-btj")
+    stored["status"]["child"]["uid"] = "u-new-job"  # type: ignore[index]
+    again = probe_pass(stored, worker(), first, found=replacement, now=NOW)
+    assert not again.new and again.problem is None
+    # ... and figures beyond the GPU after the first result change nothing either.
+    wild = first.model_copy(deep=True)
+    wild.measurements[1].tokens_per_second_per_gpu = 1e30
+    assert not probe_pass(stored, worker(), wild, found=replacement, now=NOW).new
+    # An out-of-memory re-plan made other candidates in this generation: they are probed anew.
+    replanned = plan.model_copy(deep=True)
+    assert replanned.probe is not None
+    replanned.probe.candidates[1].candidate.micro_batch_size += 1
+    status = stored["status"]
+    assert isinstance(status, dict)
+    anew = {**stored, "status": {**status, "plan": replanned.model_dump(mode="json", by_alias=True)}}
+    fresh = result_for(replanned, winner=1, speed=[0.9, 1.0])
+    assert probe_pass(anew, worker(), fresh, found=replacement, now=NOW).new
+
+
+def test_an_all_out_of_memory_probe_says_so_and_trains_the_pick() -> None:
+    plan = plan_job(spec(), job_name="j")
+    assert plan.probe is not None
+    result = result_for(plan, winner=0, speed=[1.0, 1.0])
+    result.measurements = [
+        m.model_copy(
+            update={
+                "outcome": ProbeOutcome.OUT_OF_MEMORY,
+                "tokens_per_second_per_gpu": None,
+                "peak_reserved_bytes": None,
+            }
+        )
+        for m in result.measurements
+    ]
+    decided = probe_pass(btj_with(plan), worker(), result, found=LINEAGE, now=NOW)
+    assert decided.new and decided.warning and decided.event is not None
+    reason, message = decided.event
+    pick = plan.probe.candidates[0]
+    assert reason == "Probed" and "the planner's pick won" not in message
+    assert (
+        "every candidate ran out of memory; training the planner's pick, which is "
+        f"{candidate_line(pick.candidate, pick.prediction.memory.peak_reserved)}" in message
+    )
+    assert decided.change is not None and decided.change.probe is not None
+    assert decided.change.probe.summary == message and decided.samples == ()
+
+
+def test_a_refused_result_is_the_copy_every_restart_trains_with() -> None:
+    plan = plan_job(spec(), job_name="j")
+    assert plan.probe is not None
+    wild = result_for(plan, winner=1, speed=[0.9, 1.0])
+    wild.measurements[1].tokens_per_second_per_gpu = 1e30
+    decided = _refused(plan, wild)
+    assert decided.change is not None and decided.change.probe is not None
+    kept = with_probe_result(plan, BlackwellTrainingJobStatus(probe=decided.change.probe), 2)
+    assert kept.probe is not None and kept.probe.result == pick_result(plan, wild.seconds)
+    # The trainer restarted in place (its termination message names its own winner) trains the pick.
+    assert trainer_probe.earlier_choice(kept, wild.to_line()) == kept.probe.result
 
 
 def test_the_reconciler_keeps_this_generations_choice_only() -> None:

@@ -214,3 +214,76 @@ async def test_a_failed_worker_with_a_probe_line_is_one_status_write_and_a_forge
     calibration = stored_calibration(cluster)
     assert calibration is not None and {s.job for s in calibration.samples} == {f"{NAMESPACE}/f"}
     assert len(calibration.samples) == len(SPEED) and len(probed_events(cluster, "f")) == 1
+
+
+def with_speeds(plan: Plan, winner: int, speeds: list[float]) -> ProbeResult:
+    """result_for with other figures and winner: what a worker that disagrees would report."""
+    result = result_for(plan)
+    for m, speed in zip(result.measurements, speeds, strict=True):
+        m.tokens_per_second_per_gpu = round(speed * m.predicted_tokens_per_second_per_gpu, 1)
+    assert plan.probe is not None
+    return result.model_copy(update={"winner": winner, "chosen": plan.probe.candidates[winner].candidate})
+
+
+async def add_worker(cluster: Cluster, name: str, index: int, job: dict[str, Any], line: str) -> None:
+    done = container(state={"terminated": terminated(0, "Completed", T2, f"done\n{line}\n")})
+    await cluster.add_pod(pod(f"{name}-worker-{index}", job=name, owner=job), pod_status(done))
+
+
+@pytest.mark.integration
+async def test_the_first_result_of_a_child_stays_and_a_later_different_one_is_not_taken(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv(store.NAMESPACE_ENV, HOME)
+    async with running_operator(cluster):
+        plan, first, job = await probed_job(cluster, "a")
+        probe = await wait_for(lambda: cluster.status("a").get("probe"), what="status.probe")
+        # Two more workers of the same child report other figures and another winner.
+        await add_worker(cluster, "a", 1, job, with_speeds(plan, 0, [1.05, 0.9]).to_line())
+        await add_worker(cluster, "a", 2, job, with_speeds(plan, 1, [0.5, 0.99]).to_line())
+        for worker in ("a-worker-1", "a-worker-2"):  # handled: refused (logged) or taken (status moved)
+            await wait_for(
+                lambda w=worker: (
+                    f"{w}: status.probe holds this generation's first result" in caplog.text
+                    or cluster.status("a").get("probe") != probe
+                ),
+                what=f"{worker}'s result handled",
+            )
+        await cluster.settle("a")
+    assert cluster.status("a")["probe"] == probe
+    assert len(probed_events(cluster, "a")) == 1
+    copied = config_map_plan(cluster, "a")
+    assert copied.probe is not None and copied.probe.result == first
+    calibration = stored_calibration(cluster)
+    assert calibration is not None and len(calibration.samples) == len(SPEED)  # the first result's only
+
+
+@pytest.mark.integration
+async def test_figures_beyond_the_gpu_are_refused_and_the_job_trains_the_planners_pick(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(store.NAMESPACE_ENV, HOME)
+    async with running_operator(cluster):
+        await cluster.apply(btj("r", training=TRAINING))
+        job = await wait_for(lambda: cluster.job("r"), what="r's PyTorchJob")
+        plan = Plan.model_validate(await wait_for(lambda: cluster.status("r").get("plan"), what="r's plan"))
+        wild = result_for(plan)
+        wild.measurements[1].tokens_per_second_per_gpu = 1e30
+        await add_worker(cluster, "r", 0, job, wild.to_line())
+        (event,) = await wait_for(
+            lambda: [e for e in cluster.events("r") if e.get("reason") == "ProbeRefused"], what="the refusal"
+        )
+        probe = await wait_for(lambda: cluster.status("r").get("probe"), what="status.probe")
+        await cluster.settle("r")
+    assert plan.probe is not None
+    pick = plan.probe.candidates[0].candidate
+    assert event["type"] == "Warning" and "BF16 dense peak" in event["message"]
+    assert "; training the planner's pick, which is " in event["message"]
+    assert probe["winner"] == 0 and probe["chosen"] == pick.model_dump(by_alias=True, mode="json")
+    assert probe["refused"] in event["message"] and probe["summary"] == event["message"]
+    assert "1e+30" not in json.dumps(probe) and probe.get("candidates", []) == []
+    assert probed_events(cluster, "r") == [] and stored_calibration(cluster) is None
+    copied = config_map_plan(cluster, "r")
+    assert copied.probe is not None and copied.probe.result is not None
+    assert (copied.probe.result.winner, copied.probe.result.chosen) == (0, pick)
+    assert trainer_probe.earlier_choice(copied, wild.to_line()) == copied.probe.result

@@ -489,12 +489,14 @@ def _restored_rng(device: torch.device) -> Iterator[None]:
 
 
 def earlier_choice(plan: Plan, termination_message: str) -> ProbeResult | None:
-    """The choice an earlier start of this job made: in its checkpoint folder, the termination message
-    (a restart in place) or the plan (the operator's copy); None when there is none for these candidates."""
+    """The choice this job made: the plan's (the operator's copy, which every worker reads alike: the
+    first result the operator took, or the planner's pick where it refused the figures), else an earlier
+    start's in its checkpoint folder or termination message (a restart in place); None when there is none
+    for these candidates."""
     probe = plan.probe
     if probe is None:
         return None
-    found = [_read_file(plan), ProbeResult.find(termination_message), probe.result]
+    found = [probe.result, _read_file(plan), ProbeResult.find(termination_message)]
     for result in found:
         if (
             result is not None

@@ -123,6 +123,11 @@ def unphysical(plan: Plan, tokens_per_s: float, reserved_bytes: int) -> str | No
             f"{tokens_per_s:,.0f} tokens/s per GPU is {mfu:.2f} of the BF16 dense peak, above the "
             f"{ceiling:g} the GPU can do with recipe {plan.chosen.precision_recipe.value}"
         )
+    return over_memory(plan, reserved_bytes)
+
+
+def over_memory(plan: Plan, reserved_bytes: int) -> str | None:
+    """Why a peak reserved reading cannot be the plan's GPU's (None: it can): more than the card has."""
     if reserved_bytes > RESERVED_SLACK * plan.gpu.memory_bytes:
         return f"{reserved_bytes} bytes reserved is more than the GPU's {plan.gpu.memory_bytes}"
     return None

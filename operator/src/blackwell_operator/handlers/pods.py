@@ -155,7 +155,9 @@ def apply_probe(
     if decided.plan is not None and not _copy_plan(ctx, btj, decided.plan, logger):
         return False
     if decided.event is not None:
-        post_event(btj, *decided.event)
+        if decided.warning:
+            logger.warning(f"BlackwellTrainingJob {namespace}/{found.btj_name}: {decided.event[1]}")
+        post_event(btj, *decided.event, warning=decided.warning)
     return True
 
 

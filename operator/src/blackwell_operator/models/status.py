@@ -196,6 +196,16 @@ class ProbeStatus(WireModel):
         description="The spec generation it was probed for: a later plan of it keeps the choice.",
     )
     observed_at: str = Field(description="RFC 3339 time the operator read it from the pod.")
+    summary: str | None = Field(
+        default=None,
+        description="What the operator concluded, in the words of its Event (every candidate out of memory, "
+        "the figures refused, or the winner and how far the planner's pick was behind it).",
+    )
+    refused: str | None = Field(
+        default=None,
+        description="Why the probe's figures were refused (beyond what the GPU can do, or not numbers): none "
+        "is kept, and the job trains the planner's pick (winner 0).",
+    )
 
 
 class BlackwellTrainingJobStatus(WireModel):
