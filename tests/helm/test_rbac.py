@@ -33,11 +33,22 @@ FRAMEWORK: set[Grant] = {
 CLUSTER_SCOPED = {"nodes", "namespaces", "customresourcedefinitions"}
 # The Role for the cluster calibration's ConfigMap in the release namespace (in both modes).
 CALIBRATION_ROLE_SUFFIX = "-calibration"
+# The served-namespace marker: a Role per watched namespace granting an inert verb to a ServiceAccount name
+# no pod runs as, not to the operator (tests/helm/test_install_steps.py checks it grants nothing).
+MARKER_COMPONENT = "served-namespace"
+
+
+def _is_marker(obj: dict[str, Any]) -> bool:
+    return obj["metadata"].get("labels", {}).get("app.kubernetes.io/component") == MARKER_COMPONENT
 
 
 def watch_roles(objects: list[dict[str, Any]], kind: str = "Role") -> list[dict[str, Any]]:
-    """The Roles (or RoleBindings) of namespaced mode: one per watched namespace."""
-    return [r for r in by_kind(objects, kind) if not r["metadata"]["name"].endswith(CALIBRATION_ROLE_SUFFIX)]
+    """The operator's Roles (or RoleBindings) of namespaced mode: one per watched namespace."""
+    return [
+        r
+        for r in by_kind(objects, kind)
+        if not r["metadata"]["name"].endswith(CALIBRATION_ROLE_SUFFIX) and not _is_marker(r)
+    ]
 
 
 def grants(rules: Iterable[dict[str, Any]]) -> set[Grant]:
@@ -51,7 +62,8 @@ def grants(rules: Iterable[dict[str, Any]]) -> set[Grant]:
 
 
 def chart_grants(objects: list[dict[str, Any]]) -> set[Grant]:
-    roles = by_kind(objects, "ClusterRole") + by_kind(objects, "Role")
+    """What the chart grants the operator (the served-namespace markers grant it nothing)."""
+    roles = [r for r in by_kind(objects, "ClusterRole") + by_kind(objects, "Role") if not _is_marker(r)]
     return set().union(*(grants(role["rules"]) for role in roles))
 
 

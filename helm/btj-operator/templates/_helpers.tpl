@@ -185,3 +185,38 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/part-of: blackwell-training-operator
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
+
+{{/* The namespace check (docs/install.md, "A job no operator serves"). In each served namespace a Role and
+RoleBinding give the marker ServiceAccount the verb `serve` on BlackwellTrainingJobs: a verb nothing in
+Kubernetes acts on, for a ServiceAccount no pod runs as. Every release of the chart binds the same name, so
+the API server's own authorizer can answer, for any namespace, "does some release serve it?". */}}
+{{- define "btj-operator.servedMarkerName" -}}
+{{- printf "%s-served" (include "btj-operator.fullname" . | trunc 56 | trimSuffix "-") }}
+{{- end }}
+
+{{/* The marker's ServiceAccount name: the same in every release and chart version (never change it). */}}
+{{- define "btj-operator.servedMarkerAccount" -}}
+btj-served-marker
+{{- end }}
+
+{{/* The ValidatingAdmissionPolicy (and its binding) that warns about a BTJ no release serves. */}}
+{{- define "btj-operator.unservedPolicyName" -}}
+{{- printf "%s-unserved-namespace" (include "btj-operator.fullname" . | trunc 44 | trimSuffix "-") }}
+{{- end }}
+
+{{/* "true" when the namespace check is rendered: namespaced mode, enabled, and a Kubernetes with
+ValidatingAdmissionPolicy v1 (1.30; `helm template` assumes its own client's version unless given
+--kube-version: its offline capabilities list API versions, not kinds). */}}
+{{- define "btj-operator.warnsUnserved" -}}
+{{- if and .Values.unservedNamespaceWarning.enabled (not .Values.operator.clusterWide) (semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version) }}true{{- end }}
+{{- end }}
+
+{{- define "btj-operator.servedMarkerLabels" -}}
+helm.sh/chart: {{ include "btj-operator.chart" . }}
+app.kubernetes.io/name: {{ include "btj-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/component: served-namespace
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: blackwell-training-operator
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
