@@ -193,3 +193,17 @@ def test_one_plan_shows_one_budget(tmp_path: Path) -> None:
     shown |= set(re.findall(r"GiB GPU less 5% headroom\s*│\s*(\d+\.\d)", text))
     assert len(re.findall(r"(\d+\.\d) GiB budget", text)) >= 3, text
     assert shown == {"133.3"}, shown  # 133.38 GiB, rounded down as a limit is
+
+
+def test_plan_shows_the_global_batch_where_it_came_from_and_the_line_that_pins_it() -> None:
+    root = Path(__file__).resolve().parents[2] / "examples"
+    chosen = runner.invoke(app, ["plan", str(root / "llama3.2-1b-single-node.yaml")])
+    assert chosen.exit_code == 0, chosen.output
+    text = " ".join(chosen.stdout.split())
+    assert "Global batch: 524,288 tokens per step, chosen by the planner's rule" in text
+    # The exact YAML a user pastes into the manifest.
+    assert "  spec:\n    training:\n      globalBatchTokens: 524288\n" in chosen.stdout
+    pinned = runner.invoke(app, ["plan", "-o", "json", str(root / "llama3.1-8b-kueue.yaml")])
+    assert pinned.exit_code == 0, pinned.output
+    assert "pinned (spec.training.globalBatchTokens: 4194304)" in pinned.stderr
+    json.loads(pinned.stdout)  # the plan alone on stdout

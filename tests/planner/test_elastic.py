@@ -89,8 +89,9 @@ def test_no_count_in_the_range_plans_is_an_error_naming_the_field_and_the_fix() 
     assert "least common multiple" in caught.value.fix
 
 
-def test_a_fixed_job_keeps_the_rounding_tolerance_an_elastic_one_does_not() -> None:
-    # 1,000 sequences reach within 5% on 32 GPUs (rounded up to whole micro-batches) but not exactly.
+def test_a_fixed_job_and_an_elastic_one_both_refuse_a_batch_they_cannot_reach_exactly() -> None:
+    # 1,000 sequences on 32 GPUs: no whole micro-batches reach them. A fixed job was once planned at a
+    # rounded batch within 5%; now both refuse, naming the field (and the fixed one the nearest values).
     fixed = BlackwellTrainingJobSpec.model_validate(
         {
             "model": {"preset": "llama3.2-1b"},
@@ -98,7 +99,10 @@ def test_a_fixed_job_keeps_the_rounding_tolerance_an_elastic_one_does_not() -> N
             "training": {"sequenceLength": SEQUENCE, "globalBatchTokens": 1000 * SEQUENCE},
         }
     )
-    assert plan_job(fixed).global_batch_tokens != 1000 * SEQUENCE
+    with pytest.raises(PlanningError) as caught:
+        plan_job(fixed)
+    assert caught.value.field == "spec.training.globalBatchTokens"
+    assert f"globalBatchTokens: {992 * SEQUENCE} or {1024 * SEQUENCE}" in caught.value.fix
     with pytest.raises(PlanningError, match="does not divide over 32 data-parallel ranks"):
         plan_job(spec(nodes=4, low=4, high=4, sequences=1000), schedulable=4)
 

@@ -173,7 +173,7 @@ CASES: dict[str, tuple[Spec, str | None, str, Follow | None]] = {
         spec(gbt=4096 * 8 * 3 + 4096 * 4),
         None,
         "spec.training.globalBatchTokens",
-        lambda s, fix: [_set(s, "training.globalBatchTokens", 4 * _number(fix, r"multiple of ([\d,]+)"))],
+        lambda s, fix: [_set(s, "training.globalBatchTokens", _number(fix, r"globalBatchTokens: (\d+) or"))],
     ),
     "micro-batch-too-big-for-memory": (
         spec(preset="llama3.1-70b", nodes=2, microBatchSize=64),

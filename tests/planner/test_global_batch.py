@@ -57,12 +57,10 @@ def test_every_example_trains_the_same_tokens_per_step_on_1_2_and_4_nodes(
         assert reached == plan.global_batch_tokens
         tokens[nodes] = plan.global_batch_tokens
     assert len(tokens) >= 2, name
+    # The user's value exactly where there is one (never rounded to suit the micro-batch), else the rule's.
     pinned = spec["training"].get("globalBatchTokens")
-    if pinned is None or "elastic" in spec["cluster"]:
-        assert len(set(tokens.values())) == 1, (name, tokens)
-        assert pinned is None or set(tokens.values()) == {pinned}
-    else:  # a fixed job's own value: whole micro-batches within 5% (the plan says so), never another size
-        assert all(abs(t / pinned - 1) <= 0.05 for t in tokens.values()), (name, tokens)
+    assert len(set(tokens.values())) == 1, (name, tokens)
+    assert pinned is None or set(tokens.values()) == {pinned}, (name, tokens)
 
 
 def test_the_rule_follows_model_size_and_sequence_length_only() -> None:
@@ -127,3 +125,43 @@ def test_the_rule_s_batch_is_reached_exactly_where_a_rounded_one_would_be_faster
     chosen = plan_job(make_spec(seq=4096, nodes=1))
     assert chosen.global_batch_tokens == 2**21
     assert 64 % chosen.chosen.micro_batch_size == 0
+
+
+def test_a_pinned_batch_is_trained_exactly_where_a_rounded_one_would_be_faster() -> None:
+    # The same spec with the rule's value pinned: the user's number is trained, not one within 5% of it.
+    spec = make_spec(seq=4096, nodes=1)
+    spec.training.global_batch_tokens = 2**21
+    plan = plan_job(spec)
+    assert plan.global_batch_tokens == 2**21
+    assert 64 % plan.chosen.micro_batch_size == 0
+    assert f"pinned (spec.training.globalBatchTokens: {2**21})" in "\n".join(plan.explanation)
+
+
+def test_a_pinned_batch_no_micro_batch_reaches_is_refused_with_the_nearest_values() -> None:
+    spec = make_spec(seq=8192, nodes=1)
+    spec.training.global_batch_tokens = 2**21 + 8192  # 257 sequences over 8 GPUs
+    with pytest.raises(PlanningError) as caught:
+        plan_job(spec)
+    assert caught.value.field == "spec.training.globalBatchTokens"
+    assert f"globalBatchTokens: {2**21} or {2**21 + 8 * 8192}" in caught.value.fix
+
+
+def test_the_batch_stored_with_the_job_is_kept_over_the_rule() -> None:
+    # status.globalBatch from an earlier rule (or an earlier plan): kept, and the plan says so.
+    spec = make_spec(seq=8192, nodes=2)
+    plan = plan_job(spec, global_batch=2**20)
+    assert plan.global_batch_tokens == 2**20
+    line = next(x for x in plan.explanation if x.startswith("global batch"))
+    assert "kept" in line and "status.globalBatch" in line and "globalBatchTokens: 1048576" in line
+    # The spec's own value wins over a stored one.
+    spec.training.global_batch_tokens = 2**22
+    assert plan_job(spec, global_batch=2**20).global_batch_tokens == 2**22
+
+
+def test_a_stored_batch_the_job_s_gpus_cannot_reach_is_refused_never_chosen_again() -> None:
+    # Chosen on 2 nodes (256 sequences), then the node count edited to 3: 24 GPUs do not divide it.
+    with pytest.raises(PlanningError) as caught:
+        plan_job(make_spec(seq=8192, nodes=3), global_batch=2**21)
+    assert caught.value.field == "spec.training.globalBatchTokens"
+    assert "status.globalBatch" in caught.value.message
+    assert f"globalBatchTokens: {240 * 8192} or {264 * 8192}" in caught.value.fix

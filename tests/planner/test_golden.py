@@ -66,7 +66,8 @@ def test_block_scaled_formats_only_where_gemms_are_large(golden: dict[str, dict[
         best = plan_job(auto).predicted.tokens_per_second_per_gpu
         pinned = plan_job(nvfp4).predicted.tokens_per_second_per_gpu
         ratios.append(pinned / best)
-    assert ratios == sorted(ratios) and ratios[0] < 0.92 and ratios[-1] > 0.95, ratios
+    # (Exactly the same batch for both: at 2048 and 4096 NVFP4 loses clearly, at 8192 it nearly pays.)
+    assert max(ratios[:-1]) < 0.92 and ratios[-1] > 0.95, ratios
     # Hopper has no block-scaled formats at all.
     assert all(v.get("precision") not in ("mxfp8", "nvfp4") for k, v in golden.items() if "/p5en/" in k)
 

@@ -279,14 +279,17 @@ def test_evaluate_honours_the_candidates_accumulation_without_a_global_batch(def
     assert four.prediction.step_time_seconds > 3 * one.prediction.step_time_seconds
 
 
-def test_global_batch_is_met_within_5_percent_or_rejected() -> None:
+def test_a_pinned_global_batch_is_met_exactly_or_refused_with_the_nearest_values() -> None:
     spec = make_spec(preset="llama3.2-1b")
-    spec.training.global_batch_tokens = 1_000_000
-    p = plan_job(spec)
-    assert abs(p.global_batch_tokens / 1_000_000 - 1) <= 0.05
-    assert any("1,000,000 requested" in note for note in p.explanation)
+    spec.training.global_batch_tokens = 1_000_000  # not whole sequences of 4096 on 8 GPUs
+    with pytest.raises(PlanningError) as caught:
+        plan_job(spec)
+    assert caught.value.field == "spec.training.globalBatchTokens"
+    assert "globalBatchTokens: 983040 or 1015808" in caught.value.fix
+    spec.training.global_batch_tokens = 983_040
+    assert plan_job(spec).global_batch_tokens == 983_040
     pinned = make_spec(preset="llama3.2-1b", microBatchSize=3, contextParallel=1)
     pinned.training.global_batch_tokens = 4 * 4096 * 8
-    with pytest.raises(PlanningError, match="cannot reach globalBatchTokens 131,072 within 5%") as err:
+    with pytest.raises(PlanningError, match="cannot reach globalBatchTokens 131,072 exactly") as err:
         plan_job(pinned)
     assert err.value.field == "spec.tuning.microBatchSize"

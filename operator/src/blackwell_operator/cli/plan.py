@@ -212,6 +212,23 @@ def _local_storage_line(plan: Plan, console: Console) -> None:
     )
 
 
+def global_batch_lines(plan: Plan, pinned: bool) -> list[str]:
+    """Where the plan's global batch came from, and the manifest lines that pin it (docs/global-batch.md)."""
+    tokens = plan.global_batch_tokens
+    if pinned:
+        return [
+            f"Global batch: {tokens:,} tokens per step, pinned (spec.training.globalBatchTokens: {tokens})."
+        ]
+    return [
+        f"Global batch: {tokens:,} tokens per step, chosen by the planner's rule from the model and the "
+        "sequence length (docs/global-batch.md); the operator stores it with the job and keeps it. Pin it "
+        "in the manifest with:",
+        "  spec:",
+        "    training:",
+        f"      globalBatchTokens: {tokens}",
+    ]
+
+
 @app.command()
 def plan(
     file: Annotated[
@@ -239,7 +256,14 @@ def plan(
         typer.echo(yaml.safe_dump(json.loads(result.to_json()), sort_keys=False), nl=False)
     else:
         headroom = job.spec.tuning.memory_headroom
-        render_plan_tables(result, table_console(), explain=explain, headroom=headroom)
+        console = table_console()
+        render_plan_tables(result, console, explain=explain, headroom=headroom)
+    batch = global_batch_lines(result, spec.training.global_batch_tokens is not None)
+    if output is PlanFormat.TABLE:
+        for line in batch:  # wrapped to the terminal, as the tables are; the YAML lines are short
+            console.print(line, markup=False, highlight=False)
+    else:
+        typer.echo("\n".join(batch), err=True)
     typer.echo(backend_note, err=True)
     if explain and output is not PlanFormat.TABLE:
         for line in result.explanation:

@@ -25,6 +25,7 @@ from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.logs import Logger
 from blackwell_operator.lifecycle.backends import CONCRETE, backend_of_kind, choose_backend
 from blackwell_operator.lifecycle.elastic import stored_choice
+from blackwell_operator.lifecycle.global_batch import kept_tokens
 from blackwell_operator.lifecycle.replan import correction_of
 from blackwell_operator.lifecycle.status_read import ReadBtj
 from blackwell_operator.models.spec import Backend, BlackwellTrainingJobSpec
@@ -51,7 +52,8 @@ class PassInputs:
     """What one pass plans from, each read once: the BTJ and its parsed status (which also holds this
     generation's probe choice, lifecycle/probe.with_probe_result), the spec, the memory correction that
     applies to it, the cluster correction, and for an elastic job the node count its stored plan chose
-    (`kept`) or, on its first plan, the healthy nodes (`schedulable`)."""
+    (`kept`) or, on its first plan, the healthy nodes (`schedulable`); and the global batch stored with
+    the job that a spec leaving globalBatchTokens unset keeps (`batch`, lifecycle/global_batch.py)."""
 
     read: ReadBtj
     spec: BlackwellTrainingJobSpec
@@ -59,6 +61,7 @@ class PassInputs:
     cluster: Corrector | None
     kept: NodeChoice | None
     schedulable: int | None
+    batch: int | None = None
 
     @property
     def body(self) -> Mapping[str, Any]:
@@ -85,7 +88,9 @@ def read_inputs(ctx: OperatorContext, read: ReadBtj, logger: Logger) -> PassInpu
     # An elastic job keeps the count its stored plan chose; its first plan takes the healthy nodes.
     kept = stored_choice(body, stored) if spec.cluster.elastic is not None else None
     schedulable = schedulable_nodes(ctx, spec, logger) if spec.cluster.elastic and not kept else None
-    return PassInputs(read, spec, correction, cluster, kept, schedulable)
+    # The global batch chosen before (status.globalBatch): every later plan of the job keeps it.
+    batch = kept_tokens(spec, stored, read.generation)
+    return PassInputs(read, spec, correction, cluster, kept, schedulable, batch)
 
 
 def cluster_corrector(

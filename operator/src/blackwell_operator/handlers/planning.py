@@ -38,6 +38,7 @@ def plan_within(
     cluster: Corrector | None = None,
     schedulable: int | None = None,
     current: NodeChoice | None = None,
+    global_batch: int | None = None,
 ) -> Plan:
     """plan_job in its own daemon thread, waited for at most `deadline_s`.
 
@@ -56,6 +57,7 @@ def plan_within(
                 cluster=cluster,
                 schedulable=schedulable,
                 current=current,
+                global_batch=global_batch,
             )
             answer.put(plan)
         except BaseException as exc:  # handed to the waiting reconcile, which raises it there

@@ -42,6 +42,7 @@ from blackwell_operator.lifecycle.child_apply import (
     resume_note,
 )
 from blackwell_operator.lifecycle.convergence import needs_reconcile
+from blackwell_operator.lifecycle.global_batch import recorded
 from blackwell_operator.lifecycle.outcome import PassOutcome, SeenChild
 from blackwell_operator.lifecycle.probe import with_probe_result
 from blackwell_operator.lifecycle.status_read import ReadBtj, read_btj, read_status
@@ -214,6 +215,7 @@ class Reconciler:
                 cluster=inputs.cluster,
                 schedulable=inputs.schedulable,
                 current=inputs.kept,
+                global_batch=inputs.batch,
             )
         except SpecError as exc:
             return outcomes.invalid(inputs.generation, exc.reason, exc.message)
@@ -229,7 +231,8 @@ class Reconciler:
             needed=plan.nodes,  # an elastic job's count may differ from spec.cluster.nodes
             queue_name=spec.queue_name,
         )
-        outcome = replace(outcome, backend=seen.backend)
+        batch = recorded(spec, plan, inputs.stored, inputs.generation)  # status.globalBatch, with the plan
+        outcome = replace(outcome, backend=seen.backend, global_batch=batch)
         if spec.dry_run:
             return outcomes.dry_run(outcome)
         if seen.backend is None:

@@ -22,16 +22,19 @@ from blackwell_operator.lifecycle.conditions import (
     remove_condition,
     set_conditions,
 )
+from blackwell_operator.lifecycle.global_batch import batch_edit
 from blackwell_operator.lifecycle.message import set_message
 from blackwell_operator.lifecycle.phase import CHILD_PHASES, child_conditions, child_headline
 from blackwell_operator.lifecycle.references import CHECKPOINT_PATH_IN_USE, SERVICE_ACCOUNT_MISSING
 from blackwell_operator.lifecycle.replan import REPLANNED_REASON
 from blackwell_operator.models.spec import Backend
 from blackwell_operator.models.status import (
+    PLAN_HISTORY_LIMIT,
     BlackwellTrainingJobStatus,
     ChildReference,
     Condition,
     ConditionType,
+    GlobalBatch,
     Phase,
     StatusChange,
 )
@@ -93,6 +96,8 @@ class PassOutcome:
     requeue: Requeue | None = None
     error: str | None = None
     recreated: bool = False
+    # status.globalBatch for `plan` (lifecycle/global_batch.recorded), written with it.
+    global_batch: GlobalBatch | None = None
 
     def adding(
         self, *conditions: ConditionChange, events: tuple[Notice, ...] = (), **fields: Any
@@ -339,6 +344,7 @@ def _planned_change(outcome: PassOutcome, stored: BlackwellTrainingJobStatus, no
         change.precision = plan.chosen.precision.value
         change.micro_batch_size = plan.chosen.micro_batch_size
         change.activation_checkpointing = plan.chosen.activation_checkpointing.value
+        _record_batch(change, outcome.global_batch, stored, plan, now)
     if outcome.phase is not None:
         change.phase = outcome.phase
         set_message(change, outcome.message, change.phase)  # no worker failure: its own phases
@@ -346,6 +352,18 @@ def _planned_change(outcome: PassOutcome, stored: BlackwellTrainingJobStatus, no
         conds = _first_sight(change, conds, outcome, seen, stored, now)
     change.conditions = conds
     return change
+
+
+def _record_batch(
+    change: StatusChange, batch: GlobalBatch | None, stored: BlackwellTrainingJobStatus, plan: Plan, now: str
+) -> None:
+    """status.globalBatch with the plan it describes, and a user's edit that changed it in planHistory."""
+    if batch is None:
+        return
+    change.global_batch = batch
+    entry = batch_edit(stored.global_batch, batch, stored.plan, plan, at=now)
+    if entry is not None:
+        change.plan_history = [*stored.plan_history, entry][-PLAN_HISTORY_LIMIT:]
 
 
 def _first_sight(

@@ -11,6 +11,7 @@ from blackwell_operator.admission.job import Rejected, validate_body
 from blackwell_operator.calibration.cluster import frozen
 from blackwell_operator.errors import SpecError
 from blackwell_operator.lifecycle.conditions import set_condition
+from blackwell_operator.lifecycle.global_batch import kept_tokens
 from blackwell_operator.lifecycle.message import set_message
 from blackwell_operator.lifecycle.phase import fail
 from blackwell_operator.lifecycle.status_read import StatusLike, read_status, typed
@@ -190,7 +191,13 @@ def replan_changes(
             same_cluster = frozen(failed.cluster_correction)
             # An elastic job keeps its node count: only the memory changed.
             plan = plan_job(
-                spec, job_name=name, correction=correction, cluster=same_cluster, current=failed.elastic
+                spec,
+                job_name=name,
+                correction=correction,
+                cluster=same_cluster,
+                current=failed.elastic,
+                # The global batch stays the job's (status.globalBatch): only the micro-batch moves.
+                global_batch=kept_tokens(spec, stored, generation),
             )
     except Rejected as exc:
         why = f"the spec no longer passes admission ({exc.lines[0]})"

@@ -33,7 +33,8 @@ _PLAN_KEYS = frozenset({"plan", "nodes", "precision", "microBatchSize", "activat
 
 RECONCILE = StatusWriter(
     "reconcile",
-    _CHILD_KEYS | _PLAN_KEYS | {"observedGeneration", "backend", "lastFailure"},
+    # globalBatch, and planHistory's entry when a user's edit changes it (lifecycle/global_batch.py).
+    _CHILD_KEYS | _PLAN_KEYS | {"observedGeneration", "backend", "lastFailure", "globalBatch", "planHistory"},
     _CHILD_CONDITIONS
     | {C.PLANNED, C.PLAN_VERIFIED, C.CAPACITY_AVAILABLE, C.CHILD_CREATED, C.SPEC_APPLIED}
     | {C.IMAGE_PULL_SECRETS_FOUND},

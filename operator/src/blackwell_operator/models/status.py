@@ -140,17 +140,50 @@ class PlanChange(WireModel):
 
     at: str = Field(description="RFC 3339 time of the re-plan.")
     generation: int = Field(ge=1, description="The spec generation.")
-    reason: str = Field(description="Why: OutOfMemory, or Resized (an elastic job's node count changed).")
+    reason: str = Field(
+        description="Why: OutOfMemory, Resized (an elastic job's node count changed), or SpecEdit (a user's "
+        "edit changed the global batch: globalBatchBefore, globalBatchAfter)."
+    )
     nodes_before: int | None = Field(default=None, ge=1, description="Nodes of the replaced plan (Resized).")
     nodes_after: int | None = Field(default=None, ge=1, description="Nodes of the new plan (Resized).")
     message: str = Field(default="", description="What was measured and what the correction is.")
-    failed: Candidate = Field(description="The configuration that failed.")
+    failed: Candidate | None = Field(
+        default=None, description="The configuration that failed (SpecEdit: the one planned before)."
+    )
     failed_summary: str = Field(default="", description="The failed plan in one line.")
     failed_child_uid: str | None = Field(default=None, description="UID of the child that ran it.")
     replacement: Candidate | None = Field(
         default=None, description="The configuration planned instead; none when nothing fits any more."
     )
     replacement_summary: str = Field(default="", description="The new plan in one line.")
+    global_batch_before: int | None = Field(
+        default=None, ge=1, description="Tokens per optimizer step before (SpecEdit)."
+    )
+    global_batch_after: int | None = Field(default=None, ge=1, description="Tokens per optimizer step after.")
+
+
+class BatchSource(StrEnum):
+    """Where a job's global batch came from."""
+
+    PINNED = "Pinned"  # spec.training.globalBatchTokens
+    RULE = "Rule"  # the planner's rule (docs/global-batch.md), from the model and the sequence length
+    EARLIER_PLAN = "EarlierPlan"  # status.plan of an operator that did not store status.globalBatch yet
+
+
+class GlobalBatch(WireModel):
+    """The tokens per optimizer step the job trains, stored with it: every later plan of the job keeps
+    them (an out-of-memory re-plan, a probe, a calibration change, a resize, an operator restart, an edit
+    of other fields); only a user's edit of globalBatchTokens, the model or the sequence length changes
+    them, and status.planHistory records that (docs/global-batch.md)."""
+
+    tokens: int = Field(ge=1, description="Tokens per optimizer step.")
+    source: BatchSource = Field(description="Pinned (spec.training.globalBatchTokens), Rule or EarlierPlan.")
+    rule: str | None = Field(default=None, description="The rule and its version, when the rule chose it.")
+    chosen_for: str = Field(
+        description="SHA-256 of the spec fields the rule chose it for (the model and the sequence length): "
+        "an edit of either chooses again."
+    )
+    generation: int = Field(ge=1, description="The spec generation it was set on.")
 
 
 class ElasticStatus(WireModel):
@@ -240,6 +273,11 @@ class BlackwellTrainingJobStatus(WireModel):
         max_length=PLAN_HISTORY_LIMIT,
         description=f"The latest re-plans (at most {PLAN_HISTORY_LIMIT}), oldest first.",
     )
+    global_batch: GlobalBatch | None = Field(
+        default=None,
+        description="The global batch the job trains and where it came from; kept by every later plan "
+        "(docs/global-batch.md).",
+    )
     elastic: ElasticStatus | None = Field(
         default=None, description="An elastic job's view of the nodes and its resizes (docs/elastic.md)."
     )
@@ -275,6 +313,7 @@ class StatusChange(WireModel):
     last_failure: WorkerFailure | None = None
     memory_correction: MemoryCorrection | None = None
     plan_history: list[PlanChange] | None = Field(default=None, max_length=PLAN_HISTORY_LIMIT)
+    global_batch: GlobalBatch | None = None
     elastic: ElasticStatus | None = None
     probe: ProbeStatus | None = None
     nodes: int | None = None

@@ -136,8 +136,13 @@ def plan_job(
     cluster: Corrector | None = None,
     schedulable: int | None = None,
     current: NodeChoice | None = None,
+    global_batch: int | None = None,
 ) -> Plan:
     """Resolve a spec into the fastest plan that fits, with alternatives and reasons.
+
+    `global_batch`: the tokens per step stored with the job (status.globalBatch,
+    lifecycle/global_batch.kept_tokens), trained exactly where the spec leaves globalBatchTokens unset,
+    instead of choosing by the rule again; a value no fitting micro-batch reaches is refused.
 
     An elastic spec (spec.cluster.elastic) is planned for the largest node count of its range that the
     `schedulable` healthy nodes hold (spec.cluster.nodes when unknown) and that plans, reaching its
@@ -166,6 +171,7 @@ def plan_job(
             checkpoint=checkpoint,
             correction=correction,
             cluster=cluster,
+            global_batch=global_batch,
         )
 
     if spec.cluster.elastic is not None:
@@ -181,6 +187,7 @@ def _plan_fixed(
     checkpoint: CheckpointFacts | None,
     correction: MemoryCorrection | None,
     cluster: Corrector | None,
+    global_batch: int | None = None,
 ) -> Plan:
     """plan_job on the spec's own node count."""
     facts = checkpoint or CheckpointFacts()
@@ -189,7 +196,8 @@ def _plan_fixed(
     if correction is not None:
         cal = corrected_calibration(cal, correction)
     model_name, arch = resolve_model(spec.model)
-    ctx = Context(cal, cluster, micro_batch_limits(correction) if correction is not None else {})
+    limits = micro_batch_limits(correction) if correction is not None else {}
+    ctx = Context(cal, cluster, limits, kept_batch=global_batch)
     try:
         solved = solve(spec, ctx)
     except PlanningError as error:
@@ -275,7 +283,7 @@ def _plan_fixed(
             *_left_out(pins, hw, cal),
             provenance_line(provenance),
             *describe_probe(probe, describe_candidate),
-            *_batch_note(problem, best, spec),
+            *_batch_note(problem, spec),
             *notes,
             *([describe_correction(correction)] if correction is not None else []),
         ],
@@ -366,20 +374,23 @@ def _weights_notes(weights: WeightsConfig | None) -> list[str]:
     return [describe_load(weights.uri, weights.load)]
 
 
-def _batch_note(problem: Problem, best: Scored, spec: BlackwellTrainingJobSpec) -> list[str]:
-    """Where the global batch came from (the rule, and how to pin it), or that it was rounded."""
-    asked = problem.global_batch_tokens
-    got = problem.tokens_per_micro_step(best.setting, best.setting.micro_batch_size)
-    got *= best.gradient_accumulation_steps
-    if spec.training.global_batch_tokens is None:
-        chosen = chosen_global_batch(spec, problem.shapes, problem.hw)
-        return [
-            f"global batch {chosen.tokens:,} tokens per step, chosen by the planner: {chosen.reason}; "
-            f"pin it with spec.training.globalBatchTokens: {chosen.tokens}"
-        ]
-    if asked is None or got == asked:
+def _batch_note(problem: Problem, spec: BlackwellTrainingJobSpec) -> list[str]:
+    """The global batch, where it came from (pinned, kept, or the rule) and how to pin it."""
+    tokens = problem.global_batch_tokens
+    if tokens is None:
         return []
-    return [f"global batch {got:,} tokens: {asked:,} requested, rounded to whole micro-batches"]
+    pin = f"spec.training.globalBatchTokens: {tokens}"
+    if spec.training.global_batch_tokens is not None:
+        return [f"global batch {tokens:,} tokens per step, pinned ({pin})"]
+    if problem.kept_batch:
+        return [
+            f"global batch {tokens:,} tokens per step, kept: the batch this job trains (status.globalBatch, "
+            f"docs/global-batch.md); pin it with {pin}"
+        ]
+    chosen = chosen_global_batch(spec, problem.shapes, problem.hw)
+    return [
+        f"global batch {tokens:,} tokens per step, chosen by the planner: {chosen.reason}; pin it with {pin}"
+    ]
 
 
 def _alternatives(

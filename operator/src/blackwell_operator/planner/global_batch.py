@@ -17,6 +17,9 @@ BUCKETS: tuple[tuple[float, int], ...] = (
 )
 LARGEST = 2**22
 RULE_DOC = "docs/global-batch.md"
+# The rule's name and version, stored with each job it chose for (status.globalBatch.rule): a later
+# operator with another rule keeps what this one chose (docs/global-batch.md).
+RULE_VERSION = "tokens-by-model-size/1"
 
 
 @dataclass(frozen=True)

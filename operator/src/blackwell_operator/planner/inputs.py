@@ -28,8 +28,14 @@ def hardware_for(spec: BlackwellTrainingJobSpec, nodes: int | None = None) -> Ha
     return Hardware(gpu, instance, nodes or spec.cluster.nodes, gpn)
 
 
-def problem_for(spec: BlackwellTrainingJobSpec, cal: Calibration, hw: Hardware) -> Problem:
-    """The search problem of a spec on some hardware: shapes, sequence, global batch, memory budget."""
+def problem_for(
+    spec: BlackwellTrainingJobSpec, cal: Calibration, hw: Hardware, kept: int | None = None
+) -> Problem:
+    """The search problem of a spec on some hardware: shapes, sequence, global batch, memory budget.
+
+    The global batch is the spec's (spec.training.globalBatchTokens), else `kept` (the one stored with the
+    job, status.globalBatch: lifecycle/global_batch.py), else the rule's; every one is reached exactly.
+    """
     _, arch = resolve_model(spec.model)
     chat = spec.training.dataset.kind == DatasetKind.CHAT
     if chat and spec.tuning.context_parallel not in ("auto", 1):
@@ -43,9 +49,9 @@ def problem_for(spec: BlackwellTrainingJobSpec, cal: Calibration, hw: Hardware) 
     budget = memory_budget(hw.gpu.memory_bytes, spec.tuning.memory_headroom)
     shapes = Shapes.of(arch)
     tokens = spec.training.global_batch_tokens
-    chosen = tokens is None
+    kept_batch = tokens is None and kept is not None
     if tokens is None:
-        tokens = chosen_global_batch(spec, shapes, hw).tokens
+        tokens = kept if kept is not None else chosen_global_batch(spec, shapes, hw).tokens
     return Problem(
         shapes,
         hw,
@@ -53,11 +59,8 @@ def problem_for(spec: BlackwellTrainingJobSpec, cal: Calibration, hw: Hardware) 
         spec.training.sequence_length,
         tokens,
         budget,
-        # The rule's batch is reached exactly, like an elastic job's: the tokens per step are the same on
-        # every node count, never moved by the micro-batch a search (or a re-plan) settles on. A fixed job's
-        # own value may be rounded to whole micro-batches (within 5%, and the plan says so).
-        exact_batch=chosen or spec.cluster.elastic is not None,
         document_mask=chat,
+        kept_batch=kept_batch,
     )
 
 

@@ -13,8 +13,6 @@ from blackwell_operator.planner.memory import MemoryEstimate, estimate_memory
 from blackwell_operator.planner.shapes import Shapes
 from blackwell_operator.planner.throughput import TimeEstimate, estimate_time
 
-# The global batch a plan reaches may differ from the requested one by this fraction (whole micro-batches).
-GLOBAL_BATCH_TOLERANCE = 0.05
 # Micro-batch sizes timed per family when a global batch fixes the tokens per step.
 SIZES_PER_FAMILY = 8
 # Families (by rank) whose next, non-fitting micro-batch is timed for the alternatives.
@@ -78,13 +76,8 @@ class Problem:
     mbs_limits: dict[tuple[str, str, str, str, int], int] = field(default_factory=dict)
     # Packed chat rows (dataset.kind chat): attention through a document mask (FlexAttention).
     document_mask: bool = False
-    # An elastic job reaches the global batch exactly: every node count must train the same batches.
-    exact_batch: bool = False
-
-    @property
-    def batch_tolerance(self) -> float:
-        """How far the reached global batch may be from the requested one (a fraction)."""
-        return 0.0 if self.exact_batch else GLOBAL_BATCH_TOLERANCE
+    # The global batch is the one stored with the job (status.globalBatch), not the spec's or the rule's.
+    kept_batch: bool = False
 
     def tokens_per_micro_step(self, setting: Setting, mbs: int) -> int:
         """Tokens all data-parallel ranks process in one micro-step."""
@@ -94,8 +87,7 @@ class Problem:
         """Largest micro-batch the trainer and the global batch allow."""
         limit = min(self.cal.trainer.max_micro_batch_size, self.mbs_limits.get(setting.family, 1 << 30))
         if self.global_batch_tokens is not None:
-            most = self.global_batch_tokens * (1 + self.batch_tolerance)
-            limit = min(limit, int(most // self.tokens_per_micro_step(setting, 1)))
+            limit = min(limit, self.global_batch_tokens // self.tokens_per_micro_step(setting, 1))
         return limit
 
     def accumulation(self, setting: Setting, mbs: int) -> int:
@@ -105,13 +97,12 @@ class Problem:
         return max(1, round(self.global_batch_tokens / self.tokens_per_micro_step(setting, mbs)))
 
     def batch_ok(self, setting: Setting, mbs: int) -> bool:
-        """Whether whole micro-batches of this size reach the global batch within the tolerance."""
+        """Whether whole micro-batches of this size reach the global batch exactly: the user's number (or
+        the rule's) is what trains, never one rounded to suit the micro-batch (docs/global-batch.md)."""
         if self.global_batch_tokens is None:
             return True
         got = self.accumulation(setting, mbs) * self.tokens_per_micro_step(setting, mbs)
-        if self.exact_batch:
-            return got == self.global_batch_tokens
-        return abs(got / self.global_batch_tokens - 1.0) <= GLOBAL_BATCH_TOLERANCE
+        return got == self.global_batch_tokens
 
     _memo: dict[Setting, tuple[MemoryEstimate, int]] = field(default_factory=dict)
     _layouts: dict[tuple[str, int], Layout] = field(default_factory=dict)

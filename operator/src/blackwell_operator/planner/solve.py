@@ -27,10 +27,12 @@ class Context:
     correct: Corrector | None = None
     # Per family, the largest micro-batch allowed (planner.correction), as Problem.mbs_limits.
     mbs_limits: dict[tuple[str, str, str, str, int], int] = field(default_factory=dict)
+    # The global batch stored with the job (status.globalBatch), for a spec that leaves it unset.
+    kept_batch: int | None = None
 
     def problem(self, spec: BlackwellTrainingJobSpec, hw: Hardware) -> Problem:
         """The search problem of `spec` on `hw`, with this context's corrections."""
-        problem = problem_for(spec, self.cal, hw)
+        problem = problem_for(spec, self.cal, hw, self.kept_batch)
         problem.correct = self.correct
         problem.mbs_limits = self.mbs_limits
         return problem
@@ -105,11 +107,21 @@ def _split_families(spec: BlackwellTrainingJobSpec, ctx: Context, pins: Pins, hw
     return [f for f in offered if f.context_parallel > 1]
 
 
-def _within(problem: Problem) -> str:
-    """How close the global batch must be reached, in words."""
-    if problem.exact_batch:
-        return "exactly (the same global batch on every node count: docs/global-batch.md)"
-    return f"within {problem.batch_tolerance:.0%}"
+# How a global batch is reached: exactly, never rounded to suit the micro-batch.
+_EXACTLY = "exactly (docs/global-batch.md)"
+
+
+def _which(problem: Problem) -> str:
+    """The global batch named in a refusal: the spec's, or the one stored with the job."""
+    if problem.kept_batch:
+        return "the global batch this job trains (status.globalBatch, kept while globalBatchTokens is unset)"
+    return "globalBatchTokens"
+
+
+def nearest_reachable(tokens: int, step: int) -> list[int]:
+    """The multiples of `step` nearest to `tokens`, below and above (one where it is below one step)."""
+    below = tokens // step * step
+    return [v for v in (below, below + step) if v > 0]
 
 
 def check_global_batch(problem: Problem, fams: list[Setting], pins: Pins) -> None:
@@ -134,7 +146,7 @@ def check_global_batch(problem: Problem, fams: list[Setting], pins: Pins) -> Non
         raise PlanningError(
             "spec.tuning.microBatchSize",
             f"whole micro-batches of {mbs} ({step:,} tokens per micro-step) cannot reach globalBatchTokens "
-            f"{gbt:,} {_within(problem)}",
+            f"{gbt:,} {_EXACTLY}",
             f"use auto, or a globalBatchTokens that is a multiple of {step:,}",
         )
     if all(problem.max_mbs(f) < 1 for f in fams):
@@ -147,15 +159,18 @@ def check_global_batch(problem: Problem, fams: list[Setting], pins: Pins) -> Non
 
 
 def unreachable_global_batch(problem: Problem, pins: Pins, result: SearchResult) -> PlanningError | None:
-    """Memory allowed some micro-batch, but none reaches the global batch within the tolerance."""
+    """Memory allowed some micro-batch, but none reaches the global batch exactly."""
     if problem.global_batch_tokens is None or pins.micro_batch_size is not None:
         return None
     if not any(f.max_fitting_mbs > 0 for f in result.families):
         return None
-    step = min(problem.tokens_per_micro_step(f.family, 1) for f in result.families)
+    # Micro-batches of one reach any multiple of the largest micro-step of the families that fit.
+    step = max(problem.tokens_per_micro_step(f.family, 1) for f in result.families if f.max_fitting_mbs > 0)
+    values = " or ".join(str(v) for v in nearest_reachable(problem.global_batch_tokens, step))
     return PlanningError(
         "spec.training.globalBatchTokens",
-        f"{problem.global_batch_tokens:,} tokens cannot be reached {_within(problem)} by whole "
-        "micro-batches that fit",
-        f"use a multiple of {step:,} (sequence length x data-parallel GPUs)",
+        f"{_which(problem)} {problem.global_batch_tokens:,} tokens cannot be reached {_EXACTLY} by "
+        f"whole micro-batches that fit on {problem.hw.world} GPUs",
+        f"use spec.training.globalBatchTokens: {values} (the nearest multiples of {step:,}: sequence length "
+        "x data-parallel GPUs)",
     )
