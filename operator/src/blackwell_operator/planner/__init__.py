@@ -382,12 +382,14 @@ def _batch_note(problem: Problem, spec: BlackwellTrainingJobSpec) -> list[str]:
     pin = f"spec.training.globalBatchTokens: {tokens}"
     if spec.training.global_batch_tokens is not None:
         return [f"global batch {tokens:,} tokens per step, pinned ({pin})"]
-    if problem.kept_batch:
+    chosen = chosen_global_batch(spec, problem.shapes, problem.hw)
+    # Kept where the rule chooses the same: the line the first plan had, so that the plan (and its child's
+    # hash) of a restart or a re-plan reads as the one before.
+    if problem.kept_batch and tokens != chosen.tokens:
         return [
             f"global batch {tokens:,} tokens per step, kept: the batch this job trains (status.globalBatch, "
             f"docs/global-batch.md); pin it with {pin}"
         ]
-    chosen = chosen_global_batch(spec, problem.shapes, problem.hw)
     return [
         f"global batch {tokens:,} tokens per step, chosen by the planner: {chosen.reason}; pin it with {pin}"
     ]
