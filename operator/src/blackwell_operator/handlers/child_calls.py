@@ -102,6 +102,17 @@ class ChildCalls:
             create=False,
         )
 
+    def delete_stale(self, job_path: str, uid: str) -> bool:
+        """Delete the child a re-plan replaces, by its uid (never a newer one of its name); whether this
+        call deleted it (False: gone already, or another child has the name, which the retried pass
+        reads)."""
+        try:
+            return self.api.delete(job_path, uid=uid)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+            return False
+
     def patch(self, kind: ChildKind, job_path: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         """Patch the job in place (it has not started)."""
         return named(

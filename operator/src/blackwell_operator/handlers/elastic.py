@@ -4,7 +4,8 @@ One loop for the operator, like the resync and stuck-pod loops (no Kopf timer pe
 `BTJ_ELASTIC_INTERVAL_S` it reads, for each elastic BTJ the watch has shown, the schedulable nodes of its
 instance type (the cached node reader) and lets lifecycle/elastic.py decide; a resize writes the new plan
 first, then deletes the child, and the re-create path makes the new one from status.plan (as after an
-out-of-memory re-plan). The per-BTJ lock keeps it apart from the resync loop and recreate-child.
+out-of-memory re-plan); the written resize is the intent every later pass finishes when a step is lost
+(docs/operator.md, "Intents"). The per-BTJ lock keeps it apart from the resync loop and recreate-child.
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ def check_job(
     made: dict[str, PlanChange] = {}
 
     def update(current: Mapping[str, Any]) -> StatusChange | None:
+        if _landed(current, made.get("entry")):
+            return None  # an earlier attempt's write landed and its answer was lost: it is done
         made.clear()
         if _elastic_spec(current) is None:
             return None  # changed meanwhile (finished, replaced, deleted): nothing to do
@@ -114,24 +117,43 @@ def check_job(
         ctx, namespace, name, update, ELASTIC_LOOP, logger, purpose="check the nodes of an elastic job"
     )
     entry = made.get("entry")
-    if not done or written is None or entry is None:
+    if not done or entry is None:
         return None
-    _resized(ctx, written, entry, logger)
-    return entry
+    # None: the write landed on an earlier attempt whose answer was lost; read what it wrote.
+    landed = written if written is not None else _read(ctx, namespace, name)
+    return _resized(ctx, landed, entry, logger) if landed is not None and _landed(landed, entry) else None
 
 
-def _resized(ctx: OperatorContext, btj: Mapping[str, Any], entry: PlanChange, logger: Logger) -> None:
+def _landed(btj: Mapping[str, Any], entry: PlanChange | None) -> bool:
+    """Whether the BTJ's status holds this check's resize (its planHistory entry, by time and child)."""
+    if entry is None:
+        return False
+    history = read_status(btj.get("status") or {}).status.plan_history
+    return any(e.at == entry.at and e.failed_child_uid == entry.failed_child_uid for e in history)
+
+
+def _read(ctx: OperatorContext, namespace: str, name: str) -> Mapping[str, Any] | None:
+    try:
+        return ctx.api.get(btj_path(namespace, name))
+    except ApiError as exc:  # the resync loop finishes the resize (lifecycle/convergence.py)
+        ctx.metrics.record_error(exc.metric_reason)
+        return None
+
+
+def _resized(ctx: OperatorContext, btj: Mapping[str, Any], entry: PlanChange, logger: Logger) -> PlanChange:
     """After the resize is written: the metric, the Event, and the child deleted for its re-create."""
     direction = "grow" if (entry.nodes_after or 0) > (entry.nodes_before or 0) else "shrink"
     ctx.metrics.resizes.labels(direction=direction).inc()
     _event(ctx, btj, RESIZED, entry.message, warning=direction == "shrink", logger=logger)
     logger.info(f"{btj['metadata']['namespace']}/{btj['metadata']['name']}: {entry.message}")
     _delete_child(ctx, btj, logger)
+    return entry
 
 
 def _delete_child(ctx: OperatorContext, btj: Mapping[str, Any], logger: Logger) -> None:
-    """Delete the child a resize replaces (its uid: never a newer one of the same name); a failure is
-    logged, and the pod watcher's and the next check's view of the re-plan make it again."""
+    """Delete the child a resize replaces (its uid: never a newer one of the same name). A failure is
+    logged only: the resize's planHistory entry is its intent, and the resync loop (or a restarted
+    operator's first pass) deletes the stale child and creates the planned one (lifecycle/child_apply.py)."""
     child = (btj.get("status") or {}).get("child") or {}
     kind = job_kind(child.get("kind"))
     if kind is None or not child.get("name"):

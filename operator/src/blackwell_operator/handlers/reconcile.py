@@ -19,7 +19,7 @@ import kopf
 from blackwell_operator.errors import SpecError
 from blackwell_operator.handlers import retrying
 from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
-from blackwell_operator.handlers.btjstatus import btj_path, write_status
+from blackwell_operator.handlers.btjstatus import CHILD_DELETED, btj_path, write_status
 from blackwell_operator.handlers.child_calls import ChildCalls, ChildConflict, update_child
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import adopt_children, create_event, post_event
@@ -36,6 +36,7 @@ from blackwell_operator.lifecycle.child_apply import (
     NameConflict,
     Notice,
     PreviousDeleting,
+    StaleChild,
     Wanted,
     decide,
     refusal,
@@ -345,6 +346,10 @@ class Reconciler:
             case PreviousDeleting():
                 if decision.release and existing is not None:
                     release(self.api, existing, kind.plural, self._logger or _LOG)
+                raise ApiError(409, "Conflict", decision.message)
+            case StaleChild():
+                if calls.delete_stale(job_path, decision.uid):
+                    self._event(body, CHILD_DELETED, decision.event(kind.kind, wanted.name))
                 raise ApiError(409, "Conflict", decision.message)
             case FinishedChildGone():
                 calls.drop_supporting(supporting)

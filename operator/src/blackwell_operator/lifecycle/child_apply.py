@@ -19,7 +19,7 @@ from blackwell_operator.lifecycle.child_record import (
 )
 from blackwell_operator.lifecycle.conditions import ConditionChange
 from blackwell_operator.lifecycle.phase import TERMINAL_PHASES, can_patch_in_place, child_phase
-from blackwell_operator.lifecycle.replan import replacing_child, resized_child
+from blackwell_operator.lifecycle.replan import replaced_child_uid, replacing_child, resized_child
 from blackwell_operator.lifecycle.status_read import StatusLike, typed
 from blackwell_operator.models.status import ConditionType
 from blackwell_operator.render import trainjob
@@ -114,6 +114,24 @@ class PreviousDeleting:
 
 
 @dataclass(frozen=True)
+class StaleChild:
+    """The child found is the one a re-plan replaces (its record in status.planHistory, lifecycle/replan.py):
+    delete it, by its uid; once it is gone a pass creates the planned one. The pass ends in a conflict after
+    the DELETE and is retried, as after PreviousDeleting."""
+
+    uid: str
+    message: str
+
+    @staticmethod
+    def event(kind: str, name: str) -> str:
+        """The ChildDeleted Event's message once the stale child is deleted."""
+        return (
+            f"Deleted {kind} {name}: it ran the plan a re-plan replaced (status.planHistory); it is "
+            "re-created with the new plan"
+        )
+
+
+@dataclass(frozen=True)
 class FinishedChildGone:
     """The finished job's child is gone (deleted by hand, or by a TTL) and the spec is unchanged: running it
     again would repeat finished training. Nothing is created; the supporting objects are dropped (a crash
@@ -201,7 +219,14 @@ class CannotChange(Found):
 
 
 Outcome = (
-    NameConflict | PreviousDeleting | FinishedChildGone | Create | UpToDate | PatchInPlace | CannotChange
+    NameConflict
+    | PreviousDeleting
+    | StaleChild
+    | FinishedChildGone
+    | Create
+    | UpToDate
+    | PatchInPlace
+    | CannotChange
 )
 
 
@@ -302,9 +327,20 @@ def decide(wanted: Wanted, existing: Mapping[str, Any] | None, status: StatusLik
     kind, name, status = wanted.kind.kind, wanted.name, typed(status)
     if existing is not None and not owned_by(existing, wanted.owner_uid):
         return NameConflict(conflict_message(kind, name))
+    # The replacement's intent, compared with the child that exists, on every pass (level-triggered, as a
+    # Kubernetes controller compares desired and observed state): a stale child left by a lost DELETE or
+    # an operator stopped after the re-plan's status write is deleted here, whoever runs the pass.
+    stale = existing is not None and replaced_child_uid(status) == existing["metadata"].get("uid")
     if existing is not None and existing["metadata"].get("deletionTimestamp"):
-        recorded = deleted_child_uid(status) == existing["metadata"].get("uid") or is_finished(status)
+        # A stale child's end is not the job's: nothing of it needs recording before it goes.
+        uid = existing["metadata"].get("uid")
+        recorded = stale or deleted_child_uid(status) == uid or is_finished(status)
         return PreviousDeleting(release=recorded and holds(existing), message=still_deleting(kind, name))
+    if existing is not None and stale:
+        return StaleChild(
+            str(existing["metadata"]["uid"]),
+            f"the previous {kind} {name} ran the plan a re-plan replaced; it is being deleted",
+        )
     if existing is None:
         previous = (status.child.uid if status.child is not None else None) or None
         if previous and is_finished(status) and not runs_again(wanted.generation, status):

@@ -10,6 +10,7 @@ from blackwell_operator.lifecycle.child_record import deleted_child_uid, is_fini
 from blackwell_operator.lifecycle.conditions import find_condition
 from blackwell_operator.lifecycle.outcome import NO_JOB_API
 from blackwell_operator.lifecycle.references import CHECKPOINT_PATH_IN_USE, SERVICE_ACCOUNT_MISSING
+from blackwell_operator.lifecycle.replan import replaced_child_uid
 from blackwell_operator.lifecycle.status_read import read_keys
 from blackwell_operator.models.status import BlackwellTrainingJobStatus, ConditionType, Phase
 
@@ -21,7 +22,7 @@ RETRY_REASONS = frozenset(
 
 
 # The status keys these checks read (lifecycle/status_read.read_keys: not the plan, most of a status).
-_KEYS = ("observedGeneration", "conditions", "child", "phase")
+_KEYS = ("observedGeneration", "conditions", "child", "phase", "planHistory")
 
 
 def wants_child_back(btj: Mapping[str, Any]) -> bool:
@@ -49,6 +50,11 @@ def needs_reconcile(btj: Mapping[str, Any], stored: BlackwellTrainingJobStatus |
         return "its spec has not been reconciled"
     if _wants_child_back(btj, stored):
         return "its child was deleted before the job finished"
+    stale = replaced_child_uid(stored)
+    if stale is not None:
+        # A re-plan's intent not driven to its end (a lost DELETE, an operator stopped after the write):
+        # no event may come back for it, so the loop finishes it.
+        return f"a re-plan replaces its child {stale}, which has not been replaced yet"
     for type_ in (ConditionType.CHILD_CREATED, ConditionType.SPEC_APPLIED):
         cond = find_condition(stored.conditions, type_)
         if cond is not None and cond.status == "False" and cond.reason in RETRY_REASONS:

@@ -109,20 +109,44 @@ def correction_of(
     return None
 
 
-def replacing_child(status: StatusLike) -> bool:
-    """Whether the recorded child is one a re-plan is replacing (its phases no longer speak for the BTJ)."""
+# The re-plans that replace the child: their record in status.planHistory is the replacement's intent.
+REPLACING_REASONS = frozenset({OUT_OF_MEMORY, RESIZED})
+
+
+def _replan_record(stored: BlackwellTrainingJobStatus) -> PlanChange | None:
+    """The latest re-plan that replaces the child (an entry of another kind is history, not an intent)."""
+    return next((e for e in reversed(stored.plan_history) if e.reason in REPLACING_REASONS), None)
+
+
+def replaced_child_uid(status: StatusLike) -> str | None:
+    """The uid of the child a re-plan is replacing, while it is still the recorded one: the replacement's
+    unfinished intent (None when there is none).
+
+    A re-plan (an out-of-memory one, a resize) is several requests: the status write that records the new
+    plan with its planHistory entry, the DELETE of the child that ran the old plan, the create of the
+    child of the new plan, the status write that records it. The entry, written first, names the stale
+    child (failedChildUid) and the new plan is status.plan: until status.child names another child,
+    every pass (the resync loop, a re-create, a restarted operator) drives the rest to its end
+    (lifecycle/child_apply.py deletes the stale child, then creates the planned one).
+    """
     stored = typed(status)
     child_uid = stored.child.uid if stored.child is not None else None
-    if not stored.plan_history or not child_uid:
-        return False
-    last = stored.plan_history[-1]
-    return last.replacement is not None and last.failed_child_uid == child_uid
+    last = _replan_record(stored)
+    if last is None or not child_uid or last.replacement is None or last.failed_child_uid != child_uid:
+        return None
+    return child_uid
+
+
+def replacing_child(status: StatusLike) -> bool:
+    """Whether the recorded child is one a re-plan is replacing (its phases no longer speak for the BTJ)."""
+    return replaced_child_uid(status) is not None
 
 
 def resized_child(status: StatusLike) -> bool:
     """Whether the child being replaced is replaced for another node count (not for memory)."""
     stored = typed(status)
-    return replacing_child(stored) and stored.plan_history[-1].reason == RESIZED
+    last = _replan_record(stored)
+    return replacing_child(stored) and last is not None and last.reason == RESIZED
 
 
 def oom_of(failure: Mapping[str, Any] | None) -> OomResult | None:

@@ -195,6 +195,9 @@ class Fault:
     subresource: str | None = None
     reason: str = "InjectedFault"
     watch: bool | None = None  # True: only watch requests, False: none, None: either
+    # Only requests this says yes to (one object's, one writer's): None, every matching request.
+    when: Callable[[rendering.Request], bool] | None = None
+    hits: int = 0  # requests answered with the fault so far
 
     def matches(self, request: rendering.Request) -> bool:
         watching = request.params.get("watch") in ("true", "1")
@@ -205,6 +208,7 @@ class Fault:
             and request.resource.plural == self.plural
             and request.subresource == self.subresource
             and (self.watch is None or self.watch == watching)
+            and (self.when is None or self.when(request))
         )
 
 
@@ -344,9 +348,11 @@ class HardenedEmulator(kmock.KubernetesEmulator):
         commit: bool = False,
         subresource: str | None = None,
         watch: bool | None = None,
+        when: Callable[[rendering.Request], bool] | None = None,
     ) -> Fault:
         """Make the next `times` matching requests fail with `status` (after applying them if `commit`);
-        `watch`: only watch requests (True), only others (False), either (None)."""
+        `watch`: only watch requests (True), only others (False), either (None); `when`: only requests it
+        says yes to."""
         fault = Fault(
             method=method,
             plural=plural,
@@ -355,6 +361,7 @@ class HardenedEmulator(kmock.KubernetesEmulator):
             commit=commit,
             subresource=subresource,
             watch=watch,
+            when=when,
         )
         self.faults.append(fault)
         return fault
@@ -545,6 +552,7 @@ class HardenedEmulator(kmock.KubernetesEmulator):
                 fault = Fault(request.method.value, request.resource.plural, status, commit=commit)
         if fault is not None and not fault.commit:
             fault.times -= 1
+            fault.hits += 1
             raise _error(fault.status, f"injected fault ({fault.status})", fault.reason)
         if request.action not in (kmock.action.CREATE, kmock.action.UPDATE, kmock.action.DELETE):
             return await super()._handle(request)
@@ -571,6 +579,7 @@ class HardenedEmulator(kmock.KubernetesEmulator):
             await self._collect_if_orphaned(request)
         if fault is not None:
             fault.times -= 1
+            fault.hits += 1
             raise _error(
                 fault.status, f"injected fault ({fault.status}) after the change was applied", fault.reason
             )

@@ -1,0 +1,128 @@
+"""Helpers of the intent fault tests: faults aimed at one BTJ's one request, and what "converged" means.
+
+An intent (a resize, an out-of-memory re-plan, a lost child's re-create) is a few requests in order: the
+status write that records it, the DELETE of the stale child, the create of the planned one, the status
+write that records the new child. Each fault here hits one of those requests of one BTJ only, so several
+BTJs share one operator run, each with its own fault.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import kmock
+
+from blackwell_operator.lifecycle.replan import replacing_child
+from blackwell_operator.testing.emulator import BTJ_RESOURCE, PYTORCHJOB_RESOURCE, Fault
+from tests.operator.harness import NAMESPACE, Cluster
+
+Request = Any  # kmock's rendering.Request
+
+
+def body_of(request: Request) -> str:
+    """The request body as text ("" without one)."""
+    data = request.data
+    return json.dumps(data) if isinstance(data, dict) else ""
+
+
+def named(name: str) -> Callable[[Request], bool]:
+    """Requests on the object `name` (by path, or by the body's metadata.name for a create)."""
+
+    def match(request: Request) -> bool:
+        if request.name is not None:
+            return bool(request.name == name)
+        data = request.data if isinstance(request.data, dict) else {}
+        return bool((data.get("metadata") or {}).get("name") == name)
+
+    return match
+
+
+def status_write_of(name: str, *needles: str) -> Callable[[Request], bool]:
+    """BTJ `name`'s status writes whose body holds every one of `needles`."""
+    on = named(name)
+    return lambda request: on(request) and all(n in body_of(request) for n in needles)
+
+
+def recording_child_other_than(name: str, old_uid: str) -> Callable[[Request], bool]:
+    """BTJ `name`'s status writes that record a child other than `old_uid` (the replacement's record)."""
+    on = named(name)
+
+    def match(request: Request) -> bool:
+        data = request.data if isinstance(request.data, dict) else {}
+        child = ((data.get("status") or {}).get("child")) or {}
+        return on(request) and bool(child.get("uid")) and child.get("uid") != old_uid
+
+    return match
+
+
+# The steps of an intent, as (method, plural, subresource) of its request.
+STATUS_WRITE = ("patch", "blackwelltrainingjobs", "status")
+DELETE = ("delete", "pytorchjobs", None)
+CREATE = ("post", "pytorchjobs", None)
+
+
+def aim(
+    cluster: Cluster,
+    step: tuple[str, str, str | None],
+    when: Callable[[Request], bool],
+    status: int,
+    *,
+    times: int = 1,
+    commit: bool = False,
+) -> Fault:
+    """A fault on the next `times` requests of `step` that `when` says yes to."""
+    method, plural, subresource = step
+    return cluster.k.inject_fault(
+        method, plural, status, times=times, commit=commit, subresource=subresource, when=when
+    )
+
+
+def children_made(cluster: Cluster, name: str) -> set[str]:
+    """Every uid a PyTorchJob named `name` has had (its ADDED watch events)."""
+    history = cluster.k._buses[kmock.resource(PYTORCHJOB_RESOURCE)].history
+    return {
+        e["object"]["metadata"]["uid"]
+        for e in history
+        if e.get("type") == "ADDED" and e["object"]["metadata"]["name"] == name
+    }
+
+
+def replicas(job: dict[str, Any]) -> int:
+    return int(job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"])
+
+
+def on_intended_child(cluster: Cluster, name: str, stale_uid: str, nodes: int) -> bool:
+    """The intent is done: one live child, not the stale one, of the planned node count, recorded in
+    status, and nothing left to replace."""
+    job = cluster.job(name)
+    status = cluster.status(name)
+    return bool(
+        job is not None
+        and not job["metadata"].get("deletionTimestamp")
+        and job["metadata"]["uid"] != stale_uid
+        and replicas(job) == nodes
+        and (status.get("child") or {}).get("uid") == job["metadata"]["uid"]
+        and status.get("nodes") == nodes
+        and not replacing_child(status)
+    )
+
+
+def orphans(cluster: Cluster) -> dict[str, list[str]]:
+    """Plan ConfigMaps without their job, children without their BTJ, children held Terminating."""
+    jobs = cluster.k.live_objects(PYTORCHJOB_RESOURCE, NAMESPACE)
+    names = {j["metadata"]["name"] for j in jobs}
+    btj_uids = {b["metadata"]["uid"] for b in cluster.k.live_objects(BTJ_RESOURCE, NAMESPACE)}
+    plans = [c["metadata"]["name"] for c in cluster.k.live_objects("v1/configmaps", NAMESPACE)]
+    return {
+        "config_maps_without_job": sorted(p for p in plans if p.removesuffix("-plan") not in names),
+        "children_without_btj": sorted(
+            j["metadata"]["name"]
+            for j in jobs
+            if not {r.get("uid") for r in j["metadata"].get("ownerReferences") or []} & btj_uids
+        ),
+        "children_held_terminating": sorted(
+            j["metadata"]["name"] for j in jobs if j["metadata"].get("deletionTimestamp")
+        ),
+    }
