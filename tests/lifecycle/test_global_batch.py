@@ -106,3 +106,18 @@ def test_an_unchanged_batch_adds_no_history() -> None:
     pinned = batch.model_copy(update={"source": BatchSource.PINNED, "rule": None, "generation": 2})
     assert batch_edit(batch, pinned, None, _plan(), at=NOW) is None
     assert batch_edit(None, batch, None, _plan(), at=NOW) is None
+
+
+def test_an_edit_of_the_sequence_length_chooses_again_and_says_why() -> None:
+    spec, edited = _spec(), _spec(seq=4096)
+    stored = _first(spec, _plan())
+    before = stored.global_batch
+    assert before is not None
+    plan = plan_job(edited)  # the rule at 4096: 512 sequences, the same 2 Mi tokens
+    assert kept_tokens(edited, stored, 2) is None
+    after = recorded(edited, plan, stored, 2)
+    assert after.tokens == before.tokens and after.chosen_for != before.chosen_for
+    assert batch_edit(before, after, stored.plan, plan, at=NOW) is None  # the same tokens: no entry
+    smaller = after.model_copy(update={"tokens": 2**20})
+    entry = batch_edit(before, smaller, stored.plan, plan, at=NOW)
+    assert entry is not None and "spec.model or spec.training.sequenceLength edited" in entry.message
