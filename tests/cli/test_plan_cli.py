@@ -207,3 +207,29 @@ def test_plan_shows_the_global_batch_where_it_came_from_and_the_line_that_pins_i
     assert pinned.exit_code == 0, pinned.output
     assert "pinned (spec.training.globalBatchTokens: 4194304)" in pinned.stderr
     json.loads(pinned.stdout)  # the plan alone on stdout
+
+
+def test_an_alternative_over_the_budget_shows_one_peak() -> None:
+    # Issue 39: a row read `149.9` in its peak column and `needs 150.0 GiB > 133.3 GiB budget` beside it.
+    import re
+
+    example = Path(__file__).parents[2] / "examples" / "h200-p5en.yaml"
+    result = runner.invoke(app, ["plan", str(example)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.stdout.split("Alternatives", 1)[1].splitlines() if "needs" in line]
+    assert rows, result.stdout
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("│ ").split("│")]
+        need = re.search(r"needs (\d+\.\d) GiB", cells[-1])
+        assert need and cells[-2] == need[1], row
+
+
+def test_what_the_plan_rests_on_is_never_cut_at_80_columns() -> None:
+    # Issue 39's walk: at 80 columns this table read `activationCheckpoin…`, `fp8/torchao-tensor…` and
+    # `benchmarks/calibra…`; words longer than their column now fold instead.
+    example = Path(__file__).parents[2] / "examples" / "h200-p5en.yaml"
+    result = runner.invoke(app, ["plan", str(example)], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    table = result.stdout.split("What the plan rests on", 1)[1].split("Memory per GPU", 1)[0]
+    assert "activationCheckpointing" in table and "…" not in table, table
+    assert all(len(line) <= 80 for line in table.splitlines())

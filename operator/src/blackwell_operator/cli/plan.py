@@ -26,7 +26,7 @@ from blackwell_operator.cli.options import (
     read_cluster_calibration,
 )
 from blackwell_operator.models.spec import TuningSpec
-from blackwell_operator.planner.figures import limit_gib, memory_budget, parameters_text, tenths
+from blackwell_operator.planner.figures import limit_gib, memory_budget, need, parameters_text, tenths
 from blackwell_operator.planner.provenance import verdict
 from blackwell_operator.units import GB, GIB
 from blackwell_trainer.plan.config import MEMORY_COMPONENTS, Plan
@@ -48,6 +48,12 @@ NARROW_COLUMNS = 110
 
 def _gib(n: float) -> str:
     return f"{n / GIB:.1f}"
+
+
+def _peak_cell(peak: float, budget_bytes: float) -> str:
+    """An alternative's peak: over the budget it is the need its `needs X GiB > Y GiB` reason gives, rounded
+    up as there (one figure per row: 149.9 beside `needs 150.0 GiB` read as two peaks, issue 39)."""
+    return need(peak).removesuffix(" GiB") if peak > budget_bytes else _gib(peak)
 
 
 def memory_rows(plan: Plan, headroom: float) -> list[tuple[str, str]]:
@@ -129,6 +135,7 @@ def render_plan_tables(
                 col.replace("/GPU", "\n/GPU").replace(" GiB", "\nGiB") if narrow else col, no_wrap=True
             )
         alts.add_column("why not", ratio=1)
+        budget_bytes = memory_budget(plan.gpu.memory_bytes, headroom)
         for a in plan.alternatives:
             ac = a.candidate
             alts.add_row(
@@ -138,7 +145,7 @@ def render_plan_tables(
                 ac.sharding.value,
                 str(ac.context_parallel),
                 f"{a.prediction.tokens_per_second_per_gpu:,.0f}",
-                _gib(a.prediction.memory.peak_reserved),
+                _peak_cell(a.prediction.memory.peak_reserved, budget_bytes),
                 a.reason,
             )
         console.print(alts)
@@ -158,8 +165,12 @@ def _provenance_table(plan: Plan, console: Console) -> None:
         return
     _, reason, _ = verdict(plan.provenance)
     table = Table(title=f"What the plan rests on: {reason.lower()}")
-    for col in ("choice", "value", "basis", "where measured / what it rests on"):
-        table.add_column(col)
+    # Nothing ends in "…" on a narrow terminal (issue 39): the choice and basis never wrap, and a word longer
+    # than its column (fp8/torchao-tensorwise, a records path) folds onto the next line.
+    table.add_column("choice", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    table.add_column("basis", no_wrap=True)
+    table.add_column("where measured / what it rests on", overflow="fold")
     styles = {"measured": "green", "modelled": "yellow", "unverified": "bold red"}
     for item in plan.provenance:
         basis = item.basis.value
