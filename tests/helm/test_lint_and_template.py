@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.helm import CHART, CI_VALUES, VALUES_CASES, render, run_helm, values_id
+from tests.support.helm import CHART, CI_VALUES, SERVED, VALUES_CASES, render, run_helm, values_id
 
 
 def test_ci_folder_has_the_promised_cases() -> None:
@@ -57,6 +57,8 @@ def test_both_operator_monitors_at_once_fail_with_a_clear_message(helm: str) -> 
         "btj",
         str(CHART),
         "--set",
+        SERVED,
+        "--set",
         "metrics.podMonitor.enabled=true",
         "--set",
         "metrics.serviceMonitor.enabled=true",
@@ -74,6 +76,8 @@ def test_notes_tell_the_next_steps(helm: str) -> None:
         "--dry-run=client",
         "--namespace",
         "btj-system",
+        "--set",
+        SERVED,
         "--set",
         "argocd.healthCheck.enabled=true",
     )

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.helm import CHART, NAMESPACE, VALUES_CASES, by_kind, render, values_id
+from tests.support.helm import CHART, NAMESPACE, TEAM, VALUES_CASES, by_kind, render, values_id
 from tests.support.rbac import Request, allowed, operator_account
 
 Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
@@ -118,8 +118,16 @@ def test_namespaces_are_read_only_and_read_only_when_kopf_matches_them(helm: str
     read = {("", "namespaces", "list"), ("", "namespaces", "watch")}
     for values in (None, CHART / "ci" / "namespaced-values.yaml", CHART / "ci" / "cluster-wide-values.yaml"):
         assert {g for g in chart_grants(render(helm, values)) if g[1] == "namespaces"} == read
-    # Cluster-wide with nothing excluded, Kopf reads no namespace: nothing is granted.
-    everything = render(helm, sets=("operator.clusterWide=true", "operator.excludeNamespaces=null"))
+    # Cluster-wide with nothing excluded, its own namespace served too, Kopf reads no namespace: nothing is
+    # granted.
+    everything = render(
+        helm,
+        sets=(
+            "operator.clusterWide=true",
+            "operator.excludeNamespaces=null",
+            "operator.serveOwnNamespace=true",
+        ),
+    )
     assert {g for g in chart_grants(everything) if g[1] == "namespaces"} == set()
 
 
@@ -128,15 +136,16 @@ def test_nodes_are_read_only(helm: str) -> None:
     assert node_verbs and node_verbs <= {"get", "list", "watch"}
 
 
-def test_the_default_rights_are_the_release_namespace_only(helm: str) -> None:
-    """Least privilege by default: a Role in the release namespace, and the ClusterRole holds only reads of
-    cluster-scoped resources; nothing is granted in kube-system or any other namespace."""
+def test_the_default_rights_are_the_listed_namespace_only(helm: str) -> None:
+    """Least privilege by default: a Role in the one namespace listed (not the release namespace), and the
+    ClusterRole holds only reads of cluster-scoped resources; nothing is granted in kube-system or any other
+    namespace."""
     objects = render(helm)
     (cluster_role,) = by_kind(objects, "ClusterRole")
     assert {resource for _, resource, _ in grants(cluster_role["rules"])} == CLUSTER_SCOPED
     assert {verb for _, _, verb in grants(cluster_role["rules"])} <= {"get", "list", "watch"}
-    assert [r["metadata"]["namespace"] for r in watch_roles(objects)] == [NAMESPACE]
-    assert [b["metadata"]["namespace"] for b in watch_roles(objects, "RoleBinding")] == [NAMESPACE]
+    assert [r["metadata"]["namespace"] for r in watch_roles(objects)] == [TEAM]
+    assert [b["metadata"]["namespace"] for b in watch_roles(objects, "RoleBinding")] == [TEAM]
     for binding in by_kind(objects, "RoleBinding") + by_kind(objects, "ClusterRoleBinding"):
         assert binding["metadata"].get("namespace") != "kube-system"
 
@@ -146,7 +155,8 @@ def test_cluster_wide_is_opt_in_and_leaves_the_system_namespaces_to_themselves(h
     assert not watch_roles(objects)
     (cluster_role,) = by_kind(objects, "ClusterRole")
     assert declared_permissions() <= grants(cluster_role["rules"])
-    assert "--namespace=!kube-system,!kube-public,!kube-node-lease" in deployment_args(objects)
+    # The release namespace, the operator's own, is left out as the system ones are.
+    assert f"--namespace=!kube-system,!kube-public,!kube-node-lease,!{NAMESPACE}" in deployment_args(objects)
 
 
 @pytest.mark.parametrize(
@@ -155,9 +165,11 @@ def test_cluster_wide_is_opt_in_and_leaves_the_system_namespaces_to_themselves(h
         (("operator.watchNamespaces={kube-system}",), "kube-system is a system namespace", NAMESPACE),
         (("operator.watchNamespaces={team-a,kube-public}",), "kube-public is a system namespace", NAMESPACE),
         (("operator.clusterWide=true", "operator.watchNamespaces={team-a}"), "set one of them", NAMESPACE),
-        # Installed into a system namespace: with no list it would be the watched one (the whole Role
-        # there), and in every mode the calibration Role's ConfigMap writes land there.
-        ((), "release namespace kube-system is a system namespace", "kube-system"),
+        # Installed into a system namespace: in every mode the calibration Role's ConfigMap writes land there.
+        (("operator.watchNamespaces={team-a}",), "release namespace kube-system is a system", "kube-system"),
+        # No scope at all: the chart does not guess one (issue 36: never the operator's own namespace).
+        ((), "operator.watchNamespaces is empty: list the namespaces", NAMESPACE),
+        (("operator.watchNamespaces={team-a,btj-system}",), "btj-system is the operator's own", NAMESPACE),
         (("operator.watchNamespaces={team-a}",), "release namespace kube-public is a system", "kube-public"),
         (("operator.clusterWide=true",), "release namespace kube-node-lease is a system", "kube-node-lease"),
     ],
@@ -246,7 +258,9 @@ def test_the_cluster_calibration_role_is_one_config_map_in_the_release_namespace
 
 def test_without_the_cluster_calibration_there_is_no_role_and_no_namespace(helm: str, tmp_path: Path) -> None:
     values = tmp_path / "off.yaml"
-    values.write_text("operator:\n  watchNamespaces: []\n  verbose: false\n  clusterCalibration: false\n")
+    values.write_text(
+        "operator:\n  watchNamespaces: [team-a]\n  verbose: false\n  clusterCalibration: false\n"
+    )
     objects = render(helm, values)
     assert not [
         r for r in by_kind(objects, "Role") if r["metadata"]["name"].endswith(CALIBRATION_ROLE_SUFFIX)
@@ -291,11 +305,11 @@ def may(objects: list[dict[str, Any]], request: Request, namespace: str) -> bool
     return allowed(objects, operator_account(objects), request._replace(namespace=namespace))
 
 
-def test_by_default_the_operator_may_act_in_its_own_namespace_only(helm: str) -> None:
+def test_by_default_the_operator_may_act_in_the_listed_namespace_only(helm: str) -> None:
     objects = render(helm)
     for request in WRITES:
-        assert may(objects, request, NAMESPACE), request
-        for elsewhere in ("kube-system", "hyperpod-ns-team-a", "default"):
+        assert may(objects, request, TEAM), request
+        for elsewhere in ("kube-system", NAMESPACE, "hyperpod-ns-team-b", "default"):
             assert not may(objects, request, elsewhere), (request, elsewhere)
     # Cluster-scoped reads stay (capacity from nodes); no cluster-wide list of pods.
     assert allowed(objects, operator_account(objects), Request("", "nodes", "list"))

@@ -67,16 +67,16 @@ def container_args(objects: list[dict[str, Any]]) -> list[str]:
 
 
 def test_watch_scope_follows_values(helm: str) -> None:
-    # By default the operator serves its own release namespace only (least privilege).
+    # The one required value: the operator serves the namespaces listed, never its own by default.
     assert [a for a in container_args(render(helm)) if a.startswith("--namespace")] == [
-        "--namespace=btj-system"
+        "--namespace=hyperpod-ns-team-a"
     ]
     args = container_args(render(helm, CI / "namespaced-values.yaml"))
     assert "--namespace=hyperpod-ns-team-a" in args and "--namespace=hyperpod-ns-team-b" in args
-    # Cluster-wide: one Kopf pattern that leaves the system namespaces out.
+    # Cluster-wide: one Kopf pattern that leaves the system namespaces and the operator's own out.
     args = container_args(render(helm, CI / "cluster-wide-values.yaml"))
     assert [a for a in args if a.startswith("--namespace")] == [
-        "--namespace=!kube-system,!kube-public,!kube-node-lease"
+        "--namespace=!kube-system,!kube-public,!kube-node-lease,!btj-system"
     ]
 
 

@@ -8,7 +8,7 @@ import yaml
 
 from blackwell_operator.handlers.runtime import DEFAULT_IMAGE_ENV
 from blackwell_operator.models.spec import DEFAULT_IMAGE
-from tests.support.helm import CHART, by_kind, render, run_helm
+from tests.support.helm import CHART, SERVED, by_kind, render, run_helm
 
 ECR = "123456789012.dkr.ecr.us-west-2.amazonaws.com"
 
@@ -33,12 +33,14 @@ def test_a_pushed_trainer_image_reaches_the_operator(helm: str) -> None:
 
 def test_a_repository_with_a_tag_or_a_space_is_refused_by_the_schema(helm: str) -> None:
     for bad in (f"{ECR}/trainer:0.1.0", "my trainer"):
-        result = run_helm(helm, "template", "btj", str(CHART), "--set", f"trainerImage.repository={bad}")
+        result = run_helm(
+            helm, "template", "btj", str(CHART), "--set", SERVED, "--set", f"trainerImage.repository={bad}"
+        )
         assert result.returncode != 0 and "trainerImage" in result.stderr, result.stderr
 
 
 def notes(helm: str, *sets: str) -> str:
-    args = ["install", "btj", str(CHART), "--dry-run=client", "--namespace", "btj-system"]
+    args = ["install", "btj", str(CHART), "--dry-run=client", "--namespace", "btj-system", "--set", SERVED]
     for item in sets:
         args += ["--set", item]
     result = run_helm(helm, *args)

@@ -16,6 +16,7 @@ import kopf
 from kopf.testing import KopfRunner
 
 import blackwell_operator.handlers as handlers
+from blackwell_operator.admission.accounts import TRAINING_ACCOUNT_LABEL, TRAINING_ACCOUNT_VALUE
 from blackwell_operator.testing import cluster as testing_cluster
 from blackwell_operator.testing import kubeconfig as testing_kubeconfig
 from blackwell_operator.testing.cluster import hyperpod_node
@@ -173,10 +174,20 @@ class Cluster:
 
         await wait_for(handled, what=f"the operator to handle every event of {name}")
 
-    async def add_service_account(self, name: str) -> None:
-        """Create a ServiceAccount in the namespace, as `kubectl create serviceaccount NAME` does."""
+    async def add_service_account(self, name: str, *, allowed: bool = True) -> None:
+        """Create a ServiceAccount in the namespace, as `kubectl create serviceaccount NAME` does, and (by
+        default) label it for training as an admin does (admission/accounts.py)."""
+        labels = {TRAINING_ACCOUNT_LABEL: TRAINING_ACCOUNT_VALUE} if allowed else {}
+        body = {"metadata": {"name": name, "labels": labels}}
+        await self._json("POST", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts", body)
+
+    async def label_service_account(self, name: str, labels: Mapping[str, str | None]) -> None:
+        """Merge-patch a ServiceAccount's labels, as `kubectl label serviceaccount` does."""
         await self._json(
-            "POST", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts", {"metadata": {"name": name}}
+            "PATCH",
+            f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{name}",
+            {"metadata": {"labels": dict(labels)}},
+            "application/merge-patch+json",
         )
 
     async def add_secret(self, name: str) -> None:

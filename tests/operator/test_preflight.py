@@ -8,6 +8,7 @@ import pytest
 from blackwell_operator.lifecycle.references import (
     CHECKPOINT_PATH_IN_USE,
     SERVICE_ACCOUNT_MISSING,
+    SERVICE_ACCOUNT_NOT_ALLOWED,
     pull_secrets_condition,
     service_account_missing,
     would_create,
@@ -157,8 +158,12 @@ async def test_no_kind_of_child_is_half_made_without_its_account(
     assert runner.exception is None
 
 
-async def test_a_refused_service_account_read_is_advisory(cluster: Cluster) -> None:
-    # A chart without the grant (403): the check is skipped, the job is created as before.
+async def test_a_refused_read_of_a_listed_account_is_advisory(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A chart without the grant (403), for an account the allow-list names: whether it exists is advisory,
+    # the job is created as before.
+    monkeypatch.setenv("BTJ_ALLOWED_SERVICE_ACCOUNTS", f'["{NAMESPACE}/training-s3"]')
     cluster.k.inject_fault("get", "serviceaccounts", 403, times=100)
     async with running_operator(cluster) as runner:
         await cluster.apply(btj("nocheck", serviceAccountName="training-s3"))
@@ -166,6 +171,22 @@ async def test_a_refused_service_account_read_is_advisory(cluster: Cluster) -> N
         created = await wait_for(lambda: cluster.condition("nocheck", "ChildCreated"), what="ChildCreated")
     assert runner.exception is None and created["status"] == "True"
     assert not [e for e in cluster.events("nocheck") if e["reason"] == SERVICE_ACCOUNT_MISSING]
+
+
+async def test_a_refused_read_of_an_unlisted_account_holds_the_child(cluster: Cluster) -> None:
+    # Whether an admin labelled it cannot be told: the account decides the pods' rights, so it fails closed.
+    await cluster.add_service_account("training-s3")
+    cluster.k.inject_fault("get", "serviceaccounts", 403, times=100)
+    async with running_operator(cluster) as runner:
+        await cluster.apply(btj("nocheck", serviceAccountName="training-s3"))
+        created = await wait_for(lambda: cluster.condition("nocheck", "ChildCreated"), what="ChildCreated")
+    assert runner.exception is None
+    assert (created["status"], created["reason"]) == ("False", SERVICE_ACCOUNT_NOT_ALLOWED)
+    assert created["message"].startswith(
+        f"spec.serviceAccountName: ServiceAccount training-s3 of namespace {NAMESPACE} could not be read"
+    )
+    assert "Fix: grant the operator get on serviceaccounts" in created["message"]
+    assert cluster.job("nocheck") is None and cluster.config_map("nocheck-plan") is None
 
 
 async def test_no_service_account_named_is_no_read(cluster: Cluster) -> None:

@@ -29,6 +29,9 @@ def test_every_setting_has_its_documented_variable() -> None:
         "BTJ_CLUSTER_CALIBRATION_POOL",
         "BTJ_CHECK_IMAGE_PULL_SECRETS",
         "BTJ_ELASTIC_INTERVAL_S",
+        "BTJ_OPERATOR_NAMESPACE",
+        "BTJ_OPERATOR_SERVICE_ACCOUNT",
+        "BTJ_ALLOWED_SERVICE_ACCOUNTS",
     }
     assert set(OperatorEnvironment.model_fields) >= OFF_AT_ZERO
     with pytest.raises(KeyError, match="no operator setting"):

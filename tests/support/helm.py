@@ -51,11 +51,31 @@ def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+# The one value the chart requires (the namespaces served; the README's install serves the examples'):
+# a render that sets no scope of its own gets it, so that "the defaults" are the defaults an install uses.
+TEAM = "hyperpod-ns-team-a"
+SERVED = f"operator.watchNamespaces={{{TEAM}}}"
+_SCOPE_KEYS = ("operator.watchNamespaces", "operator.clusterWide")
+
+
+def _sets_scope(values: tuple[str, ...], sets: tuple[str, ...]) -> bool:
+    """Whether a values file or a --set of the render says which namespaces the operator serves."""
+    if any(item.startswith(_SCOPE_KEYS) for item in sets):
+        return True
+    for path in values:
+        operator = (yaml.safe_load(Path(path).read_text()) or {}).get("operator") or {}
+        if operator.get("watchNamespaces") or operator.get("clusterWide"):
+            return True
+    return False
+
+
 @cache
 def _render_text(helm: str, values: tuple[str, ...], sets: tuple[str, ...], release: str) -> str:
     args = ["template", release, str(CHART), "--namespace", NAMESPACE, "--include-crds"]
     for path in values:
         args += ["-f", path]
+    if not _sets_scope(values, sets):
+        args += ["--set", SERVED]
     for item in sets:
         args += ["--set", item]
     result = run_helm(helm, *args)
@@ -67,7 +87,8 @@ def _render_text(helm: str, values: tuple[str, ...], sets: tuple[str, ...], rele
 def render(
     helm: str, values: Path | None = None, *, sets: tuple[str, ...] = (), release: str = RELEASE
 ) -> list[dict[str, Any]]:
-    """The objects `helm template --include-crds` renders for a values file (None: the defaults)."""
+    """The objects `helm template --include-crds` renders for a values file (None: the defaults), with
+    `SERVED` unless the values or `sets` say which namespaces the operator serves."""
     text = _render_text(helm, (str(values),) if values else (), sets, release)
     # libyaml's loader: the render holds the CRD (160 KB), parsed afresh for each call (the objects are
     # the caller's to change); PyYAML's pure-Python loader took most of this area's time on it.

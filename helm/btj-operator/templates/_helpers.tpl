@@ -110,14 +110,20 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- printf "%s:%s" .Values.trainerImage.repository (default .Chart.AppVersion .Values.trainerImage.tag) }}
 {{- end }}
 
-{{/* Fails the render on value combinations the schema cannot express. */}}
-{{/* The namespaces the operator serves in namespaced mode (the default): the list, else the release's own. */}}
+{{/* The namespaces the operator serves in namespaced mode (the default): the list, which validateConfig
+requires and keeps clear of the release namespace unless operator.serveOwnNamespace. */}}
 {{- define "btj-operator.watchedNamespaces" -}}
-{{- if .Values.operator.watchNamespaces }}
-{{- toJson .Values.operator.watchNamespaces }}
-{{- else }}
-{{- toJson (list .Release.Namespace) }}
+{{- toJson (default (list) .Values.operator.watchNamespaces) }}
 {{- end }}
+
+{{/* Cluster-wide, the namespaces left out: operator.excludeNamespaces, and the release namespace (the
+operator's own) unless operator.serveOwnNamespace. */}}
+{{- define "btj-operator.excludedNamespaces" -}}
+{{- $excluded := default (list) .Values.operator.excludeNamespaces }}
+{{- if and (not .Values.operator.serveOwnNamespace) (not (has .Release.Namespace $excluded)) }}
+{{- $excluded = append $excluded .Release.Namespace }}
+{{- end }}
+{{- toJson $excluded }}
 {{- end }}
 
 {{/* `btj run`'s namespace arguments: one per watched namespace; cluster-wide, one Kopf pattern leaving the
@@ -125,7 +131,7 @@ excluded namespaces out ("!a,!b" matches every namespace but those), or none whe
 {{- define "btj-operator.namespaceArgs" -}}
 {{- $args := list }}
 {{- if .Values.operator.clusterWide }}
-{{- with .Values.operator.excludeNamespaces }}
+{{- with (include "btj-operator.excludedNamespaces" . | fromJsonArray) }}
 {{- $globs := list }}
 {{- range . }}{{- $globs = append $globs (printf "!%s" .) }}{{- end }}
 {{- $args = append $args (printf "--namespace=%s" (join "," $globs)) }}
@@ -140,20 +146,27 @@ excluded namespaces out ("!a,!b" matches every namespace but those), or none whe
 
 {{/* Whether Kopf observes namespaces: whenever it serves patterns or names rather than the whole cluster. */}}
 {{- define "btj-operator.observesNamespaces" -}}
-{{- if or (not .Values.operator.clusterWide) .Values.operator.excludeNamespaces }}true{{- end }}
+{{- if or (not .Values.operator.clusterWide) (include "btj-operator.excludedNamespaces" . | fromJsonArray) }}true{{- end }}
 {{- end }}
 
+{{/* Fails the render on value combinations the schema cannot express. */}}
 {{- define "btj-operator.validateConfig" -}}
 {{- if and .Values.operator.clusterWide .Values.operator.watchNamespaces }}
 {{- fail "operator.clusterWide and operator.watchNamespaces both set the operator's scope: set one of them" }}
+{{- end }}
+{{- if not (or .Values.operator.clusterWide .Values.operator.watchNamespaces) }}
+{{- fail (printf "operator.watchNamespaces is empty: list the namespaces whose BlackwellTrainingJobs the operator serves, e.g. --set operator.watchNamespaces='{hyperpod-ns-team-a}' (the teams' namespaces, not the operator's own %s), or set operator.clusterWide=true" .Release.Namespace) }}
 {{- end }}
 {{- range .Values.operator.watchNamespaces }}
 {{- if has . (list "kube-system" "kube-public" "kube-node-lease") }}
 {{- fail (printf "operator.watchNamespaces: %s is a system namespace, where the operator never acts; remove it" .) }}
 {{- end }}
+{{- if and (eq . $.Release.Namespace) (not $.Values.operator.serveOwnNamespace) }}
+{{- fail (printf "operator.watchNamespaces: %s is the operator's own namespace, which serves no BlackwellTrainingJobs by default (docs/security.md); remove it, or set operator.serveOwnNamespace=true" .) }}
+{{- end }}
 {{- end }}
 {{- /* The release namespace gets the operator's own writes in every mode (the calibration Role: ConfigMap
-create and patch), and with no watchNamespaces its whole namespaced Role (pods delete, jobs create). */}}
+create and patch). */}}
 {{- if has .Release.Namespace (list "kube-system" "kube-public" "kube-node-lease") }}
 {{- fail (printf "the release namespace %s is a system namespace, where the operator never acts: install it into a namespace of its own (e.g. -n btj-system)" .Release.Namespace) }}
 {{- end }}

@@ -6,12 +6,14 @@ the fix, rather than fall back to a default the user did not ask for.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import threading
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 PREFIX = "BTJ_"
 # Settings where 0 means "off" (the loop does not run) rather than "no time at all".
@@ -32,11 +34,22 @@ _FIXES = {
     "cluster_calibration_namespace": "Fix: e.g. btj-system (the chart sets it to the release's namespace)",
     "check_image_pull_secrets": "Fix: true or false (the chart sets it from operator.checkImagePullSecrets)",
     "cluster_calibration_pool": "Fix: true or false (false: each namespace learns from its own jobs)",
+    "allowed_service_accounts": "Fix: a JSON list of ServiceAccount names or namespace/name pairs, e.g. "
+    '["default", "team-a/training-s3"], or [] (the chart sets it from operator.allowedServiceAccounts)',
+    "operator_namespace": "Fix: the operator pod's namespace (the chart sets it from the downward API)",
+    "operator_service_account": "Fix: the operator pod's ServiceAccount name (the chart sets it)",
 }
 # Problems that depend on the setting, not only on the kind of error.
 _FIELD_PROBLEMS = {
     "cluster_calibration_namespace": "not a namespace name (lowercase letters, digits and '-')",
+    "operator_namespace": "not a namespace name (lowercase letters, digits and '-')",
+    "operator_service_account": "not a ServiceAccount name (lowercase letters, digits, '-' and '.')",
+    "allowed_service_accounts": "not a JSON list of ServiceAccount names or namespace/name pairs",
 }
+# A namespace is a DNS label; a ServiceAccount's name a DNS subdomain (Kubernetes' object name rules).
+_NAMESPACE = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_ACCOUNT = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+_ALLOWED_ENTRY = re.compile(rf"^({_NAMESPACE}/)?{_ACCOUNT}$")
 
 
 class OperatorEnvironment(BaseSettings):
@@ -97,6 +110,32 @@ class OperatorEnvironment(BaseSettings):
         pattern=r"^\S+$",
         description="Trainer image for a BlackwellTrainingJob whose spec names none; None: the built-in.",
     )
+
+    # Who the operator runs as (the chart passes both from the downward API): a BTJ's pods may never run
+    # as this account (admission/accounts.py). Unset (the operator run off the cluster with a kubeconfig):
+    # no account is known to be the operator's, and only the allow-list and the label decide.
+    operator_namespace: str | None = Field(
+        None, pattern=rf"^{_NAMESPACE}$", description="The operator pod's namespace."
+    )
+    operator_service_account: str | None = Field(
+        None, pattern=rf"^{_ACCOUNT}$", description="The operator pod's ServiceAccount."
+    )
+    # The ServiceAccounts trainer pods may run as without an admin's label on them: a name (in any served
+    # namespace) or namespace/name. A JSON list, so that the chart's empty list reads as no account rather
+    # than as unset. `default`: the namespace's default account, which a BTJ naming none runs as.
+    allowed_service_accounts: Annotated[tuple[str, ...], NoDecode] = Field(
+        ("default",), description="ServiceAccounts trainer pods may run as without the training label."
+    )
+
+    @field_validator("allowed_service_accounts", mode="before")
+    @classmethod
+    def _accounts(cls, value: object) -> object:
+        entries = json.loads(value) if isinstance(value, str) else value
+        if not isinstance(entries, list | tuple) or not all(
+            isinstance(entry, str) and _ALLOWED_ENTRY.match(entry) for entry in entries
+        ):
+            raise ValueError("not a list of ServiceAccount names or namespace/name pairs")
+        return tuple(entries)
 
     @field_validator("default_trainer_image", mode="before")
     @classmethod

@@ -17,6 +17,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from blackwell_operator.admission.accounts import TRAINING_ACCOUNT_LABEL, TRAINING_ACCOUNT_VALUE
 from blackwell_operator.cli import app
 from blackwell_operator.cli.manifest import fail, load_manifest_or_fail
 
@@ -182,12 +183,15 @@ async def _demo(manifest: dict[str, Any], *, nodes: int, pause: float) -> bool:
         )
         account = manifest["spec"].get("serviceAccountName")
         if account:
+            # Labelled for training as an admin labels it: the operator runs pods only as such accounts.
+            labels = {TRAINING_ACCOUNT_LABEL: TRAINING_ACCOUNT_VALUE}
             await k.post(
-                f"/api/v1/namespaces/{namespace}/serviceaccounts", json={"metadata": {"name": account}}
+                f"/api/v1/namespaces/{namespace}/serviceaccounts",
+                json={"metadata": {"name": account, "labels": labels}},
             )
             console.print(
                 f"ServiceAccount {account} created for the demo (on a cluster you create it, bound to an "
-                "IAM role: docs/install.md)"
+                "IAM role, and an admin labels it for training: docs/install.md)"
             )
 
         with tempfile.TemporaryDirectory() as tmp:

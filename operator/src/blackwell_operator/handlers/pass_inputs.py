@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from blackwell_operator.admission.accounts import refuse_operators_account
 from blackwell_operator.admission.job import Rejected, validate_body
 from blackwell_operator.admission.redact import redacted
 from blackwell_operator.calibration.cluster import Corrector, frozen
@@ -23,6 +24,7 @@ from blackwell_operator.handlers.api import ApiError
 from blackwell_operator.handlers.cluster_calibration import pooled, read_cluster_calibration
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.logs import Logger
+from blackwell_operator.handlers.preflight import account_policy
 from blackwell_operator.lifecycle.backends import CONCRETE, backend_of_kind, choose_backend
 from blackwell_operator.lifecycle.elastic import stored_choice
 from blackwell_operator.lifecycle.global_batch import kept_tokens
@@ -84,6 +86,8 @@ def read_inputs(ctx: OperatorContext, read: ReadBtj, logger: Logger) -> PassInpu
     # after an operator restart, the plan is the corrected one that runs.
     correction = correction_of(body, stored)
     namespace = str(body["metadata"].get("namespace") or "")
+    # The operator's own account is refused as a spec error: no admin's mark makes it a trainer's.
+    refuse_operators_account(namespace, spec, account_policy())
     cluster = cluster_corrector(ctx, stored, spec, read.generation, namespace, logger)
     # An elastic job keeps the count its stored plan chose; its first plan takes the healthy nodes.
     kept = stored_choice(body, stored) if spec.cluster.elastic is not None else None

@@ -9,15 +9,26 @@ from blackwell_operator.lifecycle.child_apply import CREATE_REFUSED, PATCH_REFUS
 from blackwell_operator.lifecycle.child_record import deleted_child_uid, is_finished
 from blackwell_operator.lifecycle.conditions import find_condition
 from blackwell_operator.lifecycle.outcome import NO_JOB_API
-from blackwell_operator.lifecycle.references import CHECKPOINT_PATH_IN_USE, SERVICE_ACCOUNT_MISSING
+from blackwell_operator.lifecycle.references import (
+    CHECKPOINT_PATH_IN_USE,
+    SERVICE_ACCOUNT_MISSING,
+    SERVICE_ACCOUNT_NOT_ALLOWED,
+)
 from blackwell_operator.lifecycle.replan import replaced_child_uid
 from blackwell_operator.lifecycle.status_read import read_keys
 from blackwell_operator.models.status import BlackwellTrainingJobStatus, ConditionType, Phase
 
 # The ChildCreated / SpecApplied reasons that mean "not there yet, try again" (no watch on ServiceAccounts:
-# the loop looks for a missing one with its backoff).
+# the loop looks for a missing one, or an admin's label on one, with its backoff).
 RETRY_REASONS = frozenset(
-    {CREATE_REFUSED, PATCH_REFUSED, NO_JOB_API, SERVICE_ACCOUNT_MISSING, CHECKPOINT_PATH_IN_USE}
+    {
+        CREATE_REFUSED,
+        PATCH_REFUSED,
+        NO_JOB_API,
+        SERVICE_ACCOUNT_MISSING,
+        SERVICE_ACCOUNT_NOT_ALLOWED,
+        CHECKPOINT_PATH_IN_USE,
+    }
 )
 
 

@@ -25,7 +25,7 @@ from blackwell_operator.lifecycle.conditions import (
 from blackwell_operator.lifecycle.global_batch import batch_edit
 from blackwell_operator.lifecycle.message import set_message
 from blackwell_operator.lifecycle.phase import CHILD_PHASES, child_conditions, child_headline
-from blackwell_operator.lifecycle.references import CHECKPOINT_PATH_IN_USE, SERVICE_ACCOUNT_MISSING
+from blackwell_operator.lifecycle.references import CHECKPOINT_PATH_IN_USE, Blocked
 from blackwell_operator.lifecycle.replan import REPLANNED_REASON
 from blackwell_operator.models.spec import Backend
 from blackwell_operator.models.status import (
@@ -204,10 +204,15 @@ def no_job_api(outcome: PassOutcome, message: str) -> PassOutcome:
     return replace(stopped, requeue=Requeue(NO_JOB_API_RETRY_S, message))
 
 
-def waiting_for_account(outcome: PassOutcome, blocked: str) -> PassOutcome:
-    """The pods' ServiceAccount does not exist: nothing is created until it does."""
-    condition = ConditionChange(ConditionType.CHILD_CREATED, "False", SERVICE_ACCOUNT_MISSING, blocked)
-    return outcome.stopped(condition, Phase.PENDING, f"Waiting for its ServiceAccount: {blocked}")
+def waiting_for_account(outcome: PassOutcome, blocked: Blocked) -> PassOutcome:
+    """The pods' ServiceAccount does not exist, or they may not run as it: nothing is created until it
+    does and they may (Pending); a child that exists is left as it is (SpecApplied False, the plan that
+    runs kept)."""
+    if not blocked.creating:
+        changed = ConditionChange(ConditionType.SPEC_APPLIED, "False", blocked.reason, blocked.message)
+        return replace(outcome.stopped(changed, outcome.phase, outcome.message), write_plan=False)
+    condition = ConditionChange(ConditionType.CHILD_CREATED, "False", blocked.reason, blocked.message)
+    return outcome.stopped(condition, Phase.PENDING, f"Waiting for its ServiceAccount: {blocked.message}")
 
 
 def checkpoint_path_in_use(outcome: PassOutcome, message: str) -> PassOutcome:

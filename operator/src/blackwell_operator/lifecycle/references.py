@@ -24,6 +24,9 @@ from blackwell_operator.models.status import ConditionType
 
 # ChildCreated's reason while spec.serviceAccountName names no ServiceAccount of the namespace.
 SERVICE_ACCOUNT_MISSING = "ServiceAccountMissing"
+# ChildCreated's (or, for a child that exists, SpecApplied's) reason while the pods' ServiceAccount is one
+# they may not run as: the operator's own, or one no admin allowed (admission/accounts.py).
+SERVICE_ACCOUNT_NOT_ALLOWED = "ServiceAccountNotAllowed"
 # ChildCreated's reason while another BTJ of the namespace holds spec.training.checkpoint.path.
 CHECKPOINT_PATH_IN_USE = "CheckpointPathInUse"
 # ImagePullSecretsFound's reasons.
@@ -31,12 +34,22 @@ PULL_SECRET_MISSING = "ImagePullSecretMissing"
 PULL_SECRETS_FOUND = "Found"
 
 
+@dataclass(frozen=True)
+class Blocked:
+    """Why the child may not be created (`creating`) or changed: the condition reason and its message."""
+
+    reason: str
+    message: str
+    creating: bool = True
+
+
 @dataclass
 class Preflight:
-    """What the checks found: conditions to record, and why nothing may be created (None: go on)."""
+    """What the checks found: conditions to record, and why nothing may be created or changed (None: go
+    on)."""
 
     conditions: list[ConditionChange] = field(default_factory=list)
-    blocked: str | None = None
+    blocked: Blocked | None = None
     path_in_use: str | None = None  # why not: another BTJ holds the checkpoint folder (its message)
 
 
