@@ -268,9 +268,8 @@ class Reconciler:
         # a finished job deleted while the operator is down (ttlSecondsAfterFinished: 0) is then still
         # seen finished, and never run again.
         with_finalizer(job)
-        # What the pods name must exist before anything is made or changed (handlers/preflight.py): a
-        # missing ServiceAccount, or one they may not run as, holds the child, and the resync loop looks
-        # again; a missing pull Secret warns.
+        # What the pods name before anything is made or changed (handlers/preflight.py): a ServiceAccount
+        # missing or not theirs to use holds the child (the resync loop looks again); a pull Secret warns.
         job_path = resource_path(kind.api_version, kind.plural, meta["namespace"], job["metadata"]["name"])
         preflight = check_references(
             self.api, body, spec, job, job_path, logger, stored=read.status, renders=(earlier_hash,)
