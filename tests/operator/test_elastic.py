@@ -4,13 +4,16 @@ a flapping node to one resize; fewer than minNodes waits."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import datetime
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
+from blackwell_operator.timefmt import format_rfc3339, now_rfc3339
 from tests.operator.harness import (
     B200,
     Cluster,
@@ -18,6 +21,7 @@ from tests.operator.harness import (
     btj,
     emulated_cluster,
     from_operator,
+    node,
     running_operator,
     wait_for,
     write_kubeconfig,
@@ -244,3 +248,105 @@ async def test_a_malformed_btj_never_stops_the_others_from_resizing(four_nodes: 
             lambda: replicas(cluster, "shrink") == 3, timeout=TIMEOUT_S, what="the other BTJ resized to 3"
         )
     assert runner.exception is None
+
+
+# Issue 35: a node counts as lost only when it has been gone for the whole grace period. The flaps are
+# stimuli (the node's down and up stretches), not timed assertions: each down stretch (about 1.5 s) is far
+# shorter than the grace period (4 s), and every wait is on a condition.
+FLAP_GRACE_S = 4
+DOWN_S, UP_S = 1.5, 0.5
+Change = Callable[[bool], Awaitable[None]]
+
+
+async def flap_then_hold(cluster: Cluster, name: str, flaps: list[Change], hold: Change) -> None:
+    """Each of `flaps` takes the node down for less than the grace period and back: 0 resizes, from a
+    loop that saw it down; then `hold` keeps it down: exactly one resize, to 3 nodes."""
+    seen: set[int] = set()
+
+    async def record() -> None:  # the healthy-node counts the elastic loop wrote, read from the store
+        while True:
+            seen.add((cluster.status(name).get("elastic") or {}).get("schedulable"))
+            await asyncio.sleep(0.02)
+
+    recording = asyncio.create_task(record())
+    try:
+        for change in flaps:
+            await change(False)
+            await asyncio.sleep(DOWN_S)
+            await change(True)
+            await asyncio.sleep(UP_S)
+    finally:
+        recording.cancel()
+    assert 3 in seen, f"the elastic loop never saw the node down: {seen}"
+    await wait_for(
+        lambda: (cluster.status(name).get("elastic") or {}).get("schedulable") == 4,
+        timeout=TIMEOUT_S,
+        what="the loop to see the node back",
+    )
+    assert resized_events(cluster, name) == [] and not cluster.status(name).get("planHistory")
+    assert not cluster.status(name)["elastic"].get("resizes") and replicas(cluster, name) == 4
+    await hold(False)  # now for longer than the grace period
+    await wait_for(lambda: replicas(cluster, name) == 3, timeout=TIMEOUT_S, what="the child on 3 nodes")
+    await wait_for(
+        lambda: (cluster.status(name).get("elastic") or {}).get("waiting") == "",
+        timeout=TIMEOUT_S,
+        what="a check after the resize",
+    )
+    (message,) = resized_events(cluster, name)
+    assert "3 nodes not lost (lost: gone for the whole grace period of 4 s)" in message
+    assert cluster.status(name)["elastic"]["resizes"] == 1 and len(cluster.status(name)["planHistory"]) == 1
+
+
+async def test_a_node_flapping_faster_than_the_grace_period_never_resizes_the_job(
+    four_nodes: Cluster,
+) -> None:
+    """Issue 35: 2 resizes at grace 8 s with a node down 3 s / up 3 s, counts sampled through a 5 s cache.
+    Down by HyperPod's health label three times, then deleted and back once, the node is never lost; kept
+    down, it is lost once."""
+    cluster = four_nodes
+
+    async def health(healthy: bool) -> None:
+        await set_health(cluster, 3, "Schedulable" if healthy else "Unschedulable")
+
+    async def deleted(healthy: bool) -> None:
+        if healthy:
+            await cluster.add_node(node("hyperpod-i-003"))
+        else:
+            await cluster._json("DELETE", f"{NODES}/hyperpod-i-003")
+
+    async with running_operator(cluster):
+        await cluster.apply(elastic_btj("flapping", grace=FLAP_GRACE_S, scale_up=True))
+        await started(cluster, "flapping", 4)
+        await flap_then_hold(cluster, "flapping", [health, health, health, deleted], health)
+
+
+async def test_a_ready_condition_flapping_counts_the_same_way(four_nodes: Cluster) -> None:
+    """The kubelet's Ready condition flipping False and back: no resize; kept False: one."""
+    cluster = four_nodes
+
+    async def ready(healthy: bool) -> None:
+        status = "True" if healthy else "False"
+        condition = {"type": "Ready", "status": status, "lastTransitionTime": now_rfc3339()}
+        await cluster.set_node_status("hyperpod-i-003", {"conditions": [condition]})
+
+    async with running_operator(cluster):
+        await ready(True)
+        await cluster.apply(elastic_btj("notready", grace=FLAP_GRACE_S))
+        await started(cluster, "notready", 4)
+        await flap_then_hold(cluster, "notready", [ready, ready, ready], ready)
+
+
+async def test_a_node_not_ready_for_longer_than_the_grace_period_is_lost_at_once_after_a_restart(
+    four_nodes: Cluster,
+) -> None:
+    """The operator (re)started: Kubernetes' Ready lastTransitionTime, not the operator's memory, says how
+    long the node has been gone; HyperPod's label has no time, so its grace period starts again."""
+    cluster = four_nodes
+    hour_ago = format_rfc3339(datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=1))
+    not_ready = {"type": "Ready", "status": "False", "lastTransitionTime": hour_ago}
+    await cluster.set_node_status("hyperpod-i-003", {"conditions": [not_ready]})
+    async with running_operator(cluster):
+        await cluster.apply(elastic_btj("restarted", grace=600))
+        await wait_for(lambda: replicas(cluster, "restarted") == 3, timeout=TIMEOUT_S, what="the child on 3")
+        (message,) = resized_events(cluster, "restarted")
+        assert message.startswith("Resized from 4 to 3 nodes (3 nodes not lost")

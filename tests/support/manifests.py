@@ -42,3 +42,13 @@ def btj(name: str, **spec: Any) -> dict[str, Any]:
         },
         "spec": base,
     }
+
+
+def labelled_node(name: str, instance_type: str = B200, health: str = "Schedulable") -> dict[str, Any]:
+    """A Node as HyperPod labels it: its instance type and health label (what capacity and the node clock
+    read; the wire keys spelled out, as the paths above are)."""
+    labels = {
+        "node.kubernetes.io/instance-type": instance_type,
+        "sagemaker.amazonaws.com/node-health-status": health,
+    }
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}

@@ -19,10 +19,11 @@ framework rules listed there. No wildcards anywhere.
   resources: ["namespaces"]
   verbs: ["list", "watch"]
 {{- end }}
-# Application: discovery lists node capacity (instance type, GPUs, HyperPod health label), read-only.
+# Application: discovery lists node capacity (instance type, GPUs, HyperPod health label), and watches
+# nodes to time each one's absence for elastic jobs; read-only.
 - apiGroups: [""]
   resources: ["nodes"]
-  verbs: ["list"]
+  verbs: ["list", "watch"]
 {{- end }}
 
 {{/* Rules on namespaced resources: in the ClusterRole when cluster-wide, else in a Role per namespace. */}}

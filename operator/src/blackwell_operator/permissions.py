@@ -39,8 +39,9 @@ PERMISSIONS: tuple[Permission, ...] = (
     Permission(TRAINING_RUNTIME.group, TRAINING_RUNTIME.plural, ("get", "create", "patch", "delete")),
     # The plan ConfigMap is deleted when its job create is refused or its finished job is gone.
     Permission(CONFIG_MAP.group, CONFIG_MAP.plural, ("get", "create", "patch", "delete")),
-    # The operator: cluster capacity (nodes of the instance type and their HyperPod health label).
-    Permission("", "nodes", ("list",)),
+    # The operator: cluster capacity (nodes of the instance type and their HyperPod health label), and the
+    # node watch that times each node's absence for elastic jobs (track-nodes).
+    Permission("", "nodes", ("list", "watch")),
     # The operator (track-pods): watches trainer pods, filtered by label on the server, to copy a failed
     # trainer container's exit code, reason and termination message onto the BTJ (status.lastFailure).
     # Nothing is fetched by name: the pod comes with each event. The stuck-pod sweep lists a running BTJ's

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import kopf
@@ -21,6 +22,7 @@ from blackwell_operator.lifecycle.convergence import wants_child_back
 from blackwell_operator.lifecycle.status_read import read_keys
 from blackwell_operator.models.spec import API_GROUP, API_VERSION, PLURAL
 from blackwell_operator.models.status import Phase
+from blackwell_operator.nodelabels import INSTANCE_TYPE_LABEL
 from blackwell_operator.render.kinds import JOB_KINDS
 from blackwell_operator.render.labels import JOB_NAME_LABEL
 
@@ -88,6 +90,16 @@ def track_pod(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: Logger
     on_pod_event(_ctx(memo), type, body, logger)
 
 
+async def track_node(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """on.event for nodes with an instance type: each change starts or keeps the node's up or down clock,
+    which says when an elastic job has lost it (async: no thread hop for a dict update)."""
+    at = time.time()
+    if type == "DELETED":
+        _ctx(memo).nodes.deleted(body, at)
+    else:
+        _ctx(memo).nodes.observe(body, at)
+
+
 def register(registry: kopf.OperatorRegistry) -> None:
     """Register every handler on `registry` (tests pass a fresh one per operator run)."""
     kopf.on.startup(registry=registry, id="btj-startup")(runtime.startup)
@@ -117,6 +129,11 @@ def register(registry: kopf.OperatorRegistry) -> None:
         )(track_child)
     # Silent too (no Kopf annotations on pods). The API server filters the watch by the same labels
     # (runtime.configure), so the operator never receives the cluster's other pods.
+    # Every change of a node, not a sample of them: a node that came back between two samples would look
+    # gone all along (lifecycle/node_loss.py). Silent: nothing is written onto nodes.
+    kopf.on.event(
+        "v1", "nodes", labels={INSTANCE_TYPE_LABEL: kopf.PRESENT}, registry=registry, id="track-nodes"
+    )(track_node)
     kopf.on.event(
         "v1",
         "pods",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from blackwell_operator.discovery.apis import ServedJobApis
 from blackwell_operator.discovery.aws import HyperPodCapacityReader
 from blackwell_operator.discovery.capacity import NodeCapacityReader
 from blackwell_operator.handlers.api import KubeApi
+from blackwell_operator.lifecycle.node_loss import NodeClock
 from blackwell_operator.lifecycle.ownership import Lineage
 from blackwell_operator.metrics import OperatorMetrics
 from blackwell_operator.models.spec import DEFAULT_IMAGE
@@ -34,6 +36,8 @@ class OperatorContext:
     served_apis: ServedJobApis | None = None
     # HyperPod capacity from AWS for BTJs that name their cluster (None: not read).
     hyperpod_capacity: HyperPodCapacityReader | None = None
+    # Each node's up or down stretch as the node watch showed it: which nodes an elastic job has lost.
+    nodes: NodeClock = field(default_factory=lambda: NodeClock(time.time()))
     # One reconcile at a time per BTJ: Kopf's handlers and the resync loop run in different threads and
     # must not both create (the loser's 409 would be adopted and counted).
     _recreating: dict[str, threading.Lock] = field(default_factory=dict)

@@ -1,8 +1,9 @@
 """The elastic loop: each elastic BTJ's healthy nodes against its plan; a resize re-plans and re-creates.
 
 One loop for the operator, like the resync and stuck-pod loops (no Kopf timer per BTJ). Every
-`BTJ_ELASTIC_INTERVAL_S` it reads, for each elastic BTJ the watch has shown, the schedulable nodes of its
-instance type (the cached node reader) and lets lifecycle/elastic.py decide; a resize writes the new plan
+`BTJ_ELASTIC_INTERVAL_S` it reads, for each elastic BTJ the watch has shown, the nodes of its instance type
+with since when each has been up or down (the node clock the node watch keeps) and lets
+lifecycle/elastic.py decide; a resize writes the new plan
 first, then deletes the child, and the re-create path makes the new one from status.plan (as after an
 out-of-memory re-plan); the written resize is the intent every later pass finishes when a step is lost
 (docs/operator.md, "Intents"). The per-BTJ lock keeps it apart from the resync loop and recreate-child.
@@ -72,12 +73,9 @@ def check_job(
         return None
     meta = btj["metadata"]
     namespace, name = meta["namespace"], meta["name"]
-    try:
-        schedulable = ctx.capacity.read(spec.cluster.instance_type.value).schedulable
-    except ApiError as exc:
-        ctx.metrics.record_error(exc.metric_reason)
-        logger.warning(f"Cannot read the nodes of elastic job {namespace}/{name}: {exc}")
-        return None
+    # Each node's own down-since time from the node watch, never the cached LIST: samples 5 s apart cannot
+    # tell a node gone all along from one that came back in between (lifecycle/node_loss.py).
+    nodes = ctx.nodes.times(spec.cluster.instance_type.value)
     moment = now or datetime.datetime.now(datetime.UTC)
     made: dict[str, PlanChange] = {}
 
@@ -90,7 +88,7 @@ def check_job(
         read = read_status(current.get("status") or {}).status
         if read.plan is None or spec.cluster.elastic is None:
             return None
-        decision = decide(spec.cluster.elastic, read.plan.nodes, schedulable, read.elastic, moment)
+        decision = decide(spec.cluster.elastic, read.plan.nodes, nodes, read.elastic, moment)
         if decision.action is not Action.RESIZE and decision.elastic == read.elastic:
             return None  # nothing new to say: no write
 

@@ -29,6 +29,7 @@ from blackwell_operator.handlers.stuck import stuck_pod_timeout, sweep_forever
 from blackwell_operator.lifecycle.backends import JOB_RESOURCES
 from blackwell_operator.metrics import METRICS_PORT, OperatorMetrics
 from blackwell_operator.models.spec import DEFAULT_IMAGE
+from blackwell_operator.nodelabels import INSTANCE_TYPE_LABEL
 from blackwell_operator.render.labels import JOB_NAME_LABEL
 from blackwell_operator.settings import env_name, operator_environment
 
@@ -55,6 +56,8 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.networking.request_timeout = 30
     # Server-side filter of the pod watch (track-pods): only the trainer pods of BTJs, not every pod.
     settings.watching.label_selectors["v1", "pods"] = TRAINER_POD_SELECTOR
+    # The same for the node watch (track-nodes): the nodes with an instance type, the only ones counted.
+    settings.watching.label_selectors["v1", "nodes"] = INSTANCE_TYPE_LABEL
     # An HTTP 410 answer to a watch request restarts that watch instead of stopping the operator.
     watch_gone.install()
     # An empty JSON patch is not built from a copy of the whole object (handlers/kopf_patch.py).

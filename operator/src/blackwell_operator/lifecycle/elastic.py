@@ -1,8 +1,9 @@
 """Pure resizing of an elastic job: when its healthy nodes change, whether to re-plan, and the status.
 
-A count below the plan's for the grace period (HyperPod had that long to replace the node) shrinks the job;
-with scaleUp, more nodes for the grace period grow it. At most one resize per cooldown (no flapping), and
-fewer nodes than minNodes wait, as a fixed job does. The re-plan keeps the global batch and the learning-rate
+Fewer nodes not lost than the plan's shrink the job, a node counting as lost only once it has been gone for
+the whole grace period (HyperPod had that long to replace it; node_loss.py); with scaleUp, more nodes up for
+the whole grace period grow it. At most one resize per cooldown, and fewer nodes than minNodes wait, as a
+fixed job does. The re-plan keeps the global batch and the learning-rate
 schedule (planner/elastic.py); the child is re-created from the last checkpoint, as after an out-of-memory
 re-plan (replan.py).
 """
@@ -17,6 +18,7 @@ from typing import Any
 
 from blackwell_operator.lifecycle.conditions import set_condition
 from blackwell_operator.lifecycle.message import set_message
+from blackwell_operator.lifecycle.node_loss import NodeTimes
 from blackwell_operator.lifecycle.replan import RESIZED, candidate_line, generation_of
 from blackwell_operator.lifecycle.status_read import read_status
 from blackwell_operator.models.spec import ElasticSpec
@@ -54,61 +56,81 @@ class Decision:
     elastic: ElasticStatus
 
 
-def _since(stamp: str | None, now: datetime.datetime) -> float:
-    seconds = rfc3339_seconds(stamp) if stamp else None
-    return 0.0 if seconds is None else now.timestamp() - seconds
+def _stamp(seconds: float | None) -> str | None:
+    return None if seconds is None else format_rfc3339(datetime.datetime.fromtimestamp(seconds, datetime.UTC))
 
 
 def decide(
     elastic: ElasticSpec,
     plan_nodes: int,
-    schedulable: int,
+    nodes: NodeTimes,
     stored: ElasticStatus | None,
     now: datetime.datetime,
 ) -> Decision:
-    """Whether an elastic job planned for `plan_nodes` re-plans now that `schedulable` healthy nodes of its
-    instance type exist (`stored`: the timeline written by earlier checks)."""
+    """Whether an elastic job planned for `plan_nodes` re-plans, given each node of its instance type with
+    since when it has been up or down (`stored`: the status written by earlier checks).
+
+    The count a shrink plans for is the nodes not lost: a node counts as lost only once it has been down
+    for the whole grace period, so a node that flaps faster than that never resizes the job. A scale-up
+    counts the nodes up for the whole grace period."""
     seen = (stored or ElasticStatus()).model_copy()
-    seen.schedulable = schedulable
-    stamp = format_rfc3339(now)
-    target = min(elastic.max_nodes, schedulable)
-    if schedulable < plan_nodes:
-        seen.more_since = None
-        seen.fewer_since = seen.fewer_since or stamp
-        direction, waited = "fewer", _since(seen.fewer_since, now)
-    elif target > plan_nodes and elastic.scale_up:
-        seen.fewer_since = None
-        seen.more_since = seen.more_since or stamp
-        direction, waited = "more", _since(seen.more_since, now)
-    else:
-        seen.fewer_since = seen.more_since = None
-        why = "the healthy nodes hold the plan"
-        if target > plan_nodes:
-            why = f"{schedulable} nodes are schedulable, but spec.cluster.elastic.scaleUp is off"
-        seen.waiting = ""
-        return Decision(Action.STAY, None, why, seen)
+    moment, grace = now.timestamp(), elastic.grace_period_seconds
+    seen.schedulable = nodes.up()
+    not_lost = nodes.not_lost(grace, moment, plan_nodes)
+    settled = min(elastic.max_nodes, nodes.settled(grace, moment))
+    seen.fewer_since = _stamp(nodes.first_down(grace, moment)) if seen.schedulable < plan_nodes else None
+    growing = elastic.scale_up and min(elastic.max_nodes, seen.schedulable) > plan_nodes
+    seen.more_since = _stamp(nodes.first_up(grace, moment)) if growing else None
 
     def wait(why: str) -> Decision:
         seen.waiting = why
         return Decision(Action.WAIT, None, why, seen)
 
-    have = f"{schedulable} of the plan's {plan_nodes} nodes schedulable"
-    if direction == "fewer" and target < elastic.min_nodes:
-        return wait(f"{have}, fewer than minNodes {elastic.min_nodes}: the job waits for nodes")
-    grace = elastic.grace_period_seconds
-    if waited < grace:
-        return wait(
-            f"{schedulable} nodes schedulable, the plan has {plan_nodes}: re-planned for {target} if it "
-            f"lasts the grace period ({waited:.0f} of {grace} s)"
-        )
-    since_resize = _since(seen.last_resize_at, now) if seen.last_resize_at else None
+    if not_lost < plan_nodes:
+        target = min(elastic.max_nodes, not_lost)
+        reason = f"{not_lost} nodes not lost (lost: gone for the whole grace period of {grace} s)"
+        if target < elastic.min_nodes:
+            return wait(
+                f"{not_lost} of the plan's {plan_nodes} nodes not lost, fewer than minNodes "
+                f"{elastic.min_nodes}: the job waits for nodes"
+            )
+    elif elastic.scale_up and settled > plan_nodes:
+        target = settled
+        reason = f"{settled} nodes schedulable for the whole grace period of {grace} s"
+    else:
+        return _unchanged(elastic, plan_nodes, seen, moment)
+    since_resize = _seconds_since(seen.last_resize_at, moment)
     if since_resize is not None and since_resize < elastic.cooldown_seconds:
         return wait(
-            f"{schedulable} nodes schedulable, the plan has {plan_nodes}: the last resize was "
-            f"{since_resize:.0f} s ago, the cooldown is {elastic.cooldown_seconds} s"
+            f"{reason}: re-planned for {target} when the cooldown has passed (the last resize was "
+            f"{since_resize:.0f} s ago, the cooldown is {elastic.cooldown_seconds} s)"
         )
     seen.waiting = ""
-    return Decision(Action.RESIZE, target, f"{schedulable} nodes schedulable for {waited:.0f} s", seen)
+    return Decision(Action.RESIZE, target, reason, seen)
+
+
+def _seconds_since(stamp: str | None, moment: float) -> float | None:
+    seconds = rfc3339_seconds(stamp) if stamp else None
+    return None if seconds is None else moment - seconds
+
+
+def _unchanged(elastic: ElasticSpec, plan_nodes: int, seen: ElasticStatus, moment: float) -> Decision:
+    """No resize: the nodes hold the plan, or a change has not lasted the grace period yet (said in
+    status.elastic.waiting)."""
+    grace, up = elastic.grace_period_seconds, seen.schedulable or 0
+    for since, what in ((seen.fewer_since, "down"), (seen.more_since, "up")):
+        waited = _seconds_since(since, moment)
+        if waited is not None:
+            seen.waiting = (
+                f"{up} nodes schedulable, the plan has {plan_nodes}: a node {what} counts once it has been "
+                f"{what} for the whole grace period ({waited:.0f} of {grace} s)"
+            )
+            return Decision(Action.WAIT, None, seen.waiting, seen)
+    seen.waiting = ""
+    why = "the healthy nodes hold the plan"
+    if min(elastic.max_nodes, up) > plan_nodes and not elastic.scale_up:
+        why = f"{up} nodes are schedulable, but spec.cluster.elastic.scaleUp is off"
+    return Decision(Action.STAY, None, why, seen)
 
 
 def stored_choice(

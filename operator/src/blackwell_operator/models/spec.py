@@ -178,13 +178,15 @@ class ElasticSpec(WireModel):
         default=600,
         ge=0,
         le=24 * 3600,
-        description="How long a lost node may stay gone (HyperPod replacing it) before the job is "
-        "re-planned for fewer nodes.",
+        description="How long a node may stay gone (HyperPod replacing it) before it counts as lost and the "
+        "job is re-planned for fewer nodes: each node's own time, continuously not Schedulable, not Ready, "
+        "cordoned or deleted; a node back starts its time again, so a node that flaps faster never resizes "
+        "the job. With scaleUp, a node counts for growing once up for this long.",
     )
     scale_up: bool = Field(
         default=False,
-        description="Re-plan for more nodes (up to maxNodes) when more have been schedulable for the grace "
-        "period; off: a running job only shrinks.",
+        description="Re-plan for more nodes (up to maxNodes) when more have each been schedulable for the "
+        "whole grace period; off: a running job only shrinks.",
     )
     cooldown_seconds: int = Field(
         default=900,

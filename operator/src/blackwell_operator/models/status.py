@@ -191,10 +191,14 @@ class ElasticStatus(WireModel):
 
     schedulable: int | None = Field(default=None, ge=0, description="Healthy schedulable nodes last seen.")
     fewer_since: str | None = Field(
-        default=None, description="RFC 3339 time since when fewer nodes than the plan's are schedulable."
+        default=None,
+        description="With fewer schedulable nodes than the plan's: RFC 3339 time since when the node nearest "
+        "to being lost has been gone (lost gracePeriodSeconds later, unless it comes back).",
     )
     more_since: str | None = Field(
-        default=None, description="RFC 3339 time since when more nodes than the plan's are schedulable."
+        default=None,
+        description="With more schedulable nodes than the plan's and scaleUp: RFC 3339 time since when the "
+        "node nearest to counting for a scale-up has been up (it counts gracePeriodSeconds later).",
     )
     last_resize_at: str | None = Field(default=None, description="RFC 3339 time of the latest resize.")
     resizes: int = Field(default=0, ge=0, description="Resizes of this job so far.")
