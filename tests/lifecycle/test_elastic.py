@@ -67,6 +67,16 @@ def test_a_node_back_within_the_grace_period_changes_nothing_and_starts_its_cloc
     assert again.action is Action.WAIT and "(59 of 60 s)" in again.reason
 
 
+def test_nodes_lost_a_moment_apart_resize_the_job_once() -> None:
+    # Two nodes down 10 ms apart: at the check between their grace periods' ends one is lost, the other
+    # is about to be; one resize, to 2, once both are, not 4 -> 3 -> 2.
+    apart = nodes(*up(2), down(0), down(0.01))
+    between = decide(RANGE, 4, apart, None, at(60.005))
+    assert between.action is Action.WAIT and "back or lost (60 of 60 s)" in between.reason
+    both = decide(RANGE, 4, apart, between.elastic, at(60.01))
+    assert both.action is Action.RESIZE and both.target == 2
+
+
 def test_fewer_than_min_nodes_waits_as_a_fixed_job_does() -> None:
     three_down = nodes(*up(1), down(0), down(0), down(0))
     decision = decide(RANGE, 4, three_down, None, at(0))

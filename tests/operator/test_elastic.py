@@ -211,7 +211,9 @@ async def test_a_flapping_node_causes_no_more_resizes_than_the_cooldown_allows(f
 async def test_fewer_nodes_than_min_nodes_wait_and_say_so(four_nodes: Cluster) -> None:
     cluster = four_nodes
     async with running_operator(cluster):
-        await cluster.apply(elastic_btj("wait"))
+        # A grace period well beyond the time the three label patches take: each node has its own clock,
+        # and one lost before the next is even down would be a legitimate resize to 3.
+        await cluster.apply(elastic_btj("wait", grace=3))
         await started(cluster, "wait", 4)
         for index in (1, 2, 3):
             await set_health(cluster, index, "Unschedulable")

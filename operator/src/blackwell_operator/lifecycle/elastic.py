@@ -71,8 +71,9 @@ def decide(
     since when it has been up or down (`stored`: the status written by earlier checks).
 
     The count a shrink plans for is the nodes not lost: a node counts as lost only once it has been down
-    for the whole grace period, so a node that flaps faster than that never resizes the job. A scale-up
-    counts the nodes up for the whole grace period."""
+    for the whole grace period, so a node that flaps faster than that never resizes the job; a shrink
+    waits while another node is down but not lost yet. A scale-up counts the nodes up for the whole grace
+    period."""
     seen = (stored or ElasticStatus()).model_copy()
     moment, grace = now.timestamp(), elastic.grace_period_seconds
     seen.schedulable = nodes.up()
@@ -89,6 +90,14 @@ def decide(
     if not_lost < plan_nodes:
         target = min(elastic.max_nodes, not_lost)
         reason = f"{not_lost} nodes not lost (lost: gone for the whole grace period of {grace} s)"
+        pending = nodes.first_down(grace, moment)
+        if pending is not None:
+            # Another node is down but not lost yet: it is back or lost within the grace period, and then
+            # one resize covers both (nodes lost a moment apart do not resize the job twice).
+            return wait(
+                f"{reason}; re-planned once the nodes down for less than the grace period are back or "
+                f"lost ({moment - pending:.0f} of {grace} s)"
+            )
         if target < elastic.min_nodes:
             return wait(
                 f"{not_lost} of the plan's {plan_nodes} nodes not lost, fewer than minNodes "
