@@ -9,6 +9,7 @@ BTJs share one operator run, each with its own fault.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,7 @@ import kmock
 
 from blackwell_operator.lifecycle.replan import replacing_child
 from blackwell_operator.testing.emulator import BTJ_RESOURCE, PYTORCHJOB_RESOURCE, Fault
-from tests.operator.harness import NAMESPACE, Cluster
+from tests.operator.harness import NAMESPACE, Cluster, wait_for
 
 Request = Any  # kmock's rendering.Request
 
@@ -125,4 +126,24 @@ def orphans(cluster: Cluster) -> dict[str, list[str]]:
         "children_held_terminating": sorted(
             j["metadata"]["name"] for j in jobs if j["metadata"].get("deletionTimestamp")
         ),
+    }
+
+
+async def converge(cluster: Cluster, old: dict[str, tuple[str, int]], started: float, bound_s: float) -> None:
+    """Every BTJ (name -> (stale uid, planned nodes)) on its intended child within `bound_s` of `started`,
+    made once (the first child and one replacement each), and no orphan anywhere."""
+    for name, (uid, nodes) in old.items():
+        left = max(0.1, bound_s - (time.monotonic() - started))
+        await wait_for(
+            lambda name=name, uid=uid, nodes=nodes: on_intended_child(cluster, name, uid, nodes),
+            timeout=left,
+            what=f"{name} on its intended child within {bound_s} s: {cluster.status(name).get('message')}",
+        )
+    for name, (uid, _) in old.items():
+        made = children_made(cluster, name)
+        assert uid in made and len(made) == 2, (name, made)
+    assert orphans(cluster) == {
+        "config_maps_without_job": [],
+        "children_without_btj": [],
+        "children_held_terminating": [],
     }

@@ -19,10 +19,8 @@ from tests.operator.intents import (
     STATUS_WRITE,
     Request,
     aim,
-    children_made,
+    converge,
     named,
-    on_intended_child,
-    orphans,
     recording_child_other_than,
     status_write_of,
 )
@@ -60,9 +58,9 @@ async def four_nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIt
         yield emulated
 
 
-async def running_on_four(cluster: Cluster, names: list[str]) -> dict[str, str]:
+async def running_on_four(cluster: Cluster, names: list[str]) -> dict[str, tuple[str, int]]:
     """Apply an elastic BTJ per name (grace 0: a lost node resizes at once) and wait for each 4-node child;
-    their uids."""
+    their uids, and the 3 nodes each is to be resized to."""
     for name in names:
         await cluster.apply(elastic_btj(name, grace=0))
     for name in names:
@@ -71,26 +69,7 @@ async def running_on_four(cluster: Cluster, names: list[str]) -> dict[str, str]:
             timeout=SETUP_S,
             what=f"{name}'s 4-node child",
         )
-    return {name: cluster.job(name)["metadata"]["uid"] for name in names}  # type: ignore[index]
-
-
-async def converge(cluster: Cluster, old: dict[str, str], started: float) -> None:
-    """Every BTJ on its 3-node child within BOUND_S of `started`; one replacement each, no orphan."""
-    for name, uid in old.items():
-        left = max(0.1, BOUND_S - (time.monotonic() - started))
-        await wait_for(
-            lambda name=name, uid=uid: on_intended_child(cluster, name, uid, 3),
-            timeout=left,
-            what=f"{name} on its 3-node child within {BOUND_S} s: {cluster.status(name).get('message')}",
-        )
-    for name, uid in old.items():
-        made = children_made(cluster, name)
-        assert uid in made and len(made) == 2, (name, made)  # the first child and one replacement
-    assert orphans(cluster) == {
-        "config_maps_without_job": [],
-        "children_without_btj": [],
-        "children_held_terminating": [],
-    }
+    return {name: (cluster.job(name)["metadata"]["uid"], 3) for name in names}  # type: ignore[index]
 
 
 async def recorded(cluster: Cluster, names: list[str]) -> float:
@@ -111,12 +90,12 @@ async def test_a_failed_request_at_any_step_of_a_resize_ends_on_the_new_child(
     names = [f"r-{step}" for step in ("status-write", "delete", "create", "record")]
     async with running_operator(cluster) as runner:
         old = await running_on_four(cluster, names)
-        for name, uid in old.items():
+        for name, (uid, _) in old.items():
             step, when = steps(name, uid)[name.removeprefix("r-")]
             aim(cluster, step, when, status, commit=commit)
         await set_health(cluster, 3, "Unschedulable")
         started = await recorded(cluster, names)
-        await converge(cluster, old, started)
+        await converge(cluster, old, started, BOUND_S)
         assert all(f.hits == 1 for f in cluster.k.faults), [(f.method, f.hits) for f in cluster.k.faults]
     assert runner.exception is None
 
@@ -138,7 +117,7 @@ async def test_the_operator_stopped_at_any_step_of_a_resize_ends_on_the_new_chil
     faults: list[Any] = []
     async with running_operator(cluster):
         old = await running_on_four(cluster, names)
-        for name, uid in old.items():
+        for name, (uid, _) in old.items():
             kind = points[name.removeprefix("k-")]
             step, when = steps(name, uid)[kind]
             if kind == "record":  # the create lands; then nothing records it
@@ -149,5 +128,5 @@ async def test_the_operator_stopped_at_any_step_of_a_resize_ends_on_the_new_chil
     for fault in cluster.k.faults:
         fault.times = 0
     async with running_operator(cluster) as runner:
-        await converge(cluster, old, time.monotonic())
+        await converge(cluster, old, time.monotonic(), BOUND_S)
     assert runner.exception is None

@@ -10,7 +10,7 @@ import kopf
 from blackwell_operator.applabels import MANAGED_BY_LABEL, MANAGER
 from blackwell_operator.handlers import runtime
 from blackwell_operator.handlers.children import on_child_event
-from blackwell_operator.handlers.context import OperatorContext
+from blackwell_operator.handlers.context import CHILDREN, OperatorContext
 from blackwell_operator.handlers.elastic import elastic_interval
 from blackwell_operator.handlers.logs import Logger
 from blackwell_operator.handlers.measure import measure_interval
@@ -81,8 +81,13 @@ def recreate_child(body: kopf.Body, memo: kopf.Memo, logger: Logger, **_: Any) -
 
 
 def track_child(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: Logger, **_: Any) -> None:
-    """on.event for the child kinds we label: mirror their status onto the owner BTJ."""
-    on_child_event(_ctx(memo), type, body, logger)
+    """on.event for the child kinds we label: mirror their status onto the owner BTJ (an event whose write
+    failed is kept for the resync loop: a deleted child's end sends no other)."""
+    ctx = _ctx(memo)
+    done = on_child_event(ctx, type, body, logger)
+    ctx.note_unrecorded(
+        CHILDREN, str(body.get("metadata", {}).get("uid") or ""), None if done else (type, dict(body))
+    )
 
 
 def track_pod(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: Logger, **_: Any) -> None:

@@ -21,6 +21,8 @@ from blackwell_operator.models.spec import DEFAULT_IMAGE
 # Pods whose worker failure was handled, remembered to skip re-reading the BTJ on their later events
 # (a pod keeps lastState.terminated while it runs again); bounded, oldest forgotten first.
 POD_FAILURE_MEMORY = 4096
+# The watchers whose failed events are kept for the resync loop (OperatorContext.note_unrecorded).
+PODS, CHILDREN = "pods", "children"
 
 
 @dataclass
@@ -62,6 +64,12 @@ class OperatorContext:
     _ignored_reported: dict[str, float] = field(default_factory=dict)
     # BTJ uid -> the generation a pass of this process last reconciled it at, to the end of the pass.
     _reconciled: dict[str, int] = field(default_factory=dict)
+    # watcher ("pods", "children") -> object uid -> (event type, object): an event whose status write (or
+    # a call before it) failed. No event may come back for it (a completed pod's probe or failure, a
+    # deleted child's end), so the resync loop offers it again until it goes through (bounded).
+    _unrecorded: dict[str, OrderedDict[str, tuple[str | None, Mapping[str, Any]]]] = field(
+        default_factory=dict
+    )
 
     def recreate_lock(self, uid: str) -> threading.Lock:
         """The lock of one BTJ's child re-creates."""
@@ -127,6 +135,27 @@ class OperatorContext:
         with self._guard:
             return self._reconciled.get(uid)
 
+    def note_unrecorded(
+        self, watcher: str, uid: str, event: tuple[str | None, Mapping[str, Any]] | None
+    ) -> None:
+        """Keep a watcher's event that did not go through, to be offered again (None: it went through,
+        or there was nothing to do: forget it)."""
+        if not uid:
+            return
+        with self._guard:
+            kept = self._unrecorded.setdefault(watcher, OrderedDict())
+            if event is None:
+                kept.pop(uid, None)
+                return
+            kept[uid] = event
+            while len(kept) > POD_FAILURE_MEMORY:
+                kept.popitem(last=False)
+
+    def unrecorded(self, watcher: str) -> list[tuple[str | None, Mapping[str, Any]]]:
+        """The watcher's events that did not go through, oldest first."""
+        with self._guard:
+            return list((self._unrecorded.get(watcher) or {}).values())
+
     def untraced(self, uid: str) -> bool:
         """Whether the stuck-pod sweep found that no child of a BTJ controls this pod."""
         with self._guard:
@@ -156,6 +185,8 @@ class OperatorContext:
             self._pod_failures.pop(uid, None)
             self._terminating.pop(uid, None)
             self._running.pop(uid, None)
+            if PODS in self._unrecorded:
+                self._unrecorded[PODS].pop(uid, None)
 
     def note_pod(self, pod: Mapping[str, Any]) -> None:
         """Track a trainer pod: being deleted (a stuck-pod candidate) or running (its throughput is read)."""

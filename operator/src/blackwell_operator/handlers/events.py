@@ -2,18 +2,40 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
 from typing import Any, cast
 
 import kopf
 
 from blackwell_operator.applabels import MANAGER
-from blackwell_operator.handlers.api import KubeApi, resource_path
+from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
 from blackwell_operator.timefmt import now_rfc3339
+
+# Set where a watcher runs outside Kopf's handlers (the resync loop offering its failed events again):
+# post_event writes through the API then, as Kopf's event queue is not set up there.
+_DIRECT: ContextVar[KubeApi | None] = ContextVar("btj_direct_events", default=None)
+
+
+@contextlib.contextmanager
+def direct_events(api: KubeApi) -> Iterator[None]:
+    """post_event writes its Events through `api` within this block (best effort: a failure is dropped,
+    as Kopf's queue drops one)."""
+    token = _DIRECT.set(api)
+    try:
+        yield
+    finally:
+        _DIRECT.reset(token)
 
 
 def post_event(obj: Mapping[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
     """An Event about `obj` (any dict with apiVersion, kind and metadata)."""
+    api = _DIRECT.get()
+    if api is not None:
+        with contextlib.suppress(ApiError):
+            create_event(api, obj, reason, message, warning=warning)
+        return
     # Kopf types the target as its Body class, but reads only those keys: a plain dict is fine.
     kopf.event(cast(Any, dict(obj)), type="Warning" if warning else "Normal", reason=reason, message=message)
 

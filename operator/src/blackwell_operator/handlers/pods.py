@@ -3,14 +3,15 @@ its probe result becomes status.probe, a `Probed` Event, cluster-calibration sam
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
 from blackwell_operator.calibration.cluster import ImplausibleSample, Sample
-from blackwell_operator.handlers import cluster_calibration
+from blackwell_operator.handlers import cluster_calibration, retrying
 from blackwell_operator.handlers.api import ApiError, resource_path
 from blackwell_operator.handlers.btjstatus import CHILD_DELETED, btj_path, write_status_logged
-from blackwell_operator.handlers.context import OperatorContext
+from blackwell_operator.handlers.context import PODS, OperatorContext
 from blackwell_operator.handlers.events import post_event
 from blackwell_operator.handlers.logs import Logger
 from blackwell_operator.lifecycle.failures import (
@@ -59,7 +60,8 @@ def on_pod_event(
     except ApiError as exc:
         ctx.metrics.record_error(exc.metric_reason)
         logger.warning(f"Cannot check which job controls pod {namespace}/{meta.get('name')}: {exc}")
-        return  # the pod's next event tries again
+        ctx.note_unrecorded(PODS, uid, (event_type, pod))
+        return  # the pod's next event, or the resync loop, tries again
     if found is None:
         # The trainer's labels, but no child of a BTJ controls it (made by hand, or forged): its
         # termination message fails nothing, deletes nothing, re-plans nothing and teaches nothing.
@@ -68,11 +70,19 @@ def on_pod_event(
             "job controls it: its result is ignored"
         )
         ctx.remember_pod_failure(uid, key)
+        ctx.note_unrecorded(PODS, uid, None)
         return
-    if probe is not None and not apply_probe(ctx, namespace, found, pod, probe, logger):
-        return  # the pod's next event tries again
-    if _record(ctx, namespace, found, pod, failure, probe, logger):
+    # The probe's effects, then the one status write: a step that fails leaves the pod to be offered again
+    # (its next event, or the resync loop: a completed pod sends none), and each step is idempotent. With
+    # a probe result, under the BTJ's reconcile lock: a pass that read the status before the write would
+    # render the plan ConfigMap without the result and undo its copy, with nothing left to redo it.
+    with ctx.recreate_lock(found.btj_uid) if probe is not None else contextlib.nullcontext():
+        done = (probe is None or apply_probe(ctx, namespace, found, pod, probe, logger)) and _record(
+            ctx, namespace, found, pod, failure, probe, logger
+        )
+    if done:
         ctx.remember_pod_failure(uid, key)
+    ctx.note_unrecorded(PODS, uid, None if done else (event_type, pod))
 
 
 def _seen_key(failure: Mapping[str, Any] | None, probe: ProbeResult | None) -> tuple[str, str]:
@@ -186,15 +196,19 @@ def _copy_plan(ctx: OperatorContext, btj: Mapping[str, Any], plan: Plan, logger:
     """The plan ConfigMap with the probe's result (plan.probe.result), so a restart trains with it."""
     meta = btj["metadata"]
     path = resource_path("v1", "configmaps", meta["namespace"], plan_config_map_name(meta["name"]))
-    try:
+
+    def once() -> None:  # read and patch on what was read: a conflict, or a blip, reads again
         existing = ctx.api.get(path)
         if existing is None:
-            return True  # none yet: the reconciler renders it with the result from status.probe
+            return  # none yet: the reconciler renders it with the result from status.probe
         patch, problem = config_map_copy(existing, btj, plan)
         if problem is not None:
             logger.warning(problem)
         if patch is not None:
             ctx.api.patch(path, patch)
+
+    try:
+        retrying.call(f"the probe's copy in {path}", logger, once)
         return True
     except ApiError as exc:
         ctx.metrics.record_error(exc.metric_reason)

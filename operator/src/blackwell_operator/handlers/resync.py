@@ -18,14 +18,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from blackwell_operator.handlers.btjstatus import btj_path
-from blackwell_operator.handlers.context import OperatorContext
+from blackwell_operator.handlers.context import CHILDREN, PODS, OperatorContext
 from blackwell_operator.handlers.logs import Logger
 from blackwell_operator.handlers.periodic import every
 from blackwell_operator.handlers.reconcile import Reconciler
+from blackwell_operator.handlers.redeliver import offer_again
 from blackwell_operator.lifecycle.convergence import needs_reconcile
 from blackwell_operator.settings import operator_environment
 
 FIRST_BACKOFF_S = 1.0
+# How often the watchers' events that did not go through are offered again (while there are any).
+REOFFER_S = 2 * FIRST_BACKOFF_S
 
 
 @dataclass
@@ -48,6 +51,7 @@ class Resync:
         # uid -> (resourceVersion, needs_reconcile's answer): a round every half second asks about every
         # BTJ, and a BTJ that has not changed since the last round has the same answer.
         self._verdicts: dict[str, tuple[str, str | None]] = {}
+        self._offered_at = 0.0  # when the watchers' kept events were last offered again
 
     def backoff(self, attempts: int) -> float:
         """Seconds of quiet before pass number `attempts + 1`: 1 s doubling up to the interval."""
@@ -104,13 +108,23 @@ class Resync:
         Reconciler(self.ctx, direct_events=True).reconcile_now(current, logger=self.logger, wait=False)
 
     async def round(self) -> None:
-        """Reconcile every BTJ that is due, one at a time (a pass is short; the API is shared)."""
+        """Reconcile every BTJ that is due, one at a time (a pass is short; the API is shared); then the
+        watchers' events that did not go through (handlers/redeliver.py), at most every REOFFER_S."""
         for btj in self.due(time.monotonic()):
             try:
                 await asyncio.to_thread(self.pass_for, btj)
             except Exception as exc:  # one BTJ's failure must not skip the others
                 self.ctx.metrics.record_error("ResyncError")
                 self.logger.warning(f"Resync of {btj['metadata'].get('name')} failed: {exc!r}")
+        now = time.monotonic()
+        kept = self.ctx.unrecorded(PODS) or self.ctx.unrecorded(CHILDREN)
+        if kept and now - self._offered_at >= REOFFER_S:
+            self._offered_at = now
+            try:
+                await asyncio.to_thread(offer_again, self.ctx, self.logger)
+            except Exception as exc:  # the next round offers them again
+                self.ctx.metrics.record_error("ResyncError")
+                self.logger.warning(f"Offering the watchers' failed events again failed: {exc!r}")
 
 
 def resync_interval() -> float:

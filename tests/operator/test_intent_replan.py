@@ -1,0 +1,163 @@
+"""An out-of-memory re-plan and a lost child's re-create are intents every later pass finishes: a 500 or a
+lost answer on each of their requests, or the operator stopped before or after each write, ends on the
+intended child within two resync intervals: one child, the planned one, no duplicate, no orphan (issue 35).
+
+The re-plan: the pod watcher's status write (the new plan and its planHistory entry), the DELETE of the
+child that ran out of memory, the create of the re-planned one, the write that records it. The re-create:
+the child watcher's write that records the deletion (ChildDeleted), the create, the write that records it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from blackwell_operator.testing.emulator import Fault
+from blackwell_trainer.plan.config import Plan
+from tests.operator.harness import (
+    Cluster,
+    btj,
+    emulated_cluster,
+    running_operator,
+    wait_for,
+    write_kubeconfig,
+)
+from tests.operator.intents import (
+    CREATE,
+    DELETE,
+    STATUS_WRITE,
+    Request,
+    aim,
+    converge,
+    named,
+    recording_child_other_than,
+    replicas,
+    status_write_of,
+)
+from tests.operator.test_replan import oom_message
+from tests.support.pods import T1, container, pod, pod_status, terminated
+
+pytestmark = pytest.mark.integration
+
+RESYNC_S = 3.0  # BTJ_CHILD_RETRY_INTERVAL_S here
+BOUND_S = 2 * RESYNC_S
+SETUP_S = 30.0  # a safety net for what comes before the fault
+
+Step = tuple[str, str, str | None]
+Steps = dict[str, tuple[Step, Callable[[Request], bool]]]
+
+
+def replan_steps(name: str, old_uid: str) -> Steps:
+    return {
+        "status-write": (STATUS_WRITE, status_write_of(name, "planHistory", "OutOfMemory")),
+        "delete": (DELETE, named(name)),
+        "create": (CREATE, named(name)),
+        "record": (STATUS_WRITE, recording_child_other_than(name, old_uid)),
+    }
+
+
+def recreate_steps(name: str, old_uid: str) -> Steps:
+    return {
+        "status-write": (STATUS_WRITE, status_write_of(name, "ChildDeleted")),
+        "create": (CREATE, named(name)),
+        "record": (STATUS_WRITE, recording_child_other_than(name, old_uid)),
+    }
+
+
+async def out_of_memory(cluster: Cluster, name: str) -> None:
+    """A worker of BTJ `name`'s child whose trainer ran out of GPU memory (its OOM result line)."""
+    plan = Plan.model_validate(cluster.status(name)["plan"])
+    ended = container(state={"terminated": terminated(1, "Error", T1, oom_message(plan))})
+    await cluster.add_pod(pod(f"{name}-worker-0", name, owner=cluster.job(name)), pod_status(ended))
+
+
+async def lost(cluster: Cluster, name: str) -> None:
+    """The child deleted by hand (or by anything else) before the job finished."""
+    await cluster.delete_child(name)
+
+
+INTENTS: dict[str, tuple[Callable[[str, str], Steps], Callable[[Cluster, str], Any]]] = {
+    "oom-replan": (replan_steps, out_of_memory),
+    "lost-child": (recreate_steps, lost),
+}
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Cluster]:
+    async with emulated_cluster(nodes=2) as emulated:
+        monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "kubeconfig", emulated.url)))
+        monkeypatch.setenv("BTJ_METRICS_BIND", "off")
+        monkeypatch.setenv("BTJ_CHILD_RETRY_INTERVAL_S", str(RESYNC_S))
+        yield emulated
+
+
+async def with_children(cluster: Cluster, names: list[str]) -> dict[str, tuple[str, int]]:
+    """A BTJ per name, each with its child; name -> (the child's uid, its node count)."""
+    for name in names:
+        await cluster.apply(btj(name))
+    for name in names:
+        await wait_for(
+            lambda name=name: cluster.job(name) and cluster.status(name).get("child"),
+            timeout=SETUP_S,
+            what=f"{name}'s child",
+        )
+    return {n: (cluster.job(n)["metadata"]["uid"], replicas(cluster.job(n))) for n in names}  # type: ignore[index]
+
+
+async def started_after(faults: list[Fault]) -> float:
+    """When every fault has been met (the intent has reached its step)."""
+    await wait_for(lambda: all(f.hits for f in faults), timeout=SETUP_S, what="every fault met")
+    return time.monotonic()
+
+
+@pytest.mark.parametrize("intent", list(INTENTS))
+@pytest.mark.parametrize(("status", "commit"), [(500, False), (504, True)], ids=["http-500", "answer-lost"])
+async def test_a_failed_request_at_any_step_ends_on_the_intended_child(
+    cluster: Cluster, intent: str, status: int, commit: bool
+) -> None:
+    steps_of, trigger = INTENTS[intent]
+    kinds = list(steps_of("x", "x"))
+    names = [f"{intent[:4]}-{kind}" for kind in kinds]
+    async with running_operator(cluster) as runner:
+        old = await with_children(cluster, names)
+        faults = []
+        for name, (uid, _) in old.items():
+            step, when = steps_of(name, uid)[name.removeprefix(f"{intent[:4]}-")]
+            faults.append(aim(cluster, step, when, status, commit=commit))
+        for name in names:
+            await trigger(cluster, name)
+        await converge(cluster, old, await started_after(faults), BOUND_S)
+        assert all(f.hits == 1 for f in faults), [(f.method, f.hits) for f in faults]
+    assert runner.exception is None
+
+
+@pytest.mark.parametrize("intent", list(INTENTS))
+async def test_the_operator_stopped_at_any_step_ends_on_the_intended_child(
+    cluster: Cluster, intent: str
+) -> None:
+    """Stopped just before each of the intent's requests (so just after the one before it): a request
+    that never comes is one that fails on every try until the operator is gone."""
+    steps_of, trigger = INTENTS[intent]
+    kinds = list(steps_of("x", "x"))
+    names = [f"{intent[:4]}-stop-before-{kind}" for kind in kinds]
+    async with running_operator(cluster):
+        old = await with_children(cluster, names)
+        faults = []
+        for name, (uid, _) in old.items():
+            kind = name.removeprefix(f"{intent[:4]}-stop-before-")
+            step, when = steps_of(name, uid)[kind]
+            if kind == "record":  # the create lands; then nothing records it
+                aim(cluster, CREATE, named(name), 504, commit=True)
+            faults.append(aim(cluster, step, when, 500, times=10**6))
+        for name in names:
+            await trigger(cluster, name)
+        await started_after(faults)
+    for fault in cluster.k.faults:
+        fault.times = 0
+    async with running_operator(cluster) as runner:
+        await converge(cluster, old, time.monotonic(), BOUND_S)
+    assert runner.exception is None
