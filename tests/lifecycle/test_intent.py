@@ -14,7 +14,7 @@ from blackwell_operator.lifecycle.elastic import resize_changes
 from blackwell_operator.lifecycle.replan import replaced_child_uid
 from blackwell_operator.planner import plan_job
 from tests.lifecycle.test_child_apply import OLD, in_cluster, rendered, wanted
-from tests.lifecycle.test_elastic import RANGE, at, running, spec
+from tests.lifecycle.test_elastic import RANGE, at, down, nodes, running, spec, up
 
 CHILD = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "llama", "uid": OLD}
 
@@ -24,8 +24,9 @@ def resized() -> dict[str, Any]:
     btj = running(4)
     btj["status"]["child"] = dict(CHILD)
     btj["metadata"]["uid"] = "btj-uid"
-    decision = decide_resize(RANGE, 4, 3, None, at(0))
-    decision = decide_resize(RANGE, 4, 3, decision.elastic, at(60))
+    one_down = nodes(*up(3), down(0))
+    decision = decide_resize(RANGE, 4, one_down, None, at(0))
+    decision = decide_resize(RANGE, 4, one_down, decision.elastic, at(60))
     change, entry = resize_changes(btj, decision, lambda n: plan_job(spec(), schedulable=n), now="T")
     assert entry is not None
     btj["status"] = {**btj["status"], **change.model_dump(by_alias=True, mode="json", exclude_unset=True)}
