@@ -110,7 +110,11 @@ async def test_an_unlabelled_account_is_refused_until_an_admin_labels_it(cluster
         status = cluster.status("s3")
         assert status["phase"] == "Pending" and "Waiting for its ServiceAccount" in status["message"]
         assert cluster.job("s3") is None and cluster.config_map("s3-plan") is None
-        warnings = [e for e in cluster.events("s3") if e["reason"] == SERVICE_ACCOUNT_NOT_ALLOWED]
+        # Kopf posts Events after the handler returns, so the Warning may land after the condition.
+        warnings = await wait_for(
+            lambda: [e for e in cluster.events("s3") if e["reason"] == SERVICE_ACCOUNT_NOT_ALLOWED],
+            what="the ServiceAccountNotAllowed Event",
+        )
         assert len(warnings) == 1 and warnings[0]["type"] == "Warning"
 
         # An admin marks it: the resync loop finds the label and the job is created.
