@@ -87,7 +87,17 @@ class TrainerMetrics:
         # Ranks of one pod step in lockstep on equal batches, so the pod's tokens are one rank's
         # tokens times the GPUs it serves (LOCAL_WORLD_SIZE under torchrun).
         self.gpus = int(os.environ.get("LOCAL_WORLD_SIZE", plan.gpus_per_node))
-        r = self.registry
+        self._lock = threading.Lock()
+        self._declare_progress(self.registry)
+        self._declare_memory(self.registry)
+        self._declare_plan_figures(self.registry)
+        self._declare_checkpoints(self.registry)
+        self._declare_out_of_memory(self.registry)
+        self._declare_probe(self.registry)
+        self._pre_export(plan)
+
+    def _declare_progress(self, r: CollectorRegistry) -> None:
+        """Tokens, steps, step time, MFU and loss."""
         self.tokens = Counter(names.TOKENS, "Training tokens processed by this pod's GPUs.", registry=r)
         self.steps = Counter(names.STEPS, "Optimizer steps completed.", registry=r)
         # The counter restarts with the pod; progress needs the job's own step (resumed checkpoints count).
@@ -110,6 +120,9 @@ class TrainerMetrics:
             registry=r,
         )
         self.loss = Gauge(names.LOSS, "Training loss of the last step (mean over tokens).", registry=r)
+
+    def _declare_memory(self, r: CollectorRegistry) -> None:
+        """Local rank 0's peak memory and the allocator's retries."""
         self.memory_peak = Gauge(
             names.GPU_MEMORY_PEAK,
             "Peak GPU memory of local rank 0 since start, by allocator kind.",
@@ -123,6 +136,9 @@ class TrainerMetrics:
             registry=r,
         )
         self._alloc_retries_seen = 0
+
+    def _declare_plan_figures(self, r: CollectorRegistry) -> None:
+        """The plan's predictions, exported beside the measurements."""
         self.predicted_tokens = Gauge(
             names.PREDICTED_TOKENS_PER_SECOND,
             "The plan's predicted training tokens/s per GPU.",
@@ -138,6 +154,9 @@ class TrainerMetrics:
             "The plan's predicted model FLOPs utilisation (0-1).",
             registry=r,
         )
+
+    def _declare_checkpoints(self, r: CollectorRegistry) -> None:
+        """Checkpoint saves, skips at resume and the initial weights load."""
         self.last_checkpoint = Gauge(
             names.LAST_CHECKPOINT,
             "Unix time of the last complete checkpoint; 0 until one is written.",
@@ -161,6 +180,9 @@ class TrainerMetrics:
             "started from random init or resumed from the job's own checkpoint.",
             registry=r,
         )
+
+    def _declare_out_of_memory(self, r: CollectorRegistry) -> None:
+        """Out-of-memory stops by phase and how much was needed."""
         self.out_of_memory = Counter(
             names.OUT_OF_MEMORY,
             "CUDA out-of-memory errors that stopped this process, by phase (setup, forward, backward, "
@@ -174,6 +196,9 @@ class TrainerMetrics:
             "request, plus memory outside the allocator); 0 until it runs out.",
             registry=r,
         )
+
+    def _declare_probe(self, r: CollectorRegistry) -> None:
+        """The probe's candidates, winner and wall time, and the build info."""
         self.probe_tokens = Gauge(
             names.PROBE_TOKENS_PER_SECOND,
             "Each probe candidate's tokens/s per GPU, predicted and measured (the slowest rank's); the "
@@ -192,7 +217,8 @@ class TrainerMetrics:
         )
         self.build_info = Info(names.BUILD, "Trainer version and the plan's settings.", registry=r)
 
-        # Pre-export every series (zeros where nothing is measured yet) so none goes missing.
+    def _pre_export(self, plan: Plan) -> None:
+        """Every series exported from the start (zeros until measured), so none goes missing."""
         self.gpus_gauge.set(self.gpus)
         self.step.set(0)
         self.steps_planned.set(plan.steps)
@@ -209,7 +235,6 @@ class TrainerMetrics:
         self.probe_winner.set(-1)
         self.probe_seconds.set(0)
         self.build_info.info(build_labels(plan))
-        self._lock = threading.Lock()
 
     def serve(self, port: int) -> None:
         """Serve /metrics on `port` (0 picks a free one, see `.port`), from local rank 0 only, at the
