@@ -73,6 +73,17 @@ def test_the_readme_install_serves_the_namespace_of_the_example_it_applies(helm:
         assert namespace in watched, f"the README's install does not watch {namespace}: {sorted(watched)}"
 
 
+def test_every_example_is_in_a_namespace_the_readme_install_serves(helm: str) -> None:
+    # The README says step 2 serves "the namespace of the examples": every example, not only step 4's.
+    objects = render(helm, sets=_install_sets())
+    policy = _policy(objects)
+    for path in sorted((ROOT / "examples").rglob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc.get("kind") == "BlackwellTrainingJob":
+                namespace = doc["metadata"].get("namespace")
+                assert not policy.failures(doc), f"{path.name}: {namespace} is unserved by the README"
+
+
 # The namespace check: a BTJ in a namespace no release serves draws a warning at `kubectl apply`.
 
 
