@@ -38,12 +38,15 @@ def test_once_recorded_only_the_current_child_s_pods_count() -> None:
 
 
 def test_a_controller_reference_counts_only_with_the_uid_of_the_object_read() -> None:
+    trainer = {"name": "pytorch", "image": "trainer:1", "command": ["torchrun"]}
     job = {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
+        "spec": {"pytorchReplicaSpecs": {"Worker": {"template": {"spec": {"containers": [trainer]}}}}},
         "metadata": {
             "name": "w",
             "uid": "job-1",
+            "creationTimestamp": "2026-12-01T11:00:00Z",
             "ownerReferences": [
                 {
                     "apiVersion": f"{API_GROUP}/{API_VERSION}",
@@ -67,7 +70,8 @@ def test_a_controller_reference_counts_only_with_the_uid_of_the_object_read() ->
             "uid": uid,
             "controller": True,
         }
-        return {"metadata": {"name": "w-worker-0", "namespace": "team-a", "ownerReferences": [ref]}}
+        meta = {"name": "w-worker-0", "namespace": "team-a", "creationTimestamp": "2026-12-01T11:00:05Z"}
+        return {"metadata": {**meta, "ownerReferences": [ref]}, "spec": {"containers": [trainer]}}
 
     assert lineage(pod("job-1"), read) == FOUND
     assert lineage(pod("job-other"), read) is None  # the child's name, another uid: forged or stale

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ from blackwell_operator.render.labels import own_labels
 from blackwell_operator.testing.emulator import TRAINING_RUNTIME_RESOURCE, TRAINJOB_RESOURCE
 from blackwell_trainer.plan.config import PERMANENT_ERROR_PREFIX
 from tests.operator.harness import NAMESPACE, TRAINJOBS, Cluster, btj, running_operator, wait_for
-from tests.support.pods import T1, T2, container, pod_status, terminated
+from tests.support.pods import T1, T2, container, pod_status, terminated, worker_template
 
 pytestmark = pytest.mark.integration
 
@@ -86,6 +87,9 @@ async def node_job(cluster: Cluster, trainjob_name: str, job_name: str | None = 
             "metadata": {"name": trainjob_name, "ownerReferences": [_controller(train)]},
         }
         jobset = await cluster._json("POST", jobsets, body)
+    # JobSet copies the replicated job's template (from the TrainJob's TrainingRuntime) into the Job.
+    the_runtime = await wait_for(lambda: runtime(cluster, trainjob_name), what="the TrainingRuntime")
+    (replicated,) = the_runtime["spec"]["template"]["spec"]["replicatedJobs"]
     job: dict[str, Any] = await cluster._json(
         "POST",
         f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs",
@@ -96,7 +100,7 @@ async def node_job(cluster: Cluster, trainjob_name: str, job_name: str | None = 
                 "name": job_name or f"{trainjob_name}-node-0",
                 "ownerReferences": [_controller(jobset)],
             },
-            "spec": {"template": {"spec": {}}},
+            "spec": replicated["template"]["spec"],
         },
     )
     return job
@@ -105,16 +109,21 @@ async def node_job(cluster: Cluster, trainjob_name: str, job_name: str | None = 
 def trainer_pod(
     name: str, job: str, trainjob_name: str, owner: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """A pod of a TrainJob as JobSet's Job creates it: our template labels plus JobSet's, owned by a Job."""
+    """A pod of a TrainJob as JobSet's Job creates it, owned by a Job: from the Job's pod template when it
+    carries one (the Job controller copies it), else a bare `node` container; our template labels plus
+    JobSet's."""
     uid = (owner or {}).get("metadata", {}).get("uid", "00000000-0000-4000-8000-000000000001")
     owner_name = (owner or {}).get("metadata", {}).get("name", f"{trainjob_name}-node-0")
+    template = worker_template(owner) if owner is not None else None
+    labels = dict((template or {}).get("metadata", {}).get("labels") or own_labels(job))
+    bare = {"containers": [{"name": "node", "image": "ghcr.io/blackwell-dev/blackwell-trainer:0.1.0"}]}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             "name": name,
             "namespace": NAMESPACE,
-            "labels": {**own_labels(job), "jobset.sigs.k8s.io/jobset-name": trainjob_name},
+            "labels": {**labels, "jobset.sigs.k8s.io/jobset-name": trainjob_name},
             "ownerReferences": [
                 {
                     "apiVersion": "batch/v1",
@@ -125,7 +134,7 @@ def trainer_pod(
                 }
             ],
         },
-        "spec": {"containers": [{"name": "node", "image": "ghcr.io/blackwell-dev/blackwell-trainer:0.1.0"}]},
+        "spec": copy.deepcopy(dict(template["spec"])) if template is not None else bare,
     }
 
 

@@ -197,11 +197,35 @@ def _chain(*objects: dict[str, Any]) -> Reader:
     return lambda kind, namespace, name: by_key.get((kind.kind, namespace, name))
 
 
-def _obj(api_version: str, kind: str, name: str, uid: str, owner: dict[str, Any] | None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "namespace": NAMESPACE, "uid": uid}
+# The trainer container of the jobs below, and when they were made (their pods are made later).
+TRAINER = {
+    "name": "pytorch",
+    "image": "ghcr.io/blackwell-dev/blackwell-trainer:0.1.0",
+    "command": ["torchrun"],
+}
+MADE = "2026-12-01T11:00:00Z"
+
+
+def _obj(
+    api_version: str, kind: str, name: str, uid: str, owner: dict[str, Any] | None, **spec: Any
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": NAMESPACE, "uid": uid, "creationTimestamp": MADE}
     if owner is not None:
         meta["ownerReferences"] = [{**owner, "controller": True}]
-    return {"apiVersion": api_version, "kind": kind, "metadata": meta}
+    return {"apiVersion": api_version, "kind": kind, "metadata": meta, "spec": spec}
+
+
+def _made_from(body: dict[str, Any], container: dict[str, Any]) -> dict[str, Any]:
+    """The pod as its controller makes it from a template with `container`, after the jobs above it."""
+    return {
+        **body,
+        "metadata": {**body["metadata"], "uid": "p", "creationTimestamp": NOW},
+        "spec": {"containers": [container]},
+    }
+
+
+def _template(container: dict[str, Any]) -> dict[str, Any]:
+    return {"spec": {"containers": [container]}}
 
 
 def _ref(obj: dict[str, Any]) -> dict[str, Any]:
@@ -213,8 +237,9 @@ BTJ_OBJ = _obj("training.blackwell.dev/v1alpha1", "BlackwellTrainingJob", "w", "
 
 
 def test_the_owner_chain_is_verified_object_by_object() -> None:
-    job = _obj("kubeflow.org/v1", "PyTorchJob", "w", "u-job", _ref(BTJ_OBJ))
-    genuine = {**pod("w-worker-0"), "metadata": {**pod("w-worker-0")["metadata"], "uid": "p"}}
+    replicas = {"Worker": {"template": _template(TRAINER)}}
+    job = _obj("kubeflow.org/v1", "PyTorchJob", "w", "u-job", _ref(BTJ_OBJ), pytorchReplicaSpecs=replicas)
+    genuine = _made_from(pod("w-worker-0"), TRAINER)
     genuine["metadata"]["ownerReferences"] = [{**_ref(job), "controller": True}]
     assert lineage(genuine, _chain(job)) == Lineage("PyTorchJob", "w", "u-job", "w", "u-btj")
     # The trainer's labels and nothing else: no controller, nothing read.
@@ -228,27 +253,55 @@ def test_the_owner_chain_is_verified_object_by_object() -> None:
     loose["metadata"]["ownerReferences"] = [_ref(job)]
     assert lineage(loose, _chain(job)) is None
     # A job of ours that no BTJ controls (made by hand with our kind).
-    orphan = _obj("kubeflow.org/v1", "PyTorchJob", "w", "u-job", None)
+    orphan = _obj("kubeflow.org/v1", "PyTorchJob", "w", "u-job", None, pytorchReplicaSpecs=replicas)
     assert lineage(genuine, _chain(orphan)) is None
+    # The right chain, but a pod made before the job (re-parented later), or not from its template.
+    earlier = {**genuine, "metadata": {**genuine["metadata"], "creationTimestamp": "2026-12-01T10:59:59Z"}}
+    assert lineage(earlier, _chain(job)) is None
+    same_second = {**genuine, "metadata": {**genuine["metadata"], "creationTimestamp": MADE}}
+    assert lineage(same_second, _chain(job)) is not None  # one-second resolution: equal counts
+    for other in ({"image": "busybox"}, {"command": ["sh", "-c", "echo"]}, {"args": ["--lie"]}):
+        assert lineage(_made_from(genuine, {**TRAINER, **other}), _chain(job)) is None, other
 
 
 def test_a_trainjob_s_pods_are_followed_through_its_jobset_and_job() -> None:
-    train = _obj("trainer.kubeflow.org/v1alpha1", "TrainJob", "w", "u-tj", _ref(BTJ_OBJ))
+    node = {**TRAINER, "name": "node"}
+    runtime_ref = {"apiGroup": "trainer.kubeflow.org", "kind": "TrainingRuntime", "name": "w"}
+    train = _obj(
+        "trainer.kubeflow.org/v1alpha1", "TrainJob", "w", "u-tj", _ref(BTJ_OBJ), runtimeRef=runtime_ref
+    )
+    replicated = {"name": "node", "template": {"spec": {"template": _template(node)}}}
+    the_runtime = _obj(
+        "trainer.kubeflow.org/v1alpha1",
+        "TrainingRuntime",
+        "w",
+        "u-rt",
+        _ref(BTJ_OBJ),
+        template={"spec": {"replicatedJobs": [replicated]}},
+    )
     jobset = _obj("jobset.x-k8s.io/v1alpha2", "JobSet", "w", "u-js", _ref(train))
     batch = _obj("batch/v1", "Job", "w-node-0", "u-bj", _ref(jobset))
-    worker = {**pod("w-node-0-0"), "metadata": {**pod("w-node-0-0")["metadata"], "uid": "p"}}
+    worker = _made_from(pod("w-node-0-0"), node)
     worker["metadata"]["ownerReferences"] = [{**_ref(batch), "controller": True}]
-    assert lineage(worker, _chain(train, jobset, batch)) == Lineage("TrainJob", "w", "u-tj", "w", "u-btj")
+    found = Lineage("TrainJob", "w", "u-tj", "w", "u-btj")
+    assert lineage(worker, _chain(train, the_runtime, jobset, batch)) == found
+    # The TrainJob's template is its TrainingRuntime's: none there, nothing to have been made from.
+    assert lineage(worker, _chain(train, jobset, batch)) is None
+    # A TrainJob's spec.trainer.image replaces the runtime's (Trainer v2 does): the pod runs that one.
+    pinned = {**train, "spec": {**train["spec"], "trainer": {"image": "registry.example/trainer:2"}}}
+    assert lineage(worker, _chain(pinned, the_runtime, jobset, batch)) is None
+    repinned = _made_from(worker, {**node, "image": "registry.example/trainer:2"})
+    assert lineage(repinned, _chain(pinned, the_runtime, jobset, batch)) == found
     # A Job of the same name that someone else made (another uid): the chain breaks there.
     impostor = _obj("batch/v1", "Job", "w-node-0", "u-other", _ref(jobset))
-    assert lineage(worker, _chain(train, jobset, impostor)) is None
+    assert lineage(worker, _chain(train, the_runtime, jobset, impostor)) is None
     # A Job that points straight at the TrainJob skips the JobSet: not the shape Trainer v2 makes.
     direct = _obj("batch/v1", "Job", "w-node-0", "u-bj", _ref(train))
-    assert lineage(worker, _chain(train, direct)) is None
+    assert lineage(worker, _chain(train, the_runtime, direct)) is None
     # A pod that points straight at the TrainJob: not how its pods are owned either.
     straight = {**worker, "metadata": {**worker["metadata"]}}
     straight["metadata"]["ownerReferences"] = [{**_ref(train), "controller": True}]
-    assert lineage(straight, _chain(train)) is None
+    assert lineage(straight, _chain(train, the_runtime)) is None
 
 
 def test_nothing_is_written_onto_a_btj_being_deleted_or_succeeded() -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import datetime
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from blackwell_operator.lifecycle.ownership import Lineage
@@ -49,12 +51,30 @@ def pod_status(*containers: dict[str, Any], **extra: Any) -> dict[str, Any]:
     return {"phase": "Running", "containerStatuses": list(containers), **extra}
 
 
+def worker_template(job: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The pod template a controller makes `job`'s pods from, where the test's owner carries one: a
+    PyTorchJob's Worker, a HyperPodPyTorchJob's first replica, a batch Job's template. Spelled out here, not
+    taken from the operator, so that the two agree only where the upstream shapes do."""
+    spec = job.get("spec") or {}
+    if job.get("kind") == "PyTorchJob":
+        template = ((spec.get("pytorchReplicaSpecs") or {}).get("Worker") or {}).get("template")
+    elif job.get("kind") == "HyperPodPyTorchJob":
+        template = ((spec.get("replicaSpecs") or [{}])[0]).get("template")
+    else:
+        template = spec.get("template")
+    return template if template and (template.get("spec") or {}).get("containers") else None
+
+
 def pod(name: str, job: str = "w", *, owner: dict[str, Any] | None = None, **meta: Any) -> dict[str, Any]:
-    """A trainer pod as the Kubeflow training operator creates it (our template labels plus its own)."""
+    """A trainer pod as the Kubeflow training operator creates it: from its owner's pod template when the
+    owner carries one (the template deep-copied, its labels kept, the controller's own label added), else
+    a bare trainer container with our template labels."""
+    template = worker_template(owner) if owner is not None else None
+    labels = dict((template or {}).get("metadata", {}).get("labels") or own_labels(job))
     metadata: dict[str, Any] = {
         "name": name,
         "namespace": NAMESPACE,
-        "labels": {**own_labels(job), "training.kubeflow.org/job-name": job},
+        "labels": {**labels, "training.kubeflow.org/job-name": job},
         **meta,
     }
     if owner is not None:
@@ -71,9 +91,9 @@ def pod(name: str, job: str = "w", *, owner: dict[str, Any] | None = None, **met
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": metadata,
-        "spec": {
-            "containers": [{"name": "pytorch", "image": "ghcr.io/blackwell-dev/blackwell-trainer:0.1.0"}]
-        },
+        "spec": copy.deepcopy(dict(template["spec"]))
+        if template is not None
+        else {"containers": [{"name": "pytorch", "image": "ghcr.io/blackwell-dev/blackwell-trainer:0.1.0"}]},
     }
 
 

@@ -63,11 +63,13 @@ def on_pod_event(
         ctx.note_unrecorded(PODS, uid, (event_type, pod))
         return  # the pod's next event, or the resync loop, tries again
     if found is None:
-        # The trainer's labels, but no child of a BTJ controls it (made by hand, or forged): its
+        # The trainer's labels, but no child of a BTJ controls it (made by hand, or forged), or it is not
+        # what the child's controller makes (created before the child, or not from its template): its
         # termination message fails nothing, deletes nothing, re-plans nothing and teaches nothing.
         logger.warning(
             f"Pod {namespace}/{meta.get('name')} carries the trainer's labels but no BlackwellTrainingJob's "
-            "job controls it: its result is ignored"
+            "job controls it, or it is not what that job's controller makes (created before the job, or not "
+            "from its current pod template): its result is ignored"
         )
         ctx.remember_pod_failure(uid, key)
         ctx.note_unrecorded(PODS, uid, None)

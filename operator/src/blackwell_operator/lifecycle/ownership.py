@@ -3,7 +3,9 @@
 Labels say nothing about who made a pod: anyone who may create pods in a namespace can copy the trainer's.
 A pod's result (a `permanent error:` termination message, an out-of-memory line, its /metrics) counts
 only when its controlling owner references lead, through objects that exist with exactly the uids they
-name, to a job kind of ours that a BlackwellTrainingJob controls (docs/reference/pod-ownership.md).
+name, to a job kind of ours that a BlackwellTrainingJob controls, and the pod is what that job's
+controller makes: created after them, from the job's current template (lifecycle/pod_origin.py;
+docs/reference/pod-ownership.md).
 """
 
 from __future__ import annotations
@@ -12,13 +14,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from blackwell_operator.lifecycle.pod_origin import created_after, job_templates, made_from
 from blackwell_operator.models.spec import API_GROUP, KIND
-from blackwell_operator.render.kinds import JOB_KINDS, POD_OWNER_CHAINS, ChildKind
+from blackwell_operator.render import trainjob
+from blackwell_operator.render.kinds import JOB_KINDS, POD_OWNER_CHAINS, TRAINING_RUNTIME, ChildKind
 
 # Reads one object by kind, namespace and name (None: there is none).
 Reader = Callable[[ChildKind, str, str], Mapping[str, Any] | None]
 _JOB_KINDS = {row.kind: row for row in JOB_KINDS.values()}
 _BETWEEN = {row.kind: row for chain in POD_OWNER_CHAINS.values() for row in chain}
+# The job kind whose pod template lives in a TrainingRuntime it references.
+TRAINING_RUNTIME_OWNER = trainjob.KIND
 # The longest chain from a pod to its job kind, plus the job itself.
 MAX_HOPS = max(len(chain) for chain in POD_OWNER_CHAINS.values()) + 1
 
@@ -64,6 +70,7 @@ def lineage(pod: Mapping[str, Any], read: Reader) -> Lineage | None:
     namespace = str((pod.get("metadata") or {}).get("namespace") or "")
     ref = controller_of(pod)
     passed: list[ChildKind] = []
+    above: list[Mapping[str, Any]] = []
     for _ in range(MAX_HOPS):
         if ref is None or not namespace:
             return None
@@ -73,11 +80,12 @@ def lineage(pod: Mapping[str, Any], read: Reader) -> Lineage | None:
         obj = read(kind, namespace, str(ref["name"]))
         if obj is None or (obj.get("metadata") or {}).get("uid") != ref["uid"]:
             return None
+        above.append(obj)
         if kind.kind not in _JOB_KINDS:
             passed.append(kind)
             ref = controller_of(obj)
             continue
-        if tuple(passed) != POD_OWNER_CHAINS[kind.kind]:
+        if tuple(passed) != POD_OWNER_CHAINS[kind.kind] or not _made_by(pod, obj, above, read):
             return None
         owner = controller_of(obj)
         if owner is None or owner.get("kind") != KIND or _group(owner.get("apiVersion")) != API_GROUP:
@@ -86,6 +94,23 @@ def lineage(pod: Mapping[str, Any], read: Reader) -> Lineage | None:
             return None
         return Lineage(kind.kind, str(ref["name"]), str(ref["uid"]), str(owner["name"]), str(owner["uid"]))
     return None
+
+
+def _made_by(
+    pod: Mapping[str, Any], job: Mapping[str, Any], above: list[Mapping[str, Any]], read: Reader
+) -> bool:
+    """Whether the pod shows what its job's controller would have made (lifecycle/pod_origin.py): created
+    no earlier than any object of its chain, from the job's current pod template. A TrainJob's template is
+    in the TrainingRuntime it references (read here)."""
+    if not created_after(pod, above):
+        return False
+    runtime = None
+    if job.get("kind") == TRAINING_RUNTIME_OWNER:
+        ref = (job.get("spec") or {}).get("runtimeRef") or {}
+        namespace = str((job.get("metadata") or {}).get("namespace") or "")
+        if ref.get("kind") == TRAINING_RUNTIME.kind and ref.get("name") and namespace:
+            runtime = read(TRAINING_RUNTIME, namespace, str(ref["name"]))
+    return made_from(pod, job_templates(job, runtime))
 
 
 def of_child(found: Lineage | None, btj: Mapping[str, Any]) -> bool:
