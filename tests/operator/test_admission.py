@@ -113,6 +113,23 @@ ECHOES: dict[str, dict[str, Any]] = {
     "image-object": btj("image-object", image={"auth": SECRET}),
     "backend-enum": btj("backend-enum", backend=SECRET),
     "label-value": btj("label-value", podLabels={"team": f"{SECRET}!"}),
+    # Issue 36 item 5, more hostile values: a huge string, a secret where a name or a number is expected,
+    # one nested deep, and values refused past the schema (by the planner, by the catalogs).
+    "image-huge": btj("image-huge", image=f"registry.example/{SECRET}/" + "a" * 200_000 + ":1"),
+    "annotation-huge": btj("annotation-huge", podAnnotations={"note": SECRET * 20_000}),
+    "preset-unknown": btj("preset-unknown", model={"preset": SECRET}),
+    "nodes-secret": btj("nodes-secret", cluster={**B200, "nodes": SECRET}),
+    "instance-type-secret": btj("instance-type-secret", cluster={"instanceType": SECRET, "nodes": 2}),
+    "toleration-value-object": btj(
+        "toleration-value-object", tolerations=[{"key": "k", "operator": "Equal", "value": {"v": [SECRET]}}]
+    ),
+    "queue-name": btj("queue-name", queueName=f"{SECRET} !"),
+    "checkpoint-path": btj(
+        "checkpoint-path",
+        training={"sequenceLength": 8192, "steps": 1000, "checkpoint": {"path": f"relative/{SECRET}"}},
+    ),
+    "weights-uri": btj("weights-uri", model={"preset": "llama3.1-8b", "weights": {"uri": f"ftp://{SECRET}"}}),
+    "account-name": btj("account-name", serviceAccountName=f"{SECRET}_NOT_A_NAME"),
 }
 
 
@@ -129,3 +146,22 @@ async def test_no_spec_value_reaches_status_or_events(cluster: Cluster, case: st
     assert SECRET not in repr(status) and SECRET not in repr(events), (status, events)
     # The field and its type stay: what to fix is still said.
     assert status["message"].startswith("spec."), status["message"]
+
+
+async def test_a_valid_job_s_values_stay_in_its_pods(cluster: Cluster) -> None:
+    # A job that plans and runs: its env and annotation values go to the pods that need them, and to no
+    # status field or Event on the way (its plan, its conditions, the child's creation).
+    manifest = btj(
+        "valid-secret",
+        env=[{"name": "WANDB_API_KEY", "value": SECRET}],
+        podAnnotations={"team.example/token": SECRET},
+    )
+    async with running_operator(cluster) as runner:
+        await cluster.apply(manifest)
+        await wait_for(lambda: cluster.condition("valid-secret", "ChildCreated"), what="ChildCreated")
+        await wait_for(lambda: cluster.events("valid-secret"), what="its Events")
+        await cluster.settle("valid-secret")
+    assert runner.exception is None
+    status, events = cluster.status("valid-secret"), cluster.events("valid-secret")
+    assert SECRET not in repr(status) and SECRET not in repr(events), (status, events)
+    assert SECRET in repr(cluster.job("valid-secret")), "the pods still get it"

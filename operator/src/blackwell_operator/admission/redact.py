@@ -63,15 +63,19 @@ def _spellings(value: Any) -> list[str]:
     return sorted((s for s in out if len(s) >= _SHORTEST), key=len, reverse=True)
 
 
-def redacted(line: str, body: Mapping[str, Any]) -> str:
+def redacted(line: str, body: Mapping[str, Any], *, strings_only: bool = False) -> str:
     """`line` (`path: problem`) with the value at `path` in `body`, however the problem spells it, replaced
-    by `<its type>`."""
+    by `<its type>`. `strings_only`: only a string there is replaced, for a spec admission has already
+    typed (the planner's refusals reason in counts, and name a section such as spec.model whose parts
+    they quote as fields)."""
     path, sep, problem = line.partition(": ")
     found, value = value_at(body, path)
     # A `name` (of a variable, a volume, a Secret) is how the spec refers to a thing, shown like a path;
     # written as anything but a string it is a value like any other.
     named = path.endswith(".name") and isinstance(value, str)
     if not sep or not found or value is None or isinstance(value, bool) or named:
+        return line
+    if strings_only and not isinstance(value, str):
         return line
     for text in _spellings(value):
         problem = problem.replace(text, f"<{type_name(value).removeprefix('a ')}>")

@@ -49,6 +49,13 @@ def parse_spec(body: Mapping[str, Any]) -> BlackwellTrainingJobSpec:
         ) from exc
 
 
+def spec_refusal(exc: SpecError, body: Mapping[str, Any]) -> str:
+    """The message of a spec the planner refused, for status and Events: a string at the field it names
+    becomes its type (a preset name may be anything the author typed); counts stay, they are the
+    reasoning."""
+    return redacted(exc.message, body, strings_only=True)
+
+
 @dataclass(frozen=True)
 class PassInputs:
     """What one pass plans from, each read once: the BTJ and its parsed status (which also holds this

@@ -25,7 +25,7 @@ from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import adopt_children, create_event, post_event
 from blackwell_operator.handlers.finalizer import release, with_finalizer
 from blackwell_operator.handlers.logs import Logger
-from blackwell_operator.handlers.pass_inputs import PassInputs, read_inputs, read_surroundings
+from blackwell_operator.handlers.pass_inputs import PassInputs, read_inputs, read_surroundings, spec_refusal
 from blackwell_operator.handlers.planning import plan_within
 from blackwell_operator.handlers.preflight import check_references
 from blackwell_operator.lifecycle import outcome as outcomes
@@ -219,7 +219,7 @@ class Reconciler:
                 global_batch=inputs.batch,
             )
         except SpecError as exc:
-            return outcomes.invalid(inputs.generation, exc.reason, exc.message)
+            return outcomes.invalid(inputs.generation, exc.reason, spec_refusal(exc, inputs.body))
         # The choice this generation's probe made (status.probe): the plan ConfigMap keeps it for a restart.
         plan = with_probe_result(plan, inputs.stored, inputs.generation)
         seen = read_surroundings(self.ctx, inputs, plan, logger)
