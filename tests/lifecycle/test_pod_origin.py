@@ -71,3 +71,33 @@ def test_the_creation_time_counts_at_one_second_resolution() -> None:
     assert not created_after(pod("2026-12-01T10:59:59Z"), [job])
     assert not created_after(pod(None), [job]), "no creation time proves nothing"
     assert not created_after(pod("2026-12-01T11:00:01Z"), [{"metadata": {}}])
+
+
+@pytest.mark.parametrize(
+    ("pod_image", "template_image", "same"),
+    [
+        # Digest pinning by an image-signature webhook (Kyverno verifyImages mutateDigest): the same image.
+        ("registry.example.com/t/trainer:0.1.0@sha256:ab12", "registry.example.com/t/trainer:0.1.0", True),
+        ("registry.example.com/t/trainer@sha256:ab12", "registry.example.com/t/trainer:0.1.0", True),
+        ("reg.example.com/t/trainer:0.1.0@sha256:ab12", "reg.example.com/t/trainer@sha256:ab12", True),
+        # Docker Hub's names spelled out in full.
+        ("docker.io/library/busybox:1.36", "busybox:1.36", True),
+        ("index.docker.io/org/img", "org/img:latest", True),
+        ("localhost:5000/trainer:1", "localhost:5000/trainer:1", True),
+        # Another tag, another digest, another registry (a mirror, or someone else's image): not the same.
+        ("registry.example.com/t/trainer:0.2.0@sha256:ab12", "registry.example.com/t/trainer:0.1.0", False),
+        ("registry.example.com/t/trainer@sha256:cd34", "registry.example.com/t/trainer@sha256:ab12", False),
+        ("evil.example.com/t/trainer:0.1.0", "registry.example.com/t/trainer:0.1.0", False),
+        ("registry.example.com/t/trainer", "registry.example.com/t/trainer:0.1.0", False),
+    ],
+)
+def test_an_image_pinned_to_its_digest_is_the_template_s_image(
+    pod_image: str, template_image: str, same: bool
+) -> None:
+    job, runtime = render_for(Backend.PYTORCH_JOB)
+    (template,) = job_templates(job, runtime)
+    template = copy.deepcopy(template)
+    template["spec"]["containers"][0]["image"] = template_image
+    pod = _pod_from(template)
+    pod["spec"]["containers"][0]["image"] = pod_image
+    assert made_from(pod, [template]) is same

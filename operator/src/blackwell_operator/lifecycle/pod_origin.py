@@ -114,8 +114,51 @@ def _copies(pod: Mapping[str, Any], template: Mapping[str, Any]) -> bool:
     for container in wanted:
         mine = have.get(container.get("name"))
         # An absent list and an empty one are the same to the API server (it drops the empty one).
-        if mine is None or any((mine.get(f) or None) != (container.get(f) or None) for f in COPIED_FIELDS):
+        if mine is None or not _same_image(mine.get("image"), container.get("image")):
+            return False
+        if any((mine.get(f) or None) != (container.get(f) or None) for f in COPIED_FIELDS if f != "image"):
             return False
     labels = (template.get("metadata") or {}).get("labels") or {}
     pod_labels = (pod.get("metadata") or {}).get("labels") or {}
     return all(pod_labels.get(key) == labels[key] for key in OWN_LABEL_KEYS if key in labels)
+
+
+# Docker Hub's default registry and namespace, which a runtime (and some webhooks) spell out in full.
+_HUB_PREFIXES = ("docker.io/library/", "index.docker.io/library/", "docker.io/", "index.docker.io/")
+
+
+def _same_image(pod_image: object, template_image: object) -> bool:
+    """Whether the pod runs the template's image, as admission may have rewritten it without changing it.
+
+    Image-signature policies (Kyverno's verifyImages with mutateDigest, the default; sigstore's
+    policy-controller) pin a tag to the digest it resolved to, `repo:tag` becoming `repo:tag@sha256:...`
+    or `repo@sha256:...`: the same image, so a digest the template did not name is not compared. Docker Hub
+    names are compared in full (`busybox` is `docker.io/library/busybox`). A webhook that moves the image to
+    another registry (a pull-through mirror) changes the name, and those pods' results are ignored
+    (docs/security.md)."""
+    if not isinstance(pod_image, str) or not isinstance(template_image, str):
+        return pod_image == template_image
+    pod_name, pod_tag, pod_digest = _image_parts(pod_image)
+    name, tag, digest = _image_parts(template_image)
+    if pod_name != name:
+        return False
+    if digest is not None:
+        return pod_digest == digest
+    # A pinned pod image may keep its tag (`repo:tag@sha256:...`) or drop it (`repo@sha256:...`).
+    return pod_tag == tag or (pod_tag is None and pod_digest is not None)
+
+
+def _image_parts(image: str) -> tuple[str, str | None, str | None]:
+    """(repository, tag, digest) of an image reference; the repository with Docker Hub's prefix added
+    where the reference leaves it out, and `latest` where it names neither tag nor digest."""
+    rest, _, digest = image.partition("@")
+    slash = rest.rfind("/")
+    colon = rest.rfind(":")
+    name, tag = (rest[:colon], rest[colon + 1 :]) if colon > slash else (rest, None)
+    if tag is None and not digest:
+        tag = "latest"
+    first = name.split("/", 1)[0]
+    if "/" not in name or not ("." in first or ":" in first or first == "localhost"):
+        name = "docker.io/" + (name if "/" in name else "library/" + name)
+    name = name.replace("index.docker.io/", "docker.io/", 1)
+    return name, tag, digest or None
