@@ -1,8 +1,9 @@
 """Helpers of the intent fault tests: faults aimed at one BTJ's one request, and what "converged" means.
 
 An intent (a resize, an out-of-memory re-plan, a lost child's re-create) is a few requests in order: the
-status write that records it, the DELETE of the stale child, the create of the planned one, the status
-write that records the new child. Each fault here hits one of those requests of one BTJ only, so several
+status write that records it, the DELETE of the stale child, the release of its final-status finalizer
+once its end is recorded, the plan ConfigMap's new plan, the create of the planned child, the status write
+that records the new child. Each fault here hits one of those requests of one BTJ only, so several
 BTJs share one operator run, each with its own fault.
 """
 
@@ -16,7 +17,10 @@ from typing import Any
 import kmock
 
 from blackwell_operator.lifecycle.replan import replacing_child
+from blackwell_operator.render.environment import PLAN_FILE
+from blackwell_operator.render.pod import plan_config_map_name
 from blackwell_operator.testing.emulator import BTJ_RESOURCE, PYTORCHJOB_RESOURCE, Fault
+from blackwell_trainer.plan.config import Plan
 from tests.operator.harness import NAMESPACE, Cluster, wait_for
 
 Request = Any  # kmock's rendering.Request
@@ -58,9 +62,22 @@ def recording_child_other_than(name: str, old_uid: str) -> Callable[[Request], b
     return match
 
 
+def releasing(name: str) -> Callable[[Request], bool]:
+    """The patch that takes the final-status finalizer off child `name` (its end is on the BTJ)."""
+    on = named(name)
+    return lambda request: on(request) and "finalizers" in body_of(request)
+
+
+def plan_copy_of(name: str) -> Callable[[Request], bool]:
+    """Writes of BTJ `name`'s plan ConfigMap (the plan its next child mounts)."""
+    return named(plan_config_map_name(name))
+
+
 # The steps of an intent, as (method, plural, subresource) of its request.
 STATUS_WRITE = ("patch", "blackwelltrainingjobs", "status")
 DELETE = ("delete", "pytorchjobs", None)
+RELEASE = ("patch", "pytorchjobs", None)
+PLAN_COPY = ("patch", "configmaps", None)
 CREATE = ("post", "pytorchjobs", None)
 
 
@@ -94,9 +111,22 @@ def replicas(job: dict[str, Any]) -> int:
     return int(job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"])
 
 
+def mounts_the_plan(cluster: Cluster, name: str) -> bool:
+    """The plan ConfigMap holds the plan in status (the child mounts it: a stale one trains the old plan)."""
+    found, planned = cluster.config_map(plan_config_map_name(name)), cluster.status(name).get("plan")
+    if found is None or not planned:
+        return False
+    copy, plan = Plan.model_validate_json(found["data"][PLAN_FILE]), Plan.model_validate(planned)
+    return (copy.nodes, copy.chosen, copy.global_batch_tokens) == (
+        plan.nodes,
+        plan.chosen,
+        plan.global_batch_tokens,
+    )
+
+
 def on_intended_child(cluster: Cluster, name: str, stale_uid: str, nodes: int) -> bool:
     """The intent is done: one live child, not the stale one, of the planned node count, recorded in
-    status, and nothing left to replace."""
+    status, mounting the planned plan, and nothing left to replace."""
     job = cluster.job(name)
     status = cluster.status(name)
     return bool(
@@ -107,6 +137,7 @@ def on_intended_child(cluster: Cluster, name: str, stale_uid: str, nodes: int) -
         and (status.get("child") or {}).get("uid") == job["metadata"]["uid"]
         and status.get("nodes") == nodes
         and not replacing_child(status)
+        and mounts_the_plan(cluster, name)
     )
 
 

@@ -124,16 +124,20 @@ async def test_a_failed_request_at_either_step_of_a_probe_adoption_is_finished(
 async def test_the_operator_stopped_before_either_step_of_a_probe_adoption_finishes_it(
     cluster: Cluster,
 ) -> None:
-    names = [f"p-stop-before-{kind}" for kind in steps("x")]
+    """Stopped just before the copy, just after it (before the status write), and after both."""
+    names = [f"p-stop-before-{kind}" for kind in [*steps("x"), "none"]]
     async with running_operator(cluster):
         found = await with_children(cluster, names)
         faults = []
-        for name in names:
+        for name in names[:-1]:
             step, when = steps(name)[name.removeprefix("p-stop-before-")]
             faults.append(aim(cluster, step, when, 500, times=10**6))
         for name, (_, result) in found.items():
             await completed(cluster, name, result)
         await met(faults)
+        await wait_for(
+            lambda: adopted(cluster, names[-1], *found[names[-1]]), timeout=SETUP_S, what="all done"
+        )
     for fault in cluster.k.faults:
         fault.times = 0
     async with running_operator(cluster) as runner:

@@ -3,8 +3,9 @@ lost answer on each of their requests, or the operator stopped before or after e
 intended child within two resync intervals: one child, the planned one, no duplicate, no orphan (issue 35).
 
 The re-plan: the pod watcher's status write (the new plan and its planHistory entry), the DELETE of the
-child that ran out of memory, the create of the re-planned one, the write that records it. The re-create:
-the child watcher's write that records the deletion (ChildDeleted), the create, the write that records it.
+child that ran out of memory, the release of its finalizer, the plan ConfigMap's new plan, the create of
+the re-planned child, the write that records it. The re-create: the child watcher's write that records the
+deletion (ChildDeleted), the release of the child's finalizer, the create, the write that records it.
 """
 
 from __future__ import annotations
@@ -29,12 +30,17 @@ from tests.operator.harness import (
 from tests.operator.intents import (
     CREATE,
     DELETE,
+    PLAN_COPY,
+    RELEASE,
     STATUS_WRITE,
     Request,
     aim,
     converge,
     named,
+    on_intended_child,
+    plan_copy_of,
     recording_child_other_than,
+    releasing,
     replicas,
     status_write_of,
 )
@@ -46,6 +52,7 @@ pytestmark = pytest.mark.integration
 RESYNC_S = 3.0  # BTJ_CHILD_RETRY_INTERVAL_S here
 BOUND_S = 2 * RESYNC_S
 SETUP_S = 30.0  # a safety net for what comes before the fault
+DONE = "none"  # the stop point after the intent's last write: no request left to stop before
 
 Step = tuple[str, str, str | None]
 Steps = dict[str, tuple[Step, Callable[[Request], bool]]]
@@ -55,14 +62,18 @@ def replan_steps(name: str, old_uid: str) -> Steps:
     return {
         "status-write": (STATUS_WRITE, status_write_of(name, "planHistory", "OutOfMemory")),
         "delete": (DELETE, named(name)),
+        "release": (RELEASE, releasing(name)),
+        "plan-copy": (PLAN_COPY, plan_copy_of(name)),
         "create": (CREATE, named(name)),
         "record": (STATUS_WRITE, recording_child_other_than(name, old_uid)),
     }
 
 
 def recreate_steps(name: str, old_uid: str) -> Steps:
+    """The plan is unchanged: its ConfigMap is kept (the BTJ owns it), so the re-create writes none."""
     return {
         "status-write": (STATUS_WRITE, status_write_of(name, "ChildDeleted")),
+        "release": (RELEASE, releasing(name)),
         "create": (CREATE, named(name)),
         "record": (STATUS_WRITE, recording_child_other_than(name, old_uid)),
     }
@@ -139,16 +150,18 @@ async def test_a_failed_request_at_any_step_ends_on_the_intended_child(
 async def test_the_operator_stopped_at_any_step_ends_on_the_intended_child(
     cluster: Cluster, intent: str
 ) -> None:
-    """Stopped just before each of the intent's requests (so just after the one before it): a request
-    that never comes is one that fails on every try until the operator is gone."""
+    """Stopped just before each of the intent's requests (so just after the one before it), and just after
+    the last: a request that never comes is one that fails on every try until the operator is gone."""
     steps_of, trigger = INTENTS[intent]
-    kinds = list(steps_of("x", "x"))
+    kinds = [*steps_of("x", "x"), DONE]
     names = [f"{intent[:4]}-stop-before-{kind}" for kind in kinds]
     async with running_operator(cluster):
         old = await with_children(cluster, names)
         faults = []
         for name, (uid, _) in old.items():
             kind = name.removeprefix(f"{intent[:4]}-stop-before-")
+            if kind == DONE:
+                continue  # stopped once it is all done: the restart must not make another child
             step, when = steps_of(name, uid)[kind]
             if kind == "record":  # the create lands; then nothing records it
                 aim(cluster, CREATE, named(name), 504, commit=True)
@@ -156,6 +169,8 @@ async def test_the_operator_stopped_at_any_step_ends_on_the_intended_child(
         for name in names:
             await trigger(cluster, name)
         await started_after(faults)
+        done = f"{intent[:4]}-stop-before-{DONE}"
+        await wait_for(lambda: on_intended_child(cluster, done, *old[done]), timeout=SETUP_S, what=done)
     for fault in cluster.k.faults:
         fault.times = 0
     async with running_operator(cluster) as runner:

@@ -1,7 +1,8 @@
 """A resize is an intent every later pass finishes: a 500 or a lost answer on its status write, its DELETE
-of the old child, its create of the new one or the write that records it, or the operator stopped before
-any of them, ends on the re-planned child within two resync intervals: one child, never the old one left
-running, no duplicate, no orphan (issue 35)."""
+of the old child, the release of that child's finalizer, the plan ConfigMap's new plan, the create of the
+new child or the write that records it, or the operator stopped just before or just after any of them,
+ends on the re-planned child within two resync intervals: one child, mounting the new plan, never the old
+one left running, no duplicate, no orphan (issue 35)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,17 @@ from tests.operator.harness import Cluster, emulated_cluster, running_operator, 
 from tests.operator.intents import (
     CREATE,
     DELETE,
+    PLAN_COPY,
+    RELEASE,
     STATUS_WRITE,
     Request,
     aim,
     converge,
     named,
+    on_intended_child,
+    plan_copy_of,
     recording_child_other_than,
+    releasing,
     status_write_of,
 )
 from tests.operator.test_elastic import elastic_btj, replicas, set_health
@@ -43,6 +49,8 @@ def steps(name: str, old_uid: str) -> dict[str, tuple[Step, Callable[[Request], 
     return {
         "status-write": (STATUS_WRITE, status_write_of(name, "planHistory", "Resized")),
         "delete": (DELETE, named(name)),
+        "release": (RELEASE, releasing(name)),
+        "plan-copy": (PLAN_COPY, plan_copy_of(name)),
         "create": (CREATE, named(name)),
         "record": (STATUS_WRITE, recording_child_other_than(name, old_uid)),
     }
@@ -87,7 +95,7 @@ async def test_a_failed_request_at_any_step_of_a_resize_ends_on_the_new_child(
     four_nodes: Cluster, status: int, commit: bool
 ) -> None:
     cluster = four_nodes
-    names = [f"r-{step}" for step in ("status-write", "delete", "create", "record")]
+    names = [f"r-{step}" for step in steps("x", "x")]
     async with running_operator(cluster) as runner:
         old = await running_on_four(cluster, names)
         for name, (uid, _) in old.items():
@@ -104,14 +112,18 @@ async def test_the_operator_stopped_at_any_step_of_a_resize_ends_on_the_new_chil
     four_nodes: Cluster,
 ) -> None:
     """Stopped just before the status write, just after it (before the DELETE), after the DELETE (before
-    the create) and after the create (before the write that records it): a request that never comes is a
-    fault on every try until the operator is gone."""
+    the finalizer's release), after the release (before the plan's copy), after the copy (before the
+    create), after the create (before the write that records it) and after that last write: a request that
+    never comes is a fault on every try until the operator is gone."""
     cluster = four_nodes
     points = {
         "before-write": "status-write",
         "after-write": "delete",
-        "after-delete": "create",
+        "after-delete": "release",
+        "after-release": "plan-copy",
+        "after-copy": "create",
         "after-create": "record",
+        "after-record": None,
     }
     names = [f"k-{point}" for point in points]
     faults: list[Any] = []
@@ -119,12 +131,19 @@ async def test_the_operator_stopped_at_any_step_of_a_resize_ends_on_the_new_chil
         old = await running_on_four(cluster, names)
         for name, (uid, _) in old.items():
             kind = points[name.removeprefix("k-")]
+            if kind is None:
+                continue  # stopped once it is all done: the restart must not make another child
             step, when = steps(name, uid)[kind]
             if kind == "record":  # the create lands; then nothing records it
                 aim(cluster, CREATE, named(name), 504, commit=True)
             faults.append(aim(cluster, step, when, 500, times=10**6))
         await set_health(cluster, 3, "Unschedulable")
         await wait_for(lambda: all(f.hits for f in faults), timeout=SETUP_S, what="every stop point reached")
+        await wait_for(
+            lambda: on_intended_child(cluster, "k-after-record", *old["k-after-record"]),
+            timeout=SETUP_S,
+            what="k-after-record done before the stop",
+        )
     for fault in cluster.k.faults:
         fault.times = 0
     async with running_operator(cluster) as runner:
