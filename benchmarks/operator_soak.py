@@ -10,6 +10,10 @@ Against the hardened KMock API server (loopback only), with `btj run` as its own
    operator is SIGKILLed every 2-6 s and started again after a pause.
 3. Faults off, one last operator start: every BTJ must reach its documented state.
 
+Three more BTJs carry the operator's multi-step intents through the faults and kills
+(benchmarks/soak_intents.py): one resizes when a node of its pool is lost, one is re-planned when its
+worker runs out of GPU memory, one adopts its probe's result; each must end on the child it intends.
+
 It reports duplicates (children created beyond one per needed creation), finished jobs run again,
 orphans (plan ConfigMaps without their job, children without their BTJ, children held Terminating),
 the BTJs not converged, and the time from calm to the last one converging.
@@ -40,6 +44,12 @@ import kmock
 
 from blackwell_operator.testing.emulator import BTJ_RESOURCE, PYTORCHJOB_RESOURCE, Chaos, HardenedEmulator
 from blackwell_operator.testing.kubeconfig import write_kubeconfig
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script, its own folder is on the path, not the repository
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import soak_intents  # noqa: E402
 
 NAMESPACE = "soak"
 BTJS = f"/apis/training.blackwell.dev/v1alpha1/namespaces/{NAMESPACE}/blackwelltrainingjobs"
@@ -84,7 +94,9 @@ class Soak:
 
     def __init__(self, k: HardenedEmulator, jobs: int, rng: random.Random, env: dict[str, str], log: Path):
         self.k, self.jobs, self.rng, self.env, self.log = k, jobs, rng, env, log
-        self.names = [f"soak-{i:03d}" for i in range(jobs)]
+        self.names = [f"soak-{i:03d}" for i in range(jobs)] + list(soak_intents.NAMES)
+        self.intents = soak_intents.Intents(k, NAMESPACE)
+        self.stand_in_errors: list[str] = []
         self.finishing = {f"soak-{i:03d}" for i in range(jobs) if finishes(i)}
         self.succeeded_at: dict[str, int] = {}  # name -> bus history length when its job succeeded
         self.hand_deleted: dict[str, int] = dict.fromkeys(self.names, 0)
@@ -155,6 +167,15 @@ class Soak:
                     await self.k.delete(f"{JOBS}/{name}")
             await asyncio.sleep(0.2)
 
+    async def intent_starter(self) -> None:
+        """Starts each intent once its BTJ's first child runs (soak_intents.Intents.step)."""
+        while True:
+            try:
+                await self.intents.step()
+            except Exception as exc:  # reported, and tried again: a stand-in that dies silently hides it
+                self.stand_in_errors.append(repr(exc)[:300])
+            await asyncio.sleep(0.2)
+
     async def user(self) -> None:
         """Deletes a running BTJ's child by hand every second or so."""
         while True:
@@ -162,7 +183,9 @@ class Soak:
             live = [
                 j["metadata"]["name"]
                 for j in self.k.live_objects(PYTORCHJOB_RESOURCE, NAMESPACE)
-                if j["metadata"]["name"] not in self.finishing and not j["metadata"].get("deletionTimestamp")
+                if j["metadata"]["name"] not in self.finishing
+                and j["metadata"]["name"] not in soak_intents.NAMES
+                and not j["metadata"].get("deletionTimestamp")
             ]
             if live:
                 name = self.rng.choice(live)
@@ -192,6 +215,7 @@ class Soak:
             and conds.get("ChildCreated", {}).get("status") == "True"
             and status.get("phase") == "Running"
             and plan is not None
+            and (name not in soak_intents.NAMES or self.intents.converged(name, job, status))
         )
 
     def state(self, name: str) -> dict[str, Any]:
@@ -231,7 +255,7 @@ class Soak:
         for event in self._history():
             if event.get("type") == "ADDED" and event["object"]["metadata"]["name"] in uids:
                 uids[event["object"]["metadata"]["name"]].add(event["object"]["metadata"]["uid"])
-        needed = {name: 1 + self.hand_deleted[name] for name in self.names}
+        needed = {name: 1 + self.hand_deleted[name] + self.intents.replacements(name) for name in self.names}
         duplicates = {n: len(uids[n]) - needed[n] for n in self.names if len(uids[n]) > needed[n]}
         reruns = {
             n: sum(1 for i in created[n] if i > self.succeeded_at[n])
@@ -274,6 +298,8 @@ async def cluster() -> AsyncIterator[HardenedEmulator]:
                 "sagemaker.amazonaws.com/node-health-status": "Schedulable",
             }
             await k.post("/api/v1/nodes", json={"metadata": {"name": f"node-{n}", "labels": labels}})
+        for pool_node in soak_intents.pool_nodes():
+            await k.post("/api/v1/nodes", json=pool_node)
         yield k
 
 
@@ -292,24 +318,41 @@ async def soak(
             kubeconfig = write_kubeconfig(Path(tmp) / "kubeconfig", str(k.url).rstrip("/"), name="soak")
             # The resync loop backs off to 2 s at most here (60 s by default), so that calm is reached
             # within the benchmark's time; the policy is the same.
-            env = dict(os.environ, KUBECONFIG=str(kubeconfig), BTJ_CHILD_RETRY_INTERVAL_S="2")
+            # The elastic loop looks every half second (30 s by default), so that the resize starts under
+            # the faults.
+            env = dict(
+                os.environ,
+                KUBECONFIG=str(kubeconfig),
+                BTJ_CHILD_RETRY_INTERVAL_S="2",
+                BTJ_ELASTIC_INTERVAL_S="0.5",
+            )
             run = Soak(k, jobs, rng, env, Path(tmp) / "operator.log")
             k.chaos = Chaos(rate=rate, statuses=STATUSES, max_delay_s=max_delay_s, rng=random.Random(seed))
-            stand_ins = [asyncio.create_task(run.training_operator()), asyncio.create_task(run.user())]
+            stand_ins = [
+                asyncio.create_task(run.training_operator()),
+                asyncio.create_task(run.user()),
+                asyncio.create_task(run.intent_starter()),
+            ]
             run.start()
             try:
-                for i in range(jobs):
-                    response = await k.post(BTJS, json=manifest(i))
+                for body in [*soak_intents.manifests(NAMESPACE), *(manifest(i) for i in range(jobs))]:
+                    response = await k.post(BTJS, json=body)
                     assert response.status == 201, await response.text()
-                chaos_end = time.monotonic() + chaos_s
-                while time.monotonic() < chaos_end:
+                chaos_start = time.monotonic()
+                chaos_end = chaos_start + chaos_s
+                # The faults last until every intent has started (its first child ran; 7-8 s into the
+                # chaos on 2 busy cores, once over 20 s), 60 s more at most: an intent started after calm
+                # would meet none of them.
+                while time.monotonic() < chaos_end or (
+                    not run.intents.all_started() and time.monotonic() < chaos_end + 60.0
+                ):
                     await run.serving()
                     await asyncio.sleep(rng.uniform(1.0, 5.0))  # killed at a random moment of its work
                     run.kill()
                     await asyncio.sleep(rng.uniform(0.2, 1.5))
                     run.start()
                 stand_ins[1].cancel()  # no more hand deletions
-                injected = k.chaos.injected
+                injected, drawn = k.chaos.injected, k.chaos.drawn
                 k.chaos = None
                 calm = time.monotonic()
                 run.kill()
@@ -357,6 +400,7 @@ async def soak(
     return {
         "jobs": jobs,
         "chaos_seconds": chaos_s,
+        "chaos_seconds_run": round(calm - chaos_start, 1),
         "fault_rate": rate,
         "fault_statuses": list(STATUSES),
         "max_delay_seconds": max_delay_s,
@@ -365,6 +409,17 @@ async def soak(
         **report,
         "not_converged": not_converged,
         "details": details,
+        "stand_in_errors": run.stand_in_errors[:5],
+        "intents": {
+            name: {
+                "started_before_calm": name in run.intents.started_at and run.intents.started_at[name] < calm,
+                "seconds_from_chaos_to_start": round(run.intents.started_at[name] - chaos_start, 1)
+                if name in run.intents.started_at
+                else None,
+                "faults_on_its_requests": soak_intents.faults_on(name, drawn),
+            }
+            for name in soak_intents.NAMES
+        },
         "seconds_from_calm_to_serving": round(serving - calm, 2),
         "seconds_from_calm_to_converged": {
             "median": round(sorted(converged_at.values())[len(converged_at) // 2], 2)

@@ -25,3 +25,6 @@ async def test_a_short_soak_converges_with_no_duplicate_no_orphan_and_no_rerun()
     }, result
     assert result["operator_error_lines"] == 0, result["operator_error_samples"]
     assert result["not_converged"] == [], result["details"]
+    # The resize, the out-of-memory re-plan and the probe adoption were started before calm: their
+    # requests met the faults and kills (which ones: result["intents"]), and each ended on its child.
+    assert all(intent["started_before_calm"] for intent in result["intents"].values()), result["intents"]

@@ -166,7 +166,10 @@ def _delete_child(ctx: OperatorContext, btj: Mapping[str, Any], logger: Logger) 
     except ApiError as exc:
         ctx.metrics.record_error(exc.metric_reason)
         if exc.status != 409:
-            logger.error(f"Cannot delete {kind.kind} {child['name']} for a resize: {exc}")
+            # A warning, as the docstring says why: the resize is not lost.
+            logger.warning(
+                f"Cannot delete {kind.kind} {child['name']} for a resize yet, a later pass does: {exc}"
+            )
 
 
 def _event(

@@ -224,6 +224,9 @@ class Chaos:
     committed: float = 0.25
     rng: random.Random = field(default_factory=random.Random)
     injected: int = 0
+    # Each fault drawn: (method, plural, subresource, object name, status, applied first), for a soak to
+    # say which requests met one (a create's name is its body's).
+    drawn: list[tuple[str, str, str, str, int, bool]] = field(default_factory=list)
 
     def applies(self, request: rendering.Request) -> bool:
         if str(request.headers.get("User-Agent", "")).startswith("kmock/"):
@@ -245,7 +248,11 @@ class Chaos:
         guarded = bool((data.get("metadata") or {}).get("resourceVersion"))
         if status == 409 and not (request.method == kmock.method.POST or guarded):
             status = 500
-        return delay, status, self.rng.random() < self.committed
+        committed = self.rng.random() < self.committed
+        name = request.name or str((data.get("metadata") or {}).get("name") or "")
+        plural = str(request.resource.plural or "") if request.resource is not None else ""
+        self.drawn.append((request.method.value, plural, request.subresource or "", name, status, committed))
+        return delay, status, committed
 
 
 _HANDLING: contextvars.ContextVar[rendering.Request | None] = contextvars.ContextVar("handling", default=None)
