@@ -10,6 +10,7 @@ deletion (ChildDeleted), the release of the child's finalizer, the create, the w
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -17,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from blackwell_operator.handlers.pods import WORKER_FAILED
+from blackwell_operator.lifecycle.replan import REPLANNED_REASON
 from blackwell_operator.testing.emulator import Fault
 from blackwell_trainer.plan.config import Plan
 from tests.operator.harness import (
@@ -86,6 +89,10 @@ async def out_of_memory(cluster: Cluster, name: str) -> None:
     await cluster.add_pod(pod(f"{name}-worker-0", name, owner=cluster.job(name)), pod_status(ended))
 
 
+def events_of(cluster: Cluster, name: str, reason: str) -> list[dict[str, Any]]:
+    return [e for e in cluster.events(name) if e.get("reason") == reason]
+
+
 async def lost(cluster: Cluster, name: str) -> None:
     """The child deleted by hand (or by anything else) before the job finished."""
     await cluster.delete_child(name)
@@ -143,6 +150,11 @@ async def test_a_failed_request_at_any_step_ends_on_the_intended_child(
             await trigger(cluster, name)
         await converge(cluster, old, await started_after(faults), BOUND_S)
         assert all(f.hits == 1 for f in faults), [(f.method, f.hits) for f in faults]
+        if intent == "oom-replan":  # its Events, though the answer to the write that made them was lost
+            for name, reason in itertools.product(names, (WORKER_FAILED, REPLANNED_REASON)):
+                await wait_for(
+                    lambda n=name, r=reason: events_of(cluster, n, r), what=f"{name}'s {reason} Event"
+                )
     assert runner.exception is None
 
 

@@ -112,7 +112,8 @@ def _record(
         if failure is not None:
             changes, new = failure_changes(btj, pod, failure, now=now, found=found)
         probed = probe_pass(btj, pod, probe, found=found, now=now) if probe is not None else None
-        posted.update(event=new, btj=btj)
+        # Any attempt's: a write whose answer was lost has landed, and the next attempt finds it stored.
+        posted.update(event=posted.get("event", False) or new, btj=btj)
         return joined(changes, probed.change if probed is not None else None)
 
     done, written = write_status_logged(
@@ -122,12 +123,12 @@ def _record(
         return False  # logged; the pod's next event tries again
     if failure is None:
         return True
-    if written is not None and posted.get("event"):
-        post_event(written, WORKER_FAILED, describe(failure), warning=True)
-        if replacing_child(written.get("status") or {}):
-            ctx.metrics.replans.inc()
-            post_event(written, REPLANNED_REASON, str(written["status"].get("message", "")), warning=True)
     btj = written or posted.get("btj")
+    if btj is not None and posted.get("event"):  # written by this pass (its answer lost or not)
+        post_event(btj, WORKER_FAILED, describe(failure), warning=True)
+        if replacing_child(btj.get("status") or {}):
+            ctx.metrics.replans.inc()
+            post_event(btj, REPLANNED_REASON, str(btj["status"].get("message", "")), warning=True)
     # Written, or nothing to write (stored already, older than the stored one, a predecessor's pod); a
     # child not deleted yet after a permanent error: the pod's next event tries again.
     return btj is None or not is_permanent(failure) or _stop_child(ctx, btj, logger)
@@ -255,7 +256,9 @@ def _stop_child(ctx: OperatorContext, btj: Mapping[str, Any], logger: Logger) ->
         ctx.metrics.record_error(exc.metric_reason)
         if exc.status == 409:
             return True  # a newer child of that name (a spec change re-created it): not ours to stop
-        logger.error(f"Cannot delete {kind.kind} {child['name']} after a permanent error: {exc}")
+        # A warning: status holds the intent, and a later pass (this pod's next event, the resync loop, a
+        # restarted operator) deletes the child (lifecycle/child_apply.StaleChild).
+        logger.warning(f"Cannot delete {kind.kind} {child['name']} yet, a later pass does: {exc}")
         return False
     if deleted and not stopped_on_permanent_error(status):
         post_event(
