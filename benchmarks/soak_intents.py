@@ -14,9 +14,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from tests.support.pods import pod as trainer_pod
+
 from blackwell_operator.nodelabels import INSTANCE_TYPE_LABEL, NODE_HEALTH_LABEL, SCHEDULABLE
 from blackwell_operator.render.environment import PLAN_FILE
-from blackwell_operator.render.labels import own_labels
 from blackwell_operator.testing.emulator import BTJ_RESOURCE, PYTORCHJOB_RESOURCE, HardenedEmulator
 from blackwell_operator.units import GIB
 from blackwell_trainer.plan.config import (
@@ -123,33 +124,17 @@ def probe_result(plan: Plan) -> ProbeResult:
 def worker(
     namespace: str, job: dict[str, Any], code: int, message: str
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Worker 0 of `job` as the training operator makes it, and its status as the kubelet writes it once
-    the trainer has ended with `code` and `message` (now: the operator judges a failure by its time)."""
+    """Worker 0 of `job` as the training operator makes it (from the job's pod template: the operator
+    counts no other), and its status as the kubelet writes it once the trainer has ended with `code` and
+    `message` (now: the operator judges a failure by its time)."""
     name = job["metadata"]["name"]
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    owner = {k: job[k] for k in ("apiVersion", "kind")} | {
-        "name": name,
-        "uid": job["metadata"]["uid"],
-        "controller": True,
-    }
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": f"{name}-worker-0",
-            "namespace": namespace,
-            "labels": {**own_labels(name), "training.kubeflow.org/job-name": name},
-            "ownerReferences": [owner],
-        },
-        "spec": {
-            "containers": [{"name": "pytorch", "image": "ghcr.io/blackwell-dev/blackwell-trainer:0.1.0"}]
-        },
-    }
+    made = trainer_pod(f"{name}-worker-0", name, owner=job, namespace=namespace)
     reason = "Completed" if code == 0 else "Error"
     ended = {"exitCode": code, "reason": reason, "startedAt": now, "finishedAt": now, "message": message}
     container = {"name": "pytorch", "ready": False, "restartCount": 0, "state": {"terminated": ended}}
     phase = "Succeeded" if code == 0 else "Failed"
-    return pod, {"phase": phase, "containerStatuses": [container]}
+    return made, {"phase": phase, "containerStatuses": [container]}
 
 
 @dataclass
