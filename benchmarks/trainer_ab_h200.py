@@ -8,6 +8,16 @@ wheel, as for benchmarks/trainer_h200.py):
 
 A second call: the same with ``--grid gpu-rest`` (the batch-4 half, 1B, the other variants).
 
+FSDP2's float8 all-gather (tuning.py ``fp8_all_gather``) on one H100 rank, ``--grid fp8-all-gather``: FSDP2
+on one rank (``single_device=fsdp``), FP8 tensorwise, Llama-3.2-1B untied batch 4 and 3B untied batch 2,
+each with the weights all-gathered in bf16 (``fp8_all_gather=off``) and as float8 (``=on``), the same seed;
+its summary (``fp8_all_gather`` in the JSON) gives tokens/s, peak reserved and the largest relative loss
+difference over every step both ran. One device call (nvidia-h100-x1), wheels from titan_prepare.py:
+
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && \
+    PYTHONPATH=/tmp/site:trainer_image/src python3 benchmarks/trainer_ab_h200.py --grid fp8-all-gather \
+        --out $OUT --budget-s 330
+
 CPU plumbing test (tiny shape, gloo): ``python benchmarks/trainer_ab_h200.py --grid cpu --out X``.
 
 What it measures (Llama-3.2-3B shape, untied embeddings: 3.61B parameters; sequence 4096; no AC;
@@ -114,6 +124,26 @@ def _gpu_grid() -> list[AB]:
     return grid
 
 
+def _fp8_all_gather_grid() -> list[AB]:
+    """FSDP2 on one rank, FP8 tensorwise: weights all-gathered in bf16, then as float8 (same seed)."""
+    fsdp = "single_device=fsdp,fp8_all_gather"
+    return [
+        AB(base.fp8(model, mbs, "none", warmup=3, timed=12), f"{fsdp}={switch}", label, estimate_s=estimate)
+        for model, mbs, estimate in (("1b-untied", 4, 45.0), ("3b-untied", 2, 60.0))
+        for switch, label in (("off", "fsdp"), ("on", "fsdp-fp8gather"))
+    ]
+
+
+def _fp8_all_gather_cpu() -> list[AB]:
+    """The same pairs on the tiny shape, FSDP2 on one gloo rank (float8 matmuls run on the CPU too)."""
+    fsdp = "single_device=fsdp,fp8_all_gather"
+    tiny = base.fp8("tiny", 2, "none", compile=False, warmup=1, timed=2)
+    return [
+        AB(tiny, f"{fsdp}=off", "fsdp", estimate_s=5),
+        AB(tiny, f"{fsdp}=on", "fsdp-fp8gather", estimate_s=5),
+    ]
+
+
 def _cpu_grid() -> list[AB]:
     def tiny() -> base.Config:
         return base.bf16("tiny", 2, "none", compile=False, warmup=1, timed=2)
@@ -141,7 +171,13 @@ def _gpu_rest() -> list[AB]:
     return _gpu_grid()[8:]
 
 
-GRIDS = {"gpu": _gpu_grid, "gpu-rest": _gpu_rest, "cpu": _cpu_grid}
+GRIDS = {
+    "gpu": _gpu_grid,
+    "gpu-rest": _gpu_rest,
+    "cpu": _cpu_grid,
+    "fp8-all-gather": _fp8_all_gather_grid,
+    "fp8-all-gather-cpu": _fp8_all_gather_cpu,
+}
 
 
 @dataclass
@@ -153,6 +189,7 @@ class Result:
     config: dict[str, Any]
     status: str  # ok | oom | error | skipped | timeout
     single_device: bool | None = None
+    fp8_all_gather: bool | None = None  # FSDP2 gathered the float8 weights as float8 (as built)
     architecture: dict[str, Any] = field(default_factory=dict)  # trainer_h200.SHAPES[model], as trained
     parameters: int | None = None
     tokens_per_s: float | None = None
@@ -216,6 +253,7 @@ def worker(ab: AB, out: Path) -> None:
         init_distributed(runtime)
         trainer = Trainer(base.make_plan(cfg), runtime, tuning=Tuning.parse(ab.tuning))
         rec.single_device = trainer.single_device
+        rec.fp8_all_gather = trainer.precision.fp8_all_gather
         rec.parameters = sum(p.numel() for p in trainer.model.parameters())
         _reinit(trainer.model, runtime.device)
         gen = torch.Generator(device=runtime.device).manual_seed(1234)
@@ -410,8 +448,14 @@ def summary(records: list[Result]) -> list[dict[str, Any]]:
     rows = []
     for (model, mbs, recipe, label), rec in by_key.items():
         twin = by_key.get((model, mbs, recipe, "fsdp"))
-        # The profiled run records allocator history as it goes (slower): not a speed figure.
-        if label in ("fsdp", "profiled") or twin is None or not rec.tokens_per_s or not twin.tokens_per_s:
+        # The profiled run records allocator history as it goes (slower): not a speed figure. The float8
+        # all-gather is an FSDP2 variant: fp8_all_gather_summary pairs it.
+        if (
+            label in ("fsdp", "profiled", "fp8gather")
+            or twin is None
+            or not rec.tokens_per_s
+            or not twin.tokens_per_s
+        ):
             continue
         n = min(len(rec.losses), len(twin.losses), rec.config["warmup"] + rec.config["timed"])
         diffs = [abs(a - b) / max(abs(b), 1e-6) for a, b in zip(rec.losses[:n], twin.losses[:n], strict=True)]
@@ -426,6 +470,30 @@ def summary(records: list[Result]) -> list[dict[str, Any]]:
             "single_reserved_gib": rec.peak_reserved_gib,
             "fsdp_reserved_gib": twin.peak_reserved_gib,
             "loss_max_rel_diff_first_steps": round(max(diffs), 6) if diffs else None,
+        })  # fmt: skip
+    return rows
+
+
+def fp8_all_gather_summary(records: list[Result]) -> list[dict[str, Any]]:
+    """Each float8 all-gather run against its bf16-gather twin (FSDP2, same shape, batch and seed)."""
+    by_key = {(r.config["model"], r.config["mbs"], r.name.rsplit("-", 1)[-1]): r
+              for r in records if r.status == "ok" and r.config["recipe"] != "none"}  # fmt: skip
+    rows = []
+    for (model, mbs, label), on in by_key.items():
+        off = by_key.get((model, mbs, "fsdp"))
+        if label != "fp8gather" or off is None or not on.tokens_per_s or not off.tokens_per_s:
+            continue
+        n = min(len(on.losses), len(off.losses))
+        diffs = [abs(a - b) / max(abs(b), 1e-6) for a, b in zip(on.losses[:n], off.losses[:n], strict=True)]
+        rows.append({
+            "config": f"{model} mbs{mbs} {on.config['recipe']} fsdp2 one rank",
+            "bf16_gather_tokens_per_s": off.tokens_per_s,
+            "fp8_gather_tokens_per_s": on.tokens_per_s,
+            "speedup": round(on.tokens_per_s / off.tokens_per_s, 4),
+            "bf16_gather_reserved_gib": off.peak_reserved_gib,
+            "fp8_gather_reserved_gib": on.peak_reserved_gib,
+            "steps_compared": n,
+            "loss_max_rel_diff": round(max(diffs), 6) if diffs else None,
         })  # fmt: skip
     return rows
 
@@ -457,13 +525,20 @@ def main() -> None:
     for ab in grid:
         rec = run_one(ab, deadline, logs, out)
         records.append(rec)
-        data = {"meta": meta, "records": [asdict(r) for r in records], "summary": summary(records)}
+        data = {
+            "meta": meta,
+            "records": [asdict(r) for r in records],
+            "summary": summary(records),
+            "fp8_all_gather": fp8_all_gather_summary(records),
+        }
         (out / "trainer_ab.json").write_text(json.dumps(data, indent=1))
         tok = f"{rec.tokens_per_s:,.0f} tok/s" if rec.tokens_per_s else ""
         mem = f"resv {rec.peak_reserved_gib} GiB" if rec.peak_reserved_gib else ""
         print(f"[{time.strftime('%H:%M:%S')}] {rec.name}: {rec.status} {tok} {mem} "
               f"{rec.toggle_tokens_per_s or ''} {rec.detail[:300]}", flush=True)  # fmt: skip
-    print(json.dumps(summary(records), indent=1))
+    print(
+        json.dumps({"summary": summary(records), "fp8_all_gather": fp8_all_gather_summary(records)}, indent=1)
+    )
 
 
 if __name__ == "__main__":

@@ -62,3 +62,24 @@ def test_the_summary_pairs_each_single_device_run_with_its_fsdp_twin() -> None:
     assert row["speedup"] == 1.1 and row["toggles_speedup"] == {"both": 1.1}
     # Over the warm-up and timed steps both ran (3 here): the last differs by 0.1 in 1.1.
     assert row["loss_max_rel_diff_first_steps"] == round(0.1 / 1.1, 6)
+
+
+def test_the_fp8_all_gather_summary_pairs_each_float8_gather_with_its_bf16_gather_twin() -> None:
+    def fp8(label: str, tokens: float, losses: list[float], reserved: float) -> ab.Result:
+        config = {"model": "1b-untied", "mbs": 4, "recipe": "torchao-tensorwise", "warmup": 1, "timed": 2}
+        name = f"1b-untied-g1-mbs4-none-fp8-tensorwise-{label}"
+        return ab.Result(
+            name, "", config, "ok", tokens_per_s=tokens, losses=losses, peak_reserved_gib=reserved
+        )
+
+    records = [
+        fp8("fsdp", 100.0, [2.0, 1.5, 1.0, 0.8], 40.0),
+        fp8("fsdp-fp8gather", 105.0, [2.0, 1.5, 1.0, 0.88, 0.5], 38.5),
+        _record("fsdp", 90.0, [2.0]),  # BF16: no float8 gather to compare
+    ]
+    (row,) = ab.fp8_all_gather_summary(records)
+    assert row["speedup"] == 1.05
+    assert (row["bf16_gather_reserved_gib"], row["fp8_gather_reserved_gib"]) == (40.0, 38.5)
+    # Over every step both ran (4): the last differs by 0.08 in 0.8.
+    assert row["steps_compared"] == 4 and row["loss_max_rel_diff"] == 0.1
+    assert ab.summary(records) == []  # not a single-device row

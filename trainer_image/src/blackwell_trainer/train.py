@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from blackwell_trainer.errors import DataError, NonFiniteStep, PlanError
 from blackwell_trainer.loop.oom import GpuOutOfMemory, PhaseTracker, earlier_result, oom_result
-from blackwell_trainer.loop.plan_check import check_plan, job_identity, load_plan
+from blackwell_trainer.loop.plan_check import check_plan, check_tuning, job_identity, load_plan
 from blackwell_trainer.loop.preemption import PreemptionGuard
 from blackwell_trainer.loop.step_report import StepReport, StepResult
 from blackwell_trainer.loop.termination import fail, read_message, remember_probe, succeeded
@@ -318,7 +318,7 @@ def _main(argv: Sequence[str] | None, guard: PreemptionGuard) -> int:
         identity = job_identity(args.plan, plan)
         check_plan(plan, runtime, device_capability())
         validate_layout(plan.chosen, runtime.world_size, sequence_length=plan.sequence_length)
-        Tuning.from_env()  # a bad BTJ_TRAINER_TUNING is refused before anything is built
+        check_tuning(plan, Tuning.from_env())  # a bad BTJ_TRAINER_TUNING is refused before anything is built
     except (PlanError, PrecisionError, ParallelismError, TuningError) as err:
         return fail(err)
     earlier = earlier_result(read_message(), plan)

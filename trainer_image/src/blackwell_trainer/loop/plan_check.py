@@ -6,10 +6,17 @@ import torch
 from pydantic import ValidationError
 
 from blackwell_trainer.errors import PlanError
-from blackwell_trainer.parallel.precision import check_precision, parse_capability
+from blackwell_trainer.parallel.precision import (
+    check_precision,
+    parse_capability,
+    resolve_backend,
+    te_available,
+    torchao_available,
+)
 from blackwell_trainer.parallel.runtime import Runtime
-from blackwell_trainer.plan.config import JOB_FILE, DatasetKind, JobIdentity, Plan
+from blackwell_trainer.plan.config import JOB_FILE, DatasetKind, JobIdentity, Plan, PrecisionRecipe
 from blackwell_trainer.plan.env_vars import PLAN_PATH_ENV
+from blackwell_trainer.plan.tuning import Tuning
 
 
 def _validation_line(err: ValidationError) -> str:
@@ -72,3 +79,13 @@ def check_plan(plan: Plan, runtime: Runtime, capability: tuple[int, int] | None)
             " has "
             f"{where} ({capability[0]}.{capability[1]}); re-plan for this instance type"
         )
+
+
+def check_tuning(plan: Plan, tuning: Tuning) -> None:
+    """Refuse a switch this plan cannot take (TuningError, one line), before anything is built."""
+    if tuning.fp8_all_gather != "on":
+        return
+    _, recipe = resolve_backend(plan.chosen, te=te_available(), torchao=torchao_available())
+    tuning.gathers_fp8(
+        shard_ranks=plan.chosen.shard_degree, tensorwise=recipe == PrecisionRecipe.TORCHAO_TENSORWISE
+    )

@@ -29,7 +29,7 @@ from blackwell_trainer.parallel.precision import (
     torchao_available,
 )
 from blackwell_trainer.parallel.runtime import Runtime
-from blackwell_trainer.plan.config import OomPhase, Plan
+from blackwell_trainer.plan.config import OomPhase, Plan, PrecisionRecipe
 from blackwell_trainer.plan.tuning import GC_EVERY_STEPS, Tuning
 
 if TYPE_CHECKING:
@@ -67,10 +67,14 @@ class Trainer:
             for module in self.model.modules():
                 if isinstance(module, Attention):
                     module.attend = self.cp
-        backend, _ = resolve_backend(chosen, te=te_available(), torchao=torchao_available())
+        backend, recipe = resolve_backend(chosen, te=te_available(), torchao=torchao_available())
         # One rank with nothing to shard trains the plain module (parallelize.py): no FSDP2 copies.
         self.single_device = self.tuning.use_single_device(
             world_size=runtime.world_size, context_parallel=chosen.context_parallel, backend=backend
+        )
+        # Asked first, so that fp8_all_gather=on with another recipe is refused on every path.
+        gathers_fp8 = self.tuning.gathers_fp8(
+            shard_ranks=self.mesh.size(-1), tensorwise=recipe == PrecisionRecipe.TORCHAO_TENSORWISE
         )
         self.precision: PrecisionSetup = parallelize(
             self.model,
@@ -83,6 +87,7 @@ class Trainer:
             compute_dtype=compute_dtype,
             compile_mode=self.tuning.compile_mode,
             fp8_pow2_scales=self.tuning.fp8_pow2_scales,
+            fp8_all_gather=gathers_fp8 and not self.single_device,
             fuse_projections=self.tuning.fuse_projections,
             recast_blocks=self.tuning.recast_blocks,
             attention=self.tuning.attention,

@@ -233,6 +233,7 @@ def parallelize(
     compute_dtype: torch.dtype | None = None,
     compile_mode: str = "default",
     fp8_pow2_scales: bool = False,
+    fp8_all_gather: bool = False,
     fuse_projections: bool = False,
     recast_blocks: bool = False,
     attention: str = "default",
@@ -244,6 +245,7 @@ def parallelize(
     ``compute_dtype`` by casting each weight at use (model.Linear, RMSNorm, the embedding), which is what
     FSDP2's mixed precision does on one rank without its per-block all-gather and reduce-scatter copies,
     their buffers and hooks. ``compute_dtype``: bf16 on GPUs, fp32 on CPU unless given (tests).
+    ``fp8_all_gather``: FSDP2 all-gathers the torchao tensorwise weights as float8 (needs a mesh).
 
     1. precision: swaps nn.Linear for TE / torchao float8 modules. Module swaps go first so that the
        wrappers below wrap the final modules (torchtitan applies its float8 converter before anything).
@@ -254,8 +256,15 @@ def parallelize(
        compiled blocks.
     5. init: ``to_empty`` gives the meta tensors (now DTensor shards) storage; ``init_weights`` fills them.
     """
+    if fp8_all_gather and mesh is None:
+        raise ParallelismError("FSDP2's float8 all-gather needs FSDP2; the single-device path has no gather")
     setup = apply_precision(
-        model, candidate, blocks=model.layers, amax_group=amax_group, pow2_scales=fp8_pow2_scales
+        model,
+        candidate,
+        blocks=model.layers,
+        amax_group=amax_group,
+        pow2_scales=fp8_pow2_scales,
+        fp8_all_gather=fp8_all_gather,
     )
     apply_attention_backend(model, attention)  # before compile: the blocks trace the kernel order
     apply_ac(model.layers, candidate.activation_checkpointing, te=setup.backend == "te")

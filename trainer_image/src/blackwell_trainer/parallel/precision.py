@@ -142,6 +142,8 @@ class PrecisionSetup:
     after_optimizer_step: Callable[[nn.Module], None] = field(default=lambda _m: None)
     # TE modules do not trace well under torch.compile; parallelize skips compile when False.
     compile_ok: bool = True
+    # FSDP2 all-gathers the float8 Linears' weights as float8 (tuning.Tuning.fp8_all_gather).
+    fp8_all_gather: bool = False
 
 
 def _fp8_ready(linear: nn.Linear) -> bool:
@@ -191,16 +193,25 @@ def apply_precision(
     torchao: bool | None = None,
     amax_group: Any = None,
     pow2_scales: bool = False,
+    fp8_all_gather: bool = False,
 ) -> PrecisionSetup:
     """Convert the blocks' Linear layers for the plan's precision (embedding and output head stay BF16).
 
     ``pow2_scales``: torchao's scales rounded down to a power of two (tuning.Tuning.fp8_pow2_scales).
+    ``fp8_all_gather``: torchao tensorwise weights that FSDP2 all-gathers as float8, their scales
+    computed after each optimizer step (tuning.Tuning.fp8_all_gather, which refuses it for the other
+    recipes; PrecisionError here if one gets this far).
     """
     backend, recipe = resolve_backend(
         candidate,
         te=te_available() if te is None else te,
         torchao=torchao_available() if torchao is None else torchao,
     )
+    if fp8_all_gather and recipe != PrecisionRecipe.TORCHAO_TENSORWISE:
+        raise PrecisionError(
+            f"FSDP2's float8 all-gather needs recipe torchao-tensorwise, this plan runs {recipe.value}; "
+            "set BTJ_TRAINER_TUNING fp8_all_gather=auto or off"
+        )
     if backend == "bf16":
         return PrecisionSetup(backend="bf16", recipe=recipe)
     if backend == "te":
@@ -227,14 +238,32 @@ def apply_precision(
     config = Float8LinearConfig.from_recipe_name(name)
     if pow2_scales:
         config = dataclasses.replace(config, round_scales_to_power_of_2=True)
+    if fp8_all_gather:
+        config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
 
     def only_fp8_ready(module: nn.Module, _fqn: str) -> bool:
         return isinstance(module, nn.Linear) and _fp8_ready(module)
 
     for key, block in list(blocks.items()):
         blocks[key] = convert_to_float8_training(block, config=config, module_filter_fn=only_fp8_ready)
-    log.info("precision: torchao float8 %s on the transformer blocks", name)
-    return PrecisionSetup(backend="torchao", recipe=recipe)
+    log.info(
+        "precision: torchao float8 %s on the transformer blocks, FSDP2 float8 all-gather %s",
+        name,
+        "on" if fp8_all_gather else "off",
+    )
+    if not fp8_all_gather:
+        return PrecisionSetup(backend="torchao", recipe=recipe)
+    return PrecisionSetup(
+        backend="torchao", recipe=recipe, after_optimizer_step=_precompute_scales, fp8_all_gather=True
+    )
+
+
+def _precompute_scales(model: nn.Module) -> None:
+    """Each float8 weight's scale from the updated shards, all in one all-reduce of their amaxes (what
+    the float8 all-gather casts with; without it each weight would all-reduce its own amax)."""
+    from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+    precompute_float8_dynamic_scale_for_fsdp(model)
 
 
 def device_capability() -> tuple[int, int] | None:

@@ -17,6 +17,8 @@ COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead")
 # Hopper in torch 2.11), "cudnn" puts cuDNN's fused attention first and flash second (torchtitan's order),
 # "flash" pins flash attention. The same function; the kernels round differently in the last bits.
 ATTENTION_BACKENDS = ("default", "cudnn", "flash")
+# FSDP2 all-gathers float8 weights (torchao tensorwise only): "auto" where more than one rank shards them.
+FP8_ALL_GATHER = ("auto", "on", "off")
 GC_EVERY_STEPS = 50  # manual_gc: a generation-1 collection every this many steps (torchtitan's default)
 
 
@@ -61,12 +63,38 @@ class Tuning:
     # GC_EVERY_STEPS steps instead, so no collection pause lands between a step's kernel launches
     # (torchtitan does the same). Numerics unchanged.
     manual_gc: bool = False
+    # FSDP2 all-gathers each float8 Linear's weight as float8 (cast on its shard, the scale from one
+    # all-reduce of the shards' amax after each optimizer step) instead of as bf16: half the all-gather
+    # bytes and no bf16 copy of the gathered weight (torchtitan's enable_fsdp_float8_all_gather and
+    # precompute_float8_dynamic_scale_for_fsdp). torchao tensorwise only. "auto": on where more than one
+    # rank shards the weights (torchtitan turns it on only then too), off on one; "on" also on one rank.
+    # The cast starts from the fp32 shard, not from the gathered bf16 copy (a last-bit difference in a
+    # scale or a float8 value at most): the losses agree within float tolerance, tested on one gloo rank on
+    # the CPU (tests/trainer/test_fp8_all_gather.py) and on one H100 rank; more ranks not yet run here.
+    fp8_all_gather: str = "auto"
 
     def use_single_device(self, *, world_size: int, context_parallel: int, backend: str) -> bool:
         """Whether this process trains without FSDP2 (see ``single_device``)."""
         if self.single_device == "fsdp":
             return False
         return world_size == 1 and context_parallel == 1 and backend != "te"
+
+    def gathers_fp8(self, *, shard_ranks: int, tensorwise: bool) -> bool:
+        """Whether FSDP2 all-gathers float8 weights (see ``fp8_all_gather``); ``shard_ranks``: the ranks
+        that shard each weight, ``tensorwise``: the plan runs torchao's tensorwise recipe.
+
+        TuningError for "on" with another recipe: the other recipes scale per row or inside Transformer
+        Engine, where a weight cast before the gather has no one scale to share.
+        """
+        if self.fp8_all_gather == "on" and not tensorwise:
+            raise TuningError(
+                f"{TUNING_ENV}: fp8_all_gather=on needs torchao's tensorwise FP8 recipe "
+                "(chosen.precisionRecipe torchao-tensorwise); this plan runs another precision or recipe. "
+                "Fix: fp8_all_gather=auto or off, or a plan with precision fp8 and recipe torchao-tensorwise"
+            )
+        if self.fp8_all_gather == "auto":
+            return tensorwise and shard_ranks > 1
+        return self.fp8_all_gather == "on"
 
     @classmethod
     def parse(cls, text: str) -> Tuning:
@@ -100,6 +128,7 @@ def _value(name: str, value: str, kind: object) -> str | bool:
         "single_device": ("auto", "fsdp"),
         "compile_mode": COMPILE_MODES,
         "attention": ATTENTION_BACKENDS,
+        "fp8_all_gather": FP8_ALL_GATHER,
     }[name]
     if value not in choices:
         raise TuningError(f"{TUNING_ENV}: {name} takes one of {', '.join(choices)}, not '{value}'")
