@@ -82,4 +82,5 @@ def test_the_fp8_all_gather_summary_pairs_each_float8_gather_with_its_bf16_gathe
     assert (row["bf16_gather_reserved_gib"], row["fp8_gather_reserved_gib"]) == (40.0, 38.5)
     # Over every step both ran (4): the last differs by 0.08 in 0.8.
     assert row["steps_compared"] == 4 and row["loss_max_rel_diff"] == 0.1
+    assert row["loss_first_step_rel_diff"] == 0.0 and row["loss_rel_diff_per_step"] == [0.0, 0.0, 0.0, 0.1]
     assert ab.summary(records) == []  # not a single-device row

@@ -69,8 +69,9 @@ class Tuning:
     # precompute_float8_dynamic_scale_for_fsdp). torchao tensorwise only. "auto": on where more than one
     # rank shards the weights (torchtitan turns it on only then too), off on one; "on" also on one rank.
     # The cast starts from the fp32 shard, not from the gathered bf16 copy (a last-bit difference in a
-    # scale or a float8 value at most): the losses agree within float tolerance, tested on one gloo rank on
-    # the CPU (tests/trainer/test_fp8_all_gather.py) and on one H100 rank; more ranks not yet run here.
+    # scale or a float8 value at most). Checked on one gloo rank on the CPU (fp32: the same losses,
+    # tests/trainer/test_fp8_all_gather.py) and on one H100 rank (2026-12-06: the first loss within 5e-4,
+    # 2-4% slower with nothing to send, docs/trainer.md); more ranks not yet run here.
     fp8_all_gather: str = "auto"
 
     def use_single_device(self, *, world_size: int, context_parallel: int, backend: str) -> bool:
