@@ -336,3 +336,26 @@ def test_cluster_wide_rights_reach_every_namespace_as_documented(helm: str) -> N
         assert may(objects, request, "hyperpod-ns-team-c") and may(objects, request, "kube-system")
     readme = (CHART / "README.md").read_text()
     assert "RBAC cannot leave a namespace out of a ClusterRoleBinding" in readme
+
+
+def _free_capacity_env(objects: list[dict[str, Any]]) -> str:
+    (deployment,) = by_kind(objects, "Deployment")
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    return str(env["BTJ_FREE_CAPACITY"])
+
+
+def test_free_capacity_adds_a_cluster_wide_list_of_pods_and_nothing_else(helm: str) -> None:
+    """operator.freeCapacity (issue 36): the operator lists the pods on nodes in every namespace to count
+    the GPUs other workloads hold; it may not watch, get, change or delete any pod outside its namespaces."""
+    objects = render(helm, sets=(f"operator.watchNamespaces={{{TEAM}}}", "operator.freeCapacity=true"))
+    (cluster_role,) = by_kind(objects, "ClusterRole")
+    assert {g for g in grants(cluster_role["rules"]) if g[1] == "pods"} == {("", "pods", "list")}
+    account = operator_account(objects)
+    assert allowed(objects, account, Request("", "pods", "list"))
+    for verb in ("watch", "get", "delete", "patch"):
+        assert not allowed(objects, account, Request("", "pods", verb, "kube-system", "x")), verb
+    assert _free_capacity_env(objects) == "true"
+    # Off by default in namespaced mode (the operator says so in CapacityAvailable); cluster-wide mode has
+    # the list with its namespaced rules, and counts free GPUs.
+    assert _free_capacity_env(render(helm)) == "false"
+    assert _free_capacity_env(render(helm, CHART / "ci" / "cluster-wide-values.yaml")) == "true"

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from blackwell_operator.lifecycle.elastic import Action, decide, resize_changes, stored_choice
+from blackwell_operator.lifecycle.elastic import Action, Room, decide, resize_changes, stored_choice
 from blackwell_operator.lifecycle.node_loss import NodeClock, NodeState, NodeTimes
 from blackwell_operator.lifecycle.replan import RESIZED, replacing_child, resized_child
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec, ElasticSpec
@@ -95,6 +95,28 @@ def test_more_nodes_grow_the_job_only_with_scale_up_and_once_up_for_the_grace_pe
     assert seen.action is Action.WAIT and seen.elastic.more_since == format_rfc3339(at(0))
     grow = decide(RANGE, 2, six, seen.elastic, at(60))
     assert grow.action is Action.RESIZE and grow.target == 4  # at most maxNodes
+
+
+def test_a_scale_up_grows_only_into_free_nodes_and_never_while_they_are_unknown() -> None:
+    """Issue 36: nodes up for the grace period but held by other workloads are no room to grow into; the
+    running child is deleted only for a count the free nodes (its own pods' included) hold."""
+    four = nodes(*up(4))
+    held = decide(RANGE, 3, four, None, at(0), Room(free=3, held=1))
+    assert held.action is Action.WAIT and held.target is None
+    assert held.elastic.waiting == (
+        "4 nodes schedulable for the whole grace period of 60 s, 3 of them free (1 held by other "
+        "workloads): the job grows when other workloads free nodes"
+    )
+    # Two of four free for a job on two: it grows to the free ones, not to the four up.
+    partly = decide(RANGE, 2, four, None, at(0), Room(free=3, held=1))
+    assert partly.action is Action.RESIZE and partly.target == 3
+    assert decide(RANGE, 3, four, None, at(0), Room(free=4)).target == 4
+    unknown = decide(RANGE, 3, four, None, at(0), Room(None, why="free GPUs not read (HTTP 403)"))
+    assert unknown.action is Action.WAIT
+    assert unknown.reason.endswith("not grown: free GPUs not read (HTTP 403)")
+    # A shrink is never held by the room: the job's own nodes are the ones it is on.
+    lost = decide(RANGE, 4, nodes(*up(3), down(-120)), None, at(0), Room(free=0, held=4))
+    assert lost.action is Action.RESIZE and lost.target == 3
 
 
 def test_the_cooldown_holds_a_resize_that_follows_another() -> None:

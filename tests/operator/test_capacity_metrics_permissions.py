@@ -41,8 +41,10 @@ def test_capacity_condition_wording() -> None:
         "2 of 8 ml.p6-b200.48xlarge nodes schedulable; 4 needed. The job is created; its workers wait until "
         "enough nodes are healthy.",
     )
-    sufficient, unreadable = capacity_condition(Capacity(B200, 8, 8), 4), capacity_condition(None, 4)
+    sufficient, unreadable = capacity_condition(Capacity(B200, 8, 8, free=8), 4), capacity_condition(None, 4)
     assert (sufficient.status, sufficient.reason) == ("True", "Sufficient")
+    # Free GPUs not read: enough by allocatable only, and the reason says so (test_free_gpus.py).
+    assert capacity_condition(Capacity(B200, 8, 8), 4).reason == "SufficientAllocatable"
     assert (unreadable.status, unreadable.reason) == ("Unknown", "NodesUnreadable")
 
 

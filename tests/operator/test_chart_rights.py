@@ -25,7 +25,9 @@ async def test_the_operators_calls_are_allowed_by_the_chart_in_its_namespaces_on
     if helm is None:
         pytest.skip("helm not found on PATH or in .tools/helm/ (run scripts/bootstrap.sh)")
     await scenario(cluster, tmp_path, monkeypatch)  # its own asserts: calls == PERMISSIONS
-    objects = render(helm, sets=(f"operator.watchNamespaces={{{NAMESPACE}}}",))
+    # With operator.freeCapacity the operator also lists the pods on nodes in every namespace (the most it
+    # calls); without it (the chart's default) it makes no such call (BTJ_FREE_CAPACITY=false).
+    objects = render(helm, sets=(f"operator.watchNamespaces={{{NAMESPACE}}}", "operator.freeCapacity=true"))
     account = operator_account(objects)
     requests = set()
     for r in cluster.k.requests:
@@ -37,6 +39,7 @@ async def test_the_operators_calls_are_allowed_by_the_chart_in_its_namespaces_on
     assert len(requests) > 20
     denied = sorted(str(q) for q in requests if not allowed(objects, account, q))
     assert not denied, f"the chart's RBAC refuses calls the operator makes: {denied}"
+    assert Request("", "pods", "list", None, None) in requests  # the free GPUs were read
     elsewhere = {q.namespace for q in requests} - {NAMESPACE, None}
     assert not elsewhere, f"calls outside the watched namespace: {elsewhere}"
     # Cluster-scoped requests are reads only.

@@ -56,7 +56,10 @@ def test_demo_steps_follow_the_spec(tmp_path: Path) -> None:
 def test_demo_of_a_job_the_cluster_cannot_hold_waits_and_does_not_succeed() -> None:
     code, out = demo("--nodes", "1")
     assert code == 1, out
-    assert "InsufficientNodes: 1 of 1 ml.p6-b200.48xlarge nodes schedulable; 2 needed" in out
+    assert (
+        "InsufficientNodes: 1 of 1 ml.p6-b200.48xlarge nodes schedulable: 1 free, 0 held by other workloads; "
+        "2 needed"
+    ) in out
     assert "places 1 of 2 worker(s)" in out and "didn't match pod anti-affinity rules" in out
     assert "BTJ phase Running" not in out and "BTJ phase Succeeded" not in out
     assert "Not run: BTJ phase Pending; the job waits for capacity" in out

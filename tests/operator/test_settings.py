@@ -32,6 +32,8 @@ def test_every_setting_has_its_documented_variable() -> None:
         "BTJ_OPERATOR_NAMESPACE",
         "BTJ_OPERATOR_SERVICE_ACCOUNT",
         "BTJ_ALLOWED_SERVICE_ACCOUNTS",
+        "BTJ_FREE_CAPACITY",
+        "BTJ_CAPACITY_CACHE_S",
     }
     assert set(OperatorEnvironment.model_fields) >= OFF_AT_ZERO
     with pytest.raises(KeyError, match="no operator setting"):
@@ -54,6 +56,9 @@ def test_every_setting_has_its_documented_variable() -> None:
          "and '-'). Fix: e.g. btj-system (the chart sets it to the release's namespace)"),
         ("BTJ_CHECK_IMAGE_PULL_SECRETS", "maybe", "BTJ_CHECK_IMAGE_PULL_SECRETS='maybe': not true or false. "
          "Fix: true or false (the chart sets it from operator.checkImagePullSecrets)"),
+        ("BTJ_FREE_CAPACITY", "sure", "BTJ_FREE_CAPACITY='sure': not true or false. "
+         "Fix: true or false (the chart sets it from operator.freeCapacity)"),
+        ("BTJ_CAPACITY_CACHE_S", "-5", "BTJ_CAPACITY_CACHE_S='-5': must not be negative. Fix: e.g. 5"),
     ],
 )  # fmt: skip
 def test_a_bad_value_is_one_line_naming_the_variable_and_the_fix(

@@ -24,6 +24,14 @@ framework rules listed there. No wildcards anywhere.
 - apiGroups: [""]
   resources: ["nodes"]
   verbs: ["list", "watch"]
+{{- if and .Values.operator.freeCapacity (not .Values.operator.clusterWide) }}
+# Application (operator.freeCapacity): the pods bound to nodes in every namespace, listed (never watched,
+# read, changed or deleted) to count the GPUs other workloads hold; of each pod only its node, namespace,
+# job-name label and GPU requests are kept. Cluster-wide mode grants it with the namespaced rules.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list"]
+{{- end }}
 {{- end }}
 
 {{/* Rules on namespaced resources: in the ClusterRole when cluster-wide, else in a Role per namespace. */}}

@@ -46,6 +46,8 @@ PERMISSIONS: tuple[Permission, ...] = (
     # trainer container's exit code, reason and termination message onto the BTJ (status.lastFailure).
     # Nothing is fetched by name: the pod comes with each event. The stuck-pod sweep lists a running BTJ's
     # trainer pods and force-deletes one stuck Terminating on a gone or not-Ready node (lifecycle.stuck_pods).
+    # With BTJ_FREE_CAPACITY, capacity lists the pods on nodes in every namespace (a cluster-scoped list,
+    # the chart's operator.freeCapacity) and keeps of each its node, namespace, job label and GPUs only.
     Permission("", "pods", ("list", "watch", "delete")),
     # The operator: a pod's result counts only when its controllers lead to our child by uid
     # (lifecycle/ownership.py); a TrainJob's pods are controlled by a Job of its JobSet, read by name.

@@ -34,6 +34,7 @@ _FIXES = {
     "cluster_calibration_namespace": "Fix: e.g. btj-system (the chart sets it to the release's namespace)",
     "check_image_pull_secrets": "Fix: true or false (the chart sets it from operator.checkImagePullSecrets)",
     "cluster_calibration_pool": "Fix: true or false (false: each namespace learns from its own jobs)",
+    "free_capacity": "Fix: true or false (the chart sets it from operator.freeCapacity)",
     "allowed_service_accounts": "Fix: a JSON list of ServiceAccount names or namespace/name pairs, e.g. "
     '["default", "team-a/training-s3"], or [] (the chart sets it from operator.allowedServiceAccounts)',
     "operator_namespace": "Fix: the operator pod's namespace (the chart sets it from the downward API)",
@@ -102,6 +103,16 @@ class OperatorEnvironment(BaseSettings):
     )
     metrics_bind: str | None = Field(
         None, description="host:port of the metrics and health server, or 'off'; None: all interfaces."
+    )
+    # On, the operator lists the pods on nodes cluster-wide (their node, phase and GPU requests only) to
+    # count the nodes other workloads hold (discovery/capacity.py); the chart sets it from
+    # operator.freeCapacity and grants `list pods` cluster-wide with it. Off: capacity counts allocatable.
+    free_capacity: bool = Field(
+        True, description="Count free GPUs: allocatable minus what pods on each node request."
+    )
+    # A burst of BTJs reads capacity once per this many seconds; a node or pod change shows within it.
+    capacity_cache_s: float = Field(
+        5.0, ge=0, allow_inf_nan=False, description="Seconds a LIST of nodes or pods is reused."
     )
     # The chart sets it from trainerImage; an image reference has no whitespace, and one that does would
     # render every pod with an image no node can pull, so the operator refuses to start instead.

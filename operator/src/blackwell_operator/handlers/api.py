@@ -133,10 +133,13 @@ class KubeApi:
                 return None
             raise
 
-    def list(self, path: str, *, label_selector: str | None = None) -> list[dict[str, Any]]:
+    def list(
+        self, path: str, *, label_selector: str | None = None, field_selector: str | None = None
+    ) -> list[dict[str, Any]]:
         """Items of a collection."""
-        query = [("labelSelector", label_selector)] if label_selector else None
-        return list(self._call("GET", path, query=query).get("items") or [])
+        query = [("labelSelector", label_selector)] if label_selector else []
+        query += [("fieldSelector", field_selector)] if field_selector else []
+        return list(self._call("GET", path, query=query or None).get("items") or [])
 
     def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """POST to a collection."""

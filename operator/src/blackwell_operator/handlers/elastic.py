@@ -2,11 +2,12 @@
 
 One loop for the operator, like the resync and stuck-pod loops (no Kopf timer per BTJ). Every
 `BTJ_ELASTIC_INTERVAL_S` it reads, for each elastic BTJ the watch has shown, the nodes of its instance type
-with since when each has been up or down (the node clock the node watch keeps) and lets
-lifecycle/elastic.py decide; a resize writes the new plan
-first, then deletes the child, and the re-create path makes the new one from status.plan (as after an
-out-of-memory re-plan); the written resize is the intent every later pass finishes when a step is lost
-(docs/operator.md, "Intents"). The per-BTJ lock keeps it apart from the resync loop and recreate-child.
+with since when each has been up or down (the node clock the node watch keeps) and, for a scale-up, the
+nodes other workloads leave free (discovery/capacity.py), and lets lifecycle/elastic.py decide; a resize
+writes the new plan first, then deletes the child, and the re-create path makes the new one from
+status.plan (as after an out-of-memory re-plan); the written resize is the intent every later pass
+finishes when a step is lost (docs/operator.md, "Intents"). The per-BTJ lock keeps it apart from the
+resync loop and recreate-child.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from blackwell_operator.handlers.events import create_event
 from blackwell_operator.handlers.logs import Logger
 from blackwell_operator.handlers.periodic import every
 from blackwell_operator.handlers.planning import plan_within
-from blackwell_operator.lifecycle.elastic import ELASTIC_PHASES, Action, decide, resize_changes
+from blackwell_operator.lifecycle.elastic import ELASTIC_PHASES, Action, Room, decide, resize_changes
 from blackwell_operator.lifecycle.replan import RESIZED, correction_of, replacing_child
 from blackwell_operator.lifecycle.status_read import read_status
 from blackwell_operator.lifecycle.writers import ELASTIC_LOOP
@@ -88,7 +89,8 @@ def check_job(
         read = read_status(current.get("status") or {}).status
         if read.plan is None or spec.cluster.elastic is None:
             return None
-        decision = decide(spec.cluster.elastic, read.plan.nodes, nodes, read.elastic, moment)
+        room = _room(ctx, spec, current, read.plan.gpus_per_node, logger)
+        decision = decide(spec.cluster.elastic, read.plan.nodes, nodes, read.elastic, moment, room)
         if decision.action is not Action.RESIZE and decision.elastic == read.elastic:
             return None  # nothing new to say: no write
 
@@ -120,6 +122,34 @@ def check_job(
     # None: the write landed on an earlier attempt whose answer was lost; read what it wrote.
     landed = written if written is not None else _read(ctx, namespace, name)
     return _resized(ctx, landed, entry, logger) if landed is not None and _landed(landed, entry) else None
+
+
+# Why an elastic job with spec.queueName is never grown by the loop (docs/elastic.md, "Free nodes").
+KUEUE_HOLDS_GROWTH = (
+    "spec.queueName is set: Kueue admits the job's size, and the larger job would wait for its admission "
+    "after the running child is deleted"
+)
+
+
+def _room(
+    ctx: OperatorContext, spec: BlackwellTrainingJobSpec, btj: Mapping[str, Any], gpus: int, logger: Logger
+) -> Room | None:
+    """The nodes free for a grown job (None: the spec never grows, nothing to read). Free nodes unknown,
+    or a Kueue queue named, hold the growth: the running child is never deleted for nodes it may not get."""
+    if spec.cluster.elastic is None or not spec.cluster.elastic.scale_up:
+        return None
+    if spec.queue_name is not None:
+        return Room(None, why=KUEUE_HOLDS_GROWTH)
+    owner = (str(btj["metadata"].get("namespace")), str(btj["metadata"].get("name")))
+    try:
+        capacity = ctx.capacity.read(spec.cluster.instance_type.value, owner=owner, gpus=gpus)
+    except ApiError as exc:
+        ctx.metrics.record_error(exc.metric_reason)
+        logger.warning(f"Cannot read node capacity: {exc}")
+        return Room(None, why="node capacity could not be read")
+    if capacity.free is None:
+        return Room(None, why=f"free GPUs not read ({capacity.unread})")
+    return Room(capacity.free, capacity.held)
 
 
 def _landed(btj: Mapping[str, Any], entry: PlanChange | None) -> bool:

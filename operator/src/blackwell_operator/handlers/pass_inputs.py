@@ -17,6 +17,7 @@ from blackwell_operator.admission.accounts import refuse_operators_account
 from blackwell_operator.admission.job import Rejected, validate_body
 from blackwell_operator.admission.redact import redacted
 from blackwell_operator.calibration.cluster import Corrector, frozen
+from blackwell_operator.catalogs import get_instance
 from blackwell_operator.discovery.aws import AwsCapacity
 from blackwell_operator.discovery.capacity import Capacity
 from blackwell_operator.errors import SpecError
@@ -98,7 +99,8 @@ def read_inputs(ctx: OperatorContext, read: ReadBtj, logger: Logger) -> PassInpu
     cluster = cluster_corrector(ctx, stored, spec, read.generation, namespace, logger)
     # An elastic job keeps the count its stored plan chose; its first plan takes the healthy nodes.
     kept = stored_choice(body, stored) if spec.cluster.elastic is not None else None
-    schedulable = schedulable_nodes(ctx, spec, logger) if spec.cluster.elastic and not kept else None
+    owner = (namespace, str(body["metadata"].get("name") or ""))
+    schedulable = schedulable_nodes(ctx, spec, owner, logger) if spec.cluster.elastic and not kept else None
     # The global batch chosen before (status.globalBatch): every later plan of the job keeps it.
     batch = kept_tokens(spec, stored, read.generation)
     return PassInputs(read, spec, correction, cluster, kept, schedulable, batch)
@@ -125,10 +127,14 @@ def cluster_corrector(
     return calibration.corrector(spec.cluster.instance_type, namespace, pooled=pooled())
 
 
-def schedulable_nodes(ctx: OperatorContext, spec: BlackwellTrainingJobSpec, logger: Logger) -> int | None:
-    """Healthy schedulable nodes of the spec's instance type (None when they cannot be read)."""
+def schedulable_nodes(
+    ctx: OperatorContext, spec: BlackwellTrainingJobSpec, owner: tuple[str, str], logger: Logger
+) -> int | None:
+    """Healthy schedulable nodes of the spec's instance type that other workloads leave free for the job
+    `owner` (namespace, name); all the schedulable ones when pods cannot be read (None: nodes unreadable)."""
+    gpus = spec.cluster.gpus_per_node or get_instance(spec.cluster.instance_type.value).gpus_per_node
     try:
-        return ctx.capacity.read(spec.cluster.instance_type.value).schedulable
+        return ctx.capacity.read(spec.cluster.instance_type.value, owner=owner, gpus=gpus).placeable()
     except ApiError as exc:  # planned for spec.cluster.nodes then, and the plan says so
         logger.warning(f"Cannot read node capacity: {exc}")
         return None
@@ -146,19 +152,22 @@ class Surroundings:
 
 def read_surroundings(ctx: OperatorContext, inputs: PassInputs, plan: Plan, logger: Logger) -> Surroundings:
     """The cluster reads a planned pass makes, in this order: node capacity, AWS capacity, the backend."""
-    nodes = _node_capacity(ctx, inputs.spec, plan, logger)
+    meta = inputs.body["metadata"]
+    owner = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+    nodes = _node_capacity(ctx, inputs.spec, plan, owner, logger)
     aws = _aws_capacity(ctx, inputs.spec, logger)
     return Surroundings(nodes, aws, _backend(ctx, inputs.stored, inputs.spec))
 
 
 def _node_capacity(
-    ctx: OperatorContext, spec: BlackwellTrainingJobSpec, plan: Plan, logger: Logger
+    ctx: OperatorContext, spec: BlackwellTrainingJobSpec, plan: Plan, owner: tuple[str, str], logger: Logger
 ) -> Capacity | None:
     try:
         # One trainer pod's requests against each node's allocatable: a node that cannot hold it
-        # (no EFA device plugin, no hugepages) would leave the worker Pending with no other sign.
+        # (no EFA device plugin, no hugepages) would leave the worker Pending with no other sign. Its GPUs
+        # against what other workloads' pods there request: the nodes free for this job, its own pods apart.
         requests = resources(spec, plan)["requests"]
-        return ctx.capacity.read(spec.cluster.instance_type.value, requests)
+        return ctx.capacity.read(spec.cluster.instance_type.value, requests, owner=owner)
     except ApiError as exc:  # capacity is advisory: never block the job on it
         logger.warning(f"Cannot read node capacity: {exc}")
         return None

@@ -16,9 +16,9 @@ from blackwell_operator.calibration import load_calibration
 from blackwell_operator.catalogs import list_gpus, list_instances, list_presets
 from blackwell_operator.discovery.apis import ServedJobApis
 from blackwell_operator.discovery.aws import HyperPodCapacityReader, boto3_client_factory
-from blackwell_operator.discovery.capacity import NodeCapacityReader
+from blackwell_operator.discovery.capacity import NodeCapacityReader, Unreadable
 from blackwell_operator.handlers import kopf_patch, watch_gone
-from blackwell_operator.handlers.api import KubeApi, load_api_client, resource_path
+from blackwell_operator.handlers.api import ApiError, KubeApi, load_api_client, resource_path
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.diffbase import StatuslessDiffBaseStorage
 from blackwell_operator.handlers.elastic import elastic_forever, elastic_interval
@@ -64,6 +64,21 @@ def configure(settings: kopf.OperatorSettings) -> None:
     kopf_patch.install()
 
 
+# The pods that hold node resources: bound to a node and not finished (filtered by the API server).
+PODS_ON_NODES = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+
+
+def list_pods_on_nodes(api: KubeApi) -> list[dict[str, Any]]:
+    """Every namespace's pods on nodes, for the free GPUs (discovery/capacity.py keeps of each only its
+    node, namespace, job-name label and GPU requests); Unreadable, in words, when the API refuses."""
+    try:
+        return api.list(resource_path("v1", "pods", None), field_selector=PODS_ON_NODES)
+    except ApiError as exc:
+        answer = f"HTTP {exc.status} {exc.reason}" if exc.status else exc.reason
+        hint = "; the chart's operator.freeCapacity=true grants it" if exc.status == 403 else ""
+        raise Unreadable(f"pods could not be listed in every namespace: {answer}{hint}") from exc
+
+
 def build_context(api_client: Any | None = None) -> OperatorContext:
     """Context for one operator run."""
     api = KubeApi(api_client if api_client is not None else load_api_client())
@@ -71,9 +86,16 @@ def build_context(api_client: Any | None = None) -> OperatorContext:
     def list_nodes(label_selector: str) -> list[dict[str, Any]]:
         return api.list(resource_path("v1", "nodes", None), label_selector=label_selector)
 
+    settings = operator_environment()
     return OperatorContext(
         api=api,
-        capacity=NodeCapacityReader(list_nodes),
+        capacity=NodeCapacityReader(
+            list_nodes,
+            list_pods=(lambda: list_pods_on_nodes(api)) if settings.free_capacity else None,
+            job_label=JOB_NAME_LABEL,
+            off=f"{env_name('free_capacity')} is off; the chart's operator.freeCapacity=true turns it on",
+            ttl=settings.capacity_cache_s,
+        ),
         metrics=OperatorMetrics(),
         default_image=default_trainer_image(),
         served_apis=ServedJobApis(api.get, JOB_RESOURCES),

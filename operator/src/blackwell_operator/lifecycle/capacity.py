@@ -1,4 +1,5 @@
-"""Condition CapacityAvailable: the healthy nodes Kubernetes counts, and what AWS says of the cluster."""
+"""Condition CapacityAvailable: the healthy nodes Kubernetes counts, those other workloads leave free, and
+what AWS says of the cluster."""
 
 from __future__ import annotations
 
@@ -15,7 +16,11 @@ class NodeCount(Protocol):
     @property
     def schedulable(self) -> int: ...
 
-    def enough_for(self, needed: int) -> bool: ...
+    @property
+    def fitting(self) -> int | None: ...
+
+    @property
+    def free(self) -> int | None: ...
 
     def describe(self) -> str: ...
 
@@ -36,27 +41,42 @@ class AwsAnswer(Protocol):
     def message(self) -> str: ...
 
 
-def capacity_condition(capacity: NodeCount | None, needed: int) -> ConditionChange:
-    """CapacityAvailable from a node count (Unknown when nodes could not be read)."""
+def capacity_condition(capacity: NodeCount | None, needed: int, *, queued: bool = False) -> ConditionChange:
+    """CapacityAvailable from a node count (Unknown when nodes could not be read). Nodes that other
+    workloads' pods hold count as taken; `queued` (spec.queueName): Kueue admits the job by its queue's
+    quota, so enough free nodes are said, never claimed as the job's (Unknown, KueueAdmits)."""
     kind = ConditionType.CAPACITY_AVAILABLE
     if capacity is None:
         return ConditionChange(kind, "Unknown", "NodesUnreadable", "Node capacity could not be read.")
-    if capacity.schedulable >= needed and not capacity.enough_for(needed):
+    said = f"{capacity.describe()}; {needed} needed."
+    if capacity.schedulable < needed:
         return ConditionChange(
             kind,
             "False",
-            "InsufficientAllocatable",
-            f"{capacity.describe()}; {needed} needed. Its workers would stay Pending on these nodes.",
+            "InsufficientNodes",
+            f"{said} The job is created; its workers wait until enough nodes are healthy.",
         )
-    if capacity.enough_for(needed):
-        return ConditionChange(kind, "True", "Sufficient", f"{capacity.describe()}; {needed} needed.")
-    return ConditionChange(
-        kind,
-        "False",
-        "InsufficientNodes",
-        f"{capacity.describe()}; {needed} needed. The job is created; its workers wait until enough nodes "
-        "are healthy.",
-    )
+    if capacity.fitting is not None and capacity.fitting < needed:
+        return ConditionChange(
+            kind, "False", "InsufficientAllocatable", f"{said} Its workers would stay Pending on these nodes."
+        )
+    if capacity.free is not None and capacity.free < needed:
+        return ConditionChange(
+            kind,
+            "False",
+            "HeldByOtherWorkloads",
+            f"{said} The job is created; its workers wait until other workloads free the nodes.",
+        )
+    if queued:
+        return ConditionChange(
+            kind,
+            "Unknown",
+            "KueueAdmits",
+            f"{said} spec.queueName is set: Kueue admits the job by its ClusterQueue's quota, which node "
+            "counts do not show (condition Admitted says when it is admitted).",
+        )
+    reason = "Sufficient" if capacity.free is not None else "SufficientAllocatable"
+    return ConditionChange(kind, "True", reason, said)
 
 
 def with_aws_capacity(condition: ConditionChange, aws: AwsAnswer | None) -> ConditionChange:

@@ -2,10 +2,10 @@
 
 Fewer nodes not lost than the plan's shrink the job, a node counting as lost only once it has been gone for
 the whole grace period (HyperPod had that long to replace it; node_loss.py); with scaleUp, more nodes up for
-the whole grace period grow it. At most one resize per cooldown, and fewer nodes than minNodes wait, as a
-fixed job does. The re-plan keeps the global batch and the learning-rate
-schedule (planner/elastic.py); the child is re-created from the last checkpoint, as after an out-of-memory
-re-plan (replan.py).
+the whole grace period grow it, into nodes other workloads leave free only. At most one resize per
+cooldown, and fewer nodes than minNodes wait, as a fixed job does. The re-plan keeps the global batch and
+the learning-rate schedule (planner/elastic.py); the child is re-created from the last checkpoint, as after
+an out-of-memory re-plan (replan.py).
 """
 
 from __future__ import annotations
@@ -47,6 +47,16 @@ class Action(StrEnum):
 
 
 @dataclass(frozen=True)
+class Room:
+    """Where a grown job could run now: the nodes free for it (those its own pods hold included; None: not
+    known, `why` says why) and those other workloads' pods hold (a count only)."""
+
+    free: int | None
+    held: int = 0
+    why: str = ""
+
+
+@dataclass(frozen=True)
 class Decision:
     """The check's conclusion, the node count to re-plan for, why, and the timeline to store."""
 
@@ -66,6 +76,7 @@ def decide(
     nodes: NodeTimes,
     stored: ElasticStatus | None,
     now: datetime.datetime,
+    room: Room | None = None,
 ) -> Decision:
     """Whether an elastic job planned for `plan_nodes` re-plans, given each node of its instance type with
     since when it has been up or down (`stored`: the status written by earlier checks).
@@ -73,7 +84,8 @@ def decide(
     The count a shrink plans for is the nodes not lost: a node counts as lost only once it has been down
     for the whole grace period, so a node that flaps faster than that never resizes the job; a shrink
     waits while another node is down but not lost yet. A scale-up counts the nodes up for the whole grace
-    period."""
+    period, and no more than `room` has free (None: not checked): the child is deleted only for a count
+    the free nodes hold, never for nodes other workloads hold, nor while the free nodes are unknown."""
     seen = (stored or ElasticStatus()).model_copy()
     moment, grace = now.timestamp(), elastic.grace_period_seconds
     seen.schedulable = nodes.up()
@@ -106,6 +118,13 @@ def decide(
     elif elastic.scale_up and settled > plan_nodes:
         target = settled
         reason = f"{settled} nodes schedulable for the whole grace period of {grace} s"
+        if room is not None and room.free is None:
+            return wait(f"{reason}; not grown: {room.why}")
+        if room is not None and room.free is not None and room.free < target:
+            target = room.free
+            reason += f", {room.free} of them free ({room.held} held by other workloads)"
+            if target <= plan_nodes:
+                return wait(f"{reason}: the job grows when other workloads free nodes")
     else:
         return _unchanged(elastic, plan_nodes, seen, moment)
     since_resize = _seconds_since(seen.last_resize_at, moment)

@@ -178,7 +178,7 @@ def planned(
     )
     event_reason, event_message, warning = plan_event(plan.provenance)
     notice = Notice(event_reason, event_message, warning=warning, once=ConditionType.PLAN_VERIFIED)
-    capacity = with_aws_capacity(capacity_condition(nodes, needed), aws)
+    capacity = with_aws_capacity(capacity_condition(nodes, needed, queued=queue_name is not None), aws)
     return PassOutcome(generation, plan=plan, queue_name=queue_name).adding(
         done, provenance, capacity, events=(notice,)
     )

@@ -134,13 +134,21 @@ def label_selector_matches(selector: str, labels: Mapping[str, str]) -> bool:
     return True
 
 
+# Field selectors the API server serves: every resource's metadata.name and metadata.namespace, and of a
+# pod's fields those the operator uses (the API server serves a few more: pkg/registry/core/pod/strategy.go).
+_SELECTABLE_FIELDS = frozenset({"metadata.name", "metadata.namespace", "spec.nodeName", "status.phase"})
+
+
 def field_selector_matches(selector: str, obj: Mapping[str, Any]) -> bool:
-    """The field selectors every resource supports: metadata.name and metadata.namespace (= / == / !=)."""
-    meta = obj.get("metadata", {})
+    """Field selectors (= / == / !=) on metadata.name, metadata.namespace and a pod's spec.nodeName and
+    status.phase; an unset field reads as "" (so `spec.nodeName!=` selects the pods bound to a node)."""
     for req in _split_selector(selector):
         negate = "!=" in req
         key, value = (s.strip() for s in re.split(r"!=|==|=", req, maxsplit=1))
-        actual = {"metadata.name": meta.get("name"), "metadata.namespace": meta.get("namespace")}.get(key)
+        if key not in _SELECTABLE_FIELDS:
+            return False
+        section, _, name = key.partition(".")
+        actual = str((obj.get(section) or {}).get(name) or "")
         if (actual == value) == negate:
             return False
     return True
