@@ -174,4 +174,10 @@ def test_selector_and_merge_semantics() -> None:
     assert not label_selector_matches("a!=1", labels)
     assert not label_selector_matches("c", labels)
     assert field_selector_matches("metadata.name=x", {"metadata": {"name": "x"}})
+    # A pod's node and phase, as the operator's list of the pods on nodes selects them (unset reads as "").
+    on_nodes = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+    assert field_selector_matches(on_nodes, {"spec": {"nodeName": "n"}, "status": {"phase": "Running"}})
+    assert not field_selector_matches(on_nodes, {"spec": {}, "status": {"phase": "Pending"}})
+    assert not field_selector_matches(on_nodes, {"spec": {"nodeName": "n"}, "status": {"phase": "Failed"}})
+    assert not field_selector_matches("spec.schedulerName=x", {"spec": {"schedulerName": "x"}})  # unserved
     assert merge_patch({"a": 1, "b": {"c": 1}}, {"a": {"x": 1}, "b": {"c": None}}) == {"a": {"x": 1}, "b": {}}
