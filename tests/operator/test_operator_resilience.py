@@ -205,7 +205,9 @@ async def test_scarce_capacity_is_reported_and_the_job_still_queues(
             await wait_for(lambda: cluster.condition("big", "ChildCreated"), what="ChildCreated")
         capacity = cluster.condition("big", "CapacityAvailable")
         assert capacity["status"] == "False" and capacity["reason"] == "InsufficientNodes"
-        assert capacity["message"].startswith("2 of 8 ml.p6-b200.48xlarge nodes schedulable; 4 needed")
+        assert capacity["message"].startswith(
+            "2 of 8 ml.p6-b200.48xlarge nodes schedulable: 2 free, 0 held by other workloads; 4 needed"
+        )
         assert cluster.job("big") is not None, "the job is created and waits in the queue"
 
 

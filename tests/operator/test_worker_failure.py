@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from blackwell_operator.handlers.runtime import PODS_ON_NODES
 from blackwell_operator.lifecycle.failures import (
     belongs_to,
     failure_changes,
@@ -24,7 +25,7 @@ from blackwell_operator.lifecycle.status_patch import status_patch
 from blackwell_operator.lifecycle.writers import POD_WATCHER
 from blackwell_operator.models.status import StatusChange, WorkerFailure
 from blackwell_operator.render.labels import JOB_NAME_LABEL
-from tests.operator.harness import NAMESPACE, Cluster, from_operator, running_operator, wait_for
+from tests.operator.harness import NAMESPACE, Cluster, from_operator, running_operator, verb_of, wait_for
 from tests.support.pods import (
     RESTARTING,
     T1,
@@ -428,11 +429,16 @@ async def test_a_failed_worker_shows_on_the_btj(cluster: Cluster) -> None:
     assert [(w["pod"], w["exitCode"]) for w in writes] == [("w-worker-0", 1), ("w-worker-0", 137)]
     assert len(_warnings(cluster)) == 2, "one Event per distinct failure"
     # The pod watch is filtered by the API server: the operator never receives the cluster's other pods.
-    pod_watches = [
+    # The one exception is free capacity's LIST of the pods on nodes (never watched), of which it keeps
+    # only node, namespace, job label and GPUs (discovery/capacity.py, docs/security.md).
+    pod_requests = [
         r
         for r in cluster.k.requests
         if from_operator(r) and r.resource is not None and r.resource.plural == "pods"
     ]
+    capacity_lists = [r for r in pod_requests if r.params.get("fieldSelector") == PODS_ON_NODES]
+    assert all(verb_of(r) == "list" and r.namespace is None for r in capacity_lists)
+    pod_watches = [r for r in pod_requests if r not in capacity_lists]
     assert pod_watches
     for request in pod_watches:
         selector = request.params.get("labelSelector") or ""
