@@ -198,3 +198,32 @@ async def test_pods_unreadable_say_so_and_hold_a_scale_up(
             what="the growth held",
         )
         assert replicas(cluster, "blind") == 3 and resized_events(cluster, "blind") == []
+
+
+async def test_a_queued_elastic_job_leaves_admission_to_kueue_and_is_never_grown(
+    four_nodes: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """spec.queueName: Kueue admits by its ClusterQueue's quota, which free nodes do not show. Enough free
+    nodes are not claimed as the job's, and the loop never deletes the admitted child to grow it (the larger
+    one would wait for admission with nothing running). Before: True, Sufficient, and grown to 4."""
+    monkeypatch.setenv("BTJ_CAPACITY_CACHE_S", "0")
+    cluster = four_nodes
+    await set_health(cluster, 3, "Unschedulable")
+    async with running_operator(cluster):
+        body = elastic_btj("queued", scale_up=True)
+        body["spec"]["queueName"] = "team-a-queue"
+        await cluster.apply(body)
+        await started(cluster, "queued", 3)
+        condition = capacity(cluster, "queued")
+        assert (condition["status"], condition["reason"]) == ("Unknown", "KueueAdmits"), condition
+        assert "team-a-queue" not in condition["message"]  # the field is named, not its value
+        await set_health(cluster, 3, "Schedulable")
+        await wait_for(
+            lambda: (
+                "not grown: spec.queueName is set" in str(cluster.status("queued").get("elastic") or {})
+                or replicas(cluster, "queued") != 3
+            ),
+            timeout=TIMEOUT_S,
+            what="the growth held, or the child deleted",
+        )
+        assert replicas(cluster, "queued") == 3 and resized_events(cluster, "queued") == []
