@@ -9,6 +9,7 @@ import yaml
 from typer.testing import CliRunner
 
 from blackwell_operator.calibration.cluster import MIN_RUNS, ClusterCalibration, Sample
+from blackwell_operator.calibration.learned_memory import MIN_READINGS
 from blackwell_operator.cli import _register_commands, app
 from blackwell_operator.handlers.cluster_calibration import body_of
 from blackwell_trainer.plan.config import ActivationCheckpointing, PrecisionRecipe
@@ -73,10 +74,24 @@ def test_an_export_and_a_config_map_copy_give_the_same_corrected_plan(tmp_path: 
 
 def test_too_few_runs_leave_the_plan_as_it_was(tmp_path: Path) -> None:
     job, export = _files(tmp_path)
-    export.write_text(_calibration(MIN_RUNS - 1).model_dump_json(by_alias=True))
+    # One job: below MIN_RUNS for its family's speed and below MIN_READINGS for the GPU type's memory.
+    export.write_text(_calibration(1).model_dump_json(by_alias=True))
     corrected = runner.invoke(app, ["plan", str(job), "-o", "json", "--cluster-calibration", str(export)])
     plain = runner.invoke(app, ["plan", str(job), "-o", "json"])
     assert json.loads(corrected.stdout) == json.loads(plain.stdout)
+
+
+def test_a_learned_memory_factor_is_shown_with_its_readings_and_speed_stays_modelled(tmp_path: Path) -> None:
+    job, export = _files(tmp_path)
+    export.write_text(_calibration(MIN_READINGS).model_dump_json(by_alias=True))
+    corrected = runner.invoke(app, ["plan", str(job), "-o", "json", "--cluster-calibration", str(export)])
+    plain = json.loads(runner.invoke(app, ["plan", str(job), "-o", "json"]).stdout)
+    correction = json.loads(corrected.stdout)["clusterCorrection"]
+    assert correction["memoryReadings"] == MIN_READINGS and correction["tokensFactor"] == 1.0
+    assert json.loads(corrected.stdout)["predicted"] == plain["predicted"]
+    (line,) = [e for e in json.loads(corrected.stdout)["explanation"] if "on this cluster" in e]
+    assert f"peak memory x1.00 (learned from {MIN_READINGS} measured peaks on this GPU type)" in line
+    assert "tokens/s as modelled" in line
 
 
 def test_a_bad_file_is_one_line_naming_the_option_and_the_fix(tmp_path: Path) -> None:

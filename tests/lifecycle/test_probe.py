@@ -88,7 +88,7 @@ def test_a_dropped_candidate_is_named_and_teaches_the_calibration_nothing() -> N
     assert (
         event is not None and "the planner's pick won" in event[1] and "dropped: 1 out-of-memory" in event[1]
     )
-    samples, refused = probe_samples({"namespace": "a", "name": "j", "uid": "u1"}, plan, result, NOW)
+    samples, refused, _ = probe_samples({"namespace": "a", "name": "j", "uid": "u1"}, plan, result, NOW)
     # The winner's family is keyed by the job's uid (the measure loop's reading later replaces it).
     assert [s.uid for s in samples] == [
         "u1" if i == 0 else f"u1/probe-{i}" for i in range(len(plan.probe.candidates)) if i != 1
@@ -103,7 +103,7 @@ def test_every_candidate_s_measurement_is_a_sample_and_a_later_plan_skips_the_pr
     calibration = ClusterCalibration()
     for job in range(MIN_RUNS):  # three jobs on this cluster probed the same candidates
         result = result_for(first, winner=0, speed=[0.97] * count)
-        samples, _ = probe_samples(
+        samples, _, _ = probe_samples(
             {"namespace": "a", "name": f"j{job}", "uid": f"u{job}"}, first, result, NOW
         )
         assert len(samples) == count

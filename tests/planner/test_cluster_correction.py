@@ -29,7 +29,7 @@ B200 = "ml.p6-b200.48xlarge"
 def sample(
     uid: str,
     tokens: float,
-    memory: float | None = 1.0,
+    memory: float | None = None,
     recipe: PrecisionRecipe = PrecisionRecipe.NONE,
     ac: ActivationCheckpointing = ActivationCheckpointing.SELECTIVE,
     instance: str = B200,
@@ -95,7 +95,7 @@ def test_factors_are_clamped_to_their_bounds(
 def test_memory_needs_its_own_minimum_of_readings() -> None:
     cal = calibration(sample("a", 0.8, None), sample("b", 0.8, None), sample("c", 0.8, 1.2))
     correction = cal.correction(*KEY)
-    assert correction is not None and correction.memory_factor == 1.0
+    assert correction is not None and correction.memory_factor == 1.0 and correction.memory_readings == 0
 
 
 def test_families_and_instance_types_are_kept_apart() -> None:
@@ -115,7 +115,7 @@ def test_each_family_keeps_only_its_newest_samples() -> None:
     assert len(cal.samples) == KEEP_PER_FAMILY + 1
 
 
-def test_frozen_gives_only_its_own_family() -> None:
+def test_frozen_gives_only_its_own_family_without_a_learned_memory_factor() -> None:
     correction = calibration(*(sample(f"j{i}", 0.6) for i in range(MIN_RUNS))).correction(*KEY)
     lookup = frozen(correction)
     assert lookup(PrecisionRecipe.NONE, ActivationCheckpointing.SELECTIVE) == correction

@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from blackwell_operator.calibration.cluster import MIN_RUNS, ClusterCalibration, describe_correction
+from blackwell_operator.calibration.learned_memory import MIN_READINGS
 from blackwell_operator.cli.calibrate import calibrate_app
 from blackwell_operator.cli.console import table_console
 from blackwell_operator.cli.manifest import fail
@@ -68,6 +69,25 @@ def summary_table(calibration: ClusterCalibration) -> Table:
     return table
 
 
+def memory_table(calibration: ClusterCalibration) -> Table:
+    """One row per namespace and GPU type: its memory readings, out-of-memory floors and the factor."""
+    table = Table(title="Memory (measured over modelled peak, per namespace and GPU type, every family)")
+    for col in ("namespace", "instance type", "peaks", "out of memory", "applied to later plans"):
+        table.add_column(col)
+    keys = {(s.namespace, s.instance_type) for s in calibration.samples if s.memory_ratio is not None}
+    keys |= {(r.namespace, r.instance_type) for r in calibration.memory}
+    for namespace, instance in sorted(keys):
+        peaks, floors = calibration.memory_evidence(instance, namespace)
+        learned = calibration.learned_memory(instance, namespace)
+        applied = (
+            f"peak memory x{learned.factor:.2f}"
+            if learned is not None
+            else f"nothing yet ({MIN_READINGS - len(peaks)} more reading(s) needed)"
+        )
+        table.add_row(namespace, instance, str(len(peaks)), str(len(floors)), applied)
+    return table
+
+
 @cluster_app.command("show")
 def show(namespace: Namespace = DEFAULT_NAMESPACE) -> None:
     """Print each family's runs and the correction later plans on its instance type get."""
@@ -76,6 +96,7 @@ def show(namespace: Namespace = DEFAULT_NAMESPACE) -> None:
         typer.echo(f"{namespace}: no measured runs yet; plans use the model as calibrated")
         return
     table_console().print(summary_table(calibration))
+    table_console().print(memory_table(calibration))
 
 
 @cluster_app.command("export")

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from blackwell_operator.applabels import COMPONENT_LABEL, MANAGED_BY_LABEL, MANAGER
 from blackwell_operator.calibration.cluster import ClusterCalibration, Sample
+from blackwell_operator.calibration.learned_memory import MemoryReading
 from blackwell_operator.handlers import retrying
 from blackwell_operator.handlers.api import ApiError, KubeApi, resource_path
 from blackwell_operator.handlers.context import OperatorContext
@@ -98,16 +99,24 @@ def read_cluster_calibration(ctx: OperatorContext, logger: Logger) -> ClusterCal
     return None
 
 
-def record(api: KubeApi, namespace: str, sample: Sample, logger: Logger | None = None) -> ClusterCalibration:
-    """Add one job's sample: create the ConfigMap, or patch it on the resourceVersion read (409: again)."""
+def record(
+    api: KubeApi, namespace: str, sample: Sample | MemoryReading, logger: Logger | None = None
+) -> ClusterCalibration:
+    """Add one job's sample or memory reading: create the ConfigMap, or patch it on the resourceVersion
+    read (409: again)."""
+
+    def added(calibration: ClusterCalibration) -> ClusterCalibration:
+        if isinstance(sample, MemoryReading):
+            return calibration.record_memory(sample)
+        return calibration.record(sample)
 
     def once() -> ClusterCalibration:
         found = api.get(path(namespace))
         if found is None:
-            updated = ClusterCalibration().record(sample)
+            updated = added(ClusterCalibration())
             api.create(path(namespace, None), body_of(updated, namespace))
             return updated
-        updated = parse(found).record(sample)
+        updated = added(parse(found))
         patch = body_of(updated, namespace)
         patch["metadata"] = {"resourceVersion": found["metadata"]["resourceVersion"]}
         api.patch(path(namespace), patch)

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from blackwell_operator.calibration.cluster import ImplausibleSample, Sample
+from blackwell_operator.calibration.learned_memory import MemoryReading
 from blackwell_operator.handlers import cluster_calibration, retrying
 from blackwell_operator.handlers.api import ApiError, resource_path
 from blackwell_operator.handlers.btjstatus import CHILD_DELETED, btj_path, write_status_logged
@@ -22,10 +23,11 @@ from blackwell_operator.lifecycle.failures import (
     stopping_child,
     worker_failure,
 )
+from blackwell_operator.lifecycle.memory_readings import oom_reading
 from blackwell_operator.lifecycle.message import describe
 from blackwell_operator.lifecycle.ownership import Lineage, lineage
 from blackwell_operator.lifecycle.probe import config_map_copy, joined, probe_pass, probe_result_of
-from blackwell_operator.lifecycle.replan import REPLANNED_REASON, replacing_child
+from blackwell_operator.lifecycle.replan import REPLANNED_REASON, oom_of, replacing_child
 from blackwell_operator.lifecycle.writers import POD_WATCHER
 from blackwell_operator.models.status import StatusChange
 from blackwell_operator.render.kinds import ChildKind, job_kind
@@ -114,6 +116,8 @@ def _record(
         probed = probe_pass(btj, pod, probe, found=found, now=now) if probe is not None else None
         # Any attempt's: a write whose answer was lost has landed, and the next attempt finds it stored.
         posted.update(event=posted.get("event", False) or new, btj=btj)
+        if new:  # the BTJ before the failure was stored: what its out-of-memory floor is taken against
+            posted.setdefault("before", btj)
         return joined(changes, probed.change if probed is not None else None)
 
     done, written = write_status_logged(
@@ -125,6 +129,7 @@ def _record(
         return True
     btj = written or posted.get("btj")
     if btj is not None and posted.get("event"):  # written by this pass (its answer lost or not)
+        _learn_oom(ctx, posted["before"], failure, now, logger)
         post_event(btj, WORKER_FAILED, describe(failure), warning=True)
         if replacing_child(btj.get("status") or {}):
             ctx.metrics.replans.inc()
@@ -163,7 +168,7 @@ def apply_probe(
     for line in decided.refused:
         ctx.metrics.record_error("ImplausibleSample")
         logger.warning(f"Not recording a probe reading in the cluster calibration: {line}")
-    if not _teach(ctx, decided.samples, logger):
+    if not _teach(ctx, (*decided.samples, *decided.readings), logger):
         return False
     if decided.plan is not None and not _copy_plan(ctx, btj, decided.plan, logger):
         return False
@@ -174,8 +179,9 @@ def apply_probe(
     return True
 
 
-def _teach(ctx: OperatorContext, samples: tuple[Sample, ...], logger: Logger) -> bool:
-    """Every probed family's sample into the cluster calibration, when one is kept."""
+def _teach(ctx: OperatorContext, samples: tuple[Sample | MemoryReading, ...], logger: Logger) -> bool:
+    """Every probed family's sample and every memory reading into the cluster calibration, when one is
+    kept."""
     where = cluster_calibration.calibration_namespace()
     if where is None:
         return True
@@ -193,6 +199,20 @@ def _teach(ctx: OperatorContext, samples: tuple[Sample, ...], logger: Logger) ->
             logger.warning(f"Cannot record the probe of {sample.job} in the cluster calibration: {exc}")
             return False
     return True
+
+
+def _learn_oom(
+    ctx: OperatorContext, btj: Mapping[str, Any], failure: Mapping[str, Any], now: str, logger: Logger
+) -> None:
+    """The lower bound a new out-of-memory failure sets on its GPU type's memory factor (from the BTJ as
+    it was before the failure's status write), into the cluster calibration. Once, with the failure's
+    Event; a write that fails is logged and not tried again (the job's own re-plan does not wait on it)."""
+    result = oom_of(failure)
+    reading = oom_reading(btj, result, now) if result is not None else None
+    if reading is None or cluster_calibration.calibration_namespace() is None:
+        return
+    if not _teach(ctx, (reading,), logger):
+        logger.warning(f"The out-of-memory bound of {reading.job} is not in the cluster calibration")
 
 
 def _copy_plan(ctx: OperatorContext, btj: Mapping[str, Any], plan: Plan, logger: Logger) -> bool:

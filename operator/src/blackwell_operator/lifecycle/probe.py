@@ -1,7 +1,8 @@
 """What a trainer's probe result teaches (pure): read from a pod's termination message, it becomes
-status.probe, the `Probed` Event, one cluster-calibration sample per measured family and the plan
-ConfigMap's copy (`plan.probe.result`), all decided here as one ProbePass (docs/probe.md). The first
-result for a plan's candidates settles them; one with figures no GPU can give is refused whole."""
+status.probe, the `Probed` Event, one cluster-calibration sample per measured family, a memory reading of
+every other candidate measured (lifecycle/memory_readings.py) and the plan ConfigMap's copy
+(`plan.probe.result`), all decided here as one ProbePass (docs/probe.md). The first result for a plan's
+candidates settles them; one with figures no GPU can give is refused whole."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from blackwell_operator.calibration.cluster import Sample, implausible, over_memory, unphysical
+from blackwell_operator.calibration.learned_memory import MemoryReading
 from blackwell_operator.lifecycle.child_apply import supporting_patch
 from blackwell_operator.lifecycle.child_record import owned_by
 from blackwell_operator.lifecycle.failures import belongs_to
+from blackwell_operator.lifecycle.memory_readings import probe_readings
 from blackwell_operator.lifecycle.ownership import Lineage
 from blackwell_operator.lifecycle.replan import candidate_line
 from blackwell_operator.lifecycle.status_read import read_status
@@ -162,16 +165,17 @@ def _all_failed(result: ProbeResult) -> bool:
 
 def probe_samples(
     meta: Mapping[str, Any], plan: Plan, result: ProbeResult, now: str
-) -> tuple[list[Sample], list[str]]:
-    """One measured-over-modelled sample per measured family (the first measured candidate of each, in
-    probe order), the model's own figure taken from planner.cluster_figures; and why any measurement was
-    refused (not physical: the measure loop's rule). Memory ratios come with a CUDA reading.
+) -> tuple[list[Sample], list[str], set[int]]:
+    """One measured-over-modelled sample per measured family (the winner for its own family, else the
+    first measured candidate of each, in probe order), the model's own figure taken from
+    planner.cluster_figures; why any measurement was refused (not physical: the measure loop's rule); and
+    the candidates those samples (or refusals) took. Memory ratios come with a CUDA reading.
 
     The winner's family is keyed by the BTJ's uid, as the measure loop keys the job's own sample, so the
-    steady reading of the running job later replaces it (one job, one sample per family); the others are
-    keyed `<uid>/probe-<index>`."""
+    steady reading of the running job later replaces it (one job, one sample per family, and the winner's
+    configuration one memory reading); the others are keyed `<uid>/probe-<index>`."""
     if not _usable(plan, result):
-        return [], []
+        return [], [], set()
     assert plan.probe is not None
     options = plan.probe.options
     won = options[result.winner].candidate
@@ -179,8 +183,10 @@ def probe_samples(
     samples: list[Sample] = []
     refused: list[str] = []
     families: set[tuple[Any, Any]] = set()
+    taken: set[int] = set()
     job = f"{meta.get('namespace')}/{meta.get('name')}"
-    for m in result.measurements:
+    winner_first = sorted(result.measurements, key=lambda m: m.index != result.winner)
+    for m in winner_first:
         if m.outcome != ProbeOutcome.MEASURED or not m.tokens_per_second_per_gpu:
             continue
         c = options[m.index]
@@ -202,12 +208,13 @@ def probe_samples(
             observed_at=now,
         )
         problem = problem or implausible(sample)
+        taken.add(m.index)
         if problem is not None:  # a misreading teaches nothing (the measure loop's rule)
             refused.append(f"{job} probe candidate {m.index}: {problem}")
             continue
         families.add(family)
         samples.append(sample)
-    return samples, refused
+    return samples, refused, taken
 
 
 def probe_status(
@@ -289,14 +296,15 @@ def with_probe_result(plan: Plan, stored: BlackwellTrainingJobStatus, generation
 class ProbePass:
     """What one pod's probe result decides: the status change (None: status.probe holds it already, or
     holds this generation's first result for these candidates), and, when it is new, the Event (`warning`:
-    figures refused, or nothing measured within the budget), the calibration samples (and the refused
-    readings) and the plan the ConfigMap carries with its copy. `problem`: why the result was not taken
-    (logged)."""
+    figures refused, or nothing measured within the budget), the calibration samples and memory readings
+    (and the refused readings) and the plan the ConfigMap carries with its copy. `problem`: why the
+    result was not taken (logged)."""
 
     change: StatusChange | None = None
     event: tuple[str, str] | None = None
     warning: bool = False
     samples: tuple[Sample, ...] = ()
+    readings: tuple[MemoryReading, ...] = ()
     refused: tuple[str, ...] = ()
     plan: Plan | None = None
     problem: str | None = None
@@ -391,14 +399,16 @@ def probe_pass(
         now=now,
         summary=event[1] if event else None,
     )
-    samples, refused = probe_samples(meta, plan, result, now)
+    samples, refused, taken = probe_samples(meta, plan, result, now)
+    readings, unread = probe_readings(meta, plan, result, taken, now)
     kept = _with_result(plan, result)
     return ProbePass(
         change=StatusChange(probe=status, plan=kept),
         event=event,
         warning=_all_failed(result),
         samples=tuple(samples),
-        refused=tuple(refused),
+        readings=tuple(readings),
+        refused=(*refused, *unread),
         plan=kept,
     )
 

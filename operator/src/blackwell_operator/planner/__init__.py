@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from blackwell_operator.calibration import Calibration, load_calibration
-from blackwell_operator.calibration.cluster import Corrector
+from blackwell_operator.calibration.cluster import Corrector, speed_measured
 from blackwell_operator.calibration.cluster import describe_correction as describe_cluster_correction
 from blackwell_operator.calibration.measured import load_measured
 from blackwell_operator.catalogs import resolve_model
@@ -315,7 +315,9 @@ def _probe(
     hw = problem.hw
 
     def measured(s: Scored) -> bool:
-        if cluster is not None and cluster(s.setting.recipe, s.setting.activation_checkpointing):
+        if cluster is not None and speed_measured(
+            cluster(s.setting.recipe, s.setting.activation_checkpointing)
+        ):
             return True
         items = plan_provenance(
             coverage,

@@ -586,9 +586,29 @@ class ClusterCorrection(WireModel):
     instance_type: str = Field(description="Instance type the runs were measured on.")
     precision_recipe: PrecisionRecipe = Field(description="Recipe of the runs (part of the family key).")
     activation_checkpointing: ActivationCheckpointing = Field(description="AC mode of the runs.")
-    runs: int = Field(ge=1, description="Distinct jobs the factors come from.")
+    runs: int = Field(
+        ge=0,
+        description="Distinct jobs of this family measured; the tokens factor is 1 with fewer than the "
+        "operator's minimum (3).",
+    )
     tokens_factor: float = Field(gt=0, description="Measured over modelled tokens/s (median, clamped).")
-    memory_factor: float = Field(gt=0, description="Measured over modelled peak reserved (median, clamped).")
+    memory_factor: float = Field(
+        gt=0,
+        description="Measured over modelled peak reserved on this GPU type, every family's readings (the "
+        "largest, clamped), raised to what keeps a configuration that ran out of memory from fitting.",
+    )
+    memory_readings: int = Field(
+        default=0,
+        ge=0,
+        description="Measured configurations the memory factor is learned from (0: memory as modelled, "
+        "or only raised by an out-of-memory run).",
+    )
+    memory_floor: float | None = Field(
+        default=None,
+        gt=0,
+        description="The least memory factor that keeps every configuration that ran out of memory on this "
+        "GPU type from fitting; none without such a run.",
+    )
 
 
 class Candidate(WireModel):

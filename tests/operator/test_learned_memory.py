@@ -1,0 +1,118 @@
+"""The GPU is learned, memory included: the real operator under KopfRunner reads a first job's probe, whose
+measured peaks are well under the model's, into the cluster calibration; the second job of the same spec in
+the same namespace then plans the larger micro-batch the model had ruled out (its plan and its Planned
+condition say from how many readings), and a job in another namespace plans on the model (issue 37)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from blackwell_operator.calibration.learned_memory import MEMORY_BOUNDS, MIN_READINGS
+from blackwell_operator.handlers import cluster_calibration as store
+from blackwell_operator.planner.cluster_figures import candidate_figures
+from blackwell_trainer.plan.config import Plan, ProbeMeasurement, ProbeOutcome, ProbeResult
+from tests.operator.harness import NAMESPACE, Cluster, btj, running_operator, wait_for
+from tests.operator.test_probe_result import probed_events, stored_calibration
+from tests.support.helm import NAMESPACE as HOME
+from tests.support.pods import T2, container, pod, pod_status, terminated
+
+# 30 sequences per rank: micro-batch 5 (accumulating 6) and 6 (accumulating 5) both reach it exactly, so
+# memory alone picks the size; long enough that `probe: auto` probes (its candidates are modelled).
+TRAINING = {"sequenceLength": 8192, "steps": 20_000, "globalBatchTokens": 8192 * 16 * 30}
+PEAK = 0.85  # measured over modelled peak reserved: the model over-predicts this GPU's memory
+OTHER_NAMESPACE = "hyperpod-ns-team-b"
+
+
+def result_for(plan: Plan) -> ProbeResult:
+    """The probe of the plan's candidates (not its larger sizes, as in the issue): each measured at its
+    predicted speed and PEAK of its modelled peak; the planner's pick wins."""
+    assert plan.probe is not None
+    measurements = [
+        ProbeMeasurement(
+            index=i,
+            outcome=ProbeOutcome.MEASURED,
+            predicted_tokens_per_second_per_gpu=c.prediction.tokens_per_second_per_gpu,
+            predicted_peak_reserved_bytes=c.prediction.memory.peak_reserved,
+            tokens_per_second_per_gpu=c.prediction.tokens_per_second_per_gpu,
+            peak_reserved_bytes=int(PEAK * candidate_figures(c).modelled_peak_reserved),
+            seconds=60.0,
+        )
+        for i, c in enumerate(plan.probe.candidates)
+    ]
+    return ProbeResult(
+        winner=0, chosen=plan.probe.candidates[0].candidate, measurements=measurements, seconds=130.0
+    )
+
+
+async def planned(cluster: Cluster, name: str) -> Plan:
+    raw = await wait_for(lambda: cluster.status(name).get("plan"), what=f"{name}'s plan")
+    return Plan.model_validate(raw)
+
+
+async def other_namespace_plan(cluster: Cluster, name: str) -> Plan:
+    """A BTJ of the same spec in another namespace (created as `kubectl create namespace` does), planned."""
+    await cluster._json("POST", "/api/v1/namespaces", {"metadata": {"name": OTHER_NAMESPACE}})
+    manifest = btj(name, training=TRAINING)
+    manifest["metadata"]["namespace"] = OTHER_NAMESPACE
+    await cluster._json("POST", cluster_path(OTHER_NAMESPACE), manifest)
+
+    def plan() -> Any:
+        found = cluster.k.get_object(
+            "training.blackwell.dev/v1alpha1/blackwelltrainingjobs", OTHER_NAMESPACE, name
+        )
+        return ((found or {}).get("status") or {}).get("plan")
+
+    return Plan.model_validate(await wait_for(plan, what=f"{name}'s plan in {OTHER_NAMESPACE}"))
+
+
+def cluster_path(namespace: str) -> str:
+    return f"/apis/training.blackwell.dev/v1alpha1/namespaces/{namespace}/blackwelltrainingjobs"
+
+
+@pytest.mark.integration
+async def test_a_second_job_plans_the_larger_micro_batch_from_the_first_job_s_measured_peaks(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(store.NAMESPACE_ENV, HOME)
+    async with running_operator(cluster):
+        await cluster.apply(btj("first", training=TRAINING))
+        job = await wait_for(lambda: cluster.job("first"), what="first's PyTorchJob")
+        first = await planned(cluster, "first")
+        assert first.probe is not None and first.probe.enabled, first.probe
+        result = result_for(first)
+        done = container(state={"terminated": terminated(0, "Completed", T2, f"done\n{result.to_line()}\n")})
+        await cluster.add_pod(pod("first-worker-0", job="first", owner=job), pod_status(done))
+        await wait_for(lambda: probed_events(cluster, "first"), what="first's Probed Event")
+        await wait_for(
+            lambda: (
+                (c := stored_calibration(cluster)) is not None
+                and len(c.memory_evidence(first.instance_type, NAMESPACE)[0]) >= MIN_READINGS
+            ),
+            what="the first job's measured peaks in the cluster calibration",
+        )
+        await cluster.apply(btj("second", training=TRAINING))
+        second = await planned(cluster, "second")
+        condition = await wait_for(lambda: cluster.condition("second", "Planned"), what="second's Planned")
+        elsewhere = await other_namespace_plan(cluster, "elsewhere")
+
+    # The model ruled the next size out: the first job trains the smaller one.
+    assert first.probe is not None
+    larger = first.chosen.micro_batch_size + 1
+    assert [g.candidate.micro_batch_size for g in first.probe.growth][:1] == [larger]
+    assert first.cluster_correction is None
+    # The second job plans it, from the first job's peaks (one reading per measured candidate).
+    assert second.chosen.micro_batch_size == larger, second.explanation
+    correction = second.cluster_correction
+    assert correction is not None
+    assert correction.memory_factor == MEMORY_BOUNDS[0] and correction.memory_readings == len(
+        result.measurements
+    )
+    assert correction.tokens_factor == 1.0  # one job: its speed is not the cluster's yet
+    said = f"peak memory x0.90 (learned from {len(result.measurements)} measured peaks on this GPU type)"
+    assert any(said in line for line in second.explanation)
+    assert said in condition["message"]
+    # Another namespace's job plans on the model: the first job's peaks are not its namespace's.
+    assert elsewhere.chosen.micro_batch_size == first.chosen.micro_batch_size
+    assert elsewhere.cluster_correction is None
