@@ -9,8 +9,10 @@ import yaml
 from typer.testing import CliRunner
 
 from blackwell_operator.calibration.cluster import MIN_RUNS, ClusterCalibration, Sample
-from blackwell_operator.calibration.learned_memory import MIN_READINGS
+from blackwell_operator.calibration.learned_memory import MIN_READINGS, MemoryReading, MemorySource
 from blackwell_operator.cli import _register_commands, app
+from blackwell_operator.cli.cluster import memory_table
+from blackwell_operator.cli.console import table_console
 from blackwell_operator.handlers.cluster_calibration import body_of
 from blackwell_trainer.plan.config import ActivationCheckpointing, PrecisionRecipe
 
@@ -110,3 +112,24 @@ def test_a_bad_file_is_one_line_naming_the_option_and_the_fix(tmp_path: Path) ->
         assert result.exit_code == 2, (name, result.output)
         (line,) = [x for x in result.output.splitlines() if x.strip()]
         assert line.startswith("error: --cluster-calibration: ") and problem in line, (name, line)
+
+
+def test_show_lists_each_namespace_s_gpu_type_memory_readings_floors_and_factor() -> None:
+    floor = MemoryReading(
+        job="team-b/x",
+        uid="ux/oom-1",
+        instance_type="ml.p6-b200.48xlarge",
+        source=MemorySource.OUT_OF_MEMORY,
+        ratio=1.05,
+        observed_at="2026-12-01T10:00:00Z",
+    )
+    calibration = _calibration(MIN_READINGS).record(
+        Sample.model_validate({**_calibration(1).samples[0].model_dump(), "job": "team-c/y", "uid": "uy"})
+    )
+    console = table_console()
+    with console.capture() as captured:
+        console.print(memory_table(calibration.record_memory(floor)))
+    rows = {line.split()[1]: line for line in captured.get().splitlines() if "team-" in line}
+    assert "x1.00" in rows["team-a"] and "2" in rows["team-a"]
+    assert "x1.05" in rows["team-b"]  # a floor alone
+    assert "nothing yet (1 more reading(s) needed)" in rows["team-c"]

@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 
 from blackwell_operator.calibration.cluster import MIN_RUNS, ClusterCalibration
+from blackwell_operator.calibration.learned_memory import MemorySource
+from blackwell_operator.lifecycle.memory_readings import probe_readings
 from blackwell_operator.lifecycle.ownership import Lineage
 from blackwell_operator.lifecycle.probe import (
     ProbePass,
@@ -80,7 +82,7 @@ def test_the_result_is_read_from_the_pod_and_the_event_says_how_far_the_pick_was
     assert won and pick and f"the planner's pick measured {1 - pick / won:.1%} slower" in event[1]
 
 
-def test_a_dropped_candidate_is_named_and_teaches_the_calibration_nothing() -> None:
+def test_a_dropped_candidate_is_named_and_teaches_no_sample_but_a_memory_floor() -> None:
     plan = plan_job(spec(), job_name="j")
     assert plan.probe is not None
     result = result_for(plan, winner=0, speed=[1.0] * len(plan.probe.candidates), oom=1)
@@ -88,12 +90,16 @@ def test_a_dropped_candidate_is_named_and_teaches_the_calibration_nothing() -> N
     assert (
         event is not None and "the planner's pick won" in event[1] and "dropped: 1 out-of-memory" in event[1]
     )
-    samples, refused, _ = probe_samples({"namespace": "a", "name": "j", "uid": "u1"}, plan, result, NOW)
+    meta = {"namespace": "a", "name": "j", "uid": "u1"}
+    samples, refused, taken = probe_samples(meta, plan, result, NOW)
     # The winner's family is keyed by the job's uid (the measure loop's reading later replaces it).
     assert [s.uid for s in samples] == [
         "u1" if i == 0 else f"u1/probe-{i}" for i in range(len(plan.probe.candidates)) if i != 1
     ]
     assert refused == []
+    # What ran out of memory is a lower bound of its GPU type's memory factor (docs/cluster-calibration.md).
+    readings, _ = probe_readings(meta, plan, result, taken, NOW)
+    assert [(r.uid, r.source) for r in readings] == [("u1/oom-probe-1", MemorySource.OUT_OF_MEMORY)]
 
 
 def test_every_candidate_s_measurement_is_a_sample_and_a_later_plan_skips_the_probe() -> None:

@@ -1,7 +1,8 @@
 """The GPU is learned, memory included: the real operator under KopfRunner reads a first job's probe, whose
 measured peaks are well under the model's, into the cluster calibration; the second job of the same spec in
 the same namespace then plans the larger micro-batch the model had ruled out (its plan and its Planned
-condition say from how many readings), and a job in another namespace plans on the model (issue 37)."""
+condition say from how many readings), and a job in another namespace plans on the model (issue 37). A
+training run that ran out of memory keeps its configuration out of every later plan on that GPU."""
 
 from __future__ import annotations
 
@@ -9,12 +10,18 @@ from typing import Any
 
 import pytest
 
-from blackwell_operator.calibration.learned_memory import MEMORY_BOUNDS, MIN_READINGS
+from blackwell_operator.calibration.learned_memory import (
+    MEMORY_BOUNDS,
+    MIN_READINGS,
+    MemorySource,
+    floor_ratio,
+)
 from blackwell_operator.handlers import cluster_calibration as store
-from blackwell_operator.planner.cluster_figures import candidate_figures
+from blackwell_operator.planner.cluster_figures import candidate_figures, figures_of
 from blackwell_trainer.plan.config import Plan, ProbeMeasurement, ProbeOutcome, ProbeResult
 from tests.operator.harness import NAMESPACE, Cluster, btj, running_operator, wait_for
 from tests.operator.test_probe_result import probed_events, stored_calibration
+from tests.operator.test_replan import oom_message
 from tests.support.helm import NAMESPACE as HOME
 from tests.support.pods import T2, container, pod, pod_status, terminated
 
@@ -116,3 +123,35 @@ async def test_a_second_job_plans_the_larger_micro_batch_from_the_first_job_s_me
     # Another namespace's job plans on the model: the first job's peaks are not its namespace's.
     assert elsewhere.chosen.micro_batch_size == first.chosen.micro_batch_size
     assert elsewhere.cluster_correction is None
+
+
+@pytest.mark.integration
+async def test_a_training_run_out_of_memory_keeps_its_configuration_out_of_later_plans(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(store.NAMESPACE_ENV, HOME)
+    unprobed = {"probe": {"policy": "never"}}
+    async with running_operator(cluster):
+        await cluster.apply(btj("ran-out", training=TRAINING, tuning=unprobed))
+        job = await wait_for(lambda: cluster.job("ran-out"), what="ran-out's PyTorchJob")
+        failed = await planned(cluster, "ran-out")
+        ended = container(state={"terminated": terminated(1, "Error", T2, oom_message(failed))})
+        await cluster.add_pod(pod("ran-out-worker-0", job="ran-out", owner=job), pod_status(ended))
+        calibration = await wait_for(
+            lambda: (c := stored_calibration(cluster)) is not None and c.memory and c,
+            what="the out-of-memory floor in the cluster calibration",
+        )
+        await cluster.apply(btj("after", training=TRAINING, tuning=unprobed))
+        after = await planned(cluster, "after")
+
+    # The run's true peak was above the card: the factor that puts its modelled peak over the card.
+    (floor,) = calibration.memory
+    uid = cluster.btj("ran-out")["metadata"]["uid"]  # type: ignore[index]
+    assert floor.source is MemorySource.OUT_OF_MEMORY and floor.uid.startswith(f"{uid}/oom-")
+    assert floor.ratio == floor_ratio(failed.gpu.memory_bytes, figures_of(failed).modelled_peak_reserved)
+    # A later job of the same spec never plans that configuration: it fits no budget on that GPU now.
+    correction = after.cluster_correction
+    assert correction is not None and correction.memory_floor == floor.ratio
+    assert correction.memory_factor == floor.ratio and correction.memory_readings == 0
+    assert after.chosen.micro_batch_size < failed.chosen.micro_batch_size
+    assert any("where a configuration ran out of memory" in line for line in after.explanation)
