@@ -12,7 +12,10 @@ from typing import Any
 import pytest
 import yaml
 
-lupa = pytest.importorskip("lupa.lua51", reason="lupa (Lua 5.1) is needed to run the Lua health check")
+lupa = pytest.importorskip(
+    "lupa.lua51",
+    reason="lupa (Lua 5.1, the dev extra) runs the Lua health check: bash scripts/bootstrap.sh --all",
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "helm" / "btj-operator" / "files" / "btj-health.lua"  # the one source

@@ -7,7 +7,9 @@ import pytest
 from blackwell_operator.calibration import load_calibration
 from blackwell_operator.catalogs import list_gpus
 
-precision = pytest.importorskip("blackwell_trainer.parallel.precision", reason="the trainer needs torch")
+precision = pytest.importorskip(
+    "blackwell_trainer.parallel.precision", reason="the trainer needs torch: bash scripts/bootstrap.sh --all"
+)
 
 
 def test_offered_recipes_are_valid_trainer_recipes() -> None:

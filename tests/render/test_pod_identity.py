@@ -26,6 +26,7 @@ from blackwell_operator.render.labels import own_labels
 from blackwell_operator.render.pod import PLAN_HASH_ANNOTATION
 from tests.support.k8s_schema import (
     PYTORCHJOB_CRDS,
+    SCHEMA_MISSING,
     admit,
     btj_schema_and_validator,
     crd_open_api_schema,
@@ -231,7 +232,7 @@ def test_without_the_fields_the_pods_are_as_before() -> None:
 def test_the_pytorchjob_with_the_identity_validates_against_the_real_crd(name: str) -> None:
     path = PYTORCHJOB_CRDS[name]
     if not path.is_file():
-        pytest.skip(f"{path} is absent: the PyTorchJob CRDs live outside the repository")
+        pytest.skip(f"{path} {SCHEMA_MISSING}")
     validator: jsonschema.Draft4Validator = strict_validator(
         crd_open_api_schema(load_crd(path), "v1"), api_version="kubeflow.org/v1", kind="PyTorchJob"
     )

@@ -105,7 +105,7 @@ def test_the_crds_reject_what_the_api_server_would(
 def upstream_runtime() -> dict[str, Any]:
     """The upstream torch-distributed runtime (a Helm template: its template lines are dropped)."""
     if not UPSTREAM_RUNTIME.is_file():
-        pytest.skip(f"{UPSTREAM_RUNTIME} is absent")
+        pytest.skip(f"{UPSTREAM_RUNTIME} {SCHEMA_MISSING}")
     text = "\n".join(line for line in Path(UPSTREAM_RUNTIME).read_text().splitlines() if "{{" not in line)
     document: dict[str, Any] = yaml.safe_load(text)
     return document

@@ -41,7 +41,9 @@ from .test_train_e2e import (
     write_plan,
 )
 
-pytest.importorskip("transformers")
+pytest.importorskip(
+    "transformers", reason="transformers (the dev extra) is missing: bash scripts/bootstrap.sh --all"
+)
 STEPS = 3
 VOCAB = 320  # the model's rows; the tokenizer uses 300 of them (as Qwen2.5's 151,936 hold 151,665)
 

@@ -27,7 +27,9 @@ from tests.support.hf_models import (
     trainer_logits,
 )
 
-pytest.importorskip("transformers")
+pytest.importorskip(
+    "transformers", reason="transformers (the dev extra) is missing: bash scripts/bootstrap.sh --all"
+)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

@@ -14,7 +14,9 @@ from blackwell_trainer.model.loss import IGNORE_INDEX
 from blackwell_trainer.weights.load import load_pretrained
 from tests.support.hf_models import ATOL, RTOL, SEQ, architecture_of, empty_trainer_model, save_hf_model
 
-pytest.importorskip("transformers")
+pytest.importorskip(
+    "transformers", reason="transformers (the dev extra) is missing: bash scripts/bootstrap.sh --all"
+)
 
 # Two packed rows of SEQ tokens: three documents and padding, and one document filling the row.
 LENGTHS = [[13, 20, 11], [SEQ]]

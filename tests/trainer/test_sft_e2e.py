@@ -24,7 +24,9 @@ from tests.support.hf_models import ATOL, RTOL, architecture_of, hf_logits, save
 from .test_finetune_e2e import final_trainer_model
 from .test_train_e2e import STEP_LINE, complete_steps, edit_plan, run_one_process, write_plan
 
-pytest.importorskip("transformers")
+pytest.importorskip(
+    "transformers", reason="transformers (the dev extra) is missing: bash scripts/bootstrap.sh --all"
+)
 STEPS = 3
 VOCAB = 512  # the model's rows; the chat tokenizer uses 400 of them
 SEQ = 96

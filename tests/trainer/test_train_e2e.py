@@ -344,7 +344,9 @@ def full_volume(tmp_path: Path) -> Iterator[Path]:
     folder = tmp_path / "ckpt"
     folder.mkdir()
     if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("needs root to mount a small tmpfs (a file system that really fills up)")
+        pytest.skip(
+            "needs root to mount a small tmpfs (a file system that fills up): run the tests as root (CI does)"
+        )
     mounted = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(folder)], capture_output=True, check=False
     )

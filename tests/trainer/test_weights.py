@@ -33,7 +33,9 @@ from tests.support.hf_models import (
 )
 from tests.support.plans import tiny_plan_dict
 
-pytest.importorskip("transformers")
+pytest.importorskip(
+    "transformers", reason="transformers (the dev extra) is missing: bash scripts/bootstrap.sh --all"
+)
 _ARCH = architecture_from_hf_config(
     {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
      "intermediate_size": 128, "vocab_size": 256}

@@ -21,7 +21,9 @@ from tests.support.hf_models import architecture_of, hf_logits, save_hf_model, t
 
 from .test_train_e2e import STEP_LINE, edit_plan, first_step_batches, run_one_process, run_to_end, write_plan
 
-pytest.importorskip("transformers")
+pytest.importorskip(
+    "transformers", reason="transformers (the dev extra) is missing: bash scripts/bootstrap.sh --all"
+)
 SEQ = 32  # the tiny plan's sequence length
 
 

@@ -28,7 +28,9 @@ from tests.support.plans import tiny_plan_dict
 
 from .conftest import spawn_two_ranks
 
-pytest.importorskip("transformers")
+pytest.importorskip(
+    "transformers", reason="transformers (the dev extra) is missing: bash scripts/bootstrap.sh --all"
+)
 FAMILY = "qwen2.5"  # Q/K/V biases (1-D shards) and an untied head
 
 
