@@ -141,6 +141,13 @@ def on_intended_child(cluster: Cluster, name: str, stale_uid: str, nodes: int) -
     )
 
 
+def deleted_because(cluster: Cluster, name: str, why: str) -> bool:
+    """BTJ `name` has a ChildDeleted Event that says `why`."""
+    return any(
+        e.get("reason") == "ChildDeleted" and why in e.get("message", "") for e in cluster.events(name)
+    )
+
+
 def orphans(cluster: Cluster) -> dict[str, list[str]]:
     """Plan ConfigMaps without their job, children without their BTJ, children held Terminating."""
     jobs = cluster.k.live_objects(PYTORCHJOB_RESOURCE, NAMESPACE)

@@ -23,6 +23,7 @@ from tests.operator.intents import (
     Request,
     aim,
     converge,
+    deleted_because,
     named,
     on_intended_child,
     plan_copy_of,
@@ -148,4 +149,9 @@ async def test_the_operator_stopped_at_any_step_of_a_resize_ends_on_the_new_chil
         fault.times = 0
     async with running_operator(cluster) as runner:
         await converge(cluster, old, time.monotonic(), BOUND_S)
+        # The DELETE the restarted operator made says why, as the one made on time does.
+        await wait_for(
+            lambda: deleted_because(cluster, "k-after-write", "the job is resized"),
+            what="its ChildDeleted Event",
+        )
     assert runner.exception is None

@@ -121,14 +121,13 @@ class StaleChild:
 
     uid: str
     message: str
+    resized: bool = False  # the re-plan is a resize (else an out-of-memory one)
 
-    @staticmethod
-    def event(kind: str, name: str) -> str:
-        """The ChildDeleted Event's message once the stale child is deleted."""
-        return (
-            f"Deleted {kind} {name}: it ran the plan a re-plan replaced (status.planHistory); it is "
-            "re-created with the new plan"
-        )
+    def event(self, kind: str, name: str) -> str:
+        """The ChildDeleted Event's message once the stale child is deleted: why, as the DELETE made on
+        time says it (handlers/elastic.py, handlers/pods.py), so that a late one reads the same."""
+        why = "the job is resized" if self.resized else "it ran out of GPU memory"
+        return f"Deleted {kind} {name}: {why}; it is re-created with the new plan (status.planHistory)"
 
 
 @dataclass(frozen=True)
@@ -340,6 +339,7 @@ def decide(wanted: Wanted, existing: Mapping[str, Any] | None, status: StatusLik
         return StaleChild(
             str(existing["metadata"]["uid"]),
             f"the previous {kind} {name} ran the plan a re-plan replaced; it is being deleted",
+            resized=resized_child(status),
         )
     if existing is None:
         previous = (status.child.uid if status.child is not None else None) or None
