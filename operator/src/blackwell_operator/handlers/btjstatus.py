@@ -111,5 +111,7 @@ def write_status_logged(
         return True, write_status(ctx.api, namespace, name, update, writer, logger)
     except ApiError as exc:
         ctx.metrics.record_error(exc.metric_reason)
-        logger.error(f"Cannot {purpose} on BlackwellTrainingJob {namespace}/{name}: {exc}")
+        # A warning: the caller keeps the event and it is offered again (handlers/redeliver.py; the
+        # elastic loop looks again on its own), so nothing is lost that a person must redo.
+        logger.warning(f"Cannot {purpose} on BlackwellTrainingJob {namespace}/{name} yet: {exc}")
         return False, None
