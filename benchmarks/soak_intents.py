@@ -216,8 +216,9 @@ class Intents:
 
 
 def faults_on(name: str, drawn: list[tuple[str, str, str, str, int, bool]]) -> dict[str, int]:
-    """The chaos faults BTJ `name`'s writes met, by request ("PATCH pytorchjobs", "DELETE pytorchjobs",
-    "PATCH blackwelltrainingjobs/status"...; "+lost": the change applied, the answer lost)."""
+    """The chaos faults BTJ `name`'s writes met over the whole chaos (its first child's too), by request
+    ("PATCH pytorchjobs", "DELETE pytorchjobs", "PATCH blackwelltrainingjobs/status"...; "+lost": the
+    change applied, the answer lost)."""
     counts: dict[str, int] = {}
     for method, plural, subresource, obj, _, committed in drawn:
         if obj not in (name, f"{name}-plan") or method not in ("POST", "PATCH", "DELETE"):
