@@ -108,3 +108,22 @@ def test_stdin_over_the_limit_says_more_than_3_mib() -> None:
     result = runner.invoke(app, ["plan", "-"], input=b"#" * ((3 << 20) + 10))
     assert result.exit_code == 2
     assert "(standard input): more than 3 MiB is over the API server's request limit" in result.stderr
+
+
+def test_a_rule_both_the_crd_and_the_models_check_is_said_once(tmp_path: Path) -> None:
+    # An elastic spec without a global batch: the CRD's CEL rule names spec.cluster.elastic, the models'
+    # validator the whole spec, in the same words; the refusal says them once.
+    path = tmp_path / "elastic.yaml"
+    path.write_text(
+        "apiVersion: training.blackwell.dev/v1alpha1\nkind: BlackwellTrainingJob\n"
+        "metadata: {name: el, namespace: hyperpod-ns-team-a}\n"
+        "spec:\n  model: {preset: llama3.1-8b}\n"
+        "  cluster: {instanceType: ml.p6-b200.48xlarge, nodes: 2, elastic: {minNodes: 1, maxNodes: 2}}\n"
+        "  training: {sequenceLength: 8192, steps: 10}\n"
+    )
+    result = runner.invoke(app, ["plan", str(path)])
+    assert result.exit_code != 0
+    lines = [line for line in result.stderr.splitlines() if "globalBatchTokens" in line]
+    assert len(lines) == 1 and lines[0].startswith(
+        "spec.cluster.elastic: needs spec.training.globalBatchTokens"
+    )

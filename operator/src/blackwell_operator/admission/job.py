@@ -27,6 +27,11 @@ def _path(line: str) -> str:
     return line.split(": ", 1)[0]
 
 
+def _words(line: str) -> str:
+    """A refusal's words, whichever field it is written under: `a.b: needs x` and `a.b needs x` alike."""
+    return line.replace(": ", " ", 1)
+
+
 def combined(admission: list[str], models: list[FieldMessage]) -> list[str]:
     """Every field's refusal once: the CRD's line, or the models' where theirs says more.
 
@@ -37,9 +42,15 @@ def combined(admission: list[str], models: list[FieldMessage]) -> list[str]:
     own = {m.path: m for m in models if m.own}
     lines = [str(own[_path(line)]) if _path(line) in own else line for line in admission]
     covered = {_path(line) for line in admission}
+    said = {_words(line) for line in lines}
     for message in models:
         parent = message.path.rpartition(".")[0]
         if message.path in covered or (message.kind == "extra_forbidden" and parent in covered):
+            continue
+        # A rule both check (a CEL rule of the CRD and the models' validator on the whole spec): the CRD
+        # names the field (`spec.cluster.elastic: needs ...`), the models the spec (`spec: spec.cluster.
+        # elastic needs ...`); the same words once.
+        if message.text in said:
             continue
         lines.append(str(message))
     return list(dict.fromkeys(lines))
