@@ -31,6 +31,9 @@ FRAMEWORK: set[Grant] = {
     ("training.blackwell.dev", "blackwelltrainingjobs/status", "patch"),
 }
 CLUSTER_SCOPED = {"nodes", "namespaces", "customresourcedefinitions"}
+# What the ClusterRole may also hold in namespaced mode: the list of pods on nodes (operator.freeCapacity,
+# on by default), one verb, `list`.
+FREE_CAPACITY_GRANT = ("", "pods", "list")
 # The Role for the cluster calibration's ConfigMap in the release namespace (in both modes).
 CALIBRATION_ROLE_SUFFIX = "-calibration"
 # The served-namespace marker: a Role per watched namespace granting an inert verb to a ServiceAccount name
@@ -142,7 +145,8 @@ def test_the_default_rights_are_the_listed_namespace_only(helm: str) -> None:
     namespace."""
     objects = render(helm)
     (cluster_role,) = by_kind(objects, "ClusterRole")
-    assert {resource for _, resource, _ in grants(cluster_role["rules"])} == CLUSTER_SCOPED
+    assert {resource for _, resource, _ in grants(cluster_role["rules"])} == CLUSTER_SCOPED | {"pods"}
+    assert {g for g in grants(cluster_role["rules"]) if g[1] == "pods"} == {FREE_CAPACITY_GRANT}
     assert {verb for _, _, verb in grants(cluster_role["rules"])} <= {"get", "list", "watch"}
     assert [r["metadata"]["namespace"] for r in watch_roles(objects)] == [TEAM]
     assert [b["metadata"]["namespace"] for b in watch_roles(objects, "RoleBinding")] == [TEAM]
@@ -198,7 +202,7 @@ def test_namespaced_mode_uses_roles_in_each_watched_namespace(helm: str) -> None
     objects = render(helm, CHART / "ci" / "namespaced-values.yaml")
     (cluster_role,) = by_kind(objects, "ClusterRole")
     cluster_resources = {resource for _, resource, _ in grants(cluster_role["rules"])}
-    assert cluster_resources == CLUSTER_SCOPED
+    assert cluster_resources == CLUSTER_SCOPED | {"pods"}
     roles = watch_roles(objects)
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["hyperpod-ns-team-a", "hyperpod-ns-team-b"]
     bindings = watch_roles(objects, "RoleBinding")
@@ -297,7 +301,7 @@ WRITES = [
     Request("", "pods", "delete", "{ns}", "w-0"),
     Request("", "configmaps", "patch", "{ns}", "job-plan"),
     Request("kubeflow.org", "pytorchjobs", "create", "{ns}"),
-    Request("", "pods", "list", "{ns}"),
+    Request("", "pods", "watch", "{ns}"),
 ]
 
 
@@ -311,9 +315,14 @@ def test_by_default_the_operator_may_act_in_the_listed_namespace_only(helm: str)
         assert may(objects, request, TEAM), request
         for elsewhere in ("kube-system", NAMESPACE, "hyperpod-ns-team-b", "default"):
             assert not may(objects, request, elsewhere), (request, elsewhere)
-    # Cluster-scoped reads stay (capacity from nodes); no cluster-wide list of pods.
+    # Cluster-scoped reads stay: capacity from nodes, and (operator.freeCapacity, on by default) a list of
+    # the pods on them, nothing more; with freeCapacity=false, no cluster-wide list of pods.
     assert allowed(objects, operator_account(objects), Request("", "nodes", "list"))
-    assert not allowed(objects, operator_account(objects), Request("", "pods", "list"))
+    assert allowed(objects, operator_account(objects), Request("", "pods", "list"))
+    for verb in ("watch", "get", "delete"):
+        assert not allowed(objects, operator_account(objects), Request("", "pods", verb, "kube-system", "x"))
+    without = render(helm, sets=("operator.freeCapacity=false",))
+    assert not allowed(without, operator_account(without), Request("", "pods", "list"))
 
 
 def test_watched_namespaces_are_the_only_ones_written(helm: str) -> None:
@@ -355,7 +364,8 @@ def test_free_capacity_adds_a_cluster_wide_list_of_pods_and_nothing_else(helm: s
     for verb in ("watch", "get", "delete", "patch"):
         assert not allowed(objects, account, Request("", "pods", verb, "kube-system", "x")), verb
     assert _free_capacity_env(objects) == "true"
-    # Off by default in namespaced mode (the operator says so in CapacityAvailable); cluster-wide mode has
-    # the list with its namespaced rules, and counts free GPUs.
-    assert _free_capacity_env(render(helm)) == "false"
+    # On by default; off only where asked (the operator then says so in CapacityAvailable); cluster-wide
+    # mode has the list with its namespaced rules, and counts free GPUs.
+    assert _free_capacity_env(render(helm)) == "true"
+    assert _free_capacity_env(render(helm, sets=("operator.freeCapacity=false",))) == "false"
     assert _free_capacity_env(render(helm, CHART / "ci" / "cluster-wide-values.yaml")) == "true"
