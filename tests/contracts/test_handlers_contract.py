@@ -1,4 +1,5 @@
-"""The two contracts that hold handlers/ to I/O and orchestration, shown to fail when they are broken.
+"""The contracts that hold handlers/ to I/O and orchestration (and a pass's decision to none), shown to fail
+when they are broken.
 
 Run against a copy of the operator's source with one offending import added, with the contract as
 pyproject.toml states it (so that a contract weakened there is weakened here too).
@@ -21,6 +22,7 @@ OPERATOR = ROOT / "operator" / "src" / "blackwell_operator"
 TRAINER_SRC = ROOT / "trainer_image" / "src"
 HANDLERS_CONTRACT = "Handlers do I/O and orchestration"
 KOPF_CONTRACT = "Only the handlers, the CLI and the emulated cluster import Kopf"
+DECISION_CONTRACT = "A pass's decision makes no API call"
 # The packages that may import Kopf: its handlers, the CLI that runs them, the emulated cluster of `btj demo`.
 KOPF_USERS = {"handlers", "cli", "testing"}
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
@@ -82,12 +84,18 @@ def test_the_kopf_contract_names_every_package_but_the_handlers_the_cli_and_test
         (HANDLERS_CONTRACT, "handlers/children.py", "import blackwell_operator.lifecycle.patch"),
         (KOPF_CONTRACT, "lifecycle/outcome.py", "import kopf"),
         (KOPF_CONTRACT, "discovery/capacity.py", "import kopf"),
+        (
+            DECISION_CONTRACT,
+            "handlers/pass_decision.py",
+            "from blackwell_operator.handlers.api import KubeApi",
+        ),
     ],
     ids=[
         "handler-builds-conditions",
         "handler-builds-patches",
         "lifecycle-imports-kopf",
         "discovery-imports-kopf",
+        "decision-takes-the-client",
     ],
 )
 def test_the_contract_fails_on_an_offending_import(
@@ -100,6 +108,6 @@ def test_the_contract_fails_on_an_offending_import(
 
 
 def test_the_contracts_hold_on_the_source_as_it_is(tmp_path: Path) -> None:
-    for name in (HANDLERS_CONTRACT, KOPF_CONTRACT):
+    for name in (HANDLERS_CONTRACT, KOPF_CONTRACT, DECISION_CONTRACT):
         kept = _check(tmp_path / name.split()[0], _contract(name), {})
         assert kept.returncode == 0, kept.stdout + kept.stderr

@@ -25,11 +25,10 @@ from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.events import adopt_children, create_event, post_event
 from blackwell_operator.handlers.finalizer import release, with_finalizer
 from blackwell_operator.handlers.logs import Logger
-from blackwell_operator.handlers.pass_inputs import PassInputs, read_inputs, read_surroundings, spec_refusal
-from blackwell_operator.handlers.planning import plan_within
+from blackwell_operator.handlers.pass_decision import decide_pass, plan_of
+from blackwell_operator.handlers.pass_inputs import PassInputs, read_inputs, read_surroundings
 from blackwell_operator.handlers.preflight import check_references
 from blackwell_operator.lifecycle import outcome as outcomes
-from blackwell_operator.lifecycle.backends import none_served_message, with_backend
 from blackwell_operator.lifecycle.child_apply import (
     Create,
     FinishedChildGone,
@@ -43,9 +42,7 @@ from blackwell_operator.lifecycle.child_apply import (
     resume_note,
 )
 from blackwell_operator.lifecycle.convergence import needs_reconcile
-from blackwell_operator.lifecycle.global_batch import recorded
 from blackwell_operator.lifecycle.outcome import PassOutcome, SeenChild
-from blackwell_operator.lifecycle.probe import with_probe_result
 from blackwell_operator.lifecycle.status_read import ReadBtj, read_btj, read_status
 from blackwell_operator.lifecycle.writers import RECONCILE
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
@@ -193,7 +190,7 @@ class Reconciler:
         except SpecError as exc:
             outcome = outcomes.invalid(read.generation, exc.reason, exc.message)
         else:
-            outcome = self._decide(inputs, logger)
+            outcome = self._planned_pass(inputs, logger)
         self._apply_outcome(read, outcome)
         # Kopf's create or update handler, run again for this generation, has nothing left to do.
         self.ctx.note_reconciled(str(meta["uid"]), read.generation)
@@ -204,41 +201,16 @@ class Reconciler:
         done = self.ctx.reconciled_at(uid) == read.generation
         return done and needs_reconcile(read.body, read.status) is None
 
-    def _decide(self, inputs: PassInputs, logger: Logger) -> PassOutcome:
-        """Plan from the pass's inputs, read what the cluster offers the plan; then the children
-        (`_children`)."""
-        spec = inputs.spec
-        try:
-            plan = plan_within(
-                spec,
-                inputs.body["metadata"]["name"],
-                correction=inputs.correction,
-                cluster=inputs.cluster,
-                schedulable=inputs.schedulable,
-                current=inputs.kept,
-                global_batch=inputs.batch,
-            )
-        except SpecError as exc:
-            return outcomes.invalid(inputs.generation, exc.reason, spec_refusal(exc, inputs.body))
-        # The choice this generation's probe made (status.probe): the plan ConfigMap keeps it for a restart.
-        plan = with_probe_result(plan, inputs.stored, inputs.generation)
-        seen = read_surroundings(self.ctx, inputs, plan, logger)
-        outcome = outcomes.planned(
-            plan,
-            inputs.generation,
-            replanned=inputs.correction is not None,
-            nodes=seen.nodes,
-            aws=seen.aws,
-            needed=plan.nodes,  # an elastic job's count may differ from spec.cluster.nodes
-            queue_name=spec.queue_name,
-        )
-        batch = recorded(spec, plan, inputs.stored, inputs.generation)  # status.globalBatch, with the plan
-        outcome = replace(outcome, backend=seen.backend, global_batch=batch)
-        if spec.dry_run:
-            return outcomes.dry_run(outcome)
-        if seen.backend is None:
-            return outcomes.no_job_api(outcome, none_served_message(spec))
-        return self._children(inputs.read, with_backend(spec, seen.backend), plan, outcome, logger)
+    def _planned_pass(self, inputs: PassInputs, logger: Logger) -> PassOutcome:
+        """Plan, read what the cluster offers the plan, decide (handlers/pass_decision.py: no API call),
+        then make the children the decision names (`_children`)."""
+        plan = plan_of(inputs)
+        if isinstance(plan, PassOutcome):
+            return plan
+        outcome, spec = decide_pass(inputs, plan, read_surroundings(self.ctx, inputs, plan, logger))
+        if spec is None:
+            return outcome
+        return self._children(inputs.read, spec, plan, outcome, logger)
 
     def _children(
         self,
