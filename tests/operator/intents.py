@@ -9,6 +9,7 @@ BTJs share one operator run, each with its own fault.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable
@@ -165,6 +166,21 @@ def orphans(cluster: Cluster) -> dict[str, list[str]]:
             j["metadata"]["name"] for j in jobs if j["metadata"].get("deletionTimestamp")
         ),
     }
+
+
+async def after_its_last_try(cluster: Cluster, quiet_s: float = 2.5, timeout: float = 30.0) -> None:
+    """Wait until no fault has been hit for `quiet_s`, then lift every fault: the stopped operator's calls
+    still in flight have given up. Under KopfRunner its worker threads outlive it (a retry loop goes on),
+    and one that met a lifted fault would race the next operator as a killed process never does."""
+    started, last, seen = time.monotonic(), time.monotonic(), -1
+    while time.monotonic() - last < quiet_s:
+        hits = sum(f.hits for f in cluster.k.faults)
+        if hits != seen:
+            last, seen = time.monotonic(), hits
+        assert time.monotonic() - started < timeout, "the stopped operator's calls never stopped"
+        await asyncio.sleep(0.1)
+    for fault in cluster.k.faults:
+        fault.times = 0
 
 
 async def converge(cluster: Cluster, old: dict[str, tuple[str, int]], started: float, bound_s: float) -> None:

@@ -23,7 +23,16 @@ from tests.operator.harness import (
     wait_for,
     write_kubeconfig,
 )
-from tests.operator.intents import STATUS_WRITE, Request, aim, children_made, named, orphans, status_write_of
+from tests.operator.intents import (
+    STATUS_WRITE,
+    Request,
+    after_its_last_try,
+    aim,
+    children_made,
+    named,
+    orphans,
+    status_write_of,
+)
 from tests.operator.test_probe_result import TRAINING, config_map_plan, result_for
 from tests.support.pods import T2, container, pod, pod_status, terminated
 
@@ -138,8 +147,7 @@ async def test_the_operator_stopped_before_either_step_of_a_probe_adoption_finis
         await wait_for(
             lambda: adopted(cluster, names[-1], *found[names[-1]]), timeout=SETUP_S, what="all done"
         )
-    for fault in cluster.k.faults:
-        fault.times = 0
+    await after_its_last_try(cluster)
     async with running_operator(cluster) as runner:
         await converge(cluster, found, time.monotonic())
     assert runner.exception is None

@@ -37,6 +37,7 @@ from tests.operator.intents import (
     RELEASE,
     STATUS_WRITE,
     Request,
+    after_its_last_try,
     aim,
     converge,
     deleted_because,
@@ -184,8 +185,7 @@ async def test_the_operator_stopped_at_any_step_ends_on_the_intended_child(
         await started_after(faults)
         done = f"{intent[:4]}-stop-before-{DONE}"
         await wait_for(lambda: on_intended_child(cluster, done, *old[done]), timeout=SETUP_S, what=done)
-    for fault in cluster.k.faults:
-        fault.times = 0
+    await after_its_last_try(cluster)
     async with running_operator(cluster) as runner:
         await converge(cluster, old, time.monotonic(), BOUND_S)
         if intent == "oom-replan":  # the DELETE the restarted operator made says why, as one on time does

@@ -21,6 +21,7 @@ from tests.operator.intents import (
     RELEASE,
     STATUS_WRITE,
     Request,
+    after_its_last_try,
     aim,
     converge,
     deleted_because,
@@ -145,8 +146,7 @@ async def test_the_operator_stopped_at_any_step_of_a_resize_ends_on_the_new_chil
             timeout=SETUP_S,
             what="k-after-record done before the stop",
         )
-    for fault in cluster.k.faults:
-        fault.times = 0
+    await after_its_last_try(cluster)
     async with running_operator(cluster) as runner:
         await converge(cluster, old, time.monotonic(), BOUND_S)
         # The DELETE the restarted operator made says why, as the one made on time does.
