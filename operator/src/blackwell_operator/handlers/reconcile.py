@@ -270,13 +270,11 @@ class Reconciler:
         return _stopping(outcome, lambda: self._apply(read, wanted, supporting, outcome))
 
     def _apply_outcome(self, read: ReadBtj, outcome: PassOutcome) -> None:
-        """Post the pass's Events, then write its status once; `requeue` raises kopf.TemporaryError after,
-        so that Kopf looks again then.
+        """Post the pass's Events, then write its status once; `requeue` raises kopf.TemporaryError after.
 
         The Events go first: once the status says a cause, no later pass posts its Event again, so an
         operator stopped right after the write (Kopf posts its queue asynchronously) must have queued them.
-        A write that fails retries the pass, which may post an Event twice; never none.
-        """
+        A write that fails retries the pass, which may post an Event twice; never none."""
         body = read.body
         meta = body["metadata"]
         if outcome.error is not None:
@@ -286,9 +284,11 @@ class Reconciler:
         for notice in outcomes.events_to_post(outcome, read.status):
             self._event(body, notice.reason, notice.message, warning=notice.warning)
 
-        def update(current: Mapping[str, Any]) -> StatusChange:
+        def update(current: Mapping[str, Any]) -> StatusChange | None:
             # The first attempt computes on the BTJ this pass read (parsed once); one after a conflict reads.
             stored = read.status if current is body else read_status(current.get("status")).status
+            if stored.plan != read.status.plan:  # re-planned since by another writer (a resize, an OOM)
+                return None  # its plan stands: this pass's is stale, and the next pass starts from it
             generation = int((current.get("metadata") or {}).get("generation") or outcome.generation)
             return outcomes.status_change(outcome, stored, now_rfc3339(), current_generation=generation)
 
