@@ -10,16 +10,24 @@ deletion (ChildDeleted), the release of the child's finalizer, the create, the w
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
+from blackwell_operator.discovery.capacity import NodeCapacityReader
+from blackwell_operator.handlers.api import KubeApi, load_api_client
+from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.pods import WORKER_FAILED
+from blackwell_operator.handlers.reconcile import Reconciler
+from blackwell_operator.lifecycle import outcome as outcomes
 from blackwell_operator.lifecycle.replan import REPLANNED_REASON
+from blackwell_operator.lifecycle.status_read import read_btj
+from blackwell_operator.metrics import OperatorMetrics
 from blackwell_operator.testing.emulator import Fault
 from blackwell_trainer.plan.config import Plan
 from tests.operator.harness import (
@@ -192,3 +200,27 @@ async def test_the_operator_stopped_at_any_step_ends_on_the_intended_child(
             name = f"{intent[:4]}-stop-before-delete"
             await wait_for(lambda: deleted_because(cluster, name, "it ran out of GPU memory"), what=name)
     assert runner.exception is None
+
+
+async def test_a_pass_whose_write_meets_a_re_plan_does_not_put_its_older_plan_back(cluster: Cluster) -> None:
+    """A reconcile pass read the status; an out-of-memory re-plan (or a resize) landed before its status
+    write, which meets a conflict and is computed again on the BTJ as it is now. The plan it made from its
+    read is the one that ran out of memory: written back, the re-created child would run it again (a resize
+    reverted this way was made a second time, a third child). It writes nothing instead."""
+    async with running_operator(cluster):
+        await with_children(cluster, ["stale"])
+        await cluster.settle("stale")
+    read = read_btj(cluster.btj("stale") or {})
+    assert read.status.plan is not None
+    older = read.status.plan
+    smaller = older.chosen.model_copy(update={"micro_batch_size": max(1, older.chosen.micro_batch_size // 2)})
+    replanned = older.model_copy(update={"chosen": smaller})
+    await cluster.set_btj_status("stale", {"plan": replanned.model_dump(mode="json", by_alias=True)})
+    ctx = OperatorContext(
+        api=KubeApi(load_api_client()), capacity=cast(NodeCapacityReader, None), metrics=OperatorMetrics()
+    )
+    passed = outcomes.planned(
+        older, read.generation, replanned=False, nodes=None, aws=None, needed=older.nodes, queue_name=None
+    )
+    await asyncio.to_thread(Reconciler(ctx, direct_events=True)._apply_outcome, read, passed)
+    assert Plan.model_validate(cluster.status("stale")["plan"]).chosen == smaller
