@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.support.pods import pod as trainer_pod
+from tests.support.probe_results import measured_probe
 
 from blackwell_operator.nodelabels import INSTANCE_TYPE_LABEL, NODE_HEALTH_LABEL, SCHEDULABLE
 from blackwell_operator.render.environment import PLAN_FILE
@@ -25,8 +26,6 @@ from blackwell_trainer.plan.config import (
     OomPhase,
     OomResult,
     Plan,
-    ProbeMeasurement,
-    ProbeOutcome,
     ProbeResult,
 )
 
@@ -102,22 +101,13 @@ def oom_line(plan: Plan) -> str:
 
 def probe_result(plan: Plan) -> ProbeResult:
     """What the probe reports: the runner-up measured faster than the first choice."""
-    assert plan.probe is not None
-    speed = [0.92, 0.97]
-    measured = [
-        ProbeMeasurement(
-            index=i,
-            outcome=ProbeOutcome.MEASURED,
-            predicted_tokens_per_second_per_gpu=c.prediction.tokens_per_second_per_gpu,
-            predicted_peak_reserved_bytes=c.prediction.memory.peak_reserved,
-            tokens_per_second_per_gpu=round(speed[i] * c.prediction.tokens_per_second_per_gpu, 1),
-            peak_reserved_bytes=int(0.92 * c.prediction.memory.peak_reserved),
-            seconds=50.0,
-        )
-        for i, c in enumerate(plan.probe.candidates[: len(speed)])
-    ]
-    return ProbeResult(
-        winner=1, chosen=plan.probe.candidates[1].candidate, measurements=measured, seconds=104.0
+    return measured_probe(
+        plan,
+        speed=[0.92, 0.97],
+        peak=lambda c: 0.92 * c.prediction.memory.peak_reserved,
+        winner=1,
+        seconds_each=50.0,
+        seconds=104.0,
     )
 
 

@@ -18,12 +18,13 @@ from blackwell_operator.calibration.learned_memory import (
 )
 from blackwell_operator.handlers import cluster_calibration as store
 from blackwell_operator.planner.cluster_figures import candidate_figures, figures_of
-from blackwell_trainer.plan.config import Plan, ProbeMeasurement, ProbeOutcome, ProbeResult
+from blackwell_trainer.plan.config import Plan, ProbeResult
 from tests.operator.harness import NAMESPACE, Cluster, btj, running_operator, wait_for
 from tests.operator.test_probe_result import probed_events, stored_calibration
 from tests.operator.test_replan import oom_message
 from tests.support.helm import NAMESPACE as HOME
 from tests.support.pods import T2, container, pod, pod_status, terminated
+from tests.support.probe_results import measured_probe
 
 # 30 sequences per rank: micro-batch 5 (accumulating 6) and 6 (accumulating 5) both reach it exactly, so
 # memory alone picks the size; long enough that `probe: auto` probes (its candidates are modelled).
@@ -36,20 +37,13 @@ def result_for(plan: Plan) -> ProbeResult:
     """The probe of the plan's candidates (not its larger sizes, as in the issue): each measured at its
     predicted speed and PEAK of its modelled peak; the planner's pick wins."""
     assert plan.probe is not None
-    measurements = [
-        ProbeMeasurement(
-            index=i,
-            outcome=ProbeOutcome.MEASURED,
-            predicted_tokens_per_second_per_gpu=c.prediction.tokens_per_second_per_gpu,
-            predicted_peak_reserved_bytes=c.prediction.memory.peak_reserved,
-            tokens_per_second_per_gpu=c.prediction.tokens_per_second_per_gpu,
-            peak_reserved_bytes=int(PEAK * candidate_figures(c).modelled_peak_reserved),
-            seconds=60.0,
-        )
-        for i, c in enumerate(plan.probe.candidates)
-    ]
-    return ProbeResult(
-        winner=0, chosen=plan.probe.candidates[0].candidate, measurements=measurements, seconds=130.0
+    return measured_probe(
+        plan,
+        speed=[1.0] * len(plan.probe.candidates),
+        peak=lambda c: PEAK * candidate_figures(c).modelled_peak_reserved,
+        winner=0,
+        seconds_each=60.0,
+        seconds=130.0,
     )
 
 

@@ -19,10 +19,11 @@ from blackwell_operator.render.environment import PLAN_FILE
 from blackwell_operator.render.labels import PLAN_HASH_ANNOTATION
 from blackwell_operator.render.pod import plan_config_map_name
 from blackwell_trainer import probe as trainer_probe
-from blackwell_trainer.plan.config import Plan, ProbeMeasurement, ProbeOutcome, ProbeResult
+from blackwell_trainer.plan.config import Plan, ProbeResult
 from tests.operator.harness import NAMESPACE, Cluster, btj, from_operator, running_operator, wait_for
 from tests.support.helm import NAMESPACE as HOME
 from tests.support.pods import T2, container, pod, pod_status, terminated
+from tests.support.probe_results import measured_probe
 
 # Long enough that the probe pays for itself (auto probes: 2 candidates of modelled families).
 TRAINING = {"sequenceLength": 8192, "steps": 20_000}
@@ -33,21 +34,13 @@ PEAK = 0.92  # measured over predicted peak reserved
 
 def result_for(plan: Plan) -> ProbeResult:
     """What the trainer's probe reports for `plan`: each candidate at SPEED times its prediction."""
-    assert plan.probe is not None
-    measurements = [
-        ProbeMeasurement(
-            index=i,
-            outcome=ProbeOutcome.MEASURED,
-            predicted_tokens_per_second_per_gpu=c.prediction.tokens_per_second_per_gpu,
-            predicted_peak_reserved_bytes=c.prediction.memory.peak_reserved,
-            tokens_per_second_per_gpu=round(SPEED[i] * c.prediction.tokens_per_second_per_gpu, 1),
-            peak_reserved_bytes=int(PEAK * c.prediction.memory.peak_reserved),
-            seconds=50.0,
-        )
-        for i, c in enumerate(plan.probe.candidates)
-    ]
-    return ProbeResult(
-        winner=1, chosen=plan.probe.candidates[1].candidate, measurements=measurements, seconds=104.0
+    return measured_probe(
+        plan,
+        speed=SPEED,
+        peak=lambda c: PEAK * c.prediction.memory.peak_reserved,
+        winner=1,
+        seconds_each=50.0,
+        seconds=104.0,
     )
 
 
