@@ -14,17 +14,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from tests.support.oom import oom_message
 from tests.support.pods import pod as trainer_pod
 from tests.support.probe_results import measured_probe
 
 from blackwell_operator.nodelabels import INSTANCE_TYPE_LABEL, NODE_HEALTH_LABEL, SCHEDULABLE
 from blackwell_operator.render.environment import PLAN_FILE
 from blackwell_operator.testing.emulator import BTJ_RESOURCE, PYTORCHJOB_RESOURCE, HardenedEmulator
-from blackwell_operator.units import GIB
 from blackwell_trainer.plan.config import (
-    PERMANENT_ERROR_PREFIX,
-    OomPhase,
-    OomResult,
     Plan,
     ProbeResult,
 )
@@ -82,23 +79,6 @@ def manifests(namespace: str) -> list[dict[str, Any]]:
     ]
 
 
-def oom_line(plan: Plan) -> str:
-    """The trainer's termination message when `plan` needed 6 GiB more than predicted in backward."""
-    peak = plan.predicted.memory.peak_reserved + 5 * GIB
-    result = OomResult(
-        phase=OomPhase.BACKWARD,
-        step=3,
-        requested_bytes=GIB,
-        allocated_bytes=peak,
-        peak_allocated_bytes=peak,
-        peak_reserved_bytes=peak,
-        gpu_total_bytes=plan.gpu.memory_bytes,
-        predicted_peak_reserved_bytes=plan.predicted.memory.peak_reserved,
-        candidate=plan.chosen,
-    )
-    return f"{PERMANENT_ERROR_PREFIX}CUDA out of memory in backward of step 3 on rank 0\n{result.to_line()}"
-
-
 def probe_result(plan: Plan) -> ProbeResult:
     """What the probe reports: the runner-up measured faster than the first choice."""
     return measured_probe(
@@ -153,7 +133,7 @@ class Intents:
                 labels = {"metadata": {"labels": {NODE_HEALTH_LABEL: "Unschedulable"}}}
                 await self.k.patch(f"/api/v1/nodes/{node}", json=labels, headers=MERGE)
             elif name == OOM:
-                await self._end_worker(job, 1, oom_line(plan))
+                await self._end_worker(job, 1, oom_message(plan))
             elif plan.probe is not None and plan.probe.enabled:
                 result = probe_result(plan)
                 self.winner = result.winner

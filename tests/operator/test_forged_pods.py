@@ -21,8 +21,8 @@ from blackwell_operator.render.kinds import JOB_KINDS
 from blackwell_operator.timefmt import now_rfc3339
 from blackwell_trainer.plan.metric_names import GPUS, TOKENS, total
 from tests.operator.harness import NAMESPACE, PODS, Cluster, btj, from_operator, running_operator, wait_for
-from tests.operator.test_replan import oom_message
 from tests.operator.test_trainjob_lifecycle import node_job, trainer_pod, trainjob, trainjob_btj
+from tests.support.oom import oom_message
 from tests.support.pods import PERMANENT_TRAINER_ERROR as PERMANENT
 from tests.support.pods import RESTARTING, T2, container, job_condition, pod, pod_status, terminated
 

@@ -57,7 +57,7 @@ from tests.operator.intents import (
     replicas,
     status_write_of,
 )
-from tests.operator.test_replan import oom_message
+from tests.support.oom import oom_message
 from tests.support.pods import T1, container, pod, pod_status, terminated
 
 pytestmark = pytest.mark.integration

@@ -21,8 +21,8 @@ from blackwell_operator.planner.cluster_figures import candidate_figures, figure
 from blackwell_trainer.plan.config import Plan, ProbeResult
 from tests.operator.harness import NAMESPACE, Cluster, btj, running_operator, wait_for
 from tests.operator.test_probe_result import probed_events, stored_calibration
-from tests.operator.test_replan import oom_message
 from tests.support.helm import NAMESPACE as HOME
+from tests.support.oom import oom_message
 from tests.support.pods import T2, container, pod, pod_status, terminated
 from tests.support.probe_results import measured_probe
 

@@ -17,11 +17,11 @@ from blackwell_operator.lifecycle.writers import POD_WATCHER
 from blackwell_operator.models.status import PLAN_HISTORY_LIMIT
 from blackwell_operator.planner.correction import family_key
 from blackwell_operator.testing.emulator import HYPERPOD_RESOURCE, PYTORCHJOB_RESOURCE, TRAINJOB_RESOURCE
-from blackwell_operator.units import GIB
-from blackwell_trainer.plan.config import PERMANENT_ERROR_PREFIX, Candidate, OomPhase, OomResult, Plan
+from blackwell_trainer.plan.config import Candidate, OomResult, Plan
 from tests.operator.harness import Cluster, btj, running_operator, wait_for
 from tests.operator.test_trainjob_lifecycle import node_job, trainer_pod
 from tests.ports import free_port
+from tests.support.oom import oom_message
 from tests.support.pods import T1, T2, T3, container, pod, pod_status, terminated
 
 # metav1.Time the pure functions stamp their conditions and history with (the clock is passed in).
@@ -32,24 +32,6 @@ RESOURCES = {
     "HyperPodPyTorchJob": HYPERPOD_RESOURCE,
     "TrainJob": TRAINJOB_RESOURCE,
 }
-
-
-def oom_message(plan: Plan, *, over: int = 6 * GIB, step: int = 3) -> str:
-    """What the trainer writes when `plan` needed `over` bytes more than predicted in backward."""
-    peak = plan.predicted.memory.peak_reserved + over - GIB
-    result = OomResult(
-        phase=OomPhase.BACKWARD,
-        step=step,
-        requested_bytes=GIB,
-        allocated_bytes=peak,
-        peak_allocated_bytes=peak,
-        peak_reserved_bytes=peak,
-        gpu_total_bytes=plan.gpu.memory_bytes,
-        predicted_peak_reserved_bytes=plan.predicted.memory.peak_reserved,
-        candidate=plan.chosen,
-    )
-    first = f"{PERMANENT_ERROR_PREFIX}CUDA out of memory in backward of step {step} on rank 0: ..."
-    return f"{first}\n{result.to_line()}"
 
 
 def _plan(cluster: Cluster, name: str = "w") -> Plan:

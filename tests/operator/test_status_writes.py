@@ -46,7 +46,7 @@ from blackwell_operator.models.status import (
 from blackwell_operator.planner import plan_job
 from blackwell_trainer.plan.config import Plan
 from tests.operator.harness import Cluster, btj, running_operator, wait_for
-from tests.operator.test_replan import oom_message
+from tests.support.oom import oom_message
 from tests.support.pods import T1, container, pod, pod_status, terminated, verified
 
 NOW = "2026-12-01T12:00:00Z"
