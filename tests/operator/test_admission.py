@@ -130,6 +130,12 @@ ECHOES: dict[str, dict[str, Any]] = {
     ),
     "weights-uri": btj("weights-uri", model={"preset": "llama3.1-8b", "weights": {"uri": f"ftp://{SECRET}"}}),
     "account-name": btj("account-name", serviceAccountName=f"{SECRET}_NOT_A_NAME"),
+    # A refusal of a whole section (spec.model) that reasons about a string written inside it.
+    "weights-alone": btj(
+        "weights-alone",
+        model={"weights": {"uri": f"/fsx/{SECRET}/llama"}},
+        volumes=[{"name": "fsx", "claimName": "fsx-claim", "mountPath": "/fsx"}],
+    ),
 }
 
 

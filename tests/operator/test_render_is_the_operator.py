@@ -17,6 +17,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from blackwell_operator.admission.redact import redacted
 from blackwell_operator.cli import _register_commands, app
 from tests.operator.harness import Cluster, btj, running_operator, wait_for
 
@@ -121,10 +122,11 @@ def rendered(tmp_path: Path, manifest: dict[str, Any]) -> tuple[int, str, list[d
     return result.exit_code, problem, objects
 
 
-def as_status_says(problem: str) -> str:
-    """Render's problem without its fix, its quoted values as the operator writes them: on this machine
-    render shows the user's own value; status and Events, readable by others, name only its type."""
-    return re.sub(r"'[^']*'", "<string>", problem.split(". Fix: ")[0])
+def as_status_says(problem: str, manifest: dict[str, Any]) -> str:
+    """Render's problem without its fix, its values as the operator writes them: on this machine render
+    shows the user's own values; status and Events, readable by others, name only their type (the
+    operator's own redaction, admission/redact.py)."""
+    return re.sub(r"'[^']*'", "<string>", redacted(problem.split(". Fix: ")[0], manifest, strings_only=True))
 
 
 @pytest.mark.parametrize(
@@ -156,7 +158,7 @@ async def test_render_refuses_and_creates_what_the_operator_does(
     if code:
         assert cluster.status(name).get("phase") == "Invalid", (case, error)
         # The same problem, in the same words (render's fix may add the model its config.json names).
-        assert error and cluster.status(name)["message"].startswith(as_status_says(error)), (
+        assert error and cluster.status(name)["message"].startswith(as_status_says(error, manifest)), (
             error,
             cluster.status(name),
         )

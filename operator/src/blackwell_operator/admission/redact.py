@@ -75,8 +75,25 @@ def redacted(line: str, body: Mapping[str, Any], *, strings_only: bool = False) 
     named = path.endswith(".name") and isinstance(value, str)
     if not sep or not found or value is None or isinstance(value, bool) or named:
         return line
+    if strings_only and isinstance(value, Mapping | list | tuple):
+        # A section (spec.model) the refusal reasons about: the strings written in it are values too
+        # (a weights folder may name a project); its counts stay, they are the reasoning.
+        for text in sorted({s for s in _strings_in(value) if len(s) >= _SHORTEST}, key=len, reverse=True):
+            problem = problem.replace(text, "<string>")
+        return f"{path}{sep}{problem}"
     if strings_only and not isinstance(value, str):
         return line
     for text in _spellings(value):
         problem = problem.replace(text, f"<{type_name(value).removeprefix('a ')}>")
     return f"{path}{sep}{problem}"
+
+
+def _strings_in(value: Any) -> list[str]:
+    """Every string written inside a mapping or a list, at any depth (not the keys: they are fields)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, Mapping):
+        return [s for item in value.values() for s in _strings_in(item)]
+    if isinstance(value, list | tuple):
+        return [s for item in value for s in _strings_in(item)]
+    return []
