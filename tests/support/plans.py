@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from blackwell_operator.models import BlackwellTrainingJobSpec
@@ -95,3 +97,13 @@ def tiny_plan(**chosen: Any) -> Plan:
     plan = Plan.model_validate(tiny_plan_dict(**chosen))
     plan.parameter_count = plan.architecture.parameter_count()
     return plan
+
+
+def one_gpu_plan_file(folder: Path) -> Path:
+    """The tiny plan for one process (one GPU, nothing sharded), written as `folder`/plan.json, as the
+    trainer's `--plan` reads it."""
+    plan = tiny_plan_dict(shardDegree=1)
+    plan.update(gpusPerNode=1, parameterCount=tiny_plan().architecture.parameter_count())
+    path = folder / "plan.json"
+    path.write_text(json.dumps(plan))
+    return path

@@ -7,7 +7,6 @@ One rank is what gloo runs: with two, gloo's all-gather refuses float8 tensors (
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from blackwell_trainer.parallel.runtime import Runtime
 from blackwell_trainer.plan.config import CheckpointConfig, Plan
 from blackwell_trainer.plan.tuning import Tuning, TuningError
 from tests.ports import free_port
-from tests.support.plans import tiny_plan, tiny_plan_dict
+from tests.support.plans import one_gpu_plan_file, tiny_plan
 
 pytestmark = [
     pytest.mark.distributed,
@@ -157,10 +156,7 @@ def test_the_trainer_refuses_on_with_another_recipe_in_one_line_before_building(
 ) -> None:
     from blackwell_trainer.train import main
 
-    plan = tiny_plan_dict(shardDegree=1)
-    plan.update(gpusPerNode=1, parameterCount=tiny_plan().architecture.parameter_count())
-    path = tmp_path / "plan.json"
-    path.write_text(json.dumps(plan))
+    path = one_gpu_plan_file(tmp_path)
     monkeypatch.setenv("BTJ_TERMINATION_LOG", str(tmp_path / "termination-log"))
     monkeypatch.setenv("BTJ_TRAINER_TUNING", "fp8_all_gather=on")
     assert main(["--plan", str(path)]) == 2

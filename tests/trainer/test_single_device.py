@@ -243,15 +243,10 @@ def test_manual_gc_turns_the_collector_off_and_collects_the_young_every_50_steps
 def test_a_bad_tuning_entry_stops_the_trainer_with_one_line_before_anything_is_built(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import json
-
     from blackwell_trainer.train import main
-    from tests.support.plans import tiny_plan_dict
+    from tests.support.plans import one_gpu_plan_file
 
-    plan = tiny_plan_dict(shardDegree=1)
-    plan.update(gpusPerNode=1, parameterCount=tiny_plan().architecture.parameter_count())
-    path = tmp_path / "plan.json"
-    path.write_text(json.dumps(plan))
+    path = one_gpu_plan_file(tmp_path)
     monkeypatch.setenv("BTJ_TERMINATION_LOG", str(tmp_path / "termination-log"))
     monkeypatch.setenv("BTJ_TRAINER_TUNING", "single_device=fsdp,recast=yes")
     assert main(["--plan", str(path)]) == 2
