@@ -8,7 +8,6 @@ from blackwell_operator.calibration.cluster import (
     KEEP_PER_FAMILY,
     MAX_PER_NAMESPACE,
     MAX_SAMPLES,
-    MEMORY_BOUNDS,
     MIN_RUNS,
     MIN_TOKENS_RATIO,
     POOL_PER_NAMESPACE,
@@ -19,6 +18,7 @@ from blackwell_operator.calibration.cluster import (
     frozen,
     implausible,
 )
+from blackwell_operator.calibration.learned_memory import MEMORY_BOUNDS
 from blackwell_operator.planner import plan_job
 from blackwell_trainer.plan.config import ActivationCheckpointing, PrecisionRecipe
 from tests.support.specs import make_spec

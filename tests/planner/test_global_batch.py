@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from blackwell_operator.calibration.cluster import MEMORY_BOUNDS, MIN_RUNS
+from blackwell_operator.calibration.cluster import MIN_RUNS
+from blackwell_operator.calibration.learned_memory import MEMORY_BOUNDS
 from blackwell_operator.errors import PlanningError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner import plan_job

@@ -1,4 +1,5 @@
-"""The node labels HyperPod and Kubernetes put on a node: what capacity counts and what trainer pods select.
+"""The node labels HyperPod and Kubernetes put on a node, what capacity counts and what trainer pods select,
+and the GPU resource the NVIDIA device plugin publishes on it.
 
 The keys and values are those of docs/reference/hyperpod-pytorchjob.md §2.1; the topology layers are in
 docs/backends.md.
@@ -6,6 +7,8 @@ docs/backends.md.
 
 from __future__ import annotations
 
+# The NVIDIA device plugin's resource: a node's allocatable GPUs, and what a trainer pod requests.
+GPU_RESOURCE = "nvidia.com/gpu"
 # The instance type, `ml.`-prefixed on HyperPod (e.g. ml.p6-b200.48xlarge).
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 # HyperPod's health agent: a node takes trainer pods only while this is Schedulable.

@@ -30,7 +30,6 @@ from blackwell_operator.calibration.learned_memory import (
     implausible_ratio,
     learned_memory,
 )
-from blackwell_operator.calibration.learned_memory import MEMORY_BOUNDS as MEMORY_BOUNDS
 from blackwell_trainer.plan.config import (
     ActivationCheckpointing,
     ClusterCorrection,

@@ -13,17 +13,14 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity as _parse_quantity
 
-from blackwell_operator.nodelabels import INSTANCE_TYPE_LABEL, NODE_HEALTH_LABEL, SCHEDULABLE
+from blackwell_operator.nodelabels import GPU_RESOURCE, INSTANCE_TYPE_LABEL, NODE_HEALTH_LABEL, SCHEDULABLE
 
-# The resource the NVIDIA device plugin publishes (render/pod.py requests it; discovery may not import
-# render).
-GPU_RESOURCE = "nvidia.com/gpu"
 # A pod in these phases holds nothing on its node: the scheduler no longer counts its requests.
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 
 # What to look at when a node's allocatable lacks what the trainer pod requests.
 _HINTS = {
-    "nvidia.com/gpu": "is the NVIDIA device plugin running there?",
+    GPU_RESOURCE: "is the NVIDIA device plugin running there?",
     "vpc.amazonaws.com/efa": "is the EFA device plugin running there?",
     "hugepages-2Mi": "the nodes need 2 MiB hugepages configured (HyperPod's default lifecycle sets them)",
     "memory": "the kubelet reserves more of the node's memory than the pod asks to keep",

@@ -23,8 +23,6 @@ from blackwell_operator.render.kinds import JOB_KINDS, POD_OWNER_CHAINS, TRAININ
 Reader = Callable[[ChildKind, str, str], Mapping[str, Any] | None]
 _JOB_KINDS = {row.kind: row for row in JOB_KINDS.values()}
 _BETWEEN = {row.kind: row for chain in POD_OWNER_CHAINS.values() for row in chain}
-# The job kind whose pod template lives in a TrainingRuntime it references.
-TRAINING_RUNTIME_OWNER = trainjob.KIND
 # The longest chain from a pod to its job kind, plus the job itself.
 MAX_HOPS = max(len(chain) for chain in POD_OWNER_CHAINS.values()) + 1
 
@@ -105,7 +103,7 @@ def _made_by(
     if not created_after(pod, above):
         return False
     runtime = None
-    if job.get("kind") == TRAINING_RUNTIME_OWNER:
+    if job.get("kind") == trainjob.KIND:  # its pod template lives in the TrainingRuntime it references
         ref = (job.get("spec") or {}).get("runtimeRef") or {}
         namespace = str((job.get("metadata") or {}).get("namespace") or "")
         if ref.get("kind") == TRAINING_RUNTIME.kind and ref.get("name") and namespace:

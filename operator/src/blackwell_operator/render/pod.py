@@ -14,6 +14,7 @@ from blackwell_operator.models.spec import (
 from blackwell_operator.nodelabels import (
     DEEP_HEALTH_LABEL,
     DEEP_HEALTH_PASSED,
+    GPU_RESOURCE,
     HOSTNAME_TOPOLOGY,
     INSTANCE_TYPE_LABEL,
     NODE_HEALTH_LABEL,
@@ -30,7 +31,6 @@ CONTAINER_NAME = "pytorch"  # the Kubeflow webhook requires exactly one containe
 TRAINJOB_CONTAINER_NAME = "node"
 TRAINER_CONTAINER_NAMES = frozenset({CONTAINER_NAME, TRAINJOB_CONTAINER_NAME})
 METRICS_PORT_NAME = "metrics"
-GPU_RESOURCE = "nvidia.com/gpu"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 EPHEMERAL_STORAGE = "ephemeral-storage"
 

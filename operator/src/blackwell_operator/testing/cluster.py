@@ -14,9 +14,9 @@ from typing import Any
 import kmock
 
 from blackwell_operator.catalogs import get_instance
-from blackwell_operator.nodelabels import INSTANCE_TYPE_LABEL, NODE_HEALTH_LABEL, SCHEDULABLE
+from blackwell_operator.nodelabels import GPU_RESOURCE, INSTANCE_TYPE_LABEL, NODE_HEALTH_LABEL, SCHEDULABLE
 from blackwell_operator.render.hardware import HUGEPAGES_2MI
-from blackwell_operator.render.pod import EFA_RESOURCE, GPU_RESOURCE
+from blackwell_operator.render.pod import EFA_RESOURCE
 from blackwell_operator.testing.emulator import HardenedEmulator
 from blackwell_operator.units import GIB
 
