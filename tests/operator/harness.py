@@ -34,6 +34,7 @@ from tests.support.manifests import (
     TRAINJOBS,
     btj,
 )
+from tests.support.pods import job_condition
 
 # The plain objects and paths live in tests/support/manifests.py (no kopf or kmock import); the
 # integration tests take them from here with the rest.
@@ -135,6 +136,17 @@ class Cluster:
         await self._json(
             "PATCH", f"{collection}/{name}/status", {"status": dict(status)}, "application/merge-patch+json"
         )
+
+    async def running_child(self, name: str, **spec: Any) -> dict[str, Any]:
+        """Apply BTJ `name` (the example spec with `spec` overrides), wait for its PyTorchJob, report that
+        job Running as the training operator does and wait for phase Running; the job."""
+        await self.apply(btj(name, **spec))
+        job: dict[str, Any] = await wait_for(lambda: self.job(name), what=f"{name}'s PyTorchJob")
+        await self.set_child_status(
+            name, {"conditions": [job_condition("Created"), job_condition("Running")]}
+        )
+        await wait_for(lambda: self.status(name).get("phase") == "Running", what=f"{name} Running")
+        return job
 
     async def delete_child(self, name: str, *, collection: str = PYTORCHJOBS) -> None:
         """Delete a child job by hand, as `kubectl delete pytorchjob NAME` does."""

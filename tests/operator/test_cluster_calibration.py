@@ -101,10 +101,7 @@ def trainers(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, PacedTrainer
 async def _running_job(cluster: Cluster, name: str, trainer: PacedTrainer) -> dict[str, Any]:
     """Apply BTJ `name`, report its job Running, start a worker pod serving `trainer`'s /metrics at SLOW
     times the plan's modelled tokens/s and HEAVY times its memory; the plan is returned."""
-    await cluster.apply(btj(name, tuning=FAMILY))
-    job = await wait_for(lambda: cluster.job(name), what=f"{name}'s PyTorchJob")
-    await cluster.set_child_status(name, {"conditions": [job_condition("Created"), job_condition("Running")]})
-    await wait_for(lambda: cluster.status(name).get("phase") == "Running", what=f"{name} Running")
+    job = await cluster.running_child(name, tuning=FAMILY)
     plan: dict[str, Any] = await wait_for(lambda: cluster.status(name).get("plan"), what=f"{name}'s plan")
     trainer.rate = SLOW * plan["predicted"]["tokensPerSecondPerGpu"]
     trainer.reserved = int(HEAVY * plan["predicted"]["memory"]["peakReserved"])
@@ -378,10 +375,7 @@ async def test_nan_inf_zero_huge_and_unparsable_metrics_are_rejected_and_the_rou
 
 async def _garbage_job(cluster: Cluster, name: str, port: int) -> dict[str, Any]:
     """A running BTJ whose only worker's /metrics answers garbage."""
-    await cluster.apply(btj(name, tuning=FAMILY))
-    job: dict[str, Any] = await wait_for(lambda: cluster.job(name), what=f"{name}'s PyTorchJob")
-    await cluster.set_child_status(name, {"conditions": [job_condition("Created"), job_condition("Running")]})
-    await wait_for(lambda: cluster.status(name).get("phase") == "Running", what=f"{name} Running")
+    job = await cluster.running_child(name, tuning=FAMILY)
     body = pod(f"{name}-worker-0", job=name, owner=job)
     body["spec"]["containers"][0]["ports"] = [{"name": "metrics", "containerPort": port}]
     await cluster.add_pod(body, pod_status(container(), podIP="127.0.0.1"))

@@ -24,7 +24,7 @@ from tests.operator.harness import NAMESPACE, PODS, Cluster, btj, from_operator,
 from tests.operator.test_trainjob_lifecycle import node_job, trainer_pod, trainjob, trainjob_btj
 from tests.support.oom import oom_message
 from tests.support.pods import PERMANENT_TRAINER_ERROR as PERMANENT
-from tests.support.pods import RESTARTING, T2, container, job_condition, pod, pod_status, terminated
+from tests.support.pods import RESTARTING, T2, container, pod, pod_status, terminated
 
 IGNORED = "carries the trainer's labels but no BlackwellTrainingJob's job controls it"
 
@@ -265,12 +265,7 @@ async def test_a_copied_controller_reference_s_metrics_are_never_read(
     genuine, impostor = exporters
     monkeypatch.setenv(INTERVAL_ENV, "0.2")
     async with running_operator(cluster):
-        await cluster.apply(btj("w"))
-        job = await wait_for(lambda: cluster.job("w"), what="the PyTorchJob")
-        await cluster.set_child_status(
-            "w", {"conditions": [job_condition("Created"), job_condition("Running")]}
-        )
-        await wait_for(lambda: cluster.status("w").get("phase") == "Running", what="phase Running")
+        job = await cluster.running_child("w")
         # The child's own worker: its reading becomes status.measured.
         await cluster.add_pod(*_serving(pod("w-worker-0", owner=job), genuine.port))
         measured = await wait_for(lambda: cluster.status("w").get("measured"), what="status.measured")

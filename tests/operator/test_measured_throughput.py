@@ -29,7 +29,7 @@ from blackwell_operator.lifecycle.writers import MEASURE_LOOP
 from blackwell_trainer.loop.metrics import TrainerMetrics
 from tests.operator.harness import Cluster, btj, running_operator, wait_for
 from tests.support.plans import tiny_plan
-from tests.support.pods import container, job_condition, pod, pod_status
+from tests.support.pods import container, pod, pod_status
 
 STEP = dict(step_seconds=0.5, loss=2.0, peak_allocated_bytes=0, peak_reserved_bytes=0)
 
@@ -197,12 +197,7 @@ async def test_the_operator_reads_a_running_worker_s_throughput(
     trainer.start()
     try:
         async with running_operator(cluster):
-            await cluster.apply(btj("w"))
-            job = await wait_for(lambda: cluster.job("w"), what="the PyTorchJob")
-            await cluster.set_child_status(
-                "w", {"conditions": [job_condition("Created"), job_condition("Running")]}
-            )
-            await wait_for(lambda: cluster.status("w").get("phase") == "Running", what="phase Running")
+            job = await cluster.running_child("w")
             body = _running("w-worker-0", int(trainer_metrics.port or 0), owner=job)
             status = body.pop("status")
             await cluster.add_pod(body, status)
