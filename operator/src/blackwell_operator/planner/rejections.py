@@ -334,7 +334,8 @@ def with_remedies(spec: BlackwellTrainingJobSpec, ctx: Context, error: PlanningE
         then = refusal(unpinned, ctx, solved) if solved.result.best is None else None
     except PlanningError as inner:  # each step frees one more field: this ends
         then = with_remedies(unpinned, ctx, inner)
-    if then is None or not then.remedies:
+    if then is None:
         return error
+    # Freed, the field still leaves nothing to plan (no remedy: a smaller model): say so, not only "auto".
     remedies = [{**first, **r} for r in then.remedies]
     return PlanningError(error.field, error.problem, f"{fix}; with it {said}, {then.fix}", remedies=remedies)
