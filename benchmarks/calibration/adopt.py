@@ -1,7 +1,13 @@
-"""Adopt a fitted H200 calibration as the shipped `btj-trainer` profile, carrying Blackwell along by ratio.
+"""Adopt a fitted H200 calibration as the shipped `btj-trainer` profile, carrying Blackwell along by ratio;
+or a fit of another GPU as that GPU's own constants in it (`--gpu`).
 
     python benchmarks/calibration/adopt.py docs/calibration/h200-issue6/btj-trainer-h200.yaml \
         --base docs/calibration/h200-issue6/base-btj-trainer.yaml
+    python benchmarks/calibration/adopt.py docs/calibration/h100/btj-trainer-h100.yaml \
+        --base docs/calibration/h100/base-btj-trainer.yaml --gpu H100
+
+With `--gpu`, every constant the fit moved goes into the shipped profile's `gpus.<GPU>` block with the fit
+as its source (the planner uses them for that GPU only, Calibration.for_gpu); nothing shared changes.
 
 The fit moves only Hopper (compute capability 9.x) recipe efficiencies. Blackwell (10.x) efficiencies are
 derived, never measured: spec ratios times the Hopper correction of the same recipe family. This keeps that
@@ -56,6 +62,46 @@ def _keep_trainer_block(body: str, shipped: Path) -> str:
     return body[:new_start] + old[start:end] + body[new_end:]
 
 
+def moved_constants(fitted: dict[str, Any], base: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    """Every dotted memory.*/throughput.* constant whose value the fit changed."""
+    out: dict[str, float] = {}
+    for key, value in fitted.items():
+        path = f"{prefix}{key}"
+        if not prefix and key not in ("memory", "throughput"):
+            continue
+        if isinstance(value, dict):
+            out.update(moved_constants(value, base.get(key, {}), f"{path}."))
+        elif isinstance(value, int | float) and not isinstance(value, bool) and value != base.get(key):
+            out[path] = float(value)
+    return out
+
+
+def adopt_gpu(fitted_path: Path, base_path: Path, gpu: str, output: Path) -> None:
+    """Write the fit's moved constants as the shipped profile's gpus.<gpu> block."""
+    text = fitted_path.read_text()
+    fitted, base = yaml.safe_load(text), yaml.safe_load(base_path.read_text())
+    moved = moved_constants(fitted, base)
+    records = next((line for line in text.splitlines() if line.startswith("# Records:")), "# Records: ?")
+    source = (
+        f"Fitted on {gpu} [measured]: {fitted_path} ({records.removeprefix('# ').lower()}), adopted with "
+        f"benchmarks/calibration/adopt.py --gpu {gpu}"
+    )
+    shipped = output.read_text()
+    data = yaml.safe_load(shipped)
+    gpus = data.get("gpus") or {}
+    gpus[gpu] = {
+        "description": f"This trainer measured on {gpu} (docs/calibration/{gpu.lower()}/report.md): the "
+        "constants its fit moved from the shared (H200-fitted) ones.",
+        "constants": {k: round(v, 6) for k, v in moved.items()},
+        "sources": {k: source for k in moved},
+    }
+    block = yaml.safe_dump({"gpus": gpus}, sort_keys=False, width=110)
+    start = shipped.find("\ngpus:\n")
+    body = shipped if start < 0 else shipped[: start + 1]
+    output.write_text(body.rstrip("\n") + "\n" + block)
+    print(f"wrote {output}: gpus.{gpu} with {len(moved)} constants", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -63,7 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("fitted", type=Path, help="calibration YAML written by `btj calibrate fit`")
     parser.add_argument("--base", type=Path, required=True, help="the base that fit started from")
     parser.add_argument("-o", "--output", type=Path, default=SHIPPED)
+    parser.add_argument("--gpu", default="", help="adopt as this GPU's own constants (the catalog's name)")
     args = parser.parse_args(argv)
+    if args.gpu:
+        adopt_gpu(args.fitted, args.base, args.gpu, args.output)
+        return 0
     text = args.fitted.read_text()
     fitted, base = yaml.safe_load(text), yaml.safe_load(args.base.read_text())
     notes = blackwell_scaled(fitted, base)

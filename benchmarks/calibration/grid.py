@@ -28,6 +28,7 @@ from blackwell_trainer.plan.config import (
 )
 
 H200_INSTANCE = "ml.p5en.48xlarge"
+H100_INSTANCE = "ml.p5.48xlarge"
 PRESETS = {"1b": "llama3.2-1b", "3b": "llama3.2-3b", "8b": "llama3.1-8b"}
 # Custom architectures (Llama-3 vocabulary and GQA): a 13B class (Llama-2-13B widths) and a ~30B class
 # (LLaMA-33B widths); tiny is the CPU smoke model.
@@ -127,11 +128,24 @@ GRIDS: dict[str, list[Family]] = {
         *_families(["8b"], [4096, 8192], 8, PRECS, ACS, ("full", "none")),
         *_families(["custom-13b", "custom-30b"], [4096, 8192], 8, PRECS, ACS),
     ],
+    # Issue 37: the H100 profile. One GPU (the kind lent here), the two models that train on one 80 GB
+    # card; sequence 4096 with every AC mode first, then 8192 and 2048 without full AC (never faster there).
+    "h100": [
+        *_families(["1b", "3b"], [4096], 1, PRECS, ACS),
+        *_families(["1b", "3b"], [8192], 1, PRECS, ["none", "selective"]),
+        *_families(["3b", "1b"], [2048], 1, PRECS, ["none"]),
+    ],
     "cpu-smoke": [
         Family("tiny", 128, 1, "bf16", "none", "none", compile=False),
         Family("tiny", 128, 2, "bf16", "none", "full", compile=False),
     ],
 }
+
+
+def single_device(fam: Family, cal: Calibration) -> bool:
+    """Whether the trainer runs the family without FSDP2: its default on one GPU since 2026-12-02 (the
+    worker reports what it really ran)."""
+    return fam.gpus == 1 and cal.trainer.single_device_path
 
 
 def architecture(model: str) -> tuple[str, Architecture]:
@@ -189,6 +203,7 @@ def build_plan(fam: Family, mbs: int, cal: Calibration, instance: str) -> tuple[
         status=RecordStatus.ERROR,
         predicted=ev.prediction,
         predicted_calibration=cal.name,
+        single_device_path=single_device(fam, cal),
         command=" ".join(sys.argv),
     )
     return plan, stub

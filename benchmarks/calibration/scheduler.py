@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.calibration.grid import Family, architecture, build_plan
+from benchmarks.calibration.grid import Family, architecture, build_plan, single_device
 from blackwell_operator.calibrate.records import (
     CalibrationRecord,
     RecordStatus,
@@ -128,6 +128,8 @@ def merge(
             alloc_retries=max(retries) if retries else None,
             loss=losses[-1] if losses else None,
             losses=losses,
+            # What the trainer ran (its one-GPU path or FSDP2), where it got as far as deciding.
+            single_device_path=bool(rank0.get("single_device", stub.single_device_path)),
             gpu_name=env["gpu_name"],
             date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             versions=Versions(**env["versions"]),
@@ -280,7 +282,8 @@ class Harness:
         """The record of a configuration: from --resume when it ran or OOMed there, else run it now."""
         name, _ = architecture(fam.model)
         cand = fam.candidate(mbs, self.cal.trainer.loss_chunk_tokens)
-        rec = self.done.get(config_key(name, fam.sequence_length, fam.gpus, cand))
+        path = single_device(fam, self.cal)
+        rec = self.done.get(config_key(name, fam.sequence_length, fam.gpus, cand, single_device=path))
         if rec is None or rec.status not in (RecordStatus.OK, RecordStatus.OOM):
             if self.failing():
                 _, stub = build_plan(fam, mbs, self.cal, self.instance)

@@ -56,6 +56,7 @@ def worker(plan_path: Path, result_dir: Path, warmup: int, timed: int) -> None:
         plan = Plan.from_file(plan_path)
         init_distributed(runtime)
         trainer = Trainer(plan, runtime)
+        result["single_device"] = trainer.single_device  # the record says which path it measured
         lap("setup")
         gen = torch.Generator(device=runtime.device).manual_seed(1234 + runtime.rank)
         shape = (plan.chosen.micro_batch_size, plan.sequence_length)

@@ -36,6 +36,8 @@ def test_cpu_smoke_writes_one_record_per_configuration(tmp_path: Path) -> None:
         assert r.source == "harness"
         # Where the configuration's time went, for speeding the harness up.
         assert all(f"{phase} " in r.detail for phase in ("import", "setup", "warmup", "timed")), r.detail
+    # The path each one really ran, as the trainer decided it: one process trains without FSDP2.
+    assert {r.gpus: r.single_device_path for r in records} == {1: True, 2: False}
     assert (tmp_path / "summary.txt").read_text().count("_mbs1") == 2
     # Resuming from those records: everything is measured already, nothing runs again.
     again = tmp_path / "again"

@@ -22,6 +22,7 @@ from blackwell_operator.calibrate import PRIOR_WEIGHT
 from blackwell_operator.calibrate.predict import Comparison, compare
 from blackwell_operator.calibrate.records import CalibrationRecord
 from blackwell_operator.calibration import Calibration
+from blackwell_operator.calibration.profile import replace_constants
 
 # Memory constants the records can determine: activation factors (by AC mode), the loss transient,
 # workspace, allocator fragmentation and the optimizer-phase root copies. Not memory.full_hidden: full AC
@@ -99,14 +100,10 @@ def get_constant(cal: Calibration | dict[str, Any], path: str) -> float:
 def with_constants(cal: Calibration, values: dict[str, float]) -> Calibration:
     """A copy of the calibration with some dotted constants replaced."""
     data = cal.model_dump(mode="json")
-    for path, value in values.items():
-        node = data
-        *parents, leaf = path.split(".")
-        for part in parents:
-            node = node[part]
-        if leaf not in node:
-            raise KeyError(f"calibration {cal.name!r} has no constant {path}")
-        node[leaf] = value
+    try:
+        replace_constants(data, values, f"calibration {cal.name!r}")
+    except ValueError as err:
+        raise KeyError(str(err)) from None
     return Calibration.model_validate(data)
 
 

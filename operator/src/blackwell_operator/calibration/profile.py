@@ -196,6 +196,18 @@ class ThroughputConstants(_Strict):
     )
 
 
+class GpuProfile(_Strict):
+    """Constants measured on one GPU model that replace the shared ones when a job plans for that GPU.
+
+    The shared constants are fitted on one GPU (the H200) and assumed for the others of its generation;
+    a GPU measured on its own (docs/calibration/<gpu>/) carries what its fit moved here, each with a source.
+    """
+
+    description: str
+    constants: dict[str, float] = Field(description="Dotted constant (memory.*, throughput.*) -> value.")
+    sources: dict[str, str] = Field(description="Provenance of every constant above, keyed the same.")
+
+
 class Calibration(_Strict):
     """A named calibration: a trainer's capabilities plus the constants, each with its provenance."""
 
@@ -206,7 +218,12 @@ class Calibration(_Strict):
     memory: MemoryConstants
     throughput: ThroughputConstants
     sources: dict[str, str] = Field(description="Provenance of every constant, keyed by section.field.")
+    gpus: dict[str, GpuProfile] = Field(
+        default_factory=dict,
+        description="Per GPU model (the catalog's name, e.g. H100): constants measured on it (for_gpu).",
+    )
     _recipe_cache: dict[tuple[int, PrecisionRecipe], RecipeConstants] = PrivateAttr(default_factory=dict)
+    _gpu_cache: dict[str, Calibration] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _every_constant_has_a_source(self) -> Calibration:
@@ -217,7 +234,30 @@ class Calibration(_Strict):
         ]
         if missing:
             raise ValueError(f"calibration {self.name!r}: constants without a source: {', '.join(missing)}")
+        for gpu, profile in self.gpus.items():
+            unsourced = sorted(set(profile.constants) - set(profile.sources))
+            if unsourced:
+                where = f"calibration {self.name!r}, gpus.{gpu}"
+                raise ValueError(f"{where}: no source for {', '.join(unsourced)}")
+            self.for_gpu(gpu)  # every key names a constant that exists
         return self
+
+    def for_gpu(self, gpu: str) -> Calibration:
+        """The calibration a job on `gpu` plans with: its measured constants (gpus.<gpu>) in place of the
+        shared ones, their sources with them. Itself where that GPU has none; the result has no `gpus`, so
+        calling it again is harmless and what a later correction scales is what the GPU measured."""
+        profile = self.gpus.get(gpu)
+        if profile is None:
+            return self
+        cached = self._gpu_cache.get(gpu)
+        if cached is None:
+            data = self.model_dump(mode="json")
+            data["gpus"] = {}
+            replace_constants(data, profile.constants, f"calibration {self.name!r}, gpus.{gpu}")
+            data["name"] = f"{self.name}@{gpu}"
+            data["sources"] = {**data["sources"], **profile.sources}
+            cached = self._gpu_cache[gpu] = Calibration.model_validate(data)
+        return cached
 
     def constant_keys(self) -> list[str]:
         """Dotted names of every constant (memory.* and throughput.*)."""
@@ -240,6 +280,23 @@ class Calibration(_Strict):
                 self._recipe_cache[(cc_major, recipe)] = table[recipe]
                 return table[recipe]
         raise KeyError(f"calibration {self.name!r} has no constants for {recipe} on CC {cc_major}.x")
+
+
+def replace_constants(data: dict[str, Any], values: dict[str, float], where: str) -> None:
+    """Set dotted constants (memory.act_hidden, throughput.recipes.9.none.efficiency) in a dumped
+    calibration; a name that is not a constant there is an error naming it."""
+    for path, value in values.items():
+        node = data
+        *parents, leaf = path.split(".")
+        if not parents or parents[0] not in ("memory", "throughput"):
+            raise ValueError(f"{where}: {path!r} is not a memory.* or throughput.* constant")
+        for part in parents:
+            if not isinstance(node, dict) or part not in node:
+                raise ValueError(f"{where}: no constant {path!r}")
+            node = node[part]
+        if not isinstance(node, dict) or leaf not in node or isinstance(node[leaf], dict):
+            raise ValueError(f"{where}: no constant {path!r}")
+        node[leaf] = value
 
 
 def _section(key: str) -> str:

@@ -11,7 +11,7 @@ import yaml
 from pydantic import ValidationError
 
 from blackwell_operator.admission.yamlread import yaml_problem
-from blackwell_operator.calibrate import PRIOR_WEIGHT
+from blackwell_operator.calibrate import MEMORY_TOLERANCE, PICK_RATIO, PRIOR_WEIGHT
 from blackwell_operator.cli import app
 from blackwell_operator.cli.manifest import fail
 from blackwell_operator.cli.options import CALIBRATION_HELP, DEFAULT_CALIBRATION, read_calibration
@@ -154,15 +154,27 @@ def report(
     title: Annotated[str, typer.Option(help="Report title.")] = "Calibration report",
     note: Annotated[list[str] | None, typer.Option(help="Extra paragraph(s) for the report.")] = None,
     fit_command: Annotated[str, typer.Option(help="The fit command, to list with the report's.")] = "",
+    pick_ratio: Annotated[
+        float, typer.Option(min=0.5, max=1.0, help="A pick passes at this share of the best measured.")
+    ] = PICK_RATIO,
+    memory_tolerance: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Reserved memory passes within this relative error.")
+    ] = MEMORY_TOLERANCE,
+    tokens_tolerance: Annotated[
+        float | None,
+        typer.Option(min=0.0, max=1.0, help="Also judge tokens/s, passing within this relative error."),
+    ] = None,
 ) -> None:
     """Predicted vs measured tables, plots, leave-one-out picks, and pass/fail per acceptance criterion."""
-    from blackwell_operator.calibrate.checks import default_fitter, leave_one_out
+    from blackwell_operator.calibrate.checks import Thresholds, default_fitter, leave_one_out
     from blackwell_operator.calibrate.report import write_report
 
     recs = _load(records)
     cal = _base(str(calibration), "--calibration")
     base_cal = _base(base)
-    check = leave_one_out(recs, base_cal, cal, default_fitter(_constants(constants), prior_weight))
+    thresholds = Thresholds(pick_ratio, memory_tolerance, tokens_tolerance)
+    fitter = default_fitter(_constants(constants), prior_weight)
+    check = leave_one_out(recs, base_cal, cal, fitter, thresholds=thresholds)
     command = _command(
         "report",
         records,
@@ -171,6 +183,9 @@ def report(
         constants=constants,
         prior_weight=prior_weight if prior_weight != PRIOR_WEIGHT else "",
         title=title if title != "Calibration report" else "",
+        pick_ratio=pick_ratio if pick_ratio != PICK_RATIO else "",
+        memory_tolerance=memory_tolerance if memory_tolerance != MEMORY_TOLERANCE else "",
+        tokens_tolerance=tokens_tolerance if tokens_tolerance is not None else "",
         output=output,
     )
     commands = [c for c in (fit_command, command) if c]

@@ -8,7 +8,7 @@ from blackwell_operator.calibration import Calibration, load_calibration
 from blackwell_operator.calibration.cluster import Corrector, speed_measured
 from blackwell_operator.calibration.cluster import describe_correction as describe_cluster_correction
 from blackwell_operator.calibration.measured import load_measured
-from blackwell_operator.catalogs import resolve_model
+from blackwell_operator.catalogs import get_instance, resolve_model
 from blackwell_operator.errors import PlanningError
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.models.status import MemoryCorrection
@@ -100,8 +100,8 @@ def evaluate(
     spec: BlackwellTrainingJobSpec, candidate: Candidate, *, calibration: Calibration | None = None
 ) -> Evaluation:
     """Score one given candidate for a spec's model and hardware (no search)."""
-    cal = calibration or load_calibration()
     hw = hardware_for(spec)
+    cal = (calibration or load_calibration()).for_gpu(hw.gpu.name)
     problem = problem_for(spec, cal, hw)
     if spec.training.global_batch_tokens is None:
         problem.global_batch_tokens = None  # the candidate's own accumulation is scored, not the rule's
@@ -192,7 +192,8 @@ def _plan_fixed(
     """plan_job on the spec's own node count."""
     facts = checkpoint or CheckpointFacts()
     spec = with_checkpoint_architecture(spec, facts)
-    cal = calibration or load_calibration()
+    # The GPU's own measured constants first: an OOM correction scales what this GPU is modelled with.
+    cal = (calibration or load_calibration()).for_gpu(get_instance(spec.cluster.instance_type).gpu)
     if correction is not None:
         cal = corrected_calibration(cal, correction)
     model_name, arch = resolve_model(spec.model)
