@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from blackwell_operator.calibrate.checks import by_scenario, default_fitter, leave_one_out
+from blackwell_operator.calibrate.checks import Thresholds, by_scenario, default_fitter, leave_one_out
 from blackwell_operator.calibrate.fit import with_constants
 from blackwell_operator.calibrate.records import CalibrationRecord, RecordStatus
 from blackwell_operator.calibration import Calibration
@@ -97,3 +97,24 @@ def test_a_scenario_measured_on_part_of_its_grid_is_named(base: Calibration) -> 
         "leave-one-out: pick >= 97% of best measured, never OOM"
     ]
     assert "judged on part of its grid: llama3.2-1b s8192 g1 (1 of 2 families)" in detail
+
+
+def test_tighter_thresholds_judge_tokens_and_name_their_limits(base: Calibration) -> None:
+    # Issue 37's bar for a GPU's own profile: picks at 99%, memory within 3%, tokens/s within 5%. Measured
+    # 8% faster than modelled everywhere: issue 6's criteria pass (they do not judge tokens/s), these fail it.
+    records = [
+        r.model_copy(update={"tokens_per_second_per_gpu": (r.tokens_per_second_per_gpu or 0) * 1.08})
+        if r.ran
+        else r
+        for r in _grid(base)
+    ]
+    keep = lambda recs, start: start  # noqa: E731  (no refit: the base is what is judged)
+    default = leave_one_out(records, base, base, keep)
+    assert not any("tokens/s" in c.name for c in default.criteria)
+    tight = leave_one_out(records, base, base, keep, thresholds=Thresholds(0.99, 0.03, 0.05))
+    verdicts = {c.name: c.verdict for c in tight.criteria}
+    assert verdicts["leave-one-out: tokens/s within 5% on every run"] == "FAIL"
+    assert verdicts["in-sample: tokens/s within 5% on every run"] == "FAIL"
+    assert verdicts["leave-one-out: reserved memory within 3% on every run"] == "PASS"
+    assert "leave-one-out: pick >= 99% of best measured, never OOM" in verdicts
+    assert all(p.pick_ratio == 0.99 for p in tight.picks)
