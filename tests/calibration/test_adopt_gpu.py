@@ -1,12 +1,12 @@
-"""Adopting a GPU's fit: what the fit moved becomes that GPU's constants in the shipped profile, nothing else."""
+"""Adopting a GPU's fit: what the fit moved becomes that GPU's constants in the shipped profile."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import yaml
-
 from benchmarks.calibration.adopt import SHIPPED, adopt_gpu
+
 from blackwell_operator.calibrate.fit import with_constants
 from blackwell_operator.calibrate.predict import load_any_calibration
 from blackwell_operator.calibration import load_calibration

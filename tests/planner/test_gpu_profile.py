@@ -1,4 +1,4 @@
-"""Constants measured on one GPU model (a profile's gpus.<GPU>): used for that GPU only, before corrections."""
+"""Constants measured on one GPU model (gpus.<GPU>): used for that GPU only, before corrections."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pydantic import ValidationError
 
 from blackwell_operator.calibration import Calibration, load_calibration
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
+from blackwell_operator.models.status import MemoryCorrection
 from blackwell_operator.planner import plan_job
 from blackwell_trainer.plan.config import PrecisionRecipe
-from blackwell_operator.models.status import MemoryCorrection
 
 EFFICIENCY = "throughput.recipes.9.none.efficiency"
 
