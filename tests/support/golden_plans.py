@@ -16,7 +16,8 @@ from blackwell_operator.units import GIB
 from tests.support.specs import make_spec
 
 GOLDEN = Path(__file__).resolve().parents[1] / "planner" / "golden" / "plans.json"
-INSTANCES = ("ml.p6-b200.48xlarge", "ml.p5en.48xlarge")
+# B200 (modelled), H200 (the shared fit) and H100 (its own constants, docs/calibration/h100).
+INSTANCES = ("ml.p6-b200.48xlarge", "ml.p5en.48xlarge", "ml.p5.48xlarge")
 CASES = [
     (preset.name, instance, nodes, seq)
     for preset in list_presets()
