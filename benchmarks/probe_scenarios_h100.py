@@ -218,6 +218,63 @@ def run(plans: Path, out: Path, budget_s: float, only: str) -> None:
         )
 
 
+def report(result_path: Path) -> str:
+    """The must-show table from a run's JSON: each probed job against the best configuration alone.
+
+    The best alone is the fastest that stayed inside the job's memory budget (the card less
+    spec.tuning.memoryHeadroom): a faster one above it is a size the job may not take, and is listed."""
+    data = json.loads(result_path.read_text())
+    rows = [
+        "| scenario | profile | planned pick | probe winner | trained tok/s | best alone (within budget) | "
+        "share | trained peak GiB | winner alone GiB | left behind | OOM |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for job in data["probed"].values():
+        scenario = job["scenario"]
+        plan = json.loads(
+            (
+                Path(__file__).resolve().parents[1] / "benchmarks/results/probe_scenarios_h100" / job["plan"]
+            ).read_text()
+        )
+        budget = (plan.get("probe") or {}).get("memoryBudgetBytes") or 0
+        alone = [a for a in data["alone"].values() if a["scenario"] == scenario and a["rc"] == 0]
+        within = [
+            a
+            for a in alone
+            if a["peak_reserved_gib"] is not None and a["peak_reserved_gib"] * 2**30 <= budget
+        ]
+        best = max(within, key=lambda a: a["tokens_per_second_per_gpu"] or 0, default=None)
+        winner = job.get("winner") or job["pick"]
+        twin = next((a for a in alone if a["config"] == winner), None)
+        trained = job["tokens_per_second_per_gpu"]
+        share = trained / best["tokens_per_second_per_gpu"] if best and trained else None
+        ooms = sum(m["outcome"] == "oom" for m in ((job.get("probe") or {}).get("measurements") or []))
+        left = (
+            job["peak_reserved_gib"] - twin["peak_reserved_gib"]
+            if twin and job["peak_reserved_gib"]
+            else None
+        )
+        rows.append(
+            f"| {scenario} | {job['profile']} | {job['pick']} | {winner} | {trained:,.0f} | "
+            f"{best['config'] if best else '-'} {best['tokens_per_second_per_gpu'] if best else 0:,.0f} | "
+            f"{share:.3f} | {job['peak_reserved_gib']:.1f} | "
+            f"{twin['peak_reserved_gib'] if twin else float('nan'):.1f} | "
+            f"{left if left is not None else float('nan'):+.1f} | {ooms} probe, rc {job['rc']} |"
+        )
+    rows += [
+        "",
+        "| configuration alone | predicted tok/s | measured | predicted peak GiB | measured |",
+        "|---|---|---|---|---|",
+    ]
+    for a in data["alone"].values():
+        rows.append(
+            f"| {a['scenario']} {a['config']} | {a['predicted_tokens_per_second_per_gpu']:,.0f} | "
+            f"{a['tokens_per_second_per_gpu'] or 0:,.0f} | {a['predicted_peak_reserved_gib']:.1f} | "
+            f"{a['peak_reserved_gib'] or 0:.1f} (rc {a['rc']}) |"
+        )
+    return "\n".join(rows)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="what", required=True)
@@ -229,8 +286,12 @@ def main() -> int:
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--budget-s", type=float, default=540)
     r.add_argument("--only", default="", help="run only plans whose file name contains one of these")
+    t = sub.add_parser("report")
+    t.add_argument("result", type=Path, help="a run's probe_scenarios_h100.json")
     args = parser.parse_args()
-    if args.what == "plan":
+    if args.what == "report":
+        print(report(args.result))
+    elif args.what == "plan":
         profiles = dict(PROFILES)
         if args.refit:
             profiles["refit"] = args.refit

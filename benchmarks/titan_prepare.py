@@ -16,7 +16,9 @@ flavor and never from the tokenizer.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -63,10 +65,11 @@ def download_wheels(dest: Path) -> list[Path]:
     """`pip download` every pinned wheel for CPython 3.12, x86-64 Linux, without dependencies."""
     dest.mkdir(parents=True, exist_ok=True)
     platforms = [arg for p in PLATFORMS for arg in ("--platform", p)]
+    # The project's environment (bootstrap.sh makes it with uv) has no pip: borrow the first one at hand.
+    has_pip = importlib.util.find_spec("pip") is not None
+    pip = [sys.executable, "-m", "pip"] if has_pip else [shutil.which("pip3") or "pip"]
     cmd = [
-        sys.executable,
-        "-m",
-        "pip",
+        *pip,
         "download",
         "--no-deps",
         "--only-binary=:all:",
