@@ -176,7 +176,7 @@ def run(plans: Path, out: Path, budget_s: float, only: str) -> None:
     record: dict[str, Any] = {
         "command": " ".join(sys.argv),
         "date": datetime.date.today().isoformat(),
-        "device": torch.cuda.get_device_name(0),
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__,
         "scenarios": index["scenarios"],
         "profiles": index["profiles"],
@@ -218,7 +218,7 @@ def run(plans: Path, out: Path, budget_s: float, only: str) -> None:
         )
 
 
-def report(result_path: Path) -> str:
+def report(result_path: Path, plans: Path) -> str:
     """The must-show table from a run's JSON: each probed job against the best configuration alone.
 
     The best alone is the fastest that stayed inside the job's memory budget (the card less
@@ -231,11 +231,7 @@ def report(result_path: Path) -> str:
     ]
     for job in data["probed"].values():
         scenario = job["scenario"]
-        plan = json.loads(
-            (
-                Path(__file__).resolve().parents[1] / "benchmarks/results/probe_scenarios_h100" / job["plan"]
-            ).read_text()
-        )
+        plan = json.loads((plans / job["plan"]).read_text())
         budget = (plan.get("probe") or {}).get("memoryBudgetBytes") or 0
         alone = [a for a in data["alone"].values() if a["scenario"] == scenario and a["rc"] == 0]
         within = [
@@ -288,9 +284,10 @@ def main() -> int:
     r.add_argument("--only", default="", help="run only plans whose file name contains one of these")
     t = sub.add_parser("report")
     t.add_argument("result", type=Path, help="a run's probe_scenarios_h100.json")
+    t.add_argument("--plans", type=Path, default=ROOT / "benchmarks/results/probe_scenarios_h100")
     args = parser.parse_args()
     if args.what == "report":
-        print(report(args.result))
+        print(report(args.result, args.plans))
     elif args.what == "plan":
         profiles = dict(PROFILES)
         if args.refit:

@@ -1,0 +1,82 @@
+"""benchmarks/probe_scenarios_h100.py on CPU: real plans, the trainer launch replaced by a stand-in.
+
+The must-show of issue 37 is read from its record: each probed job against the best configuration alone
+inside the job's memory budget, and the memory the probe left behind."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import benchmarks.probe_scenarios_h100 as script
+import benchmarks.trainer_process as trainer_process
+import pytest
+
+from blackwell_trainer.plan.config import Plan, ProbeMeasurement, ProbeOutcome, ProbeResult
+
+SCENARIO = {"3b-s2560-b24": script.SCENARIOS["3b-s2560-b24"]}
+
+
+def _line(step: int, tps: int, gib: float) -> str:
+    return f"step {step}/6 loss 1.0 tokens/s/gpu {tps} reserved {gib} GiB"
+
+
+def test_plans_run_and_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(script, "SCENARIOS", SCENARIO)
+    plans = tmp_path / "plans"
+    script.make_plans(plans, dict(script.PROFILES))
+    index = json.loads((plans / "index.json").read_text())
+    assert [(p["scenario"], p["profile"]) for p in index["probed"]] == [
+        ("3b-s2560-b24", "shipped"),
+        ("3b-s2560-b24", "base"),
+    ]
+    assert all(p["probe_enabled"] for p in index["probed"])  # modelled candidates on an unmeasured GPU
+    alone = [a["config"] for a in index["alone"]]
+    # The neighbours: every size a probe looked at, one below, without and with selective AC, and full AC.
+    assert {
+        "torchao-tensorwise/none/mbs3",
+        "torchao-tensorwise/none/mbs4",
+        "torchao-tensorwise/none/mbs2",
+    } <= set(alone)
+    assert any(c.startswith("torchao-tensorwise/full/") for c in alone)
+    predicted = [a["predicted_tokens_per_second_per_gpu"] for a in index["alone"]]
+    assert predicted == sorted(predicted, reverse=True)  # most promising first
+    for item in index["probed"] + index["alone"]:
+        plan = Plan.model_validate_json((plans / item["plan"]).read_text())
+        assert plan.steps == script.RUN_STEPS and plan.gpu.name == "H100"
+
+    launched: list[str] = []
+
+    def fake_run(plan: Plan, out: Path, name: str, timeout_s: float, tuning: str | None = None) -> Any:
+        launched.append(name)
+        mbs = plan.chosen.micro_batch_size
+        probe = ""
+        if plan.probe is not None and plan.probe.enabled:
+            measurements = [
+                ProbeMeasurement(
+                    index=i,
+                    outcome=ProbeOutcome.MEASURED,
+                    predicted_tokens_per_second_per_gpu=o.prediction.tokens_per_second_per_gpu,
+                    predicted_peak_reserved_bytes=o.prediction.memory.peak_reserved,
+                    tokens_per_second_per_gpu=1000.0 + i,
+                    peak_reserved_bytes=1,
+                )
+                for i, o in enumerate(plan.probe.candidates)
+            ]
+            chosen = plan.probe.candidates[0].candidate
+            probe = ProbeResult(winner=0, chosen=chosen, measurements=measurements, seconds=90.0).to_line()
+        text = "\n".join(_line(s, 10_000 * mbs + s, 60.0 + mbs) for s in range(1, 7))
+        return trainer_process.TrainerRun(0, 1.0, text, "", probe)
+
+    monkeypatch.setattr(trainer_process, "run_trainer", fake_run)
+    out = tmp_path / "out"
+    out.mkdir()
+    script.run(plans, out, budget_s=10_000, only="3b-s2560")
+    record = json.loads((out / "probe_scenarios_h100.json").read_text())
+    assert len(record["probed"]) == 2 and len(record["alone"]) == len(index["alone"])
+    assert launched[:2] == ["3b-s2560-b24.shipped", "3b-s2560-b24.base"]
+    shipped = record["probed"]["3b-s2560-b24.shipped"]
+    assert shipped["winner"] == shipped["pick"] and shipped["tokens_per_second_per_gpu"] == 40_004.5
+    table = script.report(out / "probe_scenarios_h100.json", plans)
+    assert "| 3b-s2560-b24 | shipped |" in table and "| 3b-s2560-b24 | base |" in table
