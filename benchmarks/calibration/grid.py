@@ -7,7 +7,7 @@ carries the prediction next to the measurement.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from blackwell_operator.calibrate.records import CalibrationRecord, RecordStatus
@@ -74,6 +74,9 @@ class Family:
     ac: str
     sharding: str = "full"
     compile: bool = True
+    # Micro-batches per optimizer step: with more than one, gradients accumulate across them (a phase of
+    # its own in memory, and the step's fixed work spread over more tokens).
+    accumulation: int = 1
 
     def candidate(self, mbs: int, loss_chunk: int) -> Candidate:
         shard = self.gpus if self.sharding == "full" else 1
@@ -82,7 +85,7 @@ class Family:
             precision_recipe=PrecisionRecipe(self.recipe),
             activation_checkpointing=ActivationCheckpointing(self.ac),
             micro_batch_size=mbs,
-            gradient_accumulation_steps=1,
+            gradient_accumulation_steps=self.accumulation,
             sharding=Sharding(self.sharding),
             shard_degree=shard,
             replicate_degree=self.gpus // shard,
@@ -92,7 +95,10 @@ class Family:
 
     def label(self) -> str:
         prec = self.precision if self.recipe == "none" else self.recipe
-        return f"{self.model} s{self.sequence_length} g{self.gpus} {prec} ac-{self.ac} shard-{self.sharding}"
+        ga = f" ga{self.accumulation}" if self.accumulation > 1 else ""
+        return (
+            f"{self.model} s{self.sequence_length} g{self.gpus} {prec} ac-{self.ac} shard-{self.sharding}{ga}"
+        )
 
 
 def _families(
@@ -132,12 +138,18 @@ GRIDS: dict[str, list[Family]] = {
     # card; sequence 4096 with every AC mode first, then 8192 and 2048 without full AC (never faster there).
     "h100": [
         *_families(["1b", "3b"], [4096], 1, PRECS, ACS),
+        # Jobs accumulate: on one H100 (2026-12-06, docs/benchmarks/probe_h100.md) 3B FP8 at micro-batch 2
+        # and 12 micro-batches a step reserved 72.2-72.5 GiB with AC none and selective alike, 3 GiB over
+        # the model, while micro-batch 3 met it: a phase of accumulation no one-micro-batch record shows.
+        *[replace(f, accumulation=4) for f in _families(["3b"], [4096], 1, ["fp8"], ["none", "selective"])],
+        *[replace(f, accumulation=4) for f in _families(["1b"], [4096], 1, ["bf16"], ["none"])],
         *_families(["1b", "3b"], [8192], 1, PRECS, ["none", "selective"]),
         *_families(["3b", "1b"], [2048], 1, PRECS, ["none"]),
     ],
     "cpu-smoke": [
         Family("tiny", 128, 1, "bf16", "none", "none", compile=False),
         Family("tiny", 128, 2, "bf16", "none", "full", compile=False),
+        Family("tiny", 128, 1, "bf16", "none", "none", compile=False, accumulation=2),
     ],
 }
 
@@ -184,7 +196,7 @@ def build_plan(fam: Family, mbs: int, cal: Calibration, instance: str) -> tuple[
         nodes=1,
         gpus_per_node=fam.gpus,
         sequence_length=fam.sequence_length,
-        global_batch_tokens=mbs * fam.sequence_length * data_parallel,
+        global_batch_tokens=mbs * fam.sequence_length * data_parallel * fam.accumulation,
         steps=1000,
         chosen=ev.candidate,
         predicted=ev.prediction,

@@ -61,11 +61,13 @@ def worker(plan_path: Path, result_dir: Path, warmup: int, timed: int) -> None:
         gen = torch.Generator(device=runtime.device).manual_seed(1234 + runtime.rank)
         shape = (plan.chosen.micro_batch_size, plan.sequence_length)
         vocab = plan.architecture.vocab_size
+        # One step is every micro-batch of the plan (gradients accumulate across them).
         batches = [
             Batch(
                 torch.randint(0, vocab, shape, device=runtime.device, generator=gen),
                 torch.randint(0, vocab, shape, device=runtime.device, generator=gen),
             )
+            for _ in range(plan.chosen.gradient_accumulation_steps)
         ]
         times, losses = [], []
         for i in range(warmup + timed):
@@ -75,7 +77,10 @@ def worker(plan_path: Path, result_dir: Path, warmup: int, timed: int) -> None:
                 times.append(step.seconds)
             lap("warmup" if i < warmup else "timed")
         result.update(
-            status="ok", step_times=times, losses=losses, tokens_per_step=trainer.tokens_per_micro_batch
+            status="ok",
+            step_times=times,
+            losses=losses,
+            tokens_per_step=trainer.tokens_per_micro_batch * len(batches),
         )
     except BaseException as err:  # recorded, not raised: the grid goes on
         if _is_oom(err):

@@ -26,7 +26,7 @@ def test_cpu_smoke_writes_one_record_per_configuration(tmp_path: Path) -> None:
     proc = _harness("--out", str(tmp_path), timeout=170)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     records = read_records([tmp_path / "records.jsonl"])
-    assert sorted(r.gpus for r in records) == [1, 2]
+    assert sorted(r.gpus for r in records) == [1, 1, 2]
     for r in records:
         assert r.status is RecordStatus.OK, r.detail
         assert r.tokens_per_second_per_gpu and r.tokens_per_second_per_gpu > 0
@@ -38,7 +38,15 @@ def test_cpu_smoke_writes_one_record_per_configuration(tmp_path: Path) -> None:
         assert all(f"{phase} " in r.detail for phase in ("import", "setup", "warmup", "timed")), r.detail
     # The path each one really ran, as the trainer decided it: one process trains without FSDP2.
     assert {r.gpus: r.single_device_path for r in records} == {1: True, 2: False}
-    assert (tmp_path / "summary.txt").read_text().count("_mbs1") == 2
+    # Accumulation: both micro-batches of a step ran, and the step's tokens count both.
+    one, two = (
+        next(r for r in records if r.gpus == 1 and r.candidate.gradient_accumulation_steps == n)
+        for n in (1, 2)
+    )
+    assert "_ga2" in two.key and two.predicted is not None
+    assert two.step_time_seconds and one.step_time_seconds
+    assert two.tokens_per_second_per_gpu == pytest.approx(2 * 128 / two.step_time_seconds)
+    assert (tmp_path / "summary.txt").read_text().count("_mbs1") == 3
     # Resuming from those records: everything is measured already, nothing runs again.
     again = tmp_path / "again"
     proc = _harness("--out", str(again), "--resume", str(tmp_path / "records.jsonl"), timeout=60)
@@ -51,5 +59,5 @@ def test_a_call_with_too_little_budget_left_starts_nothing(tmp_path: Path) -> No
     # next call (named, no record, so --resume runs it) instead of being started and lost as a timeout.
     proc = _harness("--out", str(tmp_path), "--budget-s", "20", timeout=60)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert proc.stdout.count("not started (budget)") == 2
+    assert proc.stdout.count("not started (budget)") == 3
     assert not (tmp_path / "records.jsonl").exists()
