@@ -157,7 +157,7 @@ async def test_nodes_back_grow_the_job_when_scale_up_allows(four_nodes: Cluster)
     async with running_operator(cluster):
         await cluster.apply(elastic_btj("grow", scale_up=True))
         first = await started(cluster, "grow", 3)
-        assert "3 schedulable nodes, fewer than maxNodes 4" in first["plan"]["elastic"]["reason"]
+        assert "3 nodes free for this job, fewer than maxNodes 4" in first["plan"]["elastic"]["reason"]
         await set_health(cluster, 3, "Schedulable")
         await wait_for(lambda: replicas(cluster, "grow") == 4, timeout=TIMEOUT_S, what="the child on 4 nodes")
         status = cluster.status("grow")

@@ -107,7 +107,7 @@ async def test_two_elastic_jobs_on_four_nodes_plan_what_is_free_and_say_so(
         # Planned for the free nodes, at least minNodes: 2, never the 4 the first job holds.
         status = cluster.status("second")
         assert status["plan"]["nodes"] == 2
-        assert "only 0 schedulable nodes, fewer than minNodes 2" in status["plan"]["elastic"]["reason"]
+        assert "only 0 nodes free for this job, fewer than minNodes 2" in status["plan"]["elastic"]["reason"]
         await wait_for(lambda: replicas(cluster, "second") == 2, timeout=TIMEOUT_S, what="its child")
         assert replicas(cluster, "first") == 4  # 6 node requests for 4 nodes, the second one's said waiting
         # Nothing of the first job (its name, its pods) is named in the second one's status.

@@ -42,10 +42,14 @@ def spec(
     ("schedulable", "nodes", "why"),
     [
         (None, 4, "the healthy nodes are unknown here: spec.cluster.nodes 4"),
-        (9, 4, "9 schedulable nodes hold maxNodes 4"),
-        (3, 3, "3 schedulable nodes, fewer than maxNodes 4"),
-        (2, 2, "2 schedulable nodes, fewer than maxNodes 4"),
-        (1, 2, "only 1 schedulable node, fewer than minNodes 2: planned for 2, and the job waits for nodes"),
+        (9, 4, "9 nodes free for this job hold maxNodes 4"),
+        (3, 3, "3 nodes free for this job, fewer than maxNodes 4"),
+        (2, 2, "2 nodes free for this job, fewer than maxNodes 4"),
+        (
+            1,
+            2,
+            "only 1 node free for this job, fewer than minNodes 2: planned for 2, and the job waits for nodes",
+        ),
     ],
 )
 def test_the_largest_count_the_healthy_nodes_hold_is_planned_and_said(

@@ -26,18 +26,21 @@ def at_nodes(spec: BlackwellTrainingJobSpec, nodes: int) -> BlackwellTrainingJob
 
 
 def highest_count(elastic: ElasticSpec, nodes: int, schedulable: int | None) -> tuple[int, str]:
-    """The largest count to try, and why: the most the healthy nodes hold in the range, else nodes."""
+    """The largest count to try, and why: the most the nodes free for the job hold in the range, else nodes.
+
+    `schedulable`: the healthy schedulable nodes of the instance type that other workloads leave free for
+    this job (all the schedulable ones where pods cannot be read), so the reason says "free"."""
     low, high = elastic.min_nodes, elastic.max_nodes
     if schedulable is None:
         return nodes, f"the healthy nodes are unknown here: spec.cluster.nodes {nodes}"
     if schedulable >= high:
-        return high, f"{schedulable} schedulable nodes hold maxNodes {high}"
+        return high, f"{schedulable} nodes free for this job hold maxNodes {high}"
     if schedulable >= low:
-        return schedulable, f"{schedulable} schedulable nodes, fewer than maxNodes {high}"
+        return schedulable, f"{schedulable} nodes free for this job, fewer than maxNodes {high}"
     plural = "" if schedulable == 1 else "s"
     return low, (
-        f"only {schedulable} schedulable node{plural}, fewer than minNodes {low}: planned for {low}, and "
-        "the job waits for nodes"
+        f"only {schedulable} node{plural} free for this job, fewer than minNodes {low}: planned for {low}, "
+        "and the job waits for nodes"
     )
 
 
