@@ -48,7 +48,8 @@ def spec(
         (
             1,
             2,
-            "only 1 node free for this job, fewer than minNodes 2: planned for 2, and the job waits for nodes",
+            "only 1 node free for this job, fewer than minNodes 2: planned for 2, and the job waits for "
+            "nodes",
         ),
     ],
 )
