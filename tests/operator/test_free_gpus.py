@@ -112,10 +112,12 @@ def test_free_nodes_are_allocatable_minus_what_other_workloads_request() -> None
     )
     four = count_capacity(nodes, B200, {"nvidia.com/gpu": 4}, held=held)
     assert (four.free, four.held) == (4, 2)  # a, c, d, f free, b and e held: the requests' GPUs win
-    assert four.enough_for(4) and not eight.enough_for(3) and eight.placeable() == 2
+    assert capacity_condition(four, 4).reason == "Sufficient" and eight.placeable() == 2
+    assert capacity_condition(eight, 3).reason == "HeldByOtherWorkloads"
     # Pods not read: the schedulable nodes count, and the description says why.
     blind = count_capacity(nodes, B200, gpus=8, unread="pods could not be listed")
-    assert blind.free is None and blind.placeable() == 6 and blind.enough_for(6)
+    assert blind.free is None and blind.placeable() == 6
+    assert capacity_condition(blind, 6).reason == "SufficientAllocatable"
     assert blind.describe().endswith(
         "; free GPUs not read (pods could not be listed): other workloads' pods are not counted"
     )

@@ -72,15 +72,6 @@ class Capacity:
     own: int = 0  # of the free nodes, those the job's own pods run on
     unread: str = ""  # why the free nodes are not known (free is None)
 
-    def enough_for(self, nodes: int) -> bool:
-        """Whether `nodes` workers fit on the schedulable nodes (their allocatable and the GPUs other
-        workloads leave free, when checked)."""
-        return (
-            self.schedulable >= nodes
-            and (self.fitting is None or self.fitting >= nodes)
-            and (self.free is None or self.free >= nodes)
-        )
-
     def placeable(self) -> int:
         """The most workers of the job the nodes take now: the free nodes, else (pods not read) the
         schedulable ones."""
