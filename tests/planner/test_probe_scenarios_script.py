@@ -13,7 +13,8 @@ import benchmarks.probe_scenarios_h100 as script
 import benchmarks.trainer_process as trainer_process
 import pytest
 
-from blackwell_trainer.plan.config import Plan, ProbeMeasurement, ProbeOutcome, ProbeResult
+from blackwell_trainer.plan.config import Plan
+from tests.support.probe_results import measured_probe
 
 SCENARIO = {"3b-s2560-b24": script.SCENARIOS["3b-s2560-b24"]}
 
@@ -52,20 +53,12 @@ def test_plans_run_and_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         launched.append(name)
         mbs = plan.chosen.micro_batch_size
         probe = ""
-        if plan.probe is not None and plan.probe.enabled:
-            measurements = [
-                ProbeMeasurement(
-                    index=i,
-                    outcome=ProbeOutcome.MEASURED,
-                    predicted_tokens_per_second_per_gpu=o.prediction.tokens_per_second_per_gpu,
-                    predicted_peak_reserved_bytes=o.prediction.memory.peak_reserved,
-                    tokens_per_second_per_gpu=1000.0 + i,
-                    peak_reserved_bytes=1,
-                )
-                for i, o in enumerate(plan.probe.candidates)
-            ]
-            chosen = plan.probe.candidates[0].candidate
-            probe = ProbeResult(winner=0, chosen=chosen, measurements=measurements, seconds=90.0).to_line()
+        if plan.probe is not None and plan.probe.enabled:  # the pick wins, every candidate measured
+            speeds = [1.0] * len(plan.probe.candidates)
+            result = measured_probe(
+                plan, speed=speeds, peak=lambda c: 1, winner=0, seconds_each=30, seconds=90
+            )
+            probe = result.to_line()
         text = "\n".join(_line(s, 10_000 * mbs + s, 60.0 + mbs) for s in range(1, 7))
         return trainer_process.TrainerRun(0, 1.0, text, "", probe)
 
