@@ -202,6 +202,20 @@ def cel_errors(schema: Schema, new: Any, old: Any = None, path: str = "") -> lis
     return errors
 
 
+def as_kubectl_sends(obj: Any) -> Any:
+    """`obj` as kubectl sends a YAML manifest: sigs.k8s.io/yaml decodes it and writes JSON with Go's
+    encoding/json, which prints an integral float64 below 1e21 without a fraction (`0.0` becomes `0`), and
+    the API server decodes a number without fraction or exponent as int64 (k8s.io/apimachinery util/json).
+    So `maxRetries: 0.0` arrives as the integer 0; `0.5`, and integral floats beyond int64, stay floats."""
+    if isinstance(obj, dict):
+        return {k: as_kubectl_sends(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [as_kubectl_sends(v) for v in obj]
+    if isinstance(obj, float) and obj.is_integer() and abs(obj) < 2**63:
+        return int(obj)
+    return obj
+
+
 def admit(open_api: Schema, validator: jsonschema.Draft4Validator, obj: Any, old: Any = None) -> list[str]:
     """All the reasons the API server would reject `obj` (an update of `old` when given)."""
     new = apply_defaults(open_api, prune_nulls(copy.deepcopy(obj)))
