@@ -69,6 +69,11 @@ def main(argv: list[str] | None = None) -> int:
         default=2,
         help="start each ladder this many doublings under the largest size the planner predicts to fit",
     )
+    parser.add_argument(
+        "--fine",
+        action="store_true",
+        help="sizes near the predicted limit: a quarter of it (at least 1) under it, then up in that step",
+    )
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps (the first compiles)")
     parser.add_argument("--timed", type=int, default=3)
     parser.add_argument("--budget-s", type=float, default=540.0, help="start nothing after this many seconds")
@@ -111,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         config_timeout=args.config_timeout,
         start_from_prediction=not args.full_ladder,
         below=args.below,
+        fine=args.fine,
         done=done,
         env=environment(),
     )

@@ -153,6 +153,9 @@ class Harness:
     config_timeout: float
     start_from_prediction: bool
     below: int = 2
+    # Sizes near the predicted limit instead of doublings: on an 80 GB card the size that decides a pick
+    # (3B at micro-batch 3) lies between two doublings, and the doubling above it is a wasted OOM.
+    fine: bool = False
     done: dict[str, CalibrationRecord] = field(default_factory=dict)
     records: list[CalibrationRecord] = field(default_factory=list)
     env: dict[str, Any] = field(default_factory=dict)
@@ -160,14 +163,16 @@ class Harness:
     free: list[int] = field(default_factory=list)
 
     def ladder(self, fam: Family) -> list[int]:
-        """Doubling micro-batch sizes; by default from 2**below under the planner's predicted limit."""
+        """Doubling micro-batch sizes; by default from 2**below under the planner's predicted limit. With
+        `fine`: one step under the predicted limit, then up by that step (a quarter of it, at least 1)."""
+        if self.fine:
+            limit = self.predicted_limit(fam)
+            step = max(1, limit // 4)
+            return list(range(max(1, limit - step), self.max_mbs + 1, step))
         start = 1
         if self.start_from_prediction:
             limit = 1
-            while limit * 2 <= self.max_mbs:
-                plan, _ = build_plan(fam, limit * 2, self.cal, self.instance)
-                if plan.predicted.memory.peak_reserved > plan.gpu.memory_bytes:
-                    break
+            while limit * 2 <= self.max_mbs and self.fits(fam, limit * 2):
                 limit *= 2
             start = max(1, limit >> self.below)
         sizes, m = [], start
@@ -175,6 +180,22 @@ class Harness:
             sizes.append(m)
             m *= 2
         return sizes
+
+    def fits(self, fam: Family, mbs: int) -> bool:
+        """Whether the planner predicts the configuration's peak within the GPU's memory."""
+        plan, _ = build_plan(fam, mbs, self.cal, self.instance)
+        return plan.predicted.memory.peak_reserved <= plan.gpu.memory_bytes
+
+    def predicted_limit(self, fam: Family) -> int:
+        """The largest micro-batch the planner predicts to fit (1 when none does), by bisection."""
+        low, high = 1, 2
+        while high <= self.max_mbs and self.fits(fam, high):
+            low, high = high, high * 2
+        high = min(high, self.max_mbs + 1)
+        while high - low > 1:
+            mid = (low + high) // 2
+            low, high = (mid, high) if self.fits(fam, mid) else (low, mid)
+        return low
 
     def run_config(self, fam: Family, mbs: int, gpu_ids: list[int]) -> CalibrationRecord:
         plan, stub = build_plan(fam, mbs, self.cal, self.instance)

@@ -158,3 +158,19 @@ def test_a_configuration_cut_by_the_call_deadline_is_left_for_the_next_call(
     assert rec.status is RecordStatus.SKIPPED
     assert rec.detail.startswith("call budget exhausted (killed after"), rec.detail
     assert f"===== {rec.key}" in (tmp_path / "worker_logs.txt").read_text()
+
+
+def test_a_fine_ladder_steps_through_the_predicted_limit(base: Calibration, tmp_path: Path) -> None:
+    # 3B at 4096 on one H100: the planner's limit lies between two doublings; a fine ladder measures one
+    # step under it, the limit itself, and steps on to the first OOM.
+    fam = grid.Family("3b", 4096, 1, "fp8", "torchao-tensorwise", "none")
+    h = _harness(base, tmp_path, instance=grid.H100_INSTANCE, fine=True)
+    limit = h.predicted_limit(fam)
+    assert h.fits(fam, limit) and not h.fits(fam, limit + 1)
+    step = max(1, limit // 4)
+    assert h.ladder(fam)[:3] == [max(1, limit - step), limit, limit + step]
+    h, ran = _runner(base, tmp_path, oom_from=limit + step)
+    h.fine, h.instance = True, grid.H100_INSTANCE
+    h.run_family(fam, [0])
+    assert ran == [max(1, limit - step), limit, limit + step]
+    assert [r.status.value for r in h.records] == ["ok", "ok", "oom"]
