@@ -55,7 +55,7 @@ def problem_for(
     return Problem(
         shapes,
         hw,
-        cal.for_gpu(hw.gpu.name),  # a no-op where the caller already chose the GPU's constants
+        cal,
         spec.training.sequence_length,
         tokens,
         budget,
