@@ -57,7 +57,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.trainer_process import run_trainer  # noqa: E402
+from benchmarks.trainer_process import candidate_label, run_trainer  # noqa: E402
 
 BASE = ROOT / "docs" / "calibration" / "h200-issue6" / "base-btj-trainer.yaml"
 STEP = re.compile(r"step (\d+)/\d+ loss \S+ .* tokens/s/gpu (\d+)")
@@ -153,11 +153,7 @@ def spec_for(scenario: dict[str, Any], steps: int) -> BlackwellTrainingJobSpec:
 
 def ranking(plan: Plan) -> list[str]:
     assert plan.probe is not None
-    return [_key(c.candidate.model_dump(by_alias=True)) for c in plan.probe.candidates]
-
-
-def _key(c: dict[str, Any]) -> str:
-    return f"{c['precisionRecipe']}/{c['activationCheckpointing']}/mbs{c['microBatchSize']}"
+    return [candidate_label(c.candidate) for c in plan.probe.candidates]
 
 
 def check_skew(plans: dict[str, dict[str, Plan]]) -> list[str]:
@@ -253,9 +249,9 @@ def measure_scenario(
         option = next((o for o in (plan.probe.options if plan.probe else []) if o.candidate == c), None)
         prediction = option.prediction if option else plan.predicted
         single = plan.model_copy(update={"chosen": c, "predicted": prediction, "probe": None, "steps": steps})
-        run = train(single, out, f"{scenario}.alone.{_key(c.model_dump(by_alias=True))}", 1800)
+        run = train(single, out, f"{scenario}.alone.{candidate_label(c)}", 1800)
         results["alone"][key] = {
-            "candidate": _key(c.model_dump(by_alias=True)),
+            "candidate": candidate_label(c),
             "measured_tokens_per_second_per_gpu": run["tokens_per_second_per_gpu"],
             "rc": run["rc"],
             "seconds": run["seconds"],
@@ -278,7 +274,7 @@ def summarise(plan: Plan, probe: dict[str, Any] | None, alone: dict[str, Any]) -
     seconds = probe["seconds"] if probe else None
     rows = [
         {
-            "candidate": _key(o.candidate.model_dump(by_alias=True)),
+            "candidate": candidate_label(o.candidate),
             "grows": getattr(o, "grows", None),
             "predicted_tokens_per_second_per_gpu": o.prediction.tokens_per_second_per_gpu,
             "predicted_peak_reserved_bytes": o.prediction.memory.peak_reserved,
@@ -288,8 +284,8 @@ def summarise(plan: Plan, probe: dict[str, Any] | None, alone: dict[str, Any]) -
         if config_key(o.candidate) in rate
     ]
     return {
-        "pick": _key(plan.chosen.model_dump(by_alias=True)),
-        "winner": _key(won.model_dump(by_alias=True)),
+        "pick": candidate_label(plan.chosen),
+        "winner": candidate_label(won),
         "candidates": rows,
         "winner_share_of_best": rate.get(config_key(won), 0.0) / best if best else None,
         "pick_share_of_best": rate.get(config_key(plan.chosen), 0.0) / best if best else None,
@@ -385,7 +381,7 @@ def growth(plan: Plan) -> list[str]:
     """The larger micro-batches a probe may grow to, as 'candidate -> configuration'."""
     if plan.probe is None:
         return []
-    return [f"{g.grows} -> {_key(g.candidate.model_dump(by_alias=True))}" for g in plan.probe.growth]
+    return [f"{g.grows} -> {candidate_label(g.candidate)}" for g in plan.probe.growth]
 
 
 def _device() -> str:

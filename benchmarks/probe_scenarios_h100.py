@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.probe_teardown_h100 import _steps  # noqa: E402  (after the path fix above)
+from benchmarks.trainer_process import candidate_label, step_figures  # noqa: E402  (after the path fix)
 
 INSTANCE = "ml.p5.48xlarge"
 # Steps a user's job would run: they set the probe's time budget (a share of the predicted run).
@@ -66,11 +66,6 @@ def _spec(scenario: dict[str, Any], tuning: dict[str, Any]) -> Any:
     )
 
 
-def _key(candidate: Any) -> str:
-    c = candidate
-    return f"{c.precision_recipe.value}/{c.activation_checkpointing.value}/mbs{c.micro_batch_size}"
-
-
 def make_plans(out: Path, profiles: dict[str, str]) -> None:
     """Every scenario's probed plan per profile, and the alone configurations (planned with the shipped
     profile: only their own measurement is used)."""
@@ -98,10 +93,10 @@ def make_plans(out: Path, profiles: dict[str, str]) -> None:
                     "scenario": name,
                     "profile": profile,
                     "plan": path.name,
-                    "pick": _key(plan.chosen),
+                    "pick": candidate_label(plan.chosen),
                     "probe_enabled": plan.probe.enabled if plan.probe else False,
                     "probe_reason": plan.probe.reason if plan.probe else "",
-                    "options": [_key(o.candidate) for o in options],
+                    "options": [candidate_label(o.candidate) for o in options],
                 }
             )
             recipe = recipe or plan.chosen.precision_recipe
@@ -140,7 +135,7 @@ def make_plans(out: Path, profiles: dict[str, str]) -> None:
             index["alone"].append(
                 {
                     "scenario": name,
-                    "config": _key(plan.chosen),
+                    "config": candidate_label(plan.chosen),
                     "plan": path.name,
                     "predicted_tokens_per_second_per_gpu": plan.predicted.tokens_per_second_per_gpu,
                     "predicted_peak_reserved_gib": plan.predicted.memory.peak_reserved / 2**30,
@@ -156,7 +151,7 @@ def make_plans(out: Path, profiles: dict[str, str]) -> None:
 
 
 def _figures(text: str) -> dict[str, Any]:
-    steps = _steps(text)
+    steps = step_figures(text)
     rates = [s["tokens_per_second_per_gpu"] for s in steps[2:]]
     return {
         "steps": steps,
@@ -208,7 +203,7 @@ def run(plans: Path, out: Path, budget_s: float, only: str) -> None:
             probe = ProbeResult.find(result.termination_message)
             entry["probe"] = None if probe is None else probe.model_dump(mode="json", by_alias=True)
             if probe is not None and probe.chosen is not None:
-                entry["winner"] = _key(probe.chosen)
+                entry["winner"] = candidate_label(probe.chosen)
         record[kind][name] = entry
         path.write_text(json.dumps(record, indent=1))
         print(

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import re
 import statistics
 import sys
 import time
@@ -30,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-STEP = re.compile(r"step (\d+)/\d+ .*tokens/s/gpu (\d+).*reserved ([0-9.]+) GiB")
+from benchmarks.trainer_process import step_figures  # noqa: E402  (after the path fix above)
+
 SCENARIO: dict[str, Any] = {"preset": "llama3.2-3b", "seq": 4096, "sequences": 24}
 
 
@@ -58,14 +58,6 @@ def make_plan(out: Path) -> None:
     print(f"planned {plan.chosen.model_dump(by_alias=True)}; probe options {options}")
 
 
-def _steps(text: str) -> list[dict[str, float]]:
-    return [
-        {"step": int(m[1]), "tokens_per_second_per_gpu": int(m[2]), "reserved_gib": float(m[3])}
-        for m in map(STEP.search, text.splitlines())
-        if m
-    ]
-
-
 def run(plan_path: Path, out: Path, budget_s: float) -> None:
     import torch
 
@@ -90,7 +82,11 @@ def run(plan_path: Path, out: Path, budget_s: float) -> None:
     probed = run_trainer(plan, out, "probed", budget_s * 0.6)
     text = probed.stdout + probed.stderr
     result = ProbeResult.find(probed.termination_message)
-    record["runs"]["probed"] = {"rc": probed.returncode, "seconds": probed.seconds, "steps": _steps(text)}
+    record["runs"]["probed"] = {
+        "rc": probed.returncode,
+        "seconds": probed.seconds,
+        "steps": step_figures(text),
+    }
     record["probe"] = None if result is None else result.model_dump(mode="json", by_alias=True)
     (out / "probed.log").write_text(text[-200_000:])
     save()
@@ -108,7 +104,7 @@ def run(plan_path: Path, out: Path, budget_s: float) -> None:
     record["runs"]["alone"] = {
         "rc": alone.returncode,
         "seconds": alone.seconds,
-        "steps": _steps(alone.stdout + alone.stderr),
+        "steps": step_figures(alone.stdout + alone.stderr),
     }
     (out / "alone.log").write_text((alone.stdout + alone.stderr)[-200_000:])
     peaks = {k: max((s["reserved_gib"] for s in v["steps"]), default=None) for k, v in record["runs"].items()}
@@ -160,7 +156,7 @@ def alone(plan_path: Path, out: Path, configs: list[str], budget_s: float) -> No
             update={"chosen": option.candidate, "predicted": option.prediction, "probe": None}
         )
         result = run_trainer(single, out, f"alone-{ac}-{mbs}", left - 5)
-        steps = _steps(result.stdout + result.stderr)
+        steps = step_figures(result.stdout + result.stderr)
         rates = [s["tokens_per_second_per_gpu"] for s in steps[2:]]
         record["alone"][config] = {
             "rc": result.returncode,

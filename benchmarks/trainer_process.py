@@ -1,12 +1,13 @@
 """One trainer process on a plan, as the GPU record scripts launch it (`python -m blackwell_trainer`).
 
 Every step logged, a free metrics port, and the plan, the log and the termination message kept in `out`
-under the run's name.
+under the run's name; and what those scripts read back: each step's figures, a configuration's label.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -14,7 +15,25 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from blackwell_trainer.plan.config import Plan
+from blackwell_trainer.plan.config import Candidate, Plan
+
+# The trainer's step line: its tokens/s per GPU and the caching allocator's peak reserved memory.
+STEP = re.compile(r"step (\d+)/\d+ .*tokens/s/gpu (\d+).*reserved ([0-9.]+) GiB")
+
+
+def step_figures(text: str) -> list[dict[str, float]]:
+    """Each logged step's number, tokens/s per GPU and peak reserved GiB, from a trainer's output."""
+    return [
+        {"step": int(m[1]), "tokens_per_second_per_gpu": int(m[2]), "reserved_gib": float(m[3])}
+        for m in map(STEP.search, text.splitlines())
+        if m
+    ]
+
+
+def candidate_label(candidate: Candidate) -> str:
+    """A configuration as the records name it: recipe/AC/mbsN (a scenario fixes everything else)."""
+    c = candidate
+    return f"{c.precision_recipe.value}/{c.activation_checkpointing.value}/mbs{c.micro_batch_size}"
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ def recorder(launched: list[tuple[str, str]], saved: list[int]) -> Any:
     def fake_train(plan: Plan, out: Path, name: str, timeout_s: float) -> dict[str, Any]:
         record = out / "probe_h200.json"
         saved.append(len(json.loads(record.read_text())["results"]) if record.exists() else -1)
-        launched.append((name, script._key(plan.chosen.model_dump(by_alias=True))))
+        launched.append((name, trainer_process.candidate_label(plan.chosen)))
         probe = None
         if plan.probe is not None:  # the probed run: the pick measured under its predicted peak, so it grew
             assert plan.probe.growth
