@@ -39,6 +39,8 @@ INSTANCE = "ml.p5.48xlarge"
 USER_STEPS = 3000
 # Steps trained here after the probe, and alone; tokens/s is the median from the third step on.
 RUN_STEPS = 6
+# Lines of each run's log kept in the JSON: enough for an OOM's traceback and the probe's lines.
+LOG_TAIL_LINES = 40
 PROFILES = {
     "shipped": "btj-trainer",
     "base": "docs/calibration/h200-issue6/base-btj-trainer.yaml",
@@ -160,7 +162,8 @@ def _figures(text: str) -> dict[str, Any]:
     }
 
 
-def run(plans: Path, out: Path, budget_s: float, only: str) -> None:
+def run(plans: Path, out: Path, budget_s: float, only: str, work: Path) -> None:
+    """Train each plan; `work` takes the trainer's files, `out` only the JSON (the device returns 8 files)."""
     import torch
 
     from benchmarks.trainer_process import run_trainer
@@ -196,9 +199,15 @@ def run(plans: Path, out: Path, budget_s: float, only: str) -> None:
             continue
         plan = Plan.model_validate_json((plans / item["plan"]).read_text())
         name = item["plan"].removesuffix(".plan.json")
-        result = run_trainer(plan, out, name, left - 5)
+        result = run_trainer(plan, work, name, left - 5)
         text = result.stdout + result.stderr
-        entry = {**item, "rc": result.returncode, "seconds": result.seconds, **_figures(text)}
+        entry = {
+            **item,
+            "rc": result.returncode,
+            "seconds": result.seconds,
+            **_figures(text),
+            "log_tail": text.splitlines()[-LOG_TAIL_LINES:],
+        }
         if kind == "probed":
             probe = ProbeResult.find(result.termination_message)
             entry["probe"] = None if probe is None else probe.model_dump(mode="json", by_alias=True)
@@ -277,6 +286,7 @@ def main() -> int:
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--budget-s", type=float, default=540)
     r.add_argument("--only", default="", help="run only plans whose file name contains one of these")
+    r.add_argument("--work", type=Path, default=Path("/tmp/probe_scenarios_h100"), help="the trainer's files")
     t = sub.add_parser("report")
     t.add_argument("result", type=Path, help="a run's probe_scenarios_h100.json")
     t.add_argument("--plans", type=Path, default=ROOT / "benchmarks/results/probe_scenarios_h100")
@@ -289,7 +299,8 @@ def main() -> int:
             profiles["refit"] = args.refit
         make_plans(args.out, profiles)
     else:
-        run(args.plans, args.out, args.budget_s, args.only)
+        args.work.mkdir(parents=True, exist_ok=True)
+        run(args.plans, args.out, args.budget_s, args.only, args.work)
     return 0
 
 

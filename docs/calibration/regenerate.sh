@@ -78,7 +78,7 @@ btj calibrate report benchmarks/calibration/records/h200-single-ac \
 # result is the profile's gpus.H100 block. Judged against issue 37's bar: picks at 99% of the best measured,
 # reserved memory within 3%, tokens/s within 5%.
 H100_BASE=docs/calibration/h100/base-btj-trainer.yaml
-H100_NOTE="Data: benchmarks/calibration/pending/h100 (\`benchmarks/calibration/harness.py --grid h100 --instance-type ml.p5.48xlarge --below 0\` on nvidia-h100-x1, 2026-12-06; commands and consoles in benchmarks/calibration/pending/h100/logs). One GPU, the single-device path (the trainer's default there): Llama-3.2-1B and 3B at sequence 4096 with every AC mode, BF16 and torchao FP8, each ladder doubling from the shipped profile's predicted limit to the first OOM."
+H100_NOTE="Data: benchmarks/calibration/pending/h100 (\`benchmarks/calibration/harness.py --grid h100 --instance-type ml.p5.48xlarge --below 0\`, then \`--fine --resume\`, on nvidia-h100-x1, 2026-12-06, two calls; commands and consoles in benchmarks/calibration/pending/h100/logs). One GPU, the single-device path (the trainer's default there): Llama-3.2-1B and 3B at sequence 4096 with every AC mode, BF16 and torchao FP8, each ladder doubling from the shipped profile's predicted limit to the first OOM, then finer steps near the limit (1B BF16 and one FP8 family so far)."
 FIT="btj calibrate fit benchmarks/calibration/pending/h100 --base $H100_BASE -o docs/calibration/h100/btj-trainer-h100.yaml"
 $FIT
 btj calibrate report benchmarks/calibration/pending/h100 \

@@ -51,6 +51,7 @@ def test_plans_run_and_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
     def fake_run(plan: Plan, out: Path, name: str, timeout_s: float, tuning: str | None = None) -> Any:
         launched.append(name)
+        (out / f"{name}.log").write_text("the trainer's files go to the work folder")
         mbs = plan.chosen.micro_batch_size
         probe = ""
         if plan.probe is not None and plan.probe.enabled:  # the pick wins, every candidate measured
@@ -65,11 +66,16 @@ def test_plans_run_and_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(trainer_process, "run_trainer", fake_run)
     out = tmp_path / "out"
     out.mkdir()
-    script.run(plans, out, budget_s=10_000, only="3b-s2560")
+    work = tmp_path / "work"
+    work.mkdir()
+    script.run(plans, out, budget_s=10_000, only="3b-s2560", work=work)
+    # The device returns 8 files: the trainer's files stay in `work`, `out` holds the record alone.
+    assert [p.name for p in out.iterdir()] == ["probe_scenarios_h100.json"]
     record = json.loads((out / "probe_scenarios_h100.json").read_text())
     assert len(record["probed"]) == 2 and len(record["alone"]) == len(index["alone"])
     assert launched[:2] == ["3b-s2560-b24.shipped", "3b-s2560-b24.base"]
     shipped = record["probed"]["3b-s2560-b24.shipped"]
     assert shipped["winner"] == shipped["pick"] and shipped["tokens_per_second_per_gpu"] == 40_004.5
+    assert shipped["log_tail"][-1].startswith("step 6/6")
     table = script.report(out / "probe_scenarios_h100.json", plans)
     assert "| 3b-s2560-b24 | shipped |" in table and "| 3b-s2560-b24 | base |" in table
