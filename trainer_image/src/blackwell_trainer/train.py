@@ -185,6 +185,7 @@ def _loop(
         owner=owner,
     )
     ledger = SampleLedger.from_env(runtime.rank)
+    trainer.state_kept_at = checkpoints.keeps_state_at  # never a state written unscanned
     _resume_or_start(plan, state, checkpoints, metrics)
     report = StepReport(plan, runtime, metrics)
     started_at = trainer.step_index
@@ -199,6 +200,8 @@ def _loop(
         # Every rank asks before every step it still has to take, so all stop before the same step. A
         # SIGTERM during start-up (rendezvous, model build, resume) stops here, before the first step.
         if guard.agreed():
+            if trainer.step_index != started_at and checkpoints.checkpointer.enabled:
+                _scanned_before_saving(trainer, checkpoints)
             checkpoints.at_preemption(trainer.step_index, started_at)
             return 0
         result = _finite_step(trainer, source, checkpoints, ledger)
@@ -280,15 +283,28 @@ def _finite_step(
         return result
     except NonFiniteStep as err:  # raised on every rank alike, before any save of that step
         ledger.discard()
-        kept = checkpoints.last_saved_step
-        # The first step after resuming a checkpoint without checksums: it may be damaged, so it is skipped.
-        resume = checkpoints.mark_suspect(err.step) or (
-            f"a restart resumes from step {kept}" if kept is not None else "no checkpoint yet"
-        )
-        raise err.explained(
-            f"stopped before saving it; {resume}. If it recurs at this step, lower "
-            "optimizer.learningRate (spec.training) or inspect the data it reads"
-        ) from None
+        raise _explained(err, checkpoints) from None
+
+
+def _scanned_before_saving(trainer: Trainer, checkpoints: CheckpointManager) -> None:
+    """Before the preemption save: the newest step's parameters, where its step did not scan them."""
+    try:
+        trainer.check_parameters()
+    except NonFiniteStep as err:
+        raise _explained(err, checkpoints) from None
+
+
+def _explained(err: NonFiniteStep, checkpoints: CheckpointManager) -> NonFiniteStep:
+    """The non-finite stop with what a restart resumes from and what to do."""
+    kept = checkpoints.last_saved_step
+    # The first step after resuming a checkpoint without checksums: it may be damaged, so it is skipped.
+    resume = checkpoints.mark_suspect(err.step) or (
+        f"a restart resumes from step {kept}" if kept is not None else "no checkpoint yet"
+    )
+    return err.explained(
+        f"stopped before saving it; {resume}. If it recurs at this step, lower "
+        "optimizer.learningRate (spec.training) or inspect the data it reads"
+    )
 
 
 def main(argv: Sequence[str] | None = None, guard: PreemptionGuard | None = None) -> int:

@@ -147,6 +147,11 @@ class CheckpointManager:
         """`step` ended finite: the checkpoint before it is known good, so pruning may go on."""
         self.checkpointer.confirm_finite(step)
 
+    def keeps_state_at(self, step: int) -> bool:
+        """Whether `step`'s state is written after it: the final step (its checkpoint, an export) or an
+        interval save."""
+        return step == self.steps or (self.checkpointer.enabled and step % self.interval == 0)
+
     def after_step(self, step: int) -> None:
         """Save if `step` is the final one or on the interval (collective)."""
         if step == self.steps:

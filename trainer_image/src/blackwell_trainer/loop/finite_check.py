@@ -28,6 +28,25 @@ def _ranks_with(flags: torch.Tensor, world: int) -> list[list[int]]:
     return [[r for r in range(world) if rows[r][k]] for k in range(flags.numel())]
 
 
+def _largest(model: nn.Module, *, foreach: bool) -> torch.Tensor:
+    """The largest parameter magnitude of this rank's shards: non-finite iff one parameter is."""
+    params = [_local(p.detach()) for p in model.parameters()]
+    return torch.nn.utils.get_total_norm(params, norm_type=math.inf, foreach=foreach)
+
+
+def check_parameters(step: int, loss: float, model: nn.Module, *, foreach: bool) -> None:
+    """The parameters alone, before a save of a step whose parameters were not scanned (collective):
+    NonFiniteStep on every rank, naming the ranks, if any rank holds a non-finite one. `loss` is the
+    step's, for the message."""
+    flag = (~torch.isfinite(_largest(model, foreach=foreach))).float().reshape(1)
+    reduced = flag.clone()
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if world > 1:
+        dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
+    if reduced.item():
+        raise NonFiniteStep(step, loss, [[], [], _ranks_with(flag, world)[0]])
+
+
 def reduce_loss_checked(
     step: int,
     loss_sum: torch.Tensor,
@@ -42,14 +61,12 @@ def reduce_loss_checked(
     This rank's view of the step goes into one all-reduce: its loss and whether its loss, its share of
     the gradient norm and its parameter shards are finite. The largest parameter magnitude is
     non-finite iff one parameter is: what a checkpoint of this step would hold is checked before any
-    save of it (one read of the local shards; `model` None skips that read, tuning.parameter_check).
+    save of it (one read of the local shards; `model` None skips that read on a step whose state is
+    not kept, tuning.parameter_check).
     Called after the optimizer step; `step` is its number.
     """
-    if model is None:  # the parameter scan is switched off (tuning.parameter_check): finite by fiat
-        largest = torch.zeros((), device=loss_sum.device)
-    else:
-        params = [_local(p.detach()) for p in model.parameters()]
-        largest = torch.nn.utils.get_total_norm(params, norm_type=math.inf, foreach=foreach)
+    # No scan at this step (tuning.parameter_check): its state is not written, the next step's loss tells.
+    largest = torch.zeros((), device=loss_sum.device) if model is None else _largest(model, foreach=foreach)
     local = torch.stack(
         [
             loss_sum / accum,
