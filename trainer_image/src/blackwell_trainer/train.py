@@ -185,7 +185,7 @@ def _loop(
         owner=owner,
     )
     ledger = SampleLedger.from_env(runtime.rank)
-    trainer.state_kept_at = checkpoints.keeps_state_at  # never a state written unscanned
+    trainer.scan.kept_at = checkpoints.keeps_state_at  # never a state written unscanned
     _resume_or_start(plan, state, checkpoints, metrics)
     report = StepReport(plan, runtime, metrics)
     started_at = trainer.step_index

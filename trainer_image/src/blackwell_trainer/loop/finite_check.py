@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -15,6 +17,29 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     """This rank's shard of a DTensor (FSDP2 parameters, gradient norms), or the tensor itself."""
     to_local = getattr(tensor, "to_local", None)
     return to_local() if callable(to_local) else tensor
+
+
+@dataclass
+class ParameterScan:
+    """Which steps read the parameters for non-finite values, and what the newest step left.
+
+    With the per-step scan off (tuning.parameter_check), only the steps `kept_at` names are read: the
+    run's loop names the steps whose state it writes, so that none is written unscanned. None: no step
+    (the probe writes nothing)."""
+
+    kept_at: Callable[[int], bool] | None = None
+    scanned_step: int | None = None  # the newest step whose parameters were read
+    last_loss: float = math.nan  # the newest step's loss, for a later check's message
+
+    def due(self, step: int, *, every_step: bool) -> bool:
+        """Whether `step` reads the parameters."""
+        return every_step or (self.kept_at is not None and self.kept_at(step))
+
+    def ran(self, step: int, loss: float, *, scanned: bool) -> None:
+        """`step` ended finite with `loss`, its parameters read or not."""
+        self.last_loss = loss
+        if scanned:
+            self.scanned_step = step
 
 
 def _ranks_with(flags: torch.Tensor, world: int) -> list[list[int]]:

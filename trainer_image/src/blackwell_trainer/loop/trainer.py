@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
-from blackwell_trainer.loop.finite_check import check_parameters, reduce_loss_checked
+from blackwell_trainer.loop.finite_check import ParameterScan, check_parameters, reduce_loss_checked
 from blackwell_trainer.loop.oom import PhaseTracker
 from blackwell_trainer.loop.optimizer import build_optimizer, set_lr
 from blackwell_trainer.loop.step_report import StepResult
@@ -48,8 +48,7 @@ class Trainer:
         tuning: Tuning | None = None,
         compute_dtype: torch.dtype | None = None,
     ) -> None:
-        self.plan = plan
-        self.runtime = runtime
+        self.plan, self.runtime = plan, runtime
         self.tuning = tuning if tuning is not None else Tuning.from_env()
         # Where a CUDA OOM happens (setup until the first step): the run's tracker, or a private one.
         self.tracker = tracker or PhaseTracker()
@@ -94,12 +93,7 @@ class Trainer:
         )
         self.optimizer = build_optimizer(self.model, plan, runtime.device)
         self.step_index = 0
-        # Steps whose parameters are scanned for non-finite values with the per-step scan off
-        # (tuning.parameter_check): the run's loop sets it to the steps it saves or exports, so that no
-        # state is ever written unscanned. None: no step (the probe saves nothing).
-        self.state_kept_at: Callable[[int], bool] | None = None
-        self.scanned_step: int | None = None  # the newest step whose parameters were scanned
-        self.last_loss = float("nan")
+        self.scan = ParameterScan()  # the run's loop names the steps whose state it writes
         self.flops_per_token = flops_per_token(plan.architecture, plan.sequence_length)
         # Tokens this rank processes: a context-parallel rank holds 1/cp of each sequence.
         self.tokens_per_micro_batch = (
@@ -120,15 +114,11 @@ class Trainer:
         foreach = self.runtime.device.type == "cuda"
         grad_norm = self._optimizer_step(foreach)
         self.step_index += 1
-        scan = self.tuning.parameter_check or (
-            self.state_kept_at is not None and self.state_kept_at(self.step_index)
-        )
+        scan = self.scan.due(self.step_index, every_step=self.tuning.parameter_check)
         loss_value = reduce_loss_checked(
             self.step_index, loss_sum, accum, grad_norm, self.model if scan else None, foreach=foreach
         )
-        self.last_loss = loss_value
-        if scan:
-            self.scanned_step = self.step_index
+        self.scan.ran(self.step_index, loss_value, scanned=scan)
         seconds = time.perf_counter() - started
         tokens = self.tokens_per_micro_batch * accum
         mfu = (
@@ -141,11 +131,11 @@ class Trainer:
     def check_parameters(self) -> None:
         """Before the state of the newest step is written where that step was not scanned (a save at
         preemption): NonFiniteStep on every rank if a parameter is not finite (collective)."""
-        if self.scanned_step == self.step_index:
+        if self.scan.scanned_step == self.step_index:
             return
         foreach = self.runtime.device.type == "cuda"
-        check_parameters(self.step_index, self.last_loss, self.model, foreach=foreach)
-        self.scanned_step = self.step_index
+        check_parameters(self.step_index, self.scan.last_loss, self.model, foreach=foreach)
+        self.scan.scanned_step = self.step_index
 
     def _collect_garbage(self, step: int) -> None:
         """tuning.manual_gc: the cyclic collector off, a young-generation pass every GC_EVERY_STEPS steps,
