@@ -8,7 +8,7 @@ pydantic carried as wheels, see docs/calibration/README.md):
     python -m benchmarks.calibration.harness --cpu-smoke --out /tmp/smoke                # CPU, gloo
 
 The parts: grid.py (families, grids, Plans), worker.py (one configuration), scheduler.py (lanes,
-subprocesses, records), and this command line.
+subprocesses, records), prewarm.py (workers started early), and this command line.
 
 Every configuration is a family (model, sequence, GPUs, precision/recipe, AC, sharding) at one micro-batch
 size; a family's micro-batch sizes run in doubling order until the first OOM. Each configuration runs in its
@@ -18,6 +18,8 @@ measurement. One-GPU families run in parallel lanes, one per visible GPU; multi-
 GPUs as they need. Records are appended to OUT/records.jsonl (one JSON CalibrationRecord per line) as
 each configuration ends; configurations already in --resume files are skipped, so a grid larger than one
 call finishes over several calls. Tokens/s per GPU = tokens per step per GPU / the median timed step.
+A one-GPU configuration starts in a worker its lane started while the previous configuration trained, its
+imports done (`--no-prewarm`: each cold); its record says so ("prewarmed").
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.calibration.grid import GRIDS, H200_INSTANCE
-from benchmarks.calibration.scheduler import Harness, environment, summary
+from benchmarks.calibration.prewarm import WarmPool
+from benchmarks.calibration.scheduler import REPO, WORKER, Harness, environment, summary
 from blackwell_operator.calibrate.coverage import LADDER_TOP
 from blackwell_operator.calibrate.records import read_records
 
@@ -57,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", default="", help="keep only families of these GPU counts")
     parser.add_argument("--precisions", default="", help="keep only bf16 and/or fp8")
     parser.add_argument("--acs", default="", help="keep only these AC modes")
-    parser.add_argument("--max-mbs", type=int, default=LADDER_TOP)
+    parser.add_argument("--max-mbs", type=int, default=None, help=f"default {LADDER_TOP} (--cpu-smoke: 1)")
     parser.add_argument(
         "--full-ladder",
         action="store_true",
@@ -81,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", nargs="*", default=[], help="record files whose configurations to skip")
     parser.add_argument("--calibration", default="btj-trainer", help="calibration for the plans' predictions")
     parser.add_argument("--instance-type", default=H200_INSTANCE)
+    parser.add_argument(
+        "--no-prewarm",
+        action="store_true",
+        help="start every one-GPU configuration cold (default: its worker imports during the previous one)",
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -91,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     families = GRIDS["cpu-smoke" if args.cpu_smoke else args.grid]
     if args.cpu_smoke:
-        args.warmup, args.timed, args.max_mbs, args.full_ladder = 1, 2, 1, True
+        args.warmup, args.timed, args.full_ladder = 1, 2, True
+    args.max_mbs = args.max_mbs or (1 if args.cpu_smoke else LADDER_TOP)
     keep: dict[str, list[Any]] = {
         "model": _csv(args.models),
         "sequence_length": [int(s) for s in _csv(args.seqs)],
@@ -119,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         fine=args.fine,
         done=done,
         env=environment(),
+        warm=None if args.no_prewarm else WarmPool(WORKER, REPO),
     )
     print(json.dumps({"families": len(families), "gpus": gpus, **harness.env}), flush=True)
     harness.run(families)

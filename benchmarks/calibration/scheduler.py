@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.calibration.grid import Family, architecture, build_plan, single_device
+from benchmarks.calibration.prewarm import WarmPool
 from blackwell_operator.calibrate.records import (
     CalibrationRecord,
     RecordStatus,
@@ -67,6 +68,14 @@ def kill_tree(pid: int) -> None:
     for victim in victims:
         with contextlib.suppress(ProcessLookupError):
             os.kill(victim, signal.SIGKILL)
+
+
+def worker_environment(gpu_ids: list[int]) -> dict[str, str]:
+    """A configuration's process environment on the GPUs `gpu_ids`."""
+    env = dict(os.environ)
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpu_ids)
+    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # as the rendered pods set it
+    return env
 
 
 def environment() -> dict[str, Any]:
@@ -114,6 +123,10 @@ def merge(
             *(str(r.get("detail", "")) for r in results if r.get("detail")),
             detail,
             f"rank 0: {phases}" if phases else "",
+            # A pre-started worker (prewarm.py): its imports ran while the previous configuration trained.
+            f"prewarmed (imports {rank0['imported_before']:.1f} s before)"
+            if "imported_before" in rank0
+            else "",
         ]
         if d
     )
@@ -161,6 +174,8 @@ class Harness:
     env: dict[str, Any] = field(default_factory=dict)
     lock: threading.Condition = field(default_factory=threading.Condition)
     free: list[int] = field(default_factory=list)
+    # One-GPU configurations start in a worker pre-started on their lane (prewarm.py); None: each cold.
+    warm: WarmPool | None = None
 
     def ladder(self, fam: Family) -> list[int]:
         """Doubling micro-batch sizes; by default from 2**below under the planner's predicted limit. With
@@ -202,11 +217,54 @@ class Harness:
         remaining = self.deadline - time.time()
         if remaining < MIN_START_S:
             return stub.model_copy(update=dict(status=RecordStatus.SKIPPED, detail="call budget exhausted"))
-        tmp = Path(tempfile.mkdtemp(prefix="btj-cal-"))
+        lane = tuple(gpu_ids)
+        warm = self.warm.take(lane) if self.warm is not None and fam.gpus == 1 else None
+        tmp = warm.folder if warm is not None else Path(tempfile.mkdtemp(prefix="btj-cal-"))
         (tmp / "plan.json").write_text(plan.to_json())
-        env = dict(os.environ)
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpu_ids)
-        env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # as the rendered pods set it
+        env = worker_environment(gpu_ids)
+        started = time.time()
+        detail = ""
+        log_path = tmp / "log.txt"
+        if warm is not None:
+            warm.start(tmp / "plan.json", tmp, self.warmup, self.timed)
+            proc = warm.proc
+        else:
+            proc = self._start_cold(fam, tmp, env)
+        if self.warm is not None and fam.gpus == 1 and self.deadline - time.time() > MIN_START_S:
+            self.warm.spawn(lane, env)  # the lane's next configuration imports while this one runs
+        cut_by_deadline = remaining - 10 < self.config_timeout
+        killed = False
+        try:
+            proc.wait(timeout=min(self.config_timeout, remaining - 10))
+        except subprocess.TimeoutExpired:
+            kill_tree(proc.pid)
+            proc.wait()
+            killed = True
+            detail = f"killed after {time.time() - started:.0f} s"
+        tail = log_path.read_text(errors="replace").splitlines()[-60:] if log_path.exists() else []
+        with self.lock, open(self.out / "worker_logs.txt", "a") as f:
+            f.write(f"===== {stub.key} (last 60 lines)\n" + "\n".join(tail) + "\n")
+        if killed and cut_by_deadline:
+            # The call's budget ran out, not the configuration: leave it for the next call (its log is kept
+            # above, to see how far it got).
+            return stub.model_copy(
+                update=dict(status=RecordStatus.SKIPPED, detail=f"call budget exhausted ({detail})")
+            )
+        results = [json.loads(p.read_text()) for p in sorted(tmp.glob("result.rank*.json"))]
+        if not results:
+            status = RecordStatus.TIMEOUT if detail else RecordStatus.ERROR
+            return stub.model_copy(
+                update=dict(
+                    status=status,
+                    detail=(detail or "no result; " + " | ".join(tail[-5:]))[:1500],
+                    gpu_name=self.env["gpu_name"],
+                    versions=Versions(**self.env["versions"]),
+                )
+            )
+        return merge(stub, results, self.env, f"wall {time.time() - started:.0f} s {detail}".strip())
+
+    def _start_cold(self, fam: Family, tmp: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """A new worker process for the configuration planned in tmp/plan.json (torchrun for several GPUs)."""
         # The worker is a module of this repository, run from its root; it imports the installed packages.
         args = [
             "-m",
@@ -233,44 +291,11 @@ class Harness:
             ]
         else:
             cmd = [sys.executable, *args]
-        started = time.time()
-        detail = ""
-        log_path = tmp / "log.txt"
-        with open(log_path, "w") as log:
+        with open(tmp / "log.txt", "w") as log:
             # Its own session: on a timeout the whole group goes (torchrun's workers hold GPU memory).
-            proc = subprocess.Popen(
+            return subprocess.Popen(
                 cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
-            cut_by_deadline = remaining - 10 < self.config_timeout
-            killed = False
-            try:
-                proc.wait(timeout=min(self.config_timeout, remaining - 10))
-            except subprocess.TimeoutExpired:
-                kill_tree(proc.pid)
-                proc.wait()
-                killed = True
-                detail = f"killed after {time.time() - started:.0f} s"
-        tail = log_path.read_text(errors="replace").splitlines()[-60:] if log_path.exists() else []
-        with self.lock, open(self.out / "worker_logs.txt", "a") as f:
-            f.write(f"===== {stub.key} (last 60 lines)\n" + "\n".join(tail) + "\n")
-        if killed and cut_by_deadline:
-            # The call's budget ran out, not the configuration: leave it for the next call (its log is kept
-            # above, to see how far it got).
-            return stub.model_copy(
-                update=dict(status=RecordStatus.SKIPPED, detail=f"call budget exhausted ({detail})")
-            )
-        results = [json.loads(p.read_text()) for p in sorted(tmp.glob("result.rank*.json"))]
-        if not results:
-            status = RecordStatus.TIMEOUT if detail else RecordStatus.ERROR
-            return stub.model_copy(
-                update=dict(
-                    status=status,
-                    detail=(detail or "no result; " + " | ".join(tail[-5:]))[:1500],
-                    gpu_name=self.env["gpu_name"],
-                    versions=Versions(**self.env["versions"]),
-                )
-            )
-        return merge(stub, results, self.env, f"wall {time.time() - started:.0f} s {detail}".strip())
 
     def failing(self) -> bool:
         """True when nothing has run yet and the first configurations all failed."""
@@ -347,6 +372,8 @@ class Harness:
             threads.append(t)
         for t in threads:
             t.join()
+        if self.warm is not None:
+            self.warm.close(kill_tree)
         why = "fail-fast: the first configurations all failed" if self.failing() else "budget"
         for fam in pending:
             print(f"not started ({why}): {fam.label()}", flush=True)

@@ -1,6 +1,7 @@
 """One calibration configuration in this process (or in each of torchrun's): the trainer's steps, timed.
 
     python -m benchmarks.calibration.worker PLAN.json --result-dir DIR --warmup 2 --timed 3
+    python -m benchmarks.calibration.worker --wait-in DIR     # pre-started (prewarm.py): imports, then waits
 
 Every rank writes DIR/result.rank<R>.json (status ok/oom/error, step times, losses, peak memory); the exit
 code is OOM_EXIT on an out-of-memory error, so that torchrun stops the other ranks.
@@ -9,6 +10,8 @@ code is OOM_EXIT on an out-of-memory error, so that torchrun stops the other ran
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import json
 import os
 import sys
@@ -20,6 +23,21 @@ from typing import Any
 from blackwell_trainer.plan.config import Plan
 
 OOM_EXIT = 3
+# A pre-started worker's files in the folder it waits in: the configuration it is handed, and its own note
+# that the imports are done (their seconds).
+GO_FILE = "go.json"
+READY_FILE = "ready"
+# What a configuration imports before it touches the GPU: worker()'s own imports, then what the trainer and
+# torch.compile import on first use (optional: a CPU machine may lack them).
+PRELOAD = (
+    "torch",
+    "blackwell_trainer.data.tokens",
+    "blackwell_trainer.loop.step_report",
+    "blackwell_trainer.loop.trainer",
+    "blackwell_trainer.parallel.runtime",
+)
+OPTIONAL_PRELOAD = ("torchao.float8", "torch._inductor.compile_fx")
+POLL_S = 0.05
 
 
 def _is_oom(err: BaseException) -> bool:
@@ -28,8 +46,44 @@ def _is_oom(err: BaseException) -> bool:
     return isinstance(err, torch.cuda.OutOfMemoryError) or "out of memory" in str(err).lower()
 
 
-def worker(plan_path: Path, result_dir: Path, warmup: int, timed: int) -> None:
-    """Run one configuration in this process; every rank writes result.rank<R>.json."""
+def wait_in(folder: Path) -> None:
+    """A pre-started worker: import now, then wait for folder/go.json and run that configuration.
+
+    It exits instead of waiting if its imports started CUDA (a context held while another configuration
+    is measured would take that one's memory), or when the harness that started it is gone."""
+    started, parent = time.perf_counter(), os.getppid()
+    for name in PRELOAD:
+        importlib.import_module(name)
+    for name in OPTIONAL_PRELOAD:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+    import torch
+
+    if torch.cuda.is_initialized():
+        print("CUDA was started by the imports: not waiting beside a configuration measured", flush=True)
+        os._exit(1)
+    imported = time.perf_counter() - started
+    (folder / READY_FILE).write_text(f"{imported:.1f}")
+    go = folder / GO_FILE
+    while not go.exists():
+        if os.getppid() != parent:
+            os._exit(0)  # the harness ended without handing it a configuration
+        time.sleep(POLL_S)
+    ticket = json.loads(go.read_text())
+    worker(
+        Path(ticket["plan"]),
+        Path(ticket["result_dir"]),
+        int(ticket["warmup"]),
+        int(ticket["timed"]),
+        imported_before=imported,
+    )
+
+
+def worker(
+    plan_path: Path, result_dir: Path, warmup: int, timed: int, imported_before: float | None = None
+) -> None:
+    """Run one configuration in this process; every rank writes result.rank<R>.json. `imported_before`: the
+    seconds a pre-started worker spent importing before it was handed this configuration."""
     # Where a configuration's wall time goes (the timed steps are a few seconds of 20-90): the next
     # speed-up of the harness starts from these.
     phases: dict[str, float] = {}
@@ -51,6 +105,8 @@ def worker(plan_path: Path, result_dir: Path, warmup: int, timed: int) -> None:
     lap("import")
     runtime = Runtime.from_env()
     result: dict[str, Any] = {"status": "error", "detail": "", "phases": phases}
+    if imported_before is not None:
+        result["imported_before"] = round(imported_before, 1)
     code = 0
     try:
         plan = Plan.from_file(plan_path)
@@ -110,12 +166,18 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("plan", type=Path)
-    parser.add_argument("--result-dir", type=Path, required=True)
+    parser.add_argument("plan", type=Path, nargs="?")
+    parser.add_argument("--result-dir", type=Path)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--timed", type=int, default=3)
+    parser.add_argument("--wait-in", type=Path, help="pre-start: import, then wait for DIR/go.json")
     args = parser.parse_args(argv)
-    worker(args.plan, args.result_dir, args.warmup, args.timed)
+    if args.wait_in is not None:
+        wait_in(args.wait_in)
+    elif args.plan is None or args.result_dir is None:
+        parser.error("PLAN and --result-dir are needed (or --wait-in DIR)")
+    else:
+        worker(args.plan, args.result_dir, args.warmup, args.timed)
 
 
 if __name__ == "__main__":

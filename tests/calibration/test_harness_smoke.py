@@ -61,3 +61,45 @@ def test_a_call_with_too_little_budget_left_starts_nothing(tmp_path: Path) -> No
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.stdout.count("not started (budget)") == 3
     assert not (tmp_path / "records.jsonl").exists()
+
+
+def test_a_lane_s_next_configuration_starts_in_a_pre_started_worker(tmp_path: Path) -> None:
+    # Two one-GPU families, each on its own lane with two sizes: each lane's second configuration runs in
+    # the worker started (and imported) while the first trained; nothing is left waiting at the end.
+    proc = _harness("--gpus", "1", "--max-mbs", "2", "--out", str(tmp_path), timeout=170)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    records = read_records([tmp_path / "records.jsonl"])
+    assert len(records) == 4 and all(r.status is RecordStatus.OK for r in records), records
+    started: dict[int, list[bool]] = {r.candidate.micro_batch_size: [] for r in records}
+    for r in records:
+        started[r.candidate.micro_batch_size].append("prewarmed (imports" in r.detail)
+    assert started == {1: [False, False], 2: [True, True]}
+    # Its own import phase is then what was left after the early imports: the trainer's modules are loaded.
+    assert all("import 0.0 s" in r.detail for r in records if r.candidate.micro_batch_size == 2)
+
+
+def test_the_pool_ends_the_workers_it_started_and_hands_out_only_live_ones(tmp_path: Path) -> None:
+    import os
+
+    from benchmarks.calibration.prewarm import WarmPool
+    from benchmarks.calibration.scheduler import WORKER, kill_tree
+
+    pool = WarmPool(WORKER, ROOT)
+    env = dict(os.environ)
+    pool.spawn((0,), env)
+    pool.spawn((0,), env)  # one per lane: the second call keeps the first
+    pool.spawn((1,), env)
+    lane0, lane1 = pool.waiting[(0,)], pool.waiting[(1,)]
+    assert lane0.alive() and lane1.alive() and len(pool.waiting) == 2
+    kill_tree(lane1.proc.pid)
+    lane1.proc.wait()
+    assert pool.take((1,)) is None  # a dead one is not handed out: that configuration starts cold
+    pool.close(kill_tree)
+    assert not lane0.alive() and pool.take((0,)) is None
+
+
+def test_without_prewarm_every_configuration_starts_cold(tmp_path: Path) -> None:
+    proc = _harness("--gpus", "1", "--max-mbs", "2", "--no-prewarm", "--out", str(tmp_path), timeout=170)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    records = read_records([tmp_path / "records.jsonl"])
+    assert len(records) == 4 and not any("prewarmed" in r.detail for r in records)
