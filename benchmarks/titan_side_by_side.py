@@ -91,7 +91,7 @@ SUBSETS: dict[str, list[str]] = {
 SUBSETS["all"] = SUBSETS["same-3b"] + SUBSETS["1b-best"]
 POINT = re.compile(
     r"^(?P<only>ours-)?(?P<model>3b|1b)-(?P<precision>bf16|fp8)-"
-    r"(?:b(?P<both>\d+)|t(?P<titan>\d+)-o(?P<ours>\d+))(?P<tuning>(?:\+[a-z_]+=[a-z0-9_.-]+)*)$"
+    r"(?:b(?P<both>\d+)|t(?P<titan>\d+)-o(?P<ours>\d+))(?P<tuning>(?:\+[a-z][a-z0-9_]*=[a-z0-9_.-]+)*)$"
 )
 # torchtitan 0.2.2's per-step log line (components/metrics.py, MetricsProcessor.log), colours off.
 STEP_LINE = re.compile(

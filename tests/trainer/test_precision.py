@@ -120,3 +120,43 @@ def test_cli_refuses_an_impossible_context_parallel_with_one_line_exit_2(
     assert main(["--plan", path]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "chosen.contextParallel (2) must divide the job's 1 processes" in err
+
+
+def _llama_block(hidden: int, kv: int, ffn: int) -> nn.ModuleDict:
+    """A block's Linears at a Llama shape, on the meta device (shapes only)."""
+
+    def linear(into: int, out: int) -> nn.Linear:
+        return nn.Linear(into, out, bias=False, device="meta")
+
+    return nn.ModuleDict(
+        {
+            "wq": linear(hidden, hidden),
+            "wk": linear(hidden, kv),
+            "wv": linear(hidden, kv),
+            "wo": linear(hidden, hidden),
+            "w1": linear(hidden, ffn),
+            "w3": linear(hidden, ffn),
+            "w2": linear(ffn, hidden),
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("hidden", "kv", "ffn"),
+    [(3072, 1024, 8192), (2048, 512, 8192)],  # Llama-3.2-3B, Llama-3.2-1B
+)
+def test_fp8_skip_small_leaves_torchao_s_small_shapes_in_bf16(hidden: int, kv: int, ffn: int) -> None:
+    from torchao.float8.float8_linear import Float8Linear
+
+    def fp8_layers(skip_small: bool) -> set[str]:
+        blocks = nn.ModuleDict({"0": _llama_block(hidden, kv, ffn)})
+        candidate = _candidate("fp8", "torchao-tensorwise")
+        setup = apply_precision(
+            nn.Module(), candidate, blocks=blocks, te=False, torchao=True, skip_small=skip_small
+        )
+        assert setup.backend == "torchao"
+        return {name for name, module in blocks["0"].items() if isinstance(module, Float8Linear)}
+
+    assert fp8_layers(False) == {"wq", "wk", "wv", "wo", "w1", "w3", "w2"}
+    # torchao's tensorwise table: K <= 4096 with N <= 1024 gains nothing, the K/V projections here.
+    assert fp8_layers(True) == {"wq", "wo", "w1", "w3", "w2"}

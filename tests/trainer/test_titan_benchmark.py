@@ -122,6 +122,8 @@ def test_configurations_and_subsets() -> None:
     assert parse_point("3b-fp8-t8-o9") == Point("3b-fp8-t8-o9", "3b", "fp8", 8, 9)
     alone = parse_point("ours-3b-bf16-b2+attention=cudnn+manual_gc=true")
     assert alone == Point(alone.name, "3b", "bf16", 2, 2, True, "attention=cudnn,manual_gc=true")
+    # Keys with digits (BTJ_TRAINER_TUNING's fp8_* switches) are keys too.
+    assert parse_point("ours-1b-fp8-b4+fp8_skip_small=true").tuning == "fp8_skip_small=true"
     chunked = parse_point("ours-3b-fp8-b2+loss_chunk=4096")
     assert (chunked.loss_chunk, chunked.tuning, parse_point("3b-fp8-b2").loss_chunk) == (4096, "", 8192)
     assert set(SUBSETS["same"]) == {"3b-bf16-b2", "3b-fp8-b2", "1b-bf16-b4", "1b-fp8-b4"}

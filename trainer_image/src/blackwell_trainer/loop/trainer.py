@@ -50,8 +50,7 @@ class Trainer:
     ) -> None:
         self.plan, self.runtime = plan, runtime
         self.tuning = tuning if tuning is not None else Tuning.from_env()
-        # Where a CUDA OOM happens (setup until the first step): the run's tracker, or a private one.
-        self.tracker = tracker or PhaseTracker()
+        self.tracker = tracker or PhaseTracker()  # where a CUDA OOM happens, setup until the first step
         self._stepped = False  # the first step of this process runs torch.compile (a compiled plan)
         chosen = plan.chosen
         self.mesh = build_mesh(chosen, runtime.world_size, runtime.device.type)
@@ -86,6 +85,7 @@ class Trainer:
             compute_dtype=compute_dtype,
             compile_mode=self.tuning.compile_mode,
             fp8_pow2_scales=self.tuning.fp8_pow2_scales,
+            fp8_skip_small=self.tuning.fp8_skip_small,
             fp8_all_gather=gathers_fp8 and not self.single_device,
             fuse_projections=self.tuning.fuse_projections,
             recast_blocks=self.tuning.recast_blocks,

@@ -234,6 +234,7 @@ def parallelize(
     compile_mode: str = "default",
     fp8_pow2_scales: bool = False,
     fp8_all_gather: bool = False,
+    fp8_skip_small: bool = False,
     fuse_projections: bool = False,
     recast_blocks: bool = False,
     attention: str = "default",
@@ -265,6 +266,7 @@ def parallelize(
         amax_group=amax_group,
         pow2_scales=fp8_pow2_scales,
         fp8_all_gather=fp8_all_gather,
+        skip_small=fp8_skip_small,
     )
     apply_attention_backend(model, attention)  # before compile: the blocks trace the kernel order
     apply_ac(model.layers, candidate.activation_checkpointing, te=setup.backend == "te")

@@ -151,6 +151,15 @@ def _fp8_ready(linear: nn.Linear) -> bool:
     return linear.in_features % 16 == 0 and linear.out_features % 16 == 0
 
 
+def _torchao_filter(recipe_name: str) -> Callable[[nn.Module, str], bool]:
+    """torchao's filter for its float8 recipe: whether a Linear's shape gains from float8 (an experimental
+    torchao API, hence the leading underscore; pinned with torchao in uv.lock)."""
+    from torchao.float8 import _auto_filter_for_recipe
+
+    keep: Callable[[nn.Module, str], bool] = _auto_filter_for_recipe(recipe_name, filter_fqns=[])
+    return keep
+
+
 def _swap_linears_for_te(block: nn.Module) -> int:
     import transformer_engine.pytorch as te
 
@@ -194,6 +203,7 @@ def apply_precision(
     amax_group: Any = None,
     pow2_scales: bool = False,
     fp8_all_gather: bool = False,
+    skip_small: bool = False,
 ) -> PrecisionSetup:
     """Convert the blocks' Linear layers for the plan's precision (embedding and output head stay BF16).
 
@@ -201,6 +211,8 @@ def apply_precision(
     ``fp8_all_gather``: torchao tensorwise weights that FSDP2 all-gathers as float8, their scales
     computed after each optimizer step (tuning.Tuning.fp8_all_gather, which refuses it for the other
     recipes; PrecisionError here if one gets this far).
+    ``skip_small``: torchao float8 only where torchao's filter for the recipe expects a gain
+    (tuning.Tuning.fp8_skip_small); the other Linears stay BF16.
     """
     backend, recipe = resolve_backend(
         candidate,
@@ -241,14 +253,18 @@ def apply_precision(
     if fp8_all_gather:
         config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
 
-    def only_fp8_ready(module: nn.Module, _fqn: str) -> bool:
-        return isinstance(module, nn.Linear) and _fp8_ready(module)
+    gains = _torchao_filter(name) if skip_small else None
+
+    def only_fp8_ready(module: nn.Module, fqn: str) -> bool:
+        ready = isinstance(module, nn.Linear) and _fp8_ready(module)
+        return ready and (gains is None or gains(module, fqn))
 
     for key, block in list(blocks.items()):
         blocks[key] = convert_to_float8_training(block, config=config, module_filter_fn=only_fp8_ready)
     log.info(
-        "precision: torchao float8 %s on the transformer blocks, FSDP2 float8 all-gather %s",
+        "precision: torchao float8 %s on the transformer blocks%s, FSDP2 float8 all-gather %s",
         name,
+        " (the Linears torchao's filter expects a gain on; the others BF16)" if skip_small else "",
         "on" if fp8_all_gather else "off",
     )
     if not fp8_all_gather:

@@ -55,6 +55,12 @@ class Tuning:
     parameter_check: bool = False
     # torchao float8: round scales down to a power of two (changes numerics: a recipe variant).
     fp8_pow2_scales: bool = False
+    # torchao float8 only on the block Linears whose shapes gain from it, by torchao's own filter for the
+    # recipe (_auto_filter_for_recipe; its thresholds come from torchao's H100 tables: tensorwise keeps a
+    # Linear with K <= 4096 and N <= 1024 in BF16, which on Llama-3.2 are the K and V projections).
+    # torchtitan's opt-in "auto_filter_small_kn". Those layers then compute in BF16 (numerics change
+    # there). Off: every block Linear whose dimensions divide by 16. Not yet measured on a GPU.
+    fp8_skip_small: bool = False
     # Single-device path: Q/K/V and gate/up each as one matmul over concatenated weights (BF16 blocks;
     # float8 and TE Linears keep their own). The same products; the last bit may differ (GEMM blocking).
     fuse_projections: bool = False
