@@ -17,6 +17,11 @@ from pathlib import Path
 
 from blackwell_trainer.plan.config import Candidate, Plan
 
+# The rendered pods' allocator setting (render/environment.py DEFAULT_ENV, which the planner's fragmentation
+# terms assume), set here as a literal so that the GPU machine needs only the trainer; a test keeps the two
+# equal. The runs before 2026-12-07 lacked it (docs/benchmarks/probe_h100.md).
+POD_ALLOCATOR_CONF = "expandable_segments:True"
+
 # The trainer's step line: its tokens/s per GPU and the caching allocator's peak reserved memory.
 STEP = re.compile(r"step (\d+)/\d+ .*tokens/s/gpu (\d+).*reserved ([0-9.]+) GiB")
 
@@ -62,6 +67,7 @@ def run_trainer(plan: Plan, out: Path, name: str, timeout_s: float, tuning: str 
     plan_path.write_text(plan.to_json())
     termination.write_text("")
     env = {**os.environ, "BTJ_TERMINATION_LOG": str(termination), "PYTHONUNBUFFERED": "1"}
+    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", POD_ALLOCATOR_CONF)  # as a user's pod runs it
     if tuning is not None:
         env["BTJ_TRAINER_TUNING"] = tuning
     started = time.perf_counter()

@@ -79,3 +79,23 @@ def test_plans_run_and_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert shipped["log_tail"][-1].startswith("step 6/6")
     table = script.report(out / "probe_scenarios_h100.json", plans)
     assert "| 3b-s2560-b24 | shipped |" in table and "| 3b-s2560-b24 | base |" in table
+
+
+def test_the_trainer_runs_with_the_allocator_setting_the_pods_get(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+
+    from blackwell_operator.render.environment import DEFAULT_ENV
+    from tests.support.plans import tiny_plan
+
+    seen: dict[str, str] = {}
+
+    def fake_run(cmd: list[str], *, env: dict[str, str], **_: Any) -> subprocess.CompletedProcess[str]:
+        seen.update(env)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.setattr(trainer_process.subprocess, "run", fake_run)
+    trainer_process.run_trainer(tiny_plan(), tmp_path, "x", 10)
+    assert seen["PYTORCH_CUDA_ALLOC_CONF"] == DEFAULT_ENV["PYTORCH_CUDA_ALLOC_CONF"]
