@@ -162,8 +162,8 @@ def _figures(text: str) -> dict[str, Any]:
     }
 
 
-def run(plans: Path, out: Path, budget_s: float, only: str, work: Path) -> None:
-    """Train each plan; `work` takes the trainer's files, `out` only the JSON (the device returns 8 files)."""
+def run(plans: Path, out: Path, budget_s: float, only: str) -> None:
+    """Train each plan; `out` gets the record and one file of the runs' output (the device returns 8)."""
     import torch
 
     from benchmarks.trainer_process import run_trainer
@@ -199,7 +199,7 @@ def run(plans: Path, out: Path, budget_s: float, only: str, work: Path) -> None:
             continue
         plan = Plan.model_validate_json((plans / item["plan"]).read_text())
         name = item["plan"].removesuffix(".plan.json")
-        result = run_trainer(plan, work, name, left - 5)
+        result = run_trainer(plan, out, name, left - 5)
         text = result.stdout + result.stderr
         entry = {
             **item,
@@ -286,7 +286,6 @@ def main() -> int:
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--budget-s", type=float, default=540)
     r.add_argument("--only", default="", help="run only plans whose file name contains one of these")
-    r.add_argument("--work", type=Path, default=Path("/tmp/probe_scenarios_h100"), help="the trainer's files")
     t = sub.add_parser("report")
     t.add_argument("result", type=Path, help="a run's probe_scenarios_h100.json")
     t.add_argument("--plans", type=Path, default=ROOT / "benchmarks/results/probe_scenarios_h100")
@@ -299,8 +298,7 @@ def main() -> int:
             profiles["refit"] = args.refit
         make_plans(args.out, profiles)
     else:
-        args.work.mkdir(parents=True, exist_ok=True)
-        run(args.plans, args.out, args.budget_s, args.only, args.work)
+        run(args.plans, args.out, args.budget_s, args.only)
     return 0
 
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,9 @@ from blackwell_trainer.plan.config import Candidate, Plan
 # terms assume), set here as a literal so that the GPU machine needs only the trainer; a test keeps the two
 # equal. The runs before 2026-12-07 lacked it (docs/benchmarks/probe_h100.md).
 POD_ALLOCATOR_CONF = "expandable_segments:True"
+
+# Every run's output, in one file of the script's output folder.
+TRAINER_LOGS = "trainer_logs.txt"
 
 # The trainer's step line: its tokens/s per GPU and the caching allocator's peak reserved memory.
 STEP = re.compile(r"step (\d+)/\d+ .*tokens/s/gpu (\d+).*reserved ([0-9.]+) GiB")
@@ -59,11 +64,14 @@ def free_port() -> int:
 
 
 def run_trainer(plan: Plan, out: Path, name: str, timeout_s: float, tuning: str | None = None) -> TrainerRun:
-    """Run the trainer on `plan` in its own process; `name` names its files in `out`; `tuning`, where given,
-    is its BTJ_TRAINER_TUNING."""
+    """Run the trainer on `plan` in its own process; `tuning`, where given, is its BTJ_TRAINER_TUNING.
+
+    Its plan and termination files go to a temporary folder and its output to one file in `out`,
+    out/trainer_logs.txt (a section headed by `name`): the GPU machine returns 8 files, and a script's
+    record must be among them however many runs it makes."""
     plan = plan.model_copy(update={"log_every_steps": 1, "metrics_port": free_port()})
-    name = name.replace("/", "_")  # a configuration's key ("fp8/none/mbs8") is not a file name
-    plan_path, termination = out / f"{name}.plan.json", out / f"{name}.termination"
+    work = Path(tempfile.mkdtemp(prefix="btj-run-"))
+    plan_path, termination = work / "plan.json", work / "termination"
     plan_path.write_text(plan.to_json())
     termination.write_text("")
     env = {**os.environ, "BTJ_TERMINATION_LOG": str(termination), "PYTHONUNBUFFERED": "1"}
@@ -79,6 +87,9 @@ def run_trainer(plan: Plan, out: Path, name: str, timeout_s: float, tuning: str 
         timeout=timeout_s,
         check=False,
     )
-    (out / f"{name}.log").write_text(proc.stdout + proc.stderr)
     seconds = round(time.perf_counter() - started, 1)
-    return TrainerRun(proc.returncode, seconds, proc.stdout, proc.stderr, termination.read_text())
+    with open(out / TRAINER_LOGS, "a") as logs:
+        logs.write(f"===== {name}: rc {proc.returncode}, {seconds} s\n{proc.stdout}{proc.stderr}\n")
+    message = termination.read_text()
+    shutil.rmtree(work, ignore_errors=True)
+    return TrainerRun(proc.returncode, seconds, proc.stdout, proc.stderr, message)

@@ -126,19 +126,22 @@ def test_resume_keeps_the_probed_runs_and_alone_figures_of_an_earlier_call(
     assert record["results"]["3b-seq3072"]["profiles"]["base"]["winner"] == "torchao-tensorwise/none/mbs12"
 
 
-def test_a_run_name_with_a_configuration_key_is_a_file_name(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The H200 call of 2026-12-01 stopped at the first alone run: "fp8/none/mbs8" made a folder path."""
+def test_a_run_named_by_a_configuration_key_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The H200 call of 2026-12-01 stopped at the first alone run: "fp8/none/mbs8" made a folder path. A
+    run's name now heads its section of the output and names no file."""
+    import subprocess
+
     seen: list[list[str]] = []
 
     def fake_run(cmd: list[str], **_: Any) -> Any:
         seen.append(cmd)
-        raise SystemExit(0)
+        assert Path(cmd[-1]).is_file()  # the plan the trainer is given
+        return subprocess.CompletedProcess(cmd, 0, "step 1/1\n", "")
 
     monkeypatch.setattr(trainer_process.subprocess, "run", fake_run)
     plans = script.profiles()[0]
     plan = script.plan_job(script.spec_for(script.SCENARIOS["3b-seq3072"], 10), calibration=plans["fitted"])
-    with pytest.raises(SystemExit):
-        script.train(plan, tmp_path, "3b.alone.torchao-tensorwise/none/mbs8", 10)
-    assert (tmp_path / "3b.alone.torchao-tensorwise_none_mbs8.plan.json").exists()
+    script.train(plan, tmp_path, "3b.alone.torchao-tensorwise/none/mbs8", 10)
+    assert len(seen) == 1
+    logs = (tmp_path / trainer_process.TRAINER_LOGS).read_text()
+    assert logs.startswith("===== 3b.alone.torchao-tensorwise/none/mbs8: rc 0")

@@ -51,7 +51,6 @@ def test_plans_run_and_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
     def fake_run(plan: Plan, out: Path, name: str, timeout_s: float, tuning: str | None = None) -> Any:
         launched.append(name)
-        (out / f"{name}.log").write_text("the trainer's files go to the work folder")
         mbs = plan.chosen.micro_batch_size
         probe = ""
         if plan.probe is not None and plan.probe.enabled:  # the pick wins, every candidate measured
@@ -66,11 +65,7 @@ def test_plans_run_and_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(trainer_process, "run_trainer", fake_run)
     out = tmp_path / "out"
     out.mkdir()
-    work = tmp_path / "work"
-    work.mkdir()
-    script.run(plans, out, budget_s=10_000, only="3b-s2560", work=work)
-    # The device returns 8 files: the trainer's files stay in `work`, `out` holds the record alone.
-    assert [p.name for p in out.iterdir()] == ["probe_scenarios_h100.json"]
+    script.run(plans, out, budget_s=10_000, only="3b-s2560")
     record = json.loads((out / "probe_scenarios_h100.json").read_text())
     assert len(record["probed"]) == 2 and len(record["alone"]) == len(index["alone"])
     assert launched[:2] == ["3b-s2560-b24.shipped", "3b-s2560-b24.base"]
@@ -97,5 +92,14 @@ def test_the_trainer_runs_with_the_allocator_setting_the_pods_get(
 
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     monkeypatch.setattr(trainer_process.subprocess, "run", fake_run)
-    trainer_process.run_trainer(tiny_plan(), tmp_path, "x", 10)
+    for name in ("a", "b/c", "d"):
+        trainer_process.run_trainer(tiny_plan(), tmp_path, name, 10)
     assert seen["PYTORCH_CUDA_ALLOC_CONF"] == DEFAULT_ENV["PYTORCH_CUDA_ALLOC_CONF"]
+    # However many runs, the output folder gets one file (the GPU machine returns 8): their output.
+    assert [p.name for p in tmp_path.iterdir()] == [trainer_process.TRAINER_LOGS]
+    logs = (tmp_path / trainer_process.TRAINER_LOGS).read_text()
+    assert [line for line in logs.splitlines() if line.startswith("=====")] == [
+        "===== a: rc 0, 0.0 s",
+        "===== b/c: rc 0, 0.0 s",
+        "===== d: rc 0, 0.0 s",
+    ]
