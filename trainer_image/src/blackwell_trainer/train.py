@@ -183,6 +183,7 @@ def _loop(
         steps=plan.steps,
         recorder=metrics,
         owner=owner,
+        before_save=trainer.check_parameters,
     )
     ledger = SampleLedger.from_env(runtime.rank)
     trainer.scan.kept_at = checkpoints.keeps_state_at  # never a state written unscanned
@@ -200,9 +201,10 @@ def _loop(
         # Every rank asks before every step it still has to take, so all stop before the same step. A
         # SIGTERM during start-up (rendezvous, model build, resume) stops here, before the first step.
         if guard.agreed():
-            if trainer.step_index != started_at and checkpoints.checkpointer.enabled:
-                _scanned_before_saving(trainer, checkpoints)
-            checkpoints.at_preemption(trainer.step_index, started_at)
+            try:  # a step that did not read its parameters has them read before the save
+                checkpoints.at_preemption(trainer.step_index, started_at)
+            except NonFiniteStep as err:
+                raise _explained(err, checkpoints) from None
             return 0
         result = _finite_step(trainer, source, checkpoints, ledger)
         checkpoints.confirm_finite(trainer.step_index)  # the checkpoint before it is known good
@@ -283,14 +285,6 @@ def _finite_step(
         return result
     except NonFiniteStep as err:  # raised on every rank alike, before any save of that step
         ledger.discard()
-        raise _explained(err, checkpoints) from None
-
-
-def _scanned_before_saving(trainer: Trainer, checkpoints: CheckpointManager) -> None:
-    """Before the preemption save: the newest step's parameters, where its step did not scan them."""
-    try:
-        trainer.check_parameters()
-    except NonFiniteStep as err:
         raise _explained(err, checkpoints) from None
 
 

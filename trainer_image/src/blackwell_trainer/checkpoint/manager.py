@@ -7,6 +7,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -72,8 +73,11 @@ class CheckpointManager:
         steps: int,
         recorder: CheckpointRecorder,
         owner: Owner,
+        before_save: Callable[[], None] | None = None,
     ) -> None:
         self.checkpointer = Checkpointer(config, rank=rank, owner=owner)
+        # Run before every save (collective): the trainer's check that no non-finite state is written.
+        self.before_save = before_save
         self.model, self.optimizer, self.state = model, optimizer, state
         self.steps = steps
         self.interval = config.interval_steps
@@ -200,6 +204,8 @@ class CheckpointManager:
         )
 
     def _save(self, step: int) -> None:
+        if self.before_save is not None:
+            self.before_save()
         # The state is read when a save happens, not at every step (the data position is small, but
         # a step that does not save should not pay for it).
         if self.checkpointer.save(step, self.model, self.optimizer, self.state.state_dict()):

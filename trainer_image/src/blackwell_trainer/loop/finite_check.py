@@ -21,25 +21,18 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class ParameterScan:
-    """Which steps read the parameters for non-finite values, and what the newest step left.
+    """Which steps read the parameters for non-finite values, and the newest step's loss.
 
     With the per-step scan off (tuning.parameter_check), only the steps `kept_at` names are read: the
     run's loop names the steps whose state it writes, so that none is written unscanned. None: no step
     (the probe writes nothing)."""
 
     kept_at: Callable[[int], bool] | None = None
-    scanned_step: int | None = None  # the newest step whose parameters were read
     last_loss: float = math.nan  # the newest step's loss, for a later check's message
 
     def due(self, step: int, *, every_step: bool) -> bool:
         """Whether `step` reads the parameters."""
         return every_step or (self.kept_at is not None and self.kept_at(step))
-
-    def ran(self, step: int, loss: float, *, scanned: bool) -> None:
-        """`step` ended finite with `loss`, its parameters read or not."""
-        self.last_loss = loss
-        if scanned:
-            self.scanned_step = step
 
 
 def _ranks_with(flags: torch.Tensor, world: int) -> list[list[int]]:

@@ -118,7 +118,7 @@ class Trainer:
         loss_value = reduce_loss_checked(
             self.step_index, loss_sum, accum, grad_norm, self.model if scan else None, foreach=foreach
         )
-        self.scan.ran(self.step_index, loss_value, scanned=scan)
+        self.scan.last_loss = loss_value
         seconds = time.perf_counter() - started
         tokens = self.tokens_per_micro_batch * accum
         mfu = (
@@ -129,13 +129,13 @@ class Trainer:
         return StepResult(loss=loss_value, seconds=seconds, tokens=tokens, mfu=mfu)
 
     def check_parameters(self) -> None:
-        """Before the state of the newest step is written where that step was not scanned (a save at
-        preemption): NonFiniteStep on every rank if a parameter is not finite (collective)."""
-        if self.scan.scanned_step == self.step_index:
-            return
+        """Before the state of the newest step is written (CheckpointManager's `before_save`): where that
+        step did not read its parameters (a save at preemption), NonFiniteStep on every rank if one is
+        not finite (collective)."""
+        if self.scan.due(self.step_index, every_step=self.tuning.parameter_check):
+            return  # read by the step itself, in its all-reduce
         foreach = self.runtime.device.type == "cuda"
         check_parameters(self.step_index, self.scan.last_loss, self.model, foreach=foreach)
-        self.scan.scanned_step = self.step_index
 
     def _collect_garbage(self, step: int) -> None:
         """tuning.manual_gc: the cyclic collector off, a young-generation pass every GC_EVERY_STEPS steps,
