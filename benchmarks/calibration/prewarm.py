@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.calibration.worker import GO_FILE
+from benchmarks.calibration.worker import GO_FILE, LOG_FILE
 
 
 @dataclass
@@ -55,7 +55,7 @@ class WarmPool:
             if lane in self.waiting and self.waiting[lane].alive():
                 return
             folder = Path(tempfile.mkdtemp(prefix="btj-cal-warm-"))
-            with open(folder / "log.txt", "w") as log:
+            with open(folder / LOG_FILE, "w") as log:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", self.worker_module, "--wait-in", str(folder)],
                     env=env,

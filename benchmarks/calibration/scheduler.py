@@ -24,6 +24,8 @@ from typing import Any
 
 from benchmarks.calibration.grid import Family, architecture, build_plan, single_device
 from benchmarks.calibration.prewarm import WarmPool
+from benchmarks.calibration.worker import LOG_FILE
+from benchmarks.trainer_process import POD_ALLOCATOR_CONF
 from blackwell_operator.calibrate.records import (
     CalibrationRecord,
     RecordStatus,
@@ -74,7 +76,7 @@ def worker_environment(gpu_ids: list[int]) -> dict[str, str]:
     """A configuration's process environment on the GPUs `gpu_ids`."""
     env = dict(os.environ)
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpu_ids)
-    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # as the rendered pods set it
+    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", POD_ALLOCATOR_CONF)  # as the rendered pods set it
     return env
 
 
@@ -224,7 +226,7 @@ class Harness:
         env = worker_environment(gpu_ids)
         started = time.time()
         detail = ""
-        log_path = tmp / "log.txt"
+        log_path = tmp / LOG_FILE
         if warm is not None:
             warm.start(tmp / "plan.json", tmp, self.warmup, self.timed)
             proc = warm.proc
@@ -291,7 +293,7 @@ class Harness:
             ]
         else:
             cmd = [sys.executable, *args]
-        with open(tmp / "log.txt", "w") as log:
+        with open(tmp / LOG_FILE, "w") as log:
             # Its own session: on a timeout the whole group goes (torchrun's workers hold GPU memory).
             return subprocess.Popen(
                 cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True

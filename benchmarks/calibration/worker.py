@@ -23,10 +23,10 @@ from typing import Any
 from blackwell_trainer.plan.config import Plan
 
 OOM_EXIT = 3
-# A pre-started worker's files in the folder it waits in: the configuration it is handed, and its own note
-# that the imports are done (their seconds).
+# A worker's folder: its output (stdout and stderr), and, for a pre-started one, the configuration it is
+# handed.
+LOG_FILE = "log.txt"
 GO_FILE = "go.json"
-READY_FILE = "ready"
 # What a configuration imports before it touches the GPU: worker()'s own imports, then what the trainer and
 # torch.compile import on first use (optional: a CPU machine may lack them).
 PRELOAD = (
@@ -63,7 +63,6 @@ def wait_in(folder: Path) -> None:
         print("CUDA was started by the imports: not waiting beside a configuration measured", flush=True)
         os._exit(1)
     imported = time.perf_counter() - started
-    (folder / READY_FILE).write_text(f"{imported:.1f}")
     go = folder / GO_FILE
     while not go.exists():
         if os.getppid() != parent:
