@@ -222,6 +222,11 @@ def run(plans: Path, out: Path, budget_s: float, only: str) -> None:
         )
 
 
+def _shown(value: float | None, spec: str) -> str:
+    """A figure for the table, "-" where a run left none (it failed or ran out of memory)."""
+    return "-" if value is None else format(value, spec)
+
+
 def report(result_path: Path, plans: Path) -> str:
     """The must-show table from a run's JSON: each probed job against the best configuration alone.
 
@@ -254,12 +259,12 @@ def report(result_path: Path, plans: Path) -> str:
             if twin and job["peak_reserved_gib"]
             else None
         )
+        best_text = f"{best['config']} {best['tokens_per_second_per_gpu']:,.0f}" if best else "-"
         rows.append(
-            f"| {scenario} | {job['profile']} | {job['pick']} | {winner} | {trained:,.0f} | "
-            f"{best['config'] if best else '-'} {best['tokens_per_second_per_gpu'] if best else 0:,.0f} | "
-            f"{share:.3f} | {job['peak_reserved_gib']:.1f} | "
-            f"{twin['peak_reserved_gib'] if twin else float('nan'):.1f} | "
-            f"{left if left is not None else float('nan'):+.1f} | {ooms} probe, rc {job['rc']} |"
+            f"| {scenario} | {job['profile']} | {job['pick']} | {winner} | {_shown(trained, ',.0f')} | "
+            f"{best_text} | {_shown(share, '.3f')} | {_shown(job['peak_reserved_gib'], '.1f')} | "
+            f"{_shown(twin['peak_reserved_gib'] if twin else None, '.1f')} | {_shown(left, '+.1f')} | "
+            f"{ooms} probe, rc {job['rc']} |"
         )
     rows += [
         "",

@@ -103,3 +103,25 @@ def test_the_trainer_runs_with_the_allocator_setting_the_pods_get(
         "===== b/c: rc 0, 0.0 s",
         "===== d: rc 0, 0.0 s",
     ]
+
+
+def test_a_probed_job_that_left_no_figures_is_reported_not_crashed_on(tmp_path: Path) -> None:
+    # An OOM or a crash leaves no step lines: the table says "-" and the exit code instead of failing.
+    plans = Path(script.__file__).resolve().parent / "results" / "probe_scenarios_h100"
+    job = {
+        "scenario": "3b-s2560-b24",
+        "profile": "shipped",
+        "plan": "3b-s2560-b24.shipped.plan.json",
+        "pick": "torchao-tensorwise/none/mbs4",
+        "rc": 1,
+        "tokens_per_second_per_gpu": None,
+        "peak_reserved_gib": None,
+        "probe": None,
+    }
+    result = tmp_path / "result.json"
+    result.write_text(json.dumps({"probed": {"x": job}, "alone": {}}))
+    row = script.report(result, plans).splitlines()[2]
+    assert row == (
+        "| 3b-s2560-b24 | shipped | torchao-tensorwise/none/mbs4 | torchao-tensorwise/none/mbs4 | "
+        "- | - | - | - | - | - | 0 probe, rc 1 |"
+    )
