@@ -78,11 +78,12 @@ btj calibrate report benchmarks/calibration/records/h200-single-ac \
 # result is the profile's gpus.H100 block. Judged against issue 37's bar: picks at 99% of the best measured,
 # reserved memory within 3%, tokens/s within 5%.
 H100_BASE=docs/calibration/h100/base-btj-trainer.yaml
-H100_NOTE="Data: benchmarks/calibration/pending/h100 (\`benchmarks/calibration/harness.py --grid h100 --instance-type ml.p5.48xlarge --below 0\`, then \`--fine --resume\`, on nvidia-h100-x1, 2026-12-06, two calls; commands and consoles in benchmarks/calibration/pending/h100/logs). One GPU, the single-device path (the trainer's default there): Llama-3.2-1B and 3B at sequence 4096 with every AC mode, BF16 and torchao FP8, each ladder doubling from the shipped profile's predicted limit to the first OOM, then finer steps near the limit (1B BF16 and one FP8 family so far)."
-FIT="btj calibrate fit benchmarks/calibration/pending/h100 --base $H100_BASE -o docs/calibration/h100/btj-trainer-h100.yaml"
+H100_NOTE="Data: benchmarks/calibration/pending/h100 (\`benchmarks/calibration/harness.py --grid h100 --instance-type ml.p5.48xlarge --below 0\`, then \`--resume\` and \`--fine --resume\`, on nvidia-h100-x1: two calls on 2026-12-06, three on 2026-12-07; commands and consoles in benchmarks/calibration/pending/h100/logs). One GPU, the single-device path (the trainer's default there): Llama-3.2-1B and 3B, BF16 and torchao FP8, at sequence 4096 with every AC mode (and three families that accumulate 4 micro-batches), at 8192 with AC none and selective, at 2048 with AC none; each ladder doubling from the shipped profile's predicted limit to the first OOM, finer steps near the limit for 1B and 3B BF16 at 4096. The fit adds torchao's FP8 cast traffic per element (\`--constants +...quant_bytes_per_element\`) to the default constants: with 1B and 3B FP8 runs it is determined, and without it the fit put every 1B FP8 run under and 3B over."
+H100_CONSTANTS=+throughput.recipes.9.torchao-tensorwise.quant_bytes_per_element
+FIT="btj calibrate fit benchmarks/calibration/pending/h100 --base $H100_BASE --constants $H100_CONSTANTS -o docs/calibration/h100/btj-trainer-h100.yaml"
 $FIT
 btj calibrate report benchmarks/calibration/pending/h100 \
-  --calibration docs/calibration/h100/btj-trainer-h100.yaml --base "$H100_BASE" \
+  --calibration docs/calibration/h100/btj-trainer-h100.yaml --base "$H100_BASE" --constants "$H100_CONSTANTS" \
   --pick-ratio 0.99 --memory-tolerance 0.03 --tokens-tolerance 0.05 \
   -o docs/calibration/h100 --fit-command "$FIT" --note "$H100_NOTE" \
   --title "H100, this project's trainer on the h100 grid: calibration report"

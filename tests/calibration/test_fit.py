@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from blackwell_operator.calibrate.fit import fit_calibration, get_constant, with_constants
+import pytest
+
+from blackwell_operator.calibrate.fit import (
+    constant_names,
+    default_constants,
+    fit_calibration,
+    get_constant,
+    with_constants,
+)
 from blackwell_operator.calibrate.predict import compare
 from blackwell_operator.calibration import Calibration
 from tests.support.calibration_records import grid_stubs, measure
@@ -51,3 +59,22 @@ def test_ooms_push_memory_up(base: Calibration) -> None:
     result = fit_calibration(records, base, ["memory.act_hidden"])
     assert get_constant(result.calibration, "memory.act_hidden") > get_constant(base, "memory.act_hidden")
     assert not any(compare(r, result.calibration).predicted_fits for r in records)
+
+
+QUANT = "throughput.recipes.9.torchao-tensorwise.quant_bytes_per_element"
+
+
+def test_a_plus_name_adds_one_constant_to_the_defaults(base: Calibration) -> None:
+    records = measure(grid_stubs(["llama3.2-1b"], [4096], ["none"], [1, 2, 4]), base, 0.0)
+    defaults = default_constants(records, base, 9)
+    assert QUANT not in defaults
+    assert constant_names([f"+{QUANT}"], records, base, 9) == [*defaults, QUANT]
+    # Naming a default again adds nothing twice; no list at all is the defaults.
+    assert constant_names([f"+{defaults[0]}"], records, base, 9) == defaults
+    assert constant_names(None, records, base, 9) == defaults
+    assert constant_names(["memory.act_hidden"], records, base, 9) == ["memory.act_hidden"]
+
+
+def test_a_whole_list_and_plus_names_together_are_refused(base: Calibration) -> None:
+    with pytest.raises(KeyError, match=r"give either the whole list or only \+names"):
+        constant_names(["memory.act_hidden", f"+{QUANT}"], [], base, 9)

@@ -170,6 +170,11 @@ def test_cli_fit_bad_input(tmp_path: Path, runner: CliRunner) -> None:
         app, ["calibrate", "fit", str(good), "-o", str(tmp_path / "o.yaml"), "--constants", "memory.nope"]
     )
     assert result.exit_code == 2 and "memory.nope" in result.output
+    mixed = "memory.act_hidden,+throughput.attention_efficiency"
+    result = runner.invoke(
+        app, ["calibrate", "fit", str(good), "-o", str(tmp_path / "o.yaml"), "--constants", mixed]
+    )
+    assert result.exit_code == 2 and "give either the whole list or only +names" in result.output
     result = runner.invoke(
         app, ["calibrate", "fit", str(good), "-o", str(tmp_path / "o.yaml"), "--base", "nope"]
     )

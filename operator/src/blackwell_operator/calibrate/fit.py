@@ -126,6 +126,27 @@ def default_constants(records: Sequence[CalibrationRecord], cal: Calibration, gp
     return [*MEMORY_CONSTANTS, *savings, *weights, *efficiencies, *THROUGHPUT_CONSTANTS]
 
 
+def constant_names(
+    constants: Sequence[str] | None, records: Sequence[CalibrationRecord], cal: Calibration, gpu_major: int
+) -> list[str]:
+    """The constants a fit moves: the given ones, or the defaults for these records; names written
+    ``+name`` are added to the defaults (a fit of one GPU that needs one more constant than the
+    others, without restating the whole list)."""
+    if constants is None:
+        return default_constants(records, cal, gpu_major)
+    added = [c[1:] for c in constants if c.startswith("+")]
+    exact = [c for c in constants if not c.startswith("+")]
+    if added and exact:
+        raise KeyError(
+            f"constants {exact} and +{added}: give either the whole list "
+            "or only +names to add to the defaults"
+        )
+    if not added:
+        return exact
+    defaults = default_constants(records, cal, gpu_major)
+    return defaults + [c for c in added if c not in defaults]
+
+
 def is_memory_constant(path: str) -> bool:
     """Memory constants are fitted to memory, the others to throughput."""
     return path.startswith("memory.")
@@ -300,7 +321,7 @@ def fit_calibration(
 ) -> FitResult:
     """Fit the constants the records determine; the others keep the base values."""
     usable = [r for r in records if r.ran or r.oom]
-    names = list(constants) if constants is not None else default_constants(usable, base, gpu_major)
+    names = constant_names(constants, usable, base, gpu_major)
     for n in names:
         get_constant(base, n)  # unknown names fail here, before any work
     result = FitResult(calibration=base, records_used=len(usable))

@@ -26,7 +26,10 @@ Records = Annotated[list[Path], typer.Argument(help="Record files (.jsonl/.json)
 Prior = Annotated[float, typer.Option(min=0.0, help="Pull of each constant towards its base value.")]
 Constants = Annotated[
     str,
-    typer.Option(help="Comma-separated dotted constants to fit (default: all the records can determine)."),
+    typer.Option(
+        help="Comma-separated dotted constants to fit (default: all the records can determine); "
+        "+name adds one to that default."
+    ),
 ]
 
 
