@@ -108,6 +108,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     timer = GapTimer()
     restore = timer.install()
+    # The trainer gives a lone process a world of one through MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE in the
+    # environment; put it back after, so a process started later (a test's) does not inherit that port.
+    environment = dict(os.environ)
     try:
         with tempfile.TemporaryDirectory(prefix="btj-host-gap-") as tmp:
             plan_path = Path(tmp) / "plan.json"
@@ -116,6 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             rc = train(["--plan", str(plan_path)])
     finally:
         restore()
+        os.environ.clear()
+        os.environ.update(environment)
     if rc != 0:
         print(f"the training exited {rc}", file=sys.stderr)
         return rc
