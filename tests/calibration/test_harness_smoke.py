@@ -103,3 +103,28 @@ def test_without_prewarm_every_configuration_starts_cold(tmp_path: Path) -> None
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     records = read_records([tmp_path / "records.jsonl"])
     assert len(records) == 4 and not any("prewarmed" in r.detail for r in records)
+
+
+def test_a_pre_started_worker_whose_imports_started_cuda_exits_instead_of_waiting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+    from benchmarks.calibration import worker
+
+    class Exited(Exception):
+        def __init__(self, code: int) -> None:
+            self.code = code
+
+    def exit_now(code: int) -> None:
+        raise Exited(code)
+
+    monkeypatch.setattr(worker, "PRELOAD", ("json",))  # the imports themselves are not what is tested
+    monkeypatch.setattr(worker, "OPTIONAL_PRELOAD", ())
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # as if an import had started CUDA
+    monkeypatch.setattr(worker.os, "_exit", exit_now)
+    (tmp_path / worker.GO_FILE).write_text("{}")  # a configuration is even waiting: it must not be run
+    with pytest.raises(Exited) as exited:
+        worker.wait_in(tmp_path)
+    assert exited.value.code == 1  # no result: the scheduler's take() sees it dead and starts cold
+    assert "CUDA was started by the imports" in capsys.readouterr().out
+    assert not list(tmp_path.glob("result.rank*.json"))
