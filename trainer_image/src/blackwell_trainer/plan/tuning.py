@@ -59,7 +59,8 @@ class Tuning:
     # recipe (_auto_filter_for_recipe; its thresholds come from torchao's H100 tables: tensorwise keeps a
     # Linear with K <= 4096 and N <= 1024 in BF16, which on Llama-3.2 are the K and V projections).
     # torchtitan's opt-in "auto_filter_small_kn". Those layers then compute in BF16 (numerics change
-    # there). Off: every block Linear whose dimensions divide by 16. Not yet measured on a GPU.
+    # there). Off: every block Linear whose dimensions divide by 16. Measured on one H100 (2026-12-07,
+    # docs/benchmarks/titan_h100.md): 3B FP8 batch 2 -0.6% tokens/s, 1B +0.3%, 1.4-2.0 GiB more: no gain.
     fp8_skip_small: bool = False
     # Single-device path: Q/K/V and gate/up each as one matmul over concatenated weights (BF16 blocks;
     # float8 and TE Linears keep their own). The same products; the last bit may differ (GEMM blocking).
