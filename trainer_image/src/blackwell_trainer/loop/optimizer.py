@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -28,15 +30,129 @@ def set_lr(optimizer: torch.optim.Optimizer, step_index: int, plan: Plan) -> Non
         group["lr"] = lr_at(step_index, plan)
 
 
+def adamw_one(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    lr: torch.Tensor,
+    step: torch.Tensor,
+    grad_scale: torch.Tensor | None,
+    hyper: tuple[float, float, float, float],
+) -> None:
+    """torch's AdamW update of one fp32 tensor from a gradient in another dtype, read once and widened in
+    the kernel: decoupled decay, bias-corrected moments, fused AdamW's division by ``grad_scale``.
+
+    ``hyper``: (beta1, beta2, eps, weight_decay). The fused kernel's formula; lerp for the first moment.
+    """
+    beta1, beta2, eps, weight_decay = hyper
+    g = grad.float() if grad_scale is None else grad.float() / grad_scale
+    param.mul_(1 - lr * weight_decay)
+    exp_avg.lerp_(g, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+    denom = exp_avg_sq.sqrt() / (1 - beta2**step).sqrt() + eps
+    param.sub_(lr / (1 - beta1**step) * exp_avg / denom)
+
+
+def gradient_norm(grads: list[torch.Tensor], *, foreach: bool) -> torch.Tensor:
+    """The gradients' total 2-norm. With bf16 gradients (``bf16_gradients``) each tensor's norm is taken in
+    fp32 (torch's would round it to bf16, and the clip would follow); torch's own function otherwise."""
+    narrow = [g for g in grads if g.dtype != torch.float32]
+    if not narrow:
+        return torch.nn.utils.get_total_norm(grads, foreach=foreach)
+    wide = [g for g in grads if g.dtype == torch.float32]
+    norms = list(torch._foreach_norm(narrow, 2.0, dtype=torch.float32))
+    if wide:
+        norms += torch._foreach_norm(wide, 2.0)
+    total: torch.Tensor = torch.linalg.vector_norm(torch.stack(norms))
+    return total
+
+
+class AdamW(torch.optim.AdamW):
+    """torch's AdamW, also over fp32 parameters whose gradients are kept in bf16 (``grad_dtype``, the
+    ``bf16_gradients`` switch), which torch's kernels refuse: those are updated by ``adamw_one``, compiled
+    once on CUDA (flat views, dynamic shapes: one graph for every tensor). Their state is torch's own
+    (``step``, ``exp_avg``, ``exp_avg_sq``, as the fused kernel keeps it), so checkpoints do not change.
+
+    ``grad_scale`` (the clip's 1/coefficient, trainer.py) is honoured on every path: inside the kernels
+    where they take it, a division of the fp32 gradients first where torch's unfused kernels do not.
+    """
+
+    _narrow_update: Callable[..., None] | None = None
+    grad_scale: torch.Tensor | None = None
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        narrow = [
+            (p, p.grad)
+            for group in self.param_groups
+            for p in group["params"]
+            if p.grad is not None and p.grad.dtype != p.dtype
+        ]
+        scale: torch.Tensor | None = getattr(self, "grad_scale", None)
+        unfused = not all(group.get("fused") for group in self.param_groups)
+        for p, _ in narrow:
+            p.grad = None  # torch's step skips a parameter without a gradient
+        try:
+            if scale is not None and unfused:
+                wide = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+                torch._foreach_div_(wide, scale)
+                self.grad_scale = None
+            loss = super().step(closure)
+        finally:
+            self.grad_scale = scale
+            for p, grad in narrow:
+                p.grad = grad
+        self._step_narrow(scale)
+        return loss
+
+    def _step_narrow(self, scale: torch.Tensor | None) -> None:
+        if not hasattr(self, "_lrs"):
+            self._lrs: dict[int, torch.Tensor] = {}
+        for index, group in enumerate(self.param_groups):
+            params = [p for p in group["params"] if p.grad is not None and p.grad.dtype != p.dtype]
+            if not params:
+                continue
+            # A device tensor filled in place: a new tensor from a Python float would copy from the host
+            # and wait for the GPU, and a float baked into the compiled graph would recompile each step.
+            # Kept off param_groups, which the checkpoint saves.
+            lr = self._lrs.setdefault(index, torch.zeros((), device=params[0].device))
+            lr.fill_(group["lr"])
+            hyper = (*group["betas"], group["eps"], group["weight_decay"])
+            update = self._update(params[0].device)
+            states = [self._state(p, group) for p in params]
+            torch._foreach_add_([s["step"] for s in states], 1)
+            for p, state in zip(params, states, strict=True):
+                flat = [t.view(-1) for t in (p, p.grad, state["exp_avg"], state["exp_avg_sq"])]
+                update(*flat, lr, state["step"], scale, hyper)
+
+    def _state(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, Any]:
+        """torch's AdamW state for ``p``, made as its own step would (step on the device when fused)."""
+        state: dict[str, Any] = self.state[p]
+        if not state:
+            on_device = group.get("fused") or group.get("capturable")
+            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device if on_device else None)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        return state
+
+    def _update(self, device: torch.device) -> Callable[..., None]:
+        if device.type != "cuda":
+            return adamw_one  # CPU (tests): the same function, eager
+        if self._narrow_update is None:
+            self._narrow_update = torch.compile(adamw_one, fullgraph=True, dynamic=True)
+        return self._narrow_update
+
+
 def build_optimizer(
     model: nn.Module, plan: Plan, device: torch.device, *, fused: bool | None = None
-) -> torch.optim.AdamW:
+) -> AdamW:
     """AdamW; decay on matrices only (norm scales and biases are not decayed); fused kernels on CUDA
     (``fused`` overrides: torch also has them on CPU, where the tests compare the two)."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     opt = plan.optimizer
-    return torch.optim.AdamW(
+    return AdamW(
         [{"params": decay, "weight_decay": opt.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=lr_at(0, plan),
         betas=(opt.beta1, opt.beta2),

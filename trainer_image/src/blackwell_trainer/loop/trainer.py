@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from blackwell_trainer.loop.finite_check import ParameterScan, check_parameters, reduce_loss_checked
 from blackwell_trainer.loop.oom import PhaseTracker
-from blackwell_trainer.loop.optimizer import build_optimizer, set_lr
+from blackwell_trainer.loop.optimizer import build_optimizer, gradient_norm, set_lr
 from blackwell_trainer.loop.step_report import StepResult
 from blackwell_trainer.model.loss import IGNORE_INDEX
 from blackwell_trainer.model.transformer import Attention, Transformer, build_model, flops_per_token
@@ -89,6 +89,11 @@ class Trainer:
             fp8_all_gather=gathers_fp8 and not self.single_device,
             fuse_projections=self.tuning.fuse_projections,
             recast_blocks=self.tuning.recast_blocks,
+            bf16_gradients=self.tuning.keeps_bf16_gradients(
+                single_device=self.single_device,
+                accumulation=chosen.gradient_accumulation_steps,
+                clip=plan.optimizer.grad_clip_norm,
+            ),
             attention=self.tuning.attention,
         )
         self.optimizer = build_optimizer(self.model, plan, runtime.device)
@@ -203,17 +208,19 @@ class Trainer:
     def _optimizer_step(self, foreach: bool) -> torch.Tensor:
         """Clip (or only measure) the gradient norm, step and zero the gradients; the norm before clipping."""
         clip = self.plan.optimizer.grad_clip_norm
-        in_step = clip > 0 and self.tuning.clip_in_optimizer and _fused(self.optimizer)
+        # bf16 gradients are always clipped inside the step (a foreach clip would scale them in bf16).
+        in_kernel = _fused(self.optimizer) or self.model.cast_blocks
+        in_step = clip > 0 and self.tuning.clip_in_optimizer and in_kernel
         if clip > 0 and not in_step:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip, foreach=foreach)
         else:
             grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-            grad_norm = torch.nn.utils.get_total_norm(grads, foreach=foreach)
+            grad_norm = gradient_norm(grads, foreach=foreach)
         # clip_grad_norm_'s coefficient, applied inside the fused kernel (it divides by grad_scale)
         # instead of a separate multiply over every gradient; 1 (exactly) when nothing is clipped. Reset
         # to None otherwise: a scale left from an earlier step would divide already clipped gradients.
         coef = (clip / (grad_norm.float() + 1e-6)).clamp(max=1.0) if in_step else None
-        self.optimizer.grad_scale = None if coef is None else 1.0 / coef  # type: ignore[attr-defined]
+        self.optimizer.grad_scale = None if coef is None else 1.0 / coef
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.precision.after_optimizer_step(self.model)

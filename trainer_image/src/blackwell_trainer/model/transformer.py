@@ -24,7 +24,7 @@ from blackwell_trainer.model.document_mask import (
     document_positions,
 )
 from blackwell_trainer.model.loss import LossFn, chunked_cross_entropy
-from blackwell_trainer.model.recast import call_recast
+from blackwell_trainer.model.recast import call_cast, call_recast, cast_copy
 from blackwell_trainer.plan.config import Architecture, RopeScaling
 
 
@@ -252,6 +252,9 @@ class Transformer(nn.Module):
         self.compute_dtype: torch.dtype | None = None
         # Run each block through recast.call_recast (its bf16 copies freed after forward; tuning.py).
         self.recast_blocks = False
+        # Run each block through recast.call_cast: its matrices cast before it, so that their gradients
+        # can stay in bf16 (tuning.py's bf16_gradients; parallelize.apply_bf16_gradients sets it).
+        self.cast_blocks = False
         self.rope: torch.Tensor
         self.register_buffer("rope", torch.empty(2, max_seq_len, arch.resolved_head_dim), persistent=False)
         self.loss_fn: LossFn = chunked_cross_entropy
@@ -260,6 +263,12 @@ class Transformer(nn.Module):
         """The [vocab, hidden] matrix of the output projection (the embedding when tied)."""
         return self.tok_embeddings.weight if self.output is None else self.output.weight
 
+    def output_copy(self, dtype: torch.dtype) -> torch.Tensor:
+        """The untied output projection in ``dtype``: its gradient goes back in its ``grad_dtype``."""
+        assert self.output is not None
+        weight = self.output.weight
+        return weight if weight.dtype == dtype else cast_copy(weight, dtype)
+
     def embedding_weight(self) -> torch.Tensor:
         """The embedding table in the compute dtype (cast from fp32 in the single-device path).
 
@@ -267,7 +276,7 @@ class Transformer(nn.Module):
         mixed precision gives; a tied output projection uses this same cast (one bf16 copy, one sum).
         """
         weight = self.tok_embeddings.weight
-        return weight if self.compute_dtype is None else weight.to(self.compute_dtype)
+        return weight if self.compute_dtype is None else cast_copy(weight, self.compute_dtype)
 
     def hidden_states(
         self,
@@ -289,6 +298,8 @@ class Transformer(nn.Module):
         for block in self.layers.values():
             if self.recast_blocks and self.compute_dtype is not None:
                 h = call_recast(block, self.compute_dtype, h, rope, *extra)
+            elif self.cast_blocks and self.compute_dtype is not None:
+                h = call_cast(block, self.compute_dtype, h, rope, *extra)
             else:
                 h = block(h, rope, *extra)
         out: torch.Tensor = self.norm(h)
@@ -305,7 +316,7 @@ class Transformer(nn.Module):
         h = self.hidden_states(tokens, positions, documents, embedding)
         if labels is None:
             return h
-        head = embedding if self.output is None else self.output.weight.to(h.dtype)
+        head = embedding if self.output is None else self.output_copy(h.dtype)
         return self.loss_fn(h.reshape(-1, h.shape[-1]), head, labels.reshape(-1), self.loss_chunk_tokens)
 
     @torch.no_grad()

@@ -123,6 +123,24 @@ def apply_fused_projections(model: Transformer) -> int:
     return fused
 
 
+def apply_bf16_gradients(model: Transformer) -> int:
+    """Keep the gradients of every matrix the single-device path casts to bf16 in bf16 (``grad_dtype``):
+    the block Linears (each block then runs on copies cast before it, recast.call_cast), the embedding
+    and the output head. The number of parameters changed; 0 where this torch has no ``grad_dtype``."""
+    if not hasattr(torch.Tensor, "grad_dtype") or model.compute_dtype is None:
+        return 0
+    matrices: list[torch.Tensor] = [
+        p for block in model.layers.values() for p in block.parameters() if p.dim() >= 2
+    ]
+    matrices.append(model.tok_embeddings.weight)
+    if model.output is not None:
+        matrices.append(model.output.weight)
+    for param in matrices:
+        param.grad_dtype = model.compute_dtype
+    model.cast_blocks = True
+    return len(matrices)
+
+
 def apply_attention_backend(model: Transformer, backend: str) -> int:
     """Every block's causal attention with SDPA's kernels in ``backend``'s order (model.ordered_attention);
     context parallelism's own attention is left alone. The number of blocks changed."""
@@ -237,6 +255,7 @@ def parallelize(
     fp8_skip_small: bool = False,
     fuse_projections: bool = False,
     recast_blocks: bool = False,
+    bf16_gradients: bool = False,
     attention: str = "default",
 ) -> PrecisionSetup:
     """Apply every technique in ONE fixed order, then materialise and initialise the weights.
@@ -247,6 +266,8 @@ def parallelize(
     FSDP2's mixed precision does on one rank without its per-block all-gather and reduce-scatter copies,
     their buffers and hooks. ``compute_dtype``: bf16 on GPUs, fp32 on CPU unless given (tests).
     ``fp8_all_gather``: FSDP2 all-gathers the torchao tensorwise weights as float8 (needs a mesh).
+    ``bf16_gradients``: the single-device path keeps the matrices' gradients in bf16 where it computes
+    in bf16 without AC (apply_bf16_gradients; the caller has checked accumulation and clipping).
 
     1. precision: swaps nn.Linear for TE / torchao float8 modules. Module swaps go first so that the
        wrappers below wrap the final modules (torchtitan applies its float8 converter before anything).
@@ -297,8 +318,13 @@ def parallelize(
         )
         none = candidate.activation_checkpointing == ActivationCheckpointing.NONE
         model.recast_blocks = free and none and model.compute_dtype is not None
+        # Not under AC: the recompute runs after functional_call has put the fp32 parameters back.
+        bf16_gradients = bf16_gradients and none
     model.to_empty(device=device)
     # Same seed on every rank: DTensor's RNG tracker then gives each shard its slice of one global init.
     torch.manual_seed(seed)
     model.init_weights(buffer_device=device)
+    # After to_empty, which may give the parameters new tensors.
+    if mesh is None and bf16_gradients and apply_bf16_gradients(model):
+        log.info("bf16 gradients: the matrices' gradients stay in bf16 (tuning bf16_gradients)")
     return setup

@@ -68,6 +68,15 @@ class Tuning:
     # Single-device path without AC: each block runs on bf16 copies made before it and cast again in
     # backward instead of kept (recast.py): 2 bytes a parameter less at the peak, one more cast per step.
     recast_blocks: bool = False
+    # Single-device path, BF16 compute, no AC, one micro-batch a step: the gradients of the matrices (block
+    # Linears, embedding, output head) stay in bf16, the dtype their matmul produced them in, instead of
+    # being cast to fp32 by autograd; AdamW reads them in bf16 and updates in fp32 (optimizer.py). The
+    # same gradient values (a cast of a bf16 value to fp32 is exact) and 2 bytes a parameter less held;
+    # the update itself is computed by a compiled kernel instead of torch's fused one (last-bit
+    # differences). Not with gradient accumulation (a sum of micro-batches' gradients would round in
+    # bf16) nor with the separate foreach clip (it would scale the gradients in bf16): there the
+    # gradients stay fp32, and the trainer's log says so.
+    bf16_gradients: bool = False
     # SDPA's kernel order for causal attention (ATTENTION_BACKENDS); last-bit differences only.
     attention: str = "default"
     # Python's cyclic garbage collector off while training, a generation-1 collection every
@@ -90,6 +99,12 @@ class Tuning:
         if self.single_device == "fsdp":
             return False
         return world_size == 1 and context_parallel == 1 and backend != "te"
+
+    def keeps_bf16_gradients(self, *, single_device: bool, accumulation: int, clip: float) -> bool:
+        """Whether the matrices' gradients stay in bf16 (see ``bf16_gradients``); the model's own limits
+        (BF16 compute, no AC) are parallelize.py's."""
+        clips_apart = clip > 0 and not self.clip_in_optimizer
+        return self.bf16_gradients and single_device and accumulation == 1 and not clips_apart
 
     def gathers_fp8(self, *, shard_ranks: int, tensorwise: bool) -> bool:
         """Whether FSDP2 all-gathers float8 weights (see ``fp8_all_gather``); ``shard_ranks``: the ranks

@@ -1,0 +1,133 @@
+"""The ``bf16_gradients`` switch (issue 38): the matrices' gradients stay in the bf16 their matmul produced,
+with the same values as autograd's fp32 casts, 2 bytes a parameter less, torch's AdamW state, and where it
+cannot keep the numerics (accumulation, AC, a separate clip, FSDP2) it is not used."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+import tests.support.loss_reference as reference
+from blackwell_trainer.loop.optimizer import AdamW, adamw_one, gradient_norm
+from blackwell_trainer.loop.trainer import Trainer
+from blackwell_trainer.plan.config import ActivationCheckpointing
+from blackwell_trainer.plan.tuning import Tuning
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*torch.distributed.*:UserWarning")
+ON = Tuning(bf16_gradients=True)
+BF16_LOSSES = json.loads(reference.REFERENCE.read_text())["losses"]["bf16"]
+
+
+def _trainer(tuning: Tuning, *, accumulation: int = 1, ac: str = "none") -> Trainer:
+    plan = reference.reference_plan()
+    plan.chosen.gradient_accumulation_steps = accumulation
+    plan.chosen.activation_checkpointing = ActivationCheckpointing(ac)
+    return Trainer(plan, reference.ONE, tuning=tuning, compute_dtype=torch.bfloat16)
+
+
+def _gradients(trainer: Trainer) -> dict[str, torch.Tensor]:
+    batch = reference.reference_batches()[0][0]
+    trainer.model(batch.inputs, batch.labels).backward()
+    return {n: p.grad for n, p in trainer.model.named_parameters() if p.grad is not None}
+
+
+def test_the_matrices_keep_bf16_gradients_with_the_values_autograd_casts_to_fp32() -> None:
+    with reference.one_rank_group():
+        plain, narrow = _gradients(_trainer(Tuning())), _gradients(_trainer(ON))
+    assert plain.keys() == narrow.keys()
+    matrices = [n for n, g in narrow.items() if g.dim() >= 2]
+    # every block Linear, the embedding and the untied head; the norm scales keep fp32 gradients
+    assert len(matrices) == sum(1 for g in plain.values() if g.dim() >= 2) > 0
+    for name, grad in narrow.items():
+        assert grad.dtype == (torch.bfloat16 if grad.dim() >= 2 else torch.float32), name
+        # the same values: a bf16 gradient cast to fp32 is exact, so nothing is lost by not casting
+        assert torch.equal(grad.float(), plain[name]), name
+    held = sum(g.numel() * g.element_size() for g in narrow.values())
+    assert held < sum(g.numel() * g.element_size() for g in plain.values())
+
+
+def test_the_switch_keeps_the_bf16_reference_losses() -> None:
+    got = reference.losses("bf16", ON)
+    torch.testing.assert_close(got, BF16_LOSSES, rtol=1e-3, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("tuning", "accumulation", "ac"),
+    [
+        (ON, 2, "none"),  # micro-batch gradients would be summed in bf16
+        (ON, 1, "selective"),  # AC's recompute would run on the fp32 parameters
+        (Tuning(bf16_gradients=True, clip_in_optimizer=False), 1, "none"),  # the clip would scale in bf16
+        (Tuning(bf16_gradients=True, single_device="fsdp"), 1, "none"),  # FSDP2 reduces in fp32
+        (Tuning(), 1, "none"),  # off by default
+    ],
+    ids=["accumulation", "ac", "separate-clip", "fsdp2", "default"],
+)
+def test_where_the_numerics_would_change_every_gradient_stays_fp32(
+    tuning: Tuning, accumulation: int, ac: str
+) -> None:
+    with reference.one_rank_group():
+        trainer = _trainer(tuning, accumulation=accumulation, ac=ac)
+        grads = _gradients(trainer)
+    assert {g.dtype for g in grads.values()} == {torch.float32}
+    assert not trainer.model.cast_blocks
+
+
+def _paired(count: int = 3) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    generator = torch.Generator().manual_seed(5)
+    params = [torch.randn(48, 16, generator=generator), torch.randn(16, generator=generator)]
+    grads = [torch.randn(p.shape, generator=generator) * 1e-2 for p in params]
+    return params[:count], grads[:count]
+
+
+@pytest.mark.parametrize("scale", [None, 1.6], ids=["unscaled", "clip-scale"])
+def test_the_narrow_update_is_torch_adamw(scale: float | None) -> None:
+    params, grads = _paired()
+    torch_params = [p.clone().requires_grad_() for p in params]
+    torch_opt = torch.optim.AdamW(torch_params, lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    ours = [p.clone() for p in params]
+    moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in params]
+    step, lr = torch.zeros(()), torch.tensor(1e-2)
+    for _ in range(4):
+        for p, g in zip(torch_params, grads, strict=True):
+            p.grad = g.clone() if scale is None else g / scale
+        torch_opt.step()
+        step += 1
+        for p, g, (m, v) in zip(ours, grads, moments, strict=True):
+            adamw_one(p, g.bfloat16(), m, v, lr, step, None if scale is None else torch.tensor(scale),
+                      (0.9, 0.95, 1e-8, 0.1))  # fmt: skip
+    for a, b in zip(ours, torch_params, strict=True):
+        # bf16 gradients in ours: the difference is that rounding, not the update's formula
+        torch.testing.assert_close(a, b.detach(), rtol=0, atol=2e-3 * 4 * 1e-2)
+
+
+def test_a_checkpoint_of_the_optimizer_loads_into_torch_adamw_and_back() -> None:
+    with reference.one_rank_group():
+        trainer = _trainer(ON)
+        for batch in reference.reference_batches()[:2]:
+            trainer.step(batch)
+    state = copy.deepcopy(trainer.optimizer.state_dict())
+    assert isinstance(trainer.optimizer, AdamW)
+    assert all(set(s) == {"step", "exp_avg", "exp_avg_sq"} for s in state["state"].values())
+    groups = [{"params": g["params"]} for g in trainer.optimizer.param_groups]
+    plain = torch.optim.AdamW(groups)
+    plain.load_state_dict(state)  # the fp32-gradient trainer resumes from it
+    assert plain.state_dict()["param_groups"] == state["param_groups"]
+    back = AdamW([{"params": g["params"]} for g in trainer.optimizer.param_groups])
+    back.load_state_dict(plain.state_dict())
+    for key, saved in state["state"].items():
+        for name in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(back.state_dict()["state"][key][name], saved[name])
+
+
+def test_the_norm_of_bf16_gradients_is_taken_in_fp32() -> None:
+    generator = torch.Generator().manual_seed(3)
+    grads = [torch.randn(4096, generator=generator).bfloat16() for _ in range(3)]
+    exact = torch.linalg.vector_norm(torch.cat([g.double() for g in grads])).float()
+    assert gradient_norm(grads, foreach=True).dtype == torch.float32
+    torch.testing.assert_close(gradient_norm(grads, foreach=True), exact, rtol=2e-6, atol=0)
+    # torch's own rounds each tensor's norm to bf16 (111.0 against 110.9627 here)
+    rounded = torch.nn.utils.get_total_norm(grads, foreach=True).float()
+    assert not torch.allclose(rounded, exact, rtol=1e-4, atol=0)
