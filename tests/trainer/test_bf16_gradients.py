@@ -131,3 +131,22 @@ def test_the_norm_of_bf16_gradients_is_taken_in_fp32() -> None:
     # torch's own rounds each tensor's norm to bf16 (111.0 against 110.9627 here)
     rounded = torch.nn.utils.get_total_norm(grads, foreach=True).float()
     assert not torch.allclose(rounded, exact, rtol=1e-4, atol=0)
+
+
+def test_the_compiled_update_takes_parameters_whose_gradients_are_bf16() -> None:
+    """As on CUDA (where it is compiled): parameters with grad_dtype bf16 and their gradients reach the
+    compiler detached, and the compiled update equals the eager one."""
+    params, grads = _paired()
+    runs = []
+    for compiled in (False, True):
+        leaves = [torch.nn.Parameter(p.clone()) for p in params]
+        opt = AdamW(leaves, lr=1e-2, weight_decay=0.1)
+        opt.compile_on_cpu = compiled
+        for _ in range(2):
+            for leaf, grad in zip(leaves, grads, strict=True):
+                leaf.grad_dtype = torch.bfloat16
+                leaf.grad = grad.bfloat16()
+            opt.step()
+        runs.append([leaf.detach() for leaf in leaves])
+    for eager, compiled_run in zip(*runs, strict=True):
+        torch.testing.assert_close(compiled_run, eager, rtol=1e-6, atol=1e-7)

@@ -79,6 +79,7 @@ class AdamW(torch.optim.AdamW):
     """
 
     _narrow_update: Callable[..., None] | None = None
+    compile_on_cpu = False  # a test compiles it on the CPU as on CUDA
     grad_scale: torch.Tensor | None = None
 
     @torch.no_grad()
@@ -123,7 +124,10 @@ class AdamW(torch.optim.AdamW):
             states = [self._state(p, group) for p in params]
             torch._foreach_add_([s["step"] for s in states], 1)
             for p, state in zip(params, states, strict=True):
-                flat = [t.view(-1) for t in (p, p.grad, state["exp_avg"], state["exp_avg_sq"])]
+                # Detached: the compiler would otherwise copy each parameter's bf16 .grad into a fake
+                # tensor that does not carry its grad_dtype, and refuse it.
+                tensors = (p, p.grad, state["exp_avg"], state["exp_avg_sq"])
+                flat = [t.detach().view(-1) for t in tensors]
                 update(*flat, lr, state["step"], scale, hyper)
 
     def _state(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, Any]:
@@ -137,8 +141,8 @@ class AdamW(torch.optim.AdamW):
         return state
 
     def _update(self, device: torch.device) -> Callable[..., None]:
-        if device.type != "cuda":
-            return adamw_one  # CPU (tests): the same function, eager
+        if device.type != "cuda" and not self.compile_on_cpu:
+            return adamw_one  # CPU: the same function, eager
         if self._narrow_update is None:
             self._narrow_update = torch.compile(adamw_one, fullgraph=True, dynamic=True)
         return self._narrow_update
