@@ -74,7 +74,20 @@ class Trainer:
         gathers_fp8 = self.tuning.gathers_fp8(
             shard_ranks=self.mesh.size(-1), tensorwise=recipe == PrecisionRecipe.TORCHAO_TENSORWISE
         )
-        self.precision: PrecisionSetup = parallelize(
+        self.precision = self._parallelize(compute_dtype, gathers_fp8)
+        self.optimizer = build_optimizer(self.model, plan, runtime.device)
+        self.step_index = 0
+        self.scan = ParameterScan()  # the run's loop names the steps whose state it writes
+        self.flops_per_token = flops_per_token(plan.architecture, plan.sequence_length)
+        # Tokens this rank processes: a context-parallel rank holds 1/cp of each sequence.
+        self.tokens_per_micro_batch = (
+            chosen.micro_batch_size * plan.sequence_length // chosen.context_parallel
+        )
+
+    def _parallelize(self, compute_dtype: torch.dtype | None, gathers_fp8: bool) -> PrecisionSetup:
+        """parallelize.py's one fixed order, with this plan's layout and the tuning's switches."""
+        plan, runtime, chosen = self.plan, self.runtime, self.plan.chosen
+        return parallelize(
             self.model,
             chosen,
             None if self.single_device else self.mesh,
@@ -95,14 +108,6 @@ class Trainer:
                 clip=plan.optimizer.grad_clip_norm,
             ),
             attention=self.tuning.attention,
-        )
-        self.optimizer = build_optimizer(self.model, plan, runtime.device)
-        self.step_index = 0
-        self.scan = ParameterScan()  # the run's loop names the steps whose state it writes
-        self.flops_per_token = flops_per_token(plan.architecture, plan.sequence_length)
-        # Tokens this rank processes: a context-parallel rank holds 1/cp of each sequence.
-        self.tokens_per_micro_batch = (
-            chosen.micro_batch_size * plan.sequence_length // chosen.context_parallel
         )
 
     def step(self, batches: Sequence[Batch]) -> StepResult:
