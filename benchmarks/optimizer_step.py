@@ -24,6 +24,7 @@ Writes ``OUT/optimizer_step_<model>.json`` with the card, versions, milliseconds
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import subprocess
@@ -84,40 +85,29 @@ def adamw_one(
     param.sub_(lr / (1 - beta1**step) * exp_avg / denom)
 
 
-def adamw_update(
+def each_tensor(
+    one: Callable[..., None],
     params: list[torch.Tensor],
     grads: list[torch.Tensor],
     exp_avgs: list[torch.Tensor],
     exp_avg_sqs: list[torch.Tensor],
     decays: list[float],
-    lr: torch.Tensor,
-    step: torch.Tensor,
-    grad_scale: torch.Tensor,
+    *scalars: torch.Tensor,
 ) -> None:
-    """``adamw_one`` over every tensor (compiled whole: one graph, Inductor groups the kernels)."""
+    """``one`` (``adamw_one``, compiled or not) over every tensor in turn."""
     for param, grad, exp_avg, exp_avg_sq, decay in zip(
         params, grads, exp_avgs, exp_avg_sqs, decays, strict=True
     ):
-        adamw_one(param, grad, exp_avg, exp_avg_sq, decay, lr, step, grad_scale)
+        one(param, grad, exp_avg, exp_avg_sq, decay, *scalars)
+
+
+# Compiled whole: one graph over every tensor, Inductor groups the kernels.
+adamw_update = functools.partial(each_tensor, adamw_one)
 
 
 def per_tensor(one: Callable[..., None]) -> Callable[..., None]:
-    """``adamw_update``'s loop in Python around a compiled one-tensor update (one graph per shape)."""
-
-    def update(
-        params: list[torch.Tensor],
-        grads: list[torch.Tensor],
-        exp_avgs: list[torch.Tensor],
-        exp_avg_sqs: list[torch.Tensor],
-        decays: list[float],
-        *scalars: torch.Tensor,
-    ) -> None:
-        for param, grad, exp_avg, exp_avg_sq, decay in zip(
-            params, grads, exp_avgs, exp_avg_sqs, decays, strict=True
-        ):
-            one(param, grad, exp_avg, exp_avg_sq, decay, *scalars)
-
-    return update
+    """The loop in Python around a compiled one-tensor update (one graph per shape)."""
+    return functools.partial(each_tensor, one)
 
 
 def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
