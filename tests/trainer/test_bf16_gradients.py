@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
 import tests.support.loss_reference as reference
+from blackwell_trainer.checkpoint.store import Checkpointer
 from blackwell_trainer.loop.optimizer import AdamW, adamw_one, gradient_norm
 from blackwell_trainer.loop.trainer import Trainer
-from blackwell_trainer.plan.config import ActivationCheckpointing
+from blackwell_trainer.plan.config import ActivationCheckpointing, CheckpointConfig
 from blackwell_trainer.plan.tuning import Tuning
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*torch.distributed.*:UserWarning")
@@ -150,3 +152,30 @@ def test_the_compiled_update_takes_parameters_whose_gradients_are_bf16() -> None
         runs.append([leaf.detach() for leaf in leaves])
     for eager, compiled_run in zip(*runs, strict=True):
         torch.testing.assert_close(compiled_run, eager, rtol=1e-6, atol=1e-7)
+
+
+def _losses(trainer: Trainer, steps: range) -> list[float]:
+    batches = reference.reference_batches()
+    return [trainer.step(batches[i]).loss for i in steps]
+
+
+@pytest.mark.parametrize("resumed_with", [ON, Tuning()], ids=["bf16-gradients", "fp32-gradients"])
+def test_a_checkpoint_saved_with_bf16_gradients_resumes_where_it_stopped(
+    tmp_path: Path, resumed_with: Tuning
+) -> None:
+    """Steps 3-4 after a save at step 2 and a resume in a new trainer: the losses of steps 3-4 run
+    through, bit for bit with the switch on again, within the bf16 reference's tolerance with it off."""
+    config = CheckpointConfig(path=str(tmp_path / "ckpt"), interval_steps=2)
+    with reference.one_rank_group():
+        through = _losses(_trainer(ON), range(4))
+        first = _trainer(ON)
+        _losses(first, range(2))
+        assert Checkpointer(config, rank=0).save(2, first.model, first.optimizer, {"step": 2})
+        second = _trainer(resumed_with)
+        assert Checkpointer(config, rank=0).load(second.model, second.optimizer) == {"step": 2}
+        second.step_index = 2
+        after = _losses(second, range(2, 4))
+    if resumed_with.bf16_gradients:
+        assert after == through[2:]
+    else:
+        torch.testing.assert_close(after, through[2:], rtol=1e-3, atol=0)

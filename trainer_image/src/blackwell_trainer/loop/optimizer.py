@@ -54,6 +54,12 @@ def adamw_one(
     param.sub_(lr / (1 - beta1**step) * exp_avg / denom)
 
 
+def _narrow(param: torch.Tensor) -> bool:
+    """A parameter whose gradient is kept in another dtype than its own (``grad_dtype``)."""
+    grad_dtype = getattr(param, "grad_dtype", None)
+    return grad_dtype is not None and grad_dtype != param.dtype
+
+
 def gradient_norm(grads: list[torch.Tensor], *, foreach: bool) -> torch.Tensor:
     """The gradients' total 2-norm. With bf16 gradients (``bf16_gradients``) each tensor's norm is taken in
     fp32 (torch's would round it to bf16, and the clip would follow); torch's own function otherwise."""
@@ -81,6 +87,16 @@ class AdamW(torch.optim.AdamW):
     _narrow_update: Callable[..., None] | None = None
     compile_on_cpu = False  # a test compiles it on the CPU as on CUDA
     grad_scale: torch.Tensor | None = None
+
+    def __init__(self, params: Any, **kwargs: Any) -> None:
+        super().__init__(params, **kwargs)
+        # torch.distributed.checkpoint initialises an empty optimizer before loading into it by one step
+        # on zero fp32 gradients, which a parameter whose grad_dtype is bf16 refuses. Its state is made
+        # here instead, as the first step would make it (the moments are held from then on anyway).
+        if any(_narrow(p) for group in self.param_groups for p in group["params"]):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    self._state(p, group)
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
