@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -57,24 +58,30 @@ def test_the_switch_keeps_the_bf16_reference_losses() -> None:
 
 
 @pytest.mark.parametrize(
-    ("tuning", "accumulation", "ac"),
+    ("tuning", "accumulation", "ac", "said"),
     [
-        (ON, 2, "none"),  # micro-batch gradients would be summed in bf16
-        (ON, 1, "selective"),  # AC's recompute would run on the fp32 parameters
-        (Tuning(bf16_gradients=True, clip_in_optimizer=False), 1, "none"),  # the clip would scale in bf16
-        (Tuning(bf16_gradients=True, single_device="fsdp"), 1, "none"),  # FSDP2 reduces in fp32
-        (Tuning(), 1, "none"),  # off by default
+        (ON, 2, "none", "the 2 micro-batches of a step would be summed in bf16"),
+        (ON, 1, "selective", "AC recomputes on the fp32 parameters"),
+        (Tuning(bf16_gradients=True, clip_in_optimizer=False), 1, "none", "the foreach clip would scale"),
+        (Tuning(bf16_gradients=True, single_device="fsdp"), 1, "none", "FSDP2 reduces the gradients in fp32"),
+        (Tuning(), 1, "none", None),  # off by default, and nothing said
     ],
     ids=["accumulation", "ac", "separate-clip", "fsdp2", "default"],
 )
-def test_where_the_numerics_would_change_every_gradient_stays_fp32(
-    tuning: Tuning, accumulation: int, ac: str
+def test_where_the_numerics_would_change_every_gradient_stays_fp32_and_the_log_says_why(
+    tuning: Tuning, accumulation: int, ac: str, said: str | None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with reference.one_rank_group():
+    with reference.one_rank_group(), caplog.at_level(logging.WARNING):
         trainer = _trainer(tuning, accumulation=accumulation, ac=ac)
         grads = _gradients(trainer)
     assert {g.dtype for g in grads.values()} == {torch.float32}
     assert not trainer.model.cast_blocks
+    warnings = [r.getMessage() for r in caplog.records if "bf16_gradients off" in r.getMessage()]
+    if said is None:
+        assert warnings == []
+    else:
+        assert len(warnings) == 1 and said in warnings[0], warnings
+        assert warnings[0].endswith("the gradients stay fp32")
 
 
 def _paired(count: int = 3) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

@@ -7,6 +7,7 @@ metrics and preemption around it; the probe builds one per candidate.
 from __future__ import annotations
 
 import gc
+import logging
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -34,6 +35,8 @@ from blackwell_trainer.plan.tuning import GC_EVERY_STEPS, Tuning
 
 if TYPE_CHECKING:
     from blackwell_trainer.data.tokens import Batch
+
+log = logging.getLogger(__name__)
 
 
 class Trainer:
@@ -87,6 +90,13 @@ class Trainer:
     def _parallelize(self, compute_dtype: torch.dtype | None, gathers_fp8: bool) -> PrecisionSetup:
         """parallelize.py's one fixed order, with this plan's layout and the tuning's switches."""
         plan, runtime, chosen = self.plan, self.runtime, self.plan.chosen
+        blocked = self.tuning.bf16_gradients_blocked(
+            single_device=self.single_device,
+            accumulation=chosen.gradient_accumulation_steps,
+            clip=plan.optimizer.grad_clip_norm,
+        )
+        if self.tuning.bf16_gradients and blocked:
+            log.warning("bf16_gradients off: %s; the gradients stay fp32", blocked)
         return parallelize(
             self.model,
             chosen,
@@ -102,11 +112,7 @@ class Trainer:
             fp8_all_gather=gathers_fp8 and not self.single_device,
             fuse_projections=self.tuning.fuse_projections,
             recast_blocks=self.tuning.recast_blocks,
-            bf16_gradients=self.tuning.keeps_bf16_gradients(
-                single_device=self.single_device,
-                accumulation=chosen.gradient_accumulation_steps,
-                clip=plan.optimizer.grad_clip_norm,
-            ),
+            bf16_gradients=self.tuning.bf16_gradients and blocked is None,
             attention=self.tuning.attention,
         )
 

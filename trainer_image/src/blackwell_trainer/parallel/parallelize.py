@@ -319,12 +319,18 @@ def parallelize(
         none = candidate.activation_checkpointing == ActivationCheckpointing.NONE
         model.recast_blocks = free and none and model.compute_dtype is not None
         # Not under AC: the recompute runs after functional_call has put the fp32 parameters back.
+        if bf16_gradients and not none:
+            log.warning("bf16_gradients off: AC recomputes on the fp32 parameters; the gradients stay fp32")
         bf16_gradients = bf16_gradients and none
     model.to_empty(device=device)
     # Same seed on every rank: DTensor's RNG tracker then gives each shard its slice of one global init.
     torch.manual_seed(seed)
     model.init_weights(buffer_device=device)
     # After to_empty, which may give the parameters new tensors.
-    if mesh is None and bf16_gradients and apply_bf16_gradients(model):
-        log.info("bf16 gradients: the matrices' gradients stay in bf16 (tuning bf16_gradients)")
+    if mesh is None and bf16_gradients:
+        kept = apply_bf16_gradients(model)
+        if kept:
+            log.info("bf16_gradients: %d matrices keep their gradients in bf16", kept)
+        else:
+            log.warning("bf16_gradients off: fp32 compute, or a torch without Tensor.grad_dtype")
     return setup

@@ -75,7 +75,7 @@ class Tuning:
     # the update itself is computed by a compiled kernel instead of torch's fused one (last-bit
     # differences). Not with gradient accumulation (a sum of micro-batches' gradients would round in
     # bf16) nor with the separate foreach clip (it would scale the gradients in bf16): there the
-    # gradients stay fp32, and the trainer's log says so.
+    # gradients stay fp32, and the trainer logs one warning naming why (as it does under AC and fp32 compute).
     bf16_gradients: bool = False
     # SDPA's kernel order for causal attention (ATTENTION_BACKENDS); last-bit differences only.
     attention: str = "default"
@@ -100,11 +100,16 @@ class Tuning:
             return False
         return world_size == 1 and context_parallel == 1 and backend != "te"
 
-    def keeps_bf16_gradients(self, *, single_device: bool, accumulation: int, clip: float) -> bool:
-        """Whether the matrices' gradients stay in bf16 (see ``bf16_gradients``); the model's own limits
+    def bf16_gradients_blocked(self, *, single_device: bool, accumulation: int, clip: float) -> str | None:
+        """Why ``bf16_gradients`` cannot act for this plan and process, or None; the model's own limits
         (BF16 compute, no AC) are parallelize.py's."""
-        clips_apart = clip > 0 and not self.clip_in_optimizer
-        return self.bf16_gradients and single_device and accumulation == 1 and not clips_apart
+        if not single_device:
+            return "FSDP2 reduces the gradients in fp32"
+        if accumulation > 1:
+            return f"the {accumulation} micro-batches of a step would be summed in bf16"
+        if clip > 0 and not self.clip_in_optimizer:
+            return "clip_in_optimizer=false: the foreach clip would scale them in bf16"
+        return None
 
     def gathers_fp8(self, *, shard_ranks: int, tensorwise: bool) -> bool:
         """Whether FSDP2 all-gathers float8 weights (see ``fp8_all_gather``); ``shard_ranks``: the ranks
