@@ -90,6 +90,8 @@ class AdamW(torch.optim.AdamW):
 
     def __init__(self, params: Any, **kwargs: Any) -> None:
         super().__init__(params, **kwargs)
+        # Each group's learning rate as a device tensor for the compiled update (``_step_narrow``).
+        self._lrs: dict[int, torch.Tensor] = {}
         # torch.distributed.checkpoint initialises an empty optimizer before loading into it by one step
         # on zero fp32 gradients, which a parameter whose grad_dtype is bf16 refuses. Its state is made
         # here instead, as the first step would make it (the moments are held from then on anyway).
@@ -113,7 +115,8 @@ class AdamW(torch.optim.AdamW):
         try:
             if scale is not None and unfused:
                 wide = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
-                torch._foreach_div_(wide, scale)
+                if wide:
+                    torch._foreach_div_(wide, scale)
                 self.grad_scale = None
             loss = super().step(closure)
         finally:
@@ -124,8 +127,6 @@ class AdamW(torch.optim.AdamW):
         return loss
 
     def _step_narrow(self, scale: torch.Tensor | None) -> None:
-        if not hasattr(self, "_lrs"):
-            self._lrs: dict[int, torch.Tensor] = {}
         for index, group in enumerate(self.param_groups):
             params = [p for p in group["params"] if p.grad is not None and p.grad.dtype != p.dtype]
             if not params:
