@@ -106,6 +106,28 @@ def test_optimizer_step_is_memory_bound_over_the_local_shard() -> None:
         assert t.breakdown["optimizer"] == pytest.approx(expected, abs=1e-6)
 
 
+def test_the_forward_share_of_the_casts_moves_full_ac_and_nothing_else() -> None:
+    """forward_cast_share (a third unless fitted): what full AC's recompute pays again of the FP8 casts;
+    the step without recompute keeps every cast, whatever the share."""
+    rc = BTJ.recipe(9, PrecisionRecipe.TORCHAO_TENSORWISE)
+    assert rc.forward_cast_share == pytest.approx(1 / 3)
+    fifth = rc.model_copy(update={"forward_cast_share": 0.2})
+    (total, fwd), (total_fifth, fwd_fifth) = (
+        linear_time(8192, 3072, 8192, r, 1e15, 3e12) for r in (rc, fifth)
+    )
+    assert total_fifth == total
+    cast = rc.quant_bytes_per_element * (8192 * 3072 + 3072 * 8192 + 8192 * 8192) / 3e12
+    assert fwd - fwd_fifth == pytest.approx(cast * (1 / 3 - 0.2))
+    sh, hw = shapes(), hardware()
+    share = f"throughput.recipes.{hw.gpu.major}.torchao-tensorwise.forward_cast_share"
+    fitted = with_constants(BTJ, {share: 0.2})
+    for ac, faster in (("none", False), ("full", True)):
+        st = setting(ac=ac, mbs=2, precision="fp8", recipe="torchao-tensorwise")
+        before, after = (estimate_time(sh, c, hw, st, layout(st, hw), 4096) for c in (BTJ, fitted))
+        assert (after.step_time_seconds < before.step_time_seconds) is faster, ac
+        assert after.step_time_seconds <= before.step_time_seconds
+
+
 def test_recompute_costs_more_with_full_than_selective_checkpointing() -> None:
     sh, hw = shapes(), hardware()
     times = {}

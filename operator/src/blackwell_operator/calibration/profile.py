@@ -135,6 +135,13 @@ class RecipeConstants(_Strict):
         ge=0, description="HBM bytes moved per input/weight/output element to cast, scale and transpose."
     )
     cpu_seconds_per_linear: float = Field(ge=0, description="Host time to issue one linear's fwd+bwd.")
+    forward_cast_share: float = Field(
+        default=1 / 3,
+        ge=0,
+        le=1,
+        description="Share of the cast traffic in the forward pass (what full AC's recompute pays again); "
+        "a third when the three GEMMs' casts weigh alike.",
+    )
     bf16_layer_fraction: float = Field(
         default=0.0, ge=0, le=1, description="Share of blocks the recipe keeps in BF16 for accuracy."
     )

@@ -29,12 +29,13 @@ def linear_time(
     """GPU seconds of one linear's forward and backward (3 GEMMs), and the forward share.
 
     FLOPs over the format's peak times the recipe's efficiency, plus a fixed cost per GEMM and the
-    memory-bound casting/scaling traffic: small GEMMs gain little or lose from low precision.
+    memory-bound casting/scaling traffic: small GEMMs gain little or lose from low precision. The forward
+    pays ``forward_cast_share`` of the casts (what full AC's recompute pays again).
     """
     flops = 2.0 * tokens * k * n
     cast = rc.quant_bytes_per_element * (tokens * k + k * n + tokens * n) / bandwidth
     one = flops / (peak * rc.efficiency) + rc.gemm_overhead_seconds
-    return 3.0 * one + cast, one + cast / 3.0
+    return 3.0 * one + cast, one + cast * rc.forward_cast_share
 
 
 def _collective_seconds(payload: float, group: int, bandwidth: float) -> float:
