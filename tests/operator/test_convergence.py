@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
 import time
 from typing import Any
@@ -133,8 +134,10 @@ async def test_repeated_hand_deletions_are_recreated_with_a_constant_delay(
             delays.append(time.monotonic() - started)
         await cluster.settle("again")
     assert runner.exception is None
-    # Constant: no deletion waits on the ones before (Kopf's error throttling would add 1, 1, 2, 3, 5 ... s).
-    assert max(delays) < 1.5, delays
+    # Constant: no deletion waits on the ones before. Kopf's error throttling would add 1, 1, 2, 3, 5 ... s,
+    # putting most re-creations over a second; the median, not the slowest, so that one re-creation slowed
+    # by a loaded machine (one took over 1.5 s under --latest on 2 cores, 2026-12-07) is not read as that.
+    assert statistics.median(delays) < 1.0, delays
     assert not [r for r in caplog.records if "Throttling" in r.getMessage()]
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], "no ERROR, no traceback"
     assert cluster.creates("pytorchjobs") == 11
