@@ -60,6 +60,11 @@ def _narrow(param: torch.Tensor) -> bool:
     return grad_dtype is not None and grad_dtype != param.dtype
 
 
+def _holds_narrow_grad(param: torch.Tensor) -> bool:
+    """A parameter whose gradient of this step is in another dtype than its own."""
+    return param.grad is not None and param.grad.dtype != param.dtype
+
+
 def gradient_norm(grads: list[torch.Tensor], *, foreach: bool) -> torch.Tensor:
     """The gradients' total 2-norm. With bf16 gradients (``bf16_gradients``) each tensor's norm is taken in
     fp32 (torch's would round it to bf16, and the clip would follow); torch's own function otherwise."""
@@ -100,20 +105,25 @@ class AdamW(torch.optim.AdamW):
                 for p in group["params"]:
                     self._state(p, group)
 
+    @property
+    def fused(self) -> bool:
+        """Built with torch's fused kernels (on CUDA, and where a test asks for them), which take the
+        clip's ``grad_scale`` themselves."""
+        return all(group.get("fused") for group in self.param_groups)
+
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
-        narrow = [
-            (p, p.grad)
-            for group in self.param_groups
-            for p in group["params"]
-            if p.grad is not None and p.grad.dtype != p.dtype
+        # Per group, the parameters holding a bf16 gradient: torch's step must not see them.
+        narrow = [[p for p in group["params"] if _holds_narrow_grad(p)] for group in self.param_groups]
+        grads: list[list[torch.Tensor]] = [
+            [p.grad for p in params if p.grad is not None] for params in narrow
         ]
         scale: torch.Tensor | None = getattr(self, "grad_scale", None)
-        unfused = not all(group.get("fused") for group in self.param_groups)
-        for p, _ in narrow:
-            p.grad = None  # torch's step skips a parameter without a gradient
+        for params in narrow:
+            for p in params:
+                p.grad = None  # torch's step skips a parameter without a gradient
         try:
-            if scale is not None and unfused:
+            if scale is not None and not self.fused:
                 wide = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
                 if wide:
                     torch._foreach_div_(wide, scale)
@@ -121,31 +131,38 @@ class AdamW(torch.optim.AdamW):
             loss = super().step(closure)
         finally:
             self.grad_scale = scale
-            for p, grad in narrow:
-                p.grad = grad
-        self._step_narrow(scale)
+            for params, held in zip(narrow, grads, strict=True):
+                for p, grad in zip(params, held, strict=True):
+                    p.grad = grad
+        for index, (params, held) in enumerate(zip(narrow, grads, strict=True)):
+            if params:
+                self._step_narrow(index, params, held, scale)
         return loss
 
-    def _step_narrow(self, scale: torch.Tensor | None) -> None:
-        for index, group in enumerate(self.param_groups):
-            params = [p for p in group["params"] if p.grad is not None and p.grad.dtype != p.dtype]
-            if not params:
-                continue
-            # A device tensor filled in place: a new tensor from a Python float would copy from the host
-            # and wait for the GPU, and a float baked into the compiled graph would recompile each step.
-            # Kept off param_groups, which the checkpoint saves.
-            lr = self._lrs.setdefault(index, torch.zeros((), device=params[0].device))
-            lr.fill_(group["lr"])
-            hyper = (*group["betas"], group["eps"], group["weight_decay"])
-            update = self._update(params[0].device)
-            states = [self._state(p, group) for p in params]
-            torch._foreach_add_([s["step"] for s in states], 1)
-            for p, state in zip(params, states, strict=True):
-                # Detached: the compiler would otherwise copy each parameter's bf16 .grad into a fake
-                # tensor that does not carry its grad_dtype, and refuse it.
-                tensors = (p, p.grad, state["exp_avg"], state["exp_avg_sq"])
-                flat = [t.detach().view(-1) for t in tensors]
-                update(*flat, lr, state["step"], scale, hyper)
+    def _step_narrow(
+        self,
+        index: int,
+        params: list[torch.Tensor],
+        grads: list[torch.Tensor],
+        scale: torch.Tensor | None,
+    ) -> None:
+        """``adamw_one`` over one group's parameters that hold bf16 gradients (``grads``, theirs)."""
+        group = self.param_groups[index]
+        # A device tensor filled in place: a new tensor from a Python float would copy from the host
+        # and wait for the GPU, and a float baked into the compiled graph would recompile each step.
+        # Kept off param_groups, which the checkpoint saves.
+        lr = self._lrs.setdefault(index, torch.zeros((), device=params[0].device))
+        lr.fill_(group["lr"])
+        hyper = (*group["betas"], group["eps"], group["weight_decay"])
+        update = self._update(params[0].device)
+        states = [self._state(p, group) for p in params]
+        torch._foreach_add_([s["step"] for s in states], 1)
+        for p, grad, state in zip(params, grads, states, strict=True):
+            # Detached: the compiler would otherwise copy each parameter's bf16 .grad into a fake
+            # tensor that does not carry its grad_dtype, and refuse it.
+            tensors = (p, grad, state["exp_avg"], state["exp_avg_sq"])
+            flat = [t.detach().view(-1) for t in tensors]
+            update(*flat, lr, state["step"], scale, hyper)
 
     def _state(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, Any]:
         """torch's AdamW state for ``p``, made as its own step would (step on the device when fused)."""

@@ -220,7 +220,7 @@ class Trainer:
         """Clip (or only measure) the gradient norm, step and zero the gradients; the norm before clipping."""
         clip = self.plan.optimizer.grad_clip_norm
         # bf16 gradients are always clipped inside the step (a foreach clip would scale them in bf16).
-        in_kernel = _fused(self.optimizer) or self.model.cast_blocks
+        in_kernel = self.optimizer.fused or self.model.cast_blocks
         in_step = clip > 0 and self.tuning.clip_in_optimizer and in_kernel
         if clip > 0 and not in_step:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip, foreach=foreach)
@@ -236,8 +236,3 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.precision.after_optimizer_step(self.model)
         return grad_norm
-
-
-def _fused(optimizer: torch.optim.Optimizer) -> bool:
-    """AdamW built with fused kernels (optimizer.py: on CUDA, and where a test asks for them)."""
-    return all(group.get("fused") for group in optimizer.param_groups)
