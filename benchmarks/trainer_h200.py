@@ -171,6 +171,15 @@ GRIDS: dict[str, list[Config]] = {
         bf16("8b", 4, "full", timed=4),
         bf16("1b", 8, "none"),
     ],
+    # Issue 37: what a 3B FP8 step pays beyond the planner's model on the H100 (its AC-none runs measured
+    # 5-6% under the fit where 1B's matched): each model at an AC-none size of the calibration grid, in
+    # FP8 and in BF16, to profile side by side (--profile with every name) and set the cast kernels apart.
+    "fp8cost": [
+        fp8("3b", 2, "none"),
+        bf16("3b", 2, "none"),
+        fp8("1b", 8, "none"),
+        bf16("1b", 8, "none"),
+    ],
     # Issue 28: packed, document-masked fine-tuning against plain rows of the same 8B-size plan, on one GPU.
     "sft": [
         Config("3b", 2, kind="flex-check"),
@@ -335,6 +344,9 @@ def _profile(trainer: Any, batches: list[Any], out: Path, name: str) -> None:
     lines += ["", "top kernels (self GPU time):"]
     lines += [f"{t / 1e3:10.1f} ms {c:6d}x  {k[:150]}" for t, c, k in rows[:25]]
     out.write_text("\n".join(lines) + "\n")
+    # Every kernel, not just the top 25: what a model's fit needs (cast and amax kernels are many small ones).
+    kernels = [{"us": t, "count": c, "kernel": k, "category": _categorise(k)} for t, c, k in rows]
+    (out.parent / f"kernels_{name}.json").write_text(json.dumps(kernels, indent=1) + "\n")
 
 
 def _check(out: Path) -> Record:
