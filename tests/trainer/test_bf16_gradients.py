@@ -7,7 +7,9 @@ from __future__ import annotations
 import copy
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -16,7 +18,12 @@ import tests.support.loss_reference as reference
 from blackwell_trainer.checkpoint.store import Checkpointer
 from blackwell_trainer.loop.optimizer import AdamW, adamw_one, gradient_norm
 from blackwell_trainer.loop.trainer import Trainer
-from blackwell_trainer.plan.config import ActivationCheckpointing, CheckpointConfig
+from blackwell_trainer.plan.config import (
+    ActivationCheckpointing,
+    CheckpointConfig,
+    Precision,
+    PrecisionRecipe,
+)
 from blackwell_trainer.plan.tuning import Tuning
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*torch.distributed.*:UserWarning")
@@ -186,3 +193,72 @@ def test_a_checkpoint_saved_with_bf16_gradients_resumes_where_it_stopped(
         assert after == through[2:]
     else:
         torch.testing.assert_close(after, through[2:], rtol=1e-3, atol=0)
+
+
+def _fp8_trainer(tuning: Tuning) -> Trainer:
+    plan = reference.reference_plan()
+    plan.chosen.precision, plan.chosen.precision_recipe = Precision.FP8, PrecisionRecipe.TORCHAO_TENSORWISE
+    return Trainer(plan, reference.ONE, tuning=tuning, compute_dtype=torch.bfloat16)
+
+
+def _kept_for_backward(trainer: Trainer, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Bytes the forward keeps for backward, the parameters' own storage not counted (it is held anyway):
+    what autograd saves, and inside the recast path what its pack hook keeps (not what it recasts)."""
+    params = {p.untyped_storage().data_ptr() for p in trainer.model.parameters()}
+    kept: dict[int, int] = {}
+
+    def record(packed: object) -> object:
+        if isinstance(packed, torch.Tensor) and packed.untyped_storage().data_ptr() not in params:
+            kept[packed.untyped_storage().data_ptr()] = packed.untyped_storage().nbytes()
+        return packed
+
+    real = torch.autograd.graph.saved_tensors_hooks
+
+    class Recording(real):  # type: ignore[misc, valid-type]
+        def __init__(
+            self, pack: Callable[[torch.Tensor], Any], unpack: Callable[[Any], torch.Tensor]
+        ) -> None:
+            super().__init__(lambda t: record(pack(t)), unpack)
+
+    monkeypatch.setattr(torch.autograd.graph, "saved_tensors_hooks", Recording)
+    batch = reference.reference_batches()[0][0]
+    with real(record, lambda t: t):
+        trainer.model(batch.inputs, batch.labels)
+    return sum(kept.values())
+
+
+def test_with_torchao_float8_the_bf16_copies_are_not_kept_for_backward(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torchao's float8 matmul saves the weight it is handed: with bf16_gradients, a bf16 copy instead of
+    the fp32 parameter (+5.3 GiB at 3B FP8 on one H100). The blocks then take the recast path, and keep no
+    more than the plain FP8 model does."""
+    with reference.one_rank_group():
+        plain, narrow = _fp8_trainer(Tuning()), _fp8_trainer(ON)
+        assert narrow.model.recast_blocks and narrow.model.cast_blocks and not plain.model.recast_blocks
+        assert narrow.precision.backend == "torchao"
+        baseline = _kept_for_backward(plain, monkeypatch)
+        assert _kept_for_backward(narrow, monkeypatch) <= baseline
+        narrow.model.recast_blocks = False  # what call_cast alone kept: the copies of every block matrix
+        copies = sum(2 * p.numel() for p in narrow.model.layers.parameters() if p.dim() >= 2)
+        assert _kept_for_backward(narrow, monkeypatch) >= baseline + copies // 2
+        narrow.model.recast_blocks = True
+        grads = _gradients(narrow)
+    assert {g.dtype for n, g in grads.items() if g.dim() >= 2} == {torch.bfloat16}
+
+
+def test_with_torchao_float8_the_losses_are_those_of_the_recast_blocks() -> None:
+    """The float8 casts then start from the bf16 copies (as under FSDP2's bf16 all-gather, torchtitan's
+    path), not from the fp32 weights: the losses of recast_blocks exactly, the plain ones within 1e-3."""
+    batches = reference.reference_batches()
+    with reference.one_rank_group():
+        runs = {
+            name: [trainer.step(batch).loss for batch in batches]
+            for name, trainer in (
+                ("plain", _fp8_trainer(Tuning())),
+                ("recast", _fp8_trainer(Tuning(recast_blocks=True))),
+                ("narrow", _fp8_trainer(ON)),
+            )
+        }
+    assert runs["narrow"] == runs["recast"]
+    torch.testing.assert_close(runs["narrow"], runs["plain"], rtol=1e-3, atol=0)
