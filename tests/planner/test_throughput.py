@@ -106,6 +106,35 @@ def test_optimizer_step_is_memory_bound_over_the_local_shard() -> None:
         assert t.breakdown["optimizer"] == pytest.approx(expected, abs=1e-6)
 
 
+def test_every_micro_batch_after_the_first_adds_its_gradients_once() -> None:
+    """One pass over the local gradients per accumulated micro-batch (12 bytes a parameter by default):
+    none with one micro-batch a step, ga - 1 with ga, over the shard on several GPUs."""
+    sh = shapes()
+    psi = 8_030_261_248
+    for nodes in (1, 2):
+        hw = hardware(nodes=nodes)
+        st = setting(mbs=2)
+        steps = {
+            ga: estimate_time(sh, BTJ, hw, st, layout(st, hw), 4096, gradient_accumulation_steps=ga)
+            for ga in (1, 4)
+        }
+        assert steps[1].breakdown["gradient_accumulation"] == 0.0
+        expected = 3 * 12.0 * psi / (8 * nodes) / (8e12 * 0.8)
+        assert steps[4].breakdown["gradient_accumulation"] == pytest.approx(expected, rel=1e-6)
+    # A fitted value moves it proportionally and nothing else.
+    doubled = with_constants(BTJ, {"throughput.gradient_accumulation_bytes_per_param": 24.0})
+    hw = hardware()
+    st = setting(mbs=2)
+    base, more = (
+        estimate_time(sh, cal, hw, st, layout(st, hw), 4096, gradient_accumulation_steps=4)
+        for cal in (BTJ, doubled)
+    )
+    assert more.breakdown["gradient_accumulation"] == pytest.approx(
+        2 * base.breakdown["gradient_accumulation"]
+    )
+    assert more.breakdown["gemm"] == base.breakdown["gemm"]
+
+
 def test_the_forward_share_of_the_casts_moves_full_ac_and_nothing_else() -> None:
     """forward_cast_share (a third unless fitted): what full AC's recompute pays again of the FP8 casts;
     the step without recompute keeps every cast, whatever the share."""

@@ -60,6 +60,7 @@ THROUGHPUT_CONSTANTS = (
     "throughput.fsdp_copy_bytes_per_param",
     "throughput.fsdp_regather_bytes_per_param",
     "throughput.single_device_cast_bytes_per_param",
+    "throughput.gradient_accumulation_bytes_per_param",
     "throughput.selective_recompute_gemm_fraction",
     "throughput.comm_overlap",
     "throughput.comm_interference",

@@ -188,6 +188,14 @@ class ThroughputConstants(_Strict):
         "of fsdp_copy_bytes_per_param). Its code's floor is 12: each fp32 weight cast to bf16 in forward "
         "(4 bytes read, 2 written) and each bf16 gradient cast to fp32 (2 read, 4 written).",
     )
+    gradient_accumulation_bytes_per_param: float = Field(
+        default=12.0,
+        ge=0,
+        description="Traffic per parameter (of this rank's shard) of adding one more micro-batch's gradients "
+        "into those already held, paid by every micro-batch of a step but the first. Its floor is 12: read "
+        "the held fp32 gradient and the new one, write the sum (the first micro-batch's gradient is kept "
+        "as it is).",
+    )
     step_overhead_seconds: float
     cpu_seconds_per_layer: float
     nccl_bus_efficiency: float
