@@ -227,29 +227,30 @@ def _kept_for_backward(trainer: Trainer, monkeypatch: pytest.MonkeyPatch) -> int
     return sum(kept.values())
 
 
-def test_with_torchao_float8_the_bf16_copies_are_not_kept_for_backward(
+def test_with_torchao_float8_the_bf16_copies_are_kept_for_backward_unless_recast(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """torchao's float8 matmul saves the weight it is handed: with bf16_gradients, a bf16 copy instead of
-    the fp32 parameter (+5.3 GiB at 3B FP8 on one H100). The blocks then take the recast path, and keep no
-    more than the plain FP8 model does."""
+    """torchao's float8 matmul saves the weight it is handed: with bf16_gradients, a bf16 copy of every block
+    matrix instead of the fp32 parameter (+5.3 GiB at 3B FP8 on one H100). recast_blocks keeps no more than
+    the plain FP8 model; it is not forced, since on that H100 it cost 7.5% of the speed."""
     with reference.one_rank_group():
         plain, narrow = _fp8_trainer(Tuning()), _fp8_trainer(ON)
-        assert narrow.model.recast_blocks and narrow.model.cast_blocks and not plain.model.recast_blocks
+        assert narrow.model.cast_blocks and not narrow.model.recast_blocks
         assert narrow.precision.backend == "torchao"
         baseline = _kept_for_backward(plain, monkeypatch)
-        assert _kept_for_backward(narrow, monkeypatch) <= baseline
-        narrow.model.recast_blocks = False  # what call_cast alone kept: the copies of every block matrix
         copies = sum(2 * p.numel() for p in narrow.model.layers.parameters() if p.dim() >= 2)
         assert _kept_for_backward(narrow, monkeypatch) >= baseline + copies // 2
-        narrow.model.recast_blocks = True
-        grads = _gradients(narrow)
+        recast = _fp8_trainer(Tuning(bf16_gradients=True, recast_blocks=True))
+        assert recast.model.recast_blocks
+        assert _kept_for_backward(recast, monkeypatch) <= baseline
+        grads = _gradients(recast)
     assert {g.dtype for n, g in grads.items() if g.dim() >= 2} == {torch.bfloat16}
 
 
-def test_with_torchao_float8_the_losses_are_those_of_the_recast_blocks() -> None:
+def test_with_torchao_float8_the_losses_stay_those_of_fp8() -> None:
     """The float8 casts then start from the bf16 copies (as under FSDP2's bf16 all-gather, torchtitan's
-    path), not from the fp32 weights: the losses of recast_blocks exactly, the plain ones within 1e-3."""
+    path), not from the fp32 weights: with recast_blocks the losses of recast_blocks alone exactly, and
+    both within 1e-3 of the plain FP8 losses."""
     batches = reference.reference_batches()
     with reference.one_rank_group():
         runs = {
@@ -258,7 +259,9 @@ def test_with_torchao_float8_the_losses_are_those_of_the_recast_blocks() -> None
                 ("plain", _fp8_trainer(Tuning())),
                 ("recast", _fp8_trainer(Tuning(recast_blocks=True))),
                 ("narrow", _fp8_trainer(ON)),
+                ("narrow_recast", _fp8_trainer(Tuning(bf16_gradients=True, recast_blocks=True))),
             )
         }
-    assert runs["narrow"] == runs["recast"]
+    assert runs["narrow_recast"] == runs["recast"]
     torch.testing.assert_close(runs["narrow"], runs["plain"], rtol=1e-3, atol=0)
+    torch.testing.assert_close(runs["narrow_recast"], runs["plain"], rtol=1e-3, atol=0)

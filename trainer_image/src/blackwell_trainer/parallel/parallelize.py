@@ -332,12 +332,11 @@ def parallelize(
         if kept:
             log.info("bf16_gradients: %d matrices keep their gradients in bf16", kept)
         if kept and setup.backend == "torchao" and not model.recast_blocks:
-            # torchao's float8 matmul saves the weight it was handed for backward. On fp32 parameters
-            # that is the parameter itself; on the bf16 copies call_cast makes, 2 more bytes a block
-            # parameter (+5.3 GiB at 3B FP8 batch 2 on one H100, 2026-12-07, docs/benchmarks/titan_h100.md).
-            # The recast path saves them as their parameters and casts again in backward.
-            model.recast_blocks = True
-            log.info("bf16_gradients with torchao float8: the blocks' bf16 copies are recast in backward")
+            # torchao's float8 matmul saves the weight it was handed for backward: here the bf16 copy,
+            # 2 more bytes a block parameter. recast_blocks would keep the parameters instead, but on one
+            # H100 it cost 7.5% at 3B FP8 batch 2 for 1.5 GiB (docs/benchmarks/titan_h100.md): the user's
+            # choice, not forced.
+            log.info("bf16_gradients with torchao float8: the blocks' bf16 copies are kept for backward")
         else:
             log.warning("bf16_gradients off: fp32 compute, or a torch without Tensor.grad_dtype")
     return setup
