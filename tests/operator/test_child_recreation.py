@@ -248,9 +248,17 @@ async def test_a_child_deleted_after_dry_run_was_turned_on_is_not_recreated(clus
             ),
             what="the deletion reported",
         )
+        # The child watcher may be told twice (Terminating under the final-status finalizer, then DELETED),
+        # and each ChildDeleted it writes is answered by a reconcile that says DryRun again: wait for the
+        # state the BTJ comes to rest in, then let every event seen so far go through.
+        await wait_for(
+            lambda: (
+                cluster.job("paused") is None and child_created(cluster, "paused").get("reason") == "DryRun"
+            ),
+            what="the dry run said again with the child gone",
+        )
         await cluster.settle("paused")
     assert cluster.job("paused") is None and cluster.creates("pytorchjobs") == 1
-    assert child_created(cluster, "paused").get("reason") == "DryRun"
     assert cluster.status("paused")["phase"] == "Planned"
 
 
