@@ -60,6 +60,17 @@ class TrainerCapabilities(_Strict):
         "keep, e.g. TE's): memory and GEMM recompute as full AC, attention outputs still kept.",
     )
 
+    selective_recomputes_nothing: list[PrecisionRecipe] = Field(
+        default_factory=list,
+        description="Recipes under which this trainer's selective AC measures as AC none: the same peak "
+        "memory and speed at every size both ran (torchao float8: its saved FP8 inputs and kept GEMM outputs "
+        "leave nothing worth recomputing). Memory and time are modelled as AC none.",
+    )
+
+    def selective_is_none(self, mode: ActivationCheckpointing, recipe: PrecisionRecipe | None) -> bool:
+        """Whether a selective-AC setting of this recipe runs as AC none in this trainer."""
+        return mode is ActivationCheckpointing.SELECTIVE and recipe in self.selective_recomputes_nothing
+
     def compiles(self, recipe: PrecisionRecipe, requested: bool = True) -> bool:
         """Whether blocks of this recipe run compiled when the candidate asks for `requested`."""
         return requested and self.compile and recipe not in self.eager_recipes
