@@ -91,6 +91,20 @@ def test_where_the_numerics_would_change_every_gradient_stays_fp32_and_the_log_s
         assert warnings[0].endswith("the gradients stay fp32")
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_where_it_acts_the_log_says_so_and_never_that_it_is_off(
+    precision: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with reference.one_rank_group(), caplog.at_level(logging.INFO):
+        trainer = _fp8_trainer(ON) if precision == "fp8" else _trainer(ON)
+    assert trainer.model.cast_blocks
+    said = [r.getMessage() for r in caplog.records if "bf16_gradients" in r.getMessage()]
+    assert not [m for m in said if "bf16_gradients off" in m], said
+    assert any("keep their gradients in bf16" in m for m in said), said
+    kept_copies = [m for m in said if "bf16 copies are kept for backward" in m]
+    assert len(kept_copies) == (1 if precision == "fp8" else 0), said
+
+
 def _paired(count: int = 3) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     generator = torch.Generator().manual_seed(5)
     params = [torch.randn(48, 16, generator=generator), torch.randn(16, generator=generator)]

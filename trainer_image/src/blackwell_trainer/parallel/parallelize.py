@@ -331,12 +331,12 @@ def parallelize(
         kept = apply_bf16_gradients(model)
         if kept:
             log.info("bf16_gradients: %d matrices keep their gradients in bf16", kept)
-        if kept and setup.backend == "torchao" and not model.recast_blocks:
-            # torchao's float8 matmul saves the weight it was handed for backward: here the bf16 copy,
-            # 2 more bytes a block parameter. recast_blocks would keep the parameters instead, but on one
-            # H100 it cost 7.5% at 3B FP8 batch 2 for 1.5 GiB (docs/benchmarks/titan_h100.md): the user's
-            # choice, not forced.
-            log.info("bf16_gradients with torchao float8: the blocks' bf16 copies are kept for backward")
+            if setup.backend == "torchao" and not model.recast_blocks:
+                # torchao's float8 matmul saves the weight it was handed for backward: here the bf16 copy,
+                # 2 more bytes a block parameter. recast_blocks would keep the parameters instead, but on one
+                # H100 it cost 7.5% at 3B FP8 batch 2 for 1.5 GiB (docs/benchmarks/titan_h100.md): the
+                # user's choice, not forced.
+                log.info("bf16_gradients with torchao float8: the blocks' bf16 copies are kept for backward")
         else:
             log.warning("bf16_gradients off: fp32 compute, or a torch without Tensor.grad_dtype")
     return setup
