@@ -29,10 +29,13 @@ AC = ActivationCheckpointing
 
 def test_a_trainer_that_runs_selective_as_none_says_so_per_recipe() -> None:
     assert SHIPPED.trainer.selective_recomputes_nothing == []
-    assert not SHIPPED.trainer.selective_is_none(AC.SELECTIVE, PrecisionRecipe.TORCHAO_TENSORWISE)
-    assert BTJ.trainer.selective_is_none(AC.SELECTIVE, PrecisionRecipe.TORCHAO_TENSORWISE)
-    assert not BTJ.trainer.selective_is_none(AC.SELECTIVE, PrecisionRecipe.NONE)
-    assert not BTJ.trainer.selective_is_none(AC.FULL, PrecisionRecipe.TORCHAO_TENSORWISE)
+    assert (
+        SHIPPED.trainer.modelled_checkpointing(AC.SELECTIVE, PrecisionRecipe.TORCHAO_TENSORWISE)
+        is AC.SELECTIVE
+    )
+    assert BTJ.trainer.modelled_checkpointing(AC.SELECTIVE, PrecisionRecipe.TORCHAO_TENSORWISE) is AC.NONE
+    assert BTJ.trainer.modelled_checkpointing(AC.SELECTIVE, PrecisionRecipe.NONE) is AC.SELECTIVE
+    assert BTJ.trainer.modelled_checkpointing(AC.FULL, PrecisionRecipe.TORCHAO_TENSORWISE) is AC.FULL
     h100_base = Calibration.model_validate(yaml.safe_load(H100_BASE.read_text()))
     assert h100_base.trainer.selective_recomputes_nothing == [PrecisionRecipe.TORCHAO_TENSORWISE]
 

@@ -67,9 +67,13 @@ class TrainerCapabilities(_Strict):
         "leave nothing worth recomputing). Memory and time are modelled as AC none.",
     )
 
-    def selective_is_none(self, mode: ActivationCheckpointing, recipe: PrecisionRecipe | None) -> bool:
-        """Whether a selective-AC setting of this recipe runs as AC none in this trainer."""
-        return mode is ActivationCheckpointing.SELECTIVE and recipe in self.selective_recomputes_nothing
+    def modelled_checkpointing(
+        self, mode: ActivationCheckpointing, recipe: PrecisionRecipe | None
+    ) -> ActivationCheckpointing:
+        """The AC mode whose memory and time a setting of this mode and recipe has in this trainer."""
+        if mode is ActivationCheckpointing.SELECTIVE and recipe in self.selective_recomputes_nothing:
+            return ActivationCheckpointing.NONE
+        return mode
 
     def compiles(self, recipe: PrecisionRecipe, requested: bool = True) -> bool:
         """Whether blocks of this recipe run compiled when the candidate asks for `requested`."""

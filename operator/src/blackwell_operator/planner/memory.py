@@ -145,9 +145,8 @@ def estimate_memory(
     optim = math.ceil(m.optimizer_bytes * psi / shard)
 
     tokens = tokens_per_gpu(setting, sequence_length)
-    mode = setting.activation_checkpointing
-    if cal.trainer.selective_is_none(mode, setting.recipe):
-        mode = AC.NONE  # measured as AC none under this recipe (trainer.selective_recomputes_nothing)
+    # Selective AC measured as AC none under some recipes (trainer.selective_recomputes_nothing).
+    mode = cal.trainer.modelled_checkpointing(setting.activation_checkpointing, setting.recipe)
     # Recipes that keep the saved inputs of the block's linears in FP8 (torchao float8) save bytes on
     # every such element: the QKV, gate/up (h each), output-projection (q) and down-projection (F) inputs.
     saving = m.precision_activation_saving.get(setting.recipe, 0.0)

@@ -110,9 +110,8 @@ def estimate_time(
     elementwise_block = elementwise / bandwidth
     loss = tokens * shapes.vocab * t.loss_traffic_bytes_per_logit / bandwidth
 
-    mode = setting.activation_checkpointing
-    if cal.trainer.selective_is_none(mode, setting.recipe):
-        mode = AC.NONE  # measured as AC none under this recipe (trainer.selective_recomputes_nothing)
+    # Selective AC measured as AC none under some recipes (trainer.selective_recomputes_nothing).
+    mode = cal.trainer.modelled_checkpointing(setting.activation_checkpointing, setting.recipe)
     # Selective AC keeps the matmul outputs the op-level policy can see; a recipe whose GEMMs it cannot see
     # (TE) has them all recomputed, the attention outputs still kept.
     unsaved = setting.recipe in cal.trainer.selective_recomputes_gemms
