@@ -239,6 +239,22 @@ def test_manual_gc_turns_the_collector_off_and_collects_the_young_every_50_steps
     assert gc.isenabled() and collected == [1]  # the default leaves Python's collector alone
 
 
+def test_cuda_graphs_are_told_where_each_micro_batch_starts(
+    one_rank: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """compile_mode=reduce-overhead replays CUDA graphs into static buffers: without a step mark a replay
+    could overwrite the previous micro-batch's loss or saved activations before backward reads them."""
+    marks: list[int] = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    plan = _plan()
+    two_micro_batches = [b[0] for b in _batches(3, 2)]
+    graphs = Trainer(plan, ONE, tuning=Tuning(compile_mode="reduce-overhead"))
+    graphs.step(two_micro_batches)
+    assert len(marks) == 2  # one per forward
+    Trainer(plan, ONE, tuning=SINGLE).step(two_micro_batches)
+    assert len(marks) == 2  # the default compiles without CUDA graphs: nothing to mark
+
+
 @pytest.mark.usefixtures("world_of_one")
 def test_a_bad_tuning_entry_stops_the_trainer_with_one_line_before_anything_is_built(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

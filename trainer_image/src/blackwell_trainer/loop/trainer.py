@@ -185,6 +185,10 @@ class Trainer:
             inputs = inputs.to(self.runtime.device, non_blocking=True)
             labels = labels.to(self.runtime.device, non_blocking=True)
             tracker.mark(OomPhase.FORWARD, step, compiling=compiling)
+            if self.tuning.compile_mode == "reduce-overhead":
+                # CUDA graphs replay into static buffers: say where an iteration starts, so a replay
+                # never overwrites outputs (the loss, saved activations) the previous one still holds.
+                torch.compiler.cudagraph_mark_step_begin()  # type: ignore[no-untyped-call]
             with self.precision.forward_context():
                 loss = self.model(inputs, labels, positions, documents)
             if self.cp is not None:
