@@ -124,8 +124,11 @@ ONE_GPU_TUNING = "single_device=fsdp"
 
 
 def as_recorded(cal: Calibration) -> Calibration:
-    """The profile with one GPU planned as FSDP2 on one rank (ONE_GPU_TUNING)."""
-    trainer = cal.trainer.model_copy(update={"single_device_path": False})
+    """The profile as the record planned with: one GPU as FSDP2 on one rank (ONE_GPU_TUNING), and FP8
+    selective AC scored as a family of its own. The profile said nothing of selective running as AC none
+    then (trainer.selective_recomputes_nothing, shipped 2026-12-07), and the record's probes timed FP8
+    selective beside FP8 none: docs/benchmarks/probe_h200.md, where they measured the same."""
+    trainer = cal.trainer.model_copy(update={"single_device_path": False, "selective_recomputes_nothing": []})
     return cal.model_copy(update={"trainer": trainer})
 
 

@@ -60,6 +60,9 @@ def test_btj_plot_says_modelled_on_the_picture(tmp_path: Path, monkeypatch: pyte
     plot_btj(job.spec, load_any_calibration("btj-trainer"), out, title=job.metadata.name)
     svg = out.read_text()
     assert svg.count("modelled, not measured") == 3, "the title and both axes of predicted figures"
+    # Its FP8 tensorwise selective line lies on AC none's (trainer.selective_recomputes_nothing): both
+    # legends say why.
+    assert svg.count("AC selective (runs as none)") == 2 and "AC full (runs as" not in svg
 
 
 def test_btj_plot_draws_a_job_that_does_not_fit(tmp_path: Path, runner: CliRunner) -> None:

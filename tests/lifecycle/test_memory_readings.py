@@ -53,9 +53,10 @@ def growing_result(plan: Plan, peak: float) -> ProbeResult:
 
 
 def probing_plan() -> Plan:
-    raw = make_spec(nodes=2, seq=8192).model_dump(by_alias=True, mode="json")
+    # BF16, whose AC none is a neighbour of its selective pick (FP8 runs selective as none: no neighbour).
+    raw = make_spec(nodes=2, seq=8192, precision="bf16").model_dump(by_alias=True, mode="json")
     raw["training"].update(steps=20_000, globalBatchTokens=8192 * 16 * 840)
-    raw["tuning"] = {"probe": {"policy": "always"}}
+    raw["tuning"]["probe"] = {"policy": "always"}
     plan = plan_job(BlackwellTrainingJobSpec.model_validate(raw), job_name="j")
     assert plan.probe is not None and plan.probe.enabled
     return plan

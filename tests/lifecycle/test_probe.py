@@ -35,7 +35,9 @@ NOW = "2026-12-01T10:00:00Z"
 
 
 def spec() -> BlackwellTrainingJobSpec:
-    raw = make_spec(nodes=2, seq=4096).model_dump(by_alias=True, mode="json")
+    # BF16: its AC selective (the pick) and AC none are two runs within 5%. Under FP8 this trainer runs
+    # selective as AC none (trainer.selective_recomputes_nothing): one family, nothing to probe.
+    raw = make_spec(nodes=2, seq=4096, precision="bf16").model_dump(by_alias=True, mode="json")
     raw["training"]["steps"] = 20_000
     return BlackwellTrainingJobSpec.model_validate(raw)
 

@@ -177,7 +177,8 @@ def test_a_probed_job_teaches_as_its_winner_once_the_operator_knows_it() -> None
     from blackwell_operator.planner import plan_job
     from blackwell_trainer.plan.config import Plan, ProbeResult
 
-    raw = make_spec(nodes=2, seq=4096).model_dump(by_alias=True, mode="json")
+    # BF16, whose AC none is a neighbour of its selective pick (FP8 runs selective as none: no neighbour).
+    raw = make_spec(nodes=2, seq=4096, precision="bf16").model_dump(by_alias=True, mode="json")
     raw["training"]["steps"] = 20_000
     plan = plan_job(BlackwellTrainingJobSpec.model_validate(raw))
     assert plan.probe is not None and plan.probe.enabled

@@ -31,7 +31,7 @@ from tests.support.pods import T1
 pytestmark = pytest.mark.integration
 __all__ = ["four_nodes"]  # the fixture, imported for the resize test
 
-RULE = 2**21  # the rule's choice for Llama 3.1 8B at 8192: 256 sequences
+RULE = 2**21  # the rule's choice for Llama 3.1 8B and Mistral 7B (the probed job's) at 8192: 256 sequences
 # What the rule would choose for it once changed: a later operator's rule, say.
 OTHER_RULE = ((1.5e9, 2**18), (5e9, 2**19), (20e9, 2**20))
 

@@ -33,7 +33,7 @@ from tests.operator.intents import (
     orphans,
     status_write_of,
 )
-from tests.operator.test_probe_result import TRAINING, config_map_plan, result_for
+from tests.operator.test_probe_result import MODEL, TRAINING, TUNING, config_map_plan, result_for
 from tests.support.pods import T2, container, pod, pod_status, terminated
 
 pytestmark = pytest.mark.integration
@@ -65,7 +65,7 @@ async def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncItera
 async def with_children(cluster: Cluster, names: list[str]) -> dict[str, tuple[str, ProbeResult]]:
     """A probing BTJ per name with its child; name -> (the child's uid, the result its probe reports)."""
     for name in names:
-        await cluster.apply(btj(name, training=TRAINING))
+        await cluster.apply(btj(name, model=MODEL, training=TRAINING, tuning=TUNING))
     found = {}
     for name in names:
         job = await wait_for(lambda name=name: cluster.job(name), timeout=SETUP_S, what=f"{name}'s child")

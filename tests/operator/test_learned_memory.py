@@ -29,6 +29,9 @@ from tests.support.probe_results import measured_probe
 # 30 sequences per rank: micro-batch 5 (accumulating 6) and 6 (accumulating 5) both reach it exactly, so
 # memory alone picks the size; long enough that `probe: auto` probes (its candidates are modelled).
 TRAINING = {"sequenceLength": 8192, "steps": 20_000, "globalBatchTokens": 8192 * 16 * 30}
+# BF16, whose AC none is a neighbour of its selective pick: under FP8 this trainer runs selective as none, so
+# the pick (mbs 5) has no neighbour and auto does not probe.
+TUNING = {"precision": "bf16"}
 PEAK = 0.85  # measured over modelled peak reserved: the model over-predicts this GPU's memory
 OTHER_NAMESPACE = "hyperpod-ns-team-b"
 
@@ -55,7 +58,7 @@ async def planned(cluster: Cluster, name: str) -> Plan:
 async def other_namespace_plan(cluster: Cluster, name: str) -> Plan:
     """A BTJ of the same spec in another namespace (created as `kubectl create namespace` does), planned."""
     await cluster._json("POST", "/api/v1/namespaces", {"metadata": {"name": OTHER_NAMESPACE}})
-    manifest = btj(name, training=TRAINING)
+    manifest = btj(name, training=TRAINING, tuning=TUNING)
     manifest["metadata"]["namespace"] = OTHER_NAMESPACE
     await cluster._json("POST", cluster_path(OTHER_NAMESPACE), manifest)
 
@@ -78,7 +81,7 @@ async def test_a_second_job_plans_the_larger_micro_batch_from_the_first_job_s_me
 ) -> None:
     monkeypatch.setenv(store.NAMESPACE_ENV, HOME)
     async with running_operator(cluster):
-        await cluster.apply(btj("first", training=TRAINING))
+        await cluster.apply(btj("first", training=TRAINING, tuning=TUNING))
         job = await wait_for(lambda: cluster.job("first"), what="first's PyTorchJob")
         first = await planned(cluster, "first")
         assert first.probe is not None and first.probe.enabled, first.probe
@@ -93,7 +96,7 @@ async def test_a_second_job_plans_the_larger_micro_batch_from_the_first_job_s_me
             ),
             what="the first job's measured peaks in the cluster calibration",
         )
-        await cluster.apply(btj("second", training=TRAINING))
+        await cluster.apply(btj("second", training=TRAINING, tuning=TUNING))
         second = await planned(cluster, "second")
         condition = await wait_for(lambda: cluster.condition("second", "Planned"), what="second's Planned")
         elsewhere = await other_namespace_plan(cluster, "elsewhere")

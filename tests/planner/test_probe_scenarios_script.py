@@ -16,7 +16,10 @@ import pytest
 from blackwell_trainer.plan.config import Plan
 from tests.support.probe_results import measured_probe
 
-SCENARIO = {"3b-s2560-b24": script.SCENARIOS["3b-s2560-b24"]}
+# A scenario whose shipped plan probes an AC-full neighbour (FP8 none mbs 4 against full AC mbs 48). The
+# recorded ones (script.SCENARIOS) no longer probe under the shipped profile: their neighbour was FP8
+# selective, which this trainer runs as AC none (trainer.selective_recomputes_nothing): one family now.
+SCENARIO = {"3b-s2048-b48": {"preset": "llama3.2-3b", "seq": 2048, "sequences": 48}}
 
 
 def _line(step: int, tps: int, gib: float) -> str:
@@ -29,16 +32,16 @@ def test_plans_run_and_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     script.make_plans(plans, dict(script.PROFILES))
     index = json.loads((plans / "index.json").read_text())
     assert [(p["scenario"], p["profile"]) for p in index["probed"]] == [
-        ("3b-s2560-b24", "shipped"),
-        ("3b-s2560-b24", "base"),
+        ("3b-s2048-b48", "shipped"),
+        ("3b-s2048-b48", "base"),
     ]
     assert all(p["probe_enabled"] for p in index["probed"])  # modelled candidates on an unmeasured GPU
     alone = [a["config"] for a in index["alone"]]
     # The neighbours: every size a probe looked at, one below, without and with selective AC, and full AC.
     assert {
-        "torchao-tensorwise/none/mbs3",
         "torchao-tensorwise/none/mbs4",
-        "torchao-tensorwise/none/mbs2",
+        "torchao-tensorwise/none/mbs6",
+        "torchao-tensorwise/none/mbs3",
     } <= set(alone)
     assert any(c.startswith("torchao-tensorwise/full/") for c in alone)
     predicted = [a["predicted_tokens_per_second_per_gpu"] for a in index["alone"]]
@@ -65,15 +68,15 @@ def test_plans_run_and_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(trainer_process, "run_trainer", fake_run)
     out = tmp_path / "out"
     out.mkdir()
-    script.run(plans, out, budget_s=10_000, only="3b-s2560")
+    script.run(plans, out, budget_s=10_000, only="3b-s2048")
     record = json.loads((out / "probe_scenarios_h100.json").read_text())
     assert len(record["probed"]) == 2 and len(record["alone"]) == len(index["alone"])
-    assert launched[:2] == ["3b-s2560-b24.shipped", "3b-s2560-b24.base"]
-    shipped = record["probed"]["3b-s2560-b24.shipped"]
+    assert launched[:2] == ["3b-s2048-b48.shipped", "3b-s2048-b48.base"]
+    shipped = record["probed"]["3b-s2048-b48.shipped"]
     assert shipped["winner"] == shipped["pick"] and shipped["tokens_per_second_per_gpu"] == 40_004.5
     assert shipped["log_tail"][-1].startswith("step 6/6")
     table = script.report(out / "probe_scenarios_h100.json", plans)
-    assert "| 3b-s2560-b24 | shipped |" in table and "| 3b-s2560-b24 | base |" in table
+    assert "| 3b-s2048-b48 | shipped |" in table and "| 3b-s2048-b48 | base |" in table
 
 
 def test_the_trainer_runs_with_the_allocator_setting_the_pods_get(

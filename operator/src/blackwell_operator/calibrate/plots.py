@@ -17,6 +17,7 @@ from blackwell_operator.planner.figures import limit_gib
 from blackwell_operator.units import GIB
 from blackwell_trainer.plan.config import (
     MEMORY_COMPONENTS,
+    ActivationCheckpointing,
     Candidate,
     Plan,
     Precision,
@@ -122,6 +123,13 @@ def _basis_words(plan: Plan | None) -> str:
     return "modelled, not measured"
 
 
+def ac_label(cal: Calibration, ac: ActivationCheckpointing, recipe: PrecisionRecipe) -> str:
+    """An AC mode's legend entry. A mode the trainer runs as another under `recipe` draws on top of that
+    one's line: the entry says why."""
+    runs_as = cal.trainer.modelled_checkpointing(ac, recipe)
+    return f"AC {ac.value}" + ("" if runs_as is ac else f" (runs as {runs_as.value})")
+
+
 def plot_btj(spec: BlackwellTrainingJobSpec, cal: Calibration, path: Path, title: str = "") -> str:
     """Plan memory breakdown, tokens/s and memory against micro-batch per AC mode; returns a summary."""
     plt = _pyplot()
@@ -163,8 +171,9 @@ def plot_btj(spec: BlackwellTrainingJobSpec, cal: Calibration, path: Path, title
             peaks.append(ev.memory.peak_reserved / GIB)
             fits.append(ev.fits)
         color = f"C{i}"
-        ax_t.plot(xs, tps, "-", color=color, label=f"AC {ac.value}")
-        ax_m.plot(xs, peaks, "-", color=color, label=f"AC {ac.value}")
+        label = ac_label(cal, ac, chosen.precision_recipe)
+        ax_t.plot(xs, tps, "-", color=color, label=label)
+        ax_m.plot(xs, peaks, "-", color=color, label=label)
         for ax, ys in ((ax_t, tps), (ax_m, peaks)):
             ax.scatter(
                 [x for x, f in zip(xs, fits, strict=True) if f],

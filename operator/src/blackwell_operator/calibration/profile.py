@@ -64,7 +64,8 @@ class TrainerCapabilities(_Strict):
         default_factory=list,
         description="Recipes under which this trainer's selective AC measures as AC none: the same peak "
         "memory and speed at every size both ran (torchao float8: its saved FP8 inputs and kept GEMM outputs "
-        "leave nothing worth recomputing). Memory and time are modelled as AC none.",
+        "leave nothing worth recomputing). Memory and time are modelled as AC none, and under AC auto the "
+        "search scores the family once, as none (planner.candidates.distinct_checkpointing).",
     )
 
     def modelled_checkpointing(

@@ -280,7 +280,7 @@ def _plan_fixed(
         candidates_evaluated=result.evaluations,
         explanation=[
             headline,
-            *explain(best, result, problem.budget_bytes, pins),
+            *explain(best, result, problem.budget_bytes, pins, cal.trainer),
             *_left_out(pins, hw, cal),
             provenance_line(provenance),
             *describe_probe(probe, describe_candidate),

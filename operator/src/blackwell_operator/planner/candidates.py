@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from blackwell_operator.calibration import Calibration
+from blackwell_operator.calibration import Calibration, TrainerCapabilities
 from blackwell_operator.calibration.measured import load_measured
 from blackwell_operator.errors import PlanningError
 from blackwell_operator.models.spec import AUTO, TuningSpec
@@ -87,6 +87,22 @@ def _checkpointing(pins: Pins, cal: Calibration) -> list[ActivationCheckpointing
     return [pins.activation_checkpointing]
 
 
+def distinct_checkpointing(
+    modes: list[ActivationCheckpointing], recipe: PrecisionRecipe, trainer: TrainerCapabilities
+) -> list[ActivationCheckpointing]:
+    """The modes of `modes` that run differently under `recipe` on this trainer, each once.
+
+    A mode the trainer runs as another offered mode (selective as none under
+    trainer.selective_recomputes_nothing) is the same run: scoring it too would rank one run twice and give
+    the probe two identical candidates to compare. A pinned mode is alone in `modes`, so it stays.
+    """
+    return [
+        m
+        for m in modes
+        if (runs_as := trainer.modelled_checkpointing(m, recipe)) is m or runs_as not in modes
+    ]
+
+
 def _sharding(pins: Pins, hw: Hardware, cal: Calibration) -> list[Sharding]:
     if pins.sharding is not None:
         return [pins.sharding]
@@ -153,7 +169,9 @@ def families(
     """Every candidate family (micro-batch size 1 as a placeholder).
 
     Under precision auto only recipes whose trainer path ran on a GPU here are offered (any recipe with
-    spec.tuning.allowUnverifiedRecipes), never NVFP4; a pinned precision offers all of its recipes.
+    spec.tuning.allowUnverifiedRecipes), never NVFP4; a pinned precision offers all of its recipes. Under
+    AC auto a mode the trainer runs as another one under a recipe is offered once, as that one
+    (distinct_checkpointing); a pinned mode is always offered.
     """
     coverage = load_measured(cal.name)
 
@@ -169,7 +187,7 @@ def families(
                 r for r in recipes if auto_may_choose(coverage, precision, r, pins.allow_unverified_recipes)
             ]
         for recipe in recipes:
-            for ac in _checkpointing(pins, cal):
+            for ac in distinct_checkpointing(_checkpointing(pins, cal), recipe, cal.trainer):
                 for sharding in _sharding(pins, hw, cal):
                     for cp in context_parallel_degrees(pins, hw, cal, sequence_length, auto_cp):
                         out.append(Setting(precision, recipe, ac, 1, sharding, cp, eager_or(recipe)))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from blackwell_operator.planner.candidates import Pins
+from blackwell_operator.calibration import TrainerCapabilities
+from blackwell_operator.planner.candidates import Pins, distinct_checkpointing
 from blackwell_operator.planner.figures import gib, limit, over, tenths
+from blackwell_operator.planner.layout import Setting
 from blackwell_operator.planner.search import Scored, SearchResult
 from blackwell_trainer.plan.config import ActivationCheckpointing, Precision
 
@@ -35,8 +37,11 @@ def _pct(a: float, b: float) -> str:
     return f"{(a / b - 1.0):+.1%}"
 
 
-def explain(winner: Scored, result: SearchResult, budget: float, pins: Pins) -> list[str]:
-    """Short reasons for each chosen value, from the scored candidates (`pins`: what the spec fixed)."""
+def explain(
+    winner: Scored, result: SearchResult, budget: float, pins: Pins, trainer: TrainerCapabilities
+) -> list[str]:
+    """Short reasons for each chosen value, from the scored candidates (`pins`: what the spec fixed;
+    `trainer`: the calibration's, for the AC modes it runs as another)."""
     st, mem = winner.setting, winner.memory
     lines: list[str] = []
 
@@ -82,8 +87,9 @@ def explain(winner: Scored, result: SearchResult, budget: float, pins: Pins) -> 
             continue
         lines.append(
             f"activation checkpointing {st.activation_checkpointing.value}: {mode.value} would be "
-            f"{loss_reason(winner, other, budget)} (best: mbs {other.setting.micro_batch_size})"
+            f"{loss_reason(winner, other, budget)} (best: {_best_of(other, st)})"
         )
+    lines += _scored_once(result, pins, trainer) + _modelled_as(st, trainer)
 
     fam = next(f for f in result.families if f.family.family == st.family)
     mbs_line = f"micro-batch {st.micro_batch_size}"
@@ -126,6 +132,47 @@ def explain(winner: Scored, result: SearchResult, budget: float, pins: Pins) -> 
         f"(allocated {allocated:.1f} + fragmentation {cached:.1f} + CUDA context and NCCL {context:.1f} GiB)"
     )
     return lines
+
+
+def _best_of(other: Scored, chosen: Setting) -> str:
+    """The best candidate of another AC mode: its micro-batch, and its precision where it is not the
+    pick's (a mode the pick's recipe runs as another is not scored under it: _scored_once)."""
+    o = other.setting
+    mbs = f"mbs {o.micro_batch_size}"
+    if (o.precision, o.recipe) == (chosen.precision, chosen.recipe):
+        return mbs
+    recipe = "" if o.recipe.value == "none" else f"/{o.recipe.value}"
+    return f"{o.precision.value}{recipe}, {mbs}"
+
+
+def _scored_once(result: SearchResult, pins: Pins, trainer: TrainerCapabilities) -> list[str]:
+    """Under AC auto: each mode a searched recipe runs as another offered mode, scored once as that one
+    (candidates.distinct_checkpointing): the plan says why that family has no candidates."""
+    if pins.activation_checkpointing is not None:
+        return []
+    offered = list(trainer.activation_checkpointing)
+    lines = []
+    for recipe in dict.fromkeys(f.family.recipe for f in result.families):
+        kept = distinct_checkpointing(offered, recipe, trainer)
+        for mode in (m for m in offered if m not in kept):
+            runs_as = trainer.modelled_checkpointing(mode, recipe).value
+            lines.append(
+                f"activation checkpointing: under {recipe.value}, {mode.value} AC runs as AC {runs_as} on "
+                f"this trainer (same memory and speed measured), so it is scored once, as {runs_as}"
+            )
+    return lines
+
+
+def _modelled_as(st: Setting, trainer: TrainerCapabilities) -> list[str]:
+    """A chosen mode (pinned) that the trainer runs as another: the plan keeps it, modelled as that one."""
+    mode = st.activation_checkpointing
+    runs_as = trainer.modelled_checkpointing(mode, st.recipe)
+    if runs_as is mode:
+        return []
+    return [
+        f"activation checkpointing {mode.value}: under {st.recipe.value} this trainer's {mode.value} AC "
+        f"measured as AC {runs_as.value}, so its memory and time are modelled as AC {runs_as.value}"
+    ]
 
 
 def _other(
