@@ -138,3 +138,56 @@ def test_a_conservative_memory_model_carries_the_larger_micro_batch_the_probe_th
     assert corrected == pytest.approx(fitted.predicted.memory.peak_reserved, rel=0.005)
     assert corrected <= probe.memory_budget_bytes
     assert any(line.startswith("probe growth") and "mbs 12" in line for line in base.explanation)
+
+
+def _h100_job(sequences: int) -> BlackwellTrainingJobSpec:
+    """Llama-3.2-3B at sequence 4096 on one H100 (issue 37's scenario): under FP8 the pick has no neighbour
+    within reach, selective being the same run as AC none there."""
+    from benchmarks.probe_scenarios_h100 import _spec
+
+    return _spec(
+        {"preset": "llama3.2-3b", "seq": 4096, "sequences": sequences}, {"probe": {"policy": "auto"}}
+    )
+
+
+def test_a_lone_modelled_pick_still_probes_to_try_its_larger_micro_batches() -> None:
+    # On the H100 of 2026-12-06 the pick (FP8, AC none, mbs 2) measured 3.3% under its predicted peak and
+    # mbs 3, which the model put over the budget, ran 6.8% faster: only a probe of the pick can find it.
+    plan = plan_job(_h100_job(sequences=24))
+    probe = plan.probe
+    assert probe is not None and probe.enabled, probe
+    assert len(probe.candidates) == 1 and not probe.candidates[0].measured
+    assert [g.candidate.micro_batch_size for g in probe.growth] == [3, 4]
+    assert "the pick is modelled, not measured" in probe.reason and "2 larger micro-batches" in probe.reason
+    assert any(line.startswith("probe growth") and "mbs 3" in line for line in plan.explanation)
+
+
+def test_a_lone_pick_with_no_larger_micro_batch_has_nothing_to_compare() -> None:
+    # A global batch of 2 sequences on one GPU: mbs 2 is the largest size it allows.
+    probe = plan_job(_h100_job(sequences=2)).probe
+    assert probe is not None and not probe.enabled and probe.growth == []
+    assert "no larger micro-batch to try: nothing to compare" in probe.reason
+
+
+def test_a_lone_measured_pick_is_not_probed_for_growth() -> None:
+    spec = _h100_job(sequences=24)
+    first = plan_job(spec)
+    assert first.probe is not None
+    pick = first.probe.candidates[0].candidate
+    calibration = ClusterCalibration()
+    for i in range(MIN_RUNS):
+        calibration = calibration.record(
+            Sample(
+                job=f"team-a/j{i}",
+                uid=f"{i}",
+                instance_type=first.instance_type,
+                precision_recipe=pick.precision_recipe,
+                activation_checkpointing=pick.activation_checkpointing,
+                tokens_ratio=1.0,
+                memory_ratio=1.0,
+                observed_at="2026-12-01T10:00:00Z",
+            )
+        )
+    later = plan_job(spec, cluster=calibration.corrector(first.instance_type))
+    assert later.probe is not None and not later.probe.enabled
+    assert "measured" in later.probe.reason
