@@ -148,6 +148,10 @@ def test_a_calibration_derived_from_a_trainers_has_its_coverage() -> None:
     # A fit's output or a user's copy is named <trainer>-<suffix>: same trainer, same records.
     assert load_measured("btj-trainer-h200") == load_measured("btj-trainer")
     assert load_measured("h200-reference-fit").trainer == "h200-reference"
+    # A job on a GPU with its own constants (gpus.<GPU>) plans with `<trainer>@<GPU>`: still that trainer.
+    # Found when adopting the H100 fit: without it every H100 plan said "trainer path never ran here" and
+    # auto fell back to BF16.
+    assert load_measured("btj-trainer@H100") == load_measured("btj-trainer")
     # A calibration of a trainer with no record here still plans (BF16, its own path), and says so.
     cal = load_calibration().model_copy(update={"name": "someone-elses-trainer"})
     plan = plan_job(make_spec(), calibration=cal)
@@ -227,3 +231,19 @@ def test_every_btj_trainer_record_folder_is_in_the_shipped_fit() -> None:
     assert folders == fitted, "move records whose fit is not adopted to benchmarks/calibration/pending/"
     # (The H100 grid, not adopted yet, is where it belongs.)
     assert any((ROOT / "benchmarks/calibration/pending/h100").glob("*.jsonl"))
+
+
+def test_a_gpu_block_keeps_the_trainers_coverage() -> None:
+    # The H100 fit as a gpus.H100 block (what benchmarks/calibration/adopt.py --gpu writes): the plan's
+    # calibration is then `btj-trainer@H100`, and auto must still offer the recipes that ran here.
+    from blackwell_operator.calibration.profile import GpuProfile
+
+    shipped = load_calibration()
+    key = "throughput.recipes.9.none.efficiency"
+    block = GpuProfile(description="a test's H100 block", constants={key: 0.79}, sources={key: "a test"})
+    cal = shipped.model_copy(update={"gpus": {"H100": block}})
+    with_block = plan_job(make_spec(instance="ml.p5.48xlarge"), calibration=cal)
+    without = plan_job(make_spec(instance="ml.p5.48xlarge"), calibration=shipped)
+    assert with_block.calibration.startswith("btj-trainer@H100")
+    assert with_block.chosen.precision_recipe == without.chosen.precision_recipe
+    assert not any("never ran on a GPU here" in line for line in with_block.explanation)

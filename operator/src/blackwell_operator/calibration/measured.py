@@ -69,7 +69,8 @@ def load_measured(calibration: str) -> MeasuredCoverage:
 
     A calibration named after a trainer (btj-trainer, h200-reference) has that trainer's coverage; one
     derived from it and named `<trainer>-<suffix>` (btj-trainer-h200, h200-reference-fit: a fit's output, a
-    user's copy) describes the same trainer, so it has the same coverage.
+    user's copy) describes the same trainer, so it has the same coverage; so does `<trainer>@<GPU>`, the
+    view a job on that GPU plans with (Calibration.for_gpu, where the profile has a gpus.<GPU> block).
     """
     folder = resources.files("blackwell_operator.calibration").joinpath(MEASURED_FOLDER)
     shipped = sorted(
@@ -78,6 +79,6 @@ def load_measured(calibration: str) -> MeasuredCoverage:
         reverse=True,
     )
     for trainer in shipped:
-        if calibration == trainer or calibration.startswith(f"{trainer}-"):
+        if calibration == trainer or calibration.startswith((f"{trainer}-", f"{trainer}@")):
             return MeasuredCoverage.model_validate_json(folder.joinpath(f"{trainer}.json").read_text())
     return MeasuredCoverage(trainer=calibration)
