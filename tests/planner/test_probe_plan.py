@@ -140,37 +140,38 @@ def test_a_conservative_memory_model_carries_the_larger_micro_batch_the_probe_th
     assert any(line.startswith("probe growth") and "mbs 12" in line for line in base.explanation)
 
 
-def _h100_job(sequences: int) -> BlackwellTrainingJobSpec:
-    """Llama-3.2-3B at sequence 4096 on one H100 (issue 37's scenario): under FP8 the pick has no neighbour
-    within reach, selective being the same run as AC none there."""
+def _h100_job(preset: str, seq: int, sequences: int) -> BlackwellTrainingJobSpec:
+    """A job on one H100 (issue 37's GPU), as benchmarks/probe_scenarios_h100.py plans its scenarios. Under
+    FP8 the pick often has no neighbour within reach, selective being the same run as AC none there."""
     from benchmarks.probe_scenarios_h100 import _spec
 
-    return _spec(
-        {"preset": "llama3.2-3b", "seq": 4096, "sequences": sequences}, {"probe": {"policy": "auto"}}
-    )
+    scenario = {"preset": preset, "seq": seq, "sequences": sequences}
+    return _spec(scenario, {"probe": {"policy": "auto"}})
 
 
 def test_a_lone_modelled_pick_still_probes_to_try_its_larger_micro_batches() -> None:
-    # On the H100 of 2026-12-06 the pick (FP8, AC none, mbs 2) measured 3.3% under its predicted peak and
-    # mbs 3, which the model put over the budget, ran 6.8% faster: only a probe of the pick can find it.
-    plan = plan_job(_h100_job(sequences=24))
+    # On the H100 of 2026-12-06 a pick measured 3.3% under its predicted peak, and the size above it, which
+    # the model put over the budget, ran 6.8% faster: only a probe of the pick can find such a size.
+    plan = plan_job(_h100_job("llama3.2-1b", 3072, sequences=48))
     probe = plan.probe
     assert probe is not None and probe.enabled, probe
     assert len(probe.candidates) == 1 and not probe.candidates[0].measured
-    assert [g.candidate.micro_batch_size for g in probe.growth] == [3, 4]
-    assert "the pick is modelled, not measured" in probe.reason and "2 larger micro-batches" in probe.reason
-    assert any(line.startswith("probe growth") and "mbs 3" in line for line in plan.explanation)
+    assert probe.candidates[0].candidate.micro_batch_size == 16
+    assert [g.candidate.micro_batch_size for g in probe.growth] == [24]
+    assert "the pick is modelled, not measured" in probe.reason and "1 larger micro-batch " in probe.reason
+    assert any(line.startswith("probe growth") and "mbs 24" in line for line in plan.explanation)
 
 
 def test_a_lone_pick_with_no_larger_micro_batch_has_nothing_to_compare() -> None:
     # A global batch of 2 sequences on one GPU: mbs 2 is the largest size it allows.
-    probe = plan_job(_h100_job(sequences=2)).probe
+    probe = plan_job(_h100_job("llama3.2-3b", 4096, sequences=2)).probe
     assert probe is not None and not probe.enabled and probe.growth == []
+    assert len(probe.candidates) == 1
     assert "no larger micro-batch to try: nothing to compare" in probe.reason
 
 
 def test_a_lone_measured_pick_is_not_probed_for_growth() -> None:
-    spec = _h100_job(sequences=24)
+    spec = _h100_job("llama3.2-1b", 3072, sequences=48)
     first = plan_job(spec)
     assert first.probe is not None
     pick = first.probe.candidates[0].candidate
