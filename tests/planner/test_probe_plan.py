@@ -3,6 +3,7 @@ on a cluster that measured every candidate skipping the probe."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from blackwell_operator.calibration.cluster import MIN_RUNS, ClusterCalibration,
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner import plan_job
 from blackwell_operator.planner.probe import FIT_MARGIN, PROBE_BUDGET_CAP, PROBE_SHARE, PROBE_WITHIN
-from blackwell_trainer.plan.config import Plan, ProbeMeasurement, ProbeOutcome, ProbePolicy
+from blackwell_trainer.plan.config import Plan, ProbeCandidate, ProbeMeasurement, ProbeOutcome, ProbePolicy
 from tests.support.specs import make_spec
 
 
@@ -78,21 +79,7 @@ def test_a_bad_probe_setting_is_refused_naming_the_field(field: str, value: Any)
 def test_a_cluster_that_measured_every_candidate_skips_the_probe_under_auto() -> None:
     spec = spec_with()
     first = plan_job(spec)
-    calibration = ClusterCalibration()
-    for c in first.probe.candidates if first.probe else []:
-        for i in range(MIN_RUNS):  # what the operator records from each probe (and run) of a job
-            calibration = calibration.record(
-                Sample(
-                    job=f"team-a/j{i}-{c.candidate.activation_checkpointing.value}",
-                    uid=f"{i}-{c.candidate.precision_recipe.value}-{c.candidate.activation_checkpointing.value}",
-                    instance_type=first.instance_type,
-                    precision_recipe=c.candidate.precision_recipe,
-                    activation_checkpointing=c.candidate.activation_checkpointing,
-                    tokens_ratio=1.0,
-                    memory_ratio=1.0,
-                    observed_at="2026-12-01T10:00:00Z",
-                )
-            )
+    calibration = _measured_on_cluster(first, first.probe.candidates if first.probe else [])
     later = plan_job(spec, cluster=calibration.corrector(first.instance_type))
     assert later.probe is not None and not later.probe.enabled
     assert all(c.measured for c in later.probe.candidates)
@@ -174,21 +161,29 @@ def test_a_lone_measured_pick_is_not_probed_for_growth() -> None:
     spec = _h100_job("llama3.2-1b", 3072, sequences=48)
     first = plan_job(spec)
     assert first.probe is not None
-    pick = first.probe.candidates[0].candidate
-    calibration = ClusterCalibration()
-    for i in range(MIN_RUNS):
-        calibration = calibration.record(
-            Sample(
-                job=f"team-a/j{i}",
-                uid=f"{i}",
-                instance_type=first.instance_type,
-                precision_recipe=pick.precision_recipe,
-                activation_checkpointing=pick.activation_checkpointing,
-                tokens_ratio=1.0,
-                memory_ratio=1.0,
-                observed_at="2026-12-01T10:00:00Z",
-            )
-        )
+    calibration = _measured_on_cluster(first, first.probe.candidates[:1])
     later = plan_job(spec, cluster=calibration.corrector(first.instance_type))
     assert later.probe is not None and not later.probe.enabled
     assert "measured" in later.probe.reason
+
+
+def _measured_on_cluster(plan: Plan, candidates: Sequence[ProbeCandidate]) -> ClusterCalibration:
+    """What the operator records from MIN_RUNS probes (and runs) of jobs that trained each candidate's family,
+    each measured as predicted."""
+    calibration = ClusterCalibration()
+    for c in candidates:
+        family = f"{c.candidate.precision_recipe.value}-{c.candidate.activation_checkpointing.value}"
+        for i in range(MIN_RUNS):
+            calibration = calibration.record(
+                Sample(
+                    job=f"team-a/j{i}-{family}",
+                    uid=f"{i}-{family}",
+                    instance_type=plan.instance_type,
+                    precision_recipe=c.candidate.precision_recipe,
+                    activation_checkpointing=c.candidate.activation_checkpointing,
+                    tokens_ratio=1.0,
+                    memory_ratio=1.0,
+                    observed_at="2026-12-01T10:00:00Z",
+                )
+            )
+    return calibration
