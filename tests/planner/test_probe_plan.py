@@ -147,6 +147,11 @@ def test_a_lone_modelled_pick_still_probes_to_try_its_larger_micro_batches() -> 
     assert [g.candidate.micro_batch_size for g in probe.growth] == [24]
     assert "the pick is modelled, not measured" in probe.reason and "1 larger micro-batch " in probe.reason
     assert any(line.startswith("probe growth") and "mbs 24" in line for line in plan.explanation)
+    spec = _h100_job("llama3.2-1b", 3072, sequences=48)
+    spec.tuning.probe.policy = ProbePolicy.ALWAYS
+    always = plan_job(spec).probe
+    assert always is not None and always.enabled
+    assert always.reason.startswith("spec.tuning.probe.policy is always: the pick and 1 larger size(s), ~")
 
 
 def test_a_lone_pick_with_no_larger_micro_batch_has_nothing_to_compare() -> None:

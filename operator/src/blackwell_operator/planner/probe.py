@@ -149,10 +149,6 @@ def probe_plan(
     growth = [ProbeGrowth(grows=i, **option(g).model_dump()) for i, g in grown]
     run_seconds = steps * (best.time.step_time_seconds if best.time else 0.0)
     estimate = estimate_seconds(picks)
-    if len(picks) == 1 and grown:
-        # Nothing to compare, only a larger size to try: the probe is worth its time only if it reaches
-        # at least the cheapest of them.
-        estimate += min(estimate_seconds([g]) for _, g in grown)
     if spec.budget_seconds == AUTO:
         budget = min(PROBE_BUDGET_CAP, PROBE_SHARE * run_seconds)
         if spec.policy is ProbePolicy.ALWAYS:  # always probes: give it what its candidates need
@@ -160,6 +156,10 @@ def probe_plan(
             budget = min(PROBE_BUDGET_CAP, max(budget, estimate + sum(costliest)))
     else:
         budget = float(spec.budget_seconds)
+    if len(picks) == 1 and grown:
+        # Nothing to compare, only a larger size to try: the probe is worth its time only if it reaches
+        # at least the cheapest of them (`always` has already made room for the costliest).
+        estimate += min(estimate_seconds([g]) for _, g in grown)
     enabled, reason = _decide(spec.policy, candidates, estimate, budget, grows=len(grown))
     return ProbePlan(
         policy=spec.policy,
@@ -193,7 +193,9 @@ def _decide(
             f"{FIT_MARGIN:.0%} memory to spare, and no larger micro-batch to try: nothing to compare"
         )
     if policy is ProbePolicy.ALWAYS:
-        return True, f"spec.tuning.probe.policy is always: {len(candidates)} candidates, ~{estimate:.0f} s"
+        many = len(candidates) > 1
+        what = f"{len(candidates)} candidates" if many else f"the pick and {grows} larger size(s)"
+        return True, f"spec.tuning.probe.policy is always: {what}, ~{estimate:.0f} s"
     if all(c.measured for c in candidates):
         return False, "every candidate's recipe and AC mode is measured (here or on this cluster)"
     if estimate > budget:
