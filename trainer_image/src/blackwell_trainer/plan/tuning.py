@@ -37,7 +37,9 @@ class Tuning:
     # against FSDP2 on one rank, 2.6-7.6% more tokens/s and 13.3-18.5 GiB less reserved (3B untied, BF16
     # and FP8, batch 2 and 4), the first losses equal to 0.2% in BF16. "fsdp" stays as the opt-out.
     single_device: str = "auto"
-    # torch.compile mode of the per-block compile ("default" is torch's default).
+    # torch.compile mode of the per-block compile ("default" is torch's default). Measured on one H100
+    # (2026-12-07, docs/benchmarks/titan_h100.md): reduce-overhead (CUDA graphs) +0.1% in BF16 and +1.5% in
+    # FP8 for 0.3-0.4 GiB of graph pool the planner does not model, so not the default.
     compile_mode: str = "default"
     # Fold gradient clipping into the fused AdamW step (its grad_scale) instead of a separate pass
     # over the gradients (both paths; FSDP2's sharded gradients too). Numerics: a gradient is divided by
