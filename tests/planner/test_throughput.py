@@ -157,6 +157,22 @@ def test_the_forward_share_of_the_casts_moves_full_ac_and_nothing_else() -> None
         assert after.step_time_seconds <= before.step_time_seconds
 
 
+def test_the_full_recompute_share_scales_full_ac_recompute_only() -> None:
+    """full_recompute_share (1 unless fitted: the whole forward again) scales what full AC recomputes, and
+    nothing else: selective AC and AC none keep their step times."""
+    assert BTJ.throughput.full_recompute_share == 1.0
+    sh, hw = shapes(), hardware()
+    fitted = with_constants(BTJ, {"throughput.full_recompute_share": 0.8})
+    for ac in ("none", "selective", "full"):
+        st = setting(ac=ac, mbs=2)
+        before, after = (estimate_time(sh, c, hw, st, layout(st, hw), 4096) for c in (BTJ, fitted))
+        assert after.breakdown["recompute"] == pytest.approx(
+            before.breakdown["recompute"] * (0.8 if ac == "full" else 1.0)
+        ), ac
+        others = set(before.breakdown) - {"recompute", "host_stall"}
+        assert {k: after.breakdown[k] for k in others} == {k: before.breakdown[k] for k in others}, ac
+
+
 def test_recompute_costs_more_with_full_than_selective_checkpointing() -> None:
     sh, hw = shapes(), hardware()
     times = {}

@@ -77,6 +77,7 @@ UPPER = {
     "nccl_bus_efficiency": 1.0,
     "selective_recompute_gemm_fraction": 1.0,
     "recompute_saving_share": 1.0,
+    "full_recompute_share": 1.0,
 }
 # Scale of one unit of the fitted variable for constants whose base value is zero.
 ZERO_SCALE = {"bytes": float(1 << 28), "seconds": 1e-3, "other": 0.1}

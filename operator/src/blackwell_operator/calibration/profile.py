@@ -188,6 +188,14 @@ class ThroughputConstants(_Strict):
     loss_traffic_bytes_per_logit: float
     selective_recompute_gemm_fraction: float
     selective_recompute_elementwise_fraction: float
+    full_recompute_share: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="Share of a block's forward time that full AC's recompute costs again (1: all of it). "
+        "Compiled, the recomputed pointwise work fuses into the backward's kernels and nothing saved is "
+        "written and read back, so a fit may find less (docs/calibration/README.md).",
+    )
     optimizer_bytes_per_param: float
     fsdp_copy_bytes_per_param: float
     fsdp_regather_bytes_per_param: float = Field(

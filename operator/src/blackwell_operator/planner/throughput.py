@@ -117,7 +117,9 @@ def estimate_time(
     unsaved = setting.recipe in cal.trainer.selective_recomputes_gemms
     selective_gemm = 1.0 if unsaved else t.selective_recompute_gemm_fraction
     if mode is AC.FULL:
-        recompute_block = gemm_block_fwd + attn_fwd + t.elementwise_forward_fraction * elementwise_block
+        recompute_block = t.full_recompute_share * (
+            gemm_block_fwd + attn_fwd + t.elementwise_forward_fraction * elementwise_block
+        )
     elif mode is AC.SELECTIVE:
         recompute_block = (
             selective_gemm * gemm_block_fwd
