@@ -123,12 +123,22 @@ def base_calibration(fitted: Calibration) -> tuple[Calibration, list[str]]:
 ONE_GPU_TUNING = "single_device=fsdp"
 
 
+# The loss chunk every plan of the record ran (the profile's until 2026-12-07, 4,096 since).
+RECORDED_LOSS_CHUNK = 8192
+
+
 def as_recorded(cal: Calibration) -> Calibration:
-    """The profile as the record planned with: one GPU as FSDP2 on one rank (ONE_GPU_TUNING), and FP8
-    selective AC scored as a family of its own. The profile said nothing of selective running as AC none
-    then (trainer.selective_recomputes_nothing, shipped 2026-12-07), and the record's probes timed FP8
-    selective beside FP8 none: docs/benchmarks/probe_h200.md, where they measured the same."""
-    trainer = cal.trainer.model_copy(update={"single_device_path": False, "selective_recomputes_nothing": []})
+    """The profile as the record planned with: one GPU as FSDP2 on one rank (ONE_GPU_TUNING), FP8 selective
+    AC scored as a family of its own, and the loss chunk of then. The profile said nothing of selective
+    running as AC none then (trainer.selective_recomputes_nothing, shipped 2026-12-07), and the record's
+    probes timed FP8 selective beside FP8 none (docs/benchmarks/probe_h200.md: they measured the same)."""
+    trainer = cal.trainer.model_copy(
+        update={
+            "single_device_path": False,
+            "selective_recomputes_nothing": [],
+            "loss_chunk_tokens": RECORDED_LOSS_CHUNK,
+        }
+    )
     return cal.model_copy(update={"trainer": trainer})
 
 

@@ -66,6 +66,9 @@ def manifests(namespace: str) -> list[dict[str, Any]]:
             "model": {"preset": "llama3.1-8b"},
             "cluster": {"instanceType": B200, "nodes": 2},
             "training": {"sequenceLength": 8192, "steps": 20_000},
+            # BF16, so that the probe compares two AC modes: under FP8 the pick (AC none) has no neighbour
+            # within reach since the 4,096-token loss chunk, and probes alone for its growth.
+            "tuning": {"precision": "bf16"},
         },
     }
     return [

@@ -66,9 +66,10 @@ def test_loss_spike_full_logits_versus_chunked() -> None:
     tokens = 4 * 4096
     # Unchunked (reference trainer): tokens x vocab x 11.2 bytes (bf16 logits, fp32 copy, fp32 grad).
     assert loss_bytes(sh, REF, tokens) == pytest.approx(tokens * 128256 * 11.2)
-    # Chunked at 8192 tokens: only one chunk's logits exist at a time.
+    # Chunked at the profile's 4,096 tokens: only one chunk's logits exist at a time.
     per_logit = BTJ.memory.chunked_loss_bytes_per_logit
-    assert loss_bytes(sh, BTJ, tokens) == pytest.approx(8192 * 128256 * per_logit)
+    assert BTJ.trainer.loss_chunk_tokens == 4096
+    assert loss_bytes(sh, BTJ, tokens) == pytest.approx(4096 * 128256 * per_logit)
     assert loss_bytes(sh, BTJ, 1000) == pytest.approx(1000 * 128256 * per_logit)
 
 

@@ -36,7 +36,7 @@ def test_every_plan_field_is_filled(default_plan: Plan) -> None:
         c.gradient_accumulation_steps
     )
     assert c.shard_degree * c.replicate_degree == 16
-    assert c.loss_chunk_tokens == 8192 and c.compile
+    assert c.loss_chunk_tokens == 4096 and c.compile  # the profile's chunk (trainer.loss_chunk_tokens)
     assert p.predicted.tokens_per_second_per_gpu > 0 and 0 < p.predicted.model_flops_utilization < 1
     assert p.predicted.memory.peak_reserved <= p.gpu.memory_bytes * 0.95
     assert p.predicted.time_breakdown_seconds["gemm"] > 0

@@ -112,6 +112,7 @@ def test_a_record_is_predicted_on_the_path_it_ran_whatever_the_profile_plans_wit
             sharding="full",
             shard_degree=1,
             replicate_degree=1,
+            loss_chunk_tokens=ON.trainer.loss_chunk_tokens,
         ),
         status=RecordStatus.OK,
     )
@@ -121,3 +122,44 @@ def test_a_record_is_predicted_on_the_path_it_ran_whatever_the_profile_plans_wit
     assert as_ran(single, ON) is ON
     assert as_ran(single, OFF).trainer.single_device_path  # a record of the path, predicted as it ran
     assert single.key == record.key + "_single"
+
+
+def test_a_record_is_predicted_with_the_loss_chunk_it_ran() -> None:
+    """The profile's chunk went from 8,192 to 4,096 tokens (2026-12-07); the records made before keep theirs,
+    so a fit of them is not moved by the change, and their loss transient is the one they measured."""
+    assert ON.trainer.loss_chunk_tokens == 4096
+    preset = get_preset("llama3.2-3b")
+    candidate = Candidate(
+        precision="bf16",
+        precision_recipe="none",
+        activation_checkpointing="none",
+        micro_batch_size=2,
+        gradient_accumulation_steps=1,
+        sharding="full",
+        shard_degree=1,
+        replicate_degree=1,
+        loss_chunk_tokens=8192,
+    )
+    record = CalibrationRecord(
+        source="synthetic",
+        model_name=preset.name,
+        architecture=preset.architecture,
+        instance_type="ml.p5en.48xlarge",
+        gpus_per_node=1,
+        sequence_length=4096,
+        candidate=candidate,
+        status=RecordStatus.OK,
+        single_device_path=True,
+    )
+    ran = as_ran(record, ON)
+    assert ran.trainer.loss_chunk_tokens == 8192 and ran.trainer.single_device_path
+    now = record.model_copy(update={"candidate": candidate.model_copy(update={"loss_chunk_tokens": 4096})})
+    assert as_ran(now, ON) is ON
+    # The transient it predicts: a chunk's bf16 logits and gradient, 4 bytes a logit, for 4,096 more tokens.
+    one = hardware("ml.p5en.48xlarge", gpus_per_node=1)
+    sh, st = shapes("llama3.2-3b"), setting(mbs=2)
+    old, new = (estimate_memory(sh, c, st, layout(st, one), 4096, gpu_memory_bytes=one.gpu.memory_bytes)
+                for c in (ran, ON))  # fmt: skip
+    assert old.peak_allocated - new.peak_allocated == pytest.approx(
+        4096 * sh.vocab * ON.memory.chunked_loss_bytes_per_logit, rel=0.01
+    )

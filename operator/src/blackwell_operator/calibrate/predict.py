@@ -120,11 +120,16 @@ class Comparison:
 def as_ran(record: CalibrationRecord, cal: Calibration) -> Calibration:
     """The calibration as the trainer was when it made the record, whatever the profile plans with: a record
     of FSDP2 on one rank (every record before 2026-12-02, and `single_device=fsdp` since) is predicted with
-    the single-device path off, a record of the path with it on."""
-    if record.single_device_path == cal.trainer.single_device_path:
+    the single-device path off, a record of the path with it on; and with the loss chunk the record's plan
+    ran (every record before 2026-12-07 ran 8,192 tokens, the profile's chunk then)."""
+    update: dict[str, object] = {}
+    if record.single_device_path != cal.trainer.single_device_path:
+        update["single_device_path"] = record.single_device_path
+    if record.candidate.loss_chunk_tokens != cal.trainer.loss_chunk_tokens:
+        update["loss_chunk_tokens"] = record.candidate.loss_chunk_tokens
+    if not update:
         return cal
-    trainer = cal.trainer.model_copy(update={"single_device_path": record.single_device_path})
-    return cal.model_copy(update={"trainer": trainer})
+    return cal.model_copy(update={"trainer": cal.trainer.model_copy(update=update)})
 
 
 def compare(record: CalibrationRecord, cal: Calibration) -> Comparison:
