@@ -47,6 +47,7 @@ from typing import Any
 
 import yaml
 
+from blackwell_operator.calibrate.importers import TRAINER_LOSS_CHUNK
 from blackwell_operator.calibration import Calibration, load_calibration
 from blackwell_operator.models.spec import BlackwellTrainingJobSpec
 from blackwell_operator.planner import plan_job
@@ -123,10 +124,6 @@ def base_calibration(fitted: Calibration) -> tuple[Calibration, list[str]]:
 ONE_GPU_TUNING = "single_device=fsdp"
 
 
-# The loss chunk every plan of the record ran (the profile's until 2026-12-07, 4,096 since).
-RECORDED_LOSS_CHUNK = 8192
-
-
 def as_recorded(cal: Calibration) -> Calibration:
     """The profile as the record planned with: one GPU as FSDP2 on one rank (ONE_GPU_TUNING), FP8 selective
     AC scored as a family of its own, and the loss chunk of then. The profile said nothing of selective
@@ -136,7 +133,7 @@ def as_recorded(cal: Calibration) -> Calibration:
         update={
             "single_device_path": False,
             "selective_recomputes_nothing": [],
-            "loss_chunk_tokens": RECORDED_LOSS_CHUNK,
+            "loss_chunk_tokens": TRAINER_LOSS_CHUNK,  # the profile's chunk then
         }
     )
     return cal.model_copy(update={"trainer": trainer})

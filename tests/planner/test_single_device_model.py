@@ -94,9 +94,10 @@ def test_fsdp2_layouts_and_transformer_engine_are_unchanged(gpus: int, recipe: s
     )
 
 
-def test_a_record_is_predicted_on_the_path_it_ran_whatever_the_profile_plans_with() -> None:
+def _one_gpu_record(*, loss_chunk_tokens: int, single_device_path: bool = False) -> CalibrationRecord:
+    """A synthetic record of 3B BF16, AC none, micro-batch 2 on one H200, at the loss chunk it ran."""
     preset = get_preset("llama3.2-3b")
-    record = CalibrationRecord(
+    return CalibrationRecord(
         source="synthetic",
         model_name=preset.name,
         architecture=preset.architecture,
@@ -112,10 +113,15 @@ def test_a_record_is_predicted_on_the_path_it_ran_whatever_the_profile_plans_wit
             sharding="full",
             shard_degree=1,
             replicate_degree=1,
-            loss_chunk_tokens=ON.trainer.loss_chunk_tokens,
+            loss_chunk_tokens=loss_chunk_tokens,
         ),
         status=RecordStatus.OK,
+        single_device_path=single_device_path,
     )
+
+
+def test_a_record_is_predicted_on_the_path_it_ran_whatever_the_profile_plans_with() -> None:
+    record = _one_gpu_record(loss_chunk_tokens=ON.trainer.loss_chunk_tokens)
     assert not as_ran(record, ON).trainer.single_device_path  # made before the path: FSDP2
     assert as_ran(record, OFF) is OFF
     single = record.model_copy(update={"single_device_path": True})
@@ -128,33 +134,10 @@ def test_a_record_is_predicted_with_the_loss_chunk_it_ran() -> None:
     """The profile's chunk went from 8,192 to 4,096 tokens (2026-12-07); the records made before keep theirs,
     so a fit of them is not moved by the change, and their loss transient is the one they measured."""
     assert ON.trainer.loss_chunk_tokens == 4096
-    preset = get_preset("llama3.2-3b")
-    candidate = Candidate(
-        precision="bf16",
-        precision_recipe="none",
-        activation_checkpointing="none",
-        micro_batch_size=2,
-        gradient_accumulation_steps=1,
-        sharding="full",
-        shard_degree=1,
-        replicate_degree=1,
-        loss_chunk_tokens=8192,
-    )
-    record = CalibrationRecord(
-        source="synthetic",
-        model_name=preset.name,
-        architecture=preset.architecture,
-        instance_type="ml.p5en.48xlarge",
-        gpus_per_node=1,
-        sequence_length=4096,
-        candidate=candidate,
-        status=RecordStatus.OK,
-        single_device_path=True,
-    )
+    record = _one_gpu_record(loss_chunk_tokens=8192, single_device_path=True)
     ran = as_ran(record, ON)
     assert ran.trainer.loss_chunk_tokens == 8192 and ran.trainer.single_device_path
-    now = record.model_copy(update={"candidate": candidate.model_copy(update={"loss_chunk_tokens": 4096})})
-    assert as_ran(now, ON) is ON
+    assert as_ran(_one_gpu_record(loss_chunk_tokens=4096, single_device_path=True), ON) is ON
     # The transient it predicts: a chunk's bf16 logits and gradient, 4 bytes a logit, for 4,096 more tokens.
     one = hardware("ml.p5en.48xlarge", gpus_per_node=1)
     sh, st = shapes("llama3.2-3b"), setting(mbs=2)

@@ -36,7 +36,9 @@ H200_INSTANCE = "ml.p5en.48xlarge"
 REFERENCE_DATE = "2026-11-29"
 REFERENCE_TORCH = "2.11.0+cu130"
 # trainer_h200.py's short model names and the presets they hard-code.
-TRAINER_LOSS_CHUNK = 8192  # btj-trainer calibration: trainer.loss_chunk_tokens
+# The loss chunk the benchmark records ran (benchmarks/trainer_h200.py's Config.loss_chunk): the btj-trainer
+# profile's trainer.loss_chunk_tokens until 2026-12-07 (4,096 since; records keep theirs, predict.as_ran).
+TRAINER_LOSS_CHUNK = 8192
 TRAINER_H200_PRESETS = {"1b": "llama3.2-1b", "3b": "llama3.2-3b", "8b": "llama3.1-8b"}
 # The untied shapes trainer_ab_h200.py and titan_h200.py run (torchtitan's llama3 ties nothing): the preset
 # with its own output projection (benchmarks/trainer_h200.py SHAPES; tests hold the counts equal).
@@ -168,7 +170,8 @@ def from_trainer_h200(path: str | Path) -> list[CalibrationRecord]:
             continue
         if cfg.get("sdpa", "default") != "default" or status not in {s.value for s in RecordStatus}:
             continue
-        if status == RecordStatus.SKIPPED or int(cfg.get("loss_chunk", 8192)) != TRAINER_LOSS_CHUNK:
+        chunk = int(cfg.get("loss_chunk", TRAINER_LOSS_CHUNK))
+        if status == RecordStatus.SKIPPED or chunk != TRAINER_LOSS_CHUNK:
             continue  # the planner models the trainer's one loss chunk size, not variants of it
         if cfg.get("docmask", 0):
             continue  # packed documents under a mask: attention the records cannot describe
