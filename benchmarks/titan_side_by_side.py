@@ -103,6 +103,14 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 OOM = ("OutOfMemoryError", "CUDA out of memory")
 
 
+def plan_loss_chunk() -> int:
+    """The loss chunk every plan runs: the shipped profile's (4,096 tokens since 2026-12-07; the side by
+    sides before ran 8,192, the harness's own default then)."""
+    from blackwell_operator.calibration import load_calibration
+
+    return load_calibration().trainer.loss_chunk_tokens
+
+
 @dataclass(frozen=True)
 class Point:
     """One row of the comparison."""
@@ -114,7 +122,7 @@ class Point:
     our_batch: int
     ours_only: bool = False  # this trainer alone: no torchtitan launch
     tuning: str = ""  # this trainer's switches for the run, BTJ_TRAINER_TUNING's syntax
-    loss_chunk: int = trainer_h200.Config.loss_chunk  # the plan's loss_chunk_tokens (`+loss_chunk=N`)
+    loss_chunk: int = field(default_factory=plan_loss_chunk)  # the plan's loss_chunk_tokens (`+loss_chunk=N`)
 
 
 def parse_point(name: str) -> Point:
@@ -139,7 +147,7 @@ def parse_point(name: str) -> Point:
             Tuning.parse(tuning)
         except TuningError as err:
             raise ValueError(f"--configs: {name!r}: {err}") from None
-    chunk = chunks[-1] if chunks else trainer_h200.Config.loss_chunk
+    chunk = chunks[-1] if chunks else plan_loss_chunk()
     return Point(name, m["model"], m["precision"], titan, ours, bool(m["only"]), tuning, chunk)
 
 

@@ -36,6 +36,7 @@ from benchmarks.titan_side_by_side import (
     titan_args,
 )
 
+from blackwell_operator.calibration import load_calibration
 from blackwell_trainer.plan.config import Architecture
 
 PREFIX = "[rank0]:[titan] 2026-12-01 22:40:01,123 - root - INFO - "
@@ -125,7 +126,10 @@ def test_configurations_and_subsets() -> None:
     # Keys with digits (BTJ_TRAINER_TUNING's fp8_* switches) are keys too.
     assert parse_point("ours-1b-fp8-b4+fp8_skip_small=true").tuning == "fp8_skip_small=true"
     chunked = parse_point("ours-3b-fp8-b2+loss_chunk=4096")
-    assert (chunked.loss_chunk, chunked.tuning, parse_point("3b-fp8-b2").loss_chunk) == (4096, "", 8192)
+    assert (chunked.loss_chunk, chunked.tuning) == (4096, "")
+    # Without one, the chunk every plan runs (the shipped profile's).
+    assert parse_point("3b-fp8-b2").loss_chunk == load_calibration().trainer.loss_chunk_tokens == 4096
+    assert parse_point("ours-3b-fp8-b2+loss_chunk=8192").loss_chunk == 8192
     assert set(SUBSETS["same"]) == {"3b-bf16-b2", "3b-fp8-b2", "1b-bf16-b4", "1b-fp8-b4"}
     assert [p.name for p in expand("same-3b,3b-bf16-b2,1b-fp8-b4")] == [*SUBSETS["same-3b"], "1b-fp8-b4"]
     assert set(SUBSETS["all"]) == set(SUBSETS["same-3b"]) | set(SUBSETS["1b-best"])

@@ -30,6 +30,16 @@ def set_lr(optimizer: torch.optim.Optimizer, step_index: int, plan: Plan) -> Non
         group["lr"] = lr_at(step_index, plan)
 
 
+# One launch configuration for the compiled update, no autotuning. Inductor times each candidate
+# configuration of a pointwise kernel on its first call, on clones of the tensors it writes (here the
+# first parameter's weight and moments: 4.7 GiB for Llama-3.2-3B's embedding). Those clones are made
+# after the backward, in whatever room the freed activations left, and what did not fit grew the
+# caching allocator's pool for the rest of the run: 2-6 GiB more reserved than allocated at 3B BF16
+# batch 2 on one H100, varying between identical runs (docs/benchmarks/titan_h100.md). The update is
+# bound by memory bandwidth, where the candidate configurations differ little.
+UPDATE_COMPILE_OPTIONS: dict[str, Any] = {"triton.autotune_pointwise": False}
+
+
 def adamw_one(
     param: torch.Tensor,
     grad: torch.Tensor,
@@ -178,7 +188,9 @@ class AdamW(torch.optim.AdamW):
         if device.type != "cuda" and not self.compile_on_cpu:
             return adamw_one  # CPU: the same function, eager
         if self._narrow_update is None:
-            self._narrow_update = torch.compile(adamw_one, fullgraph=True, dynamic=True)
+            self._narrow_update = torch.compile(
+                adamw_one, fullgraph=True, dynamic=True, options=UPDATE_COMPILE_OPTIONS
+            )
         return self._narrow_update
 
 
