@@ -30,13 +30,15 @@ def set_lr(optimizer: torch.optim.Optimizer, step_index: int, plan: Plan) -> Non
         group["lr"] = lr_at(step_index, plan)
 
 
-# One launch configuration for the compiled update, no autotuning. Inductor times each candidate
-# configuration of a pointwise kernel on its first call, on clones of the tensors it writes (here the
-# first parameter's weight and moments: 4.7 GiB for Llama-3.2-3B's embedding). Those clones are made
-# after the backward, in whatever room the freed activations left, and what did not fit grew the
-# caching allocator's pool for the rest of the run: 2-6 GiB more reserved than allocated at 3B BF16
-# batch 2 on one H100, varying between identical runs (docs/benchmarks/titan_h100.md). The update is
-# bound by memory bandwidth, where the candidate configurations differ little.
+# One launch configuration for the compiled update, no autotuning. Inductor would otherwise time each
+# candidate configuration of the pointwise kernel on its first call, on clones of the tensors it writes
+# (the first parameter's weight and moments: 4.7 GiB for Llama-3.2-3B's embedding), made after the
+# backward in whatever room the freed activations left. That was a suspect for bf16_gradients' reserved
+# pool rising 2-6 GiB above its allocated peak in some calls; on one H100 (2026-12-07, the first call of
+# the night in docs/benchmarks/titan_h100.md) the pool was 70.4 GiB for 69.3 allocated with and without
+# this setting, so it was not the cause there. Kept: the update is bound by memory bandwidth, where the
+# configurations differ little (the same speed with and without), and one configuration is one
+# behaviour on every run.
 UPDATE_COMPILE_OPTIONS: dict[str, Any] = {"triton.autotune_pointwise": False}
 
 
