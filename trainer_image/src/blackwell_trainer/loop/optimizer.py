@@ -151,19 +151,6 @@ class AdamW(torch.optim.AdamW):
                 self._step_narrow(index, params, held, scale)
         return loss
 
-    def step_only(self, groups: list[list[torch.Tensor]]) -> None:
-        """``step()`` over a subset of the parameters, ``groups[i]`` of group i (overlap.py steps the model
-        block by block). Each parameter's update and state are what ``step()`` gives it: every kernel
-        here updates each tensor on its own, whichever others it is launched with."""
-        held = [group["params"] for group in self.param_groups]
-        try:
-            for group, subset in zip(self.param_groups, groups, strict=True):
-                group["params"] = subset
-            self.step()
-        finally:
-            for group, params in zip(self.param_groups, held, strict=True):
-                group["params"] = params
-
     def _step_narrow(
         self,
         index: int,

@@ -18,7 +18,6 @@ import torch.distributed as dist
 from blackwell_trainer.loop.finite_check import ParameterScan, check_parameters, reduce_loss_checked
 from blackwell_trainer.loop.oom import PhaseTracker
 from blackwell_trainer.loop.optimizer import build_optimizer, gradient_norm, set_lr
-from blackwell_trainer.loop.overlap import OverlappedStep
 from blackwell_trainer.loop.step_report import StepResult
 from blackwell_trainer.model.loss import IGNORE_INDEX
 from blackwell_trainer.model.transformer import Attention, Transformer, build_model, flops_per_token
@@ -80,13 +79,6 @@ class Trainer:
         )
         self.precision = self._parallelize(compute_dtype, gathers_fp8)
         self.optimizer = build_optimizer(self.model, plan, runtime.device)
-        # FSDP2's optimizer steps sharded DTensors whose next all-gather would need the same ordering.
-        self.overlap: OverlappedStep | None = None
-        if self.tuning.overlap_optimizer and self.single_device:
-            self.overlap = OverlappedStep(self.optimizer, self.model, runtime.device)
-            self.model.await_weights = self.overlap.wait
-        elif self.tuning.overlap_optimizer:
-            log.warning("overlap_optimizer off: FSDP2 steps the sharded parameters on its own schedule")
         self.step_index = 0
         self.scan = ParameterScan()  # the run's loop names the steps whose state it writes
         self.flops_per_token = flops_per_token(plan.architecture, plan.sequence_length)
@@ -139,8 +131,6 @@ class Trainer:
         grad_norm = self._optimizer_step(foreach)
         self.step_index += 1
         scan = self.scan.due(self.step_index, every_step=self.tuning.parameter_check)
-        if scan or self.step_index >= self.plan.steps:
-            self.settle()  # the scan reads the weights; after the last step the export and the save do
         loss_value = reduce_loss_checked(
             self.step_index, loss_sum, accum, grad_norm, self.model if scan else None, foreach=foreach
         )
@@ -158,17 +148,10 @@ class Trainer:
         """Before the state of the newest step is written (CheckpointManager's `before_save`): where that
         step did not read its parameters (a save at preemption), NonFiniteStep on every rank if one is
         not finite (collective)."""
-        self.settle()
         if self.scan.due(self.step_index, every_step=self.tuning.parameter_check):
             return  # read by the step itself, in its all-reduce
         foreach = self.runtime.device.type == "cuda"
         check_parameters(self.step_index, self.scan.last_loss, self.model, foreach=foreach)
-
-    def settle(self) -> None:
-        """Before the weights or the optimizer state are read outside a forward: every queued update is
-        done (the overlapped step's, tuning.overlap_optimizer); nothing to wait for otherwise."""
-        if self.overlap is not None:
-            self.overlap.join()
 
     def _collect_garbage(self, step: int) -> None:
         """tuning.manual_gc: the cyclic collector off, a young-generation pass every GC_EVERY_STEPS steps,
@@ -253,10 +236,7 @@ class Trainer:
         # to None otherwise: a scale left from an earlier step would divide already clipped gradients.
         coef = (clip / (grad_norm.float() + 1e-6)).clamp(max=1.0) if in_step else None
         self.optimizer.grad_scale = None if coef is None else 1.0 / coef
-        if self.overlap is not None:
-            self.overlap.step()  # with zero_grad; the next forward waits block by block
-        else:
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
         self.precision.after_optimizer_step(self.model)
         return grad_norm

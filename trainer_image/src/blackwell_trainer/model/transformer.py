@@ -10,7 +10,6 @@ explicit and also rebuilds the non-persistent RoPE tables.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -228,10 +227,6 @@ class TransformerBlock(nn.Module):
         return out
 
 
-def no_wait(_unit: str) -> None:
-    """``Transformer.await_weights`` when no optimizer step runs beside the forward."""
-
-
 class Transformer(nn.Module):
     """The decoder: ``forward(tokens, labels)`` is the mean token loss; without labels, the final states.
 
@@ -263,9 +258,6 @@ class Transformer(nn.Module):
         self.rope: torch.Tensor
         self.register_buffer("rope", torch.empty(2, max_seq_len, arch.resolved_head_dim), persistent=False)
         self.loss_fn: LossFn = chunked_cross_entropy
-        # Called with a parameter's unit (its block, ``layers.3``, or top-level module) before the forward
-        # reads it: the trainer's overlapped optimizer step (loop/overlap.py) may still be updating it.
-        self.await_weights: Callable[[str], None] = no_wait
 
     def output_weight(self) -> torch.Tensor:
         """The [vocab, hidden] matrix of the output projection (the embedding when tied)."""
@@ -283,7 +275,6 @@ class Transformer(nn.Module):
         The lookup then runs in the compute dtype, so its gradient is a bf16 table cast to fp32, as FSDP2's
         mixed precision gives; a tied output projection uses this same cast (one bf16 copy, one sum).
         """
-        self.await_weights("tok_embeddings")
         weight = self.tok_embeddings.weight
         return weight if self.compute_dtype is None else cast_copy(weight, self.compute_dtype)
 
@@ -304,15 +295,13 @@ class Transformer(nn.Module):
             mask = build_document_mask(documents)
         rope: torch.Tensor = self.rope if positions is None else self.rope[:, positions]
         extra = () if mask is None else (mask,)
-        for key, block in self.layers.items():
-            self.await_weights(f"layers.{key}")
+        for block in self.layers.values():
             if self.recast_blocks and self.compute_dtype is not None:
                 h = call_recast(block, self.compute_dtype, h, rope, *extra)
             elif self.cast_blocks and self.compute_dtype is not None:
                 h = call_cast(block, self.compute_dtype, h, rope, *extra)
             else:
                 h = block(h, rope, *extra)
-        self.await_weights("norm")
         out: torch.Tensor = self.norm(h)
         return out
 
@@ -327,8 +316,6 @@ class Transformer(nn.Module):
         h = self.hidden_states(tokens, positions, documents, embedding)
         if labels is None:
             return h
-        if self.output is not None:
-            self.await_weights("output")
         head = embedding if self.output is None else self.output_copy(h.dtype)
         return self.loss_fn(h.reshape(-1, h.shape[-1]), head, labels.reshape(-1), self.loss_chunk_tokens)
 

@@ -79,12 +79,6 @@ class Tuning:
     # bf16) nor with the separate foreach clip (it would scale the gradients in bf16): there the
     # gradients stay fp32, and the trainer logs one warning naming why (as it does under AC and fp32 compute).
     bf16_gradients: bool = False
-    # Single-device path: the optimizer step queued block by block on a second CUDA stream, in the order
-    # the forward reads the weights, so that the next step's forward runs beside the later blocks' updates
-    # (loop/overlap.py; on the CPU the same blocks are stepped in line). The same kernels on the same
-    # tensors: the weights are the same bit for bit, only when they are updated changes. Not yet
-    # measured on a GPU, so off.
-    overlap_optimizer: bool = False
     # SDPA's kernel order for causal attention (ATTENTION_BACKENDS); last-bit differences only.
     attention: str = "default"
     # Python's cyclic garbage collector off while training, a generation-1 collection every
