@@ -614,6 +614,12 @@ def worker(cfg: Config, out: Path) -> None:
 
     runtime = Runtime.from_env()
     rec = Record(cfg.name, asdict(cfg), "error")
+    if str(REPO) not in sys.path:  # run as a script: the repository's benchmarks package
+        sys.path.append(str(REPO))
+    from benchmarks import memory_snapshot
+
+    # BTJ_BENCH_MEMORY_SNAPSHOT: the allocator's history from before the model is built (memory_snapshot.py)
+    snapshots = memory_snapshot.start() if cfg.kind == "train" and runtime.rank == 0 else None
     try:
         if cfg.kind == "check":
             rec = _check(out)
@@ -674,6 +680,10 @@ def worker(cfg: Config, out: Path) -> None:
         rec.status = "error"
         rec.detail = f"{type(err).__name__}: {err}"[:600] + " | " + traceback.format_exc()[-1500:]
     finally:
+        try:
+            memory_snapshot.dump(snapshots, cfg.name)
+        except Exception as err:  # the record matters more than its snapshot
+            rec.detail = f"{rec.detail} | memory snapshot not written: {type(err).__name__}: {err}"[:900]
         if runtime.rank == 0:
             (out / "record.json").write_text(json.dumps(asdict(rec)))
         sys.stdout.flush()
