@@ -192,3 +192,22 @@ def test_trainer_h200_te_runs_keep_fsdp2_on_one_rank(tmp_path: Path) -> None:
     te = [r for r in records if r.candidate.precision_recipe.value not in ("none", "torchao-tensorwise")]
     assert te and not any(r.single_device_path for r in te)
     assert all(r.single_device_path for r in records if r.gpus == 1 and r not in te)
+
+
+def test_records_name_the_gpu_their_file_ran_on(tmp_path: Path) -> None:
+    """An H100 side by side imports as H100 records (the instance the H100 grid records use), a file that
+    names no device as the H200 every such file ran on, and a GPU the catalog does not know is refused."""
+    from blackwell_operator.calibrate.importers import H200_INSTANCE, from_result_file
+
+    h100 = from_result_file(RESULTS / "titan_side_by_side_h100.json")
+    assert h100 and {r.instance_type for r in h100} == {"ml.p5.48xlarge"}
+    assert {r.gpu_name for r in h100} == {"NVIDIA H100 80GB HBM3"}
+    data = json.loads((RESULTS / "titan_side_by_side_h100.json").read_text())
+    path = tmp_path / "side_by_side.json"
+    del data["meta"]["device"]
+    path.write_text(json.dumps(data))
+    assert {r.instance_type for r in from_result_file(path)} == {H200_INSTANCE}
+    data["meta"]["device"] = "NVIDIA A100-SXM4-80GB, 550.54.15, 81920 MiB"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"meta.device 'NVIDIA A100-SXM4-80GB' names none of the catalog"):
+        from_result_file(path)

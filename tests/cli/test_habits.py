@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -118,6 +119,17 @@ def test_calibrate_import_on_bad_input_is_one_line(tmp_path: Path, content: byte
     assert result.exit_code == 2 and "Traceback" not in result.output
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: SOURCE: ") and expected in line, line
+
+
+def test_calibrate_import_of_a_result_from_an_unknown_gpu_names_the_field_and_the_fix(tmp_path: Path) -> None:
+    source = tmp_path / "titan_side_by_side.json"
+    meta = {"device": "NVIDIA A100-SXM4-80GB, 550.54.15, 81920 MiB", "sequence_length": 4096}
+    source.write_text(json.dumps({"meta": meta, "rows": []}))
+    result = runner.invoke(app, ["calibrate", "import", str(source), "-o", str(tmp_path / "r.jsonl")])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: SOURCE: ") and "meta.device 'NVIDIA A100-SXM4-80GB'" in line, line
+    assert "Fix: " in line and not (tmp_path / "r.jsonl").exists()
 
 
 def test_run_without_a_cluster_ends_with_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

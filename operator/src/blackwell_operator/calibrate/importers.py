@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import yaml
 
 from blackwell_operator.calibrate.grid import grid_candidate
 from blackwell_operator.calibrate.records import CalibrationRecord, RecordStatus, Versions
-from blackwell_operator.catalogs import resolve_model
+from blackwell_operator.catalogs import list_gpus, list_instances, resolve_model
 from blackwell_operator.models.spec import ModelSpec
 from blackwell_operator.units import GIB
 from blackwell_trainer.plan.config import (
@@ -55,6 +56,34 @@ NON_TE_RECIPES = {PrecisionRecipe.NONE, PrecisionRecipe.TORCHAO_TENSORWISE, Prec
 # What trainer_h200.py wrote as trainer_tuning when BTJ_TRAINER_TUNING was unset: the defaults of whichever
 # trainer ran, which say nothing of the path (the default changed on 2026-12-02).
 UNNAMED_TUNING = "the trainer's defaults"
+
+
+class UnknownDeviceError(ValueError):
+    """A result file measured on a GPU the catalogs do not know."""
+
+
+def instance_of(meta: dict[str, Any], path: str | Path) -> str:
+    """The instance type of the GPU a result file ran on, from its ``meta.device`` (nvidia-smi's name first).
+
+    H200_INSTANCE where the file names no device (the result files from before it was recorded all ran on
+    one H200) or names an H200; otherwise the catalog's first instance of the named GPU (an H100:
+    ml.p5.48xlarge, as the calibration harness records it). A device the catalog does not know is refused:
+    a record planned on another GPU's figures would move that GPU's fit without a word.
+    """
+    device = str(meta.get("device", "")).split(",")[0].strip()
+    if not device:
+        return H200_INSTANCE
+    for gpu in list_gpus():
+        if re.search(rf"\b{re.escape(gpu.name)}\b", device):
+            if gpu.name == "H200":
+                return H200_INSTANCE
+            return next(i.instance_type for i in list_instances() if i.gpu == gpu.name)
+    known = ", ".join(g.name for g in list_gpus())
+    raise UnknownDeviceError(
+        f"{path}: meta.device {device!r} names none of the catalog's GPUs ({known}), so its records would "
+        "have no GPU to be predicted on. Fix: import results measured on one of them, or add the GPU and an "
+        "instance to the catalogs (operator/src/blackwell_operator/catalogs/data)"
+    )
 
 
 def _bytes(gib: float | None) -> int | None:
@@ -154,6 +183,7 @@ def from_trainer_h200(path: str | Path) -> list[CalibrationRecord]:
     """
     data: dict[str, Any] = json.loads(Path(path).read_text())
     meta: dict[str, Any] = data.get("meta", {})
+    instance = instance_of(meta, path)
     seq = int(meta.get("sequence_length", 4096))
     versions = Versions(
         torch=meta.get("torch"),
@@ -189,7 +219,7 @@ def from_trainer_h200(path: str | Path) -> list[CalibrationRecord]:
                 single_device_path=trainer_h200_single_device(meta, gpus, recipe),
                 model_name=name,
                 architecture=arch,
-                instance_type=H200_INSTANCE,
+                instance_type=instance,
                 gpus_per_node=gpus,
                 sequence_length=seq,
                 candidate=Candidate(
@@ -237,8 +267,9 @@ def _one_gpu_record(
     single_device: bool,
     meta: dict[str, Any],
     versions: Versions,
+    instance_type: str,
 ) -> CalibrationRecord:
-    """One run of this trainer on one H200 at the config's micro-batch (no accumulation)."""
+    """One run of this trainer on one GPU of ``instance_type``, one micro-batch a step."""
     name, arch = _untied(str(cfg["model"]))
     times = [float(t) for t in run.get("step_seconds") or []]
     losses = [float(v) for v in run.get("losses") or []]
@@ -249,7 +280,7 @@ def _one_gpu_record(
         single_device_path=single_device,
         model_name=name,
         architecture=arch,
-        instance_type=H200_INSTANCE,
+        instance_type=instance_type,
         gpus_per_node=1,
         sequence_length=int(meta.get("sequence_length", 4096)),
         candidate=Candidate(
@@ -299,6 +330,7 @@ def from_trainer_ab_h200(path: str | Path) -> list[CalibrationRecord]:
     """Records of a ``benchmarks/trainer_ab_h200.py`` result: each path's run with the default switches."""
     data: dict[str, Any] = json.loads(Path(path).read_text())
     meta: dict[str, Any] = data.get("meta", {})
+    instance = instance_of(meta, path)  # refused here, whatever the rows
     versions = Versions(
         torch=meta.get("torch"), cuda=meta.get("cuda"), torchao=meta.get("torchao"), triton=meta.get("triton")
     )
@@ -321,6 +353,7 @@ def from_trainer_ab_h200(path: str | Path) -> list[CalibrationRecord]:
                 single_device=single,
                 meta=meta,
                 versions=versions,
+                instance_type=instance,
             )
         )
     return out
@@ -335,6 +368,7 @@ def from_titan_h200(path: str | Path) -> list[CalibrationRecord]:
     """
     data: dict[str, Any] = json.loads(Path(path).read_text())
     meta: dict[str, Any] = data.get("meta", {})
+    instance = instance_of(meta, path)  # refused here, whatever the rows
     found: dict[str, Any] = meta.get("versions") or {}
     versions = Versions(
         python=meta.get("python"),
@@ -359,6 +393,7 @@ def from_titan_h200(path: str | Path) -> list[CalibrationRecord]:
                 single_device=bool(ours.get("single_device", tuned)),
                 meta=meta,
                 versions=versions,
+                instance_type=instance,
             )
         )
     return out

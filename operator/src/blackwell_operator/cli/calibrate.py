@@ -87,7 +87,11 @@ def import_records(
     output: Annotated[Path, typer.Option("-o", "--output", help="JSON Lines file to write.")],
 ) -> None:
     """Convert earlier measurements (reference grid YAML, benchmark JSON) into calibration records."""
-    from blackwell_operator.calibrate.importers import from_reference_grid, from_result_file
+    from blackwell_operator.calibrate.importers import (
+        UnknownDeviceError,
+        from_reference_grid,
+        from_result_file,
+    )
     from blackwell_operator.calibrate.records import write_records
 
     if not source.is_file():
@@ -96,6 +100,8 @@ def import_records(
         records = from_result_file(source) if source.suffix == ".json" else from_reference_grid(source)
     except yaml.YAMLError as err:
         fail(f"SOURCE: {source} is not valid YAML ({yaml_problem(err)})")
+    except UnknownDeviceError as err:
+        fail(f"SOURCE: {err}")
     except (KeyError, ValueError, TypeError, AttributeError, OSError) as err:  # JSON errors are ValueErrors
         fail(f"SOURCE: {source} is neither a reference grid nor a trainer benchmark result ({err!r:.200})")
     write_records(output, records)
