@@ -211,3 +211,16 @@ def test_records_name_the_gpu_their_file_ran_on(tmp_path: Path) -> None:
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match=r"meta.device 'NVIDIA A100-SXM4-80GB' names none of the catalog"):
         from_result_file(path)
+
+
+def test_a_side_by_side_keeps_the_default_trainers_rows_at_the_chunks_plans_run() -> None:
+    """Rows with switches (``ours-...+key=value``) are variants the planner does not model and stay out;
+    rows at the 4,096-token chunk every plan runs since 2026-12-07 come in with it (predict.as_ran)."""
+    from blackwell_operator.calibrate.importers import from_result_file
+
+    graphs = from_result_file(RESULTS / "titan_h100_20261207_cudagraphs" / "titan_side_by_side_h100.json")
+    # 8 rows, 3 of them the defaults (their median steps); CUDA graphs, max-autotune, bf16 gradients left out
+    assert [round(r.tokens_per_second_per_gpu or 0) for r in graphs] == [22058, 25912, 58771]
+    night = from_result_file(RESULTS / "titan_h100_20261207_pool" / "titan_side_by_side_h100.json")
+    assert [r.candidate.loss_chunk_tokens for r in night] == [4096, 4096, 4096]
+    assert [round(r.tokens_per_second_per_gpu or 0) for r in night] == [22094, 59563, 26258]

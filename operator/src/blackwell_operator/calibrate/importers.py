@@ -40,6 +40,10 @@ REFERENCE_TORCH = "2.11.0+cu130"
 # The loss chunk the benchmark records ran (benchmarks/trainer_h200.py's Config.loss_chunk): the btj-trainer
 # profile's trainer.loss_chunk_tokens until 2026-12-07 (4,096 since; records keep theirs, predict.as_ran).
 TRAINER_LOSS_CHUNK = 8192
+# The chunks a profile of this trainer has planned (8,192 until 2026-12-07, 4,096 since; the side by side
+# runs the profile's since then): records at either are the trainer's own configuration, predicted with the
+# chunk they ran (predict.as_ran). Other chunks (0: full fp32 logits) were variants measured beside them.
+PLANNED_LOSS_CHUNKS = frozenset({8192, 4096})
 TRAINER_H200_PRESETS = {"1b": "llama3.2-1b", "3b": "llama3.2-3b", "8b": "llama3.1-8b"}
 # The untied shapes trainer_ab_h200.py and titan_h200.py run (torchtitan's llama3 ties nothing): the preset
 # with its own output projection (benchmarks/trainer_h200.py SHAPES; tests hold the counts equal).
@@ -201,10 +205,12 @@ def from_trainer_h200(path: str | Path) -> list[CalibrationRecord]:
         if cfg.get("sdpa", "default") != "default" or status not in {s.value for s in RecordStatus}:
             continue
         chunk = int(cfg.get("loss_chunk", TRAINER_LOSS_CHUNK))
-        if status == RecordStatus.SKIPPED or chunk != TRAINER_LOSS_CHUNK:
-            continue  # the planner models the trainer's one loss chunk size, not variants of it
+        if status == RecordStatus.SKIPPED or chunk not in PLANNED_LOSS_CHUNKS:
+            continue  # the chunks plans run, not variants of them
         if cfg.get("docmask", 0):
             continue  # packed documents under a mask: attention the records cannot describe
+        if cfg.get("tuning"):
+            continue  # a run with its own switches (Config.tuning), not the trainer the planner models
         preset = TRAINER_H200_PRESETS[cfg["model"]]
         name, arch = resolve_model(ModelSpec(preset=preset))
         gpus = int(cfg.get("gpus", 1))
@@ -313,16 +319,17 @@ def _one_gpu_record(
 
 
 def _usable_one_gpu_run(cfg: dict[str, Any], status: str) -> bool:
-    """A completed training run of an untied shape with the trainer's own loss chunk and attention."""
+    """A completed training run of an untied shape with a loss chunk plans run and the trainer's attention."""
     return (
         status == RecordStatus.OK
         and cfg.get("kind", "train") == "train"
         and cfg.get("model") in UNTIED_PRESETS
         and int(cfg.get("gpus", 1)) == 1
         and cfg.get("sdpa", "default") == "default"
-        and int(cfg.get("loss_chunk", TRAINER_LOSS_CHUNK)) == TRAINER_LOSS_CHUNK
+        and int(cfg.get("loss_chunk", TRAINER_LOSS_CHUNK)) in PLANNED_LOSS_CHUNKS
         and not cfg.get("profile", False)  # the profiler's own overhead is in its step times
         and not cfg.get("docmask", 0)
+        and not cfg.get("tuning")  # a row with switches (``ours-...+key=value``) is not the default trainer
     )
 
 
