@@ -10,7 +10,7 @@ import torch
 from benchmarks import memory_snapshot
 from benchmarks.memory_snapshot import ENV, summarise
 
-GIB = 2**30
+from blackwell_operator.units import GIB
 
 
 def _event(action: str, size: float, *, stream: int = 0, where: str = "") -> dict[str, object]:
