@@ -202,15 +202,10 @@ def from_trainer_h200(path: str | Path) -> list[CalibrationRecord]:
         status = str(rec.get("status"))
         if cfg.get("kind", "train") != "train" or cfg.get("model") not in TRAINER_H200_PRESETS:
             continue
-        if cfg.get("sdpa", "default") != "default" or status not in {s.value for s in RecordStatus}:
+        if status not in {s.value for s in RecordStatus} or status == RecordStatus.SKIPPED:
             continue
-        chunk = int(cfg.get("loss_chunk", TRAINER_LOSS_CHUNK))
-        if status == RecordStatus.SKIPPED or chunk not in PLANNED_LOSS_CHUNKS:
-            continue  # the chunks plans run, not variants of them
-        if cfg.get("docmask", 0):
-            continue  # packed documents under a mask: attention the records cannot describe
-        if cfg.get("tuning"):
-            continue  # a run with its own switches (Config.tuning), not the trainer the planner models
+        if not _as_plans_run(cfg):
+            continue
         preset = TRAINER_H200_PRESETS[cfg["model"]]
         name, arch = resolve_model(ModelSpec(preset=preset))
         gpus = int(cfg.get("gpus", 1))
@@ -238,7 +233,7 @@ def from_trainer_h200(path: str | Path) -> list[CalibrationRecord]:
                     shard_degree=gpus,
                     replicate_degree=1,
                     compile=bool(cfg.get("compile", True)),
-                    loss_chunk_tokens=int(cfg.get("loss_chunk", 8192)),
+                    loss_chunk_tokens=int(cfg.get("loss_chunk", TRAINER_LOSS_CHUNK)),
                 ),
                 status=RecordStatus(status),
                 tokens_per_second_per_gpu=rec.get("tokens_per_s_per_gpu") if ok else None,
@@ -318,18 +313,28 @@ def _one_gpu_record(
     )
 
 
+def _as_plans_run(cfg: dict[str, Any]) -> bool:
+    """A benchmark configuration of the trainer the planner models: torch's attention order, a loss chunk
+    plans run (not a variant measured beside them), causal attention over whole rows (a document mask is
+    attention the records cannot describe), and no switches of its own (``Config.tuning``, a side by side's
+    ``ours-...+key=value``)."""
+    return (
+        cfg.get("sdpa", "default") == "default"
+        and int(cfg.get("loss_chunk", TRAINER_LOSS_CHUNK)) in PLANNED_LOSS_CHUNKS
+        and not cfg.get("docmask", 0)
+        and not cfg.get("tuning")
+    )
+
+
 def _usable_one_gpu_run(cfg: dict[str, Any], status: str) -> bool:
-    """A completed training run of an untied shape with a loss chunk plans run and the trainer's attention."""
+    """A completed training run of an untied shape on one GPU, as plans run it."""
     return (
         status == RecordStatus.OK
         and cfg.get("kind", "train") == "train"
         and cfg.get("model") in UNTIED_PRESETS
         and int(cfg.get("gpus", 1)) == 1
-        and cfg.get("sdpa", "default") == "default"
-        and int(cfg.get("loss_chunk", TRAINER_LOSS_CHUNK)) in PLANNED_LOSS_CHUNKS
         and not cfg.get("profile", False)  # the profiler's own overhead is in its step times
-        and not cfg.get("docmask", 0)
-        and not cfg.get("tuning")  # a row with switches (``ours-...+key=value``) is not the default trainer
+        and _as_plans_run(cfg)
     )
 
 
