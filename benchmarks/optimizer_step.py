@@ -12,7 +12,8 @@ This times, on synthetic tensors of the Llama-3.2 shapes (untied), what each ste
 - ``compiled_fp32`` / ``compiled_bf16``: the trainer's one-tensor update (``loop.optimizer.adamw_one``)
   over every tensor, compiled by torch.compile as one graph, reading fp32 or bf16 gradients;
 - ``trainer_bf16``: the trainer's own ``AdamW`` step over fp32 weights whose gradients are bf16 (the
-  ``bf16_gradients`` switch): that update compiled once and called per tensor.
+  ``bf16_gradients`` switch): that update compiled once and called per tensor;
+- ``trainer_fp32``: the same step over fp32 gradients (the ``compiled_update`` switch).
 
 and how far the compiled updates' weights are from the fused kernel's after a few steps:
 
@@ -109,21 +110,24 @@ def fused_with_bf16_gradients(
 
 def trainer_step(
     params: list[torch.Tensor],
-    grads16: list[torch.Tensor],
+    grads: list[torch.Tensor],
     decays: list[float],
     fused_params: list[torch.Tensor],
 ) -> tuple[float, float, float]:
-    """The trainer's AdamW over weights with bf16 gradients: seconds of its first (compiling) step,
-    milliseconds a step after it, and its distance from the fused kernel's weights."""
+    """The trainer's AdamW over weights with bf16 gradients (``bf16_gradients``) or, given fp32 ones, with
+    ``compile_all`` (``compiled_update``): seconds of its first (compiling) step, milliseconds a step
+    after it, and its distance from the fused kernel's weights."""
     leaves = [torch.nn.Parameter(p.clone()) for p in params]
-    for leaf, grad in zip(leaves, grads16, strict=True):
-        leaf.grad_dtype = grad.dtype
+    for leaf, grad in zip(leaves, grads, strict=True):
+        if grad.dtype != leaf.dtype:
+            leaf.grad_dtype = grad.dtype
         leaf.grad = grad
     groups = [
         {"params": [p for p, d in zip(leaves, decays, strict=True) if d], "weight_decay": WEIGHT_DECAY},
         {"params": [p for p, d in zip(leaves, decays, strict=True) if not d], "weight_decay": 0.0},
     ]
     opt = AdamW(groups, lr=LR, betas=BETAS, eps=EPS, fused=True)
+    opt.compile_all = grads[0].dtype == params[0].dtype
     opt.grad_scale = torch.tensor(1.0, device=params[0].device)
     begin = time.perf_counter()
     opt.step()
@@ -208,9 +212,8 @@ def measure(model: str) -> dict[str, Any]:
             for a, b in zip(state, fused_params, strict=True)
         )
         del state, avgs, sqs
-    ms["trainer_bf16_compile_s"], ms["trainer_bf16"], distances["trainer_bf16"] = trainer_step(
-        params, grads16, decays, fused_params
-    )
+    for name, grads in (("trainer_bf16", grads16), ("trainer_fp32", grads32)):
+        ms[f"{name}_compile_s"], ms[name], distances[name] = trainer_step(params, grads, decays, fused_params)
     bytes_fp32, bytes_bf16 = 28 * count, 26 * count  # read p, g, m, v; write p, m, v
     return {
         "model": model,
@@ -221,6 +224,7 @@ def measure(model: str) -> dict[str, Any]:
             "compiled_fp32": round(bytes_fp32 / ms["compiled_fp32"] / 1e6, 0),
             "compiled_bf16": round(bytes_bf16 / ms["compiled_bf16"] / 1e6, 0),
             "trainer_bf16": round(bytes_bf16 / ms["trainer_bf16"] / 1e6, 0),
+            "trainer_fp32": round(bytes_fp32 / ms["trainer_fp32"] / 1e6, 0),
         },
         "note": "distance: after 13 steps on the same gradients each, the largest difference from the fused "
         "kernel's weights per tensor, relative to that tensor's largest weight",

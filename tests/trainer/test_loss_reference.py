@@ -36,8 +36,9 @@ def test_the_trainer_trains_the_reference_losses(compute: str) -> None:
         Tuning(clip_in_optimizer=False),
         Tuning(single_device="fsdp"),
         Tuning(fuse_projections=True),
+        Tuning(compiled_update=True),
     ],
-    ids=["parameter-check", "manual-gc", "separate-clip", "fsdp2", "fused-projections"],
+    ids=["parameter-check", "manual-gc", "separate-clip", "fsdp2", "fused-projections", "compiled-update"],
 )
 def test_a_switch_documented_as_numerics_neutral_keeps_the_reference_losses(switch: Tuning) -> None:
     got = reference.losses("fp32", switch)
@@ -46,8 +47,8 @@ def test_a_switch_documented_as_numerics_neutral_keeps_the_reference_losses(swit
 
 @pytest.mark.parametrize(
     "switch",
-    [Tuning(fuse_projections=True), Tuning(recast_blocks=True)],
-    ids=["fused-projections", "recast-blocks"],
+    [Tuning(fuse_projections=True), Tuning(recast_blocks=True), Tuning(compiled_update=True)],
+    ids=["fused-projections", "recast-blocks", "compiled-update"],
 )
 def test_a_bf16_switch_documented_as_the_same_products_keeps_the_bf16_reference(switch: Tuning) -> None:
     got = reference.losses("bf16", switch)

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from blackwell_trainer.plan.config import Plan
 
@@ -77,6 +78,11 @@ def _holds_narrow_grad(param: torch.Tensor) -> bool:
     return param.grad is not None and param.grad.dtype != param.dtype
 
 
+def _holds_plain_grad(param: torch.Tensor) -> bool:
+    """A parameter whose gradient of this step is a whole tensor (not an FSDP2 shard, a DTensor)."""
+    return param.grad is not None and not isinstance(param.grad, DTensor)
+
+
 def gradient_norm(grads: list[torch.Tensor], *, foreach: bool) -> torch.Tensor:
     """The gradients' total 2-norm. With bf16 gradients (``bf16_gradients``) each tensor's norm is taken in
     fp32 (torch's would round it to bf16, and the clip would follow); torch's own function otherwise."""
@@ -94,8 +100,10 @@ def gradient_norm(grads: list[torch.Tensor], *, foreach: bool) -> torch.Tensor:
 class AdamW(torch.optim.AdamW):
     """torch's AdamW, also over fp32 parameters whose gradients are kept in bf16 (``grad_dtype``, the
     ``bf16_gradients`` switch), which torch's kernels refuse: those are updated by ``adamw_one``, compiled
-    once on CUDA (flat views, dynamic shapes: one graph for every tensor). Their state is torch's own
-    (``step``, ``exp_avg``, ``exp_avg_sq``, as the fused kernel keeps it), so checkpoints do not change.
+    once on CUDA (flat views, dynamic shapes: one graph for every tensor). With ``compile_all`` (the
+    ``compiled_update`` switch) every parameter holding a whole-tensor gradient is updated that way too.
+    Their state is torch's own (``step``, ``exp_avg``, ``exp_avg_sq``, as the fused kernel keeps it), so
+    checkpoints do not change.
 
     ``grad_scale`` (the clip's 1/coefficient, trainer.py) is honoured on every path: inside the kernels
     where they take it, a division of the fp32 gradients first where torch's unfused kernels do not.
@@ -104,6 +112,7 @@ class AdamW(torch.optim.AdamW):
     _narrow_update: Callable[..., None] | None = None
     compile_on_cpu = False  # a test compiles it on the CPU as on CUDA
     grad_scale: torch.Tensor | None = None
+    compile_all = False  # the compiled_update switch (tuning.py); FSDP2's DTensor shards stay torch's
 
     def __init__(self, params: Any, **kwargs: Any) -> None:
         super().__init__(params, **kwargs)
@@ -123,10 +132,20 @@ class AdamW(torch.optim.AdamW):
         clip's ``grad_scale`` themselves."""
         return all(group.get("fused") for group in self.param_groups)
 
+    @property
+    def takes_grad_scale(self) -> bool:
+        """Whether every update honours ``grad_scale`` in its own kernel (fused, or ``compile_all``)."""
+        return self.fused or self.compile_all
+
+    def _compiled(self, param: torch.Tensor) -> bool:
+        """Whether this step updates ``param`` with ``adamw_one`` rather than torch's kernels."""
+        return _holds_narrow_grad(param) or (self.compile_all and _holds_plain_grad(param))
+
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
-        # Per group, the parameters holding a bf16 gradient: torch's step must not see them.
-        narrow = [[p for p in group["params"] if _holds_narrow_grad(p)] for group in self.param_groups]
+        # Per group, the parameters adamw_one updates (bf16 gradients, or all with compile_all): torch's
+        # step must not see them.
+        narrow = [[p for p in group["params"] if self._compiled(p)] for group in self.param_groups]
         grads: list[list[torch.Tensor]] = [
             [p.grad for p in params if p.grad is not None] for params in narrow
         ]
@@ -158,7 +177,7 @@ class AdamW(torch.optim.AdamW):
         grads: list[torch.Tensor],
         scale: torch.Tensor | None,
     ) -> None:
-        """``adamw_one`` over one group's parameters that hold bf16 gradients (``grads``, theirs)."""
+        """``adamw_one`` over one group's parameters that it updates (``grads``, theirs: bf16 or fp32)."""
         group = self.param_groups[index]
         # A device tensor filled in place: a new tensor from a Python float would copy from the host
         # and wait for the GPU, and a float baked into the compiled graph would recompile each step.

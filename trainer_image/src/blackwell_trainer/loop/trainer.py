@@ -79,6 +79,8 @@ class Trainer:
         )
         self.precision = self._parallelize(compute_dtype, gathers_fp8)
         self.optimizer = build_optimizer(self.model, plan, runtime.device)
+        # The compiled update over whole-tensor gradients (tuning.py); FSDP2's shards keep torch's kernel.
+        self.optimizer.compile_all = self.tuning.compiled_update and self.single_device
         self.step_index = 0
         self.scan = ParameterScan()  # the run's loop names the steps whose state it writes
         self.flops_per_token = flops_per_token(plan.architecture, plan.sequence_length)
@@ -224,7 +226,7 @@ class Trainer:
         """Clip (or only measure) the gradient norm, step and zero the gradients; the norm before clipping."""
         clip = self.plan.optimizer.grad_clip_norm
         # bf16 gradients are always clipped inside the step (a foreach clip would scale them in bf16).
-        in_kernel = self.optimizer.fused or self.model.cast_blocks
+        in_kernel = self.optimizer.takes_grad_scale or self.model.cast_blocks
         in_step = clip > 0 and self.tuning.clip_in_optimizer and in_kernel
         if clip > 0 and not in_step:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip, foreach=foreach)

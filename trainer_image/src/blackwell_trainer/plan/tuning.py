@@ -79,6 +79,14 @@ class Tuning:
     # bf16) nor with the separate foreach clip (it would scale the gradients in bf16): there the
     # gradients stay fp32, and the trainer logs one warning naming why (as it does under AC and fp32 compute).
     bf16_gradients: bool = False
+    # Single-device path: the AdamW update of the fp32 gradients too is the compiled one-tensor kernel
+    # that bf16_gradients uses (optimizer.adamw_one), instead of torch's fused kernel. With the clip's
+    # grad_scale the fused kernel also writes every unscaled gradient back (32 bytes a parameter, where
+    # the update needs 28). At the optimizer's own shapes on one H100 (1.5B parameters, 2026-12-07,
+    # benchmarks/results/optimizer_step_1b_h100.json) the fused kernel took 18.7 ms a step and the
+    # compiled update over fp32 gradients 15.4 ms, weights within 1e-6 (relative) after 13 steps. The
+    # same formula; last-bit differences. Off until a training step on a GPU has measured it.
+    compiled_update: bool = False
     # SDPA's kernel order for causal attention (ATTENTION_BACKENDS); last-bit differences only.
     attention: str = "default"
     # Python's cyclic garbage collector off while training, a generation-1 collection every
