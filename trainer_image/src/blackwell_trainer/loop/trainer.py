@@ -115,6 +115,7 @@ class Trainer:
             fuse_projections=self.tuning.fuse_projections,
             recast_blocks=self.tuning.recast_blocks,
             bf16_gradients=self.tuning.bf16_gradients and blocked is None,
+            fp32_weight_gradients=self.tuning.fp32_weight_gradients,
             attention=self.tuning.attention,
         )
 

@@ -25,6 +25,7 @@ from blackwell_trainer.model.document_mask import (
 )
 from blackwell_trainer.model.loss import LossFn, chunked_cross_entropy
 from blackwell_trainer.model.recast import call_cast, call_recast, cast_copy
+from blackwell_trainer.model.wide_grad import wide_linear
 from blackwell_trainer.plan.config import Architecture, RopeScaling
 
 
@@ -104,7 +105,14 @@ class Linear(nn.Linear):
     Under torch.compile the cast is part of the block's graph.
     """
 
+    # Set by parallelize.apply_fp32_weight_gradients: None, autograd's cast of the bf16 weight gradient;
+    # else the weight gradient comes from its GEMM in fp32 (wide_grad.py), and this says whether the bf16
+    # copy is kept for backward (true) or the fp32 parameter is cast again there.
+    wide_keep: bool | None = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.wide_keep is not None and self.bias is None and self.weight.dtype != x.dtype:
+            return wide_linear(x, self.weight, keep=self.wide_keep)
         bias = None if self.bias is None else self.bias.to(x.dtype)
         return F.linear(x, self.weight.to(x.dtype), bias)
 

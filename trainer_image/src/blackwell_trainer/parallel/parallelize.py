@@ -17,11 +17,13 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 from blackwell_trainer.model.transformer import (
     Attention,
     FeedForward,
+    Linear,
     Transformer,
     can_fuse,
     causal_attention,
     ordered_attention,
 )
+from blackwell_trainer.model.wide_grad import mixed_mm_available
 from blackwell_trainer.parallel.precision import PrecisionSetup, apply_precision
 from blackwell_trainer.plan.config import ActivationCheckpointing, Candidate, Sharding, keeps_gathered_weights
 
@@ -141,6 +143,31 @@ def apply_bf16_gradients(model: Transformer) -> int:
     return len(matrices)
 
 
+def fp32_weight_gradients_blocked(
+    model: Transformer, activation_checkpointing: ActivationCheckpointing, *, bf16_gradients: bool
+) -> str | None:
+    """Why the block matrices' weight gradients cannot come from their GEMMs in fp32 here, or None."""
+    if model.compute_dtype is None:
+        return "the blocks compute in their parameters' own dtype"
+    if bf16_gradients:
+        return "bf16_gradients keeps them in bf16"
+    if activation_checkpointing == ActivationCheckpointing.SELECTIVE:
+        return "selective AC's policy does not see the matmul it would run"
+    return None
+
+
+def apply_fp32_weight_gradients(model: Transformer, *, keep: bool) -> int:
+    """Every block's own Linear (not a float8 or TE replacement) takes its weight gradient in fp32 from its
+    GEMM (model/wide_grad.py), keeping the bf16 copy for backward (``keep``) or its fp32 parameter. The
+    number of Linears changed."""
+    changed = 0
+    for module in model.layers.modules():
+        if type(module) is Linear and module.bias is None:
+            module.wide_keep = keep
+            changed += 1
+    return changed
+
+
 def apply_attention_backend(model: Transformer, backend: str) -> int:
     """Every block's causal attention with SDPA's kernels in ``backend``'s order (model.ordered_attention);
     context parallelism's own attention is left alone. The number of blocks changed."""
@@ -153,6 +180,25 @@ def apply_attention_backend(model: Transformer, backend: str) -> int:
             module.attend = attend
             changed += 1
     return changed
+
+
+def _wide_weight_gradients(
+    model: Transformer, ac: ActivationCheckpointing, device: torch.device, bf16_gradients: bool
+) -> None:
+    """``fp32_weight_gradients`` on the single-device path where it can act; one log line either way."""
+    blocked = fp32_weight_gradients_blocked(model, ac, bf16_gradients=bf16_gradients)
+    blocked = blocked or mixed_mm_available(device)
+    if blocked:
+        log.warning("fp32_weight_gradients off: %s; autograd casts the bf16 weight gradients", blocked)
+        return
+    # Where recast_blocks would free each block's bf16 copies after forward, the op saves the fp32
+    # parameter instead and casts again in backward: the same memory, so it takes recast's place.
+    keep = not model.recast_blocks
+    model.recast_blocks = False
+    changed = apply_fp32_weight_gradients(model, keep=keep)
+    saved = "its bf16 copy" if keep else "its fp32 parameter, cast again in backward"
+    log.info("fp32_weight_gradients: %d block matrices take fp32 gradients from their GEMMs, saving %s",
+             changed, saved)  # fmt: skip
 
 
 def validate_layout(candidate: Candidate, world_size: int, *, sequence_length: int | None = None) -> None:
@@ -256,6 +302,7 @@ def parallelize(
     fuse_projections: bool = False,
     recast_blocks: bool = False,
     bf16_gradients: bool = False,
+    fp32_weight_gradients: bool = False,
     attention: str = "default",
 ) -> PrecisionSetup:
     """Apply every technique in ONE fixed order, then materialise and initialise the weights.
@@ -268,6 +315,8 @@ def parallelize(
     ``fp8_all_gather``: FSDP2 all-gathers the torchao tensorwise weights as float8 (needs a mesh).
     ``bf16_gradients``: the single-device path keeps the matrices' gradients in bf16 where it computes
     in bf16 without AC (apply_bf16_gradients; the caller has checked accumulation and clipping).
+    ``fp32_weight_gradients``: the single-device path's block Linears take their weight gradients in fp32
+    from their GEMMs (apply_fp32_weight_gradients), unless ``fp32_weight_gradients_blocked`` says why not.
 
     1. precision: swaps nn.Linear for TE / torchao float8 modules. Module swaps go first so that the
        wrappers below wrap the final modules (torchtitan applies its float8 converter before anything).
@@ -304,6 +353,8 @@ def parallelize(
             param_dtype=dtype,
             reshard_after_forward=_should_reshard(model, mesh, device, gpu_memory_bytes),
         )
+        if fp32_weight_gradients:
+            log.warning("fp32_weight_gradients off: FSDP2 hands the blocks bf16 copies of its own")
     else:
         if dtype != torch.float32:
             model.compute_dtype = dtype
@@ -322,6 +373,8 @@ def parallelize(
         if bf16_gradients and not none:
             log.warning("bf16_gradients off: AC recomputes on the fp32 parameters; the gradients stay fp32")
         bf16_gradients = bf16_gradients and none
+        if fp32_weight_gradients:
+            _wide_weight_gradients(model, candidate.activation_checkpointing, device, bf16_gradients)
     model.to_empty(device=device)
     # Same seed on every rank: DTensor's RNG tracker then gives each shard its slice of one global init.
     torch.manual_seed(seed)

@@ -87,6 +87,16 @@ class Tuning:
     # compiled update over fp32 gradients 15.4 ms, weights within 1e-6 (relative) after 13 steps. The
     # same formula; last-bit differences. Off until a training step on a GPU has measured it.
     compiled_update: bool = False
+    # Single-device path, BF16 blocks (this trainer's own Linear, no bias), AC none or full: each block
+    # matrix's weight gradient is written in fp32 by its GEMM (torch.mm's out_dtype; cuBLAS accumulates in
+    # fp32 anyway) instead of in bf16 and then cast to fp32 by autograd (model/wide_grad.py). That removes
+    # a cast kernel per matrix (2 bytes a parameter read, 4 written: 5.1 ms a step for 1.5B parameters on
+    # one H100, benchmarks/results/optimizer_step_1b_h100.json) for 2 more bytes written by the GEMM. What
+    # is kept for backward does not change: the bf16 copy, or the fp32 parameter cast again in backward
+    # where recast_blocks would act. Numerics: the weight gradients are no longer rounded to bf16 before
+    # they are widened (more precise, so not bit-equal). Not with bf16_gradients (which keeps them in
+    # bf16) nor selective AC (its policy does not see the op). Off until a GPU has measured it.
+    fp32_weight_gradients: bool = False
     # SDPA's kernel order for causal attention (ATTENTION_BACKENDS); last-bit differences only.
     attention: str = "default"
     # Python's cyclic garbage collector off while training, a generation-1 collection every
