@@ -172,3 +172,18 @@ def test_a_torch_without_the_fp32_output_gemm_is_named_and_autograd_casts(
         "fp32_weight_gradients off: torch 2.7 has no such mm; autograd casts the bf16 weight gradients"
     ]
     assert all(m.wide_keep is None for m in _block_linears(trainer))
+
+
+def test_the_gpu_check_script_runs_its_comparison_on_the_cpu() -> None:
+    from benchmarks import wide_grad_check
+
+    monkey = wide_grad_check.TOKENS, wide_grad_check.IN, wide_grad_check.OUT
+    try:
+        wide_grad_check.TOKENS, wide_grad_check.IN, wide_grad_check.OUT = 64, 32, 48
+        record = wide_grad_check.check(torch.device("cpu"))
+    finally:
+        wide_grad_check.TOKENS, wide_grad_check.IN, wide_grad_check.OUT = monkey
+    assert record["available"] is None and len(record["rows"]) == 4
+    for row in record["rows"]:
+        assert row["out_equal"] and row["grad_x_equal"] and row["grad_w_dtype"] == "torch.float32"
+        assert row["wide_err"] < 1e-6 < row["plain_err"]  # the widened sum is exact on the CPU

@@ -79,14 +79,16 @@ class Tuning:
     # bf16) nor with the separate foreach clip (it would scale the gradients in bf16): there the
     # gradients stay fp32, and the trainer logs one warning naming why (as it does under AC and fp32 compute).
     bf16_gradients: bool = False
-    # Single-device path: the AdamW update of the fp32 gradients too is the compiled one-tensor kernel
-    # that bf16_gradients uses (optimizer.adamw_one), instead of torch's fused kernel. With the clip's
-    # grad_scale the fused kernel also writes every unscaled gradient back (32 bytes a parameter, where
-    # the update needs 28). At the optimizer's own shapes on one H100 (1.5B parameters, 2026-12-07,
-    # benchmarks/results/optimizer_step_1b_h100.json) the fused kernel took 18.7 ms a step and the
-    # compiled update over fp32 gradients 15.4 ms, weights within 1e-6 (relative) after 13 steps. The
-    # same formula; last-bit differences. Off until a training step on a GPU has measured it.
-    compiled_update: bool = False
+    # Single-device path: AdamW updates the fp32 gradients with the compiled one-tensor kernel that
+    # bf16_gradients uses (optimizer.adamw_one, the clip's scale inside it), not torch's fused kernel,
+    # which with the clip's grad_scale also writes every unscaled gradient back (32 bytes a parameter
+    # where the update needs 28) and ran at 2,246 GB/s against the compiled update's 2,727 (1.5B
+    # parameters, one H100, benchmarks/results/optimizer_step_1b_h100.json). The same formula and
+    # torch's state; last-bit differences (weights within 1e-6 of the fused kernel's, tested). On by
+    # default since one H100 measured it in the side by side (2026-12-07, docs/benchmarks/titan_h100.md):
+    # +2.0% to +2.9% tokens/s at 1B and 3B, BF16 and FP8, the same reserved memory, the first losses
+    # within the run-to-run spread. FSDP2's sharded gradients keep torch's kernel. Off: torch's AdamW.
+    compiled_update: bool = True
     # Single-device path, BF16 blocks (this trainer's own Linear, no bias), AC none or full: each block
     # matrix's weight gradient is written in fp32 by its GEMM (torch.mm's out_dtype; cuBLAS accumulates in
     # fp32 anyway) instead of in bf16 and then cast to fp32 by autograd (model/wide_grad.py). That removes
