@@ -232,6 +232,9 @@ class Record:
     # step to the end of the last timed one): what a peer's tokens/s over a logging window measures.
     window_tokens_per_s: float | None = None
     ab_windows: list[dict[str, Any]] = field(default_factory=list)
+    # The allocator's history was recorded while it ran (BTJ_BENCH_MEMORY_SNAPSHOT, memory_snapshot.py):
+    # every allocation paid for its stack trace, so its step times are no calibration record's.
+    memory_history: bool = False
 
 
 # ----------------------------------------------------------------------------------------------- worker
@@ -680,6 +683,7 @@ def worker(cfg: Config, out: Path) -> None:
         rec.status = "error"
         rec.detail = f"{type(err).__name__}: {err}"[:600] + " | " + traceback.format_exc()[-1500:]
     finally:
+        rec.memory_history = snapshots is not None
         try:
             memory_snapshot.dump(snapshots, cfg.name)
         except Exception as err:  # the record matters more than its snapshot

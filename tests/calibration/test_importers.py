@@ -224,3 +224,18 @@ def test_a_side_by_side_keeps_the_default_trainers_rows_at_the_chunks_plans_run(
     night = from_result_file(RESULTS / "titan_h100_20261207_pool" / "titan_side_by_side_h100.json")
     assert [r.candidate.loss_chunk_tokens for r in night] == [4096, 4096, 4096]
     assert [round(r.tokens_per_second_per_gpu or 0) for r in night] == [22094, 59563, 26258]
+
+
+def test_runs_that_recorded_the_allocators_history_are_not_speed_records(tmp_path: Path) -> None:
+    """A run with BTJ_BENCH_MEMORY_SNAPSHOT paid a stack trace per allocation: its row stays out, whatever
+    else it measured; the same file without the marker imports it."""
+    from blackwell_operator.calibrate.importers import from_result_file
+
+    source = RESULTS / "titan_h100_20261207_late" / "b_snapshot" / "titan_side_by_side_h100.json"
+    assert from_result_file(source) == []  # its one default row ran with the history recorded
+    data = json.loads(source.read_text())
+    for row in data["rows"]:
+        row["ours"]["memory_history"] = False
+    unmarked = tmp_path / "unmarked.json"
+    unmarked.write_text(json.dumps(data))
+    assert [round(r.tokens_per_second_per_gpu or 0) for r in from_result_file(unmarked)] == [22150]

@@ -204,7 +204,7 @@ def from_trainer_h200(path: str | Path) -> list[CalibrationRecord]:
             continue
         if status not in {s.value for s in RecordStatus} or status == RecordStatus.SKIPPED:
             continue
-        if not _as_plans_run(cfg):
+        if not _as_plans_run(cfg) or not _timed_as_run(rec):
             continue
         preset = TRAINER_H200_PRESETS[cfg["model"]]
         name, arch = resolve_model(ModelSpec(preset=preset))
@@ -326,6 +326,12 @@ def _as_plans_run(cfg: dict[str, Any]) -> bool:
     )
 
 
+def _timed_as_run(rec: dict[str, Any]) -> bool:
+    """Not a run whose allocator history was recorded as it ran (``memory_history``, set by
+    benchmarks/trainer_h200.py since 2026-12-07): each allocation paid for its stack trace."""
+    return not rec.get("memory_history", False)
+
+
 def _usable_one_gpu_run(cfg: dict[str, Any], status: str) -> bool:
     """A completed training run of an untied shape on one GPU, as plans run it."""
     return (
@@ -351,6 +357,8 @@ def from_trainer_ab_h200(path: str | Path) -> list[CalibrationRecord]:
         cfg: dict[str, Any] = rec.get("config") or {}
         tuning = str(rec.get("tuning", ""))
         if tuning not in AB_PATHS or not _usable_one_gpu_run(cfg, str(rec.get("status"))):
+            continue
+        if not _timed_as_run(rec):
             continue
         if str(rec.get("name", "")).endswith("-profiled"):
             continue  # it records the allocator history as it runs: not a speed figure (the script says so)
@@ -394,7 +402,7 @@ def from_titan_h200(path: str | Path) -> list[CalibrationRecord]:
     for row in data.get("rows", []):
         ours: dict[str, Any] = row.get("ours") or {}
         cfg: dict[str, Any] = ours.get("config") or {}
-        if not _usable_one_gpu_run(cfg, str(ours.get("status"))):
+        if not _usable_one_gpu_run(cfg, str(ours.get("status"))) or not _timed_as_run(ours):
             continue
         out.append(
             _one_gpu_record(
