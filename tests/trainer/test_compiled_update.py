@@ -127,3 +127,17 @@ def test_a_checkpoint_of_the_compiled_update_loads_into_torch_adamw() -> None:
     for key, saved in state["state"].items():
         assert set(saved) == {"step", "exp_avg", "exp_avg_sq"}
         assert torch.equal(plain.state_dict()["state"][key]["exp_avg"], saved["exp_avg"])
+
+
+def test_a_run_may_switch_between_the_kernels_between_steps() -> None:
+    """Both keep torch's state, so the in-process A/B windows can turn the switch off and on again."""
+    with reference.one_rank_group():
+        switching, through = _trainer(ON, torch.float32), _trainer(ON, torch.float32)
+        batches = reference.reference_batches()
+        expected = [through.step(b).loss for b in batches]
+        got = []
+        for index, batch in enumerate(batches):
+            switching.tuning = ON if index % 2 == 0 else OFF
+            got.append(switching.step(batch).loss)
+            assert switching.optimizer.compile_all == (index % 2 == 0)
+    torch.testing.assert_close(got, expected, rtol=2e-4, atol=0)

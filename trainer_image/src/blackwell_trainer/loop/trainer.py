@@ -79,8 +79,7 @@ class Trainer:
         )
         self.precision = self._parallelize(compute_dtype, gathers_fp8)
         self.optimizer = build_optimizer(self.model, plan, runtime.device)
-        # The compiled update over whole-tensor gradients (tuning.py); FSDP2's shards keep torch's kernel.
-        self.optimizer.compile_all = self.tuning.compiled_update and self.single_device
+        self._route_update()
         self.step_index = 0
         self.scan = ParameterScan()  # the run's loop names the steps whose state it writes
         self.flops_per_token = flops_per_token(plan.architecture, plan.sequence_length)
@@ -223,8 +222,17 @@ class Trainer:
         scale = ranks * len(batches) / total.clamp(min=1.0)
         return [(n * scale).to(torch.float32) for n in counts]
 
+    def _route_update(self) -> None:
+        """The compiled update over whole-tensor gradients, or torch's kernel (tuning.py's compiled_update).
+
+        Read again every step: both keep torch's state, so a run (the in-process A/B windows of
+        benchmarks/trainer_h200.py) may switch between them; FSDP2's shards always keep torch's kernel.
+        """
+        self.optimizer.compile_all = self.tuning.compiled_update and self.single_device
+
     def _optimizer_step(self, foreach: bool) -> torch.Tensor:
         """Clip (or only measure) the gradient norm, step and zero the gradients; the norm before clipping."""
+        self._route_update()
         clip = self.plan.optimizer.grad_clip_norm
         # bf16 gradients are always clipped inside the step (a foreach clip would scale them in bf16).
         in_kernel = self.optimizer.takes_grad_scale or self.model.cast_blocks
