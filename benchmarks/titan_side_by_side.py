@@ -25,7 +25,9 @@ from the end of its last warm-up step to the end of its last timed one (each ste
 loss read). Memory: the peak reserved by the caching allocator over the run (torchtitan's `memory: X GiB` is
 `reserved_bytes.all.peak` since its last log line: the largest over the lines is the run's peak).
 `--windows-on NAME --windows "a=b;c=d"` adds in-process A/B windows to this trainer's run of NAME: each
-switch set for TIMED steps, then as many of the run's own, so every variant has its baseline beside it.
+switch set for TIMED steps, then as many of the run's own, so every variant has its baseline beside it. A
+window may change only the switches the trainer reads every step (tuning.PER_STEP_SWITCHES); the others are
+built once, and a window naming one is refused before anything runs.
 OUT/titan_side_by_side_<card>.json is rewritten after every launch (a timeout keeps what finished); a table
 is printed last. First, torchtitan's side is dry-run on this machine (benchmarks/titan_dry_run.py): a
 failure there stops the script before any GPU time is spent. `--card` must name the GPU nvidia-smi reports.
@@ -149,6 +151,23 @@ def parse_point(name: str) -> Point:
             raise ValueError(f"--configs: {name!r}: {err}") from None
     chunk = chunks[-1] if chunks else plan_loss_chunk()
     return Point(name, m["model"], m["precision"], titan, ours, bool(m["only"]), tuning, chunk)
+
+
+def check_windows(windows: str) -> None:
+    """ValueError for a window switch set that names a switch the trainer reads only when it is built
+    (it would time the same trainer twice), or one the trainer refuses."""
+    from blackwell_trainer.plan.tuning import PER_STEP_SWITCHES, Tuning, TuningError
+
+    for variant in filter(None, (v.strip() for v in windows.split(";"))):
+        try:
+            built = Tuning.built_once(variant)
+        except TuningError as err:
+            raise ValueError(f"--windows: {err}") from None
+        if built:
+            raise ValueError(
+                f"--windows: {variant!r}: {', '.join(built)} act only when the trainer is built; a window "
+                f"can change {', '.join(PER_STEP_SWITCHES)} (give the others as a row: ours-NAME+key=value)"
+            )
 
 
 def expand(configs: str) -> list[Point]:
@@ -585,6 +604,7 @@ def main() -> None:
         return
     try:
         points = expand(args.configs)
+        check_windows(args.windows)
     except ValueError as err:
         parser.error(str(err))
     args.out.mkdir(parents=True, exist_ok=True)

@@ -590,9 +590,16 @@ def _ab_windows(trainer: Any, batches: list[Any], cfg: Config) -> list[dict[str,
     """cfg.windows' switch sets in this process, each beside a window of the run's own switches."""
     import gc
 
+    from blackwell_trainer.plan.tuning import PER_STEP_SWITCHES, Tuning
+
     base = run_tuning(cfg)
     results = []
-    for variant in filter(None, (v.strip() for v in cfg.windows.split(";"))):
+    variants = [v.strip() for v in cfg.windows.split(";") if v.strip()]
+    built = sorted({key for v in variants for key in Tuning.built_once(v)})
+    if built:  # a switch read only at build time would time the same trainer twice
+        raise ValueError(f"windows: {', '.join(built)} act only when the trainer is built; "
+                         f"a window can change {', '.join(PER_STEP_SWITCHES)}")  # fmt: skip
+    for variant in variants:
         trainer.tuning = run_tuning(cfg, variant)
         tps, losses = _timed_window(trainer, batches, cfg.window)
         trainer.tuning = base

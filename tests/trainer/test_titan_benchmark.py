@@ -15,6 +15,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from benchmarks import titan_side_by_side as titan
 from benchmarks import trainer_h200
 from benchmarks.titan_shapes import MODELS, ROPE_SCALING_TITAN
 from benchmarks.titan_side_by_side import (
@@ -208,3 +209,22 @@ def test_a_hung_launch_is_killed_with_the_process_it_started(tmp_path: Path) -> 
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(child)
+
+
+def test_a_window_may_change_only_the_switches_read_every_step() -> None:
+    """In-process windows run on one built trainer: a switch it reads only when built would time the same
+    trainer twice, so the call is refused before any GPU time is spent."""
+    from blackwell_trainer.plan.tuning import Tuning
+
+    titan.check_windows("clip_in_optimizer=false;compiled_update=false;manual_gc=true")
+    with pytest.raises(ValueError, match=r"'bf16_gradients=true': bf16_gradients act only when the trainer"):
+        titan.check_windows("parameter_check=true;bf16_gradients=true")
+    with pytest.raises(ValueError, match=r"--windows: .*'nope=1' is not key=value"):
+        titan.check_windows("nope=1")
+    assert Tuning.built_once("recast-blocks=true,parameter_check=true") == ["recast_blocks"]
+
+
+def test_the_worker_refuses_a_window_that_would_time_the_same_trainer_twice() -> None:
+    cfg = trainer_h200.Config("3b", 2, windows="manual_gc=true;recast_blocks=true")
+    with pytest.raises(ValueError, match="windows: recast_blocks act only when the trainer is built"):
+        trainer_h200._ab_windows(None, [], cfg)  # refused before the trainer is touched

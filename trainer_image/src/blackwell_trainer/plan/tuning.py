@@ -20,6 +20,9 @@ ATTENTION_BACKENDS = ("default", "cudnn", "flash")
 # FSDP2 all-gathers float8 weights (torchao tensorwise only): "auto" where more than one rank shards them.
 FP8_ALL_GATHER = ("auto", "on", "off")
 GC_EVERY_STEPS = 50  # manual_gc: a generation-1 collection every this many steps (torchtitan's default)
+# The switches the trainer reads again at every step, which a run may change between steps (the in-process
+# A/B windows of benchmarks/trainer_h200.py); every other switch shapes what is built and acts only then.
+PER_STEP_SWITCHES = ("clip_in_optimizer", "compiled_update", "manual_gc", "parameter_check")
 
 
 class TuningError(ValueError):
@@ -167,8 +170,21 @@ class Tuning:
         return tuning
 
     @classmethod
+    def built_once(cls, text: str) -> list[str]:
+        """The switches ``text`` names that act only when the trainer is built (not PER_STEP_SWITCHES):
+        setting them on a running trainer would change nothing. ``text`` is checked as ``parse`` does."""
+        cls.parse(text)
+        return sorted({key for key in _keys(text) if key not in PER_STEP_SWITCHES})
+
+    @classmethod
     def from_env(cls) -> Tuning:
         return cls.parse(os.environ.get(TUNING_ENV, ""))
+
+
+def _keys(text: str) -> list[str]:
+    """The switch names ``key=value,...`` sets (keys as the field names, ``-`` or ``_``)."""
+    items = filter(None, (part.strip() for part in text.split(",")))
+    return [item.partition("=")[0].strip().replace("-", "_") for item in items]
 
 
 def _value(name: str, value: str, kind: object) -> str | bool:
