@@ -100,7 +100,9 @@ class Tuning:
     # is kept for backward does not change: the bf16 copy, or the fp32 parameter cast again in backward
     # where recast_blocks would act. Numerics: the weight gradients are no longer rounded to bf16 before
     # they are widened (more precise, so not bit-equal). Not with bf16_gradients (which keeps them in
-    # bf16) nor selective AC (its policy does not see the op). Off until a GPU has measured it.
+    # bf16) nor selective AC (its policy does not see the op). Measured on one H100 (2026-12-07,
+    # docs/benchmarks/titan_h100.md): +0.1% to +0.9% tokens/s, within a call's spread, for a change of
+    # numerics, so off.
     fp32_weight_gradients: bool = False
     # SDPA's kernel order for causal attention (ATTENTION_BACKENDS); last-bit differences only.
     attention: str = "default"
