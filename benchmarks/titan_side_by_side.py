@@ -153,23 +153,6 @@ def parse_point(name: str) -> Point:
     return Point(name, m["model"], m["precision"], titan, ours, bool(m["only"]), tuning, chunk)
 
 
-def check_windows(windows: str) -> None:
-    """ValueError for a window switch set that names a switch the trainer reads only when it is built
-    (it would time the same trainer twice), or one the trainer refuses."""
-    from blackwell_trainer.plan.tuning import PER_STEP_SWITCHES, Tuning, TuningError
-
-    for variant in filter(None, (v.strip() for v in windows.split(";"))):
-        try:
-            built = Tuning.built_once(variant)
-        except TuningError as err:
-            raise ValueError(f"--windows: {err}") from None
-        if built:
-            raise ValueError(
-                f"--windows: {variant!r}: {', '.join(built)} act only when the trainer is built; a window "
-                f"can change {', '.join(PER_STEP_SWITCHES)} (give the others as a row: ours-NAME+key=value)"
-            )
-
-
 def expand(configs: str) -> list[Point]:
     names = [n for part in configs.split(",") if part for n in SUBSETS.get(part, [part])]
     return [parse_point(n) for n in dict.fromkeys(names)]
@@ -604,7 +587,7 @@ def main() -> None:
         return
     try:
         points = expand(args.configs)
-        check_windows(args.windows)
+        trainer_h200.window_variants(args.windows, "--windows")
     except ValueError as err:
         parser.error(str(err))
     args.out.mkdir(parents=True, exist_ok=True)

@@ -586,20 +586,33 @@ def _timed_window(trainer: Any, batches: list[Any], steps: int) -> tuple[float, 
     return trainer.tokens_per_micro_batch * steps / (time.perf_counter() - start), losses
 
 
+def window_variants(windows: str, label: str) -> list[str]:
+    """The ";"-separated switch sets of ``windows``; ValueError naming ``label`` for one the trainer refuses
+    or one that names a switch the trainer reads only when it is built (a window changes the switches of a
+    trainer already built, so it would time the same trainer twice)."""
+    from blackwell_trainer.plan.tuning import PER_STEP_SWITCHES, Tuning, TuningError
+
+    variants = [v.strip() for v in windows.split(";") if v.strip()]
+    for variant in variants:
+        try:
+            built = Tuning.built_once(variant)
+        except TuningError as err:
+            raise ValueError(f"{label}: {err}") from None
+        if built:
+            raise ValueError(
+                f"{label}: {variant!r}: {', '.join(built)} act only when the trainer is built; a window "
+                f"can change {', '.join(PER_STEP_SWITCHES)} (give the others as a run's own switches)"
+            )
+    return variants
+
+
 def _ab_windows(trainer: Any, batches: list[Any], cfg: Config) -> list[dict[str, Any]]:
     """cfg.windows' switch sets in this process, each beside a window of the run's own switches."""
     import gc
 
-    from blackwell_trainer.plan.tuning import PER_STEP_SWITCHES, Tuning
-
     base = run_tuning(cfg)
     results = []
-    variants = [v.strip() for v in cfg.windows.split(";") if v.strip()]
-    built = sorted({key for v in variants for key in Tuning.built_once(v)})
-    if built:  # a switch read only at build time would time the same trainer twice
-        raise ValueError(f"windows: {', '.join(built)} act only when the trainer is built; "
-                         f"a window can change {', '.join(PER_STEP_SWITCHES)}")  # fmt: skip
-    for variant in variants:
+    for variant in window_variants(cfg.windows, "windows"):
         trainer.tuning = run_tuning(cfg, variant)
         tps, losses = _timed_window(trainer, batches, cfg.window)
         trainer.tuning = base

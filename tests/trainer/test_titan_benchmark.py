@@ -15,7 +15,6 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from benchmarks import titan_side_by_side as titan
 from benchmarks import trainer_h200
 from benchmarks.titan_shapes import MODELS, ROPE_SCALING_TITAN
 from benchmarks.titan_side_by_side import (
@@ -216,15 +215,19 @@ def test_a_window_may_change_only_the_switches_read_every_step() -> None:
     trainer twice, so the call is refused before any GPU time is spent."""
     from blackwell_trainer.plan.tuning import Tuning
 
-    titan.check_windows("clip_in_optimizer=false;compiled_update=false;manual_gc=true")
+    assert trainer_h200.window_variants(
+        "clip_in_optimizer=false; compiled_update=false;manual_gc=true", "--windows"
+    ) == ["clip_in_optimizer=false", "compiled_update=false", "manual_gc=true"]
     with pytest.raises(ValueError, match=r"'bf16_gradients=true': bf16_gradients act only when the trainer"):
-        titan.check_windows("parameter_check=true;bf16_gradients=true")
+        trainer_h200.window_variants("parameter_check=true;bf16_gradients=true", "--windows")
     with pytest.raises(ValueError, match=r"--windows: .*'nope=1' is not key=value"):
-        titan.check_windows("nope=1")
+        trainer_h200.window_variants("nope=1", "--windows")
     assert Tuning.built_once("recast-blocks=true,parameter_check=true") == ["recast_blocks"]
 
 
 def test_the_worker_refuses_a_window_that_would_time_the_same_trainer_twice() -> None:
     cfg = trainer_h200.Config("3b", 2, windows="manual_gc=true;recast_blocks=true")
-    with pytest.raises(ValueError, match="windows: recast_blocks act only when the trainer is built"):
+    with pytest.raises(
+        ValueError, match="windows: 'recast_blocks=true': recast_blocks act only when the trainer is built"
+    ):
         trainer_h200._ab_windows(None, [], cfg)  # refused before the trainer is touched

@@ -85,7 +85,7 @@ def mixed_mm_available(device: torch.device) -> str | None:
         return None
     a = torch.zeros(16, 16, device=device, dtype=torch.bfloat16)
     try:
-        out = torch.mm(a, a, out_dtype=WIDE)
+        out = mixed_mm(a, a)
     except (RuntimeError, TypeError, NotImplementedError) as err:
         return f"torch {torch.__version__} has no bf16 mm with an fp32 output here ({type(err).__name__})"
     return None if out.dtype == WIDE else f"torch {torch.__version__} returned {out.dtype}"

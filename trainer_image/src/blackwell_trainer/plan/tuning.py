@@ -160,9 +160,7 @@ class Tuning:
         """``key=value,...`` (keys as the field names, ``-`` or ``_``) over the defaults."""
         tuning = cls()
         known = {f.name: f for f in fields(cls)}
-        for item in filter(None, (part.strip() for part in text.split(","))):
-            key, sep, value = item.partition("=")
-            name = key.strip().replace("-", "_")
+        for item, name, sep, value in _items(text):
             if not sep or name not in known:
                 raise TuningError(
                     f"{TUNING_ENV}: '{item}' is not key=value with a key among {', '.join(sorted(known))}"
@@ -176,17 +174,21 @@ class Tuning:
         """The switches ``text`` names that act only when the trainer is built (not PER_STEP_SWITCHES):
         setting them on a running trainer would change nothing. ``text`` is checked as ``parse`` does."""
         cls.parse(text)
-        return sorted({key for key in _keys(text) if key not in PER_STEP_SWITCHES})
+        return sorted({name for _, name, _, _ in _items(text) if name not in PER_STEP_SWITCHES})
 
     @classmethod
     def from_env(cls) -> Tuning:
         return cls.parse(os.environ.get(TUNING_ENV, ""))
 
 
-def _keys(text: str) -> list[str]:
-    """The switch names ``key=value,...`` sets (keys as the field names, ``-`` or ``_``)."""
-    items = filter(None, (part.strip() for part in text.split(",")))
-    return [item.partition("=")[0].strip().replace("-", "_") for item in items]
+def _items(text: str) -> list[tuple[str, str, str, str]]:
+    """Each entry of ``key=value,...``: (the entry, its key as a field name, "=" or "" where it has none,
+    its value), keys written with ``-`` or ``_``."""
+    entries = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        entries.append((item, key.strip().replace("-", "_"), sep, value))
+    return entries
 
 
 def _value(name: str, value: str, kind: object) -> str | bool:
