@@ -322,7 +322,8 @@ def _profile(trainer: Any, batches: list[Any], out: Path, name: str) -> None:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(2):
             trainer.step(batches)
-        torch.cuda.synchronize()
+        if torch.cuda.is_available():  # a CPU run profiles too (tests): host operations only
+            torch.cuda.synchronize()
     rows = []
     totals: dict[str, float] = {}
     for evt in prof.key_averages():
@@ -350,6 +351,21 @@ def _profile(trainer: Any, batches: list[Any], out: Path, name: str) -> None:
     # Every kernel, not just the top 25: what a model's fit needs (cast and amax kernels are many small ones).
     kernels = [{"us": t, "count": c, "kernel": k, "category": _categorise(k)} for t, c, k in rows]
     (out.parent / f"kernels_{name}.json").write_text(json.dumps(kernels, indent=1) + "\n")
+    # The kernels' sum is not the step: where the GPU waited for the host, and on what (gpu_gaps.py).
+    from benchmarks.gpu_gaps import summarise
+
+    trace = out.parent / f"trace_{name}.json"
+    prof.export_chrome_trace(str(trace))
+    gaps = summarise(json.loads(trace.read_text()).get("traceEvents", []))
+    (out.parent / f"gaps_{name}.json").write_text(json.dumps(gaps, indent=1) + "\n")
+    with open(out, "a") as f:
+        f.write(
+            f"\nGPU idle over the 2 steps: {gaps['idle_us'] / 1e3:.1f} ms of {gaps['window_us'] / 1e3:.1f} ms"
+            f" ({gaps['host_bound_us'] / 1e3:.1f} ms host-bound); by the host operations around the launch:\n"
+        )
+        f.writelines(
+            f"{g['idle_us'] / 1e3:10.2f} ms {g['gaps']:6d}x  {g['host_ops'][:150]}\n" for g in gaps["groups"]
+        )
 
 
 def _check(out: Path) -> Record:

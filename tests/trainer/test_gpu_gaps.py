@@ -1,0 +1,101 @@
+"""benchmarks/gpu_gaps.py: the GPU's idle gaps in a profiler trace and the host operations behind each.
+
+The GPU run is `benchmarks/trainer_h200.py`'s profile (docs/benchmarks/titan_h100.md); here a trace written
+by hand in the Chrome format torch.profiler exports, and a real CPU-only trace, which has no GPU events.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from benchmarks.gpu_gaps import find_gaps, summarise
+
+
+def _op(name: str, ts: float, dur: float, cat: str = "cpu_op", tid: int = 1) -> dict[str, Any]:
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid}
+
+
+def _kernel(name: str, ts: float, dur: float, corr: int) -> dict[str, Any]:
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": 7,
+            "args": {"correlation": corr}}  # fmt: skip
+
+
+def _launch(ts: float, corr: int, name: str = "cudaLaunchKernel") -> dict[str, Any]:
+    return {"ph": "X", "cat": "cuda_runtime", "name": name, "ts": ts, "dur": 5.0, "pid": 1, "tid": 1,
+            "args": {"correlation": corr}}  # fmt: skip
+
+
+def _step() -> list[dict[str, Any]]:
+    """Two steps' worth: a forward kernel, a host-bound wait in the optimizer, a sync at the step's end."""
+    return [
+        _op("ProfilerStep#1", 0, 2000, cat="user_annotation"),
+        _op("forward", 0, 200),
+        _launch(10, 1),
+        _kernel("gemm_fwd", 20, 300, 1),  # busy 20-320
+        _launch(30, 2),
+        _kernel("gemm_bwd", 320, 100, 2),  # back to back: no gap
+        _op("Optimizer.step", 400, 600),
+        _op("aten::_foreach_mul_", 700, 50),
+        _launch(720, 3),  # launched after the GPU went idle at 420: host-bound, 300 us
+        _kernel("adam", 720, 80, 3),
+        _launch(805, 4, name="cudaStreamSynchronize"),
+        _op("aten::item", 1000, 400),
+        _launch(1010, 5, name="cudaMemcpyAsync"),
+        _kernel("Memcpy DtoH", 1010, 5, 5),  # 210 us after adam: below a 250 us floor, above 20
+        _op("forward", 1500, 100),
+        _launch(1510, 6),
+        _kernel("gemm_fwd", 1520, 300, 6),  # 505 us after the copy, launched inside `forward`
+        _kernel("overlapping", 1600, 100, 99),  # another stream, inside the busy span: adds no busy time
+    ]
+
+
+def test_gaps_are_the_stretches_without_any_gpu_event() -> None:
+    gaps, totals = find_gaps(_step(), min_us=20)
+    assert [(g.start_us, g.us) for g in gaps] == [(420, 300), (800, 210), (1015, 505)]
+    assert totals == {"busy_us": 300 + 100 + 80 + 5 + 300, "window_us": 1820 - 20, "idle_us": 1015.0}
+    assert find_gaps(_step(), min_us=250)[0] == [gaps[0], gaps[2]]
+
+
+def test_each_gap_names_its_kernels_and_the_host_operations_around_its_launch() -> None:
+    gaps, _ = find_gaps(_step())
+    wait = gaps[0]
+    assert (wait.before, wait.after) == ("gemm_bwd", "adam")
+    assert wait.host_bound
+    assert wait.launch_stack == ("ProfilerStep#1", "Optimizer.step", "aten::_foreach_mul_")
+    assert wait.group == "Optimizer.step > aten::_foreach_mul_"
+    # The step's end: the synchronising call inside the gap is named.
+    assert gaps[1].syncs == ("cudaStreamSynchronize",)
+    assert gaps[2].launch_stack == ("ProfilerStep#1", "forward")
+    assert not gaps[2].syncs
+
+
+def test_a_launch_queued_before_the_gpu_went_idle_is_not_host_bound() -> None:
+    events = [_launch(0, 1), _kernel("a", 10, 100, 1), _launch(20, 2), _kernel("b", 200, 10, 2)]
+    (gap,), _ = find_gaps(events)
+    assert gap.us == 90 and not gap.host_bound and gap.launch_stack == ()
+    assert gap.group == "(no host op)"
+
+
+def test_the_summary_groups_idle_time_by_cause_and_keeps_the_largest_gaps(tmp_path: Path) -> None:
+    summary = summarise(_step(), min_us=20, top=2)
+    assert summary["idle_us"] == 1015.0
+    assert summary["host_bound_us"] == 300 + 210 + 505
+    assert summary["with_sync_us"] == 210
+    assert [g["host_ops"] for g in summary["groups"]] == [
+        "ProfilerStep#1 > forward",
+        "Optimizer.step > aten::_foreach_mul_",
+    ]
+    assert [g["us"] for g in summary["largest"]] == [505, 300]
+    json.dumps(summary)  # what the profile writes
+
+
+def test_a_real_cpu_trace_reads_as_no_gpu_time(tmp_path: Path) -> None:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        torch.ones(64, 64) @ torch.ones(64, 64)
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    summary = summarise(json.loads(path.read_text())["traceEvents"])
+    assert summary["window_us"] == 0.0 and summary["groups"] == [] and summary["largest"] == []
