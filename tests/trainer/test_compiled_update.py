@@ -141,3 +141,40 @@ def test_a_run_may_switch_between_the_kernels_between_steps() -> None:
             got.append(switching.step(batch).loss)
             assert switching.optimizer.compile_all == (index % 2 == 0)
     torch.testing.assert_close(got, expected, rtol=2e-4, atol=0)
+
+
+# ---------------------------------------------------------------------------------------- batched_update
+
+
+@pytest.mark.parametrize("scale", [None, 1.6], ids=["unscaled", "clip-scale"])
+def test_the_batched_update_is_the_per_tensor_update_bit_for_bit(scale: float | None) -> None:
+    """One compiled call over the group (adamw_many) against one compiled call per tensor: the same
+    kernel per tensor, so the same weights exactly, compiled as on CUDA."""
+    params, grads = _paired()
+    results = []
+    for batched in (False, True):
+        leaves = [torch.nn.Parameter(p.clone()) for p in params]
+        opt = AdamW(leaves, **HYPER)  # type: ignore[arg-type]
+        opt.compile_all, opt.compile_on_cpu, opt.batch_all = True, True, batched
+        results.append(_run(opt, leaves, grads, scale))
+        compiled = opt._batched_update if batched else opt._narrow_update
+        assert compiled is not None  # the path under test ran, compiled
+        assert (opt._narrow_update is None) == batched  # and the other did not
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_the_trainer_trains_the_same_with_the_batched_update_and_may_switch_it() -> None:
+    batched = replace(ON, batched_update=True)
+    with reference.one_rank_group():
+        through, switching = _trainer(ON, torch.float32), _trainer(batched, torch.float32)
+        batches = reference.reference_batches()
+        expected = [through.step(b).loss for b in batches]
+        got = []
+        for index, batch in enumerate(batches):
+            switching.tuning = batched if index % 2 == 0 else ON
+            got.append(switching.step(batch).loss)
+            assert switching.optimizer.batch_all == (index % 2 == 0)
+    assert got == expected  # eager on the CPU: the same function over the same tensors
+    for a, b in zip(switching.model.parameters(), through.model.parameters(), strict=True):
+        assert torch.equal(a.detach(), b.detach())

@@ -67,6 +67,24 @@ def adamw_one(
     param.sub_(lr / (1 - beta1**step) * exp_avg / denom)
 
 
+def adamw_many(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor],
+    lr: torch.Tensor,
+    steps: list[torch.Tensor],
+    grad_scale: torch.Tensor | None,
+    hyper: tuple[float, float, float, float],
+) -> None:
+    """``adamw_one`` over a group's tensors in one call: compiled, one graph and one launch from Python
+    for them all, where one call per tensor pays the compiled function's host overhead each time."""
+    for param, grad, exp_avg, exp_avg_sq, step in zip(
+        params, grads, exp_avgs, exp_avg_sqs, steps, strict=True
+    ):
+        adamw_one(param, grad, exp_avg, exp_avg_sq, lr, step, grad_scale, hyper)
+
+
 def _narrow(param: torch.Tensor) -> bool:
     """A parameter whose gradient is kept in another dtype than its own (``grad_dtype``)."""
     grad_dtype = getattr(param, "grad_dtype", None)
@@ -113,6 +131,8 @@ class AdamW(torch.optim.AdamW):
     compile_on_cpu = False  # a test compiles it on the CPU as on CUDA
     grad_scale: torch.Tensor | None = None
     compile_all = False  # the compiled_update switch (tuning.py); FSDP2's DTensor shards stay torch's
+    batch_all = False  # the batched_update switch (tuning.py): one compiled call per group, not per tensor
+    _batched_update: Callable[..., None] | None = None
 
     def __init__(self, params: Any, **kwargs: Any) -> None:
         super().__init__(params, **kwargs)
@@ -185,9 +205,22 @@ class AdamW(torch.optim.AdamW):
         lr = self._lrs.setdefault(index, torch.zeros((), device=params[0].device))
         lr.fill_(group["lr"])
         hyper = (*group["betas"], group["eps"], group["weight_decay"])
-        update = self._update(params[0].device)
         states = [self._state(p, group) for p in params]
         torch._foreach_add_([s["step"] for s in states], 1)
+        if self.batch_all:
+            # Detached, as below; whole tensors (static shapes: the group's list is the same every step).
+            self._batched(params[0].device)(
+                [p.detach() for p in params],
+                [g.detach() for g in grads],
+                [s["exp_avg"].detach() for s in states],
+                [s["exp_avg_sq"].detach() for s in states],
+                lr,
+                [s["step"] for s in states],
+                scale,
+                hyper,
+            )
+            return
+        update = self._update(params[0].device)
         for p, grad, state in zip(params, grads, states, strict=True):
             # Detached: the compiler would otherwise copy each parameter's bf16 .grad into a fake
             # tensor that does not carry its grad_dtype, and refuse it.
@@ -213,6 +246,15 @@ class AdamW(torch.optim.AdamW):
                 adamw_one, fullgraph=True, dynamic=True, options=UPDATE_COMPILE_OPTIONS
             )
         return self._narrow_update
+
+    def _batched(self, device: torch.device) -> Callable[..., None]:
+        if device.type != "cuda" and not self.compile_on_cpu:
+            return adamw_many  # CPU: the same function, eager
+        if self._batched_update is None:
+            self._batched_update = torch.compile(
+                adamw_many, fullgraph=True, dynamic=False, options=UPDATE_COMPILE_OPTIONS
+            )
+        return self._batched_update
 
 
 def build_optimizer(

@@ -229,6 +229,7 @@ class Trainer:
         benchmarks/trainer_h200.py) may switch between them; FSDP2's shards always keep torch's kernel.
         """
         self.optimizer.compile_all = self.tuning.compiled_update and self.single_device
+        self.optimizer.batch_all = self.tuning.batched_update
 
     def _optimizer_step(self, foreach: bool) -> torch.Tensor:
         """Clip (or only measure) the gradient norm, step and zero the gradients; the norm before clipping."""

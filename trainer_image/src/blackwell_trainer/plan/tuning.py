@@ -22,7 +22,7 @@ FP8_ALL_GATHER = ("auto", "on", "off")
 GC_EVERY_STEPS = 50  # manual_gc: a generation-1 collection every this many steps (torchtitan's default)
 # The switches the trainer reads again at every step, which a run may change between steps (the in-process
 # A/B windows of benchmarks/trainer_h200.py); every other switch shapes what is built and acts only then.
-PER_STEP_SWITCHES = ("clip_in_optimizer", "compiled_update", "manual_gc", "parameter_check")
+PER_STEP_SWITCHES = ("batched_update", "clip_in_optimizer", "compiled_update", "manual_gc", "parameter_check")
 
 
 class TuningError(ValueError):
@@ -92,6 +92,11 @@ class Tuning:
     # +2.0% to +2.9% tokens/s at 1B and 3B, BF16 and FP8, the same reserved memory, the first losses
     # within the run-to-run spread. FSDP2's sharded gradients keep torch's kernel. Off: torch's AdamW.
     compiled_update: bool = True
+    # The compiled update (above, and bf16_gradients') as one compiled call over each parameter group
+    # (optimizer.adamw_many) instead of one call per tensor: the same kernels, launched from one graph, so
+    # the host spends about one call's overhead per group where it spent one per tensor (255 at 3B).
+    # Numerics unchanged (the same per-tensor formula). Not yet measured on a GPU: off.
+    batched_update: bool = False
     # Single-device path, BF16 blocks (this trainer's own Linear, no bias), AC none or full: each block
     # matrix's weight gradient is written in fp32 by its GEMM (torch.mm's out_dtype; cuBLAS accumulates in
     # fp32 anyway) instead of in bf16 and then cast to fp32 by autograd (model/wide_grad.py). That removes
