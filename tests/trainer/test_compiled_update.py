@@ -178,3 +178,24 @@ def test_the_trainer_trains_the_same_with_the_batched_update_and_may_switch_it()
     assert got == expected  # eager on the CPU: the same function over the same tensors
     for a, b in zip(switching.model.parameters(), through.model.parameters(), strict=True):
         assert torch.equal(a.detach(), b.detach())
+
+
+def test_the_batched_update_calls_once_per_run_of_one_size_and_gradient_dtype() -> None:
+    """Runs of at most BATCH_TENSORS flat tensors of one size: 3B's 255 tensors take 11 calls, not 255."""
+    from blackwell_trainer.loop import optimizer as module
+
+    shapes = [(6, 4)] * 30 + [(4, 6)] * 30 + [(8,)] * 3  # (6, 4) and (4, 6): one size flat
+    leaves = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
+    opt = AdamW(leaves, **HYPER)  # type: ignore[arg-type]
+    opt.compile_all, opt.batch_all = True, True
+    calls: list[tuple[int, ...]] = []
+
+    def record(params: list[torch.Tensor], *rest: object) -> None:
+        calls.append(tuple(p.numel() for p in params))
+        module.adamw_many(params, *rest)  # type: ignore[arg-type]
+
+    opt._batched = lambda device: record  # type: ignore[method-assign]
+    _run(opt, leaves, [torch.ones(s) for s in shapes], 2.0)
+    per_step = [(24,) * 28, (24,) * 28, (24,) * 4, (8,) * 3]
+    assert calls == per_step * 4
+    assert all(not torch.equal(p, torch.zeros_like(p)) for p in leaves)  # every tensor was updated

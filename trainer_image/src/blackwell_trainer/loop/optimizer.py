@@ -67,6 +67,11 @@ def adamw_one(
     param.sub_(lr / (1 - beta1**step) * exp_avg / denom)
 
 
+# Tensors per compiled call of the batched update: the host's saving is most of the way there at a few
+# tens (one call's overhead shared by them), while the graph's compile time grows with its length.
+BATCH_TENSORS = 28
+
+
 def adamw_many(
     params: list[torch.Tensor],
     grads: list[torch.Tensor],
@@ -131,7 +136,7 @@ class AdamW(torch.optim.AdamW):
     compile_on_cpu = False  # a test compiles it on the CPU as on CUDA
     grad_scale: torch.Tensor | None = None
     compile_all = False  # the compiled_update switch (tuning.py); FSDP2's DTensor shards stay torch's
-    batch_all = False  # the batched_update switch (tuning.py): one compiled call per group, not per tensor
+    batch_all = False  # the batched_update switch (tuning.py): one compiled call per run of tensors
     _batched_update: Callable[..., None] | None = None
 
     def __init__(self, params: Any, **kwargs: Any) -> None:
@@ -208,17 +213,7 @@ class AdamW(torch.optim.AdamW):
         states = [self._state(p, group) for p in params]
         torch._foreach_add_([s["step"] for s in states], 1)
         if self.batch_all:
-            # Detached, as below; whole tensors (static shapes: the group's list is the same every step).
-            self._batched(params[0].device)(
-                [p.detach() for p in params],
-                [g.detach() for g in grads],
-                [s["exp_avg"].detach() for s in states],
-                [s["exp_avg_sq"].detach() for s in states],
-                lr,
-                [s["step"] for s in states],
-                scale,
-                hyper,
-            )
+            self._step_batched(params, grads, states, lr, scale, hyper)
             return
         update = self._update(params[0].device)
         for p, grad, state in zip(params, grads, states, strict=True):
@@ -247,12 +242,45 @@ class AdamW(torch.optim.AdamW):
             )
         return self._narrow_update
 
+    def _step_batched(
+        self,
+        params: list[torch.Tensor],
+        grads: list[torch.Tensor],
+        states: list[dict[str, Any]],
+        lr: torch.Tensor,
+        scale: torch.Tensor | None,
+        hyper: tuple[float, float, float, float],
+    ) -> None:
+        """``adamw_many`` over runs of at most BATCH_TENSORS tensors of one size and gradient dtype.
+
+        Flat views and dynamic sizes, as the per-tensor update: one graph serves every run of a length,
+        so a model compiles a few small graphs (3B: runs of 28, 2 and 1), not one the size of the model.
+        """
+        update = self._batched(params[0].device)
+        by_kind: dict[tuple[int, torch.dtype], list[int]] = {}
+        for index, (p, grad) in enumerate(zip(params, grads, strict=True)):
+            by_kind.setdefault((p.numel(), grad.dtype), []).append(index)
+        for indices in by_kind.values():
+            for start in range(0, len(indices), BATCH_TENSORS):
+                run = indices[start : start + BATCH_TENSORS]
+                # Detached, as in the per-tensor update (a parameter's grad_dtype would stop the compiler).
+                update(
+                    [params[i].detach().view(-1) for i in run],
+                    [grads[i].detach().view(-1) for i in run],
+                    [states[i]["exp_avg"].detach().view(-1) for i in run],
+                    [states[i]["exp_avg_sq"].detach().view(-1) for i in run],
+                    lr,
+                    [states[i]["step"] for i in run],
+                    scale,
+                    hyper,
+                )
+
     def _batched(self, device: torch.device) -> Callable[..., None]:
         if device.type != "cuda" and not self.compile_on_cpu:
             return adamw_many  # CPU: the same function, eager
         if self._batched_update is None:
             self._batched_update = torch.compile(
-                adamw_many, fullgraph=True, dynamic=False, options=UPDATE_COMPILE_OPTIONS
+                adamw_many, fullgraph=True, dynamic=True, options=UPDATE_COMPILE_OPTIONS
             )
         return self._batched_update
 
