@@ -129,17 +129,26 @@ def test_a_checkpoint_of_the_compiled_update_loads_into_torch_adamw() -> None:
         assert torch.equal(plain.state_dict()["state"][key]["exp_avg"], saved["exp_avg"])
 
 
-def test_a_run_may_switch_between_the_kernels_between_steps() -> None:
-    """Both keep torch's state, so the in-process A/B windows can turn the switch off and on again."""
+def _switching(first: Tuning, second: Tuning) -> tuple[Trainer, Trainer, list[float], list[float]]:
+    """A trainer switched between two tunings step by step and one that kept ``first``'s, with their
+    losses (the switched one's first)."""
     with reference.one_rank_group():
-        switching, through = _trainer(ON, torch.float32), _trainer(ON, torch.float32)
+        switching, through = _trainer(first, torch.float32), _trainer(first, torch.float32)
         batches = reference.reference_batches()
         expected = [through.step(b).loss for b in batches]
         got = []
         for index, batch in enumerate(batches):
-            switching.tuning = ON if index % 2 == 0 else OFF
+            switching.tuning = first if index % 2 == 0 else second
             got.append(switching.step(batch).loss)
-            assert switching.optimizer.compile_all == (index % 2 == 0)
+            # Read again at every step, so the in-process A/B windows can switch it on a built trainer.
+            assert switching.optimizer.compile_all == switching.tuning.compiled_update
+            assert switching.optimizer.batch_all == switching.tuning.batched_update
+    return switching, through, got, expected
+
+
+def test_a_run_may_switch_between_the_kernels_between_steps() -> None:
+    """Both keep torch's state, so the in-process A/B windows can turn the switch off and on again."""
+    _, _, got, expected = _switching(ON, OFF)
     torch.testing.assert_close(got, expected, rtol=2e-4, atol=0)
 
 
@@ -165,16 +174,7 @@ def test_the_batched_update_is_the_per_tensor_update_bit_for_bit(scale: float | 
 
 
 def test_the_trainer_trains_the_same_with_the_batched_update_and_may_switch_it() -> None:
-    batched = replace(ON, batched_update=True)
-    with reference.one_rank_group():
-        through, switching = _trainer(ON, torch.float32), _trainer(batched, torch.float32)
-        batches = reference.reference_batches()
-        expected = [through.step(b).loss for b in batches]
-        got = []
-        for index, batch in enumerate(batches):
-            switching.tuning = batched if index % 2 == 0 else ON
-            got.append(switching.step(batch).loss)
-            assert switching.optimizer.batch_all == (index % 2 == 0)
+    switching, through, got, expected = _switching(replace(ON, batched_update=True), ON)
     assert got == expected  # eager on the CPU: the same function over the same tensors
     for a, b in zip(switching.model.parameters(), through.model.parameters(), strict=True):
         assert torch.equal(a.detach(), b.detach())

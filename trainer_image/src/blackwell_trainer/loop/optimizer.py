@@ -234,13 +234,23 @@ class AdamW(torch.optim.AdamW):
         return state
 
     def _update(self, device: torch.device) -> Callable[..., None]:
+        return self._compiled_once(adamw_one, "_narrow_update", device)
+
+    def _batched(self, device: torch.device) -> Callable[..., None]:
+        return self._compiled_once(adamw_many, "_batched_update", device)
+
+    def _compiled_once(
+        self, update: Callable[..., None], slot: str, device: torch.device
+    ) -> Callable[..., None]:
+        """``update`` compiled once per optimizer (kept in ``slot``) on CUDA, and on the CPU where a test
+        asks; the same function eager elsewhere."""
         if device.type != "cuda" and not self.compile_on_cpu:
-            return adamw_one  # CPU: the same function, eager
-        if self._narrow_update is None:
-            self._narrow_update = torch.compile(
-                adamw_one, fullgraph=True, dynamic=True, options=UPDATE_COMPILE_OPTIONS
-            )
-        return self._narrow_update
+            return update
+        compiled: Callable[..., None] | None = getattr(self, slot)
+        if compiled is None:
+            compiled = torch.compile(update, fullgraph=True, dynamic=True, options=UPDATE_COMPILE_OPTIONS)
+            setattr(self, slot, compiled)
+        return compiled
 
     def _step_batched(
         self,
@@ -274,15 +284,6 @@ class AdamW(torch.optim.AdamW):
                     scale,
                     hyper,
                 )
-
-    def _batched(self, device: torch.device) -> Callable[..., None]:
-        if device.type != "cuda" and not self.compile_on_cpu:
-            return adamw_many  # CPU: the same function, eager
-        if self._batched_update is None:
-            self._batched_update = torch.compile(
-                adamw_many, fullgraph=True, dynamic=True, options=UPDATE_COMPILE_OPTIONS
-            )
-        return self._batched_update
 
 
 def build_optimizer(
