@@ -82,8 +82,8 @@ def adamw_many(
     grad_scale: torch.Tensor | None,
     hyper: tuple[float, float, float, float],
 ) -> None:
-    """``adamw_one`` over a group's tensors in one call: compiled, one graph and one launch from Python
-    for them all, where one call per tensor pays the compiled function's host overhead each time."""
+    """``adamw_one`` over a run of tensors in one call: compiled, one graph and one call from Python for
+    them all, where one call per tensor pays the compiled function's host overhead each time."""
     for param, grad, exp_avg, exp_avg_sq, step in zip(
         params, grads, exp_avgs, exp_avg_sqs, steps, strict=True
     ):

@@ -92,10 +92,11 @@ class Tuning:
     # +2.0% to +2.9% tokens/s at 1B and 3B, BF16 and FP8, the same reserved memory, the first losses
     # within the run-to-run spread. FSDP2's sharded gradients keep torch's kernel. Off: torch's AdamW.
     compiled_update: bool = True
-    # The compiled update (above, and bf16_gradients') as one compiled call over each parameter group
-    # (optimizer.adamw_many) instead of one call per tensor: the same kernels, launched from one graph, so
-    # the host spends about one call's overhead per group where it spent one per tensor (255 at 3B).
-    # Numerics unchanged (the same per-tensor formula). Not yet measured on a GPU: off.
+    # The compiled update (above, and bf16_gradients') as one compiled call per run of up to 28 tensors of
+    # one size (optimizer.adamw_many) instead of one call per tensor: the same kernels, so the host pays one
+    # call's overhead per run (11 calls a step at 3B instead of 255). Numerics unchanged (the same
+    # per-tensor formula, bit-equal in the CPU tests). The host's time a step on a 2-core CPU: 25.7 ms per
+    # tensor against 5.9 ms batched (benchmarks/optimizer_host.py). Not yet measured on a GPU: off.
     batched_update: bool = False
     # Single-device path, BF16 blocks (this trainer's own Linear, no bias), AC none or full: each block
     # matrix's weight gradient is written in fp32 by its GEMM (torch.mm's out_dtype; cuBLAS accumulates in
