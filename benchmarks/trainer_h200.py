@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -798,6 +799,9 @@ class Grid:
             if (tmp / extra).exists():
                 with open(self.out / "profiles.txt", "a") as f:
                     f.write((tmp / extra).read_text() + "\n")
+        # A profile's kernel list and idle gaps (small JSON) come back too; its trace (100s of MB) does not.
+        for summary in [*tmp.glob("kernels_*.json"), *tmp.glob("gaps_*.json")]:
+            shutil.copy(summary, self.out / summary.name)
         rec.detail = (rec.detail + f" wall {time.time() - started:.0f} s").strip()
         return rec
 

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from benchmarks.gpu_gaps import find_gaps, summarise
 
@@ -99,3 +100,65 @@ def test_a_real_cpu_trace_reads_as_no_gpu_time(tmp_path: Path) -> None:
     prof.export_chrome_trace(str(path))
     summary = summarise(json.loads(path.read_text())["traceEvents"])
     assert summary["window_us"] == 0.0 and summary["groups"] == [] and summary["largest"] == []
+
+
+# ------------------------------------------------------------- benchmarks/profile_side_by_side.py's parts
+
+
+def test_kernels_are_summed_by_name_and_category() -> None:
+    from benchmarks.profile_side_by_side import kernel_summary, trace_kernels
+
+    instant = {"ph": "i", "cat": "kernel", "name": "instant", "ts": 1}  # not a complete event: no time
+    events = [*_step(), _op("aten::mm", 0, 5), instant]
+    kernels = sorted(trace_kernels(events))
+    assert kernels == [
+        ("Memcpy DtoH", 5.0, 1),
+        ("adam", 80.0, 1),
+        ("gemm_bwd", 100.0, 1),
+        ("gemm_fwd", 600.0, 2),
+        ("overlapping", 100.0, 1),
+    ]
+    summary = kernel_summary(kernels)
+    assert summary["total_ms"] == pytest.approx(0.885, abs=0.01)
+    assert summary["categories_ms"] == pytest.approx(
+        {
+            "matmul": 0.7,  # the gemm kernels
+            "other (eager elementwise, copies, reductions)": 0.105,  # the copy and "overlapping"
+            "optimizer": 0.08,
+        },
+        abs=0.01,
+    )
+    assert list(summary["categories_ms"]) == [
+        "matmul",
+        "other (eager elementwise, copies, reductions)",
+        "optimizer",
+    ]
+    assert [k["kernel"] for k in summary["largest"]][:2] == ["gemm_fwd", "gemm_bwd"]
+
+
+def test_torchtitans_last_profiling_cycle_is_read_by_its_step_not_its_name(tmp_path: Path) -> None:
+    from benchmarks.profile_side_by_side import TITAN_PROFILE_ARGS, last_trace
+
+    assert last_trace(tmp_path) is None
+    for step in (10, 20, 100):
+        folder = tmp_path / "profile_traces" / f"iteration_{step}"
+        folder.mkdir(parents=True)
+        (folder / "rank0_trace.json").write_text("{}")
+    assert last_trace(tmp_path) == tmp_path / "profile_traces" / "iteration_100" / "rank0_trace.json"
+    # Two traced steps a cycle, the cycle as long as torchtitan's log interval (what call A ran).
+    assert TITAN_PROFILE_ARGS[TITAN_PROFILE_ARGS.index("--profiling.profiler_active") + 1] == "2"
+
+
+def test_a_profiled_worker_brings_its_kernel_list_and_gaps_back(tmp_path: Path) -> None:
+    """trainer_h200's grid copies the profile's small JSON files out of the worker's folder (CPU, tiny)."""
+    import time
+
+    from benchmarks import trainer_h200
+
+    cfg = trainer_h200.Config(model="tiny", mbs=1, compile=False, warmup=1, timed=1, profile=True)
+    rec = trainer_h200.Grid(tmp_path, time.time() + 300, gpus=1).run_one(cfg, [0])
+    assert rec.status == "ok", rec.detail
+    gaps = json.loads((tmp_path / f"gaps_{cfg.name}.json").read_text())
+    assert gaps["idle_us"] == 0.0  # no GPU on this machine: no GPU events, no gaps
+    assert (tmp_path / f"kernels_{cfg.name}.json").exists()
+    assert not list(tmp_path.glob("trace_*.json"))  # the trace stays behind
