@@ -87,7 +87,7 @@ def profile_titan(point: side.Point, assets: Path, deadline: float) -> dict[str,
         text, rc = side.launch(cmd, side.titan_env(tmp), min(deadline - time.time(), 300))
         log = side.parse_titan_log(text)
         record: dict[str, Any] = {
-            "who": "torchtitan",
+            "who": "titan",
             "status": log.status,
             "exit": rc,
             "detail": log.detail,
@@ -152,11 +152,8 @@ def main() -> None:
     runs: list[dict[str, Any]] = []
     path = args.out / f"profile_side_by_side_{args.card}.json"
     for point in points:
-        for who in ("ours",) if point.ours_only else ("ours", "torchtitan"):
-            if (
-                deadline - time.time()
-                < side.LAUNCH_SECONDS[(("titan" if who == "torchtitan" else who), point.model)]
-            ):
+        for who in ("ours",) if point.ours_only else ("ours", "titan"):  # side.LAUNCH_SECONDS' keys
+            if deadline - time.time() < side.LAUNCH_SECONDS[(who, point.model)]:
                 runs.append({"config": point.name, "who": who, "status": "skipped (budget)"})
                 continue
             if who == "ours":
