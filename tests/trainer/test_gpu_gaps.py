@@ -162,3 +162,35 @@ def test_a_profiled_worker_brings_its_kernel_list_and_gaps_back(tmp_path: Path) 
     assert gaps["idle_us"] == 0.0  # no GPU on this machine: no GPU events, no gaps
     assert (tmp_path / f"kernels_{cfg.name}.json").exists()
     assert not list(tmp_path.glob("trace_*.json"))  # the trace stays behind
+
+
+def test_the_profile_call_runs_each_trainer_once_a_row_and_skips_what_the_budget_cannot_hold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """main's loop, the launches replaced: the pair's two runs, an `ours-` row's one, then the budget."""
+    import sys
+
+    from benchmarks import profile_side_by_side as script
+
+    monkeypatch.setattr(script.side, "environment", lambda argv, card: {"device": "NVIDIA H100 80GB HBM3"})
+    monkeypatch.setattr(script.side, "ensure_assets", lambda assets: None)
+    clock = iter(range(0, 10_000, 100))  # every launch takes 100 s of the budget
+    monkeypatch.setattr(script.time, "time", lambda: float(next(clock)))
+    monkeypatch.setattr(script, "profile_ours", lambda p, o, d: {"who": "ours", "status": "ok"})
+    monkeypatch.setattr(script, "profile_titan", lambda p, a, d: {"who": "titan", "status": "ok"})
+    argv = ["x", "--card", "h100", "--configs", "3b-bf16-b2,ours-1b-fp8-b4,3b-fp8-b2", "--out", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", [*argv, "--budget-s", "440"])
+    script.main()
+    runs = json.loads((tmp_path / "profile_side_by_side_h100.json").read_text())["runs"]
+    assert [(r["config"], r["who"], r["status"]) for r in runs] == [
+        ("3b-bf16-b2", "ours", "ok"),
+        ("3b-bf16-b2", "titan", "ok"),
+        ("ours-1b-fp8-b4", "ours", "ok"),
+        ("3b-fp8-b2", "ours", "skipped (budget)"),
+        ("3b-fp8-b2", "titan", "skipped (budget)"),
+    ]
+    with pytest.raises(SystemExit, match="--card h200"):
+        monkeypatch.setattr(
+            sys, "argv", ["x", "--card", "h200", "--configs", "3b-bf16-b2", "--out", str(tmp_path)]
+        )
+        script.main()
