@@ -358,6 +358,7 @@ def _profile(trainer: Any, batches: list[Any], out: Path, name: str) -> None:
     trace = out.parent / f"trace_{name}.json"
     prof.export_chrome_trace(str(trace))
     gaps = summarise(json.loads(trace.read_text()).get("traceEvents", []))
+    trace.unlink()  # hundreds of MB at 3B, and its summary is what comes back
     (out.parent / f"gaps_{name}.json").write_text(json.dumps(gaps, indent=1) + "\n")
     with open(out, "a") as f:
         f.write(
@@ -799,7 +800,7 @@ class Grid:
             if (tmp / extra).exists():
                 with open(self.out / "profiles.txt", "a") as f:
                     f.write((tmp / extra).read_text() + "\n")
-        # A profile's kernel list and idle gaps (small JSON) come back too; its trace (100s of MB) does not.
+        # A profile's kernel list and idle gaps (small JSON) come back too.
         for summary in [*tmp.glob("kernels_*.json"), *tmp.glob("gaps_*.json")]:
             shutil.copy(summary, self.out / summary.name)
         rec.detail = (rec.detail + f" wall {time.time() - started:.0f} s").strip()

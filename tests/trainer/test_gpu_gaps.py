@@ -161,7 +161,7 @@ def test_a_profiled_worker_brings_its_kernel_list_and_gaps_back(tmp_path: Path) 
     gaps = json.loads((tmp_path / f"gaps_{cfg.name}.json").read_text())
     assert gaps["idle_us"] == 0.0  # no GPU on this machine: no GPU events, no gaps
     assert (tmp_path / f"kernels_{cfg.name}.json").exists()
-    assert not list(tmp_path.glob("trace_*.json"))  # the trace stays behind
+    assert not list(tmp_path.glob("trace_*.json"))  # the trace is summarised, not kept
 
 
 def test_the_profile_call_runs_each_trainer_once_a_row_and_skips_what_the_budget_cannot_hold(

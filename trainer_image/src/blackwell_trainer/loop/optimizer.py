@@ -90,6 +90,15 @@ def adamw_many(
         adamw_one(param, grad, exp_avg, exp_avg_sq, lr, step, grad_scale, hyper)
 
 
+def _flat_views(param: torch.Tensor, grad: torch.Tensor, state: dict[str, Any]) -> list[torch.Tensor]:
+    """What ``adamw_one`` reads and writes for ``param``: it, its gradient and its moments, as flat views.
+
+    Detached: the compiler would otherwise copy a parameter's bf16 .grad into a fake tensor that does not
+    carry its grad_dtype, and refuse it. Flat: one graph with a dynamic size serves every shape.
+    """
+    return [t.detach().view(-1) for t in (param, grad, state["exp_avg"], state["exp_avg_sq"])]
+
+
 def _narrow(param: torch.Tensor) -> bool:
     """A parameter whose gradient is kept in another dtype than its own (``grad_dtype``)."""
     grad_dtype = getattr(param, "grad_dtype", None)
@@ -217,11 +226,7 @@ class AdamW(torch.optim.AdamW):
             return
         update = self._update(params[0].device)
         for p, grad, state in zip(params, grads, states, strict=True):
-            # Detached: the compiler would otherwise copy each parameter's bf16 .grad into a fake
-            # tensor that does not carry its grad_dtype, and refuse it.
-            tensors = (p, grad, state["exp_avg"], state["exp_avg_sq"])
-            flat = [t.detach().view(-1) for t in tensors]
-            update(*flat, lr, state["step"], scale, hyper)
+            update(*_flat_views(p, grad, state), lr, state["step"], scale, hyper)
 
     def _state(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, Any]:
         """torch's AdamW state for ``p``, made as its own step would (step on the device when fused)."""
@@ -273,17 +278,10 @@ class AdamW(torch.optim.AdamW):
         for indices in by_kind.values():
             for start in range(0, len(indices), BATCH_TENSORS):
                 run = indices[start : start + BATCH_TENSORS]
-                # Detached, as in the per-tensor update (a parameter's grad_dtype would stop the compiler).
-                update(
-                    [params[i].detach().view(-1) for i in run],
-                    [grads[i].detach().view(-1) for i in run],
-                    [states[i]["exp_avg"].detach().view(-1) for i in run],
-                    [states[i]["exp_avg_sq"].detach().view(-1) for i in run],
-                    lr,
-                    [states[i]["step"] for i in run],
-                    scale,
-                    hyper,
-                )
+                views = [_flat_views(params[i], grads[i], states[i]) for i in run]
+                # One list per argument of adamw_one: parameters, gradients, first and second moments.
+                columns = [list(column) for column in zip(*views, strict=True)]
+                update(*columns, lr, [states[i]["step"] for i in run], scale, hyper)
 
 
 def build_optimizer(
