@@ -95,8 +95,8 @@ class Tuning:
     # The compiled update (above, and bf16_gradients') as one compiled call per run of up to 28 tensors of
     # one size (optimizer.adamw_many) instead of one call per tensor: the same kernels, so the host pays one
     # call's overhead per run (11 calls a step at 3B instead of 255). Numerics unchanged (the same
-    # per-tensor formula, bit-equal in the CPU tests). The host's time a step on a 2-core CPU: 25.7 ms per
-    # tensor against 5.9 ms batched (benchmarks/optimizer_host.py). Not yet measured on a GPU: off.
+    # per-tensor formula, bit-equal in the CPU tests). The host's time a step on a 2-core CPU: 14.4 ms per
+    # tensor against 4.8 ms batched (benchmarks/optimizer_host.py). Not yet measured on a GPU: off.
     batched_update: bool = False
     # Single-device path, BF16 blocks (this trainer's own Linear, no bias), AC none or full: each block
     # matrix's weight gradient is written in fp32 by its GEMM (torch.mm's out_dtype; cuBLAS accumulates in
