@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from blackwell_operator.lifecycle.writers import MEASURE_LOOP
 from blackwell_operator.models.status import JobProgress
 from blackwell_trainer.plan.config import ClusterCorrection
 from tests.support.manifests import btj
+from tests.support.plans import probed_plan
 from tests.support.pods import container, pod, pod_status
 from tests.support.specs import make_spec
 
@@ -173,15 +175,10 @@ def test_warm_up_and_jobs_not_running_teach_nothing() -> None:
 
 
 def test_a_probed_job_teaches_as_its_winner_once_the_operator_knows_it() -> None:
-    from blackwell_operator.models.spec import BlackwellTrainingJobSpec
-    from blackwell_operator.planner import plan_job
     from blackwell_trainer.plan.config import Plan, ProbeResult
 
-    # BF16, whose AC none is a neighbour of its selective pick (FP8 runs selective as none: no neighbour).
-    raw = make_spec(nodes=2, seq=4096, precision="bf16").model_dump(by_alias=True, mode="json")
-    raw["training"]["steps"] = 20_000
-    plan = plan_job(BlackwellTrainingJobSpec.model_validate(raw))
-    assert plan.probe is not None and plan.probe.enabled
+    plan = probed_plan()
+    assert plan.probe is not None
     won = plan.probe.candidates[1]
     rate = won.prediction.tokens_per_second_per_gpu
     body = dict(plan.model_dump(mode="json", by_alias=True))
@@ -201,3 +198,73 @@ def test_a_probed_job_teaches_as_its_winner_once_the_operator_knows_it() -> None
         won.candidate.precision_recipe,
         won.candidate.activation_checkpointing,
     )
+
+
+def _from_pod(
+    at: float, step: int, winner: int | None, tokens: float, peak: int, reserved: int = 0
+) -> Reading:
+    """A probed pod's reading: the winner it exports and the prediction beside it."""
+    return replace(
+        reading(at, step, reserved=reserved),
+        probe_winner=winner,
+        predicted_tokens_per_second=tokens,
+        predicted_peak_reserved=peak,
+    )
+
+
+def test_a_probed_job_teaches_as_the_winner_its_pod_exports_while_its_first_run_goes_on() -> None:
+    plan = probed_plan()
+    assert plan.probe is not None
+    won = plan.probe.options[1]
+    rate, peak = won.prediction.tokens_per_second_per_gpu, won.prediction.memory.peak_reserved
+    body = _running_btj(dict(plan.model_dump(mode="json", by_alias=True)))
+    earlier, later = (
+        _from_pod(100.0, 100, 1, rate, peak),
+        _from_pod(160.0, 120, 1, rate, peak, int(1.1 * peak)),
+    )
+    # No termination message yet, so no result in the plan: the pod's own word, checked against the plan.
+    got = sample_of(body, earlier, later, 0.8 * rate, "t")
+    assert got is not None and got.uid == "uid-w"
+    assert got.tokens_ratio == pytest.approx(0.8, abs=1e-3)  # no cluster correction: factor 1
+    assert got.memory_ratio == pytest.approx(1.1, abs=1e-3)
+    assert (got.precision_recipe, got.activation_checkpointing) == (
+        won.candidate.precision_recipe,
+        won.candidate.activation_checkpointing,
+    )
+    # The planner's pick won: the same, as the pick.
+    pick = plan.probe.options[0].prediction
+    tokens, pick_peak = pick.tokens_per_second_per_gpu, pick.memory.peak_reserved
+    kept = sample_of(
+        body,
+        _from_pod(100.0, 100, 0, tokens, pick_peak),
+        _from_pod(160.0, 120, 0, tokens, pick_peak),
+        tokens,
+        "t",
+    )
+    assert kept is not None and kept.activation_checkpointing == plan.chosen.activation_checkpointing
+
+
+@pytest.mark.parametrize(
+    "why",
+    ["no probe yet", "another plan's prediction", "another peak", "no such option", "the winner changed"],
+)
+def test_a_pod_s_word_that_does_not_match_the_plan_teaches_nothing(why: str) -> None:
+    plan = probed_plan()
+    assert plan.probe is not None
+    won = plan.probe.options[1]
+    rate, peak = won.prediction.tokens_per_second_per_gpu, won.prediction.memory.peak_reserved
+    earlier_winner, winner = 1, 1
+    if why == "no probe yet":
+        earlier_winner = winner = None  # type: ignore[assignment]  # the gauge's -1
+    elif why == "another plan's prediction":
+        rate *= 1.01  # a re-planned job's old pod: its candidate 1 is not this plan's
+    elif why == "another peak":
+        peak += 1
+    elif why == "no such option":
+        earlier_winner = winner = len(plan.probe.options)
+    else:
+        earlier_winner = 0
+    body = _running_btj(dict(plan.model_dump(mode="json", by_alias=True)))
+    earlier = _from_pod(100.0, 100, earlier_winner, rate, peak)
+    later = _from_pod(160.0, 120, winner, rate, peak)
+    assert sample_of(body, earlier, later, rate, "t") is None

@@ -17,9 +17,11 @@ from blackwell_operator.calibration.learned_memory import (
     floor_ratio,
 )
 from blackwell_operator.handlers import cluster_calibration as store
+from blackwell_operator.handlers.measure import INTERVAL_ENV
 from blackwell_operator.planner.cluster_figures import candidate_figures, figures_of
 from blackwell_trainer.plan.config import Plan, ProbeResult
 from tests.operator.harness import NAMESPACE, Cluster, btj, running_operator, wait_for
+from tests.operator.test_cluster_calibration import SLOW, PacedTrainer
 from tests.operator.test_probe_result import probed_events, stored_calibration
 from tests.support.helm import NAMESPACE as HOME
 from tests.support.oom import oom_message
@@ -152,3 +154,65 @@ async def test_a_training_run_out_of_memory_keeps_its_configuration_out_of_later
     assert correction.memory_factor == floor.ratio and correction.memory_readings == 0
     assert after.chosen.micro_batch_size < failed.chosen.micro_batch_size
     assert any("where a configuration ran out of memory" in line for line in after.explanation)
+
+
+@pytest.mark.integration
+async def test_probed_jobs_still_running_teach_the_next_plan_from_the_winner_their_pods_export(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two probed jobs train for days: no termination message yet, so status.probe is empty and only the pods'
+    # metrics say which candidate won. Their readings, taken against that candidate's figures, are two
+    # readings of the GPU type's memory: a third job of the same spec plans the larger micro-batch now.
+    monkeypatch.setenv(INTERVAL_ENV, "0.3")
+    monkeypatch.setenv(store.NAMESPACE_ENV, HOME)
+    running = ("first", "also")
+    trainers = {name: PacedTrainer(monkeypatch) for name in running}
+    try:
+        async with running_operator(cluster):
+            plans = {name: await _probed_and_running(cluster, name, trainers[name]) for name in running}
+            calibration = await wait_for(
+                lambda: (
+                    (c := stored_calibration(cluster)) is not None and len(c.samples) == len(running) and c
+                ),
+                timeout=30,
+                what="a running reading of each probed job in the cluster calibration",
+            )
+            await cluster.apply(btj("third", training=TRAINING, tuning=TUNING))
+            third = await planned(cluster, "third")
+    finally:
+        for trainer in trainers.values():
+            trainer.close()
+
+    first = plans["first"]
+    assert first.probe is not None
+    won = first.probe.options[1]
+    for sample in calibration.samples:
+        uid = cluster.btj(sample.job.split("/")[1])["metadata"]["uid"]  # type: ignore[index]
+        assert sample.uid == uid  # the job's own sample, which its termination message would later replace
+        assert (sample.precision_recipe, sample.activation_checkpointing) == (
+            won.candidate.precision_recipe,
+            won.candidate.activation_checkpointing,
+        )
+        assert sample.tokens_ratio == pytest.approx(SLOW, rel=0.15)
+        assert sample.memory_ratio == pytest.approx(PEAK, rel=0.01)
+    assert all(not cluster.status(name).get("probe") for name in running)  # nothing ended: no result read
+    assert third.chosen.micro_batch_size == first.chosen.micro_batch_size + 1, third.explanation
+    correction = third.cluster_correction
+    assert correction is not None and correction.memory_factor == MEMORY_BOUNDS[0]
+
+
+async def _probed_and_running(cluster: Cluster, name: str, trainer: PacedTrainer) -> Plan:
+    """Apply BTJ `name` (probed), report its job Running, and start a worker whose exporter says it probed
+    and trains with candidate 1, at SLOW times that candidate's predicted speed and PEAK times its modelled
+    peak."""
+    job = await cluster.running_child(name, training=TRAINING, tuning=TUNING)
+    plan = await planned(cluster, name)
+    assert plan.probe is not None and plan.probe.enabled, plan.probe
+    won = plan.probe.options[1]
+    trainer.metrics.record_probe(plan, ProbeResult(winner=1, chosen=won.candidate, seconds=130.0))
+    trainer.rate = SLOW * won.prediction.tokens_per_second_per_gpu
+    trainer.reserved = int(PEAK * candidate_figures(won).modelled_peak_reserved)
+    body = pod(f"{name}-worker-0", job=name, owner=job)
+    body["spec"]["containers"][0]["ports"] = [{"name": "metrics", "containerPort": trainer.port}]
+    await cluster.add_pod(body, pod_status(container(), podIP="127.0.0.1"))
+    return plan

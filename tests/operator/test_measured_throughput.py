@@ -27,8 +27,9 @@ from blackwell_operator.lifecycle.ownership import Lineage
 from blackwell_operator.lifecycle.status_patch import status_patch
 from blackwell_operator.lifecycle.writers import MEASURE_LOOP
 from blackwell_trainer.loop.metrics import TrainerMetrics
+from blackwell_trainer.plan.config import ProbeResult
 from tests.operator.harness import Cluster, btj, running_operator, wait_for
-from tests.support.plans import tiny_plan
+from tests.support.plans import probed_plan, tiny_plan
 from tests.support.pods import container, pod, pod_status
 
 STEP = dict(step_seconds=0.5, loss=2.0, peak_allocated_bytes=0, peak_reserved_bytes=0)
@@ -60,18 +61,36 @@ def _running(
 def test_a_reading_of_the_trainer_s_own_exposition(trainer_metrics: TrainerMetrics) -> None:
     trainer_metrics.record_step(tokens=4096, mfu=0.41, step=7, **{**STEP, "peak_reserved_bytes": 3 << 30})
     reading = parse_reading(generate_latest(trainer_metrics.registry).decode(), at=10.0)
-    planned = tiny_plan().steps
+    plan = tiny_plan()
     assert reading == Reading(
         at=10.0,
         tokens=8192.0,
         gpus=2,
         mfu=0.41,
         step=7,
-        planned_steps=planned,
+        planned_steps=plan.steps,
         pod_steps=1,
         reserved_bytes=3 << 30,
+        probe_winner=None,  # the gauge's -1: no probe
+        predicted_tokens_per_second=plan.predicted.tokens_per_second_per_gpu,
+        predicted_peak_reserved=plan.predicted.memory.peak_reserved,
     )
     assert parse_reading("# not a trainer\nup 1\n", at=0.0) is None
+
+
+def test_a_probed_pod_s_reading_names_its_winner_and_the_winner_s_prediction(
+    trainer_metrics: TrainerMetrics,
+) -> None:
+    plan = probed_plan()
+    assert plan.probe is not None
+    won = plan.probe.options[1]
+    trainer_metrics.record_probe(plan, ProbeResult(winner=1, chosen=won.candidate, seconds=90.0))
+    trainer_metrics.record_step(tokens=4096, mfu=0.41, step=7, **STEP)
+    reading = parse_reading(generate_latest(trainer_metrics.registry).decode(), at=10.0)
+    assert reading is not None and reading.probe_winner == 1
+    # Through the text exposition and back: the very figures of the plan, which the operator compares.
+    assert reading.predicted_tokens_per_second == won.prediction.tokens_per_second_per_gpu
+    assert reading.predicted_peak_reserved == won.prediction.memory.peak_reserved
 
 
 def test_a_count_beyond_what_a_gauge_counts_is_not_a_count() -> None:

@@ -99,6 +99,18 @@ def tiny_plan(**chosen: Any) -> Plan:
     return plan
 
 
+def probed_plan() -> Plan:
+    """A plan whose trainer probes before training (`probe: auto` on a long BF16 job of 8B on two B200
+    nodes, whose candidates are modelled): the planner's pick and its AC-none neighbour, at least."""
+    from tests.support.specs import make_spec
+
+    raw = make_spec(nodes=2, seq=4096, precision="bf16").model_dump(by_alias=True, mode="json")
+    raw["training"]["steps"] = 20_000
+    plan = plan_job(BlackwellTrainingJobSpec.model_validate(raw))
+    assert plan.probe is not None and plan.probe.enabled and len(plan.probe.options) > 1, plan.probe
+    return plan
+
+
 def one_gpu_plan_file(folder: Path) -> Path:
     """The tiny plan for one process (one GPU, nothing sharded), written as `folder`/plan.json, as the
     trainer's `--plan` reads it."""

@@ -2,7 +2,8 @@
 
 The trainer exports cumulative counters (btj_trainer_tokens_total for the pod's GPUs, btj_trainer_gpus),
 the last step's MFU, the job's step and planned steps, and the peak reserved GPU memory; tokens/s per GPU
-and the step time are the changes between two readings.
+and the step time are the changes between two readings. A probed trainer also says which probe candidate
+it trains with and that candidate's prediction (docs/probe.md), long before its termination message does.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from blackwell_trainer.plan.metric_names import (
     MEMORY_KIND_LABEL,
     MFU,
     PLANNED_STEPS,
+    PREDICTED_MEMORY_PEAK,
+    PREDICTED_TOKENS_PER_SECOND,
+    PROBE_WINNER,
     RESERVED,
     STEP,
     STEPS,
@@ -41,6 +45,11 @@ class Reading:
     planned_steps: int | None = None
     pod_steps: int = 0  # steps this container ran since it started (its warm-up comes first)
     reserved_bytes: int = 0  # peak reserved GPU memory of local rank 0 (0 on CPU)
+    # The probe candidate the pod trains with (its index in plan.probe.options; None: no probe, or a trainer
+    # without the gauge) and the prediction the pod exports beside it: the winner's once it has probed.
+    probe_winner: int | None = None
+    predicted_tokens_per_second: float | None = None
+    predicted_peak_reserved: int | None = None
 
 
 # Beyond 2**53 a float gauge no longer counts one by one; well below what the status's int64 fields hold,
@@ -69,6 +78,7 @@ def parse_reading(text: str, at: float) -> Reading | None:
     if tokens is None or not math.isfinite(tokens) or tokens < 0:
         return None
     mfu = values.get(MFU)
+    predicted = values.get(PREDICTED_TOKENS_PER_SECOND)
     return Reading(
         at,
         tokens,
@@ -78,6 +88,9 @@ def parse_reading(text: str, at: float) -> Reading | None:
         planned_steps=_count(values.get(PLANNED_STEPS)) or None,
         pod_steps=_count(values.get(total(STEPS))) or 0,
         reserved_bytes=_count(values.get(f"{GPU_MEMORY_PEAK}:{RESERVED}")) or 0,
+        probe_winner=_count(values.get(PROBE_WINNER)),  # -1 (no probe) is not a count: None
+        predicted_tokens_per_second=predicted if predicted and math.isfinite(predicted) else None,
+        predicted_peak_reserved=_count(values.get(PREDICTED_MEMORY_PEAK)),
     )
 
 

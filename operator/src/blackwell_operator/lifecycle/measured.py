@@ -4,6 +4,7 @@ reads the pods, writes the status and records the sample)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +16,7 @@ from blackwell_operator.lifecycle.progress import as_status
 from blackwell_operator.lifecycle.status_read import read_status
 from blackwell_operator.models.status import JobProgress, MeasuredThroughput, Phase, StatusChange
 from blackwell_operator.planner.cluster_figures import candidate_figures, figures_of, probe_winner
+from blackwell_trainer.plan.config import Plan, ProbeCandidate
 
 # A reading this close to the stored one is not written (a status write per job per minute otherwise).
 UNCHANGED = 0.01
@@ -84,9 +86,10 @@ def sample_of(
         return None
     figures = figures_of(plan)
     if plan.probe is not None and plan.probe.enabled:
-        # A probed job trains with the probe's winner: its figures are the ones to compare with, and until
-        # the operator knows which it is (the pod's termination message), the reading teaches nothing.
-        won = probe_winner(plan)
+        # A probed job trains with the probe's winner: its figures are the ones to compare with. The
+        # operator's own copy of the result (from a termination message) first; while the first run goes
+        # on, the winner its pod exports; neither known, the reading teaches nothing.
+        won = probe_winner(plan) or reported_winner(plan, earlier, later)
         if won is None:
             return None
         figures = candidate_figures(won)
@@ -107,3 +110,19 @@ def sample_of(
         memory_ratio=round(later.reserved_bytes / peak, 4) if later.reserved_bytes and peak else None,
         observed_at=now,
     )
+
+
+def reported_winner(plan: Plan, earlier: Reading, later: Reading) -> ProbeCandidate | None:
+    """The probe option a running pod says it trains with (btj_trainer_probe_winner), when both readings
+    name the same one and the prediction the pod exports beside it is that option's: a pod of another plan's
+    candidates (a re-planned job's old pod) or one that has not finished probing names none."""
+    probe, index = plan.probe, later.probe_winner
+    if probe is None or index is None or earlier.probe_winner != index or index >= len(probe.options):
+        return None
+    won = probe.options[index]
+    tokens, peak = later.predicted_tokens_per_second, later.predicted_peak_reserved
+    if tokens is None or peak is None:
+        return None
+    # Exported as the trainer's float and int: the same figures to the last bit, but for the gauge's float.
+    same_tokens = math.isclose(tokens, won.prediction.tokens_per_second_per_gpu, rel_tol=1e-9)
+    return won if same_tokens and peak == won.prediction.memory.peak_reserved else None
