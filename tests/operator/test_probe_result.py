@@ -86,6 +86,7 @@ async def test_a_probe_result_becomes_status_an_event_samples_and_the_plans_copy
     async with running_operator(cluster):
         plan, result, job = await probed_job(cluster, "a")
         probe = await wait_for(lambda: cluster.status("a").get("probe"), what="status.probe")
+        columns = cluster.status("a")  # written with status.probe, in the same status write
         (event,) = await wait_for(lambda: probed_events(cluster, "a"), what="the Probed Event")
         # The same pod's next event (a status update) changes nothing and posts nothing.
         await cluster.set_pod_status(
@@ -116,6 +117,14 @@ async def test_a_probe_result_becomes_status_an_event_samples_and_the_plans_copy
     pick, won = (m.tokens_per_second_per_gpu or 0.0 for m in result.measurements)
     assert probe["pickBehind"] == pytest.approx(1 - pick / won, abs=1e-4) and won > pick
     assert probe["childUid"] == job["metadata"]["uid"] and probe["generation"] == 1
+    # The columns `kubectl get btj` prints name what the job trains now: the winner, not the pick.
+    won_config = plan.probe.candidates[1].candidate
+    assert won_config.activation_checkpointing != plan.chosen.activation_checkpointing
+    assert (columns["precision"], columns["microBatchSize"], columns["activationCheckpointing"]) == (
+        won_config.precision.value,
+        won_config.micro_batch_size,
+        won_config.activation_checkpointing.value,
+    )
     for i, c in enumerate(probe["candidates"]):
         wanted = plan.probe.candidates[i]
         assert c["configuration"] == wanted.candidate.model_dump(by_alias=True, mode="json")

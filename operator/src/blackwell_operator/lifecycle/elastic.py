@@ -19,6 +19,7 @@ from typing import Any
 from blackwell_operator.lifecycle.conditions import set_condition
 from blackwell_operator.lifecycle.message import set_message
 from blackwell_operator.lifecycle.node_loss import NodeTimes
+from blackwell_operator.lifecycle.plan_columns import put_plan
 from blackwell_operator.lifecycle.replan import RESIZED, candidate_line, generation_of
 from blackwell_operator.lifecycle.status_read import read_status
 from blackwell_operator.models.spec import ElasticSpec
@@ -229,9 +230,5 @@ def resize_changes(
     change.phase = Phase.RESTARTING
     set_message(change, message, Phase.RESTARTING)
     change.plan_history = [*stored.plan_history, entry][-PLAN_HISTORY_LIMIT:]
-    change.plan = plan
-    change.nodes = plan.nodes
-    change.precision = plan.chosen.precision.value
-    change.micro_batch_size = plan.chosen.micro_batch_size
-    change.activation_checkpointing = plan.chosen.activation_checkpointing.value
+    put_plan(change, plan)
     return change, entry

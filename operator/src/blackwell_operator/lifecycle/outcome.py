@@ -25,6 +25,7 @@ from blackwell_operator.lifecycle.conditions import (
 from blackwell_operator.lifecycle.global_batch import batch_edit
 from blackwell_operator.lifecycle.message import set_message
 from blackwell_operator.lifecycle.phase import CHILD_PHASES, child_conditions, child_headline
+from blackwell_operator.lifecycle.plan_columns import put_plan
 from blackwell_operator.lifecycle.references import CHECKPOINT_PATH_IN_USE, Blocked
 from blackwell_operator.lifecycle.replan import REPLANNED_REASON
 from blackwell_operator.models.spec import Backend
@@ -344,11 +345,7 @@ def _planned_change(outcome: PassOutcome, stored: BlackwellTrainingJobStatus, no
         change.backend = outcome.backend.value
     plan = outcome.plan
     if plan is not None and (outcome.write_plan or stored.plan is None):
-        change.plan = plan  # written as the merge patch from the stored one (none when equal)
-        change.nodes = plan.nodes
-        change.precision = plan.chosen.precision.value
-        change.micro_batch_size = plan.chosen.micro_batch_size
-        change.activation_checkpointing = plan.chosen.activation_checkpointing.value
+        put_plan(change, plan)
         _record_batch(change, outcome.global_batch, stored, plan, now)
     if outcome.phase is not None:
         change.phase = outcome.phase

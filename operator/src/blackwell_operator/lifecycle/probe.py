@@ -18,6 +18,7 @@ from blackwell_operator.lifecycle.child_record import owned_by
 from blackwell_operator.lifecycle.failures import belongs_to
 from blackwell_operator.lifecycle.memory_readings import probe_readings
 from blackwell_operator.lifecycle.ownership import Lineage
+from blackwell_operator.lifecycle.plan_columns import put_plan
 from blackwell_operator.lifecycle.replan import candidate_line
 from blackwell_operator.lifecycle.status_read import read_status
 from blackwell_operator.models.status import (
@@ -359,11 +360,18 @@ def _refused_pass(
     )
     kept = _with_result(plan, pick)
     return ProbePass(
-        change=StatusChange(probe=status, plan=kept),
+        change=_recorded(status, kept),
         event=(REFUSED_REASON, message),
         warning=True,
         plan=kept,
     )
+
+
+def _recorded(status: ProbeStatus, kept: Plan) -> StatusChange:
+    """status.probe and the plan carrying the result, its printer columns now naming what the job trains."""
+    change = StatusChange(probe=status)
+    put_plan(change, kept)
+    return change
 
 
 def _with_result(plan: Plan, result: ProbeResult) -> Plan:
@@ -403,7 +411,7 @@ def probe_pass(
     readings, unread = probe_readings(meta, plan, result, taken, now)
     kept = _with_result(plan, result)
     return ProbePass(
-        change=StatusChange(probe=status, plan=kept),
+        change=_recorded(status, kept),
         event=event,
         warning=_all_failed(result),
         samples=tuple(samples),

@@ -14,6 +14,7 @@ from blackwell_operator.lifecycle.conditions import set_condition
 from blackwell_operator.lifecycle.global_batch import kept_tokens
 from blackwell_operator.lifecycle.message import set_message
 from blackwell_operator.lifecycle.phase import fail
+from blackwell_operator.lifecycle.plan_columns import put_plan
 from blackwell_operator.lifecycle.status_read import StatusLike, read_status, typed
 from blackwell_operator.models.status import (
     PLAN_HISTORY_LIMIT,
@@ -255,9 +256,5 @@ def replan_changes(
     change.phase, change.conditions = Phase.RESTARTING, conds
     set_message(change, message, Phase.RESTARTING)  # the failure is in the headline already
     change.plan_history = [*history, entry][-PLAN_HISTORY_LIMIT:]
-    change.plan = plan  # written as the merge patch from the failed one (lifecycle/status_patch.py)
-    change.nodes = plan.nodes
-    change.precision = plan.chosen.precision.value
-    change.micro_batch_size = plan.chosen.micro_batch_size
-    change.activation_checkpointing = plan.chosen.activation_checkpointing.value
+    put_plan(change, plan)
     return change, entry
