@@ -15,7 +15,7 @@ from blackwell_operator.lifecycle.progress import as_status, finished, progress_
 from blackwell_operator.lifecycle.status_patch import status_patch
 from blackwell_operator.lifecycle.writers import MEASURE_LOOP
 from blackwell_operator.models.status import JobProgress
-from blackwell_trainer.plan.config import ClusterCorrection
+from blackwell_trainer.plan.config import ClusterCorrection, Plan, ProbeResult
 from tests.support.manifests import btj
 from tests.support.plans import probed_plan
 from tests.support.pods import container, pod, pod_status
@@ -175,8 +175,6 @@ def test_warm_up_and_jobs_not_running_teach_nothing() -> None:
 
 
 def test_a_probed_job_teaches_as_its_winner_once_the_operator_knows_it() -> None:
-    from blackwell_trainer.plan.config import Plan, ProbeResult
-
     plan = probed_plan()
     assert plan.probe is not None
     won = plan.probe.candidates[1]
@@ -268,3 +266,38 @@ def test_a_pod_s_word_that_does_not_match_the_plan_teaches_nothing(why: str) -> 
     earlier = _from_pod(100.0, 100, earlier_winner, rate, peak)
     later = _from_pod(160.0, 120, winner, rate, peak)
     assert sample_of(body, earlier, later, rate, "t") is None
+
+
+def _probed_running(plan: Plan) -> dict[str, Any]:
+    """A Running BTJ whose status shows `plan` and its columns (the pick, as reconcile wrote them)."""
+    body = _running_btj(dict(plan.model_dump(mode="json", by_alias=True)))
+    body["status"].update(
+        precision=plan.chosen.precision.value,
+        microBatchSize=plan.chosen.micro_batch_size,
+        activationCheckpointing=plan.chosen.activation_checkpointing.value,
+    )
+    return body
+
+
+def test_while_a_probed_job_s_result_is_unknown_its_columns_follow_the_winner_its_pod_exports() -> None:
+    plan = probed_plan()
+    assert plan.probe is not None
+    won = plan.probe.options[1]
+    assert won.candidate.activation_checkpointing != plan.chosen.activation_checkpointing
+    rate, peak = won.prediction.tokens_per_second_per_gpu, won.prediction.memory.peak_reserved
+    body, worker = _probed_running(plan), pod("w-worker-0")
+    said = _from_pod(1.0, 9, 1, rate, peak)
+    change = measured_changes(body, worker, None, None, "t", found=OURS, reading=said)
+    assert change is not None
+    patch = status_patch(change, body["status"], MEASURE_LOOP)
+    assert patch["activationCheckpointing"] == won.candidate.activation_checkpointing.value
+    assert patch.get("microBatchSize", plan.chosen.micro_batch_size) == won.candidate.micro_batch_size
+    # Another plan's pod, or a pod still probing: nothing to say.
+    for wrong in (_from_pod(1.0, 9, 1, 1.01 * rate, peak), _from_pod(1.0, 9, None, rate, peak)):
+        assert measured_changes(body, worker, None, None, "t", found=OURS, reading=wrong) is None
+    # Once the plan records a result, the pod watcher wrote the columns with it: the measure loop leaves them.
+    result = ProbeResult(winner=0, chosen=plan.chosen, seconds=1.0)
+    recorded = _probed_running(
+        plan.model_copy(update={"probe": plan.probe.model_copy(update={"result": result})})
+    )
+    assert measured_changes(recorded, worker, None, None, "t", found=OURS, reading=said) is None

@@ -158,7 +158,9 @@ class Measurer:
                     self.ctx.api,
                     namespace,
                     name,
-                    lambda b: measured_changes(b, pod, rate, reading.mfu, now, progress, found=found),
+                    lambda b: measured_changes(
+                        b, pod, rate, reading.mfu, now, progress, found=found, reading=reading
+                    ),
                     MEASURE_LOOP,
                 )
                 is not None

@@ -14,9 +14,15 @@ from blackwell_operator.lifecycle.measure import Reading
 from blackwell_operator.lifecycle.ownership import Lineage
 from blackwell_operator.lifecycle.progress import as_status
 from blackwell_operator.lifecycle.status_read import read_status
-from blackwell_operator.models.status import JobProgress, MeasuredThroughput, Phase, StatusChange
+from blackwell_operator.models.status import (
+    BlackwellTrainingJobStatus,
+    JobProgress,
+    MeasuredThroughput,
+    Phase,
+    StatusChange,
+)
 from blackwell_operator.planner.cluster_figures import candidate_figures, figures_of, probe_winner
-from blackwell_trainer.plan.config import Plan, ProbeCandidate
+from blackwell_trainer.plan.config import Candidate, Plan, ProbeCandidate
 
 # A reading this close to the stored one is not written (a status write per job per minute otherwise).
 UNCHANGED = 0.01
@@ -43,14 +49,21 @@ def measured_changes(
     progress: JobProgress | None = None,
     *,
     found: Lineage | None,
+    reading: Reading | None = None,
 ) -> StatusChange | None:
     """status.measured (when it moved) and status.progress (when it changed) from a reading of `pod`, when
     it is this BTJ's running worker (`found`: the pod's verified owner chain). The progress replaces the
-    stored one whole: a time left from before a restart is never shown beside a newer step."""
+    stored one whole: a time left from before a restart is never shown beside a newer step. While a probed
+    job's result is not recorded yet, the printer columns follow the winner `reading` names
+    (`exported_option`)."""
     stored = read_status(btj.get("status")).status
     if stored.phase != Phase.RUNNING or not belongs_to(pod, btj, found):
         return None
     change = StatusChange()
+    if stored.plan is not None and reading is not None and probe_winner(stored.plan) is None:
+        exported = exported_option(stored.plan, reading)
+        if exported is not None:
+            _trained_columns(change, stored, exported.candidate)
     if progress is not None and (
         stored.progress is None or as_status(stored.progress) != as_status(progress)
     ):
@@ -112,17 +125,33 @@ def sample_of(
     )
 
 
-def reported_winner(plan: Plan, earlier: Reading, later: Reading) -> ProbeCandidate | None:
-    """The probe option a running pod says it trains with (btj_trainer_probe_winner), when both readings
-    name the same one and the prediction the pod exports beside it is that option's: a pod of another plan's
-    candidates (a re-planned job's old pod) or one that has not finished probing names none."""
-    probe, index = plan.probe, later.probe_winner
-    if probe is None or index is None or earlier.probe_winner != index or index >= len(probe.options):
+def exported_option(plan: Plan, reading: Reading) -> ProbeCandidate | None:
+    """The probe option a running pod says it trains with (btj_trainer_probe_winner), when the prediction it
+    exports beside it is that option's: a pod of another plan's candidates (a re-planned job's old pod), one
+    that has not finished probing, or a plan without a probe names none."""
+    probe, index = plan.probe, reading.probe_winner
+    if probe is None or not probe.enabled or index is None or index >= len(probe.options):
         return None
     won = probe.options[index]
-    tokens, peak = later.predicted_tokens_per_second, later.predicted_peak_reserved
+    tokens, peak = reading.predicted_tokens_per_second, reading.predicted_peak_reserved
     if tokens is None or peak is None:
         return None
     # Exported as the trainer's float and int: the same figures to the last bit, but for the gauge's float.
     same_tokens = math.isclose(tokens, won.prediction.tokens_per_second_per_gpu, rel_tol=1e-9)
     return won if same_tokens and peak == won.prediction.memory.peak_reserved else None
+
+
+def reported_winner(plan: Plan, earlier: Reading, later: Reading) -> ProbeCandidate | None:
+    """`exported_option` of a pair of readings that both name it: a rate between them is that option's."""
+    won = exported_option(plan, later)
+    return won if won is not None and earlier.probe_winner == later.probe_winner else None
+
+
+def _trained_columns(change: StatusChange, stored: BlackwellTrainingJobStatus, won: Candidate) -> None:
+    """The printer columns (Precision, MBS, AC) set to `won`'s configuration where they say otherwise."""
+    if stored.precision != won.precision.value:
+        change.precision = won.precision.value
+    if stored.micro_batch_size != won.micro_batch_size:
+        change.micro_batch_size = won.micro_batch_size
+    if stored.activation_checkpointing != won.activation_checkpointing.value:
+        change.activation_checkpointing = won.activation_checkpointing.value

@@ -47,7 +47,9 @@ POD_WATCHER = StatusWriter(
     _PLAN_KEYS | {"phase", "message", "headline", "lastFailure", "memoryCorrection", "planHistory", "probe"},
     frozenset({C.FAILED, C.PLANNED}),
 )
-MEASURE_LOOP = StatusWriter("measure loop", frozenset({"measured", "progress"}), frozenset())
+# The printer columns too: while a probed job's first run goes on, they follow the winner its pod exports.
+_COLUMN_KEYS = frozenset({"precision", "microBatchSize", "activationCheckpointing"})
+MEASURE_LOOP = StatusWriter("measure loop", _COLUMN_KEYS | {"measured", "progress"}, frozenset())
 # An elastic job's resize: the nodes it saw, and with a resize the new plan and the re-plan's record.
 ELASTIC_LOOP = StatusWriter(
     "elastic loop",
