@@ -28,9 +28,12 @@ from blackwell_trainer.plan.config import Candidate, Plan, ProbeCandidate
 UNCHANGED = 0.01
 
 
-def _close(stored: MeasuredThroughput | None, tokens_per_s: float, mfu: float | None) -> bool:
-    """Whether a reading is within 1% (tokens/s) and 0.01 (MFU) of the stored one."""
-    if stored is None:
+def _close(
+    stored: MeasuredThroughput | None, tokens_per_s: float, mfu: float | None, predicted: float | None
+) -> bool:
+    """Whether a reading is within 1% (tokens/s) and 0.01 (MFU) of the stored one, beside the same
+    prediction."""
+    if stored is None or stored.predicted_tokens_per_second_per_gpu != predicted:
         return False
     before, before_mfu = stored.tokens_per_second_per_gpu, stored.model_flops_utilization
     if not before or abs(tokens_per_s - before) > UNCHANGED * before:
@@ -60,18 +63,23 @@ def measured_changes(
     if stored.phase != Phase.RUNNING or not belongs_to(pod, btj, found):
         return None
     change = StatusChange()
-    if stored.plan is not None and reading is not None and probe_winner(stored.plan) is None:
-        exported = exported_option(stored.plan, reading)
+    plan, predicted = stored.plan, None
+    if plan is not None:
+        recorded = probe_winner(plan)
+        exported = exported_option(plan, reading) if reading is not None and recorded is None else None
         if exported is not None:
             _trained_columns(change, stored, exported.candidate)
+        predicted = _trained_prediction(plan, recorded or exported)
     if progress is not None and (
         stored.progress is None or as_status(stored.progress) != as_status(progress)
     ):
         change.progress = progress
-    if tokens_per_s is not None and not _close(stored.measured, tokens_per_s, mfu):
+    if tokens_per_s is not None and not _close(stored.measured, tokens_per_s, mfu, predicted):
         measured = MeasuredThroughput(tokens_per_second_per_gpu=round(tokens_per_s, 1), observed_at=now)
         if mfu is not None:
             measured.model_flops_utilization = round(mfu, 4)
+        if predicted is not None:
+            measured.predicted_tokens_per_second_per_gpu = predicted
         change.measured = measured
     return change if change.model_fields_set else None
 
@@ -145,6 +153,16 @@ def reported_winner(plan: Plan, earlier: Reading, later: Reading) -> ProbeCandid
     """`exported_option` of a pair of readings that both name it: a rate between them is that option's."""
     won = exported_option(plan, later)
     return won if won is not None and earlier.probe_winner == later.probe_winner else None
+
+
+def _trained_prediction(plan: Plan, won: ProbeCandidate | None) -> float | None:
+    """The predicted tokens/s of what the job trains: the probe's winner where it is known, the plan's
+    without a probe, none while a probe's winner is not known."""
+    if won is not None:
+        return round(won.prediction.tokens_per_second_per_gpu, 1)
+    if plan.probe is not None and plan.probe.enabled:
+        return None
+    return round(plan.predicted.tokens_per_second_per_gpu, 1)
 
 
 def _trained_columns(change: StatusChange, stored: BlackwellTrainingJobStatus, won: Candidate) -> None:

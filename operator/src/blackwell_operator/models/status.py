@@ -68,6 +68,13 @@ class MeasuredThroughput(WireModel):
     tokens_per_second_per_gpu: float = Field(ge=0, description="Measured tokens/s per GPU.")
     model_flops_utilization: float | None = Field(default=None, ge=0, description="Measured MFU.")
     observed_at: str = Field(description="RFC 3339 time of the reading.")
+    predicted_tokens_per_second_per_gpu: float | None = Field(
+        default=None,
+        ge=0,
+        description="The predicted tokens/s per GPU of the configuration the job trains, to read the "
+        "measurement against: the plan's, or a probe's winner's (docs/probe.md); none while a probed job's "
+        "winner is not known yet.",
+    )
 
 
 class JobProgress(WireModel):
