@@ -1,6 +1,7 @@
-"""What a reading of a running trainer pod teaches: status.measured and status.progress, and the job's
-measured-over-modelled sample for the cluster calibration (pure; the measure loop, handlers/measure.py,
-reads the pods, writes the status and records the sample)."""
+"""What a reading of a running trainer pod teaches: status.measured and status.progress (and a probed job's
+printer columns while only its pods know the winner), and the job's measured-over-modelled sample for the
+cluster calibration (pure; the measure loop, handlers/measure.py, reads the pods, writes the status and
+records the sample)."""
 
 from __future__ import annotations
 
