@@ -303,36 +303,15 @@ def test_while_a_probed_job_s_result_is_unknown_its_columns_follow_the_winner_it
     assert measured_changes(recorded, worker, None, None, "t", found=OURS, reading=said) is None
 
 
-def test_status_measured_names_the_prediction_of_what_the_job_trains() -> None:
-    worker = pod("w-worker-0")
-
-    def predicted(body: dict[str, Any], reading: Reading | None = None) -> object:
-        change = measured_changes(body, worker, 1000.0, 0.4, "t", found=OURS, reading=reading)
-        assert change is not None and change.measured is not None
-        return change.measured.predicted_tokens_per_second_per_gpu
-
-    plain = Plan.model_validate(_plan())
-    assert predicted(_running_btj(_plan())) == round(plain.predicted.tokens_per_second_per_gpu, 1)
+def test_the_predicted_columns_follow_the_winner_its_pod_exports() -> None:
     plan = probed_plan()
     assert plan.probe is not None
     won = plan.probe.options[1]
     rate, peak = won.prediction.tokens_per_second_per_gpu, won.prediction.memory.peak_reserved
     body = _probed_running(plan)
-    assert predicted(body) is None  # probed, its winner not known yet: no figure to read it against
-    assert predicted(body, _from_pod(1.0, 9, 1, rate, peak)) == round(rate, 1)  # the pod's word
-    result = ProbeResult(winner=1, chosen=won.candidate, seconds=1.0)
-    recorded = _probed_running(
-        plan.model_copy(update={"probe": plan.probe.model_copy(update={"result": result})})
+    change = measured_changes(
+        body, pod("w-worker-0"), None, None, "t", found=OURS, reading=_from_pod(1.0, 9, 1, rate, peak)
     )
-    assert predicted(recorded) == round(rate, 1)  # the recorded result
-    # A reading as fast as the stored one is written again once it has a prediction to stand beside.
-    body["status"]["measured"] = {
-        "tokensPerSecondPerGpu": 1000.0,
-        "modelFlopsUtilization": 0.4,
-        "observedAt": "t",
-    }
-    assert measured_changes(body, worker, 1000.0, 0.4, "t", found=OURS) is None
-    again = measured_changes(
-        body, worker, 1000.0, 0.4, "t", found=OURS, reading=_from_pod(1.0, 9, 1, rate, peak)
-    )
-    assert again is not None and again.measured is not None
+    assert change is not None
+    assert change.predicted_tokens_per_second_per_gpu == round(rate, 1)
+    assert change.predicted_model_flops_utilization == round(won.prediction.model_flops_utilization, 4)

@@ -204,6 +204,8 @@ async def test_probed_jobs_still_running_teach_the_next_plan_from_the_winner_the
         assert sample.tokens_ratio == pytest.approx(SLOW, rel=0.15)
         assert sample.memory_ratio == pytest.approx(PEAK, rel=0.01)
     assert all(not cluster.status(name).get("probe") for name in running)  # nothing ended: no result read
+    winner_rate = round(won.prediction.tokens_per_second_per_gpu, 1)
+    assert all(cluster.status(n)["predictedTokensPerSecondPerGpu"] == winner_rate for n in running)
     assert third.chosen.micro_batch_size == first.chosen.micro_batch_size + 1, third.explanation
     correction = third.cluster_correction
     assert correction is not None and correction.memory_factor == MEMORY_BOUNDS[0]

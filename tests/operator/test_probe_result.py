@@ -125,6 +125,8 @@ async def test_a_probe_result_becomes_status_an_event_samples_and_the_plans_copy
         won_config.micro_batch_size,
         won_config.activation_checkpointing.value,
     )
+    won_prediction = plan.probe.candidates[1].prediction
+    assert columns["predictedTokensPerSecondPerGpu"] == round(won_prediction.tokens_per_second_per_gpu, 1)
     for i, c in enumerate(probe["candidates"]):
         wanted = plan.probe.candidates[i]
         assert c["configuration"] == wanted.candidate.model_dump(by_alias=True, mode="json")

@@ -13,28 +13,20 @@ from blackwell_operator.calibration.cluster import ImplausibleSample, Sample, un
 from blackwell_operator.lifecycle.failures import belongs_to
 from blackwell_operator.lifecycle.measure import Reading
 from blackwell_operator.lifecycle.ownership import Lineage
+from blackwell_operator.lifecycle.plan_columns import put_columns
 from blackwell_operator.lifecycle.progress import as_status
 from blackwell_operator.lifecycle.status_read import read_status
-from blackwell_operator.models.status import (
-    BlackwellTrainingJobStatus,
-    JobProgress,
-    MeasuredThroughput,
-    Phase,
-    StatusChange,
-)
+from blackwell_operator.models.status import JobProgress, MeasuredThroughput, Phase, StatusChange
 from blackwell_operator.planner.cluster_figures import candidate_figures, figures_of, probe_winner
-from blackwell_trainer.plan.config import Candidate, Plan, ProbeCandidate
+from blackwell_trainer.plan.config import Plan, ProbeCandidate
 
 # A reading this close to the stored one is not written (a status write per job per minute otherwise).
 UNCHANGED = 0.01
 
 
-def _close(
-    stored: MeasuredThroughput | None, tokens_per_s: float, mfu: float | None, predicted: float | None
-) -> bool:
-    """Whether a reading is within 1% (tokens/s) and 0.01 (MFU) of the stored one, beside the same
-    prediction."""
-    if stored is None or stored.predicted_tokens_per_second_per_gpu != predicted:
+def _close(stored: MeasuredThroughput | None, tokens_per_s: float, mfu: float | None) -> bool:
+    """Whether a reading is within 1% (tokens/s) and 0.01 (MFU) of the stored one."""
+    if stored is None:
         return False
     before, before_mfu = stored.tokens_per_second_per_gpu, stored.model_flops_utilization
     if not before or abs(tokens_per_s - before) > UNCHANGED * before:
@@ -64,23 +56,19 @@ def measured_changes(
     if stored.phase != Phase.RUNNING or not belongs_to(pod, btj, found):
         return None
     change = StatusChange()
-    plan, predicted = stored.plan, None
-    if plan is not None:
-        recorded = probe_winner(plan)
-        exported = exported_option(plan, reading) if reading is not None and recorded is None else None
+    plan = stored.plan
+    if plan is not None and reading is not None and probe_winner(plan) is None:
+        exported = exported_option(plan, reading)
         if exported is not None:
-            _trained_columns(change, stored, exported.candidate)
-        predicted = _trained_prediction(plan, recorded or exported)
+            put_columns(change, stored, exported.candidate, exported.prediction)
     if progress is not None and (
         stored.progress is None or as_status(stored.progress) != as_status(progress)
     ):
         change.progress = progress
-    if tokens_per_s is not None and not _close(stored.measured, tokens_per_s, mfu, predicted):
+    if tokens_per_s is not None and not _close(stored.measured, tokens_per_s, mfu):
         measured = MeasuredThroughput(tokens_per_second_per_gpu=round(tokens_per_s, 1), observed_at=now)
         if mfu is not None:
             measured.model_flops_utilization = round(mfu, 4)
-        if predicted is not None:
-            measured.predicted_tokens_per_second_per_gpu = predicted
         change.measured = measured
     return change if change.model_fields_set else None
 
@@ -154,23 +142,3 @@ def reported_winner(plan: Plan, earlier: Reading, later: Reading) -> ProbeCandid
     """`exported_option` of a pair of readings that both name it: a rate between them is that option's."""
     won = exported_option(plan, later)
     return won if won is not None and earlier.probe_winner == later.probe_winner else None
-
-
-def _trained_prediction(plan: Plan, won: ProbeCandidate | None) -> float | None:
-    """The predicted tokens/s of what the job trains: the probe's winner where it is known, the plan's
-    without a probe, none while a probe's winner is not known."""
-    if won is not None:
-        return round(won.prediction.tokens_per_second_per_gpu, 1)
-    if plan.probe is not None and plan.probe.enabled:
-        return None
-    return round(plan.predicted.tokens_per_second_per_gpu, 1)
-
-
-def _trained_columns(change: StatusChange, stored: BlackwellTrainingJobStatus, won: Candidate) -> None:
-    """The printer columns (Precision, MBS, AC) set to `won`'s configuration where they say otherwise."""
-    if stored.precision != won.precision.value:
-        change.precision = won.precision.value
-    if stored.micro_batch_size != won.micro_batch_size:
-        change.micro_batch_size = won.micro_batch_size
-    if stored.activation_checkpointing != won.activation_checkpointing.value:
-        change.activation_checkpointing = won.activation_checkpointing.value

@@ -25,7 +25,7 @@ from blackwell_operator.lifecycle.conditions import (
 from blackwell_operator.lifecycle.global_batch import batch_edit
 from blackwell_operator.lifecycle.message import set_message
 from blackwell_operator.lifecycle.phase import CHILD_PHASES, child_conditions, child_headline
-from blackwell_operator.lifecycle.plan_columns import put_plan
+from blackwell_operator.lifecycle.plan_columns import missing_columns, put_plan
 from blackwell_operator.lifecycle.references import CHECKPOINT_PATH_IN_USE, Blocked
 from blackwell_operator.lifecycle.replan import REPLANNED_REASON
 from blackwell_operator.models.spec import Backend
@@ -347,6 +347,8 @@ def _planned_change(outcome: PassOutcome, stored: BlackwellTrainingJobStatus, no
     if plan is not None and (outcome.write_plan or stored.plan is None):
         put_plan(change, plan)
         _record_batch(change, outcome.global_batch, stored, plan, now)
+    else:
+        missing_columns(change, stored)
     if outcome.phase is not None:
         change.phase = outcome.phase
         set_message(change, outcome.message, change.phase)  # no worker failure: its own phases

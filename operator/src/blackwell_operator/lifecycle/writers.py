@@ -29,7 +29,16 @@ class StatusWriter:
 _CHILD_KEYS = frozenset({"phase", "message", "headline", "child"})
 _CHILD_CONDITIONS = frozenset({C.ADMITTED, C.RUNNING, C.SUCCEEDED, C.FAILED, C.KUEUE_MANAGED})
 # What a plan puts in status: the plan and its printer-column copies.
-_PLAN_KEYS = frozenset({"plan", "nodes", "precision", "microBatchSize", "activationCheckpointing"})
+_COLUMN_KEYS = frozenset(
+    {
+        "precision",
+        "microBatchSize",
+        "activationCheckpointing",
+        "predictedTokensPerSecondPerGpu",
+        "predictedModelFlopsUtilization",
+    }
+)
+_PLAN_KEYS = frozenset({"plan", "nodes"}) | _COLUMN_KEYS
 
 RECONCILE = StatusWriter(
     "reconcile",
@@ -48,7 +57,6 @@ POD_WATCHER = StatusWriter(
     frozenset({C.FAILED, C.PLANNED}),
 )
 # The printer columns too: while a probed job's first run goes on, they follow the winner its pod exports.
-_COLUMN_KEYS = frozenset({"precision", "microBatchSize", "activationCheckpointing"})
 MEASURE_LOOP = StatusWriter("measure loop", _COLUMN_KEYS | {"measured", "progress"}, frozenset())
 # An elastic job's resize: the nodes it saw, and with a resize the new plan and the re-plan's record.
 ELASTIC_LOOP = StatusWriter(

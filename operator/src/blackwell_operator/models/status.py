@@ -68,13 +68,6 @@ class MeasuredThroughput(WireModel):
     tokens_per_second_per_gpu: float = Field(ge=0, description="Measured tokens/s per GPU.")
     model_flops_utilization: float | None = Field(default=None, ge=0, description="Measured MFU.")
     observed_at: str = Field(description="RFC 3339 time of the reading.")
-    predicted_tokens_per_second_per_gpu: float | None = Field(
-        default=None,
-        ge=0,
-        description="The predicted tokens/s per GPU of the configuration the job trains, to read the "
-        "measurement against: the plan's, or a probe's winner's (docs/probe.md); none while a probed job's "
-        "winner is not known yet.",
-    )
 
 
 class JobProgress(WireModel):
@@ -301,6 +294,15 @@ class BlackwellTrainingJobStatus(WireModel):
     precision: str | None = Field(default=None, description="Chosen precision (printer column).")
     micro_batch_size: int | None = Field(default=None, description="Chosen micro-batch (printer column).")
     activation_checkpointing: str | None = Field(default=None, description="Chosen AC mode (printer column).")
+    predicted_tokens_per_second_per_gpu: float | None = Field(
+        default=None,
+        ge=0,
+        description="Predicted tokens/s per GPU of the configuration the job trains (printer column): the "
+        "plan's, or a probe's winner's once it is known (docs/probe.md).",
+    )
+    predicted_model_flops_utilization: float | None = Field(
+        default=None, ge=0, description="Predicted MFU of the configuration the job trains (printer column)."
+    )
 
 
 class StatusChange(WireModel):
@@ -331,3 +333,5 @@ class StatusChange(WireModel):
     precision: str | None = None
     micro_batch_size: int | None = None
     activation_checkpointing: str | None = None
+    predicted_tokens_per_second_per_gpu: float | None = None
+    predicted_model_flops_utilization: float | None = None

@@ -344,11 +344,11 @@ def printer_columns() -> list[dict[str, Any]]:
         column(
             "Tok/s/GPU",
             "number",
-            ".status.plan.predicted.tokensPerSecondPerGpu",
-            "Predicted training tokens/s per GPU.",
+            ".status.predictedTokensPerSecondPerGpu",
+            "Predicted training tokens/s per GPU of what the job trains (a probe's winner's once known).",
             1,
         ),
-        column("MFU", "number", ".status.plan.predicted.modelFlopsUtilization", "Predicted MFU.", 1),
+        column("MFU", "number", ".status.predictedModelFlopsUtilization", "Predicted MFU.", 1),
         column(
             "Measured", "number", ".status.measured.tokensPerSecondPerGpu", "Measured tokens/s per GPU.", 1
         ),
