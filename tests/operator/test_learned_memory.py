@@ -160,8 +160,9 @@ async def test_a_training_run_out_of_memory_keeps_its_configuration_out_of_later
 async def test_probed_jobs_still_running_teach_the_next_plan_from_the_winner_their_pods_export(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Two probed jobs train for days: no termination message yet, so status.probe is empty and only the pods'
-    # metrics say which candidate won. Their readings, taken against that candidate's figures, are two
+    # Two probed jobs train for days: no termination message yet, and the result their pods serve has no
+    # measurements (as from a trainer that served none at all), so status.probe stays empty and only the
+    # pods' metrics say which candidate won. Their readings, taken against that candidate's figures, are two
     # readings of the GPU type's memory: a third job of the same spec plans the larger micro-batch now.
     monkeypatch.setenv(INTERVAL_ENV, "0.3")
     monkeypatch.setenv(store.NAMESPACE_ENV, HOME)

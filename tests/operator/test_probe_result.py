@@ -15,12 +15,14 @@ import pytest
 
 from blackwell_operator.calibration.cluster import MIN_RUNS, ClusterCalibration
 from blackwell_operator.handlers import cluster_calibration as store
+from blackwell_operator.handlers.measure import INTERVAL_ENV
 from blackwell_operator.render.environment import PLAN_FILE
 from blackwell_operator.render.labels import PLAN_HASH_ANNOTATION
 from blackwell_operator.render.pod import plan_config_map_name
 from blackwell_trainer import probe as trainer_probe
 from blackwell_trainer.plan.config import Plan, ProbeResult
 from tests.operator.harness import NAMESPACE, Cluster, btj, from_operator, running_operator, wait_for
+from tests.operator.test_cluster_calibration import PacedTrainer
 from tests.support.helm import NAMESPACE as HOME
 from tests.support.pods import T2, container, pod, pod_status, terminated
 from tests.support.probe_results import measured_probe
@@ -298,3 +300,48 @@ async def test_figures_beyond_the_gpu_are_refused_and_the_job_trains_the_planner
     assert copied.probe is not None and copied.probe.result is not None
     assert (copied.probe.result.winner, copied.probe.result.chosen) == (0, pick)
     assert trainer_probe.earlier_choice(copied, wild.to_line()) == copied.probe.result
+
+
+@pytest.mark.integration
+async def test_a_running_worker_s_served_result_is_taken_before_its_run_ends(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A job that trains for days: its worker serves the probe's result beside /metrics once it has chosen,
+    # and the measure loop takes it then, with the termination message's effects; the message at the end of
+    # the run carries the same line and changes nothing.
+    monkeypatch.setenv(INTERVAL_ENV, "0.3")
+    monkeypatch.setenv(store.NAMESPACE_ENV, HOME)
+    trainer = PacedTrainer(monkeypatch)
+    try:
+        async with running_operator(cluster):
+            job = await cluster.running_child("a", model=MODEL, training=TRAINING, tuning=TUNING)
+            plan = Plan.model_validate(
+                await wait_for(lambda: cluster.status("a").get("plan"), what="a's plan")
+            )
+            assert plan.probe is not None and plan.probe.enabled
+            result = result_for(plan)
+            trainer.metrics.record_probe(plan, result)
+            trainer.rate = SPEED[1] * plan.probe.candidates[1].prediction.tokens_per_second_per_gpu
+            body = pod("a-worker-0", job="a", owner=job)
+            body["spec"]["containers"][0]["ports"] = [{"name": "metrics", "containerPort": trainer.port}]
+            await cluster.add_pod(body, pod_status(container(), podIP="127.0.0.1"))
+            probe = await wait_for(lambda: cluster.status("a").get("probe"), what="status.probe from the pod")
+            (event,) = await wait_for(lambda: probed_events(cluster, "a"), what="the Probed Event")
+            running = cluster.status("a")
+            copied = config_map_plan(cluster, "a")
+            ended = container(
+                state={"terminated": terminated(0, "Completed", T2, f"done\n{result.to_line()}\n")}
+            )
+            await cluster.set_pod_status("a-worker-0", pod_status(ended, podIP="127.0.0.1"))
+            await cluster.settle("a")
+    finally:
+        trainer.close()
+    assert (
+        running["phase"] == "Running" and probe["winner"] == 1 and probe["childUid"] == job["metadata"]["uid"]
+    )
+    assert event["message"].startswith("probed 2 candidates in 104 s: training with candidate 1 at ")
+    assert copied.probe is not None and copied.probe.result == result  # a restart trains with the winner
+    won = plan.probe.candidates[1].candidate
+    assert running["activationCheckpointing"] == won.activation_checkpointing.value
+    assert len(probed_events(cluster, "a")) == 1  # the same line at the end of the run: nothing twice
+    assert cluster.status("a")["probe"] == probe

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
@@ -12,7 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from blackwell_trainer.loop.metrics import TrainerMetrics
 from blackwell_trainer.plan import metric_names
-from blackwell_trainer.plan.config import Plan
+from blackwell_trainer.plan.config import Plan, ProbeResult
+from tests.support.plans import probed_plan
+from tests.support.probe_results import measured_probe
 
 # Family name (as the parser reports it: counters without _total) -> type.
 EXPECTED_TYPES = {
@@ -252,3 +255,25 @@ def test_idle_connections_hold_a_bounded_number_of_threads(
         for conn in idle:
             conn.close()
         metrics.close()
+
+
+def test_the_probe_result_is_served_beside_the_metrics_once_the_probe_has_chosen(
+    served: TrainerMetrics,
+) -> None:
+    url = f"http://127.0.0.1:{served.port}{metric_names.PROBE_RESULT_PATH}"
+    with pytest.raises(urllib.error.HTTPError) as before:
+        urllib.request.urlopen(url, timeout=10)
+    assert before.value.code == 404  # still probing, or no probe: nothing to take yet
+    plan = probed_plan()
+    assert plan.probe is not None
+    result = measured_probe(plan, speed=[0.9, 1.0], peak=lambda c: 0.9 * c.prediction.memory.peak_reserved,
+                            winner=1, seconds_each=50.0, seconds=104.0)  # fmt: skip
+    served.record_probe(plan, result)
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    # The termination message's very line, which the operator parses the same way.
+    assert text == f"{result.to_line()}\n" and ProbeResult.find(text) == result
+    assert (
+        "btj_trainer_probe_winner"
+        in urllib.request.urlopen(f"http://127.0.0.1:{served.port}/metrics", timeout=10).read().decode()
+    )

@@ -25,11 +25,12 @@ from blackwell_operator.handlers.btjstatus import write_status
 from blackwell_operator.handlers.context import OperatorContext
 from blackwell_operator.handlers.logs import Logger
 from blackwell_operator.handlers.periodic import every
-from blackwell_operator.handlers.pods import pod_lineage
+from blackwell_operator.handlers.pods import pod_lineage, record_probe
 from blackwell_operator.lifecycle.measure import (
     Reading,
     metrics_endpoint,
     parse_reading,
+    probe_endpoint,
     tokens_per_second_per_gpu,
 )
 from blackwell_operator.lifecycle.measured import measured_changes, sample_of
@@ -39,12 +40,15 @@ from blackwell_operator.lifecycle.writers import MEASURE_LOOP
 from blackwell_operator.models.status import JobProgress
 from blackwell_operator.settings import env_name, operator_environment
 from blackwell_operator.timefmt import now_rfc3339
+from blackwell_trainer.plan.config import ProbeResult
 
 INTERVAL_ENV = env_name("measure_interval_s")
 SCRAPE_TIMEOUT_S = 5.0
 # A job's calibration sample is rewritten only when its ratio moved this much (one ConfigMap write per job,
 # not one per minute).
 SAMPLE_MOVED = 0.02
+# The most of a pod's served probe result read: a pod cannot make the operator hold more of it.
+PROBE_BYTES = 16 * 1024
 
 
 def measure_interval() -> float | None:
@@ -76,6 +80,7 @@ class Measurer:
         self.ctx, self.logger = ctx, logger
         self.previous: dict[str, Reading] = {}
         self.sampled: dict[str, float] = {}  # BTJ uid -> the tokens ratio last given to the calibration
+        self.probed: set[str] = set()  # pod uids whose served probe result is taken
 
     async def read(self, session: aiohttp.ClientSession, url: str) -> Reading | None:
         try:
@@ -94,6 +99,7 @@ class Measurer:
         chosen = one_pod_per_job(pods, await asyncio.to_thread(self._lineages, pods))
         live = {str(p["metadata"].get("uid")) for p, _ in chosen.values()}
         self.previous = {uid: r for uid, r in self.previous.items() if uid in live}
+        self.probed &= live
         known = self.ctx.known_btjs()
         self.sampled = {uid: r for uid, r in self.sampled.items() if uid in known}
         written = 0
@@ -119,6 +125,8 @@ class Measurer:
         if reading is None:
             return 0
         earlier, self.previous[uid] = self.previous.get(uid), reading
+        if reading.probe_winner is not None and uid not in self.probed:
+            await self._take_probe(session, str(url), namespace, pod, found)
         rate = tokens_per_second_per_gpu(earlier, reading) if earlier else None
         progress = progress_of(earlier, reading, datetime.datetime.now(datetime.UTC))
         if rate is None and progress is None:
@@ -127,6 +135,32 @@ class Measurer:
         if earlier is not None and rate is not None:
             await asyncio.to_thread(self._teach, namespace, name, earlier, reading, rate)
         return int(wrote)
+
+    async def _take_probe(
+        self, session: aiohttp.ClientSession, url: str, namespace: str, pod: Mapping[str, Any], found: Lineage
+    ) -> None:
+        """A probed pod's result, read from its metrics port as soon as it has chosen, taken as the pod
+        watcher takes one from a termination message (status.probe, the Event, the samples, the plan's copy)
+        instead of when the run ends. Once per pod: taken, or a result the pod watcher already handled."""
+        uid = str(pod["metadata"].get("uid"))
+        try:
+            async with session.get(probe_endpoint(url)) as response:
+                if response.status != 200:
+                    return  # still probing, or a trainer without the endpoint
+                # As much as a termination message holds (Kubernetes keeps 4,096 bytes of one), and some.
+                probe = ProbeResult.find((await response.content.read(PROBE_BYTES)).decode())
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+            self.logger.debug(f"Cannot read the probe result at {url}: {exc}")
+            return
+        if probe is None:
+            return
+        key = ("", probe.to_line())  # the pod watcher's key for the same line without a failure
+        if not self.ctx.pod_failure_seen(uid, key):
+            taken = await asyncio.to_thread(record_probe, self.ctx, namespace, found, pod, probe, self.logger)
+            if not taken:
+                return  # logged; the next reading tries again
+            self.ctx.remember_pod_failure(uid, key)
+        self.probed.add(uid)
 
     def _lineages(self, pods: list[Mapping[str, Any]]) -> dict[str, Lineage]:
         """The verified owner chains of the running pods that have one (a failed read: not this round)."""

@@ -13,7 +13,7 @@ from blackwell_operator.handlers import cluster_calibration, retrying
 from blackwell_operator.handlers.api import ApiError, resource_path
 from blackwell_operator.handlers.btjstatus import CHILD_DELETED, btj_path, write_status_logged
 from blackwell_operator.handlers.context import PODS, OperatorContext
-from blackwell_operator.handlers.events import post_event
+from blackwell_operator.handlers.events import direct_events, post_event
 from blackwell_operator.handlers.logs import Logger
 from blackwell_operator.lifecycle.failures import (
     failure_changes,
@@ -137,6 +137,24 @@ def _record(
     # Written, or nothing to write (stored already, older than the stored one, a predecessor's pod); a
     # child not deleted yet after a permanent error: the pod's next event tries again.
     return btj is None or not is_permanent(failure) or _stop_child(ctx, btj, logger)
+
+
+def record_probe(
+    ctx: OperatorContext,
+    namespace: str,
+    found: Lineage,
+    pod: Mapping[str, Any],
+    probe: ProbeResult,
+    logger: Logger,
+) -> bool:
+    """A probe result a running pod serves (the measure loop reads it from the pod's metrics port while the
+    first run goes on): taken exactly as one from a termination message, under the BTJ's reconcile lock,
+    its Event written through the API (the loop runs outside Kopf's handlers); False to try again at the
+    next reading."""
+    with ctx.recreate_lock(found.btj_uid), direct_events(ctx.api):
+        return apply_probe(ctx, namespace, found, pod, probe, logger) and _record(
+            ctx, namespace, found, pod, None, probe, logger
+        )
 
 
 def apply_probe(

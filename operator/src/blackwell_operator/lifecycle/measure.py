@@ -24,6 +24,7 @@ from blackwell_trainer.plan.metric_names import (
     PLANNED_STEPS,
     PREDICTED_MEMORY_PEAK,
     PREDICTED_TOKENS_PER_SECOND,
+    PROBE_RESULT_PATH,
     PROBE_WINNER,
     RESERVED,
     STEP,
@@ -102,6 +103,11 @@ def tokens_per_second_per_gpu(earlier: Reading, later: Reading) -> float | None:
         return None
     rate = trained / elapsed / later.gpus
     return rate if math.isfinite(rate) else None
+
+
+def probe_endpoint(metrics_url: str) -> str:
+    """The probe result's URL beside a pod's /metrics (the trainer serves both on its metrics port)."""
+    return metrics_url.removesuffix("/metrics") + PROBE_RESULT_PATH
 
 
 def metrics_endpoint(pod: Mapping[str, Any]) -> str | None:

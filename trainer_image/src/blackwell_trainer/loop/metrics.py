@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, make_wsgi_app
@@ -83,6 +84,7 @@ class TrainerMetrics:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         self.port: int | None = None
         self._server: Any = None
+        self._probe_line: str | None = None  # served at PROBE_RESULT_PATH once the probe has chosen
         self._thread: threading.Thread | None = None  # the server's, joined by close()
         # Ranks of one pod step in lockstep on equal batches, so the pod's tokens are one rank's
         # tokens times the GPUs it serves (LOCAL_WORLD_SIZE under torchrun).
@@ -244,7 +246,7 @@ class TrainerMetrics:
         address = metrics_address()
         try:
             # A bounded pool of threads, each connection bounded in time (metrics_server.py).
-            self._server, self._thread = metrics_server.start(address, port, make_wsgi_app(self.registry))
+            self._server, self._thread = metrics_server.start(address, port, self._app())
         except OSError as err:
             raise RuntimeError(
                 f"cannot serve metrics on {address} port {port}: {err}; set metricsPort in the plan to a "
@@ -252,6 +254,23 @@ class TrainerMetrics:
             ) from err
         self.port = int(self._server.server_port)
         log.info("serving Prometheus metrics on %s:%d/metrics", address, self.port)
+
+    def _app(self) -> Callable[..., Iterable[bytes]]:
+        """/metrics (Prometheus), and PROBE_RESULT_PATH: the probe's result line once it has chosen."""
+        metrics = make_wsgi_app(self.registry)
+
+        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+            if environ.get("PATH_INFO") != names.PROBE_RESULT_PATH:
+                served: Iterable[bytes] = metrics(environ, start_response)
+                return served
+            line = self._probe_line
+            if line is None:
+                start_response("404 Not Found", [("Content-Type", "text/plain")])
+                return [b"no probe result\n"]
+            start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8")])
+            return [f"{line}\n".encode()]
+
+        return app
 
     def close(self) -> None:
         """Stop the HTTP server, if serving, and join its thread (none of ours outlives the run)."""
@@ -328,6 +347,7 @@ class TrainerMetrics:
                     self.probe_tokens.labels(index, names.MEASURED).set(m.tokens_per_second_per_gpu)
             self.probe_winner.set(result.winner)
             self.probe_seconds.set(result.seconds)
+            self._probe_line = result.to_line()
             if plan.probe is not None and result.winner < len(plan.probe.options):
                 won = plan.probe.options[result.winner]
                 self.predicted_tokens.set(won.prediction.tokens_per_second_per_gpu)

@@ -46,6 +46,9 @@ PREDICTED, MEASURED = "predicted", "measured"
 PROBE_WINNER = "btj_trainer_probe_winner"  # gauge: the index trained with; -1 without a probe
 PROBE_SECONDS = "btj_trainer_probe_seconds"  # gauge: the probe's wall time; 0 without one
 BUILD = "btj_trainer_build"  # info: the trainer's version and the plan's settings
+# Beside /metrics on the same port: the probe's whole result as its termination-message line (ProbeResult's
+# marker and JSON), 404 until the probe has chosen; the operator takes it while the first run goes on.
+PROBE_RESULT_PATH = "/probe"
 
 
 def total(counter: str) -> str:
