@@ -105,10 +105,15 @@ async def _running_job(cluster: Cluster, name: str, trainer: PacedTrainer) -> di
     plan: dict[str, Any] = await wait_for(lambda: cluster.status(name).get("plan"), what=f"{name}'s plan")
     trainer.rate = SLOW * plan["predicted"]["tokensPerSecondPerGpu"]
     trainer.reserved = int(HEAVY * plan["predicted"]["memory"]["peakReserved"])
+    await serve_worker(cluster, name, job, trainer)
+    return plan
+
+
+async def serve_worker(cluster: Cluster, name: str, job: dict[str, Any], trainer: PacedTrainer) -> None:
+    """Start `name`-worker-0 of `job`, Running on loopback, its metrics port `trainer`'s exporter."""
     body = pod(f"{name}-worker-0", job=name, owner=job)
     body["spec"]["containers"][0]["ports"] = [{"name": "metrics", "containerPort": trainer.port}]
     await cluster.add_pod(body, pod_status(container(), podIP="127.0.0.1"))
-    return plan
 
 
 # The operator keeps its calibration in its own namespace (the chart's release namespace), not the jobs'.

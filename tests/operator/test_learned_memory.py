@@ -21,7 +21,7 @@ from blackwell_operator.handlers.measure import INTERVAL_ENV
 from blackwell_operator.planner.cluster_figures import candidate_figures, figures_of
 from blackwell_trainer.plan.config import Candidate, Plan, ProbeResult
 from tests.operator.harness import NAMESPACE, Cluster, btj, running_operator, wait_for
-from tests.operator.test_cluster_calibration import SLOW, PacedTrainer
+from tests.operator.test_cluster_calibration import SLOW, PacedTrainer, serve_worker
 from tests.operator.test_probe_result import probed_events, stored_calibration
 from tests.support.helm import NAMESPACE as HOME
 from tests.support.oom import oom_message
@@ -223,9 +223,7 @@ async def _probed_and_running(cluster: Cluster, name: str, trainer: PacedTrainer
     trainer.metrics.record_probe(plan, ProbeResult(winner=1, chosen=won.candidate, seconds=130.0))
     trainer.rate = SLOW * won.prediction.tokens_per_second_per_gpu
     trainer.reserved = int(PEAK * candidate_figures(won).modelled_peak_reserved)
-    body = pod(f"{name}-worker-0", job=name, owner=job)
-    body["spec"]["containers"][0]["ports"] = [{"name": "metrics", "containerPort": trainer.port}]
-    await cluster.add_pod(body, pod_status(container(), podIP="127.0.0.1"))
+    await serve_worker(cluster, name, job, trainer)
     return plan
 
 

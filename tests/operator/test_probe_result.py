@@ -22,7 +22,7 @@ from blackwell_operator.render.pod import plan_config_map_name
 from blackwell_trainer import probe as trainer_probe
 from blackwell_trainer.plan.config import Plan, ProbeResult
 from tests.operator.harness import NAMESPACE, Cluster, btj, from_operator, running_operator, wait_for
-from tests.operator.test_cluster_calibration import PacedTrainer
+from tests.operator.test_cluster_calibration import PacedTrainer, serve_worker
 from tests.support.helm import NAMESPACE as HOME
 from tests.support.pods import T2, container, pod, pod_status, terminated
 from tests.support.probe_results import measured_probe
@@ -322,9 +322,7 @@ async def test_a_running_worker_s_served_result_is_taken_before_its_run_ends(
             result = result_for(plan)
             trainer.metrics.record_probe(plan, result)
             trainer.rate = SPEED[1] * plan.probe.candidates[1].prediction.tokens_per_second_per_gpu
-            body = pod("a-worker-0", job="a", owner=job)
-            body["spec"]["containers"][0]["ports"] = [{"name": "metrics", "containerPort": trainer.port}]
-            await cluster.add_pod(body, pod_status(container(), podIP="127.0.0.1"))
+            await serve_worker(cluster, "a", job, trainer)
             probe = await wait_for(lambda: cluster.status("a").get("probe"), what="status.probe from the pod")
             (event,) = await wait_for(lambda: probed_events(cluster, "a"), what="the Probed Event")
             running = cluster.status("a")
