@@ -34,10 +34,10 @@ import torch
 
 # Run as a script, benchmarks/ and not the repository is on the path.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.optimizer_step import parameter_shapes
+from benchmarks.optimizer_step import BETAS, EPS, LR, WEIGHT_DECAY, card, parameter_shapes
 from blackwell_trainer.loop.optimizer import AdamW
 
-HYPER: dict[str, Any] = {"lr": 3e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
+HYPER: dict[str, Any] = {"lr": LR, "betas": BETAS, "eps": EPS, "weight_decay": WEIGHT_DECAY}
 
 
 def _optimizer(variant: str, leaves: list[torch.nn.Parameter], device: torch.device) -> torch.optim.Optimizer:
@@ -83,7 +83,7 @@ def main() -> None:
     record: dict[str, Any] = {
         "command": f"python3 benchmarks/optimizer_host.py --model {args.model} --out $OUT",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
+        "device": card() if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__,
         "tensors": count,
         "elements_per_tensor": args.elements,

@@ -19,7 +19,7 @@ from blackwell_operator.calibration.learned_memory import (
 from blackwell_operator.handlers import cluster_calibration as store
 from blackwell_operator.handlers.measure import INTERVAL_ENV
 from blackwell_operator.planner.cluster_figures import candidate_figures, figures_of
-from blackwell_trainer.plan.config import Candidate, Plan, ProbeResult
+from blackwell_trainer.plan.config import Plan, ProbeResult
 from tests.operator.harness import NAMESPACE, Cluster, btj, running_operator, wait_for
 from tests.operator.test_cluster_calibration import SLOW, PacedTrainer, serve_worker
 from tests.operator.test_probe_result import probed_events, stored_calibration
@@ -178,8 +178,11 @@ async def test_probed_jobs_still_running_teach_the_next_plan_from_the_winner_the
                 timeout=30,
                 what="a running reading of each probed job in the cluster calibration",
             )
+            first = plans["first"]
+            assert first.probe is not None
+            won = first.probe.options[1]  # what the paced workers say they train with
             # `kubectl get btj` says what they train: the winner their pods export, not the planner's pick.
-            won_ac = _winner_of(plans["first"]).activation_checkpointing.value
+            won_ac = won.candidate.activation_checkpointing.value
             for name in running:
                 await wait_for(
                     lambda n=name: cluster.status(n).get("activationCheckpointing") == won_ac,  # type: ignore[misc]
@@ -191,9 +194,6 @@ async def test_probed_jobs_still_running_teach_the_next_plan_from_the_winner_the
         for trainer in trainers.values():
             trainer.close()
 
-    first = plans["first"]
-    assert first.probe is not None
-    won = first.probe.options[1]
     assert won.candidate.activation_checkpointing != first.chosen.activation_checkpointing
     for sample in calibration.samples:
         uid = cluster.btj(sample.job.split("/")[1])["metadata"]["uid"]  # type: ignore[index]
@@ -225,9 +225,3 @@ async def _probed_and_running(cluster: Cluster, name: str, trainer: PacedTrainer
     trainer.reserved = int(PEAK * candidate_figures(won).modelled_peak_reserved)
     await serve_worker(cluster, name, job, trainer)
     return plan
-
-
-def _winner_of(plan: Plan) -> Candidate:
-    """The configuration of the candidate the paced workers say they train with (option 1)."""
-    assert plan.probe is not None
-    return plan.probe.options[1].candidate
