@@ -10,12 +10,12 @@ import logging
 import threading
 from collections.abc import Iterator
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from prometheus_client import generate_latest
 
-from blackwell_operator.handlers.measure import INTERVAL_ENV, measure_interval
+from blackwell_operator.handlers.measure import INTERVAL_ENV, PROBE_BYTES, measure_interval
 from blackwell_operator.lifecycle.measure import (
     Reading,
     metrics_endpoint,
@@ -28,9 +28,11 @@ from blackwell_operator.lifecycle.status_patch import status_patch
 from blackwell_operator.lifecycle.writers import MEASURE_LOOP
 from blackwell_trainer.loop.metrics import TrainerMetrics
 from blackwell_trainer.plan.config import ProbeResult
+from blackwell_trainer.plan.metric_names import PROBE_RESULT_PATH
 from tests.operator.harness import Cluster, btj, running_operator, wait_for
 from tests.support.plans import probed_plan, tiny_plan
 from tests.support.pods import container, pod, pod_status
+from tests.support.probe_results import measured_probe
 
 STEP = dict(step_seconds=0.5, loss=2.0, peak_allocated_bytes=0, peak_reserved_bytes=0)
 
@@ -228,3 +230,47 @@ async def test_the_operator_reads_a_running_worker_s_throughput(
     # 2,048 tokens per GPU a step, at most 50 steps a second: the reading is a real rate, not a count.
     assert 0 < measured["tokensPerSecondPerGpu"] <= 2048 * 50 * 1.2
     assert measured["modelFlopsUtilization"] == 0.41 and measured["observedAt"].endswith("Z")
+
+
+def _served_result() -> ProbeResult:
+    plan = probed_plan()
+    return measured_probe(plan, speed=[1.0, 1.0], peak=lambda c: 1.0, winner=0, seconds_each=1.0, seconds=2.0)
+
+
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [
+        (404, b"no probe result\n"),  # still probing
+        (200, b"not a probe line\n"),
+        (200, b"\xff\xfe not utf-8"),
+        # A good line past what the operator reads: it is never reached, so nothing is held beyond the bound.
+        (200, b"-\n" * (PROBE_BYTES // 2) + f"{_served_result().to_line()}\n".encode()),
+    ],
+)
+async def test_a_served_probe_result_that_is_not_one_takes_nothing_and_is_read_again(
+    status: int, body: bytes
+) -> None:
+    import aiohttp
+    from aiohttp import web
+
+    from blackwell_operator.handlers.measure import Measurer
+
+    async def probe(_: web.Request) -> web.Response:
+        return web.Response(status=status, body=body)
+
+    app = web.Application()
+    app.router.add_get(PROBE_RESULT_PATH, probe)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    # A context any use of which fails the test: nothing may be recorded from such a body.
+    measurer = Measurer(cast(Any, SimpleNamespace()), logging.getLogger("test"))
+    worker = _running("w-worker-0", port)
+    try:
+        async with aiohttp.ClientSession() as session:
+            await measurer._take_probe(session, f"http://127.0.0.1:{port}/metrics", "ns", worker, OURS)
+    finally:
+        await runner.cleanup()
+    assert measurer.probed == set()  # the next reading asks again
